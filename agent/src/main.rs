@@ -1,0 +1,25 @@
+//! `flotilla-agent`: the node agent for DaemonSets (the same code as `flotilla agent`).
+
+use clap::Parser;
+
+#[derive(Parser)]
+#[command(name = "flotilla-agent", version, about = "Flotilla node agent")]
+struct Cli {
+    #[arg(long, global = true)]
+    log_json: bool,
+    #[command(flatten)]
+    cmd: flotilla_agent::config::AgentCommand,
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    flotilla_obs::init_tracing(cli.log_json);
+    flotilla_obs::metrics_handle();
+    match flotilla_agent::main_with(cli.cmd) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

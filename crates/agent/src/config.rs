@@ -1,0 +1,276 @@
+//! The agent's configuration, parsed in one place. Every problem is reported at
+//! once, not just the first.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use flotilla_core::{Labels, NodeId, Resources};
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct AgentArgs {
+    /// Shard addresses (`host:port`), in shard-index order.
+    #[arg(long, value_delimiter = ',', required = true, env = "FLOTILLA_AGGREGATORS")]
+    pub aggregators: Vec<String>,
+    /// This node's id (default: the hostname).
+    #[arg(long, env = "FLOTILLA_NODE_ID")]
+    pub node_id: Option<String>,
+    /// A label `KEY=VALUE`; repeatable. Also read from `FLOTILLA_LABEL_<KEY>` variables
+    /// and `FLOTILLA_LABELS=k=v,k2=v2` (so the Kubernetes downward API can feed them).
+    #[arg(long = "label")]
+    pub labels: Vec<String>,
+    /// CPU cores to offer (default: the online CPUs).
+    #[arg(long)]
+    pub cores: Option<f64>,
+    /// Memory to offer in bytes (default: MemTotal).
+    #[arg(long)]
+    pub memory: Option<u64>,
+    /// GPUs to offer (default: what `nvidia-smi` reports, else 0).
+    #[arg(long)]
+    pub gpus: Option<u32>,
+    /// A custom resource `NAME=QTY`; repeatable.
+    #[arg(long = "resource")]
+    pub resources: Vec<String>,
+    #[arg(long, env = "FLOTILLA_JOIN_TOKEN", hide_env_values = true)]
+    pub join_token: Option<String>,
+    #[arg(long)]
+    pub join_token_file: Option<PathBuf>,
+    /// PEM file with the certificate(s) that sign the shards' TLS certificates
+    /// (default: DATA/ca.crt).
+    #[arg(long)]
+    pub ca: Option<PathBuf>,
+    /// The agent's data dir: pid file, control socket, logs.
+    #[arg(long, default_value = "./.flotilla-agent")]
+    pub data: PathBuf,
+    /// Serve /metrics here (default: a free loopback port, written to DATA/metrics.addr).
+    #[arg(long)]
+    pub metrics: Option<std::net::SocketAddr>,
+    #[arg(long, default_value = "1000")]
+    pub heartbeat_interval_ms: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    pub aggregators: Vec<String>,
+    pub node_id: NodeId,
+    pub labels: Labels,
+    pub capacity: Resources,
+    pub join_token: String,
+    pub ca: PathBuf,
+    pub data_dir: PathBuf,
+    pub metrics: Option<std::net::SocketAddr>,
+    pub heartbeat_interval: Duration,
+}
+
+/// What the machine looks like; injected so tests do not depend on the host.
+pub struct Host {
+    pub hostname: Option<String>,
+    pub cores: u64,
+    pub memory: Option<u64>,
+    pub gpus: Option<(u32, String)>,
+    pub env: Vec<(String, String)>,
+}
+
+impl Host {
+    pub fn detect() -> Self {
+        Host {
+            hostname: std::fs::read_to_string("/proc/sys/kernel/hostname").ok().map(|s| s.trim().to_string()),
+            cores: crate::probe::detect_cores(),
+            memory: crate::probe::detect_memory(),
+            gpus: crate::probe::detect_gpus(),
+            env: std::env::vars().collect(),
+        }
+    }
+}
+
+impl AgentArgs {
+    pub fn into_config(self, host: &Host) -> Result<AgentConfig, Vec<String>> {
+        let mut errors = Vec::new();
+        if self.aggregators.iter().any(|a| a.trim().is_empty()) || self.aggregators.is_empty() {
+            errors.push("--aggregators: give at least one shard address host:port".to_string());
+        }
+        let node_id = match NodeId::new(self.node_id.as_deref().or(host.hostname.as_deref()).unwrap_or("")) {
+            Ok(n) => Some(n),
+            Err(e) => {
+                errors.push(format!("--node-id: {e}"));
+                None
+            }
+        };
+        let mut map = BTreeMap::new();
+        for (k, v) in &host.env {
+            if let Some(key) = k.strip_prefix("FLOTILLA_LABEL_") {
+                map.insert(key.to_ascii_lowercase(), v.clone());
+            } else if k == "FLOTILLA_LABELS" {
+                for pair in v.split(',').filter(|p| !p.trim().is_empty()) {
+                    match Labels::parse_pair(pair.trim()) {
+                        Ok((k, v)) => {
+                            map.insert(k, v);
+                        }
+                        Err(e) => errors.push(format!("FLOTILLA_LABELS: {e}")),
+                    }
+                }
+            }
+        }
+        for l in &self.labels {
+            match Labels::parse_pair(l) {
+                Ok((k, v)) => {
+                    map.insert(k, v);
+                }
+                Err(e) => errors.push(format!("--label: {e}")),
+            }
+        }
+        let mut capacity = Resources::default();
+        match self.cores {
+            Some(c) if !(c.is_finite() && c > 0.0) => errors.push(format!("--cores: {c} is not a positive number")),
+            Some(c) => capacity.cpu_millis = (c * 1000.0).round() as u64,
+            None => capacity.cpu_millis = host.cores * 1000,
+        }
+        match self.memory.or(host.memory) {
+            Some(m) => capacity.memory_bytes = m,
+            None => errors.push("--memory: /proc/meminfo is unreadable; give the memory in bytes".into()),
+        }
+        capacity.gpu = self.gpus.or(host.gpus.as_ref().map(|g| g.0)).unwrap_or(0);
+        if let Some((_, model)) = &host.gpus
+            && self.gpus.is_none()
+        {
+            map.entry("gpu_model".into()).or_insert_with(|| model.clone());
+        }
+        for r in &self.resources {
+            match r.split_once('=').map(|(k, v)| (k, v.parse::<u64>())) {
+                Some((k, Ok(q))) => {
+                    capacity.custom.insert(k.to_string(), q);
+                }
+                _ => errors.push(format!("--resource: {r:?} is not NAME=QUANTITY")),
+            }
+        }
+        if let Err(e) = capacity.validate_node_capacity() {
+            errors.push(format!("capacity: {e}"));
+        }
+        let labels = match Labels::from_map(map) {
+            Ok(l) => Some(l),
+            Err(e) => {
+                errors.push(format!("labels: {e}"));
+                None
+            }
+        };
+        let join_token = match (&self.join_token, &self.join_token_file) {
+            (Some(t), _) => Some(t.trim().to_string()),
+            (None, Some(f)) => match std::fs::read_to_string(f) {
+                Ok(t) => Some(t.trim().to_string()),
+                Err(e) => {
+                    errors.push(format!("--join-token-file {}: {e}", f.display()));
+                    None
+                }
+            },
+            (None, None) => {
+                errors.push("--join-token or --join-token-file is required".into());
+                None
+            }
+        };
+        if !(100..=60_000).contains(&self.heartbeat_interval_ms) {
+            errors.push("--heartbeat-interval-ms: must be within 100..=60000".into());
+        }
+        let ca = self.ca.clone().unwrap_or_else(|| self.data.join("ca.crt"));
+        match (errors.is_empty(), node_id, labels, join_token) {
+            (true, Some(node_id), Some(labels), Some(join_token)) => Ok(AgentConfig {
+                aggregators: self.aggregators,
+                node_id,
+                labels,
+                capacity,
+                join_token,
+                ca,
+                data_dir: self.data,
+                metrics: self.metrics,
+                heartbeat_interval: Duration::from_millis(self.heartbeat_interval_ms),
+            }),
+            _ => Err(errors),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        a: AgentArgs,
+    }
+
+    fn host() -> Host {
+        Host {
+            hostname: Some("box-1".into()),
+            cores: 8,
+            memory: Some(16 << 30),
+            gpus: None,
+            env: vec![
+                ("FLOTILLA_LABEL_ZONE".into(), "z1".into()),
+                ("FLOTILLA_LABELS".into(), "domain=d1,team=ml".into()),
+            ],
+        }
+    }
+
+    fn parse(args: &[&str]) -> Result<AgentConfig, Vec<String>> {
+        let mut v = vec!["agent", "--aggregators", "127.0.0.1:1", "--join-token", "t"];
+        v.extend_from_slice(args);
+        Cli::try_parse_from(v).unwrap().a.into_config(&host())
+    }
+
+    #[test]
+    fn defaults_come_from_the_host_and_flags_override() {
+        let c = parse(&[]).unwrap();
+        assert_eq!(c.node_id.as_str(), "box-1");
+        assert_eq!(c.capacity.cpu_millis, 8000);
+        assert_eq!(c.labels.get("zone"), Some("z1"));
+        assert_eq!(c.labels.domain(), "d1");
+        let c = parse(&[
+            "--cores",
+            "2.5",
+            "--memory",
+            "1000",
+            "--gpus",
+            "2",
+            "--label",
+            "domain=d2",
+            "--resource",
+            "tpu=4",
+        ])
+        .unwrap();
+        assert_eq!(c.capacity.cpu_millis, 2500);
+        assert_eq!(c.capacity.memory_bytes, 1000);
+        assert_eq!(c.capacity.gpu, 2);
+        assert_eq!(c.capacity.custom.get("tpu"), Some(&4));
+        assert_eq!(c.labels.domain(), "d2");
+    }
+
+    #[test]
+    fn every_error_is_reported_at_once() {
+        let errs = parse(&["--node-id", "bad id", "--cores=-1", "--label", "nokv", "--resource", "x"]).unwrap_err();
+        assert_eq!(errs.len(), 4, "{errs:?}");
+        assert!(errs.iter().any(|e| e.contains("--node-id")));
+        assert!(errs.iter().any(|e| e.contains("--cores")));
+        assert!(errs.iter().any(|e| e.contains("--label")));
+        assert!(errs.iter().any(|e| e.contains("--resource")));
+    }
+}
+
+/// `flotilla agent …` / `flotilla-agent …`: run the agent, or `drain` the running one.
+#[derive(Debug, Clone, clap::Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
+pub struct AgentCommand {
+    #[command(subcommand)]
+    pub sub: Option<AgentSub>,
+    #[command(flatten)]
+    pub run: AgentArgs,
+}
+
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum AgentSub {
+    /// The Kubernetes PreStop hook: the agent with this data dir deregisters and exits.
+    Drain {
+        #[arg(long, default_value = "./.flotilla-agent")]
+        data: std::path::PathBuf,
+    },
+}

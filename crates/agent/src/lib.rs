@@ -1,0 +1,303 @@
+//! The node agent: registers its node with the shard that owns its domain, sends one
+//! sealed heartbeat a second, and deregisters (drains) before it exits.
+//!
+//! The same code runs as the `flotilla-agent` binary (the DaemonSet) and as
+//! `flotilla agent` (so `flotilla up` can start agents by re-executing itself).
+
+pub mod client;
+pub mod config;
+pub mod probe;
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, anyhow};
+use flotilla_core::{PROTOCOL_VERSION, shard_for_domain};
+use flotilla_proto::seal::{self, Direction, Header, MAGIC_HEARTBEAT, SessionKey};
+use flotilla_proto::v1;
+use prost::Message;
+use rand::Rng;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+use tokio::sync::mpsc;
+
+pub use client::ShardConnection;
+pub use config::{AgentArgs, AgentConfig, Host};
+
+/// The file in the data dir holding the running agent's pid.
+pub const PID_FILE: &str = "agent.pid";
+/// The Unix socket in the data dir on which the agent takes `drain`.
+pub const CONTROL_SOCKET: &str = "agent.sock";
+
+/// Why the agent stops.
+enum Stop {
+    /// SIGTERM or SIGINT.
+    Signal,
+    /// `flotilla-agent drain`; the answer is written back on its connection.
+    Drain(tokio::net::unix::OwnedWriteHalf),
+}
+
+fn unix_nanos() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1)
+}
+
+/// Resolves the shard that owns this node's domain.
+async fn owning_shard(config: &AgentConfig) -> anyhow::Result<(usize, SocketAddr, String)> {
+    let idx = shard_for_domain(config.labels.domain(), config.aggregators.len());
+    let name = &config.aggregators[idx];
+    let addr = tokio::net::lookup_host(name)
+        .await
+        .with_context(|| format!("resolving shard address {name}"))?
+        .next()
+        .ok_or_else(|| anyhow!("{name} resolves to no address"))?;
+    let host = name.rsplit_once(':').map(|(h, _)| h.to_string()).unwrap_or_else(|| name.clone());
+    Ok((idx, addr, host))
+}
+
+fn unspecified(for_addr: &SocketAddr) -> SocketAddr {
+    match for_addr.ip() {
+        IpAddr::V4(_) => SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), 0),
+        IpAddr::V6(_) => SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), 0),
+    }
+}
+
+/// Runs the agent until it is told to stop; always tries to drain first.
+pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
+    let incarnation = unix_nanos();
+    std::fs::create_dir_all(&config.data_dir)
+        .with_context(|| format!("creating data dir {}", config.data_dir.display()))?;
+    std::fs::write(config.data_dir.join(PID_FILE), std::process::id().to_string())?;
+    let metrics_addr = flotilla_obs::serve_metrics(config.metrics.unwrap_or(([127, 0, 0, 1], 0).into())).await?;
+    std::fs::write(config.data_dir.join("metrics.addr"), metrics_addr.to_string())?;
+    let (stop_tx, mut stop_rx) = mpsc::channel::<Stop>(4);
+    spawn_control_socket(&config.data_dir, stop_tx.clone())?;
+    spawn_signals(stop_tx)?;
+
+    let (shard, addr, host) = owning_shard(&config).await?;
+    let span = tracing::info_span!("agent", node = %config.node_id, incarnation, shard);
+    let _g = span.enter();
+    tracing::info!(%addr, capacity = ?config.capacity, labels = ?config.labels, "agent starting");
+    let endpoint = client::client_endpoint(&config.ca, unspecified(&addr))?;
+    let mut probe = probe::HealthProbe::new();
+    let mut backoff = Duration::from_millis(200);
+    let sent = metrics::counter!("flotilla_agent_heartbeats_sent_total");
+
+    loop {
+        // Register (again), with jittered back-off while the shard is away.
+        let registered = tokio::select! {
+            r = register(&endpoint, addr, &host, &config, incarnation, &mut probe) => r,
+            stop = stop_rx.recv() => return finish(stop, None, &config).await,
+        };
+        let (conn, session) = match registered {
+            Ok(x) => {
+                backoff = Duration::from_millis(200);
+                metrics::counter!("flotilla_agent_registrations_total", "result" => "ok").increment(1);
+                x
+            }
+            Err(e) => {
+                metrics::counter!("flotilla_agent_registrations_total", "result" => "error").increment(1);
+                let msg = format!("{e:#}");
+                if msg.contains("join token") || msg.contains("protocol version") {
+                    return Err(e.context("the shard refused this agent"));
+                }
+                let wait = backoff.mul_f64(rand::rng().random_range(0.5..1.5));
+                tracing::warn!(error = %msg, retry_in = ?wait, "registration failed");
+                backoff = (backoff * 2).min(Duration::from_secs(10));
+                tokio::select! {
+                    _ = tokio::time::sleep(wait) => continue,
+                    stop = stop_rx.recv() => return finish(stop, None, &config).await,
+                }
+            }
+        };
+        tracing::info!(session = session.session_id, "registered");
+        let key: SessionKey = session.key.as_slice().try_into().map_err(|_| anyhow!("session key is not 32 bytes"))?;
+        let hb_port = u16::try_from(session.heartbeat_port).map_err(|_| anyhow!("bad heartbeat port"))?;
+        let sock = tokio::net::UdpSocket::bind(unspecified(&addr)).await?;
+        sock.connect(SocketAddr::new(addr.ip(), hb_port)).await?;
+        let interval_ms = u64::from(session.heartbeat_interval_ms).clamp(100, 60_000);
+        let mut tick = tokio::time::interval(Duration::from_millis(interval_ms).min(config.heartbeat_interval));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut seq = 0u64;
+        let (mut out, mut scratch, mut buf) = (Vec::new(), Vec::new(), vec![0u8; 2048]);
+        let reason = loop {
+            tokio::select! {
+                _ = tick.tick() => {
+                    seq += 1;
+                    let body = v1::HeartbeatBody {
+                        health: Some((&probe.sample()).into()),
+                        assignment_version: 0,
+                        sent_at_unix_ms: unix_nanos() / 1_000_000,
+                    };
+                    let h = Header { magic: MAGIC_HEARTBEAT, session_id: session.session_id, seq, incarnation, node_id: config.node_id.as_str() };
+                    if seal::seal(&key, Direction::ToShard, &h, &body.encode_to_vec(), &mut out).is_ok() {
+                        // A refused send shows up as ConnectionRefused on the next receive.
+                        if sock.send(&out).await.is_ok() { sent.increment(1); }
+                    }
+                }
+                r = sock.recv(&mut buf) => match r {
+                    Ok(n) => if let Some(action) = open_reply(&key, &buf[..n], &mut scratch) {
+                        metrics::counter!("flotilla_agent_heartbeat_replies_total", "action" => action.as_str_name()).increment(1);
+                        if action == v1::HeartbeatAction::Reregister { break "the shard asked to register again"; }
+                    },
+                    Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => break "the shard is not listening",
+                    Err(e) => tracing::debug!(error = %e, "heartbeat socket"),
+                },
+                _ = conn.conn.closed() => break "the QUIC connection closed",
+                stop = stop_rx.recv() => return finish(stop, Some((&conn, session.session_id)), &config).await,
+            }
+        };
+        tracing::warn!(reason, "re-registering");
+        let wait = Duration::from_millis(rand::rng().random_range(100..1000));
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            stop = stop_rx.recv() => return finish(stop, Some((&conn, session.session_id)), &config).await,
+        }
+    }
+}
+
+async fn register(
+    endpoint: &quinn::Endpoint,
+    addr: SocketAddr,
+    host: &str,
+    config: &AgentConfig,
+    incarnation: u64,
+    probe: &mut probe::HealthProbe,
+) -> anyhow::Result<(ShardConnection, v1::Session)> {
+    let conn = ShardConnection::connect(endpoint, addr, host).await?;
+    let req = v1::RegisterRequest {
+        protocol_version: PROTOCOL_VERSION,
+        join_token: config.join_token.clone(),
+        node_id: config.node_id.to_string(),
+        incarnation,
+        labels: config.labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        capacity: Some((&config.capacity).into()),
+        assignments: vec![],
+        health: Some((&probe.sample()).into()),
+    };
+    let session = conn.register(req).await?;
+    Ok((conn, session))
+}
+
+fn open_reply(key: &SessionKey, datagram: &[u8], scratch: &mut Vec<u8>) -> Option<v1::HeartbeatAction> {
+    let h = seal::parse_header(datagram).ok()?;
+    if h.magic != seal::MAGIC_REPLY {
+        return None;
+    }
+    let body = seal::open(key, Direction::ToAgent, datagram, &h, scratch).ok()?;
+    let reply = v1::HeartbeatReply::decode(body).ok()?;
+    v1::HeartbeatAction::try_from(reply.action).ok()
+}
+
+/// Deregisters (drains) and answers whoever asked.
+async fn finish(stop: Option<Stop>, conn: Option<(&ShardConnection, u64)>, config: &AgentConfig) -> anyhow::Result<()> {
+    let outcome = match conn {
+        Some((c, sid)) => {
+            match tokio::time::timeout(Duration::from_secs(3), c.drain(config.node_id.as_str(), sid)).await {
+                Ok(Ok(ack)) => {
+                    let status = v1::NodeStatus::try_from(ack.status).map(|s| s.as_str_name()).unwrap_or("?");
+                    format!("ok {} {status}", config.node_id)
+                }
+                Ok(Err(e)) => format!("error {e:#}"),
+                Err(_) => "error the shard did not answer the drain in 3 s".into(),
+            }
+        }
+        None => "error not registered; nothing to drain".into(),
+    };
+    tracing::info!(%outcome, "agent stopping");
+    if let Some(Stop::Drain(mut w)) = stop {
+        let _ = w.write_all(format!("{outcome}\n").as_bytes()).await;
+        let _ = w.shutdown().await;
+    }
+    let _ = std::fs::remove_file(config.data_dir.join(CONTROL_SOCKET));
+    let _ = std::fs::remove_file(config.data_dir.join(PID_FILE));
+    Ok(())
+}
+
+fn spawn_signals(tx: mpsc::Sender<Stop>) -> anyhow::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        let _ = tx.send(Stop::Signal).await;
+    });
+    Ok(())
+}
+
+fn spawn_control_socket(data: &Path, tx: mpsc::Sender<Stop>) -> anyhow::Result<()> {
+    let path = data.join(CONTROL_SOCKET);
+    let _ = std::fs::remove_file(&path);
+    let listener =
+        tokio::net::UnixListener::bind(&path).with_context(|| format!("binding control socket {}", path.display()))?;
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let (r, mut w) = stream.into_split();
+                let mut line = String::new();
+                let mut r = tokio::io::BufReader::new(r).take_limited();
+                if r.read_line(&mut line).await.is_err() {
+                    return;
+                }
+                if line.trim() == "drain" {
+                    // The agent answers on `w` once the shard acknowledged the drain.
+                    let _ = tx.send(Stop::Drain(w)).await;
+                } else {
+                    let answer = format!("error unknown command {:?}; the only command is drain\n", line.trim());
+                    let _ = w.write_all(answer.as_bytes()).await;
+                }
+            });
+        }
+    });
+    Ok(())
+}
+
+/// Reads at most 256 bytes of a command line.
+trait TakeLimited: Sized {
+    fn take_limited(self) -> tokio::io::Take<Self>;
+}
+
+impl<R: tokio::io::AsyncRead> TakeLimited for tokio::io::BufReader<R> {
+    fn take_limited(self) -> tokio::io::Take<Self> {
+        tokio::io::AsyncReadExt::take(self, 256)
+    }
+}
+
+/// `flotilla-agent drain`: asks the agent running with data dir `data` to leave now,
+/// and prints its answer. Exits non-zero when the drain failed.
+pub async fn drain_command(data: &Path) -> anyhow::Result<String> {
+    let path: PathBuf = data.join(CONTROL_SOCKET);
+    let stream = tokio::net::UnixStream::connect(&path)
+        .await
+        .with_context(|| format!("no agent is running with data dir {} ({})", data.display(), path.display()))?;
+    let (r, mut w) = stream.into_split();
+    w.write_all(b"drain\n").await?;
+    let mut line = String::new();
+    tokio::time::timeout(Duration::from_secs(10), tokio::io::BufReader::new(r).read_line(&mut line))
+        .await
+        .map_err(|_| anyhow!("the agent did not answer within 10 s"))??;
+    let line = line.trim().to_string();
+    if line.starts_with("ok") { Ok(line) } else { Err(anyhow!("drain failed: {line}")) }
+}
+
+/// Entry point shared by `flotilla agent` and `flotilla-agent`.
+pub fn main_with(cmd: config::AgentCommand) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    match cmd.sub {
+        Some(config::AgentSub::Drain { data }) => {
+            let answer = rt.block_on(drain_command(&data))?;
+            println!("{answer}");
+            Ok(())
+        }
+        None => {
+            let config = cmd
+                .run
+                .into_config(&Host::detect())
+                .map_err(|errors| anyhow!("invalid agent configuration:\n  - {}", errors.join("\n  - ")))?;
+            rt.block_on(run(config))
+        }
+    }
+}

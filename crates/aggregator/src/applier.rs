@@ -1,0 +1,218 @@
+//! The one writer of the shard's view. It gathers change notices for up to one batch
+//! window, then publishes a single new version; it also owns the timing wheel that
+//! turns silence into Suspect, Dead and, after retention, removal.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use flotilla_core::{HealthSample, NodeId, NodeStatus};
+use flotilla_view::{NodeRecord, ViewPublisher};
+use tokio::sync::mpsc::UnboundedReceiver;
+use tokio::time::Instant;
+
+use crate::liveness::{Timeouts, Verdict, Wheel, evaluate};
+use crate::registry::{Change, NodeLive, Registry};
+
+/// Wheel granularity: deadlines fire within this much of their time.
+pub const WHEEL_SLOT_MS: u64 = 100;
+
+pub struct Applier {
+    registry: Arc<Registry>,
+    publisher: Arc<ViewPublisher>,
+    timeouts: Timeouts,
+    batch_window: Duration,
+    wheel: Wheel,
+    dirty: HashMap<NodeId, Arc<NodeLive>>,
+    samples: HashMap<NodeId, HealthSample>,
+    removed: Vec<Arc<NodeLive>>,
+    counts: [i64; 5],
+    metrics: Metrics,
+}
+
+struct Metrics {
+    version: metrics::Gauge,
+    delta_nodes: metrics::Histogram,
+    apply_seconds: metrics::Histogram,
+    bytes_copied: metrics::Histogram,
+    bytes_copied_total: metrics::Counter,
+    versions_total: metrics::Counter,
+    nodes: Vec<metrics::Gauge>,
+}
+
+impl Applier {
+    pub fn new(
+        registry: Arc<Registry>,
+        publisher: Arc<ViewPublisher>,
+        timeouts: Timeouts,
+        batch_window: Duration,
+    ) -> Self {
+        let shard = registry.shard.to_string();
+        let slots = ((timeouts.dead_after_ms.max(timeouts.retention_ms) / WHEEL_SLOT_MS) as usize + 2).min(4096);
+        let metrics = Metrics {
+            version: metrics::gauge!("flotilla_view_version", "shard" => shard.clone()),
+            delta_nodes: metrics::histogram!("flotilla_view_delta_nodes", "shard" => shard.clone()),
+            apply_seconds: metrics::histogram!("flotilla_view_apply_seconds", "shard" => shard.clone()),
+            bytes_copied: metrics::histogram!("flotilla_view_bytes_copied_per_version", "shard" => shard.clone()),
+            bytes_copied_total: metrics::counter!("flotilla_view_bytes_copied_total", "shard" => shard.clone()),
+            versions_total: metrics::counter!("flotilla_view_versions_total", "shard" => shard.clone()),
+            nodes: NodeStatus::ALL
+                .iter()
+                .map(|s| metrics::gauge!("flotilla_nodes", "shard" => shard.clone(), "status" => s.as_str()))
+                .collect(),
+        };
+        Applier {
+            registry,
+            publisher,
+            timeouts,
+            batch_window,
+            wheel: Wheel::new(WHEEL_SLOT_MS, slots, crate::now_ms()),
+            dirty: HashMap::new(),
+            samples: HashMap::new(),
+            removed: Vec::new(),
+            counts: [0; 5],
+            metrics,
+        }
+    }
+
+    fn absorb(&mut self, c: Change) {
+        match c {
+            Change::Registered(live, sample) => {
+                self.wheel.schedule(live.session_id, crate::now_ms() + self.timeouts.suspect_after_ms);
+                self.samples.insert(live.node_id.clone(), sample);
+                self.dirty.insert(live.node_id.clone(), live);
+            }
+            Change::Dirty(live) => {
+                self.dirty.insert(live.node_id.clone(), live);
+            }
+            Change::Health(live, sample) => {
+                self.samples.insert(live.node_id.clone(), sample);
+                self.dirty.insert(live.node_id.clone(), live);
+            }
+            Change::Removed(live) => self.removed.push(live),
+        }
+    }
+
+    /// Fires due deadlines: each due node is evaluated once and rescheduled.
+    pub fn tick(&mut self, now: u64) {
+        let mut due = Vec::new();
+        self.wheel.expire(now, &mut due);
+        for sid in due {
+            let Some(live) = self.registry.sessions.get(&sid).map(|e| e.value().clone()) else { continue };
+            let status = live.status();
+            let verdict = evaluate(
+                status,
+                live.last_seen_ms.load(Ordering::Acquire),
+                live.status_since_ms.load(Ordering::Acquire),
+                now,
+                &self.timeouts,
+            );
+            match verdict {
+                Verdict::Keep { check_at } => self.wheel.schedule(sid, check_at),
+                Verdict::Transition { to, check_at } => {
+                    if live.transition(status, to, now) {
+                        tracing::info!(node = %live.node_id, from = %status, %to, "node status changed");
+                        self.dirty.insert(live.node_id.clone(), live.clone());
+                    }
+                    self.wheel.schedule(sid, check_at);
+                }
+                Verdict::Remove => {
+                    tracing::info!(node = %live.node_id, "dead node leaves the view");
+                    self.registry.remove(&live);
+                }
+            }
+        }
+    }
+
+    fn has_work(&self) -> bool {
+        !self.dirty.is_empty() || !self.removed.is_empty()
+    }
+
+    /// Publishes everything gathered as one version (or nothing, if nothing differs).
+    pub fn flush(&mut self) {
+        let started = std::time::Instant::now();
+        let view = self.publisher.load();
+        let mut upserts = Vec::with_capacity(self.dirty.len());
+        for (id, live) in self.dirty.drain() {
+            if !self.registry.is_current(&live) {
+                continue;
+            }
+            let prev = view.get(&id);
+            let sample = self.samples.remove(&id).or_else(|| prev.map(|p| p.health)).unwrap_or_default();
+            let rec = NodeRecord {
+                node_id: id,
+                incarnation: flotilla_core::Incarnation(live.incarnation),
+                status: live.status(),
+                status_since_unix_ms: live.status_since_ms.load(Ordering::Acquire),
+                shard: self.registry.shard as u32,
+                labels: live.labels.clone(),
+                health_millis: live.health_millis.load(Ordering::Acquire),
+                health: sample,
+                capacity: live.capacity.clone(),
+                allocated: prev.map(|p| p.allocated.clone()).unwrap_or_default(),
+            };
+            if prev.is_some_and(|p| **p == rec) {
+                continue;
+            }
+            if let Some(p) = prev {
+                self.counts[p.status as usize] -= 1;
+            }
+            self.counts[rec.status as usize] += 1;
+            upserts.push(Arc::new(rec));
+        }
+        self.samples.clear();
+        let mut removed = Vec::new();
+        for live in self.removed.drain(..) {
+            // Gone only if no newer session took the node over.
+            if self.registry.node(&live.node_id).is_none()
+                && let Some(p) = view.get(&live.node_id)
+            {
+                self.counts[p.status as usize] -= 1;
+                removed.push(live.node_id.clone());
+            }
+        }
+        let changes = upserts.len() + removed.len();
+        let (delta, bytes) = flotilla_obs::alloc::measure(|| self.publisher.publish(upserts, removed));
+        if let Some(d) = delta {
+            self.metrics.version.set(d.to.seq as f64);
+            self.metrics.delta_nodes.record(changes as f64);
+            self.metrics.bytes_copied.record(bytes as f64);
+            self.metrics.bytes_copied_total.increment(bytes);
+            self.metrics.versions_total.increment(1);
+            self.metrics.apply_seconds.record(started.elapsed().as_secs_f64());
+            for (g, c) in self.metrics.nodes.iter().zip(self.counts) {
+                g.set(c as f64);
+            }
+        }
+    }
+
+    /// Runs until the change channel closes or `shutdown` fires.
+    pub async fn run(mut self, mut rx: UnboundedReceiver<Change>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+        let mut tick = tokio::time::interval(Duration::from_millis(WHEEL_SLOT_MS));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut flush_at: Option<Instant> = None;
+        loop {
+            let deadline = flush_at.unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
+            tokio::select! {
+                c = rx.recv() => match c {
+                    Some(c) => self.absorb(c),
+                    None => return,
+                },
+                _ = tick.tick() => self.tick(crate::now_ms()),
+                _ = tokio::time::sleep_until(deadline), if flush_at.is_some() => {}
+                _ = shutdown.changed() => return,
+            }
+            while let Ok(c) = rx.try_recv() {
+                self.absorb(c);
+            }
+            if self.has_work() && flush_at.is_none() {
+                flush_at = Some(Instant::now() + self.batch_window);
+            }
+            if flush_at.is_some_and(|t| Instant::now() >= t) {
+                self.flush();
+                flush_at = None;
+            }
+        }
+    }
+}

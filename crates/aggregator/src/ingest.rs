@@ -1,0 +1,324 @@
+//! The heartbeat path: sealed UDP datagrams, received in batches, each touching
+//! only its own node's atomics. The view hears about a node only when its status
+//! or published health changes.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use flotilla_core::{Hysteresis, NodeStatus, health_score};
+use flotilla_proto::seal::{self, DatagramError, Direction, Header, MAGIC_HEARTBEAT, MAGIC_REPLY};
+use flotilla_proto::{convert, v1};
+use prost::Message;
+
+use crate::registry::{Change, Registry};
+use crate::stats::{Reject, ShardStats};
+
+/// The state one ingest loop needs; `handle` is the whole per-datagram logic.
+pub struct Ingest {
+    registry: Arc<Registry>,
+    stats: Arc<ShardStats>,
+    hysteresis: Hysteresis,
+    scratch: Vec<u8>,
+    /// Key derivations for unknown sessions allowed in the current second (HKDF is
+    /// the one costly step an attacker could trigger).
+    unknown_budget: (u64, u32),
+}
+
+/// Derivations of unknown-session keys per second before further ones are dropped.
+const UNKNOWN_SESSIONS_PER_SECOND: u32 = 20_000;
+
+impl Ingest {
+    pub fn new(registry: Arc<Registry>, stats: Arc<ShardStats>) -> Self {
+        Ingest {
+            registry,
+            stats,
+            hysteresis: Hysteresis::default(),
+            scratch: Vec::with_capacity(256),
+            unknown_budget: (0, 0),
+        }
+    }
+
+    /// Processes one datagram. On success returns the reply to send, if the agent
+    /// must act; every drop is counted with its reason.
+    pub fn handle(&mut self, datagram: &[u8], now_ms: u64, reply: &mut Vec<u8>) -> Result<(), Reject> {
+        let r = self.handle_inner(datagram, now_ms, reply);
+        match r {
+            Ok(_) => self.stats.accept(1),
+            Err(e) => self.stats.reject(e),
+        }
+        r
+    }
+
+    fn handle_inner(&mut self, datagram: &[u8], now_ms: u64, reply: &mut Vec<u8>) -> Result<(), Reject> {
+        let header = seal::parse_header(datagram).map_err(Reject::Datagram)?;
+        if header.magic != MAGIC_HEARTBEAT {
+            return Err(Reject::Datagram(DatagramError::BadMagic));
+        }
+        let Some(live) = self.registry.sessions.get(&header.session_id).map(|e| e.value().clone()) else {
+            return self.unknown_session(datagram, &header, now_ms, reply);
+        };
+        if live.node_id.as_str() != header.node_id || live.incarnation != header.incarnation {
+            return Err(Reject::WrongNode);
+        }
+        let plain = seal::open(&live.key, Direction::ToShard, datagram, &header, &mut self.scratch)
+            .map_err(Reject::Datagram)?;
+        let body = v1::HeartbeatBody::decode(plain).map_err(|_| Reject::Datagram(DatagramError::BadBody))?;
+        let sample = convert::health(body.health).map_err(|_| Reject::Datagram(DatagramError::BadBody))?;
+        // Only an authenticated datagram may advance the sequence.
+        if live.last_seq.fetch_max(header.seq, Ordering::AcqRel) >= header.seq {
+            return Err(Reject::Replayed);
+        }
+        match live.status() {
+            NodeStatus::Dead => {
+                self.reply(&live.key, &header, v1::HeartbeatAction::Reregister, "declared dead", reply);
+                return Err(Reject::DeadNode);
+            }
+            NodeStatus::Suspect | NodeStatus::Unknown => {
+                live.last_seen_ms.store(now_ms, Ordering::Release);
+                if live.transition(live.status(), NodeStatus::Alive, now_ms) {
+                    self.registry.emit(Change::Dirty(live.clone()));
+                }
+            }
+            NodeStatus::Alive | NodeStatus::Draining => live.last_seen_ms.store(now_ms, Ordering::Release),
+        }
+        let published = live.health_millis.load(Ordering::Acquire);
+        if let Some(new) = self.hysteresis.update(published, health_score(&sample)) {
+            live.health_millis.store(new, Ordering::Release);
+            self.registry.emit(Change::Health(live, sample));
+        }
+        Ok(())
+    }
+
+    /// A session this shard does not hold. If the seal verifies under the key this
+    /// shard's secret derives for it, the shard restarted (or forgot a dead node):
+    /// ask the agent to register again. Otherwise it is a forgery.
+    fn unknown_session(
+        &mut self,
+        datagram: &[u8],
+        header: &Header<'_>,
+        now_ms: u64,
+        reply: &mut Vec<u8>,
+    ) -> Result<(), Reject> {
+        let second = now_ms / 1000;
+        if self.unknown_budget.0 != second {
+            self.unknown_budget = (second, 0);
+        }
+        if self.unknown_budget.1 >= UNKNOWN_SESSIONS_PER_SECOND {
+            return Err(Reject::UnknownSession);
+        }
+        self.unknown_budget.1 += 1;
+        let key =
+            seal::derive_session_key(self.registry.master(), header.session_id, header.incarnation, header.node_id);
+        if seal::open(&key, Direction::ToShard, datagram, header, &mut self.scratch).is_err() {
+            return Err(Reject::UnknownSession);
+        }
+        self.reply(&key, header, v1::HeartbeatAction::Reregister, "unknown session", reply);
+        Err(Reject::Forgotten)
+    }
+
+    fn reply(
+        &self,
+        key: &seal::SessionKey,
+        hb: &Header<'_>,
+        action: v1::HeartbeatAction,
+        why: &str,
+        out: &mut Vec<u8>,
+    ) {
+        let body = v1::HeartbeatReply { action: action as i32, reason: why.to_string() }.encode_to_vec();
+        let header = Header {
+            magic: MAGIC_REPLY,
+            session_id: hb.session_id,
+            seq: hb.seq,
+            incarnation: hb.incarnation,
+            node_id: "",
+        };
+        if seal::seal(key, Direction::ToAgent, &header, &body, out).is_err() {
+            out.clear();
+        }
+    }
+}
+
+/// Receives heartbeats on `socket` in batches until `shutdown` fires.
+pub async fn run(
+    socket: std::net::UdpSocket,
+    mut ingest: Ingest,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) -> std::io::Result<()> {
+    use quinn_udp::{RecvMeta, UdpSocketState};
+    use std::io::IoSliceMut;
+    socket.set_nonblocking(true)?;
+    let state = UdpSocketState::new((&socket).into())?;
+    let socket = tokio::net::UdpSocket::from_std(socket)?;
+    const BATCH: usize = 32;
+    let mut storage = vec![[0u8; 2048]; BATCH];
+    let mut metas = [RecvMeta::default(); BATCH];
+    let mut reply = Vec::with_capacity(128);
+    let batch_sizes = metrics::histogram!("flotilla_heartbeat_batch_datagrams");
+    loop {
+        tokio::select! {
+            r = socket.readable() => r?,
+            _ = shutdown.changed() => return Ok(()),
+        }
+        loop {
+            let mut bufs: Vec<IoSliceMut<'_>> = storage.iter_mut().map(|b| IoSliceMut::new(&mut b[..])).collect();
+            let n = match socket
+                .try_io(tokio::io::Interest::READABLE, || state.recv((&socket).into(), &mut bufs, &mut metas))
+            {
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) => {
+                    tracing::warn!(error = %e, "heartbeat receive failed");
+                    break;
+                }
+            };
+            let now = crate::now_ms();
+            let mut datagrams = 0u64;
+            for (meta, buf) in metas.iter().zip(bufs.iter()).take(n) {
+                let stride = meta.stride.max(1);
+                for d in buf[..meta.len].chunks(stride) {
+                    datagrams += 1;
+                    reply.clear();
+                    let _ = ingest.handle(d, now, &mut reply);
+                    if !reply.is_empty() {
+                        send_reply(&socket, &reply, meta.addr);
+                    }
+                }
+            }
+            batch_sizes.record(datagrams as f64);
+        }
+    }
+}
+
+fn send_reply(socket: &tokio::net::UdpSocket, reply: &[u8], to: SocketAddr) {
+    // Best effort: the agent asks again with its next heartbeat.
+    let _ = socket.try_send_to(reply, to);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::registry::tests::request;
+    use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
+
+    fn setup() -> (Ingest, Arc<Registry>, Arc<ShardStats>, UnboundedReceiver<Change>) {
+        let (tx, rx) = unbounded_channel();
+        let reg = Arc::new(Registry::new(0, 1, b"secret".to_vec(), vec!["tok".into()], tx));
+        let stats = Arc::new(ShardStats::new(0));
+        (Ingest::new(reg.clone(), stats.clone()), reg, stats, rx)
+    }
+
+    fn beat(key: &seal::SessionKey, sid: u64, inc: u64, node: &str, seq: u64, steal: f32) -> Vec<u8> {
+        let body = v1::HeartbeatBody {
+            health: Some(v1::HealthSample { cpu_steal: steal, ..Default::default() }),
+            assignment_version: 0,
+            sent_at_unix_ms: 0,
+        }
+        .encode_to_vec();
+        let h = Header { magic: MAGIC_HEARTBEAT, session_id: sid, seq, incarnation: inc, node_id: node };
+        let mut out = Vec::new();
+        seal::seal(key, Direction::ToShard, &h, &body, &mut out).unwrap();
+        out
+    }
+
+    #[test]
+    fn good_heartbeats_touch_only_liveness() {
+        let (mut ing, reg, stats, mut rx) = setup();
+        let live = reg.register(request("n1", 1, "a"), 0).unwrap();
+        while rx.try_recv().is_ok() {}
+        let mut reply = Vec::new();
+        for seq in 1..=5 {
+            let d = beat(&live.key, live.session_id, 1, "n1", seq, 0.005 * seq as f32);
+            assert_eq!(ing.handle(&d, 100 * seq, &mut reply), Ok(()));
+        }
+        assert_eq!(stats.accepted(), 5);
+        assert_eq!(live.last_seen_ms.load(Ordering::Relaxed), 500);
+        assert!(rx.try_recv().is_err(), "jitter inside the band changes nothing in the view");
+        // A big health change is published once.
+        let d = beat(&live.key, live.session_id, 1, "n1", 6, 0.3);
+        ing.handle(&d, 600, &mut reply).unwrap();
+        assert!(matches!(rx.try_recv(), Ok(Change::Health(_, _))));
+    }
+
+    #[test]
+    fn bad_datagrams_are_dropped_and_counted() {
+        let (mut ing, reg, stats, _rx) = setup();
+        let live = reg.register(request("n1", 1, "a"), 0).unwrap();
+        let other = reg.register(request("n2", 1, "a"), 0).unwrap();
+        let mut reply = Vec::new();
+        let good = beat(&live.key, live.session_id, 1, "n1", 10, 0.0);
+        assert!(ing.handle(&good, 1, &mut reply).is_ok());
+        // Replay, and an older sequence number.
+        assert_eq!(ing.handle(&good, 2, &mut reply), Err(Reject::Replayed));
+        let old = beat(&live.key, live.session_id, 1, "n1", 9, 0.0);
+        assert_eq!(ing.handle(&old, 2, &mut reply), Err(Reject::Replayed));
+        // Forged: right header, wrong key; a forgery must not advance the sequence.
+        let forged = beat(&[7u8; 32], live.session_id, 1, "n1", 1000, 0.0);
+        assert_eq!(ing.handle(&forged, 3, &mut reply), Err(Reject::Datagram(DatagramError::BadSeal)));
+        assert!(ing.handle(&beat(&live.key, live.session_id, 1, "n1", 11, 0.0), 3, &mut reply).is_ok());
+        // A session speaking for another node id.
+        let spoof = beat(&live.key, live.session_id, 1, "n2", 12, 0.0);
+        assert_eq!(ing.handle(&spoof, 4, &mut reply), Err(Reject::WrongNode));
+        let spoof = beat(&other.key, live.session_id, 1, "n1", 13, 0.0);
+        assert_eq!(ing.handle(&spoof, 4, &mut reply), Err(Reject::Datagram(DatagramError::BadSeal)));
+        // Malformed and oversized.
+        assert_eq!(ing.handle(b"garbage", 5, &mut reply), Err(Reject::Datagram(DatagramError::Truncated)));
+        assert_eq!(ing.handle(&vec![0u8; 5000], 5, &mut reply), Err(Reject::Datagram(DatagramError::Oversized)));
+        let mut truncated = beat(&live.key, live.session_id, 1, "n1", 14, 0.5);
+        truncated.truncate(truncated.len() - 3);
+        assert_eq!(ing.handle(&truncated, 5, &mut reply), Err(Reject::Datagram(DatagramError::BadSeal)));
+        // A body that is sealed correctly but does not decode.
+        let h = Header { magic: MAGIC_HEARTBEAT, session_id: live.session_id, seq: 15, incarnation: 1, node_id: "n1" };
+        let mut junk = Vec::new();
+        seal::seal(&live.key, Direction::ToShard, &h, &[0xff, 0xff, 0xff], &mut junk).unwrap();
+        assert_eq!(ing.handle(&junk, 6, &mut reply), Err(Reject::Datagram(DatagramError::BadBody)));
+        assert_eq!(stats.rejected(Reject::Replayed), 2);
+        assert_eq!(stats.rejected(Reject::WrongNode), 1);
+        assert_eq!(stats.rejected(Reject::Datagram(DatagramError::BadSeal)), 3);
+        assert_eq!(stats.accepted(), 2);
+    }
+
+    #[test]
+    fn a_restarted_shard_recognises_sessions_and_asks_for_registration() {
+        let (mut ing, reg, stats, _rx) = setup();
+        let live = reg.register(request("n1", 1, "a"), 0).unwrap();
+        // A new shard with the same secret, knowing no sessions.
+        let (mut fresh, _reg2, stats2, _rx2) = setup();
+        let mut reply = Vec::new();
+        let d = beat(&live.key, live.session_id, 1, "n1", 1, 0.0);
+        assert_eq!(fresh.handle(&d, 1, &mut reply), Err(Reject::Forgotten));
+        assert!(!reply.is_empty(), "the agent is told to register again");
+        let h = seal::parse_header(&reply).unwrap();
+        let mut scratch = Vec::new();
+        let body = seal::open(&live.key, Direction::ToAgent, &reply, &h, &mut scratch).unwrap();
+        let r = v1::HeartbeatReply::decode(body).unwrap();
+        assert_eq!(r.action, v1::HeartbeatAction::Reregister as i32);
+        assert_eq!(stats2.rejected(Reject::Forgotten), 1);
+        // A session of a different secret is a plain unknown session.
+        let alien = seal::derive_session_key(b"other", 5, 1, "x");
+        let d = beat(&alien, 5, 1, "x", 1, 0.0);
+        reply.clear();
+        assert_eq!(ing.handle(&d, 1, &mut reply), Err(Reject::UnknownSession));
+        assert!(reply.is_empty());
+        assert_eq!(stats.rejected(Reject::UnknownSession), 1);
+    }
+
+    #[test]
+    fn suspect_nodes_come_back_and_dead_ones_must_reregister() {
+        let (mut ing, reg, _stats, mut rx) = setup();
+        let live = reg.register(request("n1", 1, "a"), 0).unwrap();
+        while rx.try_recv().is_ok() {}
+        assert!(live.transition(NodeStatus::Alive, NodeStatus::Suspect, 2000));
+        let mut reply = Vec::new();
+        ing.handle(&beat(&live.key, live.session_id, 1, "n1", 1, 0.0), 2100, &mut reply).unwrap();
+        assert_eq!(live.status(), NodeStatus::Alive);
+        assert!(matches!(rx.try_recv(), Ok(Change::Dirty(_))));
+        assert!(live.transition(NodeStatus::Alive, NodeStatus::Dead, 5000));
+        assert_eq!(
+            ing.handle(&beat(&live.key, live.session_id, 1, "n1", 2, 0.0), 5100, &mut reply),
+            Err(Reject::DeadNode)
+        );
+        assert!(!reply.is_empty());
+        assert_eq!(live.status(), NodeStatus::Dead);
+    }
+}

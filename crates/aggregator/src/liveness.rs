@@ -1,0 +1,202 @@
+//! Failure detection as pure logic: what a node's status becomes at a given time,
+//! and a timing wheel that holds one deadline per node in ~100 ms buckets, so the
+//! timer only ever looks at nodes whose deadline has come (never an O(nodes) scan).
+
+use flotilla_core::NodeStatus;
+
+/// How long silence may last before each transition, in milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timeouts {
+    pub suspect_after_ms: u64,
+    pub dead_after_ms: u64,
+    /// How long a Dead node stays in the view before it is forgotten.
+    pub retention_ms: u64,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts { suspect_after_ms: 2000, dead_after_ms: 3000, retention_ms: 60_000 }
+    }
+}
+
+/// What the timer does with a node whose deadline has come.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Nothing changes; look again at `check_at`.
+    Keep { check_at: u64 },
+    /// Move to `to` and look again at `check_at`.
+    Transition { to: NodeStatus, check_at: u64 },
+    /// Forget the node.
+    Remove,
+}
+
+/// The status a node should have at `now`, given when it was last heard from.
+pub fn evaluate(status: NodeStatus, last_seen: u64, status_since: u64, now: u64, t: &Timeouts) -> Verdict {
+    let suspect_at = last_seen.saturating_add(t.suspect_after_ms);
+    let dead_at = last_seen.saturating_add(t.dead_after_ms);
+    let dead = Verdict::Transition { to: NodeStatus::Dead, check_at: now.saturating_add(t.retention_ms) };
+    match status {
+        NodeStatus::Alive | NodeStatus::Unknown => {
+            if now >= dead_at {
+                dead
+            } else if now >= suspect_at {
+                Verdict::Transition { to: NodeStatus::Suspect, check_at: dead_at }
+            } else {
+                Verdict::Keep { check_at: suspect_at }
+            }
+        }
+        NodeStatus::Suspect => {
+            if now >= dead_at {
+                dead
+            } else if now < suspect_at {
+                Verdict::Keep { check_at: suspect_at }
+            } else {
+                Verdict::Keep { check_at: dead_at }
+            }
+        }
+        // A draining node stays Draining while it heartbeats; once it is gone it is Dead.
+        NodeStatus::Draining => {
+            if now >= dead_at {
+                dead
+            } else {
+                Verdict::Keep { check_at: dead_at }
+            }
+        }
+        NodeStatus::Dead => {
+            let forget_at = status_since.saturating_add(t.retention_ms);
+            if now >= forget_at { Verdict::Remove } else { Verdict::Keep { check_at: forget_at } }
+        }
+    }
+}
+
+/// A hashed timing wheel of session ids. Each node has at most one entry; an entry
+/// beyond one turn of the wheel simply waits for a later turn.
+pub struct Wheel {
+    slot_ms: u64,
+    slots: Vec<Vec<(u64, u64)>>,
+    /// Start of the oldest slot that may still hold due entries.
+    cursor_ms: u64,
+}
+
+impl Wheel {
+    pub fn new(slot_ms: u64, slots: usize, now_ms: u64) -> Self {
+        let slot_ms = slot_ms.max(1);
+        Wheel { slot_ms, slots: vec![Vec::new(); slots.max(1)], cursor_ms: now_ms - now_ms % slot_ms }
+    }
+
+    fn index(&self, t: u64) -> usize {
+        ((t / self.slot_ms) % self.slots.len() as u64) as usize
+    }
+
+    pub fn schedule(&mut self, session: u64, deadline_ms: u64) {
+        // Never schedule into a slot that has already been passed this turn.
+        let at = deadline_ms.max(self.cursor_ms);
+        let i = self.index(at);
+        self.slots[i].push((session, deadline_ms));
+    }
+
+    /// Removes and returns every session whose deadline is at or before `now_ms`.
+    pub fn expire(&mut self, now_ms: u64, out: &mut Vec<u64>) {
+        let turns = self.slots.len() as u64;
+        let mut t = self.cursor_ms;
+        let mut visited = 0;
+        while t <= now_ms && visited < turns {
+            let i = self.index(t);
+            let slot = &mut self.slots[i];
+            let mut k = 0;
+            while k < slot.len() {
+                if slot[k].1 <= now_ms {
+                    out.push(slot.swap_remove(k).0);
+                } else {
+                    k += 1;
+                }
+            }
+            t += self.slot_ms;
+            visited += 1;
+        }
+        // The current slot is visited again next time: it may hold entries due later in it.
+        // After a long pause (more than a turn) every slot was visited once, which is enough.
+        self.cursor_ms = now_ms - now_ms % self.slot_ms;
+    }
+
+    pub fn len(&self) -> usize {
+        self.slots.iter().map(Vec::len).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use NodeStatus::*;
+
+    const T: Timeouts = Timeouts { suspect_after_ms: 2000, dead_after_ms: 3000, retention_ms: 10_000 };
+
+    #[test]
+    fn alive_goes_suspect_then_dead_then_away() {
+        assert_eq!(evaluate(Alive, 1000, 0, 2999, &T), Verdict::Keep { check_at: 3000 });
+        assert_eq!(evaluate(Alive, 1000, 0, 3000, &T), Verdict::Transition { to: Suspect, check_at: 4000 });
+        assert_eq!(evaluate(Suspect, 1000, 3000, 4000, &T), Verdict::Transition { to: Dead, check_at: 14_000 });
+        assert_eq!(evaluate(Dead, 1000, 4000, 13_999, &T), Verdict::Keep { check_at: 14_000 });
+        assert_eq!(evaluate(Dead, 1000, 4000, 14_000, &T), Verdict::Remove);
+    }
+
+    #[test]
+    fn a_late_timer_goes_straight_to_dead() {
+        assert_eq!(evaluate(Alive, 0, 0, 5000, &T), Verdict::Transition { to: Dead, check_at: 15_000 });
+    }
+
+    #[test]
+    fn heartbeats_push_deadlines_back() {
+        // Deadline was for last_seen=0 but a heartbeat at 1500 came in meanwhile.
+        assert_eq!(evaluate(Alive, 1500, 0, 2000, &T), Verdict::Keep { check_at: 3500 });
+        assert_eq!(evaluate(Suspect, 2500, 0, 3000, &T), Verdict::Keep { check_at: 4500 });
+    }
+
+    #[test]
+    fn draining_stays_until_silent() {
+        assert_eq!(evaluate(Draining, 1000, 1000, 3500, &T), Verdict::Keep { check_at: 4000 });
+        assert_eq!(evaluate(Draining, 1000, 1000, 4000, &T), Verdict::Transition { to: Dead, check_at: 14_000 });
+    }
+
+    #[test]
+    fn wheel_fires_each_entry_once_when_due() {
+        let mut w = Wheel::new(100, 16, 0);
+        w.schedule(1, 250);
+        w.schedule(2, 1000);
+        w.schedule(3, 5_000); // beyond one turn (1.6 s)
+        let mut out = Vec::new();
+        w.expire(200, &mut out);
+        assert!(out.is_empty());
+        w.expire(300, &mut out);
+        assert_eq!(out, vec![1]);
+        out.clear();
+        for t in (400..=4900).step_by(100) {
+            w.expire(t, &mut out);
+        }
+        assert_eq!(out, vec![2]);
+        out.clear();
+        w.expire(5000, &mut out);
+        assert_eq!(out, vec![3]);
+        assert!(w.is_empty());
+    }
+
+    #[test]
+    fn wheel_catches_up_after_a_long_pause() {
+        let mut w = Wheel::new(100, 8, 0);
+        for s in 0..20 {
+            w.schedule(s, 100 + s * 37);
+        }
+        let mut out = Vec::new();
+        w.expire(10_000, &mut out);
+        out.sort();
+        assert_eq!(out, (0..20).collect::<Vec<_>>());
+        // Scheduling in the past fires at the next expiry.
+        w.schedule(99, 50);
+        w.expire(10_050, &mut out);
+        assert!(out.contains(&99));
+    }
+}

@@ -1,0 +1,133 @@
+//! The control path over QUIC: register, drain (and later, assignment pushes).
+//! One request per bidirectional stream; a wrong credential closes the connection
+//! with its reason.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+
+use flotilla_proto::{MAX_CONTROL_MESSAGE, v1};
+use prost::Message;
+use quinn::VarInt;
+
+use crate::registry::Registry;
+use crate::stats::ShardStats;
+
+/// Application close codes.
+pub const CLOSE_REJECTED: u32 = 1;
+
+pub struct QuicContext {
+    pub registry: Arc<Registry>,
+    pub stats: Arc<ShardStats>,
+    pub heartbeat_port: u16,
+    pub epoch: u64,
+}
+
+pub async fn serve(endpoint: quinn::Endpoint, ctx: Arc<QuicContext>) {
+    while let Some(incoming) = endpoint.accept().await {
+        let ctx = ctx.clone();
+        tokio::spawn(async move {
+            match incoming.await {
+                Ok(conn) => connection(conn, ctx).await,
+                Err(e) => tracing::debug!(error = %e, "QUIC handshake failed"),
+            }
+        });
+    }
+}
+
+async fn connection(conn: quinn::Connection, ctx: Arc<QuicContext>) {
+    // Sessions registered over this connection: only they may be drained through it.
+    let owned = Arc::new(Mutex::new(HashSet::<u64>::new()));
+    loop {
+        let (send, recv) = match conn.accept_bi().await {
+            Ok(s) => s,
+            Err(_) => return,
+        };
+        let (ctx, conn, owned) = (ctx.clone(), conn.clone(), owned.clone());
+        tokio::spawn(async move { stream(send, recv, &conn, &ctx, &owned).await });
+    }
+}
+
+fn error_reply(code: &str, message: String) -> v1::AgentResponse {
+    v1::AgentResponse {
+        response: Some(v1::agent_response::Response::Error(v1::ErrorReply { code: code.into(), message })),
+    }
+}
+
+async fn stream(
+    mut send: quinn::SendStream,
+    mut recv: quinn::RecvStream,
+    conn: &quinn::Connection,
+    ctx: &QuicContext,
+    owned: &Mutex<HashSet<u64>>,
+) {
+    use v1::agent_request::Request;
+    use v1::agent_response::Response;
+    let bytes = match recv.read_to_end(MAX_CONTROL_MESSAGE).await {
+        Ok(b) => b,
+        Err(e) => {
+            tracing::debug!(error = %e, "control stream read failed");
+            metrics::counter!("flotilla_control_requests_rejected_total", "reason" => "read").increment(1);
+            return;
+        }
+    };
+    let now = crate::now_ms();
+    let response = match v1::AgentRequest::decode(bytes.as_slice()) {
+        Err(e) => {
+            metrics::counter!("flotilla_control_requests_rejected_total", "reason" => "malformed").increment(1);
+            error_reply("malformed", format!("request does not decode: {e}"))
+        }
+        Ok(v1::AgentRequest { request: None }) => error_reply("malformed", "empty request".into()),
+        Ok(v1::AgentRequest { request: Some(Request::Register(req)) }) => {
+            let span = tracing::info_span!("register", node = %req.node_id, incarnation = req.incarnation);
+            let _g = span.enter();
+            match ctx.registry.register(req, now) {
+                Ok(live) => {
+                    ctx.stats.registrations.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    metrics::counter!("flotilla_registrations_total", "result" => "accepted").increment(1);
+                    owned.lock().unwrap_or_else(|p| p.into_inner()).insert(live.session_id);
+                    tracing::debug!(session = live.session_id, "registered");
+                    v1::AgentResponse {
+                        response: Some(Response::Session(v1::Session {
+                            session_id: live.session_id,
+                            incarnation: live.incarnation,
+                            key: live.key.to_vec(),
+                            heartbeat_port: u32::from(ctx.heartbeat_port),
+                            heartbeat_interval_ms: 1000,
+                            shard: ctx.registry.shard as u32,
+                            shard_epoch: ctx.epoch,
+                        })),
+                    }
+                }
+                Err(e) => {
+                    ctx.stats.registrations_rejected.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    metrics::counter!("flotilla_registrations_total", "result" => e.code()).increment(1);
+                    tracing::warn!(error = %e, "registration refused");
+                    if e.closes_connection() {
+                        conn.close(VarInt::from_u32(CLOSE_REJECTED), e.to_string().as_bytes());
+                        return;
+                    }
+                    error_reply(e.code(), e.to_string())
+                }
+            }
+        }
+        Ok(v1::AgentRequest { request: Some(Request::Drain(req)) }) => {
+            let _g = tracing::info_span!("drain", node = %req.node_id).entered();
+            let mine = owned.lock().unwrap_or_else(|p| p.into_inner()).contains(&req.session_id);
+            match mine.then(|| ctx.registry.drain(req.session_id, &req.node_id, now)).flatten() {
+                Some(status) => {
+                    tracing::info!(status = %status, "node draining");
+                    metrics::counter!("flotilla_drains_total").increment(1);
+                    v1::AgentResponse {
+                        response: Some(Response::Drain(v1::DrainAck { status: v1::NodeStatus::from(status) as i32 })),
+                    }
+                }
+                None => {
+                    metrics::counter!("flotilla_control_requests_rejected_total", "reason" => "not_owner").increment(1);
+                    error_reply("not_owner", "this connection holds no session for that node".into())
+                }
+            }
+        }
+    };
+    let _ = send.write_all(&response.encode_to_vec()).await;
+    let _ = send.finish();
+}

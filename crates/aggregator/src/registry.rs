@@ -1,0 +1,292 @@
+//! Sessions and per-node liveness. A heartbeat touches only its own node's atomics;
+//! registration and drain are the only writers of the maps.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, AtomicU16, AtomicU64, Ordering};
+
+use dashmap::DashMap;
+use flotilla_core::{HealthSample, Labels, NodeId, NodeStatus, PROTOCOL_VERSION, Resources, shard_for_domain};
+use flotilla_proto::seal::{SessionKey, derive_session_key};
+use flotilla_proto::{convert, v1};
+use tokio::sync::mpsc::UnboundedSender;
+
+/// One registered node (one session). Immutable identity, atomic liveness.
+pub struct NodeLive {
+    pub session_id: u64,
+    pub node_id: NodeId,
+    pub incarnation: u64,
+    pub key: SessionKey,
+    pub labels: Arc<Labels>,
+    pub capacity: Resources,
+    pub last_seen_ms: AtomicU64,
+    pub last_seq: AtomicU64,
+    status: AtomicU8,
+    pub status_since_ms: AtomicU64,
+    /// Published health score (thousandths); changes only outside the hysteresis band.
+    pub health_millis: AtomicU16,
+}
+
+impl NodeLive {
+    pub fn status(&self) -> NodeStatus {
+        NodeStatus::from_u8(self.status.load(Ordering::Acquire)).unwrap_or(NodeStatus::Unknown)
+    }
+
+    /// Moves `from` -> `to` if the node is still in `from`; true when it did.
+    pub fn transition(&self, from: NodeStatus, to: NodeStatus, now_ms: u64) -> bool {
+        let ok = self.status.compare_exchange(from.to_u8(), to.to_u8(), Ordering::AcqRel, Ordering::Acquire).is_ok();
+        if ok {
+            self.status_since_ms.store(now_ms, Ordering::Release);
+        }
+        ok
+    }
+}
+
+/// What the applier is told; it reads the node's current state itself, so the order
+/// in which two threads report the same node does not matter.
+pub enum Change {
+    /// A new session: start watching its deadlines and publish it.
+    Registered(Arc<NodeLive>, HealthSample),
+    /// Something about this node changed (status, health): republish it.
+    Dirty(Arc<NodeLive>),
+    /// Its published health moved; the sample that moved it.
+    Health(Arc<NodeLive>, HealthSample),
+    /// Forget this session (it was replaced, or Dead past retention).
+    Removed(Arc<NodeLive>),
+}
+
+/// Why a registration was refused. `closes_connection` errors end the QUIC connection
+/// with the reason, as a wrong credential must.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RegisterError {
+    #[error("protocol version {0} is not supported (this shard speaks {PROTOCOL_VERSION})")]
+    ProtocolVersion(u32),
+    #[error("join token is not valid")]
+    JoinToken,
+    #[error("node id: {0}")]
+    NodeId(String),
+    #[error("{0}")]
+    Invalid(String),
+    #[error("domain {domain:?} belongs to shard {owner}, not to shard {this}")]
+    WrongShard { domain: String, owner: usize, this: usize },
+    #[error("incarnation {0} is older than the registered incarnation {1}")]
+    StaleIncarnation(u64, u64),
+}
+
+impl RegisterError {
+    pub fn code(&self) -> &'static str {
+        match self {
+            RegisterError::ProtocolVersion(_) => "protocol_version",
+            RegisterError::JoinToken => "join_token",
+            RegisterError::NodeId(_) => "node_id",
+            RegisterError::Invalid(_) => "invalid",
+            RegisterError::WrongShard { .. } => "wrong_shard",
+            RegisterError::StaleIncarnation(..) => "stale_incarnation",
+        }
+    }
+
+    pub fn closes_connection(&self) -> bool {
+        matches!(self, RegisterError::ProtocolVersion(_) | RegisterError::JoinToken)
+    }
+}
+
+pub struct Registry {
+    pub shard: usize,
+    pub shards: usize,
+    master: Vec<u8>,
+    join_tokens: Vec<String>,
+    pub sessions: DashMap<u64, Arc<NodeLive>>,
+    by_node: DashMap<NodeId, Arc<NodeLive>>,
+    changes: UnboundedSender<Change>,
+}
+
+/// Compares without leaking where the first difference is.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+impl Registry {
+    pub fn new(
+        shard: usize,
+        shards: usize,
+        master: Vec<u8>,
+        join_tokens: Vec<String>,
+        changes: UnboundedSender<Change>,
+    ) -> Self {
+        Registry { shard, shards, master, join_tokens, sessions: DashMap::new(), by_node: DashMap::new(), changes }
+    }
+
+    pub fn emit(&self, c: Change) {
+        // The applier outlives the registry except during shutdown, when nothing matters.
+        let _ = self.changes.send(c);
+    }
+
+    pub fn master(&self) -> &[u8] {
+        &self.master
+    }
+
+    pub fn node(&self, id: &NodeId) -> Option<Arc<NodeLive>> {
+        self.by_node.get(id).map(|e| e.value().clone())
+    }
+
+    /// True while `live` is still the session that speaks for its node.
+    pub fn is_current(&self, live: &NodeLive) -> bool {
+        self.by_node.get(&live.node_id).is_some_and(|e| e.session_id == live.session_id)
+    }
+
+    /// Validates a registration and opens a session for it. A newer incarnation
+    /// replaces the node; the same incarnation (the agent lost its connection or the
+    /// shard restarted) gets a fresh session for the same node.
+    pub fn register(&self, req: v1::RegisterRequest, now_ms: u64) -> Result<Arc<NodeLive>, RegisterError> {
+        if req.protocol_version != PROTOCOL_VERSION {
+            return Err(RegisterError::ProtocolVersion(req.protocol_version));
+        }
+        if !self.join_tokens.iter().any(|t| constant_time_eq(t.as_bytes(), req.join_token.as_bytes())) {
+            return Err(RegisterError::JoinToken);
+        }
+        let node_id = NodeId::new(&req.node_id).map_err(|e| RegisterError::NodeId(e.to_string()))?;
+        let labels = convert::labels(req.labels).map_err(|e| RegisterError::Invalid(e.to_string()))?;
+        let capacity = convert::node_capacity(req.capacity).map_err(|e| RegisterError::Invalid(e.to_string()))?;
+        let health = convert::health(req.health).map_err(|e| RegisterError::Invalid(e.to_string()))?;
+        let owner = shard_for_domain(labels.domain(), self.shards);
+        if owner != self.shard {
+            return Err(RegisterError::WrongShard { domain: labels.domain().to_string(), owner, this: self.shard });
+        }
+        if let Some(old) = self.node(&node_id)
+            && old.incarnation > req.incarnation
+        {
+            return Err(RegisterError::StaleIncarnation(req.incarnation, old.incarnation));
+        }
+        let session_id = loop {
+            let id: u64 = rand::random();
+            if id != 0 && !self.sessions.contains_key(&id) {
+                break id;
+            }
+        };
+        let live = Arc::new(NodeLive {
+            session_id,
+            key: derive_session_key(&self.master, session_id, req.incarnation, node_id.as_str()),
+            node_id: node_id.clone(),
+            incarnation: req.incarnation,
+            labels: Arc::new(labels),
+            capacity,
+            last_seen_ms: AtomicU64::new(now_ms),
+            last_seq: AtomicU64::new(0),
+            status: AtomicU8::new(NodeStatus::Alive.to_u8()),
+            status_since_ms: AtomicU64::new(now_ms),
+            health_millis: AtomicU16::new(flotilla_core::Hysteresis::to_millis(flotilla_core::health_score(&health))),
+        });
+        self.sessions.insert(session_id, live.clone());
+        if let Some(old) = self.by_node.insert(node_id, live.clone()) {
+            self.sessions.remove(&old.session_id);
+        }
+        self.emit(Change::Registered(live.clone(), health));
+        Ok(live)
+    }
+
+    /// Marks the node of `session_id` Draining. The caller has checked that the
+    /// request came over the connection that owns the session.
+    pub fn drain(&self, session_id: u64, node_id: &str, now_ms: u64) -> Option<NodeStatus> {
+        let live = self.sessions.get(&session_id).map(|e| e.value().clone())?;
+        if live.node_id.as_str() != node_id {
+            return None;
+        }
+        for from in [NodeStatus::Alive, NodeStatus::Suspect, NodeStatus::Unknown] {
+            if live.transition(from, NodeStatus::Draining, now_ms) {
+                self.emit(Change::Dirty(live.clone()));
+                break;
+            }
+        }
+        Some(live.status())
+    }
+
+    /// Forgets a session, and its node when the session is still the node's current one.
+    pub fn remove(&self, live: &Arc<NodeLive>) {
+        self.sessions.remove(&live.session_id);
+        let removed = self.by_node.remove_if(&live.node_id, |_, cur| cur.session_id == live.session_id);
+        if removed.is_some() {
+            self.emit(Change::Removed(live.clone()));
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_node.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_node.is_empty()
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use tokio::sync::mpsc::unbounded_channel;
+
+    pub(crate) fn request(node: &str, incarnation: u64, domain: &str) -> v1::RegisterRequest {
+        v1::RegisterRequest {
+            protocol_version: PROTOCOL_VERSION,
+            join_token: "tok".into(),
+            node_id: node.into(),
+            incarnation,
+            labels: [("domain".to_string(), domain.to_string())].into_iter().collect(),
+            capacity: Some(v1::Resources { cpu_millis: 4000, memory_bytes: 1 << 33, ..Default::default() }),
+            assignments: vec![],
+            health: None,
+        }
+    }
+
+    fn registry() -> Registry {
+        Registry::new(0, 1, b"master".to_vec(), vec!["tok".into()], unbounded_channel().0)
+    }
+
+    #[test]
+    fn register_validates_credentials_and_input() {
+        let r = registry();
+        let mut bad = request("n1", 1, "a");
+        bad.join_token = "nope".into();
+        assert_eq!(r.register(bad, 0).err(), Some(RegisterError::JoinToken));
+        let mut bad = request("n1", 1, "a");
+        bad.protocol_version = 99;
+        assert_eq!(r.register(bad, 0).err(), Some(RegisterError::ProtocolVersion(99)));
+        assert!(matches!(r.register(request("bad id", 1, "a"), 0), Err(RegisterError::NodeId(_))));
+        let mut bad = request("n1", 1, "a");
+        bad.labels.insert("k".into(), "v".repeat(500));
+        assert!(matches!(r.register(bad, 0), Err(RegisterError::Invalid(_))));
+        let mut bad = request("n1", 1, "a");
+        bad.capacity = Some(v1::Resources { cpu_millis: u64::MAX, ..Default::default() });
+        assert!(matches!(r.register(bad, 0), Err(RegisterError::Invalid(_))));
+        assert!(r.is_empty());
+    }
+
+    #[test]
+    fn newer_incarnations_replace_and_older_ones_are_refused() {
+        let r = registry();
+        let a = r.register(request("n1", 5, "a"), 0).unwrap();
+        let b = r.register(request("n1", 6, "a"), 0).unwrap();
+        assert_eq!(r.len(), 1);
+        assert!(!r.sessions.contains_key(&a.session_id), "the old session is gone");
+        assert!(r.is_current(&b));
+        assert_eq!(r.register(request("n1", 5, "a"), 0).err(), Some(RegisterError::StaleIncarnation(5, 6)));
+        // The same incarnation re-registers (after a lost connection) with a new session.
+        let c = r.register(request("n1", 6, "a"), 0).unwrap();
+        assert_ne!(c.session_id, b.session_id);
+        assert_eq!(r.sessions.len(), 1);
+    }
+
+    #[test]
+    fn nodes_of_another_shards_domain_are_refused() {
+        let (tx, _rx) = unbounded_channel();
+        let r = Registry::new(0, 4, b"m".to_vec(), vec!["tok".into()], tx);
+        let foreign = (0..100).map(|i| format!("d{i}")).find(|d| shard_for_domain(d, 4) != 0).unwrap();
+        assert!(matches!(r.register(request("n", 1, &foreign), 0), Err(RegisterError::WrongShard { .. })));
+    }
+
+    #[test]
+    fn drain_needs_the_matching_node() {
+        let r = registry();
+        let a = r.register(request("n1", 1, "a"), 0).unwrap();
+        assert_eq!(r.drain(a.session_id, "n2", 5), None, "a session cannot drain another node");
+        assert_eq!(r.drain(a.session_id, "n1", 5), Some(NodeStatus::Draining));
+        assert_eq!(a.status_since_ms.load(Ordering::Relaxed), 5);
+    }
+}

@@ -1,0 +1,97 @@
+//! The control plane's HTTP API (JSON). It keeps no state of its own: everything it
+//! shows comes from the shards' views, followed over `WatchView`.
+
+mod json;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use flotilla_view::ClusterView;
+
+pub use json::{NodeRow, node_rows};
+
+pub struct ControlState {
+    pub cluster: Arc<ClusterView>,
+    /// Shard addresses in index order, shown by `/v1/shards`.
+    pub shards: Vec<String>,
+    /// Bearer token for mutating calls.
+    pub api_token: Option<String>,
+}
+
+/// `{"error": {"code", "message"}}` with a fitting status.
+pub struct ApiError {
+    pub status: StatusCode,
+    pub code: &'static str,
+    pub message: String,
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        metrics::counter!("flotilla_api_errors_total", "code" => self.code).increment(1);
+        let body = serde_json::json!({"error": {"code": self.code, "message": self.message}});
+        (self.status, Json(body)).into_response()
+    }
+}
+
+pub fn router(state: Arc<ControlState>) -> Router {
+    Router::new()
+        .route("/v1/nodes", get(list_nodes))
+        .route("/v1/shards", get(list_shards))
+        .route("/healthz", get(|| async { "ok" }))
+        .fallback(|| async {
+            ApiError { status: StatusCode::NOT_FOUND, code: "not_found", message: "no such endpoint".into() }
+        })
+        .with_state(state)
+        .merge(flotilla_obs::metrics_router())
+}
+
+#[tracing::instrument(skip_all)]
+async fn list_nodes(State(s): State<Arc<ControlState>>) -> Json<Vec<NodeRow>> {
+    metrics::counter!("flotilla_api_requests_total", "route" => "/v1/nodes").increment(1);
+    Json(node_rows(&s.cluster))
+}
+
+async fn list_shards(State(s): State<Arc<ControlState>>) -> Json<serde_json::Value> {
+    metrics::counter!("flotilla_api_requests_total", "route" => "/v1/shards").increment(1);
+    let rows: Vec<_> = s
+        .cluster
+        .slots()
+        .iter()
+        .enumerate()
+        .map(|(i, slot)| {
+            serde_json::json!({
+                "shard": i,
+                "address": s.shards.get(i),
+                "connected": slot.connected,
+                "version": {"epoch": slot.view.version.epoch, "seq": slot.view.version.seq},
+                "nodes": slot.view.len(),
+            })
+        })
+        .collect();
+    Json(serde_json::Value::Array(rows))
+}
+
+/// Follows every shard and serves the API on `listener` until `shutdown` resolves.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: Arc<ControlState>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let addr: SocketAddr = listener.local_addr()?;
+    tracing::info!(%addr, "control API listening");
+    axum::serve(listener, router(state)).with_graceful_shutdown(shutdown).await?;
+    Ok(())
+}
+
+/// Starts one follower task per shard address (`host:port`).
+pub fn follow_all(cluster: &Arc<ClusterView>, shards: &[String]) {
+    for (i, a) in shards.iter().enumerate() {
+        let endpoint = if a.starts_with("http") { a.clone() } else { format!("http://{a}") };
+        tokio::spawn(flotilla_view::follow_shard(cluster.clone(), i, endpoint));
+    }
+}

@@ -1,0 +1,16 @@
+//! Flotilla's pure data model: resources, node identity, labels, health and status.
+//!
+//! Nothing here does I/O; every type validates its own bounds so that decoders
+//! at the edges can turn untrusted input into these types or a clear error.
+
+mod health;
+mod limits;
+mod node;
+mod resources;
+mod shard;
+
+pub use health::{HealthSample, Hysteresis, health_score};
+pub use limits::*;
+pub use node::{Incarnation, LabelError, Labels, NodeId, NodeIdError, NodeStatus};
+pub use resources::{ResourceError, Resources};
+pub use shard::{DEFAULT_DOMAIN, shard_for_domain};

@@ -1,0 +1,264 @@
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::limits::{MAX_LABEL_KEY_LEN, MAX_LABEL_VALUE_LEN, MAX_LABELS, MAX_NODE_ID_LEN};
+
+/// A node's stable name (its hostname by default). Cheap to clone: views share it.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct NodeId(Arc<str>);
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NodeIdError {
+    #[error("node id is empty")]
+    Empty,
+    #[error("node id is {0} bytes long (at most {MAX_NODE_ID_LEN})")]
+    TooLong(usize),
+    #[error("node id {0:?} has characters other than [A-Za-z0-9._-]")]
+    BadCharacter(String),
+}
+
+impl NodeId {
+    pub fn new(s: &str) -> Result<Self, NodeIdError> {
+        if s.is_empty() {
+            return Err(NodeIdError::Empty);
+        }
+        if s.len() > MAX_NODE_ID_LEN {
+            return Err(NodeIdError::TooLong(s.len()));
+        }
+        if !s.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b)) {
+            return Err(NodeIdError::BadCharacter(s.to_string()));
+        }
+        Ok(NodeId(Arc::from(s)))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl TryFrom<String> for NodeId {
+    type Error = NodeIdError;
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        NodeId::new(&s)
+    }
+}
+
+impl From<NodeId> for String {
+    fn from(n: NodeId) -> String {
+        n.0.to_string()
+    }
+}
+
+impl fmt::Display for NodeId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for NodeId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", &*self.0)
+    }
+}
+
+/// Chosen by the agent at start (its start time in nanoseconds, so it only grows):
+/// a restarted agent is a new node, and an older incarnation never replaces a newer one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Incarnation(pub u64);
+
+/// Where a node stands, as its shard sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NodeStatus {
+    Alive,
+    /// Missed heartbeats for `suspect_after`; not yet given up.
+    Suspect,
+    /// Leaving on purpose (PreStop, SIGTERM): take no new work, move work away.
+    Draining,
+    /// Silent for `dead_after`: its work must be replaced.
+    Dead,
+    /// Its shard is unreachable or recovering. Never treated as Dead.
+    Unknown,
+}
+
+impl NodeStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NodeStatus::Alive => "alive",
+            NodeStatus::Suspect => "suspect",
+            NodeStatus::Draining => "draining",
+            NodeStatus::Dead => "dead",
+            NodeStatus::Unknown => "unknown",
+        }
+    }
+
+    pub const ALL: [NodeStatus; 5] =
+        [NodeStatus::Alive, NodeStatus::Suspect, NodeStatus::Draining, NodeStatus::Dead, NodeStatus::Unknown];
+
+    /// Compact encoding for atomics on the heartbeat path.
+    pub fn to_u8(self) -> u8 {
+        self as u8
+    }
+
+    pub fn from_u8(v: u8) -> Option<NodeStatus> {
+        NodeStatus::ALL.get(usize::from(v)).copied()
+    }
+}
+
+impl fmt::Display for NodeStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A node's labels, validated: bounded in count and length, keys in a
+/// Kubernetes-like alphabet. `domain` names the failure domain (and picks the shard).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "BTreeMap<String, String>", into = "BTreeMap<String, String>")]
+pub struct Labels(BTreeMap<String, String>);
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LabelError {
+    #[error("{0} labels (at most {MAX_LABELS})")]
+    TooMany(usize),
+    #[error(
+        "label key {0:?} is empty, longer than {MAX_LABEL_KEY_LEN} bytes or has characters other than [A-Za-z0-9._/-]"
+    )]
+    BadKey(String),
+    #[error("label {key:?} has a value longer than {MAX_LABEL_VALUE_LEN} bytes or with control characters")]
+    BadValue { key: String },
+    #[error("label {0:?} is not of the form KEY=VALUE")]
+    NotKeyValue(String),
+}
+
+impl Labels {
+    pub fn new() -> Self {
+        Labels::default()
+    }
+
+    pub fn from_map(map: BTreeMap<String, String>) -> Result<Self, LabelError> {
+        if map.len() > MAX_LABELS {
+            return Err(LabelError::TooMany(map.len()));
+        }
+        for (k, v) in &map {
+            validate_label(k, v)?;
+        }
+        Ok(Labels(map))
+    }
+
+    /// Parses `KEY=VALUE` as given on a command line.
+    pub fn parse_pair(s: &str) -> Result<(String, String), LabelError> {
+        let (k, v) = s.split_once('=').ok_or_else(|| LabelError::NotKeyValue(s.to_string()))?;
+        validate_label(k, v)?;
+        Ok((k.to_string(), v.to_string()))
+    }
+
+    pub fn insert(&mut self, key: &str, value: &str) -> Result<(), LabelError> {
+        validate_label(key, value)?;
+        if !self.0.contains_key(key) && self.0.len() >= MAX_LABELS {
+            return Err(LabelError::TooMany(self.0.len() + 1));
+        }
+        self.0.insert(key.to_string(), value.to_string());
+        Ok(())
+    }
+
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).map(String::as_str)
+    }
+
+    /// The failure domain (`domain` label), `default` when unset.
+    pub fn domain(&self) -> &str {
+        self.get("domain").unwrap_or(crate::DEFAULT_DOMAIN)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.0.iter().map(|(k, v)| (k.as_str(), v.as_str()))
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn as_map(&self) -> &BTreeMap<String, String> {
+        &self.0
+    }
+}
+
+fn validate_label(key: &str, value: &str) -> Result<(), LabelError> {
+    let key_ok = !key.is_empty()
+        && key.len() <= MAX_LABEL_KEY_LEN
+        && key.bytes().all(|b| b.is_ascii_alphanumeric() || b"._/-".contains(&b));
+    if !key_ok {
+        return Err(LabelError::BadKey(key.to_string()));
+    }
+    if value.len() > MAX_LABEL_VALUE_LEN || value.chars().any(char::is_control) {
+        return Err(LabelError::BadValue { key: key.to_string() });
+    }
+    Ok(())
+}
+
+impl TryFrom<BTreeMap<String, String>> for Labels {
+    type Error = LabelError;
+    fn try_from(m: BTreeMap<String, String>) -> Result<Self, Self::Error> {
+        Labels::from_map(m)
+    }
+}
+
+impl From<Labels> for BTreeMap<String, String> {
+    fn from(l: Labels) -> Self {
+        l.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_ids_are_validated() {
+        assert!(NodeId::new("node-1.eu_a").is_ok());
+        assert_eq!(NodeId::new(""), Err(NodeIdError::Empty));
+        assert!(matches!(NodeId::new("a b"), Err(NodeIdError::BadCharacter(_))));
+        assert!(matches!(NodeId::new(&"x".repeat(MAX_NODE_ID_LEN + 1)), Err(NodeIdError::TooLong(_))));
+    }
+
+    #[test]
+    fn labels_are_bounded() {
+        let mut l = Labels::new();
+        for i in 0..MAX_LABELS {
+            l.insert(&format!("k{i}"), "v").unwrap();
+        }
+        assert_eq!(l.insert("one-more", "v"), Err(LabelError::TooMany(MAX_LABELS + 1)));
+        l.insert("k0", "replaced").unwrap();
+        assert!(matches!(Labels::parse_pair("novalue"), Err(LabelError::NotKeyValue(_))));
+        assert!(matches!(Labels::parse_pair(&format!("{}=v", "k".repeat(64))), Err(LabelError::BadKey(_))));
+        assert!(matches!(Labels::parse_pair(&format!("k={}", "v".repeat(129))), Err(LabelError::BadValue { .. })));
+        assert!(matches!(Labels::parse_pair("k=a\nb"), Err(LabelError::BadValue { .. })));
+        assert_eq!(Labels::parse_pair("topology.kubernetes.io/zone=eu-1a").unwrap().1, "eu-1a");
+    }
+
+    #[test]
+    fn domain_defaults() {
+        let mut l = Labels::new();
+        assert_eq!(l.domain(), "default");
+        l.insert("domain", "cluster-a").unwrap();
+        assert_eq!(l.domain(), "cluster-a");
+    }
+
+    #[test]
+    fn status_round_trips_through_u8() {
+        for s in NodeStatus::ALL {
+            assert_eq!(NodeStatus::from_u8(s.to_u8()), Some(s));
+        }
+        assert_eq!(NodeStatus::from_u8(200), None);
+        assert_eq!(serde_json::to_string(&NodeStatus::Draining).unwrap(), "\"draining\"");
+    }
+}

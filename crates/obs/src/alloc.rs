@@ -1,0 +1,55 @@
+//! A global allocator wrapper that counts bytes allocated by the current thread
+//! while a measurement is open. The shard uses it to report the bytes a new view
+//! version really allocates (structural sharing keeps that small); binaries opt in
+//! with `#[global_allocator] static A: flotilla_obs::alloc::Metered = Metered;`.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+
+thread_local! {
+    static METERING: Cell<bool> = const { Cell::new(false) };
+    static BYTES: Cell<u64> = const { Cell::new(0) };
+}
+
+pub struct Metered;
+
+// SAFETY: delegates every call to the system allocator; the bookkeeping touches
+// only const-initialised thread-locals, which never allocate.
+unsafe impl GlobalAlloc for Metered {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        note(layout.size());
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        note(layout.size());
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        note(new_size);
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+fn note(size: usize) {
+    let _ = METERING.try_with(|m| {
+        if m.get() {
+            let _ = BYTES.try_with(|b| b.set(b.get() + size as u64));
+        }
+    });
+}
+
+/// Runs `f` and returns its result with the bytes it allocated on this thread
+/// (0 when the metered allocator is not installed).
+pub fn measure<T>(f: impl FnOnce() -> T) -> (T, u64) {
+    BYTES.with(|b| b.set(0));
+    METERING.with(|m| m.set(true));
+    let out = f();
+    METERING.with(|m| m.set(false));
+    (out, BYTES.with(|b| b.get()))
+}

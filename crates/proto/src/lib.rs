@@ -1,0 +1,20 @@
+//! The wire contract: protobuf messages and gRPC services generated from
+//! `proto/flotilla/v1`, the sealed heartbeat datagram, the QUIC framing, and the
+//! conversions between wire messages and `flotilla-core` types (validated here,
+//! once, so nothing behind a decoder sees unchecked input).
+
+#[allow(clippy::all, clippy::pedantic)]
+pub mod v1 {
+    tonic::include_proto!("flotilla.v1");
+}
+
+pub mod convert;
+
+pub mod seal;
+
+/// Largest QUIC control message (one request or response per stream), in bytes.
+pub const MAX_CONTROL_MESSAGE: usize = 256 * 1024;
+/// Largest gRPC message a view stream carries, in bytes (snapshots are chunked below it).
+pub const MAX_GRPC_MESSAGE: usize = 16 * 1024 * 1024;
+/// Nodes per snapshot chunk on WatchView.
+pub const SNAPSHOT_CHUNK_NODES: usize = 2048;

@@ -1,0 +1,144 @@
+//! The client side of `WatchView`: a local, lock-free copy of every shard's view.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use flotilla_proto::v1::{self, view_service_client::ViewServiceClient, view_update::Update};
+use imbl::OrdMap;
+use rand::Rng;
+use tokio::sync::watch;
+
+use crate::record::{ShardView, Version};
+use crate::wire::{WireError, delta_from_wire, record_from_wire};
+
+/// One shard's view as this process knows it.
+#[derive(Debug, Clone)]
+pub struct ShardSlot {
+    pub view: Arc<ShardView>,
+    /// False while the stream to the shard is down: its nodes are then `Unknown`.
+    pub connected: bool,
+}
+
+/// The merged view: one slot per shard, in `--aggregators` order. Readers load a
+/// slot without locking; one follower task per shard writes it.
+pub struct ClusterView {
+    slots: Vec<ArcSwap<ShardSlot>>,
+    changed: watch::Sender<u64>,
+}
+
+impl ClusterView {
+    pub fn new(shards: usize) -> Arc<Self> {
+        let slots = (0..shards)
+            .map(|i| {
+                ArcSwap::from_pointee(ShardSlot { view: Arc::new(ShardView::empty(i as u32, 0)), connected: false })
+            })
+            .collect();
+        Arc::new(ClusterView { slots, changed: watch::channel(0).0 })
+    }
+
+    pub fn shards(&self) -> usize {
+        self.slots.len()
+    }
+
+    pub fn slot(&self, shard: usize) -> Arc<ShardSlot> {
+        self.slots[shard].load_full()
+    }
+
+    /// Every shard's slot, loaded once each.
+    pub fn slots(&self) -> Vec<Arc<ShardSlot>> {
+        self.slots.iter().map(|s| s.load_full()).collect()
+    }
+
+    /// A receiver that changes whenever any shard's view does.
+    pub fn changes(&self) -> watch::Receiver<u64> {
+        self.changed.subscribe()
+    }
+
+    fn store(&self, shard: usize, slot: ShardSlot) {
+        self.slots[shard].store(Arc::new(slot));
+        self.changed.send_modify(|v| *v += 1);
+    }
+}
+
+/// Keeps `cluster`'s slot `shard` current from the shard at `endpoint`
+/// (`http://host:port`), reconnecting with jittered back-off. Runs until dropped.
+pub async fn follow_shard(cluster: Arc<ClusterView>, shard: usize, endpoint: String) {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        match follow_once(&cluster, shard, &endpoint).await {
+            Ok(()) => backoff = Duration::from_millis(100),
+            Err(e) => tracing::debug!(shard, %endpoint, error = %e, "view stream failed"),
+        }
+        let cur = cluster.slot(shard);
+        if cur.connected {
+            cluster.store(shard, ShardSlot { view: cur.view.clone(), connected: false });
+        }
+        let jitter = rand::rng().random_range(0.5..1.5);
+        tokio::time::sleep(backoff.mul_f64(jitter)).await;
+        backoff = (backoff * 2).min(Duration::from_secs(2));
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+enum FollowError {
+    #[error("transport: {0}")]
+    Transport(#[from] tonic::transport::Error),
+    #[error("status: {0}")]
+    Status(#[from] tonic::Status),
+    #[error("bad update: {0}")]
+    Wire(#[from] WireError),
+    #[error("delta from {0:?} does not follow our version {1:?}")]
+    Gap(Version, Version),
+}
+
+async fn follow_once(cluster: &ClusterView, shard: usize, endpoint: &str) -> Result<(), FollowError> {
+    let channel = tonic::transport::Endpoint::from_shared(endpoint.to_string())
+        .map_err(FollowError::Transport)?
+        .connect_timeout(Duration::from_secs(2))
+        .connect()
+        .await?;
+    let mut client = ViewServiceClient::new(channel).max_decoding_message_size(flotilla_proto::MAX_GRPC_MESSAGE);
+    let have = cluster.slot(shard);
+    let from = (have.view.version.epoch != 0).then(|| have.view.version.into());
+    let mut stream = client.watch_view(v1::WatchViewRequest { from_version: from }).await?.into_inner();
+    let mut view = have.view.clone();
+    let mut building: Option<ShardView> = None;
+    let mut connected = have.connected;
+    while let Some(update) = stream.message().await? {
+        match update.update {
+            Some(Update::Snapshot(chunk)) => {
+                let b = building.get_or_insert_with(|| ShardView {
+                    shard: chunk.shard,
+                    version: chunk.version.unwrap_or_default().into(),
+                    nodes: OrdMap::new(),
+                });
+                for r in chunk.nodes {
+                    let r = record_from_wire(r)?;
+                    b.nodes.insert(r.node_id.clone(), Arc::new(r));
+                }
+                if chunk.last {
+                    view = Arc::new(building.take().unwrap_or_else(|| ShardView::empty(shard as u32, 0)));
+                    connected = true;
+                    cluster.store(shard, ShardSlot { view: view.clone(), connected });
+                    metrics::counter!("flotilla_view_snapshots_received_total").increment(1);
+                }
+            }
+            Some(Update::Delta(d)) => {
+                let d = delta_from_wire(d)?;
+                let next = view.apply(&d).ok_or(FollowError::Gap(d.from, view.version))?;
+                view = Arc::new(next);
+                connected = true;
+                cluster.store(shard, ShardSlot { view: view.clone(), connected });
+            }
+            None => {
+                // A keep-alive (no update): we are current.
+                if !connected {
+                    connected = true;
+                    cluster.store(shard, ShardSlot { view: view.clone(), connected });
+                }
+            }
+        }
+    }
+    Ok(())
+}

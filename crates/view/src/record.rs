@@ -1,0 +1,88 @@
+use std::sync::Arc;
+
+use flotilla_core::{HealthSample, Incarnation, Labels, NodeId, NodeStatus, Resources};
+use imbl::OrdMap;
+
+/// (epoch, sequence). The epoch changes whenever the shard restarts, so a version
+/// from a previous life never looks current.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Version {
+    pub epoch: u64,
+    pub seq: u64,
+}
+
+/// Everything a scheduler needs to know about one node, as one immutable value.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeRecord {
+    pub node_id: NodeId,
+    pub incarnation: Incarnation,
+    pub status: NodeStatus,
+    pub status_since_unix_ms: u64,
+    pub shard: u32,
+    /// Shared between nodes with identical labels (most nodes of a pool).
+    pub labels: Arc<Labels>,
+    /// Published health score in thousandths (see `flotilla_core::Hysteresis`).
+    pub health_millis: u16,
+    /// The sample that produced the published score.
+    pub health: HealthSample,
+    pub capacity: Resources,
+    pub allocated: Resources,
+}
+
+impl NodeRecord {
+    pub fn health_score(&self) -> f32 {
+        f32::from(self.health_millis) / 1000.0
+    }
+}
+
+/// One shard's nodes at one version. Cloning is O(1).
+#[derive(Debug, Clone)]
+pub struct ShardView {
+    pub shard: u32,
+    pub version: Version,
+    pub nodes: OrdMap<NodeId, Arc<NodeRecord>>,
+}
+
+impl ShardView {
+    pub fn empty(shard: u32, epoch: u64) -> Self {
+        ShardView { shard, version: Version { epoch, seq: 0 }, nodes: OrdMap::new() }
+    }
+
+    pub fn get(&self, id: &NodeId) -> Option<&Arc<NodeRecord>> {
+        self.nodes.get(id)
+    }
+
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// The next version: this one with `delta` applied. Fails when the delta does not
+    /// start at this version (the caller then needs a snapshot).
+    pub fn apply(&self, delta: &Delta) -> Option<ShardView> {
+        if delta.from != self.version {
+            return None;
+        }
+        let mut nodes = self.nodes.clone();
+        for r in &delta.upserts {
+            nodes.insert(r.node_id.clone(), r.clone());
+        }
+        for id in &delta.removed {
+            nodes.remove(id);
+        }
+        Some(ShardView { shard: self.shard, version: delta.to, nodes })
+    }
+}
+
+/// What changed between two consecutive versions.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Delta {
+    pub shard: u32,
+    pub from: Version,
+    pub to: Version,
+    pub upserts: Vec<Arc<NodeRecord>>,
+    pub removed: Vec<NodeId>,
+}

@@ -1,0 +1,63 @@
+//! Client commands: they find the control plane at `$FLOTILLA_ADDR`.
+
+use anyhow::{Context, bail};
+use clap::Args;
+use serde_json::Value;
+
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    /// Print one JSON document instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// The control plane's address.
+    #[arg(long, env = "FLOTILLA_ADDR", default_value = "http://127.0.0.1:7700")]
+    pub addr: String,
+}
+
+async fn get(addr: &str, path: &str) -> anyhow::Result<Value> {
+    let url = format!("{}{path}", addr.trim_end_matches('/'));
+    let resp = reqwest::get(&url)
+        .await
+        .with_context(|| format!("reaching the control plane at {addr} (set FLOTILLA_ADDR)"))?;
+    let status = resp.status();
+    let body: Value = resp.json().await.with_context(|| format!("decoding the answer of {url}"))?;
+    if !status.is_success() {
+        let msg = body.pointer("/error/message").and_then(Value::as_str).unwrap_or("no message");
+        bail!("{url}: {status}: {msg}");
+    }
+    Ok(body)
+}
+
+fn gib(bytes: u64) -> String {
+    format!("{:.1}Gi", bytes as f64 / (1u64 << 30) as f64)
+}
+
+pub async fn nodes(a: ListArgs) -> anyhow::Result<()> {
+    let v = get(&a.addr, "/v1/nodes").await?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    let rows = v.as_array().cloned().unwrap_or_default();
+    println!(
+        "{:<20} {:<9} {:>5} {:<12} {:<6} {:>9} {:>10} {:>6}",
+        "NODE", "STATUS", "SHARD", "DOMAIN", "PRIO", "CPU", "MEMORY", "HEALTH"
+    );
+    for r in &rows {
+        let s = |p: &str| r.pointer(p).and_then(Value::as_str).unwrap_or("-").to_string();
+        let n = |p: &str| r.pointer(p).and_then(Value::as_u64).unwrap_or(0);
+        println!(
+            "{:<20} {:<9} {:>5} {:<12} {:<6} {:>9} {:>10} {:>6.2}",
+            s("/node_id"),
+            s("/status"),
+            n("/shard"),
+            r.pointer("/labels/domain").and_then(Value::as_str).unwrap_or("default"),
+            r.pointer("/labels/priority").and_then(Value::as_str).unwrap_or("-"),
+            format!("{}m", n("/capacity/cpu_millis")),
+            gib(n("/capacity/memory_bytes")),
+            r.pointer("/health/score").and_then(Value::as_f64).unwrap_or(0.0),
+        );
+    }
+    println!("{} nodes", rows.len());
+    Ok(())
+}

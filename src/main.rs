@@ -1,0 +1,68 @@
+//! `flotilla`: the one binary. Servers (`up`, `aggregator`, `control`, `agent`) and
+//! client commands (`nodes`) — see DESIGN §13 for the contract.
+
+mod client;
+mod secrets;
+mod servers;
+mod up;
+
+use clap::{Parser, Subcommand};
+
+#[global_allocator]
+static ALLOC: flotilla_obs::alloc::Metered = flotilla_obs::alloc::Metered;
+
+#[derive(Parser)]
+#[command(name = "flotilla", version, about = "A federated multi-cluster scheduler")]
+struct Cli {
+    /// Log as JSON lines instead of human-readable text.
+    #[arg(long, global = true)]
+    log_json: bool,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// The embedded all-in-one: shards and control API in this process, agents as children.
+    Up(up::UpArgs),
+    /// One resource aggregator shard.
+    Aggregator(servers::AggregatorArgs),
+    /// The control plane: follows every shard and serves the HTTP API.
+    Control(servers::ControlArgs),
+    /// The node agent (the same code as `flotilla-agent`).
+    Agent(flotilla_agent::config::AgentCommand),
+    /// List nodes from the control plane.
+    Nodes(client::ListArgs),
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    flotilla_obs::init_tracing(cli.log_json);
+    // Before any component registers its metrics.
+    flotilla_obs::metrics_handle();
+    let result = match cli.cmd {
+        Cmd::Agent(a) => flotilla_agent::main_with(a),
+        other => {
+            tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(anyhow::Error::from).and_then(
+                |rt| {
+                    rt.block_on(async move {
+                        match other {
+                            Cmd::Up(a) => up::run(a).await,
+                            Cmd::Aggregator(a) => servers::aggregator(a).await,
+                            Cmd::Control(a) => servers::control(a).await,
+                            Cmd::Nodes(a) => client::nodes(a).await,
+                            Cmd::Agent(_) => Ok(()),
+                        }
+                    })
+                },
+            )
+        }
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,191 @@
+//! `flotilla aggregator` and `flotilla control`: one server each.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::Args;
+use flotilla_aggregator::{ShardConfig, Timeouts, TlsMaterial};
+
+use crate::secrets::DataDir;
+
+/// Parses `1500ms`, `2s`, `1.5s`, `5m`, `1h`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (num, unit) = s.find(|c: char| c.is_ascii_alphabetic()).map(|i| s.split_at(i)).unwrap_or((s, "s"));
+    let n: f64 = num.parse().map_err(|_| format!("{s:?} is not a duration like 500ms, 2s or 5m"))?;
+    let secs = match unit {
+        "ms" => n / 1000.0,
+        "s" => n,
+        "m" => n * 60.0,
+        "h" => n * 3600.0,
+        _ => return Err(format!("{s:?}: unknown unit {unit:?} (use ms, s, m or h)")),
+    };
+    if !(secs.is_finite() && (0.0..1e7).contains(&secs)) {
+        return Err(format!("{s:?} is out of range"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// Liveness settings shared by `up` and `aggregator`.
+#[derive(Debug, Clone, Args)]
+pub struct LivenessArgs {
+    /// Silence after which a node is Suspect.
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    pub suspect_after: Duration,
+    /// Silence after which a node is Dead.
+    #[arg(long, default_value = "3s", value_parser = parse_duration)]
+    pub dead_after: Duration,
+    /// How long a Dead node stays in the view.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    pub dead_retention: Duration,
+    /// Longest wait before a change is published as a new view version (at most 50ms).
+    #[arg(long, default_value = "20ms", value_parser = parse_duration)]
+    pub batch_window: Duration,
+}
+
+impl LivenessArgs {
+    pub fn timeouts(&self) -> anyhow::Result<Timeouts> {
+        if self.suspect_after.is_zero() || self.dead_after <= self.suspect_after {
+            bail!(
+                "--dead-after ({:?}) must be longer than --suspect-after ({:?}), both above 0",
+                self.dead_after,
+                self.suspect_after
+            );
+        }
+        if self.batch_window > Duration::from_millis(50) {
+            bail!("--batch-window must be at most 50ms");
+        }
+        Ok(Timeouts {
+            suspect_after_ms: self.suspect_after.as_millis() as u64,
+            dead_after_ms: self.dead_after.as_millis() as u64,
+            retention_ms: self.dead_retention.as_millis() as u64,
+        })
+    }
+
+    pub fn shard_config(
+        &self,
+        listen: SocketAddr,
+        shard: usize,
+        shards: usize,
+        data: &DataDir,
+    ) -> anyhow::Result<ShardConfig> {
+        let tls = TlsMaterial::load(&data.tls_cert, &data.tls_key)?;
+        let mut c = ShardConfig::new(
+            listen,
+            shard,
+            shards,
+            data.shard_secret.as_bytes().to_vec(),
+            vec![data.join_token.clone()],
+            tls,
+        );
+        c.timeouts = self.timeouts()?;
+        c.batch_window = self.batch_window;
+        Ok(c)
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct AggregatorArgs {
+    /// `host:port`: QUIC on UDP P, heartbeats on UDP P+1, gRPC on TCP P.
+    #[arg(long)]
+    pub listen: SocketAddr,
+    #[arg(long, default_value_t = 0)]
+    pub shard: usize,
+    #[arg(long, default_value_t = 1)]
+    pub shards: usize,
+    #[command(flatten)]
+    pub liveness: LivenessArgs,
+    /// Serve /metrics here.
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub metrics: SocketAddr,
+    /// Data dir holding the shard secret, the join token and TLS material (created when absent).
+    #[arg(long, default_value = "./.flotilla")]
+    pub data: PathBuf,
+    /// Print the bound addresses as one JSON line on stdout (for scripts and tests).
+    #[arg(long)]
+    pub print_addrs: bool,
+}
+
+pub async fn aggregator(a: AggregatorArgs) -> anyhow::Result<()> {
+    if a.shards == 0 || a.shard >= a.shards {
+        bail!("--shard {} must be below --shards {}", a.shard, a.shards);
+    }
+    let data = DataDir::prepare(&a.data)?;
+    let metrics = flotilla_obs::serve_metrics(a.metrics).await?;
+    let config = a.liveness.shard_config(a.listen, a.shard, a.shards, &data)?;
+    let mut shard = flotilla_aggregator::start(config).await?;
+    if a.print_addrs {
+        println!(
+            "{}",
+            serde_json::json!({"addr": shard.addr.to_string(), "heartbeat": shard.heartbeat_addr.to_string(), "metrics": metrics.to_string(), "pid": std::process::id()})
+        );
+    }
+    tokio::select! {
+        _ = shutdown_signal() => {}
+        _ = shard.wait() => bail!("the shard stopped"),
+    }
+    shard.shutdown().await;
+    Ok(())
+}
+
+#[derive(Debug, Args)]
+pub struct ControlArgs {
+    #[arg(long, default_value = "127.0.0.1:7700")]
+    pub listen: SocketAddr,
+    /// Shard addresses (`host:port`) in shard-index order.
+    #[arg(long, value_delimiter = ',', required = true)]
+    pub aggregators: Vec<String>,
+    /// File with the API token for mutating calls.
+    #[arg(long)]
+    pub api_token_file: Option<PathBuf>,
+}
+
+pub async fn control(a: ControlArgs) -> anyhow::Result<()> {
+    let api_token = match &a.api_token_file {
+        Some(f) => {
+            Some(std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?.trim().to_string())
+        }
+        None => None,
+    };
+    let cluster = flotilla_view::ClusterView::new(a.aggregators.len());
+    flotilla_control::follow_all(&cluster, &a.aggregators);
+    let state = Arc::new(flotilla_control::ControlState { cluster, shards: a.aggregators.clone(), api_token });
+    let listener = tokio::net::TcpListener::bind(a.listen).await.with_context(|| format!("binding {}", a.listen))?;
+    flotilla_control::serve(listener, state, async {
+        shutdown_signal().await;
+    })
+    .await
+}
+
+/// Resolves on SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+        (Ok(mut t), Ok(mut i)) => {
+            tokio::select! {
+                _ = t.recv() => {}
+                _ = i.recv() => {}
+            }
+        }
+        _ => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("1500ms"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("2s"), Ok(Duration::from_secs(2)));
+        assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        assert!(parse_duration("2 parsecs").is_err());
+        assert!(parse_duration("-1s").is_err());
+        assert!(parse_duration("x").is_err());
+    }
+}

@@ -1,0 +1,210 @@
+//! `flotilla up`: shards and the control API in this process, agents as child
+//! processes (this binary re-executed as `flotilla agent`), each in its own process
+//! group. Ctrl-C or SIGTERM drains and stops every agent before `up` exits.
+
+use std::net::SocketAddr;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::Args;
+
+use crate::secrets::DataDir;
+use crate::servers::{LivenessArgs, shutdown_signal};
+
+#[derive(Debug, Args)]
+pub struct UpArgs {
+    /// Local agents to start (each a distinct node).
+    #[arg(long, default_value_t = 4)]
+    pub agents: usize,
+    /// Aggregator shards to run in this process.
+    #[arg(long, default_value_t = 2)]
+    pub shards: usize,
+    #[arg(long, default_value = "./.flotilla")]
+    pub data: PathBuf,
+    /// The control API's address.
+    #[arg(long, default_value = "127.0.0.1:7700")]
+    pub listen: SocketAddr,
+    /// Restart an agent that dies (by default a killed agent stays dead: that is a node loss).
+    #[arg(long)]
+    pub restart_agents: bool,
+    #[command(flatten)]
+    pub liveness: LivenessArgs,
+}
+
+/// One local agent: the shape of a node of the demo pool.
+struct AgentSpec {
+    node_id: String,
+    args: Vec<String>,
+}
+
+/// Distinct nodes of different sizes, over two domains and three zones, every third
+/// one low priority.
+fn agent_specs(n: usize, aggregators: &str, data: &DataDir) -> Vec<AgentSpec> {
+    (0..n)
+        .map(|i| {
+            let node_id = format!("node-{}", i + 1);
+            let domain = ["domain-a", "domain-b"][i % 2];
+            let priority = if i % 3 == 2 { "low" } else { "high" };
+            let (cores, mem_gib) = [(4, 8u64), (8, 16), (16, 32)][i % 3];
+            let args = vec![
+                "agent".into(),
+                "--aggregators".into(),
+                aggregators.into(),
+                "--node-id".into(),
+                node_id.clone(),
+                "--label".into(),
+                format!("domain={domain}"),
+                "--label".into(),
+                format!("zone=zone-{}", i % 3),
+                "--label".into(),
+                format!("priority={priority}"),
+                "--cores".into(),
+                cores.to_string(),
+                "--memory".into(),
+                (mem_gib << 30).to_string(),
+                "--join-token-file".into(),
+                data.dir.join("join-token").display().to_string(),
+                "--ca".into(),
+                data.tls_cert.display().to_string(),
+                "--data".into(),
+                data.dir.join("agents").join(&node_id).display().to_string(),
+            ];
+            AgentSpec { node_id, args }
+        })
+        .collect()
+}
+
+struct Agent {
+    spec: AgentSpec,
+    child: Option<Child>,
+    pid_file: PathBuf,
+}
+
+fn spawn(spec: &AgentSpec, dir: &Path) -> anyhow::Result<Child> {
+    let exe = std::env::current_exe().context("finding this binary")?;
+    let log = std::fs::File::create(dir.join(format!("{}.log", spec.node_id)))?;
+    let mut cmd = Command::new(exe);
+    cmd.args(&spec.args).stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log).process_group(0);
+    // SAFETY: prctl is async-signal-safe; it only asks the kernel to SIGTERM the child
+    // when this process dies, so no agent outlives `up` even if `up` is killed.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().with_context(|| format!("starting agent {}", spec.node_id))?;
+    std::fs::write(dir.join(format!("{}.pid", spec.node_id)), child.id().to_string())?;
+    Ok(child)
+}
+
+fn signal_group(pid: u32, sig: i32) {
+    // SAFETY: plain kill(2) on the agent's own process group (its pid, by process_group(0)).
+    unsafe {
+        libc::kill(-(pid as i32), sig);
+    }
+}
+
+pub async fn run(a: UpArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(a.shards >= 1 && a.shards <= 64, "--shards must be within 1..=64");
+    anyhow::ensure!(a.agents <= 1000, "--agents must be at most 1000");
+    let data = DataDir::prepare(&a.data)?;
+    let agents_dir = data.dir.join("agents");
+    std::fs::create_dir_all(&agents_dir)?;
+
+    let mut shards = Vec::new();
+    for i in 0..a.shards {
+        let config = a.liveness.shard_config(([127, 0, 0, 1], 0).into(), i, a.shards, &data)?;
+        shards.push(flotilla_aggregator::start(config).await?);
+    }
+    let addrs: Vec<String> = shards.iter().map(|s| s.addr.to_string()).collect();
+
+    let cluster = flotilla_view::ClusterView::new(a.shards);
+    flotilla_control::follow_all(&cluster, &addrs);
+    let state = Arc::new(flotilla_control::ControlState {
+        cluster: cluster.clone(),
+        shards: addrs.clone(),
+        api_token: Some(data.api_token.clone()),
+    });
+    let listener = tokio::net::TcpListener::bind(a.listen)
+        .await
+        .with_context(|| format!("binding the control API on {} (is another `flotilla up` running?)", a.listen))?;
+    let listen = listener.local_addr()?;
+    // For scripts and tests that started us on port 0.
+    std::fs::write(data.dir.join("control.addr"), format!("http://{listen}"))?;
+    let (stop_api, api_stopped) = tokio::sync::oneshot::channel::<()>();
+    let api = tokio::spawn(flotilla_control::serve(listener, state, async {
+        let _ = api_stopped.await;
+    }));
+
+    let joined = addrs.join(",");
+    let mut agents: Vec<Agent> = Vec::new();
+    for spec in agent_specs(a.agents, &joined, &data) {
+        let child = spawn(&spec, &agents_dir)?;
+        let pid_file = agents_dir.join(format!("{}.pid", spec.node_id));
+        agents.push(Agent { spec, child: Some(child), pid_file });
+    }
+    println!("flotilla is up: {} shard(s) at {joined}, {} agent(s)", a.shards, a.agents);
+    println!("  control API and /metrics: http://{listen}");
+    println!("  export FLOTILLA_ADDR=http://{listen} FLOTILLA_DATA={}", data.dir.display());
+    println!("  try: flotilla nodes");
+
+    let mut poll = tokio::time::interval(Duration::from_millis(500));
+    let stop = shutdown_signal();
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            _ = &mut stop => break,
+            _ = poll.tick() => {}
+        }
+        for agent in &mut agents {
+            let Some(child) = agent.child.as_mut() else { continue };
+            if let Ok(Some(status)) = child.try_wait() {
+                tracing::warn!(node = %agent.spec.node_id, %status, "agent exited");
+                agent.child = None;
+                let _ = std::fs::remove_file(&agent.pid_file);
+                if a.restart_agents {
+                    match spawn(&agent.spec, &agents_dir) {
+                        Ok(c) => agent.child = Some(c),
+                        Err(e) => tracing::error!(error = %e, "restarting agent"),
+                    }
+                }
+            }
+        }
+    }
+
+    println!("stopping: draining {} agent(s)", agents.iter().filter(|a| a.child.is_some()).count());
+    for agent in &agents {
+        if let Some(c) = &agent.child {
+            signal_group(c.id(), libc::SIGTERM);
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(6);
+    for agent in &mut agents {
+        if let Some(child) = agent.child.as_mut() {
+            while Instant::now() < deadline && matches!(child.try_wait(), Ok(None)) {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            if matches!(child.try_wait(), Ok(None)) {
+                tracing::warn!(node = %agent.spec.node_id, "agent did not stop in time; killing it");
+            }
+            // The whole group, so nothing the agent started survives it.
+            signal_group(child.id(), libc::SIGKILL);
+            let _ = child.wait();
+        }
+        let _ = std::fs::remove_file(&agent.pid_file);
+    }
+    let _ = stop_api.send(());
+    let _ = api.await;
+    for s in shards {
+        s.shutdown().await;
+    }
+    println!("stopped");
+    Ok(())
+}

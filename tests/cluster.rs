@@ -1,0 +1,226 @@
+//! End-to-end tests with real processes over loopback: `flotilla up` with real agent
+//! child processes. They share one test binary and run one at a time (see
+//! .config/nextest.toml), because on 2 cores parallel clusters starve each other's
+//! heartbeats.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_flotilla");
+
+fn temp_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("flotilla-test-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// A running `flotilla up`; stopped (and every process it started killed) on drop.
+struct Up {
+    child: Child,
+    data: PathBuf,
+    addr: String,
+}
+
+impl Up {
+    fn start(name: &str, extra: &[&str]) -> Up {
+        let data = temp_dir(name);
+        let mut args = vec!["up", "--listen", "127.0.0.1:0", "--data", data.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        let child = Command::new(BIN)
+            .args(&args)
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(data.join("up.out")).unwrap())
+            .stderr(std::fs::File::create(data.join("up.err")).unwrap())
+            .spawn()
+            .unwrap();
+        let addr_file = data.join("control.addr");
+        let addr = wait_for("control address", Duration::from_secs(30), || std::fs::read_to_string(&addr_file).ok());
+        Up { child, data, addr }
+    }
+
+    fn nodes(&self) -> Vec<Value> {
+        let out = Command::new(BIN).args(["nodes", "--json"]).env("FLOTILLA_ADDR", &self.addr).output().unwrap();
+        if !out.status.success() {
+            return vec![];
+        }
+        serde_json::from_slice::<Value>(&out.stdout).ok().and_then(|v| v.as_array().cloned()).unwrap_or_default()
+    }
+
+    fn node(&self, id: &str) -> Option<Value> {
+        self.nodes().into_iter().find(|n| n["node_id"] == id)
+    }
+
+    fn agent_pid(&self, id: &str) -> i32 {
+        std::fs::read_to_string(self.data.join("agents").join(format!("{id}.pid"))).unwrap().trim().parse().unwrap()
+    }
+
+    fn agent_pids(&self) -> Vec<i32> {
+        std::fs::read_dir(self.data.join("agents"))
+            .unwrap()
+            .filter_map(|e| {
+                let p = e.ok()?.path();
+                (p.extension()? == "pid").then(|| std::fs::read_to_string(&p).ok()?.trim().parse().ok())?
+            })
+            .collect()
+    }
+
+    /// SIGTERM, as Ctrl-C would; returns whether `up` exited cleanly.
+    fn stop(&mut self) -> bool {
+        signal(self.child.id() as i32, libc::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                return st.success();
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        false
+    }
+}
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        for pid in self.agent_pids() {
+            signal(-pid, libc::SIGKILL);
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.data);
+    }
+}
+
+fn signal(pid: i32, sig: i32) {
+    unsafe {
+        libc::kill(pid, sig);
+    }
+}
+
+fn alive(pid: i32) -> bool {
+    // Reaped or not, a zombie is not running: check /proc state.
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => !s.rsplit(')').next().is_some_and(|r| r.trim_start().starts_with('Z')),
+        Err(_) => false,
+    }
+}
+
+fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out after {limit:?} waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn statuses(up: &Up) -> Vec<String> {
+    up.nodes().iter().map(|n| n["status"].as_str().unwrap_or("").to_string()).collect()
+}
+
+fn run_ok(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap();
+    assert!(out.status.success(), "{:?} failed: {}", cmd, String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+#[test]
+fn up_brings_every_agent_alive_and_notices_kill_and_drain() {
+    let mut up = Up::start("lifecycle", &["--agents", "6", "--shards", "2"]);
+    let started = Instant::now();
+    wait_for("6 alive nodes", Duration::from_secs(20), || {
+        let s = statuses(&up);
+        (s.len() == 6 && s.iter().all(|s| s == "alive")).then_some(())
+    });
+    eprintln!("6 nodes alive after {:?}", started.elapsed());
+    let nodes = up.nodes();
+    let domains: std::collections::BTreeSet<_> = nodes.iter().map(|n| n["labels"]["domain"].to_string()).collect();
+    assert!(domains.len() >= 2, "at least two domains: {domains:?}");
+    assert!(nodes.iter().any(|n| n["labels"]["priority"] == "low"));
+    let shards: std::collections::BTreeSet<_> = nodes.iter().map(|n| n["shard"].as_u64()).collect();
+    assert_eq!(shards.len(), 2, "both shards own nodes");
+    for n in &nodes {
+        assert!(n["capacity"]["cpu_millis"].as_u64().unwrap() >= 4000);
+        assert!(n["status_since"].as_str().unwrap().ends_with('Z'));
+        assert!(n["incarnation"].as_u64().unwrap() > 0);
+    }
+
+    // kill -9: Suspect after 2 s, Dead after 3 s (with generous slack), in that order.
+    let killed_at = Instant::now();
+    signal(up.agent_pid("node-2"), libc::SIGKILL);
+    let mut seen_suspect = None;
+    let dead_after = wait_for("node-2 dead", Duration::from_secs(10), || {
+        let st = up.node("node-2").map(|n| n["status"].as_str().unwrap().to_string());
+        if st.as_deref() == Some("suspect") && seen_suspect.is_none() {
+            seen_suspect = Some(killed_at.elapsed());
+        }
+        (st.as_deref() == Some("dead")).then(|| killed_at.elapsed())
+    });
+    let suspect_after = seen_suspect.expect("node-2 was Suspect before it was Dead");
+    assert!(suspect_after >= Duration::from_millis(900), "not suspect before its timeout: {suspect_after:?}");
+    assert!(dead_after <= Duration::from_secs(3 + 3), "dead within its timeout (+slack): {dead_after:?}");
+
+    // Drain (the PreStop hook): Draining at once, long before any timeout could fire.
+    let data = up.data.join("agents").join("node-4");
+    let t = Instant::now();
+    let answer = run_ok(Command::new(BIN).args(["agent", "drain", "--data", data.to_str().unwrap()]));
+    assert!(answer.starts_with("ok node-4"), "{answer}");
+    let took = wait_for("node-4 draining", Duration::from_secs(5), || {
+        (up.node("node-4")?["status"] == "draining").then(|| t.elapsed())
+    });
+    assert!(took < Duration::from_millis(1500), "draining after {took:?}, before suspect_after (2 s)");
+    // The other nodes are untouched.
+    assert_eq!(up.node("node-1").unwrap()["status"], "alive");
+
+    // Ctrl-C: every agent drains and exits; nothing outlives `up`.
+    let pids: Vec<i32> = ["node-1", "node-3", "node-5", "node-6"].iter().map(|n| up.agent_pid(n)).collect();
+    assert!(up.stop(), "up exits cleanly");
+    for pid in pids {
+        assert!(!alive(pid), "agent {pid} outlived up");
+    }
+    let log = std::fs::read_to_string(up.data.join("up.err")).unwrap();
+    assert!(log.matches("node draining").count() >= 4, "agents drained on the way out");
+}
+
+#[test]
+fn a_restarted_agent_is_a_new_incarnation() {
+    let up = Up::start("restart", &["--agents", "2", "--shards", "1", "--restart-agents"]);
+    let first = wait_for("node-1 alive", Duration::from_secs(20), || {
+        let n = up.node("node-1")?;
+        (n["status"] == "alive").then(|| n["incarnation"].as_u64().unwrap())
+    });
+    signal(up.agent_pid("node-1"), libc::SIGKILL);
+    let second = wait_for("node-1 back", Duration::from_secs(20), || {
+        let n = up.node("node-1")?;
+        let inc = n["incarnation"].as_u64()?;
+        (n["status"] == "alive" && inc != first).then_some(inc)
+    });
+    assert!(second > first, "incarnations only grow");
+    assert_eq!(up.nodes().len(), 2, "the new incarnation replaced the old node");
+}
+
+#[test]
+fn agent_refuses_bad_configuration_with_every_error() {
+    let out = Command::new(BIN)
+        .args(["agent", "--aggregators", "127.0.0.1:1", "--node-id", "bad id", "--label", "x", "--cores=-2"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    for needle in ["--node-id", "--label", "--cores", "--join-token"] {
+        assert!(err.contains(needle), "{needle} missing from: {err}");
+    }
+}
+
+#[test]
+fn drain_without_a_running_agent_says_so() {
+    let dir = temp_dir("nodrain");
+    let out = Command::new(BIN).args(["agent", "drain", "--data", dir.to_str().unwrap()]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no agent is running"));
+    let _ = std::fs::remove_dir_all(Path::new(&dir));
+}
