@@ -1,1 +1,35 @@
-fn main() {}
+//! `flotilla-loadtest`: measures Flotilla against the targets of DESIGN §14. With
+//! `--json`, the last line of stdout is one compact JSON object.
+
+mod common;
+mod heartbeats;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "flotilla-loadtest", version, about = "Flotilla load tests")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Heartbeat ingest: simulated agents against real shard processes.
+    Heartbeats(heartbeats::HeartbeatArgs),
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let r = match cli.cmd {
+        Cmd::Heartbeats(a) => heartbeats::run(a).await,
+    };
+    match r {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

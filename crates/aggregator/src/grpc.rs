@@ -6,7 +6,7 @@ use std::sync::Arc;
 use flotilla_proto::v1::{self, view_service_server::ViewService, view_update::Update};
 use flotilla_proto::{MAX_GRPC_MESSAGE, SNAPSHOT_CHUNK_NODES};
 use flotilla_view::{ShardView, Start, ViewPublisher, delta_to_wire, record_to_wire};
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::{broadcast, mpsc, watch};
 use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
@@ -14,13 +14,16 @@ use tonic::{Request, Response, Status};
 pub struct ViewGrpc {
     publisher: Arc<ViewPublisher>,
     subscribers: metrics::Gauge,
+    /// Ends every open stream when the shard stops.
+    shutdown: watch::Receiver<bool>,
 }
 
 impl ViewGrpc {
-    pub fn new(publisher: Arc<ViewPublisher>, shard: usize) -> Self {
+    pub fn new(publisher: Arc<ViewPublisher>, shard: usize, shutdown: watch::Receiver<bool>) -> Self {
         ViewGrpc {
             publisher,
             subscribers: metrics::gauge!("flotilla_watchview_subscribers", "shard" => shard.to_string()),
+            shutdown,
         }
     }
 
@@ -113,9 +116,13 @@ impl ViewService for ViewGrpc {
         let (tx, rx) = mpsc::channel(64);
         let publisher = self.publisher.clone();
         let gauge = self.subscribers.clone();
+        let mut shutdown = self.shutdown.clone();
         gauge.increment(1.0);
         tokio::spawn(async move {
-            stream_view(publisher, from, tx).await;
+            tokio::select! {
+                _ = stream_view(publisher, from, tx) => {}
+                _ = shutdown.wait_for(|stop| *stop) => {}
+            }
             gauge.decrement(1.0);
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))

@@ -105,6 +105,27 @@ impl ShardHandle {
     }
 }
 
+/// A larger socket buffer absorbs bursts of heartbeats between two receive batches.
+/// Best effort: SO_RCVBUFFORCE works as root, SO_RCVBUF up to the system's limit otherwise.
+fn grow_receive_buffer(sock: &UdpSocket, bytes: i32) {
+    use std::os::fd::AsRawFd;
+    for opt in [libc::SO_RCVBUFFORCE, libc::SO_RCVBUF] {
+        // SAFETY: setsockopt with a valid fd and a pointer to an i32 of the right size.
+        let r = unsafe {
+            libc::setsockopt(
+                sock.as_raw_fd(),
+                libc::SOL_SOCKET,
+                opt,
+                &bytes as *const i32 as *const libc::c_void,
+                std::mem::size_of::<i32>() as libc::socklen_t,
+            )
+        };
+        if r == 0 {
+            return;
+        }
+    }
+}
+
 /// Binds the three sockets of a shard at one port.
 fn bind_triple(listen: SocketAddr) -> anyhow::Result<(UdpSocket, UdpSocket, TcpListener)> {
     let attempt = |addr: SocketAddr| -> std::io::Result<(UdpSocket, UdpSocket, TcpListener)> {
@@ -112,6 +133,7 @@ fn bind_triple(listen: SocketAddr) -> anyhow::Result<(UdpSocket, UdpSocket, TcpL
         let port = quic.local_addr()?.port();
         let hb_port = port.checked_add(1).ok_or_else(|| std::io::Error::other("port P+1 overflows"))?;
         let hb = UdpSocket::bind(SocketAddr::new(addr.ip(), hb_port))?;
+        grow_receive_buffer(&hb, 8 << 20);
         let tcp = TcpListener::bind(SocketAddr::new(addr.ip(), port))?;
         Ok((quic, hb, tcp))
     };
@@ -174,7 +196,7 @@ pub async fn start(config: ShardConfig) -> anyhow::Result<ShardHandle> {
 
     tcp.set_nonblocking(true)?;
     let tcp = tokio::net::TcpListener::from_std(tcp)?;
-    let svc = grpc::ViewGrpc::new(publisher.clone(), config.shard).into_server();
+    let svc = grpc::ViewGrpc::new(publisher.clone(), config.shard, shutdown_rx.clone()).into_server();
     let mut rx = shutdown_rx;
     tasks.spawn(async move {
         let incoming = tokio_stream::wrappers::TcpListenerStream::new(tcp);

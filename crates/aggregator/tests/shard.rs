@@ -1,0 +1,256 @@
+//! A real shard in this process, spoken to over real QUIC, UDP and gRPC on loopback.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use flotilla_agent::client::{ShardConnection, client_endpoint};
+use flotilla_aggregator::stats::Reject;
+use flotilla_aggregator::{ShardConfig, ShardHandle, TlsMaterial};
+use flotilla_core::PROTOCOL_VERSION;
+use flotilla_proto::seal::{self, DatagramError, Direction, Header, MAGIC_HEARTBEAT, SessionKey};
+use flotilla_proto::v1::{self, view_service_client::ViewServiceClient, view_update::Update};
+use prost::Message;
+
+struct Fixture {
+    shard: ShardHandle,
+    endpoint: quinn::Endpoint,
+    _dir: TempDir,
+}
+
+struct TempDir(std::path::PathBuf);
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+async fn fixture(name: &str, ring: usize) -> Fixture {
+    let dir = std::env::temp_dir().join(format!("flotilla-shard-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (tls, cert_pem, _) = TlsMaterial::self_signed(&["localhost", "127.0.0.1"]).unwrap();
+    std::fs::write(dir.join("ca.crt"), cert_pem).unwrap();
+    let mut config =
+        ShardConfig::new("127.0.0.1:0".parse().unwrap(), 0, 1, b"master-secret".to_vec(), vec!["join".into()], tls);
+    config.ring_capacity = ring;
+    // These tests are not about liveness: nodes that do not heartbeat stay Alive.
+    config.timeouts =
+        flotilla_aggregator::Timeouts { suspect_after_ms: 60_000, dead_after_ms: 120_000, retention_ms: 60_000 };
+    config.batch_window = Duration::from_millis(5);
+    let shard = flotilla_aggregator::start(config).await.unwrap();
+    let endpoint = client_endpoint(&dir.join("ca.crt"), "127.0.0.1:0".parse().unwrap()).unwrap();
+    Fixture { shard, endpoint, _dir: TempDir(dir) }
+}
+
+fn register_req(node: &str, token: &str) -> v1::RegisterRequest {
+    v1::RegisterRequest {
+        protocol_version: PROTOCOL_VERSION,
+        join_token: token.into(),
+        node_id: node.into(),
+        incarnation: 7,
+        labels: [("domain".to_string(), "d".to_string())].into_iter().collect(),
+        capacity: Some(v1::Resources { cpu_millis: 2000, memory_bytes: 1 << 30, ..Default::default() }),
+        assignments: vec![],
+        health: None,
+    }
+}
+
+impl Fixture {
+    async fn connect(&self) -> ShardConnection {
+        ShardConnection::connect(&self.endpoint, self.shard.addr, "127.0.0.1").await.unwrap()
+    }
+
+    async fn wait_version(&self, seq: u64) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while self.shard.publisher.load().version.seq < seq {
+            assert!(Instant::now() < deadline, "view never reached seq {seq}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
+#[tokio::test]
+async fn wrong_credentials_close_the_connection_with_a_reason() {
+    let f = fixture("creds", 64).await;
+    let conn = f.connect().await;
+    let err = conn.register(register_req("n1", "wrong")).await.unwrap_err().to_string();
+    assert!(err.contains("join token is not valid"), "{err}");
+    assert!(conn.conn.close_reason().is_some(), "the connection is closed");
+
+    let conn = f.connect().await;
+    let mut req = register_req("n1", "join");
+    req.protocol_version = 99;
+    let err = conn.register(req).await.unwrap_err().to_string();
+    assert!(err.contains("protocol version 99"), "{err}");
+
+    // Bad input that is not a credential gets an error and keeps the connection.
+    let conn = f.connect().await;
+    let mut req = register_req("n1", "join");
+    req.labels.insert("bad key!".into(), "v".into());
+    let err = conn.register(req).await.unwrap_err().to_string();
+    assert!(err.contains("label key"), "{err}");
+    assert!(conn.register(register_req("n1", "join")).await.is_ok());
+    assert_eq!(f.shard.stats.registrations_rejected.load(std::sync::atomic::Ordering::Relaxed), 3);
+    f.shard.shutdown().await;
+}
+
+#[tokio::test]
+async fn drain_only_through_the_owning_connection() {
+    let f = fixture("drain", 64).await;
+    let a = f.connect().await;
+    let s = a.register(register_req("n1", "join")).await.unwrap();
+    let b = f.connect().await;
+    assert!(b.drain("n1", s.session_id).await.is_err(), "another connection cannot drain n1");
+    assert!(a.drain("n2", s.session_id).await.is_err(), "a session cannot drain another node");
+    let ack = a.drain("n1", s.session_id).await.unwrap();
+    assert_eq!(ack.status, v1::NodeStatus::Draining as i32);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let view = f.shard.publisher.load();
+        if view.nodes.values().next().is_some_and(|n| n.status == flotilla_core::NodeStatus::Draining) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "n1 never showed as Draining");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    f.shard.shutdown().await;
+}
+
+fn beat(s: &v1::Session, node: &str, seq: u64) -> Vec<u8> {
+    let key: SessionKey = s.key.as_slice().try_into().unwrap();
+    let body = v1::HeartbeatBody::default().encode_to_vec();
+    let h = Header { magic: MAGIC_HEARTBEAT, session_id: s.session_id, seq, incarnation: s.incarnation, node_id: node };
+    let mut out = Vec::new();
+    seal::seal(&key, Direction::ToShard, &h, &body, &mut out).unwrap();
+    out
+}
+
+#[tokio::test]
+async fn bad_heartbeats_over_udp_are_dropped_and_counted() {
+    let f = fixture("udp", 64).await;
+    let conn = f.connect().await;
+    let s1 = conn.register(register_req("n1", "join")).await.unwrap();
+    let s2 = conn.register(register_req("n2", "join")).await.unwrap();
+    let sock = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let to = f.shard.heartbeat_addr;
+    let good = beat(&s1, "n1", 1);
+    sock.send_to(&good, to).await.unwrap();
+    sock.send_to(&good, to).await.unwrap(); // replayed
+    let mut forged = beat(&s1, "n1", 2);
+    let last = forged.len() - 1;
+    forged[last] ^= 0xff;
+    sock.send_to(&forged, to).await.unwrap();
+    sock.send_to(&beat(&s1, "n2", 3), to).await.unwrap(); // n1's session speaking for n2
+    sock.send_to(b"not a heartbeat at all, not even close, and long enough to be parsed", to).await.unwrap();
+    sock.send_to(&vec![0u8; 4000], to).await.unwrap();
+    sock.send_to(&beat(&s2, "n2", 1), to).await.unwrap();
+    let st = &f.shard.stats;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let seen = st.accepted()
+            + [
+                Reject::Replayed,
+                Reject::Datagram(DatagramError::BadSeal),
+                Reject::WrongNode,
+                Reject::Datagram(DatagramError::BadMagic),
+                Reject::Datagram(DatagramError::Oversized),
+            ]
+            .iter()
+            .map(|r| st.rejected(*r))
+            .sum::<u64>();
+        if seen >= 7 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "only {seen} of 7 datagrams accounted for");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(st.accepted(), 2);
+    assert_eq!(st.rejected(Reject::Replayed), 1);
+    assert_eq!(st.rejected(Reject::Datagram(DatagramError::BadSeal)), 1);
+    assert_eq!(st.rejected(Reject::WrongNode), 1);
+    assert_eq!(st.rejected(Reject::Datagram(DatagramError::BadMagic)), 1);
+    assert_eq!(st.rejected(Reject::Datagram(DatagramError::Oversized)), 1);
+    f.shard.shutdown().await;
+}
+
+async fn watch(f: &Fixture, from: Option<v1::ViewVersion>) -> tonic::Streaming<v1::ViewUpdate> {
+    let mut c = ViewServiceClient::connect(format!("http://{}", f.shard.addr)).await.unwrap();
+    c.watch_view(v1::WatchViewRequest { from_version: from }).await.unwrap().into_inner()
+}
+
+#[tokio::test]
+async fn watch_view_resumes_from_recent_versions_and_snapshots_old_ones() {
+    let f = fixture("watch", 4).await;
+    let conn = f.connect().await;
+    for i in 0..3 {
+        conn.register(register_req(&format!("n{i}"), "join")).await.unwrap();
+        f.wait_version(i + 1).await;
+    }
+    let epoch = f.shard.epoch;
+    // From seq 1: the two deltas after it, no snapshot.
+    let mut s = watch(&f, Some(v1::ViewVersion { epoch, seq: 1 })).await;
+    for want in [2, 3] {
+        match s.message().await.unwrap().unwrap().update {
+            Some(Update::Delta(d)) => assert_eq!(d.to.unwrap().seq, want),
+            other => panic!("expected a delta, got {other:?}"),
+        }
+    }
+    // Then live deltas as they happen.
+    conn.register(register_req("n3", "join")).await.unwrap();
+    match s.message().await.unwrap().unwrap().update {
+        Some(Update::Delta(d)) => {
+            assert_eq!(d.to.unwrap().seq, 4);
+            assert_eq!(d.upserts[0].node_id, "n3");
+        }
+        other => panic!("expected a live delta, got {other:?}"),
+    }
+    // Up to date: told so, with nothing to replay.
+    let mut s = watch(&f, Some(v1::ViewVersion { epoch, seq: 4 })).await;
+    assert!(s.message().await.unwrap().unwrap().update.is_none());
+
+    // Push the ring (4 deltas) past seq 1.
+    for i in 4..8 {
+        conn.register(register_req(&format!("n{i}"), "join")).await.unwrap();
+        f.wait_version(i + 1).await;
+    }
+    for from in [Some(v1::ViewVersion { epoch, seq: 1 }), Some(v1::ViewVersion { epoch: epoch - 1, seq: 8 }), None] {
+        let mut s = watch(&f, from).await;
+        match s.message().await.unwrap().unwrap().update {
+            Some(Update::Snapshot(c)) => {
+                assert!(c.last);
+                assert_eq!(c.nodes.len(), 8);
+                assert_eq!(c.version.unwrap().seq, 8);
+            }
+            other => panic!("expected a snapshot for {from:?}, got {other:?}"),
+        }
+    }
+    f.shard.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_cluster_view_follows_the_shard() {
+    let f = fixture("follow", 64).await;
+    let cluster = flotilla_view::ClusterView::new(1);
+    let task = tokio::spawn(flotilla_view::follow_shard(cluster.clone(), 0, format!("http://{}", f.shard.addr)));
+    let conn = f.connect().await;
+    for i in 0..5 {
+        conn.register(register_req(&format!("n{i}"), "join")).await.unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while cluster.slot(0).view.len() < 5 || !cluster.slot(0).connected {
+        assert!(Instant::now() < deadline, "follower never caught up");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let mine = cluster.slot(0).view.clone();
+    let theirs = f.shard.publisher.load();
+    assert_eq!(mine.version, theirs.version);
+    assert_eq!(mine.nodes, theirs.nodes);
+    // The shard goes away: its nodes turn Unknown for this follower.
+    f.shard.shutdown().await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while cluster.slot(0).connected {
+        assert!(Instant::now() < deadline, "a lost shard is noticed");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    task.abort();
+    let _: Arc<flotilla_view::ClusterView> = cluster;
+}

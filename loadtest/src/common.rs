@@ -1,0 +1,171 @@
+//! What every scenario needs: shard processes, /proc readings, /metrics scraping.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context, anyhow};
+use serde_json::Value;
+
+/// The `flotilla` binary next to this one, unless given.
+pub fn flotilla_bin(given: Option<PathBuf>) -> anyhow::Result<PathBuf> {
+    if let Some(p) = given {
+        return Ok(p);
+    }
+    let me = std::env::current_exe()?;
+    let p = me.with_file_name("flotilla");
+    anyhow::ensure!(p.exists(), "{} not found; build it (cargo build --release) or pass --flotilla", p.display());
+    Ok(p)
+}
+
+/// A fresh data dir with a join token, a shard secret and TLS material.
+pub struct Data {
+    pub dir: PathBuf,
+    pub join_token: String,
+    pub ca: PathBuf,
+}
+
+impl Data {
+    pub fn create(tag: &str) -> anyhow::Result<Data> {
+        let dir = std::env::temp_dir().join(format!("flotilla-loadtest-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir)?;
+        let (ca, _) = flotilla_aggregator::TlsMaterial::ensure_in(&dir)?;
+        let join_token = format!("{:032x}", rand::random::<u128>());
+        std::fs::write(dir.join("join-token"), &join_token)?;
+        std::fs::write(dir.join("api-token"), format!("{:032x}", rand::random::<u128>()))?;
+        std::fs::write(dir.join("shard-secret"), format!("{:064x}", rand::random::<u128>()))?;
+        Ok(Data { dir, join_token, ca })
+    }
+}
+
+impl Drop for Data {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A shard process; killed on drop.
+pub struct ShardProc {
+    pub child: Child,
+    pub addr: String,
+    pub heartbeat: std::net::SocketAddr,
+    pub metrics: String,
+}
+
+impl ShardProc {
+    pub fn spawn(bin: &Path, data: &Path, shard: usize, shards: usize, extra: &[String]) -> anyhow::Result<ShardProc> {
+        let mut child = Command::new(bin)
+            .args(["aggregator", "--listen", "127.0.0.1:0", "--print-addrs", "--metrics", "127.0.0.1:0"])
+            .args(["--shard", &shard.to_string(), "--shards", &shards.to_string()])
+            .arg("--data")
+            .arg(data)
+            .args(extra)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .with_context(|| format!("starting {}", bin.display()))?;
+        let stdout = child.stdout.take().ok_or_else(|| anyhow!("no stdout"))?;
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line)?;
+        let v: Value = serde_json::from_str(&line).with_context(|| format!("shard {shard} printed {line:?}"))?;
+        let s = |k: &str| v[k].as_str().map(str::to_string).ok_or_else(|| anyhow!("no {k} in {line}"));
+        Ok(ShardProc { addr: s("addr")?, heartbeat: s("heartbeat")?.parse()?, metrics: s("metrics")?, child })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn cpu_seconds(&self) -> f64 {
+        proc_cpu_seconds(self.pid()).unwrap_or(0.0)
+    }
+
+    pub fn rss_bytes(&self) -> u64 {
+        proc_rss_bytes(self.pid()).unwrap_or(0)
+    }
+
+    /// Sums every sample of a metric family (all label sets) on the shard's /metrics.
+    pub async fn metric(&self, name: &str) -> anyhow::Result<f64> {
+        let text = reqwest::get(format!("http://{}/metrics", self.metrics)).await?.text().await?;
+        Ok(sum_metric(&text, name))
+    }
+}
+
+impl Drop for ShardProc {
+    fn drop(&mut self) {
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGTERM);
+        }
+        for _ in 0..40 {
+            if matches!(self.child.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn sum_metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| l.strip_prefix(name).is_some_and(|r| r.starts_with(' ') || r.starts_with('{')))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// utime + stime of a process, in seconds.
+pub fn proc_cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = stat.rsplit(')').next()?;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // After the command: state is field 3 (index 0 here); utime 14 and stime 15 (indexes 11, 12).
+    let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    Some(ticks / hz.max(1.0))
+}
+
+pub fn proc_rss_bytes(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kib: u64 = status.lines().find(|l| l.starts_with("VmRSS:"))?.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// Percentile in milliseconds from a histogram of microseconds.
+pub fn pct_ms(h: &hdrhistogram::Histogram<u64>, q: f64) -> f64 {
+    if h.is_empty() { 0.0 } else { h.value_at_quantile(q) as f64 / 1000.0 }
+}
+
+pub fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    format!("{} cores, {cpu}", std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metrics_are_summed_over_labels() {
+        let t = "# TYPE x counter\nx_total{a=\"1\"} 2\nx_total{a=\"2\"} 3.5\nx_total_other 9\nx_total 1\n";
+        assert_eq!(sum_metric(t, "x_total"), 6.5);
+    }
+
+    #[test]
+    fn reads_own_process() {
+        assert!(proc_cpu_seconds(std::process::id()).is_some());
+        assert!(proc_rss_bytes(std::process::id()).unwrap() > 0);
+    }
+}

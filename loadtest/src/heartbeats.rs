@@ -1,0 +1,378 @@
+//! `flotilla-loadtest heartbeats`: simulated agents register over real QUIC with real
+//! shard processes, then send one sealed heartbeat per node per second over real UDP,
+//! one heartbeat per datagram (as real agents send), many nodes sharing a socket.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, anyhow};
+use clap::Args;
+use flotilla_agent::client::{ShardConnection, client_endpoint};
+use flotilla_core::{PROTOCOL_VERSION, shard_for_domain};
+use flotilla_proto::seal::{self, Direction, Header, MAGIC_HEARTBEAT, SessionKey};
+use flotilla_proto::v1::{self, view_service_client::ViewServiceClient, view_update::Update};
+use hdrhistogram::Histogram;
+use prost::Message;
+
+use crate::common::{Data, ShardProc, flotilla_bin, machine, pct_ms};
+
+#[derive(Debug, Args)]
+pub struct HeartbeatArgs {
+    #[arg(long, default_value_t = 10_000)]
+    pub nodes: usize,
+    #[arg(long, default_value_t = 2)]
+    pub shards: usize,
+    /// Length of the measured window (after a 2 s warm-up).
+    #[arg(long, default_value_t = 10)]
+    pub seconds: u64,
+    /// Nodes per second whose heartbeat flips their health class (view lag samples).
+    #[arg(long, default_value_t = 50)]
+    pub flips_per_second: usize,
+    /// UDP sockets the simulated nodes share.
+    #[arg(long, default_value_t = 16)]
+    pub sockets: usize,
+    #[arg(long)]
+    pub json: bool,
+    /// The `flotilla` binary (default: next to this one).
+    #[arg(long)]
+    pub flotilla: Option<PathBuf>,
+}
+
+struct SimNode {
+    id: String,
+    shard: usize,
+    session_id: u64,
+    incarnation: u64,
+    key: SessionKey,
+}
+
+/// A pending lag measurement: when the flipping heartbeat left, and which way it flipped.
+type Pending = Arc<Mutex<HashMap<usize, (Instant, bool)>>>;
+
+fn node_index(id: &str) -> Option<usize> {
+    id.strip_prefix("sim-")?.parse().ok()
+}
+
+/// Four domains per shard, so nodes spread evenly whatever the hash does.
+fn domains_per_shard(shards: usize) -> Vec<Vec<String>> {
+    let mut out = vec![Vec::new(); shards];
+    let mut k = 0;
+    while out.iter().any(|d| d.len() < 4) {
+        let d = format!("sim-domain-{k}");
+        let s = shard_for_domain(&d, shards);
+        if out[s].len() < 4 {
+            out[s].push(d);
+        }
+        k += 1;
+    }
+    out
+}
+
+pub async fn run(a: HeartbeatArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(a.nodes >= 1 && a.nodes <= 2_000_000, "--nodes must be within 1..=2000000");
+    anyhow::ensure!(a.shards >= 1 && a.shards <= 64, "--shards must be within 1..=64");
+    anyhow::ensure!(a.sockets >= 1 && a.sockets <= 1024, "--sockets must be within 1..=1024");
+    let bin = flotilla_bin(a.flotilla.clone())?;
+    let data = Data::create("hb")?;
+    println!("machine: {}", machine());
+    println!("liveness: suspect after 2s, dead after 3s (shard defaults); heartbeat every 1s per node");
+    let mut shards = Vec::new();
+    for i in 0..a.shards {
+        shards.push(ShardProc::spawn(&bin, &data.dir, i, a.shards, &[])?);
+    }
+    let rss_empty: Vec<u64> = shards.iter().map(ShardProc::rss_bytes).collect();
+
+    // Register every simulated node over one QUIC connection per shard.
+    let domains = domains_per_shard(a.shards);
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    const WORKERS: usize = 64;
+    for (s, shard) in shards.iter().enumerate() {
+        let endpoint = client_endpoint(&data.ca, "127.0.0.1:0".parse()?)?;
+        let conn = ShardConnection::connect(&endpoint, shard.addr.parse()?, "127.0.0.1").await?;
+        let mine: Vec<usize> = (0..a.nodes).filter(|i| i % a.shards == s).collect();
+        let mine = Arc::new(mine);
+        for w in 0..WORKERS {
+            let (conn, mine, token, doms) = (conn.clone(), mine.clone(), data.join_token.clone(), domains[s].clone());
+            let endpoint = endpoint.clone();
+            tasks.spawn(async move {
+                let _keep = endpoint;
+                let mut out = Vec::new();
+                for &i in mine.iter().skip(w).step_by(WORKERS) {
+                    let id = format!("sim-{i:07}");
+                    let incarnation = 1_000 + i as u64;
+                    let req = v1::RegisterRequest {
+                        protocol_version: PROTOCOL_VERSION,
+                        join_token: token.clone(),
+                        node_id: id.clone(),
+                        incarnation,
+                        labels: [("domain".to_string(), doms[i % doms.len()].clone())].into_iter().collect(),
+                        capacity: Some(v1::Resources {
+                            cpu_millis: 8000,
+                            memory_bytes: 32 << 30,
+                            ..Default::default()
+                        }),
+                        assignments: vec![],
+                        health: None,
+                    };
+                    let sess = conn.register(req).await.with_context(|| format!("registering {id}"))?;
+                    let key: SessionKey = sess.key.as_slice().try_into().map_err(|_| anyhow!("bad key"))?;
+                    out.push(SimNode { id, shard: s, session_id: sess.session_id, incarnation, key });
+                }
+                anyhow::Ok(out)
+            });
+        }
+    }
+    let mut nodes: Vec<SimNode> = Vec::with_capacity(a.nodes);
+    while let Some(r) = tasks.join_next().await {
+        nodes.extend(r??);
+    }
+    nodes.sort_by_key(|n| node_index(&n.id));
+    let reg_secs = started.elapsed().as_secs_f64();
+    println!("registered {} nodes in {:.1}s ({:.0}/s)", nodes.len(), reg_secs, nodes.len() as f64 / reg_secs);
+
+    // Watch every shard's view to time health flips from heartbeat to delta.
+    let pending: Pending = Arc::new(Mutex::new(HashMap::new()));
+    let lag = Arc::new(Mutex::new(Histogram::<u64>::new(3)?));
+    let measuring = Arc::new(AtomicBool::new(false));
+    for shard in &shards {
+        let mut client = ViewServiceClient::connect(format!("http://{}", shard.addr))
+            .await?
+            .max_decoding_message_size(flotilla_proto::MAX_GRPC_MESSAGE);
+        let mut stream = client.watch_view(v1::WatchViewRequest { from_version: None }).await?.into_inner();
+        let (pending, lag, measuring) = (pending.clone(), lag.clone(), measuring.clone());
+        tokio::spawn(async move {
+            while let Ok(Some(u)) = stream.message().await {
+                let Some(Update::Delta(d)) = u.update else { continue };
+                let now = Instant::now();
+                for r in d.upserts {
+                    let Some(i) = node_index(&r.node_id) else { continue };
+                    let score = r.health.map(|h| h.score).unwrap_or(1.0);
+                    let mut p = pending.lock().unwrap_or_else(|e| e.into_inner());
+                    if let Some(&(sent, high)) = p.get(&i)
+                        && ((high && score <= 0.3) || (!high && score >= 0.9))
+                    {
+                        p.remove(&i);
+                        if measuring.load(Ordering::Relaxed) {
+                            let us = now.duration_since(sent).as_micros() as u64;
+                            let _ = lag.lock().unwrap_or_else(|e| e.into_inner()).record(us.max(1));
+                        }
+                    }
+                }
+            }
+        });
+    }
+
+    let nodes = Arc::new(nodes);
+    let dests: Vec<SocketAddr> = shards.iter().map(|s| s.heartbeat).collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let sent = Arc::new(AtomicU64::new(0));
+    let datagram_bytes = Arc::new(AtomicU64::new(0));
+    let sender = {
+        let (nodes, stop, sent, pending, db) =
+            (nodes.clone(), stop.clone(), sent.clone(), pending.clone(), datagram_bytes.clone());
+        let (flips, sockets) = (a.flips_per_second, a.sockets);
+        std::thread::spawn(move || send_loop(&nodes, &dests, sockets, flips, &stop, &sent, &pending, &db))
+    };
+
+    tokio::time::sleep(Duration::from_secs(2)).await; // warm-up: every node heartbeating
+    let rss_full: Vec<u64> = shards.iter().map(ShardProc::rss_bytes).collect();
+    measuring.store(true, Ordering::Relaxed);
+    let cpu0: Vec<f64> = shards.iter().map(ShardProc::cpu_seconds).collect();
+    let mut acc0 = 0.0;
+    let (mut bytes0, mut versions0, mut rejected0) = (0.0, 0.0, 0.0);
+    for s in &shards {
+        acc0 += s.metric("flotilla_heartbeats_received_total").await?;
+        bytes0 += s.metric("flotilla_view_bytes_copied_total").await?;
+        versions0 += s.metric("flotilla_view_versions_total").await?;
+        rejected0 += s.metric("flotilla_heartbeats_rejected_total").await?;
+    }
+    let sent0 = sent.load(Ordering::Relaxed);
+    let t0 = Instant::now();
+    tokio::time::sleep(Duration::from_secs(a.seconds)).await;
+    let window = t0.elapsed().as_secs_f64();
+    let cpu1: Vec<f64> = shards.iter().map(ShardProc::cpu_seconds).collect();
+    let (mut acc1, mut bytes1, mut versions1, mut rejected1) = (0.0, 0.0, 0.0, 0.0);
+    for s in &shards {
+        acc1 += s.metric("flotilla_heartbeats_received_total").await?;
+        bytes1 += s.metric("flotilla_view_bytes_copied_total").await?;
+        versions1 += s.metric("flotilla_view_versions_total").await?;
+        rejected1 += s.metric("flotilla_heartbeats_rejected_total").await?;
+    }
+    let sent1 = sent.load(Ordering::Relaxed);
+    measuring.store(false, Ordering::Relaxed);
+    stop.store(true, Ordering::Relaxed);
+    let _ = sender.join();
+
+    let absorbed = acc1 - acc0;
+    let cpu: f64 = cpu1.iter().zip(&cpu0).map(|(b, a)| b - a).sum();
+    let lag = lag.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let rss_per_node = rss_full.iter().zip(&rss_empty).map(|(f, e)| f.saturating_sub(*e)).sum::<u64>() as f64
+        / nodes.len().max(1) as f64;
+    let versions = (versions1 - versions0).max(1.0);
+    let per_dgram = datagram_bytes.load(Ordering::Relaxed) as f64 / sent1.max(1) as f64;
+    let result = serde_json::json!({
+        "scenario": "heartbeats",
+        "nodes": nodes.len(),
+        "shards": a.shards,
+        "seconds": a.seconds,
+        "heartbeats_per_datagram": 1,
+        "heartbeat_datagram_bytes": per_dgram.round(),
+        "heartbeats_sent_per_second": ((sent1 - sent0) as f64 / window).round(),
+        "heartbeats_per_second": (absorbed / window).round(),
+        "heartbeats_rejected": rejected1 - rejected0,
+        "shard_cpu_seconds": (cpu * 100.0).round() / 100.0,
+        "heartbeats_per_shard_cpu_second": if cpu > 0.0 { (absorbed / cpu).round() } else { 0.0 },
+        "view_lag_p50_ms": pct_ms(&lag, 0.5),
+        "view_lag_p99_ms": pct_ms(&lag, 0.99),
+        "view_lag_samples": lag.len(),
+        "shard_rss_bytes_per_node": rss_per_node.round(),
+        "view_bytes_copied_per_version": ((bytes1 - bytes0) / versions).round(),
+        "view_versions_per_second": ((versions1 - versions0) / window).round(),
+        "registrations_per_second": (nodes.len() as f64 / reg_secs).round(),
+    });
+    println!("absorbed {:.0} heartbeats/s using {:.2} shard CPU-seconds over {:.1}s", absorbed / window, cpu, window);
+    println!(
+        "view lag p50 {:.1} ms, p99 {:.1} ms ({} samples); shard RSS {:.0} bytes/node; {:.0} bytes allocated per view version",
+        pct_ms(&lag, 0.5),
+        pct_ms(&lag, 0.99),
+        lag.len(),
+        rss_per_node,
+        (bytes1 - bytes0) / versions
+    );
+    if a.json {
+        println!("{}", serde_json::to_string(&result)?);
+    } else {
+        println!("{}", serde_json::to_string_pretty(&result)?);
+    }
+    Ok(())
+}
+
+/// Sends every node's heartbeat once a second, spread over 100 slots of 10 ms, with
+/// sendmmsg in batches; a few nodes a second flip their health class.
+#[allow(clippy::too_many_arguments)]
+fn send_loop(
+    nodes: &[SimNode],
+    dests: &[SocketAddr],
+    n_sockets: usize,
+    flips_per_second: usize,
+    stop: &AtomicBool,
+    sent: &AtomicU64,
+    pending: &Pending,
+    datagram_bytes: &AtomicU64,
+) {
+    let sockets: Vec<std::net::UdpSocket> =
+        (0..n_sockets).filter_map(|_| std::net::UdpSocket::bind("127.0.0.1:0").ok()).collect();
+    let mut seq = vec![0u64; nodes.len()];
+    let mut high = vec![false; nodes.len()];
+    let mut out = Vec::with_capacity(256);
+    let mut batches: Vec<Vec<(Vec<u8>, SocketAddr)>> = vec![Vec::new(); sockets.len()];
+    let flip_every = nodes.len().checked_div(flips_per_second).map_or(usize::MAX, |n| n.max(1));
+    let start = Instant::now();
+    let mut round = 0u64;
+    let now_ms = || {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+    };
+    while !stop.load(Ordering::Relaxed) {
+        for slot in 0..100usize {
+            let target = start + Duration::from_millis(round * 1000 + slot as u64 * 10);
+            if let Some(wait) = target.checked_duration_since(Instant::now()) {
+                std::thread::sleep(wait);
+            }
+            let mut i = slot;
+            let jitter_seed = round as usize;
+            while i < nodes.len() {
+                let n = &nodes[i];
+                seq[i] += 1;
+                let flip = (i + jitter_seed * 7919).is_multiple_of(flip_every);
+                if flip {
+                    high[i] = !high[i];
+                }
+                let base = if high[i] { 0.4 } else { 0.0 };
+                let steal = base + ((i * 31 + round as usize * 17) % 20) as f32 / 1000.0;
+                let body = v1::HeartbeatBody {
+                    health: Some(v1::HealthSample {
+                        cpu_utilisation: 0.5,
+                        cpu_steal: steal,
+                        load_per_core: 0.5,
+                        memory_pressure: 0.0,
+                        preemption_notice: false,
+                        workload_latency_ms: 0.0,
+                    }),
+                    assignment_version: 0,
+                    sent_at_unix_ms: now_ms(),
+                }
+                .encode_to_vec();
+                let h = Header {
+                    magic: MAGIC_HEARTBEAT,
+                    session_id: n.session_id,
+                    seq: seq[i],
+                    incarnation: n.incarnation,
+                    node_id: &n.id,
+                };
+                if seal::seal(&n.key, Direction::ToShard, &h, &body, &mut out).is_ok() {
+                    if flip {
+                        pending.lock().unwrap_or_else(|e| e.into_inner()).insert(i, (Instant::now(), high[i]));
+                    }
+                    batches[i % sockets.len()].push((out.clone(), dests[n.shard]));
+                }
+                i += 100;
+            }
+            for (s, batch) in batches.iter_mut().enumerate() {
+                let n = sendmmsg_all(&sockets[s], batch);
+                sent.fetch_add(n as u64, Ordering::Relaxed);
+                datagram_bytes.fetch_add(batch.iter().take(n).map(|(b, _)| b.len() as u64).sum(), Ordering::Relaxed);
+                batch.clear();
+            }
+            if stop.load(Ordering::Relaxed) {
+                return;
+            }
+        }
+        round += 1;
+    }
+}
+
+/// Sends every datagram with as few `sendmmsg` calls as possible; returns how many left.
+fn sendmmsg_all(socket: &std::net::UdpSocket, msgs: &[(Vec<u8>, SocketAddr)]) -> usize {
+    use std::os::fd::AsRawFd;
+    let mut addrs: Vec<libc::sockaddr_in> = msgs
+        .iter()
+        .map(|(_, a)| {
+            let SocketAddr::V4(v4) = a else { unreachable!("loadtest shards listen on IPv4 loopback") };
+            libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: v4.port().to_be(),
+                sin_addr: libc::in_addr { s_addr: u32::from(*v4.ip()).to_be() },
+                sin_zero: [0; 8],
+            }
+        })
+        .collect();
+    let mut iovs: Vec<libc::iovec> =
+        msgs.iter().map(|(b, _)| libc::iovec { iov_base: b.as_ptr() as *mut libc::c_void, iov_len: b.len() }).collect();
+    let mut hdrs: Vec<libc::mmsghdr> = (0..msgs.len())
+        .map(|i| {
+            // SAFETY: a zeroed msghdr is valid; every pointer set below outlives the call.
+            let mut h: libc::mmsghdr = unsafe { std::mem::zeroed() };
+            h.msg_hdr.msg_name = &mut addrs[i] as *mut libc::sockaddr_in as *mut libc::c_void;
+            h.msg_hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as u32;
+            h.msg_hdr.msg_iov = &mut iovs[i];
+            h.msg_hdr.msg_iovlen = 1;
+            h
+        })
+        .collect();
+    let mut done = 0;
+    while done < hdrs.len() {
+        let chunk = (hdrs.len() - done).min(256);
+        // SAFETY: hdrs[done..done+chunk] are initialised mmsghdrs pointing at live buffers.
+        let n = unsafe { libc::sendmmsg(socket.as_raw_fd(), hdrs.as_mut_ptr().add(done), chunk as u32, 0) };
+        if n <= 0 {
+            break;
+        }
+        done += n as usize;
+    }
+    done
+}

@@ -1,0 +1,44 @@
+//! The loadtest itself must keep working: a tiny run, checking the shape of its
+//! report (never its speed).
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn bin_dir() -> PathBuf {
+    // target/<profile>/deps/this-test → target/<profile>
+    let exe = std::env::current_exe().unwrap();
+    exe.parent().and_then(|p| p.parent()).unwrap().to_path_buf()
+}
+
+#[test]
+fn heartbeats_scenario_reports_every_figure() {
+    let dir = bin_dir();
+    let out = Command::new(env!("CARGO_BIN_EXE_flotilla-loadtest"))
+        .args(["heartbeats", "--nodes", "300", "--shards", "2", "--seconds", "2", "--flips-per-second", "20", "--json"])
+        .arg("--flotilla")
+        .arg(dir.join("flotilla"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let last = stdout.lines().last().unwrap();
+    let v: serde_json::Value = serde_json::from_str(last).unwrap();
+    for key in [
+        "nodes",
+        "shards",
+        "heartbeats_per_datagram",
+        "heartbeats_per_second",
+        "heartbeats_per_shard_cpu_second",
+        "view_lag_p50_ms",
+        "view_lag_p99_ms",
+        "shard_rss_bytes_per_node",
+        "view_bytes_copied_per_version",
+    ] {
+        assert!(v.get(key).is_some_and(|x| x.is_number()), "{key} missing in {last}");
+    }
+    assert_eq!(v["nodes"], 300);
+    assert_eq!(v["heartbeats_per_datagram"], 1);
+    assert_eq!(v["heartbeats_rejected"], 0.0, "every simulated heartbeat is valid");
+    assert!(v["heartbeats_per_second"].as_f64().unwrap() > 0.0);
+    assert!(v["view_lag_samples"].as_u64().unwrap() > 0, "health flips reached the watcher");
+}
