@@ -79,12 +79,19 @@ pub async fn run(a: HeartbeatArgs) -> anyhow::Result<()> {
     let bin = flotilla_bin(a.flotilla.clone())?;
     let data = Data::create("hb")?;
     println!("machine: {}", machine());
-    println!("liveness: suspect after 2s, dead after 3s (shard defaults); heartbeat every 1s per node");
+    // Registration of every node finishes before the first heartbeat is sent, so the
+    // timeouts must outlast it; they do not change the ingest path being measured.
+    let liveness = ["--suspect-after", "20s", "--dead-after", "30s"].map(String::from);
+    println!("liveness: {}; one heartbeat per node per second", liveness.join(" "));
     let mut shards = Vec::new();
     for i in 0..a.shards {
-        shards.push(ShardProc::spawn(&bin, &data.dir, i, a.shards, &[])?);
+        shards.push(ShardProc::spawn(&bin, &data.dir, i, a.shards, &liveness)?);
     }
     let rss_empty: Vec<u64> = shards.iter().map(ShardProc::rss_bytes).collect();
+    let mut heap_empty = 0.0;
+    for s in &shards {
+        heap_empty += s.metric("flotilla_heap_bytes").await?;
+    }
 
     // Register every simulated node over one QUIC connection per shard.
     let domains = domains_per_shard(a.shards);
@@ -181,6 +188,10 @@ pub async fn run(a: HeartbeatArgs) -> anyhow::Result<()> {
 
     tokio::time::sleep(Duration::from_secs(2)).await; // warm-up: every node heartbeating
     let rss_full: Vec<u64> = shards.iter().map(ShardProc::rss_bytes).collect();
+    let mut heap_full = 0.0;
+    for s in &shards {
+        heap_full += s.metric("flotilla_heap_bytes").await?;
+    }
     measuring.store(true, Ordering::Relaxed);
     let cpu0: Vec<f64> = shards.iter().map(ShardProc::cpu_seconds).collect();
     let mut acc0 = 0.0;
@@ -231,6 +242,7 @@ pub async fn run(a: HeartbeatArgs) -> anyhow::Result<()> {
         "view_lag_p99_ms": pct_ms(&lag, 0.99),
         "view_lag_samples": lag.len(),
         "shard_rss_bytes_per_node": rss_per_node.round(),
+        "shard_heap_bytes_per_node": ((heap_full - heap_empty) / nodes.len().max(1) as f64).round(),
         "view_bytes_copied_per_version": ((bytes1 - bytes0) / versions).round(),
         "view_versions_per_second": ((versions1 - versions0) / window).round(),
         "registrations_per_second": (nodes.len() as f64 / reg_secs).round(),
@@ -288,7 +300,8 @@ fn send_loop(
             while i < nodes.len() {
                 let n = &nodes[i];
                 seq[i] += 1;
-                let flip = (i + jitter_seed * 7919).is_multiple_of(flip_every);
+                let flip =
+                    (i.wrapping_mul(2_654_435_761) ^ jitter_seed.wrapping_mul(40_503)).is_multiple_of(flip_every);
                 if flip {
                     high[i] = !high[i];
                 }

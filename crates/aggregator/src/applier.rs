@@ -26,6 +26,8 @@ pub struct Applier {
     wheel: Wheel,
     dirty: HashMap<NodeId, Arc<NodeLive>>,
     samples: HashMap<NodeId, HealthSample>,
+    /// Descriptors of nodes registered since the last flush.
+    fresh: HashMap<NodeId, (Arc<flotilla_core::Labels>, flotilla_core::Resources)>,
     removed: Vec<Arc<NodeLive>>,
     counts: [i64; 5],
     metrics: Metrics,
@@ -39,6 +41,7 @@ struct Metrics {
     bytes_copied_total: metrics::Counter,
     versions_total: metrics::Counter,
     nodes: Vec<metrics::Gauge>,
+    heap: metrics::Gauge,
 }
 
 impl Applier {
@@ -61,6 +64,7 @@ impl Applier {
                 .iter()
                 .map(|s| metrics::gauge!("flotilla_nodes", "shard" => shard.clone(), "status" => s.as_str()))
                 .collect(),
+            heap: metrics::gauge!("flotilla_heap_bytes"),
         };
         Applier {
             registry,
@@ -70,6 +74,7 @@ impl Applier {
             wheel: Wheel::new(WHEEL_SLOT_MS, slots, crate::now_ms()),
             dirty: HashMap::new(),
             samples: HashMap::new(),
+            fresh: HashMap::new(),
             removed: Vec::new(),
             counts: [0; 5],
             metrics,
@@ -78,9 +83,10 @@ impl Applier {
 
     fn absorb(&mut self, c: Change) {
         match c {
-            Change::Registered(live, sample) => {
+            Change::Registered(live, d) => {
                 self.wheel.schedule(live.session_id, crate::now_ms() + self.timeouts.suspect_after_ms);
-                self.samples.insert(live.node_id.clone(), sample);
+                self.samples.insert(live.node_id.clone(), d.health);
+                self.fresh.insert(live.node_id.clone(), (d.labels, d.capacity));
                 self.dirty.insert(live.node_id.clone(), live);
             }
             Change::Dirty(live) => {
@@ -96,6 +102,7 @@ impl Applier {
 
     /// Fires due deadlines: each due node is evaluated once and rescheduled.
     pub fn tick(&mut self, now: u64) {
+        self.metrics.heap.set(flotilla_obs::alloc::live_bytes() as f64);
         let mut due = Vec::new();
         self.wheel.expire(now, &mut due);
         for sid in due {
@@ -139,6 +146,11 @@ impl Applier {
                 continue;
             }
             let prev = view.get(&id);
+            let (labels, capacity) = match (self.fresh.remove(&id), prev) {
+                (Some(d), _) => d,
+                (None, Some(p)) => (p.labels.clone(), p.capacity.clone()),
+                (None, None) => continue,
+            };
             let sample = self.samples.remove(&id).or_else(|| prev.map(|p| p.health)).unwrap_or_default();
             let rec = NodeRecord {
                 node_id: id,
@@ -146,10 +158,10 @@ impl Applier {
                 status: live.status(),
                 status_since_unix_ms: live.status_since_ms.load(Ordering::Acquire),
                 shard: self.registry.shard as u32,
-                labels: live.labels.clone(),
+                labels,
                 health_millis: live.health_millis.load(Ordering::Acquire),
                 health: sample,
-                capacity: live.capacity.clone(),
+                capacity,
                 allocated: prev.map(|p| p.allocated.clone()).unwrap_or_default(),
             };
             if prev.is_some_and(|p| **p == rec) {
@@ -162,6 +174,7 @@ impl Applier {
             upserts.push(Arc::new(rec));
         }
         self.samples.clear();
+        self.fresh.clear();
         let mut removed = Vec::new();
         for live in self.removed.drain(..) {
             // Gone only if no newer session took the node over.

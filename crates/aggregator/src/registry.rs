@@ -16,8 +16,6 @@ pub struct NodeLive {
     pub node_id: NodeId,
     pub incarnation: u64,
     pub key: SessionKey,
-    pub labels: Arc<Labels>,
-    pub capacity: Resources,
     pub last_seen_ms: AtomicU64,
     pub last_seq: AtomicU64,
     status: AtomicU8,
@@ -44,14 +42,22 @@ impl NodeLive {
 /// What the applier is told; it reads the node's current state itself, so the order
 /// in which two threads report the same node does not matter.
 pub enum Change {
-    /// A new session: start watching its deadlines and publish it.
-    Registered(Arc<NodeLive>, HealthSample),
+    /// A new session: start watching its deadlines and publish it. What a node
+    /// declared at registration lives only in its view record, not in the session.
+    Registered(Arc<NodeLive>, Descriptor),
     /// Something about this node changed (status, health): republish it.
     Dirty(Arc<NodeLive>),
     /// Its published health moved; the sample that moved it.
     Health(Arc<NodeLive>, HealthSample),
     /// Forget this session (it was replaced, or Dead past retention).
     Removed(Arc<NodeLive>),
+}
+
+/// What a node declares when it registers.
+pub struct Descriptor {
+    pub labels: Arc<Labels>,
+    pub capacity: Resources,
+    pub health: HealthSample,
 }
 
 /// Why a registration was refused. `closes_connection` errors end the QUIC connection
@@ -96,8 +102,13 @@ pub struct Registry {
     join_tokens: Vec<String>,
     pub sessions: DashMap<u64, Arc<NodeLive>>,
     by_node: DashMap<NodeId, Arc<NodeLive>>,
+    /// Most nodes of a pool share their label set: keep one copy of each.
+    label_sets: DashMap<Labels, Arc<Labels>>,
     changes: UnboundedSender<Change>,
 }
+
+/// Distinct label sets kept for sharing; past this, new sets are simply not shared.
+const MAX_INTERNED_LABEL_SETS: usize = 65_536;
 
 /// Compares without leaking where the first difference is.
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
@@ -112,7 +123,16 @@ impl Registry {
         join_tokens: Vec<String>,
         changes: UnboundedSender<Change>,
     ) -> Self {
-        Registry { shard, shards, master, join_tokens, sessions: DashMap::new(), by_node: DashMap::new(), changes }
+        Registry {
+            shard,
+            shards,
+            master,
+            join_tokens,
+            sessions: DashMap::new(),
+            by_node: DashMap::new(),
+            label_sets: DashMap::new(),
+            changes,
+        }
     }
 
     pub fn emit(&self, c: Change) {
@@ -167,8 +187,6 @@ impl Registry {
             key: derive_session_key(&self.master, session_id, req.incarnation, node_id.as_str()),
             node_id: node_id.clone(),
             incarnation: req.incarnation,
-            labels: Arc::new(labels),
-            capacity,
             last_seen_ms: AtomicU64::new(now_ms),
             last_seq: AtomicU64::new(0),
             status: AtomicU8::new(NodeStatus::Alive.to_u8()),
@@ -179,8 +197,19 @@ impl Registry {
         if let Some(old) = self.by_node.insert(node_id, live.clone()) {
             self.sessions.remove(&old.session_id);
         }
-        self.emit(Change::Registered(live.clone(), health));
+        self.emit(Change::Registered(live.clone(), Descriptor { labels: self.intern(labels), capacity, health }));
         Ok(live)
+    }
+
+    fn intern(&self, labels: Labels) -> Arc<Labels> {
+        if let Some(shared) = self.label_sets.get(&labels) {
+            return shared.value().clone();
+        }
+        let shared = Arc::new(labels);
+        if self.label_sets.len() < MAX_INTERNED_LABEL_SETS {
+            self.label_sets.insert((*shared).clone(), shared.clone());
+        }
+        shared
     }
 
     /// Marks the node of `session_id` Draining. The caller has checked that the

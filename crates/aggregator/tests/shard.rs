@@ -24,7 +24,15 @@ impl Drop for TempDir {
     }
 }
 
+/// These tests are mostly not about liveness: nodes that do not heartbeat stay Alive.
+const PATIENT: flotilla_aggregator::Timeouts =
+    flotilla_aggregator::Timeouts { suspect_after_ms: 60_000, dead_after_ms: 120_000, retention_ms: 60_000 };
+
 async fn fixture(name: &str, ring: usize) -> Fixture {
+    fixture_with(name, ring, PATIENT).await
+}
+
+async fn fixture_with(name: &str, ring: usize, timeouts: flotilla_aggregator::Timeouts) -> Fixture {
     let dir = std::env::temp_dir().join(format!("flotilla-shard-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let (tls, cert_pem, _) = TlsMaterial::self_signed(&["localhost", "127.0.0.1"]).unwrap();
@@ -32,9 +40,7 @@ async fn fixture(name: &str, ring: usize) -> Fixture {
     let mut config =
         ShardConfig::new("127.0.0.1:0".parse().unwrap(), 0, 1, b"master-secret".to_vec(), vec!["join".into()], tls);
     config.ring_capacity = ring;
-    // These tests are not about liveness: nodes that do not heartbeat stay Alive.
-    config.timeouts =
-        flotilla_aggregator::Timeouts { suspect_after_ms: 60_000, dead_after_ms: 120_000, retention_ms: 60_000 };
+    config.timeouts = timeouts;
     config.batch_window = Duration::from_millis(5);
     let shard = flotilla_aggregator::start(config).await.unwrap();
     let endpoint = client_endpoint(&dir.join("ca.crt"), "127.0.0.1:0".parse().unwrap()).unwrap();
@@ -253,4 +259,30 @@ async fn a_cluster_view_follows_the_shard() {
     }
     task.abort();
     let _: Arc<flotilla_view::ClusterView> = cluster;
+}
+
+#[tokio::test]
+async fn silent_nodes_go_suspect_then_dead_then_leave_the_view() {
+    let t = flotilla_aggregator::Timeouts { suspect_after_ms: 300, dead_after_ms: 600, retention_ms: 600 };
+    let f = fixture_with("silence", 64, t).await;
+    let conn = f.connect().await;
+    conn.register(register_req("quiet", "join")).await.unwrap();
+    let start = Instant::now();
+    let mut seen = Vec::new();
+    while start.elapsed() < Duration::from_secs(10) {
+        let view = f.shard.publisher.load();
+        let st = view.nodes.values().next().map(|n| n.status);
+        if seen.last() != Some(&st) && (st.is_some() || !seen.is_empty()) {
+            seen.push(st);
+        }
+        if st.is_none() && seen.len() > 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    use flotilla_core::NodeStatus::*;
+    assert_eq!(seen, vec![Some(Alive), Some(Suspect), Some(Dead), None], "after {:?}", start.elapsed());
+    assert!(start.elapsed() >= Duration::from_millis(1100), "not before suspect+dead+retention");
+    assert!(f.shard.registry.is_empty(), "the registry forgot it too");
+    f.shard.shutdown().await;
 }

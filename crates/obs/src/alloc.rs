@@ -5,6 +5,10 @@
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
+use std::sync::atomic::{AtomicI64, Ordering};
+
+/// Heap bytes in use by the whole process (allocated minus freed).
+static LIVE: AtomicI64 = AtomicI64::new(0);
 
 thread_local! {
     static METERING: Cell<bool> = const { Cell::new(false) };
@@ -18,20 +22,24 @@ pub struct Metered;
 unsafe impl GlobalAlloc for Metered {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         note(layout.size());
+        LIVE.fetch_add(layout.size() as i64, Ordering::Relaxed);
         unsafe { System.alloc(layout) }
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE.fetch_sub(layout.size() as i64, Ordering::Relaxed);
         unsafe { System.dealloc(ptr, layout) }
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         note(layout.size());
+        LIVE.fetch_add(layout.size() as i64, Ordering::Relaxed);
         unsafe { System.alloc_zeroed(layout) }
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         note(new_size);
+        LIVE.fetch_add(new_size as i64 - layout.size() as i64, Ordering::Relaxed);
         unsafe { System.realloc(ptr, layout, new_size) }
     }
 }
@@ -52,4 +60,9 @@ pub fn measure<T>(f: impl FnOnce() -> T) -> (T, u64) {
     let out = f();
     METERING.with(|m| m.set(false));
     (out, BYTES.with(|b| b.get()))
+}
+
+/// Heap bytes the process holds right now (0 when the metered allocator is not installed).
+pub fn live_bytes() -> u64 {
+    LIVE.load(Ordering::Relaxed).max(0) as u64
 }
