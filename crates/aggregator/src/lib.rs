@@ -8,6 +8,7 @@
 pub mod applier;
 pub mod grpc;
 pub mod ingest;
+pub mod ledger;
 pub mod liveness;
 pub mod quic;
 pub mod registry;

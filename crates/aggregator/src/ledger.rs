@@ -1,0 +1,647 @@
+//! The shard's ledger: the one authority on what runs where on its nodes.
+//!
+//! Pure logic (no I/O, time passed in). Entries are keyed by (app, unit, member,
+//! generation), so a replayed claim finds its own entry and allocates nothing twice;
+//! a node's `allocated` is always the sum of its entries and never exceeds its capacity.
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+
+use flotilla_core::{NodeId, NodeStatus, Resources};
+use flotilla_proto::v1;
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ClaimKey {
+    pub app: String,
+    pub unit: String,
+    pub member: String,
+    pub generation: u64,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Claim {
+    pub key: ClaimKey,
+    pub node: NodeId,
+    pub incarnation: u64,
+    pub resources: Resources,
+    pub allow_low_priority: bool,
+    /// Claims sharing a non-empty group are accepted together or not at all.
+    pub group: String,
+    pub workload: v1::Workload,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Reject {
+    NoFit,
+    NodeNotAlive(NodeStatus),
+    IncarnationMismatch,
+    UnknownNode,
+    Recovering,
+    Priority,
+    Group,
+    AlreadyPlaced,
+}
+
+impl Reject {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reject::NoFit => "no_fit",
+            Reject::NodeNotAlive(_) => "node_not_alive",
+            Reject::IncarnationMismatch => "incarnation_mismatch",
+            Reject::UnknownNode => "unknown_node",
+            Reject::Recovering => "shard_recovering",
+            Reject::Priority => "priority",
+            Reject::Group => "group",
+            Reject::AlreadyPlaced => "already_placed",
+        }
+    }
+}
+
+/// What the shard's view says about a node when a claim arrives.
+#[derive(Debug, Clone)]
+pub struct NodeFacts {
+    pub status: NodeStatus,
+    pub incarnation: u64,
+    pub capacity: Resources,
+    pub low_priority: bool,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Entry {
+    pub claim: Claim,
+    /// Set while the entry is a reservation that still needs a confirm.
+    pub reserved_until_ms: Option<u64>,
+}
+
+#[derive(Debug, Default, Clone)]
+pub struct NodeBook {
+    pub incarnation: u64,
+    pub allocated: Resources,
+    pub entries: BTreeMap<ClaimKey, Entry>,
+    /// Bumped on every change to the node's assignment set.
+    pub version: u64,
+}
+
+pub type Outcome = Vec<(ClaimKey, Result<(), Reject>)>;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConfirmStatus {
+    Confirmed,
+    Expired,
+    UnknownReservation,
+}
+
+/// Transactions remembered for exact replays.
+const TXN_MEMORY: usize = 65_536;
+
+#[derive(Default)]
+pub struct Ledger {
+    nodes: HashMap<NodeId, NodeBook>,
+    placed: HashMap<ClaimKey, NodeId>,
+    txns: HashMap<String, Outcome>,
+    txn_order: VecDeque<String>,
+    reservations: HashMap<String, (Vec<ClaimKey>, u64)>,
+    confirmed: HashSet<String>,
+}
+
+impl Ledger {
+    pub fn new() -> Self {
+        Ledger::default()
+    }
+
+    pub fn book(&self, node: &NodeId) -> Option<&NodeBook> {
+        self.nodes.get(node)
+    }
+
+    pub fn allocated(&self, node: &NodeId) -> Resources {
+        self.nodes.get(node).map(|b| b.allocated.clone()).unwrap_or_default()
+    }
+
+    /// The members a node must run: confirmed entries only.
+    pub fn assignments(&self, node: &NodeId) -> (u64, Vec<&Claim>) {
+        match self.nodes.get(node) {
+            Some(b) => {
+                (b.version, b.entries.values().filter(|e| e.reserved_until_ms.is_none()).map(|e| &e.claim).collect())
+            }
+            None => (0, Vec::new()),
+        }
+    }
+
+    pub fn placement(&self, key: &ClaimKey) -> Option<&NodeId> {
+        self.placed.get(key)
+    }
+
+    /// Commits `claims` (see the module doc); returns each claim's result and the nodes
+    /// whose assignment set changed.
+    pub fn commit(
+        &mut self,
+        txn: &str,
+        claims: &[Claim],
+        facts: &dyn Fn(&NodeId) -> Option<NodeFacts>,
+    ) -> (Outcome, Vec<NodeId>) {
+        self.apply(txn, claims, None, facts)
+    }
+
+    /// Like commit, but the entries hold their resources only until `until_ms` unless confirmed.
+    pub fn reserve(
+        &mut self,
+        txn: &str,
+        claims: &[Claim],
+        until_ms: u64,
+        facts: &dyn Fn(&NodeId) -> Option<NodeFacts>,
+    ) -> (Outcome, Vec<NodeId>) {
+        self.apply(txn, claims, Some(until_ms), facts)
+    }
+
+    fn apply(
+        &mut self,
+        txn: &str,
+        claims: &[Claim],
+        reserve_until: Option<u64>,
+        facts: &dyn Fn(&NodeId) -> Option<NodeFacts>,
+    ) -> (Outcome, Vec<NodeId>) {
+        if let Some(prev) = self.txns.get(txn) {
+            return (prev.clone(), Vec::new());
+        }
+        // Units of work in request order: a group, or a lone claim.
+        let mut order: Vec<Vec<usize>> = Vec::new();
+        let mut group_at: HashMap<&str, usize> = HashMap::new();
+        for (i, c) in claims.iter().enumerate() {
+            if c.group.is_empty() {
+                order.push(vec![i]);
+            } else if let Some(&g) = group_at.get(c.group.as_str()) {
+                order[g].push(i);
+            } else {
+                group_at.insert(&c.group, order.len());
+                order.push(vec![i]);
+            }
+        }
+        let mut results: Vec<Option<Result<(), Reject>>> = vec![None; claims.len()];
+        let mut changed = Vec::new();
+        // A key claimed twice in one request is one member: the second claim is a replay.
+        let mut in_request: HashMap<&ClaimKey, &NodeId> = HashMap::new();
+        for unit in order {
+            // Check the whole unit against the books plus what it adds itself.
+            let mut extra: HashMap<&NodeId, Resources> = HashMap::new();
+            let mut unit_keys: HashMap<&ClaimKey, &NodeId> = HashMap::new();
+            let mut verdicts = Vec::with_capacity(unit.len());
+            for &i in &unit {
+                let c = &claims[i];
+                let v = match in_request.get(&c.key).or_else(|| unit_keys.get(&c.key)) {
+                    Some(n) if **n == c.node => Ok(false),
+                    Some(_) => Err(Reject::AlreadyPlaced),
+                    None => self.check(c, extra.get(&c.node), facts),
+                };
+                if v == Ok(true) {
+                    unit_keys.insert(&c.key, &c.node);
+                }
+                if v == Ok(true)
+                    && let Ok(sum) = extra.get(&c.node).cloned().unwrap_or_default().checked_add(&c.resources)
+                {
+                    extra.insert(&c.node, sum);
+                }
+                verdicts.push(v);
+            }
+            let all_ok = verdicts.iter().all(|v| v.is_ok());
+            if all_ok {
+                in_request.extend(unit_keys);
+            }
+            for (&i, v) in unit.iter().zip(verdicts) {
+                results[i] = Some(match v {
+                    Err(r) => Err(r),
+                    Ok(_) if !all_ok => Err(Reject::Group),
+                    Ok(false) => Ok(()), // already held: a replay
+                    Ok(true) => {
+                        let c = &claims[i];
+                        let f = facts(&c.node).map(|f| f.incarnation).unwrap_or(c.incarnation);
+                        self.insert(c.clone(), f, reserve_until);
+                        if !changed.contains(&c.node) {
+                            changed.push(c.node.clone());
+                        }
+                        Ok(())
+                    }
+                });
+            }
+        }
+        let outcome: Outcome =
+            claims.iter().zip(results).map(|(c, r)| (c.key.clone(), r.unwrap_or(Err(Reject::Group)))).collect();
+        if let Some(until) = reserve_until {
+            let keys =
+                claims.iter().zip(&outcome).filter(|(_, (_, r))| r.is_ok()).map(|(c, _)| c.key.clone()).collect();
+            self.reservations.insert(txn.to_string(), (keys, until));
+        }
+        self.remember(txn, outcome.clone());
+        (outcome, changed)
+    }
+
+    /// `Ok(true)`: fits and must be added; `Ok(false)`: this exact member is already
+    /// held on that node (a replay).
+    fn check(
+        &self,
+        c: &Claim,
+        extra: Option<&Resources>,
+        facts: &dyn Fn(&NodeId) -> Option<NodeFacts>,
+    ) -> Result<bool, Reject> {
+        let f = facts(&c.node).ok_or(Reject::UnknownNode)?;
+        if let Some(on) = self.placed.get(&c.key) {
+            return if *on == c.node && self.nodes.get(on).is_some_and(|b| b.incarnation == c.incarnation) {
+                Ok(false)
+            } else {
+                Err(Reject::AlreadyPlaced)
+            };
+        }
+        match f.status {
+            NodeStatus::Alive => {}
+            NodeStatus::Unknown => return Err(Reject::Recovering),
+            s => return Err(Reject::NodeNotAlive(s)),
+        }
+        if f.incarnation != c.incarnation {
+            return Err(Reject::IncarnationMismatch);
+        }
+        if f.low_priority && !c.allow_low_priority {
+            return Err(Reject::Priority);
+        }
+        let held = match self.nodes.get(&c.node) {
+            Some(b) if b.incarnation == f.incarnation => b.allocated.clone(),
+            _ => Resources::default(),
+        };
+        let held = match extra {
+            Some(e) => held.checked_add(e).map_err(|_| Reject::NoFit)?,
+            None => held,
+        };
+        let wanted = held.checked_add(&c.resources).map_err(|_| Reject::NoFit)?;
+        if wanted.fits_in(&f.capacity) { Ok(true) } else { Err(Reject::NoFit) }
+    }
+
+    fn insert(&mut self, claim: Claim, incarnation: u64, reserved_until_ms: Option<u64>) {
+        if self.nodes.get(&claim.node).is_some_and(|b| b.incarnation != incarnation) {
+            // A restarted node is a new node: what the old one held is gone.
+            self.forget_node(&claim.node);
+        }
+        let book =
+            self.nodes.entry(claim.node.clone()).or_insert_with(|| NodeBook { incarnation, ..Default::default() });
+        // Cannot overflow: `check` added the same amounts.
+        book.allocated = book.allocated.checked_add(&claim.resources).unwrap_or_else(|_| book.allocated.clone());
+        book.version += 1;
+        self.placed.insert(claim.key.clone(), claim.node.clone());
+        book.entries.insert(claim.key.clone(), Entry { claim, reserved_until_ms });
+    }
+
+    fn remember(&mut self, txn: &str, outcome: Outcome) {
+        if self.txn_order.len() >= TXN_MEMORY
+            && let Some(old) = self.txn_order.pop_front()
+        {
+            self.txns.remove(&old);
+            self.confirmed.remove(&old);
+        }
+        self.txn_order.push_back(txn.to_string());
+        self.txns.insert(txn.to_string(), outcome);
+    }
+
+    /// Turns a reservation into allocations, unless it expired (or never existed here,
+    /// for instance because the shard restarted): never a false success.
+    pub fn confirm(&mut self, txn: &str, now_ms: u64) -> (ConfirmStatus, Vec<NodeId>) {
+        if self.confirmed.contains(txn) {
+            return (ConfirmStatus::Confirmed, Vec::new());
+        }
+        let Some((keys, until)) = self.reservations.remove(txn) else {
+            return (ConfirmStatus::UnknownReservation, Vec::new());
+        };
+        if now_ms > until {
+            let changed = self.release(&keys);
+            return (ConfirmStatus::Expired, changed);
+        }
+        let mut changed = Vec::new();
+        for k in &keys {
+            if let Some(node) = self.placed.get(k).cloned()
+                && let Some(b) = self.nodes.get_mut(&node)
+                && let Some(e) = b.entries.get_mut(k)
+            {
+                e.reserved_until_ms = None;
+                b.version += 1;
+                if !changed.contains(&node) {
+                    changed.push(node);
+                }
+            }
+        }
+        self.confirmed.insert(txn.to_string());
+        (ConfirmStatus::Confirmed, changed)
+    }
+
+    /// Releases reservations whose TTL has passed; returns the nodes that changed.
+    pub fn expire(&mut self, now_ms: u64) -> Vec<NodeId> {
+        let due: Vec<String> =
+            self.reservations.iter().filter(|(_, (_, u))| *u < now_ms).map(|(t, _)| t.clone()).collect();
+        let mut changed = Vec::new();
+        for t in due {
+            if let Some((keys, _)) = self.reservations.remove(&t) {
+                for n in self.release(&keys) {
+                    if !changed.contains(&n) {
+                        changed.push(n);
+                    }
+                }
+            }
+        }
+        changed
+    }
+
+    /// Frees the entries of `keys`; unknown keys are ignored (release is idempotent).
+    pub fn release(&mut self, keys: &[ClaimKey]) -> Vec<NodeId> {
+        let mut changed = Vec::new();
+        for k in keys {
+            let Some(node) = self.placed.remove(k) else { continue };
+            if let Some(b) = self.nodes.get_mut(&node)
+                && let Some(e) = b.entries.remove(k)
+            {
+                b.allocated = b.allocated.checked_sub(&e.claim.resources).unwrap_or_default();
+                b.version += 1;
+            }
+            if !changed.contains(&node) {
+                changed.push(node);
+            }
+        }
+        changed
+    }
+
+    /// Drops everything a node held (it was replaced by a new incarnation, or forgotten).
+    pub fn forget_node(&mut self, node: &NodeId) {
+        if let Some(b) = self.nodes.remove(node) {
+            for k in b.entries.keys() {
+                self.placed.remove(k);
+            }
+        }
+    }
+
+    /// The invariant every test checks: each node's `allocated` is the sum of its
+    /// entries, fits its capacity, and every member is placed exactly once.
+    pub fn check_invariant(&self, capacity: &dyn Fn(&NodeId) -> Option<Resources>) -> Result<(), String> {
+        let mut seen = HashSet::new();
+        for (node, b) in &self.nodes {
+            let mut sum = Resources::default();
+            for (k, e) in &b.entries {
+                sum = sum.checked_add(&e.claim.resources).map_err(|e| e.to_string())?;
+                if !seen.insert(k.clone()) {
+                    return Err(format!("{k:?} is placed twice"));
+                }
+                if self.placed.get(k) != Some(node) {
+                    return Err(format!("{k:?} index disagrees"));
+                }
+            }
+            if sum != b.allocated {
+                return Err(format!("{node}: allocated {:?} != sum of entries {:?}", b.allocated, sum));
+            }
+            if let Some(cap) = capacity(node)
+                && !sum.fits_in(&cap)
+            {
+                return Err(format!("{node}: {sum:?} exceeds capacity {cap:?}"));
+            }
+        }
+        if seen.len() != self.placed.len() {
+            return Err("placement index holds keys without entries".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn node(i: usize) -> NodeId {
+        NodeId::new(&format!("n{i}")).unwrap()
+    }
+
+    fn claim(unit: &str, member: &str, n: usize, cpu: u64, group: &str) -> Claim {
+        Claim {
+            key: ClaimKey { app: "a".into(), unit: unit.into(), member: member.into(), generation: 1 },
+            node: node(n),
+            incarnation: 1,
+            resources: Resources::new(cpu, 0, 0),
+            allow_low_priority: false,
+            group: group.into(),
+            workload: v1::Workload::default(),
+        }
+    }
+
+    fn facts(n: &NodeId) -> Option<NodeFacts> {
+        let i: usize = n.as_str()[1..].parse().ok()?;
+        (i < 4).then(|| NodeFacts {
+            status: if i == 3 { NodeStatus::Suspect } else { NodeStatus::Alive },
+            incarnation: 1,
+            capacity: Resources::new(1000, 0, 0),
+            low_priority: i == 2,
+        })
+    }
+
+    fn cap(n: &NodeId) -> Option<Resources> {
+        facts(n).map(|f| f.capacity)
+    }
+
+    #[test]
+    fn each_claim_is_checked_on_its_own() {
+        let mut l = Ledger::new();
+        let cs = [
+            claim("u1", "head", 0, 600, ""),
+            claim("u2", "head", 0, 600, ""), // does not fit after u1
+            claim("u3", "head", 1, 100, ""),
+            claim("u4", "head", 2, 100, ""), // low priority not allowed
+            claim("u5", "head", 3, 100, ""), // suspect
+            claim("u6", "head", 9, 100, ""), // unknown
+        ];
+        let (out, changed) = l.commit("t1", &cs, &facts);
+        let r: Vec<_> = out.iter().map(|(_, r)| *r).collect();
+        assert_eq!(
+            r,
+            vec![
+                Ok(()),
+                Err(Reject::NoFit),
+                Ok(()),
+                Err(Reject::Priority),
+                Err(Reject::NodeNotAlive(NodeStatus::Suspect)),
+                Err(Reject::UnknownNode)
+            ]
+        );
+        assert_eq!(changed, vec![node(0), node(1)]);
+        assert_eq!(l.allocated(&node(0)).cpu_millis, 600);
+        l.check_invariant(&cap).unwrap();
+    }
+
+    #[test]
+    fn a_group_is_all_or_nothing() {
+        let mut l = Ledger::new();
+        let cs = [claim("u1", "head", 0, 500, "u1"), claim("u1", "w0", 1, 500, "u1"), claim("u1", "w1", 0, 600, "u1")];
+        let (out, changed) = l.commit("t1", &cs, &facts);
+        assert_eq!(out[0].1, Err(Reject::Group));
+        assert_eq!(out[1].1, Err(Reject::Group));
+        assert_eq!(out[2].1, Err(Reject::NoFit), "head + w1 exceed n0 together");
+        assert!(changed.is_empty());
+        assert!(l.allocated(&node(0)).is_zero());
+        let cs = [claim("u1", "head", 0, 500, "u1"), claim("u1", "w0", 1, 500, "u1")];
+        assert!(l.commit("t2", &cs, &facts).0.iter().all(|(_, r)| r.is_ok()));
+        l.check_invariant(&cap).unwrap();
+    }
+
+    #[test]
+    fn replays_never_allocate_twice() {
+        let mut l = Ledger::new();
+        let cs = [claim("u1", "head", 0, 400, "")];
+        l.commit("t1", &cs, &facts);
+        // The same transaction, and the same member under a new transaction id.
+        assert_eq!(l.commit("t1", &cs, &facts).0[0].1, Ok(()));
+        assert_eq!(l.commit("t2", &cs, &facts).0[0].1, Ok(()));
+        assert_eq!(l.allocated(&node(0)).cpu_millis, 400);
+        // The same member on another node is a conflict, not a second placement.
+        let elsewhere = [claim("u1", "head", 1, 400, "")];
+        assert_eq!(l.commit("t3", &elsewhere, &facts).0[0].1, Err(Reject::AlreadyPlaced));
+        l.check_invariant(&cap).unwrap();
+    }
+
+    #[test]
+    fn incarnation_mismatch_and_restarted_nodes() {
+        let mut l = Ledger::new();
+        let mut c = claim("u1", "head", 0, 400, "");
+        c.incarnation = 2;
+        assert_eq!(l.commit("t1", &[c], &facts).0[0].1, Err(Reject::IncarnationMismatch));
+    }
+
+    #[test]
+    fn reservations_confirm_or_expire() {
+        let mut l = Ledger::new();
+        let cs = [claim("u1", "head", 0, 400, "u1"), claim("u1", "w", 1, 400, "u1")];
+        l.reserve("r1", &cs, 1000, &facts);
+        assert_eq!(l.allocated(&node(0)).cpu_millis, 400, "a reservation holds its resources");
+        assert!(l.assignments(&node(0)).1.is_empty(), "but is not pushed to the agent");
+        assert_eq!(l.confirm("r1", 500).0, ConfirmStatus::Confirmed);
+        assert_eq!(l.confirm("r1", 600).0, ConfirmStatus::Confirmed, "a replayed confirm");
+        assert_eq!(l.assignments(&node(0)).1.len(), 1);
+
+        l.reserve("r2", &[claim("u2", "head", 1, 100, "")], 1000, &facts);
+        assert_eq!(l.confirm("r2", 1001).0, ConfirmStatus::Expired);
+        assert_eq!(l.allocated(&node(1)).cpu_millis, 400);
+        assert_eq!(l.confirm("never", 0).0, ConfirmStatus::UnknownReservation);
+
+        l.reserve("r3", &[claim("u3", "head", 1, 100, "")], 1000, &facts);
+        assert_eq!(l.expire(2000), vec![node(1)], "a vanished scheduler's reservation expires");
+        assert_eq!(l.allocated(&node(1)).cpu_millis, 400);
+        assert_eq!(l.confirm("r3", 2001).0, ConfirmStatus::UnknownReservation);
+        l.check_invariant(&cap).unwrap();
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Commit { txn: u8, claims: Vec<(u8, u8, u8, u16, bool)> },
+        Replay { txn: u8 },
+        Release { unit: u8, member: u8 },
+        Reserve { txn: u8, unit: u8, node: u8, cpu: u16, ttl: u16 },
+        Confirm { txn: u8 },
+        Tick { ms: u16 },
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (any::<u8>(), prop::collection::vec((0u8..8, 0u8..3, 0u8..4, 1u16..700, any::<bool>()), 1..6))
+                .prop_map(|(txn, claims)| Op::Commit { txn, claims }),
+            any::<u8>().prop_map(|txn| Op::Replay { txn }),
+            (0u8..8, 0u8..3).prop_map(|(unit, member)| Op::Release { unit, member }),
+            (any::<u8>(), 0u8..8, 0u8..4, 1u16..700, 1u16..500).prop_map(|(txn, unit, node, cpu, ttl)| Op::Reserve {
+                txn,
+                unit,
+                node,
+                cpu,
+                ttl
+            }),
+            any::<u8>().prop_map(|txn| Op::Confirm { txn }),
+            (1u16..300).prop_map(|ms| Op::Tick { ms }),
+        ]
+    }
+
+    proptest! {
+        /// Random concurrent schedulers (interleaved transactions), random replays and
+        /// failures: the ledger invariant holds after every step.
+        #[test]
+        fn the_ledger_never_overbooks(ops in prop::collection::vec(op(), 1..80)) {
+            let mut l = Ledger::new();
+            let mut sent: HashMap<u8, Vec<Claim>> = HashMap::new();
+            let mut now = 0u64;
+            for op in ops {
+                match op {
+                    Op::Commit { txn, claims } => {
+                        let cs: Vec<Claim> = claims.iter().map(|&(u, m, n, cpu, grouped)| {
+                            claim(&format!("u{u}"), &format!("m{m}"), n as usize, u64::from(cpu), if grouped { "g" } else { "" })
+                        }).collect();
+                        let id = format!("c{txn}");
+                        let before = l.txns.contains_key(&id);
+                        let (out, _) = l.commit(&id, &cs, &facts);
+                        if !before {
+                            prop_assert_eq!(out.len(), cs.len());
+                            sent.insert(txn, cs);
+                        }
+                    }
+                    Op::Replay { txn } => {
+                        if let Some(cs) = sent.get(&txn).cloned() {
+                            let total: u64 = (0..4).map(|n| l.allocated(&node(n)).cpu_millis).sum();
+                            l.commit(&format!("c{txn}"), &cs, &facts);
+                            l.commit(&format!("replay-{txn}"), &cs, &facts);
+                            let after: u64 = (0..4).map(|n| l.allocated(&node(n)).cpu_millis).sum();
+                            prop_assert!(after >= total);
+                            // Only claims that were not yet held could add anything.
+                        }
+                    }
+                    Op::Release { unit, member } => {
+                        l.release(&[ClaimKey { app: "a".into(), unit: format!("u{unit}"), member: format!("m{member}"), generation: 1 }]);
+                    }
+                    Op::Reserve { txn, unit, node: n, cpu, ttl } => {
+                        let c = claim(&format!("r{unit}"), "head", n as usize, u64::from(cpu), "");
+                        l.reserve(&format!("r{txn}"), &[c], now + u64::from(ttl), &facts);
+                    }
+                    Op::Confirm { txn } => {
+                        let st = l.confirm(&format!("r{txn}"), now).0;
+                        prop_assert!(matches!(st, ConfirmStatus::Confirmed | ConfirmStatus::Expired | ConfirmStatus::UnknownReservation));
+                    }
+                    Op::Tick { ms } => {
+                        now += u64::from(ms);
+                        l.expire(now);
+                    }
+                }
+                if let Err(e) = l.check_invariant(&cap) {
+                    return Err(TestCaseError::fail(e));
+                }
+            }
+        }
+    }
+
+    /// Many threads committing against one ledger (as the gRPC handlers do, behind
+    /// its mutex): capacity is never exceeded and every member lands at most once.
+    #[test]
+    fn concurrent_schedulers_never_overbook() {
+        use std::sync::{Arc, Mutex};
+        let l = Arc::new(Mutex::new(Ledger::new()));
+        let threads: Vec<_> = (0..8)
+            .map(|t| {
+                let l = l.clone();
+                std::thread::spawn(move || {
+                    let mut accepted = 0;
+                    for i in 0..300 {
+                        let n = (i * 7 + t) % 3;
+                        let cs = [claim(&format!("u{}", i % 50), &format!("m{t}"), n, 30 + (i as u64 % 40), "")];
+                        let mut g = l.lock().unwrap();
+                        let (out, _) = g.commit(&format!("t{t}-{i}"), &cs, &facts);
+                        accepted += out.iter().filter(|(_, r)| r.is_ok()).count();
+                        if i % 11 == 0 {
+                            g.release(&[cs[0].key.clone()]);
+                        }
+                        g.check_invariant(&cap).unwrap();
+                    }
+                    accepted
+                })
+            })
+            .collect();
+        let accepted: usize = threads.into_iter().map(|t| t.join().unwrap()).sum();
+        assert!(accepted > 0);
+        let g = l.lock().unwrap();
+        g.check_invariant(&cap).unwrap();
+        for n in 0..3 {
+            assert!(g.allocated(&node(n)).cpu_millis <= 1000);
+        }
+    }
+}
