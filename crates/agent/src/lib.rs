@@ -81,6 +81,8 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     let mut probe = probe::HealthProbe::new();
     let mut backoff = Duration::from_millis(200);
     let sent = metrics::counter!("flotilla_agent_heartbeats_sent_total");
+    // The version of the assignment set this agent holds (reported in heartbeats).
+    let assignments = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
 
     loop {
         // Register (again), with jittered back-off while the shard is away.
@@ -110,6 +112,7 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
             }
         };
         tracing::info!(session = session.session_id, "registered");
+        let receiver = tokio::spawn(receive_assignments(conn.clone(), config.data_dir.clone(), assignments.clone()));
         let key: SessionKey = session.key.as_slice().try_into().map_err(|_| anyhow!("session key is not 32 bytes"))?;
         let hb_port = u16::try_from(session.heartbeat_port).map_err(|_| anyhow!("bad heartbeat port"))?;
         let sock = tokio::net::UdpSocket::bind(unspecified(&addr)).await?;
@@ -125,7 +128,7 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
                     seq += 1;
                     let body = v1::HeartbeatBody {
                         health: Some((&probe.sample()).into()),
-                        assignment_version: 0,
+                        assignment_version: assignments.load(std::sync::atomic::Ordering::Relaxed),
                         sent_at_unix_ms: unix_nanos() / 1_000_000,
                     };
                     let h = Header { magic: MAGIC_HEARTBEAT, session_id: session.session_id, seq, incarnation, node_id: config.node_id.as_str() };
@@ -146,11 +149,60 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
                 stop = stop_rx.recv() => return finish(stop, Some((&conn, session.session_id)), &config).await,
             }
         };
+        receiver.abort();
         tracing::warn!(reason, "re-registering");
         let wait = Duration::from_millis(rand::rng().random_range(100..1000));
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
             stop = stop_rx.recv() => return finish(stop, Some((&conn, session.session_id)), &config).await,
+        }
+    }
+}
+
+/// The file in the data dir holding the assignments this node was last given.
+pub const ASSIGNMENTS_FILE: &str = "assignments.json";
+
+/// Takes assignment pushes from the shard and keeps the newest set (the workload
+/// runtime acts on it).
+async fn receive_assignments(
+    conn: ShardConnection,
+    data: PathBuf,
+    version: std::sync::Arc<std::sync::atomic::AtomicU64>,
+) {
+    use std::sync::atomic::Ordering;
+    let gauge = metrics::gauge!("flotilla_agent_assignments");
+    while let Ok(mut stream) = conn.conn.accept_uni().await {
+        let Ok(bytes) = stream.read_to_end(flotilla_proto::MAX_CONTROL_MESSAGE).await else { continue };
+        let Ok(push) = v1::AssignmentPush::decode(bytes.as_slice()) else {
+            tracing::warn!("undecodable assignment push");
+            continue;
+        };
+        if push.assignment_version <= version.load(Ordering::Relaxed) {
+            continue; // an older push arriving late
+        }
+        version.store(push.assignment_version, Ordering::Relaxed);
+        gauge.set(push.assignments.len() as f64);
+        tracing::info!(version = push.assignment_version, members = push.assignments.len(), "assignments received");
+        let rows: Vec<serde_json::Value> = push
+            .assignments
+            .iter()
+            .map(|a| {
+                let w = a.workload.clone().unwrap_or_default();
+                serde_json::json!({
+                    "app": a.app, "unit": a.unit, "member": a.member, "generation": a.generation,
+                    "role": w.role, "command": w.command, "args": w.args,
+                    "cpu_millis": a.resources.as_ref().map(|r| r.cpu_millis).unwrap_or(0),
+                    "memory_bytes": a.resources.as_ref().map(|r| r.memory_bytes).unwrap_or(0),
+                })
+            })
+            .collect();
+        let doc = serde_json::json!({"assignment_version": push.assignment_version, "assignments": rows});
+        let tmp = data.join(format!("{ASSIGNMENTS_FILE}.tmp"));
+        if std::fs::write(&tmp, doc.to_string())
+            .and_then(|_| std::fs::rename(&tmp, data.join(ASSIGNMENTS_FILE)))
+            .is_err()
+        {
+            tracing::warn!("could not write {ASSIGNMENTS_FILE}");
         }
     }
 }

@@ -2,9 +2,9 @@
 //! window, then publishes a single new version; it also owns the timing wheel that
 //! turns silence into Suspect, Dead and, after retention, removal.
 
-use std::collections::HashMap;
-use std::sync::Arc;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use flotilla_core::{HealthSample, NodeId, NodeStatus};
@@ -12,14 +12,25 @@ use flotilla_view::{NodeRecord, ViewPublisher};
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::time::Instant;
 
+use crate::ledger::Ledger;
 use crate::liveness::{Timeouts, Verdict, Wheel, evaluate};
 use crate::registry::{Change, NodeLive, Registry};
 
 /// Wheel granularity: deadlines fire within this much of their time.
 pub const WHEEL_SLOT_MS: u64 = 100;
 
+/// An agent's new assignment set, for the QUIC pusher.
+pub struct Push {
+    pub node: NodeId,
+    pub message: flotilla_proto::v1::AssignmentPush,
+}
+
 pub struct Applier {
     registry: Arc<Registry>,
+    ledger: Arc<Mutex<Ledger>>,
+    pushes: tokio::sync::mpsc::UnboundedSender<Push>,
+    ledger_dirty: HashSet<NodeId>,
+    acks: Vec<tokio::sync::oneshot::Sender<flotilla_view::Version>>,
     publisher: Arc<ViewPublisher>,
     timeouts: Timeouts,
     batch_window: Duration,
@@ -47,6 +58,8 @@ struct Metrics {
 impl Applier {
     pub fn new(
         registry: Arc<Registry>,
+        ledger: Arc<Mutex<Ledger>>,
+        pushes: tokio::sync::mpsc::UnboundedSender<Push>,
         publisher: Arc<ViewPublisher>,
         timeouts: Timeouts,
         batch_window: Duration,
@@ -68,6 +81,10 @@ impl Applier {
         };
         Applier {
             registry,
+            ledger,
+            pushes,
+            ledger_dirty: HashSet::new(),
+            acks: Vec::new(),
             publisher,
             timeouts,
             batch_window,
@@ -97,12 +114,25 @@ impl Applier {
                 self.dirty.insert(live.node_id.clone(), live);
             }
             Change::Removed(live) => self.removed.push(live),
+            Change::Ledger(nodes, ack) => {
+                for n in nodes {
+                    if let Some(live) = self.registry.node(&n) {
+                        self.dirty.insert(n.clone(), live);
+                    }
+                    self.ledger_dirty.insert(n);
+                }
+                self.acks.extend(ack);
+            }
         }
     }
 
     /// Fires due deadlines: each due node is evaluated once and rescheduled.
     pub fn tick(&mut self, now: u64) {
         self.metrics.heap.set(flotilla_obs::alloc::live_bytes() as f64);
+        let expired = self.ledger.lock().unwrap_or_else(|p| p.into_inner()).expire(now);
+        if !expired.is_empty() {
+            self.absorb(Change::Ledger(expired, None));
+        }
         let mut due = Vec::new();
         self.wheel.expire(now, &mut due);
         for sid in due {
@@ -133,7 +163,7 @@ impl Applier {
     }
 
     fn has_work(&self) -> bool {
-        !self.dirty.is_empty() || !self.removed.is_empty()
+        !self.dirty.is_empty() || !self.removed.is_empty() || !self.acks.is_empty()
     }
 
     /// Publishes everything gathered as one version (or nothing, if nothing differs).
@@ -141,6 +171,8 @@ impl Applier {
         let started = std::time::Instant::now();
         let view = self.publisher.load();
         let mut upserts = Vec::with_capacity(self.dirty.len());
+        let ledger = self.ledger.clone();
+        let mut ledger = ledger.lock().unwrap_or_else(|p| p.into_inner());
         for (id, live) in self.dirty.drain() {
             if !self.registry.is_current(&live) {
                 continue;
@@ -152,6 +184,12 @@ impl Applier {
                 (None, None) => continue,
             };
             let sample = self.samples.remove(&id).or_else(|| prev.map(|p| p.health)).unwrap_or_default();
+            if prev.is_some_and(|p| p.incarnation.0 != live.incarnation) {
+                // A new incarnation is a new node: nothing the old one held carries over.
+                ledger.forget_node(&id);
+                self.ledger_dirty.insert(id.clone());
+            }
+            let allocated = ledger.allocated(&id);
             let rec = NodeRecord {
                 node_id: id,
                 incarnation: flotilla_core::Incarnation(live.incarnation),
@@ -162,7 +200,7 @@ impl Applier {
                 health_millis: live.health_millis.load(Ordering::Acquire),
                 health: sample,
                 capacity,
-                allocated: prev.map(|p| p.allocated.clone()).unwrap_or_default(),
+                allocated,
             };
             if prev.is_some_and(|p| **p == rec) {
                 continue;
@@ -182,11 +220,26 @@ impl Applier {
                 && let Some(p) = view.get(&live.node_id)
             {
                 self.counts[p.status as usize] -= 1;
+                ledger.forget_node(&live.node_id);
+                self.ledger_dirty.remove(&live.node_id);
                 removed.push(live.node_id.clone());
             }
         }
+        for node in self.ledger_dirty.drain() {
+            let (version, claims) = ledger.assignments(&node);
+            let assignments = claims.into_iter().map(crate::ledger_grpc::assignment).collect();
+            let _ = self.pushes.send(Push {
+                node,
+                message: flotilla_proto::v1::AssignmentPush { assignment_version: version, assignments },
+            });
+        }
+        drop(ledger);
         let changes = upserts.len() + removed.len();
         let (delta, bytes) = flotilla_obs::alloc::measure(|| self.publisher.publish(upserts, removed));
+        let shown_in = delta.as_ref().map(|d| d.to).unwrap_or_else(|| self.publisher.load().version);
+        for ack in self.acks.drain(..) {
+            let _ = ack.send(shown_in);
+        }
         if let Some(d) = delta {
             self.metrics.version.set(d.to.seq as f64);
             self.metrics.delta_nodes.record(changes as f64);

@@ -9,6 +9,7 @@ pub mod applier;
 pub mod grpc;
 pub mod ingest;
 pub mod ledger;
+pub mod ledger_grpc;
 pub mod liveness;
 pub mod quic;
 pub mod registry;
@@ -81,6 +82,7 @@ pub struct ShardHandle {
     pub publisher: Arc<ViewPublisher>,
     pub registry: Arc<registry::Registry>,
     pub stats: Arc<stats::ShardStats>,
+    pub ledger: Arc<std::sync::Mutex<ledger::Ledger>>,
     shutdown: watch::Sender<bool>,
     endpoint: quinn::Endpoint,
     tasks: JoinSet<()>,
@@ -169,8 +171,17 @@ pub async fn start(config: ShardConfig) -> anyhow::Result<ShardHandle> {
     let stats = Arc::new(stats::ShardStats::new(config.shard));
     let publisher = Arc::new(ViewPublisher::new(config.shard as u32, epoch, config.ring_capacity));
     let mut tasks = JoinSet::new();
+    let ledger = Arc::new(std::sync::Mutex::new(ledger::Ledger::new()));
+    let (push_tx, push_rx) = tokio::sync::mpsc::unbounded_channel();
 
-    let applier = applier::Applier::new(registry.clone(), publisher.clone(), config.timeouts, config.batch_window);
+    let applier = applier::Applier::new(
+        registry.clone(),
+        ledger.clone(),
+        push_tx,
+        publisher.clone(),
+        config.timeouts,
+        config.batch_window,
+    );
     tasks.spawn(applier.run(changes_rx, shutdown_rx.clone()));
 
     let ingest = ingest::Ingest::new(registry.clone(), stats.clone());
@@ -192,17 +203,23 @@ pub async fn start(config: ShardConfig) -> anyhow::Result<ShardHandle> {
         stats: stats.clone(),
         heartbeat_port: heartbeat_addr.port(),
         epoch,
+        agents: dashmap::DashMap::new(),
     });
-    tasks.spawn(quic::serve(endpoint.clone(), ctx));
+    tasks.spawn(quic::serve(endpoint.clone(), ctx.clone()));
+    tasks.spawn(quic::push_assignments(push_rx, ctx));
 
     tcp.set_nonblocking(true)?;
     let tcp = tokio::net::TcpListener::from_std(tcp)?;
     let svc = grpc::ViewGrpc::new(publisher.clone(), config.shard, shutdown_rx.clone()).into_server();
+    let ledger_svc =
+        ledger_grpc::LedgerGrpc { ledger: ledger.clone(), publisher: publisher.clone(), registry: registry.clone() }
+            .into_server();
     let mut rx = shutdown_rx;
     tasks.spawn(async move {
         let incoming = tokio_stream::wrappers::TcpListenerStream::new(tcp);
         let r = tonic::transport::Server::builder()
             .add_service(svc)
+            .add_service(ledger_svc)
             .serve_with_incoming_shutdown(incoming, async move {
                 let _ = rx.changed().await;
             })
@@ -212,5 +229,5 @@ pub async fn start(config: ShardConfig) -> anyhow::Result<ShardHandle> {
         }
     });
     tracing::info!(shard = config.shard, %addr, heartbeats = %heartbeat_addr, epoch, "shard started");
-    Ok(ShardHandle { addr, heartbeat_addr, epoch, publisher, registry, stats, shutdown, endpoint, tasks })
+    Ok(ShardHandle { addr, heartbeat_addr, epoch, publisher, registry, stats, ledger, shutdown, endpoint, tasks })
 }

@@ -20,6 +20,39 @@ pub struct QuicContext {
     pub stats: Arc<ShardStats>,
     pub heartbeat_port: u16,
     pub epoch: u64,
+    /// The connection each node registered over: assignment pushes travel on it.
+    pub agents: dashmap::DashMap<flotilla_core::NodeId, quinn::Connection>,
+}
+
+/// Sends each node's assignment set to its agent on a unidirectional stream. Pushes
+/// carry a version, so the agent keeps the newest whatever order they arrive in.
+pub async fn push_assignments(
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<crate::applier::Push>,
+    ctx: Arc<QuicContext>,
+) {
+    let pushed = metrics::counter!("flotilla_assignment_pushes_total", "result" => "sent");
+    let unreachable = metrics::counter!("flotilla_assignment_pushes_total", "result" => "no_connection");
+    while let Some(p) = rx.recv().await {
+        let Some(conn) = ctx.agents.get(&p.node).map(|c| c.value().clone()) else {
+            unreachable.increment(1);
+            continue;
+        };
+        let bytes = p.message.encode_to_vec();
+        let pushed = pushed.clone();
+        tokio::spawn(async move {
+            let r = async {
+                let mut s = conn.open_uni().await?;
+                s.write_all(&bytes).await?;
+                s.finish()?;
+                anyhow::Ok(())
+            }
+            .await;
+            match r {
+                Ok(()) => pushed.increment(1),
+                Err(e) => tracing::debug!(node = %p.node, error = %e, "assignment push failed"),
+            }
+        });
+    }
 }
 
 pub async fn serve(endpoint: quinn::Endpoint, ctx: Arc<QuicContext>) {
@@ -85,6 +118,7 @@ async fn stream(
                     ctx.stats.registrations.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     metrics::counter!("flotilla_registrations_total", "result" => "accepted").increment(1);
                     owned.lock().unwrap_or_else(|p| p.into_inner()).insert(live.session_id);
+                    ctx.agents.insert(live.node_id.clone(), conn.clone());
                     tracing::debug!(session = live.session_id, "registered");
                     v1::AgentResponse {
                         response: Some(Response::Session(v1::Session {

@@ -51,6 +51,9 @@ pub enum Change {
     Health(Arc<NodeLive>, HealthSample),
     /// Forget this session (it was replaced, or Dead past retention).
     Removed(Arc<NodeLive>),
+    /// The ledger changed these nodes' allocations: fold them into the next version,
+    /// push their assignment sets, and tell `ack` which version shows them.
+    Ledger(Vec<NodeId>, Option<tokio::sync::oneshot::Sender<flotilla_view::Version>>),
 }
 
 /// What a node declares when it registers.

@@ -1,0 +1,398 @@
+//! Placement as a pure function of the view: which domain and which nodes a unit's
+//! members go to, or why none can hold it.
+//!
+//! Every member of a unit lands in one domain (the failure domain). Domains are tried
+//! in spread order (fewest units of this app first, never past `max_units_per_domain`).
+//! Inside a domain each member takes the best of a bounded random sample of feasible
+//! nodes (Borg's relaxed randomisation), scored by the Ray autoscaler v2 tuple extended
+//! with health. A domain that could not hold a request class at a view version is not
+//! scanned again for that class until its shard's view changes (equivalence classes).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use flotilla_core::{NodeId, NodeStatus, Resources};
+use flotilla_view::{NodeRecord, ShardSlot, Version};
+use rand::Rng;
+
+use crate::spec::Constraints;
+
+/// Feasible nodes compared per member (the sample).
+pub const SAMPLE: usize = 16;
+/// Nodes looked at per member at most, feasible or not.
+pub const MAX_SCAN: usize = 1024;
+/// Domains tried per unit at most.
+pub const MAX_DOMAINS: usize = 16;
+
+/// Node ids by domain, rebuilt by the caller when the view's membership changes.
+#[derive(Debug, Default, Clone)]
+pub struct DomainIndex {
+    pub domains: BTreeMap<String, (usize, Vec<NodeId>)>,
+    pub built_from: Vec<Version>,
+}
+
+impl DomainIndex {
+    pub fn build(slots: &[Arc<ShardSlot>]) -> Self {
+        let mut domains: BTreeMap<String, (usize, Vec<NodeId>)> = BTreeMap::new();
+        for (shard, slot) in slots.iter().enumerate() {
+            for r in slot.view.nodes.values() {
+                domains
+                    .entry(r.labels.domain().to_string())
+                    .or_insert_with(|| (shard, Vec::new()))
+                    .1
+                    .push(r.node_id.clone());
+            }
+        }
+        DomainIndex { domains, built_from: slots.iter().map(|s| s.view.version).collect() }
+    }
+}
+
+/// One member to place.
+#[derive(Debug, Clone)]
+pub struct MemberRequest {
+    pub member: String,
+    pub resources: Resources,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlacedMember {
+    pub member: String,
+    pub node: NodeId,
+    pub incarnation: u64,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Placement {
+    pub domain: String,
+    pub shard: usize,
+    pub members: Vec<PlacedMember>,
+}
+
+/// How many nodes each filter excluded, as Nomad reports an unplaceable job.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Unplaced {
+    pub excluded: BTreeMap<&'static str, usize>,
+    pub domains_tried: usize,
+    pub domains_full: usize,
+}
+
+impl std::fmt::Display for Unplaced {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "no domain can hold the unit ({} tried", self.domains_tried)?;
+        if self.domains_full > 0 {
+            write!(f, ", {} at max_units_per_domain", self.domains_full)?;
+        }
+        write!(f, ")")?;
+        for (k, v) in &self.excluded {
+            write!(f, "; {v} nodes {k}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Request classes known not to fit a domain at a shard view version.
+#[derive(Debug, Default)]
+pub struct ClassCache {
+    infeasible: HashMap<(String, Resources), Version>,
+}
+
+pub struct PlanInput<'a> {
+    pub slots: &'a [Arc<ShardSlot>],
+    pub index: &'a DomainIndex,
+    pub constraints: &'a Constraints,
+    pub max_units_per_domain: Option<u32>,
+    /// Active units of this app per domain.
+    pub units_per_domain: &'a HashMap<String, u32>,
+    /// Resources this scheduler holds that the view may not show yet.
+    pub pending: &'a HashMap<NodeId, Resources>,
+}
+
+/// The score tuple, compared lexicographically (higher is better):
+/// 1. not a GPU node unless the member needs GPUs (keep GPUs for GPU work);
+/// 2. how many resource types of the node the member uses;
+/// 3. the smallest utilisation over used dimensions after placement (bin packing);
+/// 4. the mean utilisation after placement;
+/// 5. the node's health score.
+pub fn score(node: &NodeRecord, used_after: &Resources, req: &Resources) -> (u8, u8, f32, f32, f32) {
+    let gpu_ok = u8::from(req.gpu > 0 || node.capacity.gpu == 0);
+    let mut types = 0;
+    let mut utils = Vec::with_capacity(3);
+    let mut dim = |want: u64, used: u64, cap: u64| {
+        if cap > 0 {
+            utils.push(used as f32 / cap as f32);
+            if want > 0 {
+                types += 1;
+            }
+        }
+    };
+    dim(req.cpu_millis, used_after.cpu_millis, node.capacity.cpu_millis);
+    dim(req.memory_bytes, used_after.memory_bytes, node.capacity.memory_bytes);
+    dim(u64::from(req.gpu), u64::from(used_after.gpu), u64::from(node.capacity.gpu));
+    let min = utils.iter().copied().fold(f32::INFINITY, f32::min);
+    let mean = if utils.is_empty() { 0.0 } else { utils.iter().sum::<f32>() / utils.len() as f32 };
+    (gpu_ok, types, if min.is_finite() { min } else { 0.0 }, mean, node.health_score())
+}
+
+fn labels_match(node: &NodeRecord, c: &Constraints) -> bool {
+    c.labels.iter().all(|(k, v)| node.labels.get(k) == Some(v.as_str()))
+}
+
+/// Places a whole unit, or says why it cannot.
+pub fn place_unit(
+    input: &PlanInput<'_>,
+    members: &[MemberRequest],
+    cache: &mut ClassCache,
+    rng: &mut impl Rng,
+) -> Result<Placement, Unplaced> {
+    let mut why = Unplaced::default();
+    let class = members.iter().fold(Resources::default(), |acc, m| acc.checked_add(&m.resources).unwrap_or(acc));
+    let mut domains: Vec<(&String, u32, u32)> = input
+        .index
+        .domains
+        .keys()
+        .map(|d| (d, input.units_per_domain.get(d).copied().unwrap_or(0), rng.random::<u32>()))
+        .collect();
+    domains.sort_by_key(|&(_, units, tie)| (units, tie));
+    for (domain, units, _) in domains.into_iter().take(MAX_DOMAINS) {
+        if input.max_units_per_domain.is_some_and(|m| units >= m) {
+            why.domains_full += 1;
+            continue;
+        }
+        let (shard, ids) = &input.index.domains[domain];
+        let Some(slot) = input.slots.get(*shard) else { continue };
+        if !slot.connected {
+            *why.excluded.entry("in a shard that is unreachable").or_default() += ids.len();
+            continue;
+        }
+        let key = (domain.clone(), class.clone());
+        if cache.infeasible.get(&key) == Some(&slot.view.version) {
+            *why.excluded.entry("in domains known to be full for this request").or_default() += 1;
+            continue;
+        }
+        why.domains_tried += 1;
+        match place_in_domain(input, slot, ids, members, rng, &mut why) {
+            Some(placed) => return Ok(Placement { domain: domain.clone(), shard: *shard, members: placed }),
+            None => {
+                cache.infeasible.insert(key, slot.view.version);
+            }
+        }
+    }
+    Err(why)
+}
+
+fn place_in_domain(
+    input: &PlanInput<'_>,
+    slot: &ShardSlot,
+    ids: &[NodeId],
+    members: &[MemberRequest],
+    rng: &mut impl Rng,
+    why: &mut Unplaced,
+) -> Option<Vec<PlacedMember>> {
+    if ids.is_empty() {
+        return None;
+    }
+    // What this plan already put on each node.
+    let mut planned: HashMap<&NodeId, Resources> = HashMap::new();
+    let mut out = Vec::with_capacity(members.len());
+    for m in members {
+        let start = rng.random_range(0..ids.len());
+        let mut best: Option<((u8, u8, f32, f32, f32), &NodeRecord)> = None;
+        let mut feasible = 0;
+        for (scanned, k) in (0..ids.len()).enumerate() {
+            if feasible >= SAMPLE {
+                break;
+            }
+            if scanned >= MAX_SCAN {
+                *why.excluded.entry("left unexamined (scan limit)").or_default() += ids.len() - scanned;
+                break;
+            }
+            let id = &ids[(start + k) % ids.len()];
+            let Some(node) = slot.view.get(id) else { continue };
+            if node.status != NodeStatus::Alive {
+                *why.excluded.entry("not alive").or_default() += 1;
+                continue;
+            }
+            if !labels_match(node, input.constraints) {
+                *why.excluded.entry("failing label constraints").or_default() += 1;
+                continue;
+            }
+            if !input.constraints.allow_low_priority && node.labels.get("priority") == Some("low") {
+                *why.excluded.entry("of low priority").or_default() += 1;
+                continue;
+            }
+            let mut used = node.allocated.clone();
+            for extra in [input.pending.get(id), planned.get(id)].into_iter().flatten() {
+                used = used.checked_add(extra).unwrap_or(used);
+            }
+            let Ok(after) = used.checked_add(&m.resources) else { continue };
+            if !after.fits_in(&node.capacity) {
+                *why.excluded.entry("lacking resources").or_default() += 1;
+                continue;
+            }
+            feasible += 1;
+            let s = score(node, &after, &m.resources);
+            if best.as_ref().is_none_or(|(b, _)| s.partial_cmp(b) == Some(std::cmp::Ordering::Greater)) {
+                best = Some((s, node));
+            }
+        }
+        let (_, node) = best?;
+        let p = planned.entry(&node.node_id).or_default();
+        *p = p.checked_add(&m.resources).unwrap_or_else(|_| p.clone());
+        out.push(PlacedMember {
+            member: m.member.clone(),
+            node: node.node_id.clone(),
+            incarnation: node.incarnation.0,
+        });
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flotilla_core::{HealthSample, Incarnation, Labels};
+    use flotilla_view::ShardView;
+    use rand::SeedableRng;
+
+    fn rec(id: &str, domain: &str, cpu: u64, used: u64, status: NodeStatus, gpu: u32, low: bool) -> Arc<NodeRecord> {
+        let mut l = Labels::new();
+        l.insert("domain", domain).unwrap();
+        if low {
+            l.insert("priority", "low").unwrap();
+        }
+        Arc::new(NodeRecord {
+            node_id: NodeId::new(id).unwrap(),
+            incarnation: Incarnation(1),
+            status,
+            status_since_unix_ms: 0,
+            shard: 0,
+            labels: Arc::new(l),
+            health_millis: 1000,
+            health: HealthSample::default(),
+            capacity: Resources::new(cpu, 1 << 34, gpu),
+            allocated: Resources::new(used, 0, 0),
+        })
+    }
+
+    fn slots(recs: Vec<Arc<NodeRecord>>) -> Vec<Arc<ShardSlot>> {
+        let mut v = ShardView::empty(0, 1);
+        for r in recs {
+            v.nodes.insert(r.node_id.clone(), r);
+        }
+        vec![Arc::new(ShardSlot { view: Arc::new(v), connected: true })]
+    }
+
+    fn members(n: usize, cpu: u64) -> Vec<MemberRequest> {
+        (0..n).map(|i| MemberRequest { member: format!("m{i}"), resources: Resources::new(cpu, 1 << 20, 0) }).collect()
+    }
+
+    fn plan(
+        s: &[Arc<ShardSlot>],
+        c: &Constraints,
+        per_domain: &HashMap<String, u32>,
+        max: Option<u32>,
+        ms: &[MemberRequest],
+    ) -> Result<Placement, Unplaced> {
+        let index = DomainIndex::build(s);
+        let pending = HashMap::new();
+        let input = PlanInput {
+            slots: s,
+            index: &index,
+            constraints: c,
+            max_units_per_domain: max,
+            units_per_domain: per_domain,
+            pending: &pending,
+        };
+        place_unit(&input, ms, &mut ClassCache::default(), &mut rand::rngs::StdRng::seed_from_u64(7))
+    }
+
+    #[test]
+    fn a_unit_stays_in_one_domain_on_nodes_that_fit() {
+        let s = slots(vec![
+            rec("a1", "a", 1000, 900, NodeStatus::Alive, 0, false),
+            rec("a2", "a", 1000, 0, NodeStatus::Alive, 0, false),
+            rec("b1", "b", 1000, 0, NodeStatus::Alive, 0, false),
+        ]);
+        let p = plan(&s, &Constraints::default(), &HashMap::new(), None, &members(2, 400)).unwrap();
+        let nodes: Vec<_> = p.members.iter().map(|m| m.node.as_str().to_string()).collect();
+        let domain = &p.domain;
+        assert!(nodes.iter().all(|n| n.starts_with(domain.as_str())), "{nodes:?} in {domain}");
+        assert!(!nodes.contains(&"a1".to_string()), "a1 has only 100m free");
+    }
+
+    #[test]
+    fn spread_prefers_emptier_domains_and_respects_the_cap() {
+        let s = slots(vec![
+            rec("a1", "a", 4000, 0, NodeStatus::Alive, 0, false),
+            rec("b1", "b", 4000, 0, NodeStatus::Alive, 0, false),
+        ]);
+        let per = HashMap::from([("a".to_string(), 2)]);
+        assert_eq!(plan(&s, &Constraints::default(), &per, None, &members(1, 100)).unwrap().domain, "b");
+        let per = HashMap::from([("a".to_string(), 1), ("b".to_string(), 1)]);
+        let err = plan(&s, &Constraints::default(), &per, Some(1), &members(1, 100)).unwrap_err();
+        assert_eq!(err.domains_full, 2);
+    }
+
+    #[test]
+    fn the_reason_counts_each_filter() {
+        let s = slots(vec![
+            rec("a1", "a", 1000, 0, NodeStatus::Dead, 0, false),
+            rec("a2", "a", 1000, 0, NodeStatus::Alive, 0, true),
+            rec("a3", "a", 100, 0, NodeStatus::Alive, 0, false),
+        ]);
+        let err = plan(&s, &Constraints::default(), &HashMap::new(), None, &members(1, 500)).unwrap_err();
+        assert_eq!(err.excluded.get("not alive"), Some(&1));
+        assert_eq!(err.excluded.get("of low priority"), Some(&1));
+        assert_eq!(err.excluded.get("lacking resources"), Some(&1));
+        assert!(err.to_string().contains("1 nodes not alive"), "{err}");
+        let allow = Constraints { allow_low_priority: true, ..Default::default() };
+        assert_eq!(plan(&s, &allow, &HashMap::new(), None, &members(1, 500)).unwrap().members[0].node.as_str(), "a2");
+        let pick = Constraints { labels: [("zone".to_string(), "z9".to_string())].into(), allow_low_priority: true };
+        assert!(
+            plan(&s, &pick, &HashMap::new(), None, &members(1, 10))
+                .unwrap_err()
+                .excluded
+                .contains_key("failing label constraints")
+        );
+    }
+
+    #[test]
+    fn members_of_one_unit_do_not_overbook_a_node_together() {
+        let s = slots(vec![rec("a1", "a", 1000, 0, NodeStatus::Alive, 0, false)]);
+        assert!(plan(&s, &Constraints::default(), &HashMap::new(), None, &members(2, 600)).is_err());
+        assert!(plan(&s, &Constraints::default(), &HashMap::new(), None, &members(2, 500)).is_ok());
+    }
+
+    #[test]
+    fn scores_pack_tightly_and_keep_gpus_free() {
+        let busy = rec("a", "d", 1000, 500, NodeStatus::Alive, 0, false);
+        let idle = rec("b", "d", 1000, 0, NodeStatus::Alive, 0, false);
+        let gpu = rec("c", "d", 1000, 500, NodeStatus::Alive, 1, false);
+        let req = Resources::new(100, 0, 0);
+        let after = |r: &NodeRecord| r.allocated.checked_add(&req).unwrap();
+        assert!(score(&busy, &after(&busy), &req) > score(&idle, &after(&idle), &req), "bin packing");
+        assert!(score(&idle, &after(&idle), &req) > score(&gpu, &after(&gpu), &req), "GPU nodes last for CPU work");
+    }
+
+    #[test]
+    fn a_full_domain_is_not_rescanned_for_the_same_class() {
+        let s = slots(vec![rec("a1", "a", 100, 0, NodeStatus::Alive, 0, false)]);
+        let index = DomainIndex::build(&s);
+        let (pending, per) = (HashMap::new(), HashMap::new());
+        let c = Constraints::default();
+        let input = PlanInput {
+            slots: &s,
+            index: &index,
+            constraints: &c,
+            max_units_per_domain: None,
+            units_per_domain: &per,
+            pending: &pending,
+        };
+        let mut cache = ClassCache::default();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+        let first = place_unit(&input, &members(1, 500), &mut cache, &mut rng).unwrap_err();
+        assert_eq!(first.domains_tried, 1);
+        let second = place_unit(&input, &members(1, 500), &mut cache, &mut rng).unwrap_err();
+        assert_eq!(second.domains_tried, 0, "known full at this version");
+    }
+}

@@ -1,0 +1,322 @@
+//! The app spec (TOML), validated in one place: every problem is reported at once,
+//! each naming its field.
+
+use std::collections::BTreeMap;
+
+use flotilla_core::Resources;
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AppSpec {
+    pub name: String,
+    pub unit: UnitTemplate,
+    #[serde(default)]
+    pub constraints: Constraints,
+    #[serde(default)]
+    pub spread: Spread,
+    pub units: Scale,
+    #[serde(default)]
+    pub routing: Routing,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UnitTemplate {
+    pub head: MemberTemplate,
+    pub worker: Option<MemberTemplate>,
+    /// Workers per unit (each unit is one head plus this many workers).
+    #[serde(default)]
+    pub workers: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MemberTemplate {
+    pub command: String,
+    #[serde(default)]
+    pub args: Vec<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// CPU as cores ("0.5", "2") or millicores ("500m").
+    pub cpu: String,
+    /// Memory with a binary or decimal suffix ("256Mi", "1Gi", "500M") or bytes.
+    pub memory: String,
+    #[serde(default)]
+    pub gpu: u32,
+    /// Does this member serve HTTP (and so appear in routes)?
+    #[serde(default)]
+    pub serves_http: bool,
+    /// HTTP path that answers 2xx when the member is ready.
+    pub readiness_path: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Constraints {
+    /// Every label here must match the node's.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// May members run on `priority=low` nodes?
+    #[serde(default)]
+    pub allow_low_priority: bool,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Spread {
+    pub max_units_per_domain: Option<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scale {
+    pub min: u32,
+    pub max: u32,
+    pub initial: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Routing {
+    /// Roles whose members receive traffic.
+    pub roles: Vec<String>,
+}
+
+impl Default for Routing {
+    fn default() -> Self {
+        Routing { roles: vec!["head".into()] }
+    }
+}
+
+/// Most units an app may ask for, and most workers per unit.
+pub const MAX_UNITS: u32 = 10_000;
+pub const MAX_WORKERS: u32 = 256;
+const MAX_SPEC_BYTES: usize = 256 * 1024;
+
+#[derive(Debug, thiserror::Error)]
+#[error("invalid app spec:\n  - {}", .0.join("\n  - "))]
+pub struct SpecError(pub Vec<String>);
+
+/// Parses "500m", "0.5", "2" into millicores.
+pub fn parse_cpu(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let millis = if let Some(m) = s.strip_suffix('m') {
+        m.parse::<u64>().map_err(|_| format!("{s:?} is not a CPU quantity like 500m or 0.5"))?
+    } else {
+        let c: f64 = s.parse().map_err(|_| format!("{s:?} is not a CPU quantity like 500m or 0.5"))?;
+        if !(c.is_finite() && c >= 0.0) {
+            return Err(format!("{s:?} is not a non-negative number"));
+        }
+        (c * 1000.0).round() as u64
+    };
+    Ok(millis)
+}
+
+/// Parses "256Mi", "1Gi", "500M", "1024" into bytes.
+pub fn parse_memory(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: f64 = num.parse().map_err(|_| format!("{s:?} is not a memory quantity like 256Mi or 1Gi"))?;
+    let mult: u64 = match unit {
+        "" => 1,
+        "K" | "k" => 1_000,
+        "M" => 1_000_000,
+        "G" => 1_000_000_000,
+        "T" => 1_000_000_000_000,
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        "Ti" => 1 << 40,
+        _ => return Err(format!("{s:?}: unknown unit {unit:?} (use Ki, Mi, Gi, Ti or K, M, G, T)")),
+    };
+    if !(n.is_finite() && n >= 0.0) {
+        return Err(format!("{s:?} is not a non-negative quantity"));
+    }
+    let bytes = n * mult as f64;
+    if bytes > flotilla_core::MAX_NODE_MEMORY_BYTES as f64 {
+        return Err(format!("{s:?} is more than any node has"));
+    }
+    Ok(bytes.round() as u64)
+}
+
+fn is_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+}
+
+impl MemberTemplate {
+    pub fn resources(&self) -> Resources {
+        Resources::new(parse_cpu(&self.cpu).unwrap_or(0), parse_memory(&self.memory).unwrap_or(0), self.gpu)
+    }
+
+    fn validate(&self, path: &str, errors: &mut Vec<String>) {
+        if self.command.trim().is_empty() {
+            errors.push(format!("{path}.command: must not be empty"));
+        }
+        match parse_cpu(&self.cpu) {
+            Ok(0) => errors.push(format!("{path}.cpu: must be above 0")),
+            Ok(_) => {}
+            Err(e) => errors.push(format!("{path}.cpu: {e}")),
+        }
+        match parse_memory(&self.memory) {
+            Ok(0) => errors.push(format!("{path}.memory: must be above 0")),
+            Ok(_) => {}
+            Err(e) => errors.push(format!("{path}.memory: {e}")),
+        }
+        if self.args.len() > 256 {
+            errors.push(format!("{path}.args: at most 256"));
+        }
+        for k in self.env.keys() {
+            if k.is_empty() || !k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+                errors.push(format!("{path}.env: {k:?} is not a variable name"));
+            }
+        }
+        if let Some(p) = &self.readiness_path
+            && !p.starts_with('/')
+        {
+            errors.push(format!("{path}.readiness_path: must start with '/'"));
+        }
+    }
+}
+
+impl AppSpec {
+    pub fn parse(text: &str) -> Result<AppSpec, SpecError> {
+        if text.len() > MAX_SPEC_BYTES {
+            return Err(SpecError(vec![format!("the spec is {} bytes (at most {MAX_SPEC_BYTES})", text.len())]));
+        }
+        let spec: AppSpec = toml::from_str(text).map_err(|e| SpecError(vec![e.to_string().trim().to_string()]))?;
+        spec.validate()?;
+        Ok(spec)
+    }
+
+    pub fn validate(&self) -> Result<(), SpecError> {
+        let mut e = Vec::new();
+        if !is_name(&self.name) {
+            e.push(format!("name: {:?} must be 1-63 of [a-z0-9-], not starting with '-'", self.name));
+        }
+        self.unit.head.validate("unit.head", &mut e);
+        if let Some(w) = &self.unit.worker {
+            w.validate("unit.worker", &mut e);
+        }
+        if self.unit.workers > MAX_WORKERS {
+            e.push(format!("unit.workers: {} (at most {MAX_WORKERS})", self.unit.workers));
+        }
+        if self.unit.workers > 0 && self.unit.worker.is_none() {
+            e.push("unit.worker: required when unit.workers > 0".into());
+        }
+        let s = &self.units;
+        if s.max > MAX_UNITS {
+            e.push(format!("units.max: {} (at most {MAX_UNITS})", s.max));
+        }
+        if s.min > s.max {
+            e.push(format!("units.min ({}) is above units.max ({})", s.min, s.max));
+        }
+        if s.initial < s.min || s.initial > s.max {
+            e.push(format!("units.initial ({}) must be within min..=max ({}..={})", s.initial, s.min, s.max));
+        }
+        if self.spread.max_units_per_domain == Some(0) {
+            e.push("spread.max_units_per_domain: must be at least 1".into());
+        }
+        for (k, v) in &self.constraints.labels {
+            if let Err(err) = flotilla_core::Labels::parse_pair(&format!("{k}={v}")) {
+                e.push(format!("constraints.labels: {err}"));
+            }
+        }
+        for r in &self.routing.roles {
+            if r != "head" && r != "worker" {
+                e.push(format!("routing.roles: {r:?} is not a role (head or worker)"));
+            }
+        }
+        if e.is_empty() { Ok(()) } else { Err(SpecError(e)) }
+    }
+
+    /// The members of one unit: the head, then `workers` workers.
+    pub fn members(&self) -> Vec<(String, &'static str, &MemberTemplate)> {
+        let mut m = vec![("head".to_string(), "head", &self.unit.head)];
+        if let Some(w) = &self.unit.worker {
+            for i in 0..self.unit.workers {
+                m.push((format!("worker-{i}"), "worker", w));
+            }
+        }
+        m
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ECHO: &str = include_str!("../../../examples/echo.toml");
+
+    #[test]
+    fn the_echo_example_is_valid() {
+        let s = AppSpec::parse(ECHO).unwrap();
+        assert_eq!(s.name, "echo");
+        assert_eq!((s.units.min, s.units.initial, s.units.max), (1, 2, 6));
+        assert_eq!(s.members().len(), 2);
+        assert_eq!(s.unit.head.resources().cpu_millis, 250);
+    }
+
+    #[test]
+    fn quantities() {
+        assert_eq!(parse_cpu("500m"), Ok(500));
+        assert_eq!(parse_cpu("1.5"), Ok(1500));
+        assert!(parse_cpu("lots").is_err());
+        assert_eq!(parse_memory("256Mi"), Ok(256 << 20));
+        assert_eq!(parse_memory("1G"), Ok(1_000_000_000));
+        assert_eq!(parse_memory("4096"), Ok(4096));
+        assert!(parse_memory("3 parsecs").is_err());
+        assert!(parse_memory("1000Ti").is_err());
+    }
+
+    #[test]
+    fn every_problem_is_named_at_once() {
+        let bad = r#"
+name = "Bad_Name"
+[unit]
+workers = 2
+[unit.head]
+command = ""
+cpu = "0"
+memory = "lots"
+readiness_path = "healthz"
+[units]
+min = 3
+max = 2
+initial = 5
+[spread]
+max_units_per_domain = 0
+[routing]
+roles = ["boss"]
+"#;
+        let err = AppSpec::parse(bad).unwrap_err();
+        let text = err.to_string();
+        for needle in [
+            "name:",
+            "unit.head.command",
+            "unit.head.cpu",
+            "unit.head.memory",
+            "unit.head.readiness_path",
+            "unit.worker: required",
+            "units.min",
+            "units.initial",
+            "spread.max_units_per_domain",
+            "routing.roles",
+        ] {
+            assert!(text.contains(needle), "{needle} missing from:\n{text}");
+        }
+    }
+
+    #[test]
+    fn unknown_fields_and_syntax_errors_name_the_place() {
+        let err = AppSpec::parse(&ECHO.replace("[units]", "[units]\nmaximum = 3")).unwrap_err().to_string();
+        assert!(err.contains("maximum"), "{err}");
+        let err = AppSpec::parse("name = ").unwrap_err().to_string();
+        assert!(err.contains("line 1"), "{err}");
+        assert!(AppSpec::parse(&"#".repeat(300_000)).is_err());
+    }
+}

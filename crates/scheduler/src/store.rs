@@ -1,0 +1,295 @@
+//! The app's state: spec, desired scale, unit records and the intent of each reserve
+//! before it is sent. Behind a trait so the distributed (etcd) store can follow; the
+//! embedded backend is redb. Writes are grouped: one transaction per reconcile pass.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Mutex;
+
+use redb::{Database, ReadableDatabase, TableDefinition};
+use serde::{Deserialize, Serialize};
+
+use crate::lifecycle::UnitState;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MemberRecord {
+    pub member: String,
+    pub role: String,
+    pub node_id: Option<String>,
+    pub incarnation: u64,
+    pub shard: Option<u32>,
+    /// Where the member serves (`host:port`), once the workload runtime reports it.
+    pub address: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct UnitRecord {
+    pub unit_id: String,
+    pub app: String,
+    pub domain: Option<String>,
+    pub generation: u64,
+    pub state: UnitState,
+    pub members: Vec<MemberRecord>,
+    pub created_unix_ms: u64,
+    /// Why the last placement attempt failed, as Nomad shows it.
+    pub unplaced_reason: Option<String>,
+}
+
+/// Written before a reserve leaves, so a restarted scheduler can release it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Intent {
+    pub txn_id: String,
+    pub unit_id: String,
+    pub shards: Vec<u32>,
+    pub created_unix_ms: u64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Stored {
+    pub spec: Option<String>,
+    pub desired_units: Option<u32>,
+    pub next_generation: u64,
+    pub units: BTreeMap<String, UnitRecord>,
+    pub intents: BTreeMap<String, Intent>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Write {
+    Spec(String),
+    DesiredUnits(u32),
+    NextGeneration(u64),
+    Unit(UnitRecord),
+    DeleteUnit(String),
+    Intent(Intent),
+    DeleteIntent(String),
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("store: {0}")]
+pub struct StoreError(pub String);
+
+pub trait Store: Send + Sync {
+    fn load(&self, app: &str) -> Result<Stored, StoreError>;
+    /// Applies every write in one transaction.
+    fn write(&self, app: &str, batch: &[Write]) -> Result<(), StoreError>;
+}
+
+fn apply(s: &mut Stored, w: &Write) {
+    match w {
+        Write::Spec(t) => s.spec = Some(t.clone()),
+        Write::DesiredUnits(n) => s.desired_units = Some(*n),
+        Write::NextGeneration(g) => s.next_generation = *g,
+        Write::Unit(u) => {
+            s.units.insert(u.unit_id.clone(), u.clone());
+        }
+        Write::DeleteUnit(id) => {
+            s.units.remove(id);
+        }
+        Write::Intent(i) => {
+            s.intents.insert(i.txn_id.clone(), i.clone());
+        }
+        Write::DeleteIntent(id) => {
+            s.intents.remove(id);
+        }
+    }
+}
+
+/// For tests and the deterministic simulation.
+#[derive(Default)]
+pub struct MemStore {
+    apps: Mutex<BTreeMap<String, Stored>>,
+}
+
+impl Store for MemStore {
+    fn load(&self, app: &str) -> Result<Stored, StoreError> {
+        Ok(self.apps.lock().unwrap_or_else(|p| p.into_inner()).get(app).cloned().unwrap_or_default())
+    }
+
+    fn write(&self, app: &str, batch: &[Write]) -> Result<(), StoreError> {
+        let mut apps = self.apps.lock().unwrap_or_else(|p| p.into_inner());
+        let s = apps.entry(app.to_string()).or_default();
+        for w in batch {
+            apply(s, w);
+        }
+        Ok(())
+    }
+}
+
+const META: TableDefinition<&str, &str> = TableDefinition::new("meta");
+const UNITS: TableDefinition<&str, &str> = TableDefinition::new("units");
+const INTENTS: TableDefinition<&str, &str> = TableDefinition::new("intents");
+
+/// The embedded store: one redb file.
+pub struct RedbStore {
+    db: Database,
+}
+
+fn err(e: impl std::fmt::Display) -> StoreError {
+    StoreError(e.to_string())
+}
+
+impl RedbStore {
+    pub fn open(path: &Path) -> Result<Self, StoreError> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(err)?;
+        }
+        let db = Database::create(path).map_err(|e| StoreError(format!("{}: {e}", path.display())))?;
+        let w = db.begin_write().map_err(err)?;
+        {
+            w.open_table(META).map_err(err)?;
+            w.open_table(UNITS).map_err(err)?;
+            w.open_table(INTENTS).map_err(err)?;
+        }
+        w.commit().map_err(err)?;
+        Ok(RedbStore { db })
+    }
+}
+
+/// Keys are `app/…`; `app` is a validated name without '/'.
+fn prefix_range(app: &str) -> (String, String) {
+    (format!("{app}/"), format!("{app}0")) // '0' follows '/' in ASCII
+}
+
+impl Store for RedbStore {
+    fn load(&self, app: &str) -> Result<Stored, StoreError> {
+        let r = self.db.begin_read().map_err(err)?;
+        let mut s = Stored::default();
+        let (lo, hi) = prefix_range(app);
+        let meta = r.open_table(META).map_err(err)?;
+        if let Some(v) = meta.get(format!("{app}/spec").as_str()).map_err(err)? {
+            s.spec = Some(v.value().to_string());
+        }
+        if let Some(v) = meta.get(format!("{app}/desired").as_str()).map_err(err)? {
+            s.desired_units = v.value().parse().ok();
+        }
+        if let Some(v) = meta.get(format!("{app}/next_generation").as_str()).map_err(err)? {
+            s.next_generation = v.value().parse().unwrap_or(0);
+        }
+        let units = r.open_table(UNITS).map_err(err)?;
+        for row in units.range(lo.as_str()..hi.as_str()).map_err(err)? {
+            let (_, v) = row.map_err(err)?;
+            let u: UnitRecord = serde_json::from_str(v.value()).map_err(err)?;
+            s.units.insert(u.unit_id.clone(), u);
+        }
+        let intents = r.open_table(INTENTS).map_err(err)?;
+        for row in intents.range(lo.as_str()..hi.as_str()).map_err(err)? {
+            let (_, v) = row.map_err(err)?;
+            let i: Intent = serde_json::from_str(v.value()).map_err(err)?;
+            s.intents.insert(i.txn_id.clone(), i);
+        }
+        Ok(s)
+    }
+
+    fn write(&self, app: &str, batch: &[Write]) -> Result<(), StoreError> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let w = self.db.begin_write().map_err(err)?;
+        {
+            let mut meta = w.open_table(META).map_err(err)?;
+            let mut units = w.open_table(UNITS).map_err(err)?;
+            let mut intents = w.open_table(INTENTS).map_err(err)?;
+            for op in batch {
+                match op {
+                    Write::Spec(t) => {
+                        meta.insert(format!("{app}/spec").as_str(), t.as_str()).map_err(err)?;
+                    }
+                    Write::DesiredUnits(n) => {
+                        meta.insert(format!("{app}/desired").as_str(), n.to_string().as_str()).map_err(err)?;
+                    }
+                    Write::NextGeneration(g) => {
+                        meta.insert(format!("{app}/next_generation").as_str(), g.to_string().as_str()).map_err(err)?;
+                    }
+                    Write::Unit(u) => {
+                        let v = serde_json::to_string(u).map_err(err)?;
+                        units.insert(format!("{app}/{}", u.unit_id).as_str(), v.as_str()).map_err(err)?;
+                    }
+                    Write::DeleteUnit(id) => {
+                        units.remove(format!("{app}/{id}").as_str()).map_err(err)?;
+                    }
+                    Write::Intent(i) => {
+                        let v = serde_json::to_string(i).map_err(err)?;
+                        intents.insert(format!("{app}/{}", i.txn_id).as_str(), v.as_str()).map_err(err)?;
+                    }
+                    Write::DeleteIntent(id) => {
+                        intents.remove(format!("{app}/{id}").as_str()).map_err(err)?;
+                    }
+                }
+            }
+        }
+        w.commit().map_err(err)?;
+        metrics::counter!("flotilla_store_writes_total").increment(1);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unit(id: &str) -> UnitRecord {
+        UnitRecord {
+            unit_id: id.into(),
+            app: "echo".into(),
+            domain: Some("d".into()),
+            generation: 1,
+            state: UnitState::Allocated,
+            members: vec![MemberRecord {
+                member: "head".into(),
+                role: "head".into(),
+                node_id: Some("n1".into()),
+                incarnation: 3,
+                shard: Some(0),
+                address: None,
+            }],
+            created_unix_ms: 5,
+            unplaced_reason: None,
+        }
+    }
+
+    fn exercise(s: &dyn Store) {
+        s.write(
+            "echo",
+            &[
+                Write::Spec("name = \"echo\"".into()),
+                Write::DesiredUnits(3),
+                Write::NextGeneration(7),
+                Write::Unit(unit("echo-1")),
+                Write::Unit(unit("echo-2")),
+                Write::Intent(Intent {
+                    txn_id: "t1".into(),
+                    unit_id: "echo-1".into(),
+                    shards: vec![0],
+                    created_unix_ms: 1,
+                }),
+            ],
+        )
+        .unwrap();
+        s.write("echoes", &[Write::Unit(unit("other"))]).unwrap();
+        s.write("echo", &[Write::DeleteUnit("echo-2".into()), Write::DeleteIntent("t1".into())]).unwrap();
+        let got = s.load("echo").unwrap();
+        assert_eq!(got.spec.as_deref(), Some("name = \"echo\""));
+        assert_eq!(got.desired_units, Some(3));
+        assert_eq!(got.next_generation, 7);
+        assert_eq!(got.units.keys().collect::<Vec<_>>(), vec!["echo-1"], "apps do not see each other's units");
+        assert_eq!(got.units["echo-1"], unit("echo-1"));
+        assert!(got.intents.is_empty());
+        assert_eq!(s.load("nothing").unwrap(), Stored::default());
+    }
+
+    #[test]
+    fn mem_store() {
+        exercise(&MemStore::default());
+    }
+
+    #[test]
+    fn redb_store_survives_a_reopen() {
+        let dir = std::env::temp_dir().join(format!("flotilla-redb-{}", std::process::id()));
+        let path = dir.join("state.redb");
+        let _ = std::fs::remove_dir_all(&dir);
+        exercise(&RedbStore::open(&path).unwrap());
+        let again = RedbStore::open(&path).unwrap();
+        assert_eq!(again.load("echo").unwrap().units.len(), 1);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
