@@ -61,3 +61,73 @@ pub async fn nodes(a: ListArgs) -> anyhow::Result<()> {
     println!("{} nodes", rows.len());
     Ok(())
 }
+
+/// The API token from `$FLOTILLA_DATA/api-token` (default data dir `./.flotilla`).
+pub fn token_from_data() -> anyhow::Result<String> {
+    let dir = std::env::var("FLOTILLA_DATA").unwrap_or_else(|_| "./.flotilla".into());
+    let path = std::path::Path::new(&dir).join("api-token");
+    Ok(std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?.trim().to_string())
+}
+
+#[derive(Debug, Args)]
+pub struct UnitsArgs {
+    /// The app.
+    pub app: String,
+    #[command(flatten)]
+    pub list: ListArgs,
+}
+
+pub async fn apps(a: ListArgs) -> anyhow::Result<()> {
+    let v = get(&a.addr, "/v1/apps").await?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    println!("{:<24} {:>8} {:>5} {:>5}  UNITS BY STATE", "APP", "DESIRED", "MIN", "MAX");
+    for r in v.as_array().cloned().unwrap_or_default() {
+        let n = |p: &str| r.pointer(p).and_then(Value::as_u64).unwrap_or(0);
+        let states = r["units"]
+            .as_object()
+            .map(|m| m.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" "))
+            .unwrap_or_default();
+        println!(
+            "{:<24} {:>8} {:>5} {:>5}  {}",
+            r["app"].as_str().unwrap_or("-"),
+            n("/desired_units"),
+            n("/min_units"),
+            n("/max_units"),
+            states
+        );
+    }
+    Ok(())
+}
+
+pub async fn units(a: UnitsArgs) -> anyhow::Result<()> {
+    let v = get(&a.list.addr, &format!("/v1/apps/{}/units", a.app)).await?;
+    if a.list.json {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    println!("{:<16} {:<10} {:<12} {:>4}  MEMBERS", "UNIT", "STATE", "DOMAIN", "GEN");
+    for u in v.as_array().cloned().unwrap_or_default() {
+        let members: Vec<String> = u["members"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .iter()
+            .map(|m| format!("{}@{}", m["member"].as_str().unwrap_or("?"), m["node_id"].as_str().unwrap_or("-")))
+            .collect();
+        println!(
+            "{:<16} {:<10} {:<12} {:>4}  {}",
+            u["unit_id"].as_str().unwrap_or("-"),
+            u["state"].as_str().unwrap_or("-"),
+            u["domain"].as_str().unwrap_or("-"),
+            u["generation"].as_u64().unwrap_or(0),
+            members.join(" ")
+        );
+        if let Some(r) = u["unplaced_reason"].as_str() {
+            println!("{:<16} why: {r}", "");
+        }
+    }
+    Ok(())
+}

@@ -31,8 +31,14 @@ enum Cmd {
     Control(servers::ControlArgs),
     /// The node agent (the same code as `flotilla-agent`).
     Agent(flotilla_agent::config::AgentCommand),
+    /// One app's scheduler as its own process.
+    Scheduler(servers::SchedulerArgs),
     /// List nodes from the control plane.
     Nodes(client::ListArgs),
+    /// List apps and their units by state.
+    Apps(client::ListArgs),
+    /// List an app's units and where their members run.
+    Units(client::UnitsArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -50,7 +56,10 @@ fn main() -> std::process::ExitCode {
                             Cmd::Up(a) => up::run(a).await,
                             Cmd::Aggregator(a) => servers::aggregator(a).await,
                             Cmd::Control(a) => servers::control(a).await,
+                            Cmd::Scheduler(a) => servers::scheduler(a).await,
                             Cmd::Nodes(a) => client::nodes(a).await,
+                            Cmd::Apps(a) => client::apps(a).await,
+                            Cmd::Units(a) => client::units(a).await,
                             Cmd::Agent(_) => Ok(()),
                         }
                     })

@@ -152,12 +152,95 @@ pub async fn control(a: ControlArgs) -> anyhow::Result<()> {
     };
     let cluster = flotilla_view::ClusterView::new(a.aggregators.len());
     flotilla_control::follow_all(&cluster, &a.aggregators);
-    let state = Arc::new(flotilla_control::ControlState { cluster, shards: a.aggregators.clone(), api_token });
+    let state = Arc::new(flotilla_control::ControlState {
+        cluster,
+        shards: a.aggregators.clone(),
+        api_token,
+        apps: Default::default(),
+    });
     let listener = tokio::net::TcpListener::bind(a.listen).await.with_context(|| format!("binding {}", a.listen))?;
     flotilla_control::serve(listener, state, async {
         shutdown_signal().await;
     })
     .await
+}
+
+/// Reads and validates an app spec, naming the file in every error.
+pub fn load_spec(path: &std::path::Path) -> anyhow::Result<flotilla_scheduler::AppSpec> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    flotilla_scheduler::AppSpec::parse(&text).with_context(|| format!("{}", path.display()))
+}
+
+#[derive(Debug, Args)]
+pub struct SchedulerArgs {
+    /// The app spec (TOML).
+    #[arg(long)]
+    pub app: PathBuf,
+    /// Shard addresses (`host:port`) in shard-index order.
+    #[arg(long, value_delimiter = ',', required = true)]
+    pub aggregators: Vec<String>,
+    /// Register with this control plane, which then forwards requests about the app here.
+    #[arg(long)]
+    pub control: Option<String>,
+    /// Where the app's state lives: `redb:PATH`.
+    #[arg(long, default_value = "redb:./.flotilla/scheduler.redb")]
+    pub store: String,
+    /// This scheduler's own API (and /metrics).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub listen: SocketAddr,
+    /// API token for registering with the control plane (default: $FLOTILLA_TOKEN, else DATA/api-token).
+    #[arg(long, env = "FLOTILLA_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+}
+
+/// `flotilla scheduler`: one app's scheduler as its own process.
+pub async fn scheduler(a: SchedulerArgs) -> anyhow::Result<()> {
+    let spec = load_spec(&a.app)?;
+    let path = a.store.strip_prefix("redb:").ok_or_else(|| anyhow::anyhow!("--store: only redb:PATH is supported"))?;
+    let store: Arc<dyn flotilla_scheduler::Store> =
+        Arc::new(flotilla_scheduler::RedbStore::open(std::path::Path::new(path))?);
+    let cluster = flotilla_view::ClusterView::new(a.aggregators.len());
+    flotilla_control::follow_all(&cluster, &a.aggregators);
+    let app = spec.name.clone();
+    let (scheduler, handle) = flotilla_scheduler::Scheduler::new(spec, cluster.clone(), a.aggregators.clone(), store)?;
+    let state = Arc::new(flotilla_control::ControlState {
+        cluster,
+        shards: a.aggregators.clone(),
+        api_token: None,
+        apps: Default::default(),
+    });
+    state.apps.add_local(handle);
+    let listener = tokio::net::TcpListener::bind(a.listen).await?;
+    let url = format!("http://{}", listener.local_addr()?);
+    tracing::info!(%app, %url, "scheduler API");
+    tokio::spawn(scheduler.run());
+    if let Some(control) = a.control {
+        let token = a.token.or_else(|| crate::client::token_from_data().ok());
+        tokio::spawn(register_with_control(control, token, app, url));
+    }
+    flotilla_control::serve(listener, state, async {
+        shutdown_signal().await;
+    })
+    .await
+}
+
+/// Registers (and keeps re-registering, as soft state) with the control plane.
+async fn register_with_control(control: String, token: Option<String>, app: String, url: String) {
+    let client = reqwest::Client::new();
+    loop {
+        let mut req = client
+            .post(format!("{}/v1/schedulers", control.trim_end_matches('/')))
+            .json(&serde_json::json!({"app": app, "url": url}));
+        if let Some(t) = &token {
+            req = req.bearer_auth(t);
+        }
+        match req.send().await {
+            Ok(r) if r.status().is_success() => {}
+            Ok(r) => tracing::warn!(status = %r.status(), "the control plane refused the registration"),
+            Err(e) => tracing::warn!(error = %e, "cannot reach the control plane"),
+        }
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    }
 }
 
 /// Resolves on SIGINT or SIGTERM.

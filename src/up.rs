@@ -31,6 +31,9 @@ pub struct UpArgs {
     /// Restart an agent that dies (by default a killed agent stays dead: that is a node loss).
     #[arg(long)]
     pub restart_agents: bool,
+    /// An app spec (TOML) to schedule in this process; repeatable.
+    #[arg(long = "app")]
+    pub apps: Vec<PathBuf>,
     #[command(flatten)]
     pub liveness: LivenessArgs,
 }
@@ -131,7 +134,19 @@ pub async fn run(a: UpArgs) -> anyhow::Result<()> {
         cluster: cluster.clone(),
         shards: addrs.clone(),
         api_token: Some(data.api_token.clone()),
+        apps: Default::default(),
     });
+    if !a.apps.is_empty() {
+        let store: Arc<dyn flotilla_scheduler::Store> =
+            Arc::new(flotilla_scheduler::RedbStore::open(&data.dir.join("state.redb"))?);
+        for path in &a.apps {
+            let spec = crate::servers::load_spec(path)?;
+            let (scheduler, handle) =
+                flotilla_scheduler::Scheduler::new(spec, cluster.clone(), addrs.clone(), store.clone())?;
+            state.apps.add_local(handle);
+            tokio::spawn(scheduler.run());
+        }
+    }
     let listener = tokio::net::TcpListener::bind(a.listen)
         .await
         .with_context(|| format!("binding the control API on {} (is another `flotilla up` running?)", a.listen))?;

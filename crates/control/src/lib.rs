@@ -1,6 +1,7 @@
 //! The control plane's HTTP API (JSON). It keeps no state of its own: everything it
 //! shows comes from the shards' views, followed over `WatchView`.
 
+pub mod apps;
 mod json;
 
 use std::net::SocketAddr;
@@ -21,6 +22,7 @@ pub struct ControlState {
     pub shards: Vec<String>,
     /// Bearer token for mutating calls.
     pub api_token: Option<String>,
+    pub apps: apps::Apps,
 }
 
 /// `{"error": {"code", "message"}}` with a fitting status.
@@ -43,6 +45,7 @@ pub fn router(state: Arc<ControlState>) -> Router {
         .route("/v1/nodes", get(list_nodes))
         .route("/v1/shards", get(list_shards))
         .route("/healthz", get(|| async { "ok" }))
+        .merge(apps::routes())
         .fallback(|| async {
             ApiError { status: StatusCode::NOT_FOUND, code: "not_found", message: "no such endpoint".into() }
         })

@@ -3,5 +3,10 @@
 
 pub mod lifecycle;
 pub mod planner;
+pub mod scheduler;
 pub mod spec;
 pub mod store;
+
+pub use scheduler::{AppHandle, AppStatus, Scheduler};
+pub use spec::AppSpec;
+pub use store::{MemStore, RedbStore, Store};

@@ -107,13 +107,16 @@ pub struct PlanInput<'a> {
     pub pending: &'a HashMap<NodeId, Resources>,
 }
 
+/// See [`score`].
+pub type Score = (u8, u8, f32, f32, f32);
+
 /// The score tuple, compared lexicographically (higher is better):
 /// 1. not a GPU node unless the member needs GPUs (keep GPUs for GPU work);
 /// 2. how many resource types of the node the member uses;
 /// 3. the smallest utilisation over used dimensions after placement (bin packing);
 /// 4. the mean utilisation after placement;
 /// 5. the node's health score.
-pub fn score(node: &NodeRecord, used_after: &Resources, req: &Resources) -> (u8, u8, f32, f32, f32) {
+pub fn score(node: &NodeRecord, used_after: &Resources, req: &Resources) -> Score {
     let gpu_ok = u8::from(req.gpu > 0 || node.capacity.gpu == 0);
     let mut types = 0;
     let mut utils = Vec::with_capacity(3);
@@ -196,7 +199,7 @@ fn place_in_domain(
     let mut out = Vec::with_capacity(members.len());
     for m in members {
         let start = rng.random_range(0..ids.len());
-        let mut best: Option<((u8, u8, f32, f32, f32), &NodeRecord)> = None;
+        let mut best: Option<(Score, &NodeRecord)> = None;
         let mut feasible = 0;
         for (scanned, k) in (0..ids.len()).enumerate() {
             if feasible >= SAMPLE {

@@ -1,0 +1,182 @@
+//! Apps and their units. The control plane keeps no state of its own: in-process
+//! schedulers (`flotilla up --app`) are asked directly, standalone ones (`flotilla
+//! scheduler --control URL`) register their address and are asked over HTTP.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::{Json, Router};
+use flotilla_scheduler::{AppHandle, AppStatus};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::{ApiError, ControlState};
+
+pub enum AppEndpoint {
+    Local(AppHandle),
+    /// A standalone scheduler's API, with when it last registered.
+    Remote {
+        url: String,
+        seen: Instant,
+    },
+}
+
+/// A standalone scheduler that stops re-registering is dropped after this long.
+const REMOTE_TTL: Duration = Duration::from_secs(30);
+
+#[derive(Default)]
+pub struct Apps(RwLock<BTreeMap<String, AppEndpoint>>);
+
+impl Apps {
+    pub fn add_local(&self, h: AppHandle) {
+        self.0.write().unwrap_or_else(|p| p.into_inner()).insert(h.app.clone(), AppEndpoint::Local(h));
+    }
+
+    fn get(&self, app: &str) -> Option<Result<AppHandle, String>> {
+        let g = self.0.read().unwrap_or_else(|p| p.into_inner());
+        match g.get(app)? {
+            AppEndpoint::Local(h) => Some(Ok(h.clone())),
+            AppEndpoint::Remote { url, seen } if seen.elapsed() < REMOTE_TTL => Some(Err(url.clone())),
+            AppEndpoint::Remote { .. } => None,
+        }
+    }
+
+    fn names(&self) -> Vec<String> {
+        self.0.read().unwrap_or_else(|p| p.into_inner()).keys().cloned().collect()
+    }
+}
+
+pub fn routes() -> Router<Arc<ControlState>> {
+    Router::new()
+        .route("/v1/apps", axum::routing::get(list_apps))
+        .route("/v1/apps/{app}", axum::routing::get(get_app))
+        .route("/v1/apps/{app}/units", axum::routing::get(list_units))
+        .route("/v1/schedulers", axum::routing::post(register_scheduler))
+}
+
+fn not_found(app: &str) -> ApiError {
+    ApiError { status: StatusCode::NOT_FOUND, code: "no_such_app", message: format!("no scheduler runs app {app:?}") }
+}
+
+fn summary(s: &AppStatus) -> Value {
+    let mut by_state: BTreeMap<&str, u32> = BTreeMap::new();
+    for u in &s.units {
+        *by_state.entry(u.state.as_str()).or_default() += 1;
+    }
+    json!({"app": s.app, "desired_units": s.desired_units, "min_units": s.min_units, "max_units": s.max_units, "units": by_state})
+}
+
+/// DESIGN §13's unit row.
+pub fn unit_rows(s: &AppStatus) -> Value {
+    let rows: Vec<Value> = s
+        .units
+        .iter()
+        .map(|u| {
+            json!({
+                "unit_id": u.unit_id,
+                "app": u.app,
+                "domain": u.domain,
+                "state": u.state,
+                "generation": u.generation,
+                "unplaced_reason": u.unplaced_reason,
+                "members": u.members.iter().map(|m| json!({
+                    "member": m.member,
+                    "role": m.role,
+                    "node_id": m.node_id,
+                    "state": if m.node_id.is_some() { "allocated" } else { "pending" },
+                    "address": m.address,
+                })).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    Value::Array(rows)
+}
+
+async fn remote(url: &str, path: &str) -> Result<Value, ApiError> {
+    let bad = |m: String| ApiError { status: StatusCode::BAD_GATEWAY, code: "scheduler_unreachable", message: m };
+    let resp = reqwest::Client::new()
+        .get(format!("{}{path}", url.trim_end_matches('/')))
+        .timeout(Duration::from_secs(5))
+        .send()
+        .await
+        .map_err(|e| bad(format!("{url}: {e}")))?;
+    resp.json().await.map_err(|e| bad(format!("{url}: {e}")))
+}
+
+async fn list_apps(State(s): State<Arc<ControlState>>) -> Result<Json<Value>, ApiError> {
+    let mut out = Vec::new();
+    for app in s.apps.names() {
+        match s.apps.get(&app) {
+            Some(Ok(h)) => out.push(summary(&h.status())),
+            Some(Err(url)) => out.push(remote(&url, &format!("/v1/apps/{app}")).await?),
+            None => {}
+        }
+    }
+    Ok(Json(Value::Array(out)))
+}
+
+async fn get_app(State(s): State<Arc<ControlState>>, Path(app): Path<String>) -> Result<Json<Value>, ApiError> {
+    match s.apps.get(&app) {
+        Some(Ok(h)) => Ok(Json(summary(&h.status()))),
+        Some(Err(url)) => Ok(Json(remote(&url, &format!("/v1/apps/{app}")).await?)),
+        None => Err(not_found(&app)),
+    }
+}
+
+async fn list_units(State(s): State<Arc<ControlState>>, Path(app): Path<String>) -> Result<Json<Value>, ApiError> {
+    metrics::counter!("flotilla_api_requests_total", "route" => "/v1/apps/{app}/units").increment(1);
+    match s.apps.get(&app) {
+        Some(Ok(h)) => Ok(Json(unit_rows(&h.status()))),
+        Some(Err(url)) => Ok(Json(remote(&url, &format!("/v1/apps/{app}/units")).await?)),
+        None => Err(not_found(&app)),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Registration {
+    app: String,
+    url: String,
+}
+
+/// Checks `Authorization: Bearer <token>` for mutating calls.
+pub fn authorize(s: &ControlState, headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(want) = &s.api_token else { return Ok(()) };
+    let got = headers.get(axum::http::header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+    let unauthorized = |m: &str| ApiError { status: StatusCode::UNAUTHORIZED, code: "unauthorized", message: m.into() };
+    match got.and_then(|v| v.strip_prefix("Bearer ")) {
+        None => Err(unauthorized("this call needs Authorization: Bearer <API token> (see $FLOTILLA_DATA/api-token)")),
+        Some(t) if t.len() == want.len() && t.bytes().zip(want.bytes()).fold(0, |a, (x, y)| a | (x ^ y)) == 0 => Ok(()),
+        Some(_) => Err(unauthorized("the bearer token is wrong")),
+    }
+}
+
+async fn register_scheduler(
+    State(s): State<Arc<ControlState>>,
+    headers: HeaderMap,
+    body: Result<Json<Registration>, axum::extract::rejection::JsonRejection>,
+) -> Result<StatusCode, ApiError> {
+    authorize(&s, &headers)?;
+    let Json(r) =
+        body.map_err(|e| ApiError { status: StatusCode::BAD_REQUEST, code: "bad_request", message: e.body_text() })?;
+    let bad = |m: String| ApiError { status: StatusCode::BAD_REQUEST, code: "bad_request", message: m };
+    if r.app.is_empty() || r.app.len() > 63 {
+        return Err(bad("app: 1..=63 bytes".into()));
+    }
+    if !(r.url.starts_with("http://") || r.url.starts_with("https://")) || r.url.len() > 256 {
+        return Err(bad("url: an http(s) URL of at most 256 bytes".into()));
+    }
+    let mut g = s.apps.0.write().unwrap_or_else(|p| p.into_inner());
+    if matches!(g.get(&r.app), Some(AppEndpoint::Local(_))) {
+        return Err(ApiError {
+            status: StatusCode::CONFLICT,
+            code: "conflict",
+            message: format!("{} runs in this process", r.app),
+        });
+    }
+    g.insert(r.app, AppEndpoint::Remote { url: r.url, seen: Instant::now() });
+    Ok(StatusCode::NO_CONTENT)
+}

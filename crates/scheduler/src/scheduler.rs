@@ -1,0 +1,466 @@
+//! The reconcile loop of one app (DESIGN §5): sync → decide → plan → commit → persist,
+//! driven by view changes and a 1 s tick. Side effects are observed, never assumed.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+use flotilla_core::{NodeId, Resources};
+use flotilla_proto::v1::{self, ledger_service_client::LedgerServiceClient};
+use flotilla_view::{ClusterView, ShardSlot, Version};
+use rand::Rng;
+use serde::Serialize;
+use tonic::transport::Channel;
+
+use crate::lifecycle::UnitState;
+use crate::planner::{ClassCache, DomainIndex, MemberRequest, PlanInput, place_unit};
+use crate::spec::AppSpec;
+use crate::store::{MemberRecord, Store, Stored, UnitRecord, Write};
+
+/// Commit attempts per unit in one pass before it waits for the next pass.
+const ATTEMPTS: usize = 3;
+/// Units placed per pass at most (the rest wait for the next pass).
+const UNITS_PER_PASS: usize = 1024;
+
+/// What the API shows about an app.
+#[derive(Debug, Clone, Serialize)]
+pub struct AppStatus {
+    pub app: String,
+    pub desired_units: u32,
+    pub min_units: u32,
+    pub max_units: u32,
+    pub units: Vec<UnitRecord>,
+}
+
+/// A handle on a running scheduler, for the control plane and tests.
+#[derive(Clone)]
+pub struct AppHandle {
+    pub app: String,
+    status: Arc<ArcSwap<AppStatus>>,
+}
+
+impl AppHandle {
+    pub fn status(&self) -> Arc<AppStatus> {
+        self.status.load_full()
+    }
+}
+
+struct PendingAlloc {
+    shard: usize,
+    shown_in: Version,
+    node: NodeId,
+    resources: Resources,
+}
+
+pub struct Scheduler {
+    spec: AppSpec,
+    cluster: Arc<ClusterView>,
+    shard_addrs: Vec<String>,
+    clients: Vec<Option<LedgerServiceClient<Channel>>>,
+    store: Arc<dyn Store>,
+    stored: Stored,
+    status: Arc<ArcSwap<AppStatus>>,
+    index: DomainIndex,
+    index_built: Option<Instant>,
+    classes: ClassCache,
+    pending: Vec<PendingAlloc>,
+    fencing_token: u64,
+    started: bool,
+    rng: rand::rngs::StdRng,
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+impl Scheduler {
+    /// Loads the app's state from `store` (adopting what a previous run left) and
+    /// returns the scheduler with its handle.
+    pub fn new(
+        spec: AppSpec,
+        cluster: Arc<ClusterView>,
+        shard_addrs: Vec<String>,
+        store: Arc<dyn Store>,
+    ) -> anyhow::Result<(Scheduler, AppHandle)> {
+        let mut stored = store.load(&spec.name)?;
+        let spec_text = toml::to_string(&spec)?;
+        if stored.spec.as_deref() != Some(spec_text.as_str()) {
+            store.write(&spec.name, &[Write::Spec(spec_text.clone())])?;
+            stored.spec = Some(spec_text);
+        }
+        let status = Arc::new(ArcSwap::from_pointee(AppStatus {
+            app: spec.name.clone(),
+            desired_units: spec.units.initial,
+            min_units: spec.units.min,
+            max_units: spec.units.max,
+            units: stored.units.values().cloned().collect(),
+        }));
+        let handle = AppHandle { app: spec.name.clone(), status: status.clone() };
+        let clients = vec![None; shard_addrs.len()];
+        Ok((
+            Scheduler {
+                spec,
+                cluster,
+                shard_addrs,
+                clients,
+                store,
+                stored,
+                status,
+                index: DomainIndex::default(),
+                index_built: None,
+                classes: ClassCache::default(),
+                pending: Vec::new(),
+                fencing_token: 1,
+                started: false,
+                rng: rand::SeedableRng::seed_from_u64(rand::random()),
+            },
+            handle,
+        ))
+    }
+
+    fn desired(&self) -> u32 {
+        self.stored.desired_units.unwrap_or(self.spec.units.initial).clamp(self.spec.units.min, self.spec.units.max)
+    }
+
+    /// Runs until the process stops: a pass on every view change (at most every 50 ms)
+    /// and at least once a second.
+    pub async fn run(mut self) {
+        let mut changes = self.cluster.changes();
+        loop {
+            let started = Instant::now();
+            if let Err(e) = self.reconcile().await {
+                tracing::warn!(app = %self.spec.name, error = %format!("{e:#}"), "reconcile failed");
+            }
+            metrics::histogram!("flotilla_reconcile_seconds").record(started.elapsed().as_secs_f64());
+            let tick = tokio::time::sleep(Duration::from_secs(1));
+            tokio::select! {
+                _ = tick => {}
+                r = changes.changed() => {
+                    if r.is_err() { return; }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+
+    /// One pass of the loop.
+    #[tracing::instrument(skip_all, fields(app = %self.spec.name))]
+    pub async fn reconcile(&mut self) -> anyhow::Result<()> {
+        let slots = self.cluster.slots();
+        if !self.started {
+            self.adopt().await?;
+            self.started = true;
+        }
+        let stale = self.index_built.is_none_or(|t| t.elapsed() > Duration::from_secs(1))
+            && self.index.built_from != slots.iter().map(|s| s.view.version).collect::<Vec<_>>();
+        if stale {
+            self.index = DomainIndex::build(&slots);
+            self.index_built = Some(Instant::now());
+        }
+        self.pending.retain(|p| {
+            slots.get(p.shard).is_none_or(|s| s.view.version.epoch == p.shown_in.epoch && s.view.version < p.shown_in)
+        });
+
+        // Decide: enough units?
+        let mut writes = Vec::new();
+        let active = self.stored.units.values().filter(|u| u.state.is_active()).count() as u32;
+        for _ in active..self.desired() {
+            let generation = self.stored.next_generation.max(1);
+            self.stored.next_generation = generation + 1;
+            let unit = UnitRecord {
+                unit_id: format!("{}-{generation}", self.spec.name),
+                app: self.spec.name.clone(),
+                domain: None,
+                generation,
+                state: UnitState::Queued,
+                members: Vec::new(),
+                created_unix_ms: now_ms(),
+                unplaced_reason: None,
+            };
+            tracing::info!(unit = %unit.unit_id, "unit queued");
+            writes.push(Write::Unit(unit.clone()));
+            writes.push(Write::NextGeneration(self.stored.next_generation));
+            self.stored.units.insert(unit.unit_id.clone(), unit);
+        }
+
+        // Plan and commit the queued units, re-planning only what was rejected.
+        let mut queued: Vec<String> = self
+            .stored
+            .units
+            .values()
+            .filter(|u| u.state == UnitState::Queued)
+            .map(|u| u.unit_id.clone())
+            .take(UNITS_PER_PASS)
+            .collect();
+        for attempt in 0..ATTEMPTS {
+            if queued.is_empty() {
+                break;
+            }
+            if attempt > 0 {
+                let ms = self.rng.random_range(5..25) * attempt as u64;
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+            }
+            let slots = self.cluster.slots();
+            queued = self.place_and_commit(&slots, &queued, &mut writes).await;
+        }
+        for id in &queued {
+            if let Some(u) = self.stored.units.get(id) {
+                writes.push(Write::Unit(u.clone()));
+            }
+        }
+        self.store.write(&self.spec.name, &writes)?;
+        self.publish();
+        Ok(())
+    }
+
+    /// On start: units that were being placed when a previous run stopped may hold
+    /// ledger entries it never learned about. Release them (idempotent) and place
+    /// them again.
+    async fn adopt(&mut self) -> anyhow::Result<()> {
+        let unsure: Vec<UnitRecord> = self
+            .stored
+            .units
+            .values()
+            .filter(|u| matches!(u.state, UnitState::Queued | UnitState::Placing))
+            .cloned()
+            .collect();
+        if unsure.is_empty() {
+            return Ok(());
+        }
+        let keys: Vec<v1::ClaimKey> = unsure
+            .iter()
+            .flat_map(|u| {
+                self.spec.members().into_iter().map(move |(member, _, _)| v1::ClaimKey {
+                    app: u.app.clone(),
+                    unit: u.unit_id.clone(),
+                    member,
+                    generation: u.generation,
+                })
+            })
+            .collect();
+        for shard in 0..self.shard_addrs.len() {
+            let req = v1::ReleaseRequest {
+                txn_id: format!("{}-adopt-{}", self.spec.name, now_ms()),
+                fencing_token: self.fencing_token,
+                keys: keys.clone(),
+            };
+            self.client(shard).await?.release(req).await?;
+        }
+        for u in unsure {
+            if let Some(rec) = self.stored.units.get_mut(&u.unit_id) {
+                rec.state = UnitState::Queued;
+                rec.members.clear();
+            }
+        }
+        tracing::info!(units = keys.len(), "released members of units a previous run was placing");
+        Ok(())
+    }
+
+    async fn client(&mut self, shard: usize) -> anyhow::Result<&mut LedgerServiceClient<Channel>> {
+        if self.clients[shard].is_none() {
+            let addr = &self.shard_addrs[shard];
+            let endpoint = if addr.starts_with("http") { addr.clone() } else { format!("http://{addr}") };
+            let channel = tonic::transport::Endpoint::from_shared(endpoint)?
+                .connect_timeout(Duration::from_secs(2))
+                .timeout(Duration::from_secs(10))
+                .connect()
+                .await?;
+            self.clients[shard] = Some(LedgerServiceClient::new(channel));
+        }
+        self.clients[shard].as_mut().ok_or_else(|| anyhow::anyhow!("no client"))
+    }
+
+    fn units_per_domain(&self) -> HashMap<String, u32> {
+        let mut m = HashMap::new();
+        for u in self.stored.units.values().filter(|u| u.state.is_active()) {
+            if let Some(d) = &u.domain {
+                *m.entry(d.clone()).or_insert(0) += 1;
+            }
+        }
+        m
+    }
+
+    /// Plans every unit in `ids`, commits them grouped by shard, and returns the ids
+    /// still queued (rejected or unplaceable).
+    async fn place_and_commit(
+        &mut self,
+        slots: &[Arc<ShardSlot>],
+        ids: &[String],
+        writes: &mut Vec<Write>,
+    ) -> Vec<String> {
+        let requests: Vec<MemberRequest> = self
+            .spec
+            .members()
+            .iter()
+            .map(|(member, _, t)| MemberRequest { member: member.clone(), resources: t.resources() })
+            .collect();
+        let mut pending: HashMap<NodeId, Resources> = HashMap::new();
+        for p in &self.pending {
+            let e = pending.entry(p.node.clone()).or_default();
+            *e = e.checked_add(&p.resources).unwrap_or_else(|_| e.clone());
+        }
+        let mut per_domain = self.units_per_domain();
+        let mut by_shard: BTreeMap<usize, Vec<(String, crate::planner::Placement)>> = BTreeMap::new();
+        let mut still = Vec::new();
+        for id in ids {
+            let started = Instant::now();
+            let input = PlanInput {
+                slots,
+                index: &self.index,
+                constraints: &self.spec.constraints,
+                max_units_per_domain: self.spec.spread.max_units_per_domain,
+                units_per_domain: &per_domain,
+                pending: &pending,
+            };
+            let plan = place_unit(&input, &requests, &mut self.classes, &mut self.rng);
+            metrics::histogram!("flotilla_plan_seconds").record(started.elapsed().as_secs_f64());
+            let Some(unit) = self.stored.units.get_mut(id) else { continue };
+            match plan {
+                Err(why) => {
+                    let reason = why.to_string();
+                    if unit.unplaced_reason.as_deref() != Some(reason.as_str()) {
+                        tracing::info!(unit = %id, %reason, "unit cannot be placed yet");
+                    }
+                    unit.unplaced_reason = Some(reason);
+                    still.push(id.clone());
+                }
+                Ok(p) => {
+                    for (m, r) in p.members.iter().zip(&requests) {
+                        let e = pending.entry(m.node.clone()).or_default();
+                        *e = e.checked_add(&r.resources).unwrap_or_else(|_| e.clone());
+                    }
+                    *per_domain.entry(p.domain.clone()).or_insert(0) += 1;
+                    unit.state = UnitState::Placing;
+                    by_shard.entry(p.shard).or_default().push((id.clone(), p));
+                }
+            }
+        }
+        for (shard, units) in by_shard {
+            let claims: Vec<v1::Claim> = units.iter().flat_map(|(id, p)| self.claims(id, p)).collect();
+            let txn_id = format!("{}-{}-{:016x}", self.spec.name, now_ms(), rand::random::<u64>());
+            let started = Instant::now();
+            let sent = self.client(shard).await.map(|c| c.clone());
+            let result = match sent {
+                Ok(mut c) => c
+                    .commit(v1::CommitRequest { txn_id, fencing_token: self.fencing_token, claims })
+                    .await
+                    .map(|r| r.into_inner())
+                    .map_err(|e| anyhow::anyhow!("commit to shard {shard}: {}", e.message())),
+                Err(e) => Err(e),
+            };
+            metrics::histogram!("flotilla_commit_latency_seconds").record(started.elapsed().as_secs_f64());
+            match result {
+                Ok(resp) => {
+                    let shown_in: Version = resp.applied_in.unwrap_or_default().into();
+                    let verdicts: HashMap<(String, String), (bool, String)> = resp
+                        .results
+                        .into_iter()
+                        .filter_map(|r| {
+                            let k = r.key?;
+                            Some(((k.unit, k.member), (r.accepted, r.detail)))
+                        })
+                        .collect();
+                    for (id, p) in units {
+                        let rejected: Vec<String> = p
+                            .members
+                            .iter()
+                            .filter_map(|m| match verdicts.get(&(id.clone(), m.member.clone())) {
+                                Some((true, _)) => None,
+                                Some((false, why)) => Some(format!("{} on {}: {why}", m.member, m.node)),
+                                None => Some(format!("{}: no answer", m.member)),
+                            })
+                            .collect();
+                        let Some(unit) = self.stored.units.get_mut(&id) else { continue };
+                        if rejected.is_empty() {
+                            metrics::counter!("flotilla_placements_total", "result" => "committed").increment(1);
+                            unit.state = UnitState::Allocated;
+                            unit.domain = Some(p.domain.clone());
+                            unit.unplaced_reason = None;
+                            unit.members = p
+                                .members
+                                .iter()
+                                .zip(self.spec.members())
+                                .map(|(m, (_, role, _))| MemberRecord {
+                                    member: m.member.clone(),
+                                    role: role.to_string(),
+                                    node_id: Some(m.node.to_string()),
+                                    incarnation: m.incarnation,
+                                    shard: Some(shard as u32),
+                                    address: None,
+                                })
+                                .collect();
+                            for (m, (_, _, t)) in p.members.iter().zip(self.spec.members()) {
+                                self.pending.push(PendingAlloc {
+                                    shard,
+                                    shown_in,
+                                    node: m.node.clone(),
+                                    resources: t.resources(),
+                                });
+                            }
+                            tracing::info!(unit = %id, domain = %p.domain, "unit allocated");
+                            writes.push(Write::Unit(unit.clone()));
+                        } else {
+                            metrics::counter!("flotilla_placements_total", "result" => "conflict").increment(1);
+                            unit.state = UnitState::Queued;
+                            unit.unplaced_reason = Some(format!("commit rejected: {}", rejected.join("; ")));
+                            still.push(id);
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "commit failed; will retry");
+                    self.clients[shard] = None;
+                    for (id, _) in units {
+                        if let Some(unit) = self.stored.units.get_mut(&id) {
+                            unit.state = UnitState::Queued;
+                            unit.unplaced_reason = Some(e.to_string());
+                        }
+                        still.push(id);
+                    }
+                }
+            }
+        }
+        still
+    }
+
+    fn claims(&self, unit_id: &str, p: &crate::planner::Placement) -> Vec<v1::Claim> {
+        let generation = self.stored.units.get(unit_id).map(|u| u.generation).unwrap_or(0);
+        p.members
+            .iter()
+            .zip(self.spec.members())
+            .map(|(m, (member, role, t))| v1::Claim {
+                key: Some(v1::ClaimKey { app: self.spec.name.clone(), unit: unit_id.to_string(), member, generation }),
+                node_id: m.node.to_string(),
+                incarnation: m.incarnation,
+                resources: Some((&t.resources()).into()),
+                allow_low_priority: self.spec.constraints.allow_low_priority,
+                group: unit_id.to_string(),
+                workload: Some(v1::Workload {
+                    role: role.to_string(),
+                    command: t.command.clone(),
+                    args: t.args.clone(),
+                    env: t.env.clone().into_iter().collect(),
+                    readiness_path: t.readiness_path.clone().unwrap_or_default(),
+                }),
+            })
+            .collect()
+    }
+
+    fn publish(&self) {
+        let mut counts = [0i64; 10];
+        for u in self.stored.units.values() {
+            counts[UnitState::ALL.iter().position(|s| *s == u.state).unwrap_or(0)] += 1;
+        }
+        for (s, c) in UnitState::ALL.iter().zip(counts) {
+            metrics::gauge!("flotilla_units", "app" => self.spec.name.clone(), "state" => s.as_str()).set(c as f64);
+        }
+        self.status.store(Arc::new(AppStatus {
+            app: self.spec.name.clone(),
+            desired_units: self.desired(),
+            min_units: self.spec.units.min,
+            max_units: self.spec.units.max,
+            units: self.stored.units.values().cloned().collect(),
+        }));
+    }
+}
