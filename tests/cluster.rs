@@ -224,3 +224,79 @@ fn drain_without_a_running_agent_says_so() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("no agent is running"));
     let _ = std::fs::remove_dir_all(Path::new(&dir));
 }
+
+#[test]
+fn up_with_an_app_places_its_units_and_pushes_assignments() {
+    let spec = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/echo.toml");
+    let up = Up::start("app", &["--agents", "6", "--shards", "2", "--app", spec]);
+    let units = wait_for("2 allocated echo units", Duration::from_secs(30), || {
+        let out = Command::new(BIN).args(["units", "echo", "--json"]).env("FLOTILLA_ADDR", &up.addr).output().ok()?;
+        let v: Value = serde_json::from_slice(&out.stdout).ok()?;
+        let units = v.as_array()?.clone();
+        (units.len() == 2 && units.iter().all(|u| u["state"] == "allocated")).then_some(units)
+    });
+    let nodes = up.nodes();
+    let mut per_node: std::collections::BTreeMap<String, (u64, Vec<String>)> = Default::default();
+    for u in &units {
+        let members = u["members"].as_array().unwrap();
+        assert_eq!(members.len(), 2, "one head and one worker");
+        let domains: std::collections::BTreeSet<String> = members
+            .iter()
+            .map(|m| {
+                let n = nodes.iter().find(|n| n["node_id"] == m["node_id"]).unwrap();
+                n["labels"]["domain"].as_str().unwrap().to_string()
+            })
+            .collect();
+        assert_eq!(domains.len(), 1, "a unit lives in one domain");
+        assert_eq!(u["domain"].as_str().unwrap(), domains.iter().next().unwrap());
+        for m in members {
+            let e = per_node.entry(m["node_id"].as_str().unwrap().to_string()).or_default();
+            e.0 += 250;
+            e.1.push(format!("{}/{}", u["unit_id"].as_str().unwrap(), m["member"].as_str().unwrap()));
+        }
+    }
+    for (node, (cpu, members)) in &per_node {
+        let n = nodes.iter().find(|n| n["node_id"] == node.as_str()).unwrap();
+        assert!(n["allocated"]["cpu_millis"].as_u64().unwrap() >= *cpu, "{node}'s allocated includes its members");
+        // The agent received exactly these assignments.
+        let got = wait_for("assignments on the agent", Duration::from_secs(10), || {
+            let text = std::fs::read_to_string(up.data.join("agents").join(node).join("assignments.json")).ok()?;
+            let v: Value = serde_json::from_str(&text).ok()?;
+            let mut got: Vec<String> = v["assignments"]
+                .as_array()?
+                .iter()
+                .map(|a| format!("{}/{}", a["unit"].as_str().unwrap_or(""), a["member"].as_str().unwrap_or("")))
+                .collect();
+            got.sort();
+            let mut want = members.clone();
+            want.sort();
+            (got == want).then_some(got)
+        });
+        assert!(!got.is_empty());
+    }
+    let apps = run_ok(Command::new(BIN).args(["apps", "--json"]).env("FLOTILLA_ADDR", &up.addr));
+    assert!(apps.contains("\"echo\""), "{apps}");
+    let missing = Command::new(BIN).args(["units", "nope"]).env("FLOTILLA_ADDR", &up.addr).output().unwrap();
+    assert!(!missing.status.success());
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("no scheduler runs app"));
+}
+
+#[test]
+fn a_bad_app_spec_is_refused_with_every_problem() {
+    let dir = temp_dir("badspec");
+    let spec = dir.join("bad.toml");
+    std::fs::write(&spec, "name = \"Bad\"\n[unit.head]\ncommand = \"\"\ncpu = \"x\"\nmemory = \"1Mi\"\n[units]\nmin = 2\nmax = 1\ninitial = 1\n").unwrap();
+    let out = Command::new(BIN)
+        .args(["up", "--agents", "0", "--listen", "127.0.0.1:0", "--data"])
+        .arg(&dir)
+        .arg("--app")
+        .arg(&spec)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    for needle in ["bad.toml", "name:", "unit.head.command", "unit.head.cpu", "units.min"] {
+        assert!(err.contains(needle), "{needle} missing from {err}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -286,3 +286,108 @@ async fn silent_nodes_go_suspect_then_dead_then_leave_the_view() {
     assert!(f.shard.registry.is_empty(), "the registry forgot it too");
     f.shard.shutdown().await;
 }
+
+fn commit_claim(node: &str, inc: u64, unit: &str, cpu: u64) -> v1::Claim {
+    v1::Claim {
+        key: Some(v1::ClaimKey { app: "app".into(), unit: unit.into(), member: "head".into(), generation: 1 }),
+        node_id: node.into(),
+        incarnation: inc,
+        resources: Some(v1::Resources { cpu_millis: cpu, memory_bytes: 1 << 20, ..Default::default() }),
+        allow_low_priority: false,
+        group: String::new(),
+        workload: None,
+    }
+}
+
+#[tokio::test]
+async fn commits_are_checked_idempotent_and_shown_in_the_next_version() {
+    use flotilla_proto::v1::ledger_service_client::LedgerServiceClient;
+    let f = fixture("commit", 64).await;
+    let conn = f.connect().await;
+    conn.register(register_req("n1", "join")).await.unwrap(); // 2000m, incarnation 7
+    f.wait_version(1).await;
+    let mut c = LedgerServiceClient::connect(format!("http://{}", f.shard.addr)).await.unwrap();
+    let req = v1::CommitRequest {
+        txn_id: "t1".into(),
+        fencing_token: 1,
+        claims: vec![
+            commit_claim("n1", 7, "u1", 1500),
+            commit_claim("n1", 7, "u2", 1000), // no longer fits
+            commit_claim("n1", 6, "u3", 10),   // planned against an old incarnation
+            commit_claim("ghost", 1, "u4", 10),
+        ],
+    };
+    let resp = c.commit(req.clone()).await.unwrap().into_inner();
+    let reasons: Vec<i32> = resp.results.iter().map(|r| r.reason).collect();
+    assert!(resp.results[0].accepted);
+    assert_eq!(
+        reasons[1..],
+        [
+            v1::RejectReason::NoFit as i32,
+            v1::RejectReason::IncarnationMismatch as i32,
+            v1::RejectReason::UnknownNode as i32
+        ]
+    );
+    // The answer names a version that already shows the allocation.
+    let shown = resp.applied_in.unwrap();
+    let view = f.shard.publisher.load();
+    assert!(view.version.seq >= shown.seq);
+    assert_eq!(view.nodes.values().next().unwrap().allocated.cpu_millis, 1500);
+    // A replay (same transaction, or the same member in a new one) allocates nothing.
+    let again = c.commit(req).await.unwrap().into_inner();
+    assert_eq!(again.results.iter().map(|r| r.accepted).collect::<Vec<_>>(), vec![true, false, false, false]);
+    let mut fresh =
+        v1::CommitRequest { txn_id: "t2".into(), fencing_token: 1, claims: vec![commit_claim("n1", 7, "u1", 1500)] };
+    assert!(c.commit(fresh.clone()).await.unwrap().into_inner().results[0].accepted);
+    assert_eq!(f.shard.ledger.lock().unwrap().allocated(&flotilla_core::NodeId::new("n1").unwrap()).cpu_millis, 1500);
+    // Bad requests are refused with a reason.
+    fresh.txn_id = String::new();
+    let err = c.commit(fresh.clone()).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(err.message().contains("txn_id"), "{}", err.message());
+    fresh.txn_id = "t3".into();
+    fresh.claims[0].node_id = "not a node id".into();
+    let err = c.commit(fresh.clone()).await.unwrap_err();
+    assert!(err.message().contains("claims[0].node_id"), "{}", err.message());
+    fresh.claims = vec![];
+    assert_eq!(c.commit(fresh).await.unwrap_err().code(), tonic::Code::InvalidArgument);
+    // Release frees it, and the view shows that too.
+    let keys = vec![v1::ClaimKey { app: "app".into(), unit: "u1".into(), member: "head".into(), generation: 1 }];
+    let r = c.release(v1::ReleaseRequest { txn_id: "t4".into(), fencing_token: 1, keys }).await.unwrap().into_inner();
+    assert_eq!(r.released, 1);
+    assert_eq!(f.shard.publisher.load().nodes.values().next().unwrap().allocated.cpu_millis, 0);
+    f.shard.shutdown().await;
+}
+
+#[tokio::test]
+async fn reservations_confirm_once_and_expire_never_succeeding_late() {
+    use flotilla_proto::v1::ledger_service_client::LedgerServiceClient;
+    let f = fixture("reserve", 64).await;
+    let conn = f.connect().await;
+    conn.register(register_req("n1", "join")).await.unwrap();
+    f.wait_version(1).await;
+    let mut c = LedgerServiceClient::connect(format!("http://{}", f.shard.addr)).await.unwrap();
+    let reserve = |txn: &str, unit: &str, ttl| v1::ReserveRequest {
+        txn_id: txn.into(),
+        fencing_token: 1,
+        claims: vec![commit_claim("n1", 7, unit, 500)],
+        ttl_ms: ttl,
+    };
+    assert!(c.reserve(reserve("r1", "u1", 5000)).await.unwrap().into_inner().results[0].accepted);
+    let confirm = |txn: &str| v1::ConfirmRequest { txn_id: txn.into(), fencing_token: 1 };
+    assert_eq!(c.confirm(confirm("r1")).await.unwrap().into_inner().status, v1::ConfirmStatus::Confirmed as i32);
+    assert!(c.reserve(reserve("r2", "u2", 100)).await.unwrap().into_inner().results[0].accepted);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let st = c.confirm(confirm("r2")).await.unwrap().into_inner().status;
+    assert!(
+        st == v1::ConfirmStatus::Expired as i32 || st == v1::ConfirmStatus::UnknownReservation as i32,
+        "a late confirm is never a success ({st})"
+    );
+    assert_eq!(
+        c.confirm(confirm("never")).await.unwrap().into_inner().status,
+        v1::ConfirmStatus::UnknownReservation as i32
+    );
+    assert_eq!(f.shard.ledger.lock().unwrap().allocated(&flotilla_core::NodeId::new("n1").unwrap()).cpu_millis, 500);
+    assert_eq!(c.reserve(reserve("r3", "u3", 0)).await.unwrap_err().code(), tonic::Code::InvalidArgument);
+    f.shard.shutdown().await;
+}

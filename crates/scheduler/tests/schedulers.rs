@@ -1,0 +1,212 @@
+//! App schedulers against a real shard (QUIC registration, gRPC view and commits).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use flotilla_agent::client::{ShardConnection, client_endpoint};
+use flotilla_aggregator::{ShardConfig, ShardHandle, Timeouts, TlsMaterial};
+use flotilla_core::{NodeId, PROTOCOL_VERSION, Resources};
+use flotilla_proto::v1;
+use flotilla_scheduler::lifecycle::UnitState;
+use flotilla_scheduler::store::Write;
+use flotilla_scheduler::{AppSpec, MemStore, Scheduler, Store};
+use flotilla_view::ClusterView;
+
+struct Cluster {
+    shard: ShardHandle,
+    view: Arc<ClusterView>,
+    _endpoint: quinn::Endpoint,
+    _conn: ShardConnection,
+    _dir: TempDir,
+}
+
+struct TempDir(std::path::PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A shard with `nodes` nodes of 1000m over two domains, and a view following it.
+async fn cluster(name: &str, nodes: usize) -> Cluster {
+    let dir = std::env::temp_dir().join(format!("flotilla-sched-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (tls, pem, _) = TlsMaterial::self_signed(&["127.0.0.1"]).unwrap();
+    std::fs::write(dir.join("ca.crt"), pem).unwrap();
+    let mut config = ShardConfig::new("127.0.0.1:0".parse().unwrap(), 0, 1, b"secret".to_vec(), vec!["j".into()], tls);
+    config.timeouts = Timeouts { suspect_after_ms: 60_000, dead_after_ms: 120_000, retention_ms: 60_000 };
+    config.batch_window = Duration::from_millis(5);
+    let shard = flotilla_aggregator::start(config).await.unwrap();
+    let endpoint = client_endpoint(&dir.join("ca.crt"), "127.0.0.1:0".parse().unwrap()).unwrap();
+    let conn = ShardConnection::connect(&endpoint, shard.addr, "127.0.0.1").await.unwrap();
+    for i in 0..nodes {
+        let domain = if i % 2 == 0 { "da" } else { "db" };
+        conn.register(v1::RegisterRequest {
+            protocol_version: PROTOCOL_VERSION,
+            join_token: "j".into(),
+            node_id: format!("n{i}"),
+            incarnation: 1,
+            labels: [("domain".to_string(), domain.to_string())].into_iter().collect(),
+            capacity: Some(v1::Resources { cpu_millis: 1000, memory_bytes: 1 << 30, ..Default::default() }),
+            assignments: vec![],
+            health: None,
+        })
+        .await
+        .unwrap();
+    }
+    let view = ClusterView::new(1);
+    tokio::spawn(flotilla_view::follow_shard(view.clone(), 0, format!("http://{}", shard.addr)));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while view.slot(0).view.len() < nodes {
+        assert!(Instant::now() < deadline, "view never showed the nodes");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Cluster { shard, view, _endpoint: endpoint, _conn: conn, _dir: TempDir(dir) }
+}
+
+fn spec(name: &str, units: u32, cpu: &str) -> AppSpec {
+    AppSpec::parse(&format!(
+        r#"
+name = "{name}"
+[unit]
+workers = 1
+[unit.head]
+command = "sleep"
+cpu = "{cpu}"
+memory = "1Mi"
+[unit.worker]
+command = "sleep"
+cpu = "{cpu}"
+memory = "1Mi"
+[units]
+min = 0
+max = 20
+initial = {units}
+"#
+    ))
+    .unwrap()
+}
+
+fn capacity(_: &NodeId) -> Option<Resources> {
+    Some(Resources::new(1000, 1 << 30, 0))
+}
+
+#[tokio::test]
+async fn competing_schedulers_never_overbook() {
+    let c = cluster("compete", 4).await;
+    let addrs = vec![c.shard.addr.to_string()];
+    let mut handles = Vec::new();
+    let mut tasks = Vec::new();
+    // 4 apps × 3 units × 600m = 7,200m of demand for 4,000m.
+    for app in ["a", "b", "c", "d"] {
+        let store: Arc<dyn Store> = Arc::new(MemStore::default());
+        let (mut s, h) = Scheduler::new(spec(app, 3, "300m"), c.view.clone(), addrs.clone(), store).unwrap();
+        handles.push(h);
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..20 {
+                s.reconcile().await.unwrap();
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let ledger = c.shard.ledger.lock().unwrap();
+    ledger.check_invariant(&capacity).unwrap();
+    let mut allocated_units = 0;
+    for h in &handles {
+        for u in &h.status().units {
+            if u.state == UnitState::Allocated {
+                allocated_units += 1;
+                for m in &u.members {
+                    let node = NodeId::new(m.node_id.as_deref().unwrap()).unwrap();
+                    let key = flotilla_aggregator::ledger::ClaimKey {
+                        app: u.app.clone(),
+                        unit: u.unit_id.clone(),
+                        member: m.member.clone(),
+                        generation: u.generation,
+                    };
+                    assert_eq!(ledger.placement(&key), Some(&node), "the ledger agrees with the unit record");
+                }
+                let domains: std::collections::BTreeSet<_> = u
+                    .members
+                    .iter()
+                    .map(|m| m.node_id.as_deref().unwrap().to_string())
+                    .map(|n| n[1..].parse::<usize>().unwrap() % 2)
+                    .collect();
+                assert_eq!(domains.len(), 1, "a unit stays in one domain");
+            } else {
+                assert_eq!(u.state, UnitState::Queued);
+                assert!(u.unplaced_reason.is_some(), "an unplaced unit says why");
+            }
+        }
+    }
+    // 600m per unit on 1000m nodes: at most one unit's worth per node pair... and never more than capacity.
+    assert!(allocated_units >= 3, "the cluster is used ({allocated_units} units)");
+    assert!(allocated_units * 600 <= 4000);
+    drop(ledger);
+    c.shard.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_restarted_scheduler_adopts_its_units_and_cleans_up_half_commits() {
+    let c = cluster("restart", 4).await;
+    let addrs = vec![c.shard.addr.to_string()];
+    let store: Arc<dyn Store> = Arc::new(MemStore::default());
+    let (mut s, h) = Scheduler::new(spec("echo", 2, "100m"), c.view.clone(), addrs.clone(), store.clone()).unwrap();
+    s.reconcile().await.unwrap();
+    let before: Vec<_> = h.status().units.iter().map(|u| (u.unit_id.clone(), u.state, u.members.clone())).collect();
+    assert!(before.iter().all(|(_, st, _)| *st == UnitState::Allocated), "{before:?}");
+    drop(s);
+
+    // A third unit was being committed when the scheduler died: the shard holds its
+    // members but the store still says Queued.
+    let mut lost = h.status().units[0].clone();
+    lost.unit_id = "echo-9".into();
+    lost.generation = 9;
+    lost.state = UnitState::Queued;
+    lost.members.clear();
+    store.write("echo", &[Write::Unit(lost), Write::DesiredUnits(3), Write::NextGeneration(10)]).unwrap();
+    let orphan = |member: &str| v1::Claim {
+        key: Some(v1::ClaimKey { app: "echo".into(), unit: "echo-9".into(), member: member.into(), generation: 9 }),
+        node_id: "n3".into(),
+        incarnation: 1,
+        resources: Some(v1::Resources { cpu_millis: 100, memory_bytes: 1 << 20, ..Default::default() }),
+        allow_low_priority: false,
+        group: "echo-9".into(),
+        workload: None,
+    };
+    let mut client =
+        v1::ledger_service_client::LedgerServiceClient::connect(format!("http://{}", c.shard.addr)).await.unwrap();
+    let r = client
+        .commit(v1::CommitRequest {
+            txn_id: "lost".into(),
+            fencing_token: 1,
+            claims: vec![orphan("head"), orphan("worker-0")],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(r.results.iter().all(|x| x.accepted));
+
+    let (mut s2, h2) = Scheduler::new(spec("echo", 2, "100m"), c.view.clone(), addrs, store.clone()).unwrap();
+    for _ in 0..3 {
+        s2.reconcile().await.unwrap();
+    }
+    let after = h2.status();
+    assert_eq!(after.units.len(), 3, "no duplicate units: {:?}", after.units);
+    for (id, _, members) in &before {
+        let u = after.units.iter().find(|u| &u.unit_id == id).unwrap();
+        assert_eq!(u.state, UnitState::Allocated);
+        assert_eq!(&u.members, members, "adopted as they were");
+    }
+    assert_eq!(after.units.iter().find(|u| u.unit_id == "echo-9").unwrap().state, UnitState::Allocated);
+    let ledger = c.shard.ledger.lock().unwrap();
+    ledger.check_invariant(&capacity).unwrap();
+    let total: u64 = (0..4).map(|i| ledger.allocated(&NodeId::new(&format!("n{i}")).unwrap()).cpu_millis).sum();
+    assert_eq!(total, 600, "three units of two 100m members, each held once");
+    drop(ledger);
+    c.shard.shutdown().await;
+}
