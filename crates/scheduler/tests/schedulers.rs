@@ -113,7 +113,12 @@ async fn competing_schedulers_never_overbook() {
     for t in tasks {
         t.await.unwrap();
     }
-    let ledger = c.shard.ledger.lock().unwrap();
+    check_units(&c.shard, &handles);
+    c.shard.shutdown().await;
+}
+
+fn check_units(shard: &ShardHandle, handles: &[flotilla_scheduler::AppHandle]) {
+    let ledger = shard.ledger.lock().unwrap();
     ledger.check_invariant(&capacity).unwrap();
     let mut allocated_units = 0;
     for h in &handles {
@@ -146,8 +151,6 @@ async fn competing_schedulers_never_overbook() {
     // 600m per unit on 1000m nodes: at most one unit's worth per node pair... and never more than capacity.
     assert!(allocated_units >= 3, "the cluster is used ({allocated_units} units)");
     assert!(allocated_units * 600 <= 4000);
-    drop(ledger);
-    c.shard.shutdown().await;
 }
 
 #[tokio::test]
@@ -203,10 +206,11 @@ async fn a_restarted_scheduler_adopts_its_units_and_cleans_up_half_commits() {
         assert_eq!(&u.members, members, "adopted as they were");
     }
     assert_eq!(after.units.iter().find(|u| u.unit_id == "echo-9").unwrap().state, UnitState::Allocated);
-    let ledger = c.shard.ledger.lock().unwrap();
-    ledger.check_invariant(&capacity).unwrap();
-    let total: u64 = (0..4).map(|i| ledger.allocated(&NodeId::new(&format!("n{i}")).unwrap()).cpu_millis).sum();
+    let total = {
+        let ledger = c.shard.ledger.lock().unwrap();
+        ledger.check_invariant(&capacity).unwrap();
+        (0..4).map(|i| ledger.allocated(&NodeId::new(&format!("n{i}")).unwrap()).cpu_millis).sum::<u64>()
+    };
     assert_eq!(total, 600, "three units of two 100m members, each held once");
-    drop(ledger);
     c.shard.shutdown().await;
 }
