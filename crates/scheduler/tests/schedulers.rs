@@ -121,7 +121,7 @@ fn check_units(shard: &ShardHandle, handles: &[flotilla_scheduler::AppHandle]) {
     let ledger = shard.ledger.lock().unwrap();
     ledger.check_invariant(&capacity).unwrap();
     let mut allocated_units = 0;
-    for h in &handles {
+    for h in handles {
         for u in &h.status().units {
             if u.state == UnitState::Allocated {
                 allocated_units += 1;
