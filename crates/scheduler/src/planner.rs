@@ -98,7 +98,6 @@ pub struct ClassCache {
 
 pub struct PlanInput<'a> {
     pub slots: &'a [Arc<ShardSlot>],
-    pub index: &'a DomainIndex,
     pub constraints: &'a Constraints,
     pub max_units_per_domain: Option<u32>,
     /// Active units of this app per domain.
@@ -149,20 +148,24 @@ pub fn place_unit(
 ) -> Result<Placement, Unplaced> {
     let mut why = Unplaced::default();
     let class = members.iter().fold(Resources::default(), |acc, m| acc.checked_add(&m.resources).unwrap_or(acc));
-    let mut domains: Vec<(&String, u32, u32)> = input
-        .index
-        .domains
-        .keys()
-        .map(|d| (d, input.units_per_domain.get(d).copied().unwrap_or(0), rng.random::<u32>()))
+    // (shard, domain, its nodes, units of this app there, random tie-break)
+    type Candidate<'s> = (usize, &'s String, &'s Arc<Vec<NodeId>>, u32, u32);
+    let mut domains: Vec<Candidate<'_>> = input
+        .slots
+        .iter()
+        .enumerate()
+        .flat_map(|(shard, slot)| slot.domains.iter().map(move |(d, ids)| (shard, d, ids)))
+        .map(|(shard, d, ids)| {
+            (shard, d, ids, input.units_per_domain.get(d).copied().unwrap_or(0), rng.random::<u32>())
+        })
         .collect();
-    domains.sort_by_key(|&(_, units, tie)| (units, tie));
-    for (domain, units, _) in domains.into_iter().take(MAX_DOMAINS) {
+    domains.sort_by_key(|&(_, _, _, units, tie)| (units, tie));
+    for (shard, domain, ids, units, _) in domains.into_iter().take(MAX_DOMAINS) {
         if input.max_units_per_domain.is_some_and(|m| units >= m) {
             why.domains_full += 1;
             continue;
         }
-        let (shard, ids) = &input.index.domains[domain];
-        let Some(slot) = input.slots.get(*shard) else { continue };
+        let slot = &input.slots[shard];
         if !slot.connected {
             *why.excluded.entry("in a shard that is unreachable").or_default() += ids.len();
             continue;
@@ -174,7 +177,7 @@ pub fn place_unit(
         }
         why.domains_tried += 1;
         match place_in_domain(input, slot, ids, members, rng, &mut why) {
-            Some(placed) => return Ok(Placement { domain: domain.clone(), shard: *shard, members: placed }),
+            Some(placed) => return Ok(Placement { domain: domain.clone(), shard, members: placed }),
             None => {
                 cache.infeasible.insert(key, slot.view.version);
             }
@@ -282,7 +285,8 @@ mod tests {
         for r in recs {
             v.nodes.insert(r.node_id.clone(), r);
         }
-        vec![Arc::new(ShardSlot { view: Arc::new(v), connected: true })]
+        let domains = flotilla_view::Domains::of(&v);
+        vec![Arc::new(ShardSlot { view: Arc::new(v), connected: true, domains })]
     }
 
     fn members(n: usize, cpu: u64) -> Vec<MemberRequest> {
@@ -296,11 +300,9 @@ mod tests {
         max: Option<u32>,
         ms: &[MemberRequest],
     ) -> Result<Placement, Unplaced> {
-        let index = DomainIndex::build(s);
         let pending = HashMap::new();
         let input = PlanInput {
             slots: s,
-            index: &index,
             constraints: c,
             max_units_per_domain: max,
             units_per_domain: per_domain,
@@ -380,12 +382,10 @@ mod tests {
     #[test]
     fn a_full_domain_is_not_rescanned_for_the_same_class() {
         let s = slots(vec![rec("a1", "a", 100, 0, NodeStatus::Alive, 0, false)]);
-        let index = DomainIndex::build(&s);
         let (pending, per) = (HashMap::new(), HashMap::new());
         let c = Constraints::default();
         let input = PlanInput {
             slots: &s,
-            index: &index,
             constraints: &c,
             max_units_per_domain: None,
             units_per_domain: &per,

@@ -14,7 +14,7 @@ use serde::Serialize;
 use tonic::transport::Channel;
 
 use crate::lifecycle::UnitState;
-use crate::planner::{ClassCache, DomainIndex, MemberRequest, PlanInput, place_unit};
+use crate::planner::{ClassCache, MemberRequest, PlanInput, place_unit};
 use crate::spec::AppSpec;
 use crate::store::{MemberRecord, Store, Stored, UnitRecord, Write};
 
@@ -61,8 +61,6 @@ pub struct Scheduler {
     store: Arc<dyn Store>,
     stored: Stored,
     status: Arc<ArcSwap<AppStatus>>,
-    index: DomainIndex,
-    index_built: Option<Instant>,
     classes: ClassCache,
     pending: Vec<PendingAlloc>,
     fencing_token: u64,
@@ -107,8 +105,6 @@ impl Scheduler {
                 store,
                 stored,
                 status,
-                index: DomainIndex::default(),
-                index_built: None,
                 classes: ClassCache::default(),
                 pending: Vec::new(),
                 fencing_token: 1,
@@ -151,12 +147,6 @@ impl Scheduler {
         if !self.started {
             self.adopt().await?;
             self.started = true;
-        }
-        let stale = self.index_built.is_none_or(|t| t.elapsed() > Duration::from_secs(1))
-            && self.index.built_from != slots.iter().map(|s| s.view.version).collect::<Vec<_>>();
-        if stale {
-            self.index = DomainIndex::build(&slots);
-            self.index_built = Some(Instant::now());
         }
         self.pending.retain(|p| {
             slots.get(p.shard).is_none_or(|s| s.view.version.epoch == p.shown_in.epoch && s.view.version < p.shown_in)
@@ -307,7 +297,6 @@ impl Scheduler {
             let started = Instant::now();
             let input = PlanInput {
                 slots,
-                index: &self.index,
                 constraints: &self.spec.constraints,
                 max_units_per_domain: self.spec.spread.max_units_per_domain,
                 units_per_domain: &per_domain,

@@ -18,6 +18,8 @@ pub struct ShardSlot {
     pub view: Arc<ShardView>,
     /// False while the stream to the shard is down: its nodes are then `Unknown`.
     pub connected: bool,
+    /// The view's node ids by domain.
+    pub domains: crate::Domains,
 }
 
 /// The merged view: one slot per shard, in `--aggregators` order. Readers load a
@@ -31,7 +33,11 @@ impl ClusterView {
     pub fn new(shards: usize) -> Arc<Self> {
         let slots = (0..shards)
             .map(|i| {
-                ArcSwap::from_pointee(ShardSlot { view: Arc::new(ShardView::empty(i as u32, 0)), connected: false })
+                ArcSwap::from_pointee(ShardSlot {
+                    view: Arc::new(ShardView::empty(i as u32, 0)),
+                    connected: false,
+                    domains: Default::default(),
+                })
             })
             .collect();
         Arc::new(ClusterView { slots, changed: watch::channel(0).0 })
@@ -72,7 +78,7 @@ pub async fn follow_shard(cluster: Arc<ClusterView>, shard: usize, endpoint: Str
         }
         let cur = cluster.slot(shard);
         if cur.connected {
-            cluster.store(shard, ShardSlot { view: cur.view.clone(), connected: false });
+            cluster.store(shard, ShardSlot { view: cur.view.clone(), connected: false, domains: cur.domains.clone() });
         }
         let jitter = rand::rng().random_range(0.5..1.5);
         tokio::time::sleep(backoff.mul_f64(jitter)).await;
@@ -103,6 +109,7 @@ async fn follow_once(cluster: &ClusterView, shard: usize, endpoint: &str) -> Res
     let from = (have.view.version.epoch != 0).then(|| have.view.version.into());
     let mut stream = client.watch_view(v1::WatchViewRequest { from_version: from }).await?.into_inner();
     let mut view = have.view.clone();
+    let mut domains = have.domains.clone();
     let mut building: Option<ShardView> = None;
     let mut connected = have.connected;
     while let Some(update) = stream.message().await? {
@@ -119,23 +126,25 @@ async fn follow_once(cluster: &ClusterView, shard: usize, endpoint: &str) -> Res
                 }
                 if chunk.last {
                     view = Arc::new(building.take().unwrap_or_else(|| ShardView::empty(shard as u32, 0)));
+                    domains = crate::Domains::of(&view);
                     connected = true;
-                    cluster.store(shard, ShardSlot { view: view.clone(), connected });
+                    cluster.store(shard, ShardSlot { view: view.clone(), connected, domains: domains.clone() });
                     metrics::counter!("flotilla_view_snapshots_received_total").increment(1);
                 }
             }
             Some(Update::Delta(d)) => {
                 let d = delta_from_wire(d)?;
                 let next = view.apply(&d).ok_or(FollowError::Gap(d.from, view.version))?;
+                domains = domains.apply(&view, &d);
                 view = Arc::new(next);
                 connected = true;
-                cluster.store(shard, ShardSlot { view: view.clone(), connected });
+                cluster.store(shard, ShardSlot { view: view.clone(), connected, domains: domains.clone() });
             }
             None => {
                 // A keep-alive (no update): we are current.
                 if !connected {
                     connected = true;
-                    cluster.store(shard, ShardSlot { view: view.clone(), connected });
+                    cluster.store(shard, ShardSlot { view: view.clone(), connected, domains: domains.clone() });
                 }
             }
         }

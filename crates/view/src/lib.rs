@@ -8,11 +8,13 @@
 //! [`follow`] is the client side: it keeps a local copy of one shard's view
 //! current over `WatchView`.
 
+mod domains;
 mod follow;
 mod publish;
 mod record;
 mod wire;
 
+pub use domains::Domains;
 pub use follow::{ClusterView, ShardSlot, follow_shard};
 pub use publish::{Start, Subscription, ViewPublisher};
 pub use record::{Delta, NodeRecord, ShardView, Version};
