@@ -169,3 +169,85 @@ mod tests {
         assert!(proc_rss_bytes(std::process::id()).unwrap() > 0);
     }
 }
+
+/// A simulated node: registered over real QUIC, heartbeats sealed with its session key.
+pub struct SimNode {
+    pub id: String,
+    pub shard: usize,
+    pub session_id: u64,
+    pub incarnation: u64,
+    pub key: flotilla_proto::seal::SessionKey,
+}
+
+pub fn node_index(id: &str) -> Option<usize> {
+    id.strip_prefix("sim-")?.parse().ok()
+}
+
+/// Four domains per shard, so nodes spread evenly whatever the hash does.
+pub fn domains_per_shard(shards: usize) -> Vec<Vec<String>> {
+    let mut out = vec![Vec::new(); shards];
+    let mut k = 0;
+    while out.iter().any(|d| d.len() < 4) {
+        let d = format!("sim-domain-{k}");
+        let s = flotilla_core::shard_for_domain(&d, shards);
+        if out[s].len() < 4 {
+            out[s].push(d);
+        }
+        k += 1;
+    }
+    out
+}
+
+/// Registers `n` simulated nodes of `cpu_millis` each over one QUIC connection per shard.
+pub async fn register_nodes(
+    shards: &[ShardProc],
+    data: &Data,
+    n: usize,
+    cpu_millis: u64,
+) -> anyhow::Result<Vec<SimNode>> {
+    use flotilla_agent::client::{ShardConnection, client_endpoint};
+    use flotilla_proto::v1;
+    use std::sync::Arc;
+    let domains = domains_per_shard(shards.len());
+    let mut tasks = tokio::task::JoinSet::new();
+    const WORKERS: usize = 64;
+    for (s, shard) in shards.iter().enumerate() {
+        let endpoint = client_endpoint(&data.ca, "127.0.0.1:0".parse()?)?;
+        let conn = ShardConnection::connect(&endpoint, shard.addr.parse()?, "127.0.0.1").await?;
+        let mine: Vec<usize> = (0..n).filter(|i| i % shards.len() == s).collect();
+        let mine = Arc::new(mine);
+        for w in 0..WORKERS {
+            let (conn, mine, token, doms) = (conn.clone(), mine.clone(), data.join_token.clone(), domains[s].clone());
+            let endpoint = endpoint.clone();
+            tasks.spawn(async move {
+                let _keep = endpoint;
+                let mut out = Vec::new();
+                for &i in mine.iter().skip(w).step_by(WORKERS) {
+                    let id = format!("sim-{i:07}");
+                    let incarnation = 1_000 + i as u64;
+                    let req = v1::RegisterRequest {
+                        protocol_version: flotilla_core::PROTOCOL_VERSION,
+                        join_token: token.clone(),
+                        node_id: id.clone(),
+                        incarnation,
+                        labels: [("domain".to_string(), doms[i % doms.len()].clone())].into_iter().collect(),
+                        capacity: Some(v1::Resources { cpu_millis, memory_bytes: 32 << 30, ..Default::default() }),
+                        assignments: vec![],
+                        health: None,
+                    };
+                    let sess = conn.register(req).await.with_context(|| format!("registering {id}"))?;
+                    let key: flotilla_proto::seal::SessionKey =
+                        sess.key.as_slice().try_into().map_err(|_| anyhow!("bad key"))?;
+                    out.push(SimNode { id, shard: s, session_id: sess.session_id, incarnation, key });
+                }
+                anyhow::Ok(out)
+            });
+        }
+    }
+    let mut nodes: Vec<SimNode> = Vec::with_capacity(n);
+    while let Some(r) = tasks.join_next().await {
+        nodes.extend(r??);
+    }
+    nodes.sort_by_key(|n| node_index(&n.id));
+    Ok(nodes)
+}

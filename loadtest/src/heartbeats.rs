@@ -9,16 +9,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, anyhow};
 use clap::Args;
-use flotilla_agent::client::{ShardConnection, client_endpoint};
-use flotilla_core::{PROTOCOL_VERSION, shard_for_domain};
-use flotilla_proto::seal::{self, Direction, Header, MAGIC_HEARTBEAT, SessionKey};
+use flotilla_proto::seal::{self, Direction, Header, MAGIC_HEARTBEAT};
 use flotilla_proto::v1::{self, view_service_client::ViewServiceClient, view_update::Update};
 use hdrhistogram::Histogram;
 use prost::Message;
 
-use crate::common::{Data, ShardProc, flotilla_bin, machine, pct_ms};
+use crate::common::{Data, ShardProc, SimNode, flotilla_bin, machine, node_index, pct_ms, register_nodes};
 
 #[derive(Debug, Args)]
 pub struct HeartbeatArgs {
@@ -42,35 +39,8 @@ pub struct HeartbeatArgs {
     pub flotilla: Option<PathBuf>,
 }
 
-struct SimNode {
-    id: String,
-    shard: usize,
-    session_id: u64,
-    incarnation: u64,
-    key: SessionKey,
-}
-
 /// A pending lag measurement: when the flipping heartbeat left, and which way it flipped.
 type Pending = Arc<Mutex<HashMap<usize, (Instant, bool)>>>;
-
-fn node_index(id: &str) -> Option<usize> {
-    id.strip_prefix("sim-")?.parse().ok()
-}
-
-/// Four domains per shard, so nodes spread evenly whatever the hash does.
-fn domains_per_shard(shards: usize) -> Vec<Vec<String>> {
-    let mut out = vec![Vec::new(); shards];
-    let mut k = 0;
-    while out.iter().any(|d| d.len() < 4) {
-        let d = format!("sim-domain-{k}");
-        let s = shard_for_domain(&d, shards);
-        if out[s].len() < 4 {
-            out[s].push(d);
-        }
-        k += 1;
-    }
-    out
-}
 
 pub async fn run(a: HeartbeatArgs) -> anyhow::Result<()> {
     anyhow::ensure!(a.nodes >= 1 && a.nodes <= 2_000_000, "--nodes must be within 1..=2000000");
@@ -93,52 +63,8 @@ pub async fn run(a: HeartbeatArgs) -> anyhow::Result<()> {
         heap_empty += s.metric("flotilla_heap_bytes").await?;
     }
 
-    // Register every simulated node over one QUIC connection per shard.
-    let domains = domains_per_shard(a.shards);
     let started = Instant::now();
-    let mut tasks = tokio::task::JoinSet::new();
-    const WORKERS: usize = 64;
-    for (s, shard) in shards.iter().enumerate() {
-        let endpoint = client_endpoint(&data.ca, "127.0.0.1:0".parse()?)?;
-        let conn = ShardConnection::connect(&endpoint, shard.addr.parse()?, "127.0.0.1").await?;
-        let mine: Vec<usize> = (0..a.nodes).filter(|i| i % a.shards == s).collect();
-        let mine = Arc::new(mine);
-        for w in 0..WORKERS {
-            let (conn, mine, token, doms) = (conn.clone(), mine.clone(), data.join_token.clone(), domains[s].clone());
-            let endpoint = endpoint.clone();
-            tasks.spawn(async move {
-                let _keep = endpoint;
-                let mut out = Vec::new();
-                for &i in mine.iter().skip(w).step_by(WORKERS) {
-                    let id = format!("sim-{i:07}");
-                    let incarnation = 1_000 + i as u64;
-                    let req = v1::RegisterRequest {
-                        protocol_version: PROTOCOL_VERSION,
-                        join_token: token.clone(),
-                        node_id: id.clone(),
-                        incarnation,
-                        labels: [("domain".to_string(), doms[i % doms.len()].clone())].into_iter().collect(),
-                        capacity: Some(v1::Resources {
-                            cpu_millis: 8000,
-                            memory_bytes: 32 << 30,
-                            ..Default::default()
-                        }),
-                        assignments: vec![],
-                        health: None,
-                    };
-                    let sess = conn.register(req).await.with_context(|| format!("registering {id}"))?;
-                    let key: SessionKey = sess.key.as_slice().try_into().map_err(|_| anyhow!("bad key"))?;
-                    out.push(SimNode { id, shard: s, session_id: sess.session_id, incarnation, key });
-                }
-                anyhow::Ok(out)
-            });
-        }
-    }
-    let mut nodes: Vec<SimNode> = Vec::with_capacity(a.nodes);
-    while let Some(r) = tasks.join_next().await {
-        nodes.extend(r??);
-    }
-    nodes.sort_by_key(|n| node_index(&n.id));
+    let nodes = register_nodes(&shards, &data, a.nodes, 8000).await?;
     let reg_secs = started.elapsed().as_secs_f64();
     println!("registered {} nodes in {:.1}s ({:.0}/s)", nodes.len(), reg_secs, nodes.len() as f64 / reg_secs);
 

@@ -3,6 +3,7 @@
 
 mod common;
 mod heartbeats;
+mod schedule;
 
 use clap::{Parser, Subcommand};
 
@@ -17,6 +18,8 @@ struct Cli {
 enum Cmd {
     /// Heartbeat ingest: simulated agents against real shard processes.
     Heartbeats(heartbeats::HeartbeatArgs),
+    /// Optimistic placement by many app schedulers, against a one-lock baseline.
+    Schedule(schedule::ScheduleArgs),
 }
 
 #[tokio::main]
@@ -24,6 +27,7 @@ async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let r = match cli.cmd {
         Cmd::Heartbeats(a) => heartbeats::run(a).await,
+        Cmd::Schedule(a) => schedule::run_schedule(a).await,
     };
     match r {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -42,3 +42,35 @@ fn heartbeats_scenario_reports_every_figure() {
     assert!(v["heartbeats_per_second"].as_f64().unwrap() > 0.0);
     assert!(v["view_lag_samples"].as_u64().unwrap() > 0, "health flips reached the watcher");
 }
+
+#[test]
+fn schedule_scenario_reports_every_figure() {
+    let dir = bin_dir();
+    let out = Command::new(env!("CARGO_BIN_EXE_flotilla-loadtest"))
+        .args(["schedule", "--nodes", "200", "--schedulers", "4", "--placements", "400", "--json"])
+        .arg("--flotilla")
+        .arg(dir.join("flotilla"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let last = stdout.lines().last().unwrap();
+    let v: serde_json::Value = serde_json::from_str(last).unwrap();
+    for key in [
+        "nodes",
+        "schedulers",
+        "placements_requested",
+        "placements_committed",
+        "placements_per_second",
+        "conflict_fraction",
+        "commit_latency_p50_ms",
+        "commit_latency_p99_ms",
+        "decision_p99_us",
+        "baseline_placements_per_second",
+        "speedup_vs_baseline",
+    ] {
+        assert!(v.get(key).is_some_and(|x| x.is_number()), "{key} missing in {last}");
+    }
+    assert_eq!(v["placements_committed"], 400, "every placement fits: 200 nodes x 8 cores");
+    assert_eq!(v["baseline_placements_committed"], 400);
+}

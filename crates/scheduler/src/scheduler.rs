@@ -33,16 +33,50 @@ pub struct AppStatus {
     pub units: Vec<UnitRecord>,
 }
 
+/// What the scheduler measured about itself (also exported as metrics), for the
+/// loadtest and the status page.
+pub struct Stats {
+    pub claims_accepted: std::sync::atomic::AtomicU64,
+    /// Claims the ledger refused although the plan thought they fit: Omega's conflicts.
+    pub claims_rejected: std::sync::atomic::AtomicU64,
+    /// Commit round trip, microseconds.
+    pub commit_us: std::sync::Mutex<hdrhistogram::Histogram<u64>>,
+    /// Time to place one unit against the view, microseconds.
+    pub decision_us: std::sync::Mutex<hdrhistogram::Histogram<u64>>,
+}
+
+impl Stats {
+    fn new() -> Self {
+        let h =
+            || std::sync::Mutex::new(hdrhistogram::Histogram::new(3).unwrap_or_else(|_| unreachable!("3 is valid")));
+        Stats {
+            claims_accepted: Default::default(),
+            claims_rejected: Default::default(),
+            commit_us: h(),
+            decision_us: h(),
+        }
+    }
+
+    fn record(h: &std::sync::Mutex<hdrhistogram::Histogram<u64>>, d: Duration) {
+        let _ = h.lock().unwrap_or_else(|p| p.into_inner()).record((d.as_micros() as u64).max(1));
+    }
+}
+
 /// A handle on a running scheduler, for the control plane and tests.
 #[derive(Clone)]
 pub struct AppHandle {
     pub app: String,
     status: Arc<ArcSwap<AppStatus>>,
+    stats: Arc<Stats>,
 }
 
 impl AppHandle {
     pub fn status(&self) -> Arc<AppStatus> {
         self.status.load_full()
+    }
+
+    pub fn stats(&self) -> Arc<Stats> {
+        self.stats.clone()
     }
 }
 
@@ -61,6 +95,7 @@ pub struct Scheduler {
     store: Arc<dyn Store>,
     stored: Stored,
     status: Arc<ArcSwap<AppStatus>>,
+    stats: Arc<Stats>,
     classes: ClassCache,
     pending: Vec<PendingAlloc>,
     fencing_token: u64,
@@ -94,7 +129,8 @@ impl Scheduler {
             max_units: spec.units.max,
             units: stored.units.values().cloned().collect(),
         }));
-        let handle = AppHandle { app: spec.name.clone(), status: status.clone() };
+        let stats = Arc::new(Stats::new());
+        let handle = AppHandle { app: spec.name.clone(), status: status.clone(), stats: stats.clone() };
         let clients = vec![None; shard_addrs.len()];
         Ok((
             Scheduler {
@@ -105,6 +141,7 @@ impl Scheduler {
                 store,
                 stored,
                 status,
+                stats,
                 classes: ClassCache::default(),
                 pending: Vec::new(),
                 fencing_token: 1,
@@ -304,6 +341,7 @@ impl Scheduler {
             };
             let plan = place_unit(&input, &requests, &mut self.classes, &mut self.rng);
             metrics::histogram!("flotilla_plan_seconds").record(started.elapsed().as_secs_f64());
+            Stats::record(&self.stats.decision_us, started.elapsed());
             let Some(unit) = self.stored.units.get_mut(id) else { continue };
             match plan {
                 Err(why) => {
@@ -339,9 +377,16 @@ impl Scheduler {
                 Err(e) => Err(e),
             };
             metrics::histogram!("flotilla_commit_latency_seconds").record(started.elapsed().as_secs_f64());
+            Stats::record(&self.stats.commit_us, started.elapsed());
             match result {
                 Ok(resp) => {
                     let shown_in: Version = resp.applied_in.unwrap_or_default().into();
+                    let accepted = resp.results.iter().filter(|r| r.accepted).count() as u64;
+                    let rejected = resp.results.len() as u64 - accepted;
+                    self.stats.claims_accepted.fetch_add(accepted, std::sync::atomic::Ordering::Relaxed);
+                    self.stats.claims_rejected.fetch_add(rejected, std::sync::atomic::Ordering::Relaxed);
+                    metrics::counter!("flotilla_scheduler_claims_total", "result" => "accepted").increment(accepted);
+                    metrics::counter!("flotilla_scheduler_claims_total", "result" => "conflict").increment(rejected);
                     let verdicts: HashMap<(String, String), (bool, String)> = resp
                         .results
                         .into_iter()

@@ -1,0 +1,206 @@
+//! `flotilla-loadtest schedule`: K app schedulers (tasks sharing one decoded view, as
+//! they would share a host) place units against shard processes holding N simulated
+//! nodes, competing for the same nodes so conflicts are real. The same workload then
+//! runs through a pessimistic baseline: one global lock around plan + commit.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use flotilla_scheduler::lifecycle::UnitState;
+use flotilla_scheduler::{AppHandle, AppSpec, MemStore, Scheduler, Store};
+use flotilla_view::ClusterView;
+use hdrhistogram::Histogram;
+
+use crate::common::{Data, ShardProc, flotilla_bin, machine, register_nodes};
+
+#[derive(Debug, Args)]
+pub struct ScheduleArgs {
+    #[arg(long, default_value_t = 100_000)]
+    pub nodes: usize,
+    #[arg(long, default_value_t = 16)]
+    pub schedulers: usize,
+    /// Units to place in each run (one member each), split over the schedulers.
+    #[arg(long, default_value_t = 20_000)]
+    pub placements: usize,
+    #[arg(long, default_value_t = 2)]
+    pub shards: usize,
+    /// Give up on a run after this many seconds.
+    #[arg(long, default_value_t = 120)]
+    pub timeout: u64,
+    #[arg(long)]
+    pub json: bool,
+    #[arg(long)]
+    pub flotilla: Option<PathBuf>,
+}
+
+struct Run {
+    committed: usize,
+    seconds: f64,
+    accepted: u64,
+    rejected: u64,
+    commit_us: Histogram<u64>,
+    decision_us: Histogram<u64>,
+}
+
+fn spec(name: &str, units: u32) -> anyhow::Result<AppSpec> {
+    Ok(AppSpec::parse(&format!(
+        r#"
+name = "{name}"
+[unit.head]
+command = "sleep"
+cpu = "100m"
+memory = "16Mi"
+[constraints]
+allow_low_priority = true
+[units]
+min = 0
+max = {units}
+initial = {units}
+"#
+    ))?)
+}
+
+async fn run(
+    prefix: &str,
+    a: &ScheduleArgs,
+    cluster: &Arc<ClusterView>,
+    addrs: &[String],
+    pessimistic: bool,
+) -> anyhow::Result<Run> {
+    let k = a.schedulers;
+    let lock = Arc::new(tokio::sync::Mutex::new(()));
+    let mut handles: Vec<AppHandle> = Vec::new();
+    let mut tasks = tokio::task::JoinSet::new();
+    let deadline = Instant::now() + Duration::from_secs(a.timeout);
+    let started = Instant::now();
+    for i in 0..k {
+        let units = (a.placements / k + usize::from(i < a.placements % k)) as u32;
+        let store: Arc<dyn Store> = Arc::new(MemStore::default());
+        let (mut s, h) =
+            Scheduler::new(spec(&format!("{prefix}-{i}"), units)?, cluster.clone(), addrs.to_vec(), store)?;
+        let (lock, handle) = (lock.clone(), h.clone());
+        handles.push(h);
+        tasks.spawn(async move {
+            loop {
+                let r = if pessimistic {
+                    let _g = lock.lock().await;
+                    s.reconcile().await
+                } else {
+                    s.reconcile().await
+                };
+                r?;
+                let st = handle.status();
+                if st.units.len() == units as usize && st.units.iter().all(|u| u.state == UnitState::Allocated) {
+                    return anyhow::Ok(());
+                }
+                if Instant::now() > deadline {
+                    return Ok(());
+                }
+                tokio::task::yield_now().await;
+            }
+        });
+    }
+    while let Some(r) = tasks.join_next().await {
+        r??;
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let mut out = Run {
+        committed: 0,
+        seconds,
+        accepted: 0,
+        rejected: 0,
+        commit_us: Histogram::new(3)?,
+        decision_us: Histogram::new(3)?,
+    };
+    for h in &handles {
+        out.committed += h.status().units.iter().filter(|u| u.state == UnitState::Allocated).count();
+        let st = h.stats();
+        out.accepted += st.claims_accepted.load(Ordering::Relaxed);
+        out.rejected += st.claims_rejected.load(Ordering::Relaxed);
+        out.commit_us.add(&*st.commit_us.lock().unwrap_or_else(|p| p.into_inner()))?;
+        out.decision_us.add(&*st.decision_us.lock().unwrap_or_else(|p| p.into_inner()))?;
+    }
+    Ok(out)
+}
+
+pub async fn run_schedule(a: ScheduleArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(a.nodes >= 1 && a.nodes <= 2_000_000, "--nodes must be within 1..=2000000");
+    anyhow::ensure!(a.schedulers >= 1 && a.schedulers <= 256, "--schedulers must be within 1..=256");
+    anyhow::ensure!(a.shards >= 1 && a.shards <= 64, "--shards must be within 1..=64");
+    anyhow::ensure!(
+        a.placements >= a.schedulers && a.placements / a.schedulers <= flotilla_scheduler::spec::MAX_UNITS as usize,
+        "--placements must give each scheduler 1..={} units",
+        flotilla_scheduler::spec::MAX_UNITS
+    );
+    let bin = flotilla_bin(a.flotilla.clone())?;
+    let data = Data::create("sched")?;
+    println!("machine: {}", machine());
+    // Simulated nodes do not heartbeat here: liveness long enough that all stay Alive.
+    let liveness = ["--suspect-after", "1h", "--dead-after", "2h"].map(String::from);
+    println!("liveness: {} (nodes stay alive for the run)", liveness.join(" "));
+    let mut shards = Vec::new();
+    for i in 0..a.shards {
+        shards.push(ShardProc::spawn(&bin, &data.dir, i, a.shards, &liveness)?);
+    }
+    let t = Instant::now();
+    let nodes = register_nodes(&shards, &data, a.nodes, 8000).await?;
+    println!("registered {} nodes of 8 cores in {:.1}s", nodes.len(), t.elapsed().as_secs_f64());
+    let addrs: Vec<String> = shards.iter().map(|s| s.addr.clone()).collect();
+    let cluster = ClusterView::new(a.shards);
+    for (i, addr) in addrs.iter().enumerate() {
+        tokio::spawn(flotilla_view::follow_shard(cluster.clone(), i, format!("http://{addr}")));
+    }
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while cluster.slots().iter().map(|s| s.view.len()).sum::<usize>() < a.nodes {
+        anyhow::ensure!(Instant::now() < deadline, "the view never showed every node");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let opt = run("opt", &a, &cluster, &addrs, false).await?;
+    let base = run("lock", &a, &cluster, &addrs, true).await?;
+    let per_s = |r: &Run| r.committed as f64 / r.seconds.max(1e-9);
+    let ms = |h: &Histogram<u64>, q: f64| if h.is_empty() { 0.0 } else { h.value_at_quantile(q) as f64 / 1000.0 };
+    let conflict = if opt.accepted > 0 { opt.rejected as f64 / opt.accepted as f64 } else { 0.0 };
+    println!(
+        "optimistic: {} placements in {:.2}s = {:.0}/s, conflict fraction {:.4}, commit p50 {:.1} ms p99 {:.1} ms, decision p99 {} us",
+        opt.committed,
+        opt.seconds,
+        per_s(&opt),
+        conflict,
+        ms(&opt.commit_us, 0.5),
+        ms(&opt.commit_us, 0.99),
+        opt.decision_us.value_at_quantile(0.99)
+    );
+    println!(
+        "pessimistic (one lock around plan + commit): {} placements in {:.2}s = {:.0}/s",
+        base.committed,
+        base.seconds,
+        per_s(&base)
+    );
+    let result = serde_json::json!({
+        "scenario": "schedule",
+        "nodes": a.nodes,
+        "shards": a.shards,
+        "schedulers": a.schedulers,
+        "placements_requested": a.placements,
+        "placements_committed": opt.committed,
+        "placements_per_second": per_s(&opt).round(),
+        "conflict_fraction": (conflict * 10_000.0).round() / 10_000.0,
+        "claims_rejected": opt.rejected,
+        "commit_latency_p50_ms": ms(&opt.commit_us, 0.5),
+        "commit_latency_p99_ms": ms(&opt.commit_us, 0.99),
+        "decision_p99_us": opt.decision_us.value_at_quantile(0.99),
+        "baseline_placements_committed": base.committed,
+        "baseline_placements_per_second": per_s(&base).round(),
+        "speedup_vs_baseline": ((per_s(&opt) / per_s(&base).max(1e-9)) * 100.0).round() / 100.0,
+    });
+    if a.json {
+        println!("{}", serde_json::to_string(&result)?);
+    } else {
+        println!("{}", serde_json::to_string_pretty(&result)?);
+    }
+    Ok(())
+}
