@@ -2,6 +2,7 @@
 //! client commands (`nodes`) — see DESIGN §13 for the contract.
 
 mod client;
+mod echo;
 mod secrets;
 mod servers;
 mod up;
@@ -33,6 +34,8 @@ enum Cmd {
     Agent(flotilla_agent::config::AgentCommand),
     /// One app's scheduler as its own process.
     Scheduler(servers::SchedulerArgs),
+    /// A tiny HTTP workload that answers with its node, unit and role.
+    EchoServer(echo::EchoArgs),
     /// List nodes from the control plane.
     Nodes(client::ListArgs),
     /// List apps and their units by state.
@@ -57,6 +60,7 @@ fn main() -> std::process::ExitCode {
                             Cmd::Aggregator(a) => servers::aggregator(a).await,
                             Cmd::Control(a) => servers::control(a).await,
                             Cmd::Scheduler(a) => servers::scheduler(a).await,
+                            Cmd::EchoServer(a) => echo::run(a).await,
                             Cmd::Nodes(a) => client::nodes(a).await,
                             Cmd::Apps(a) => client::apps(a).await,
                             Cmd::Units(a) => client::units(a).await,

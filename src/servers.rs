@@ -168,7 +168,10 @@ pub async fn control(a: ControlArgs) -> anyhow::Result<()> {
 /// Reads and validates an app spec, naming the file in every error.
 pub fn load_spec(path: &std::path::Path) -> anyhow::Result<flotilla_scheduler::AppSpec> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    flotilla_scheduler::AppSpec::parse(&text).with_context(|| format!("{}", path.display()))
+    flotilla_scheduler::AppSpec::parse(&text).with_context(|| {
+        metrics::counter!("flotilla_app_specs_rejected_total").increment(1);
+        format!("{}", path.display())
+    })
 }
 
 #[derive(Debug, Args)]

@@ -300,3 +300,31 @@ fn a_bad_app_spec_is_refused_with_every_problem() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn echo_server_answers_with_its_identity_on_flotilla_port() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut child = Command::new(BIN)
+        .arg("echo-server")
+        .env("FLOTILLA_PORT", port.to_string())
+        .env("FLOTILLA_NODE_ID", "node-7")
+        .env("FLOTILLA_UNIT", "echo-3")
+        .env("FLOTILLA_ROLE", "head")
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let body = wait_for("echo-server", Duration::from_secs(10), || {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+        s.write_all(b"GET /who HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").ok()?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).ok()?;
+        out.split("\r\n\r\n").nth(1).map(str::to_string)
+    });
+    let _ = child.kill();
+    let _ = child.wait();
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["node"], "node-7");
+    assert_eq!(v["unit"], "echo-3");
+    assert_eq!(v["role"], "head");
+}
