@@ -153,23 +153,6 @@ pub fn machine() -> String {
     format!("{} cores, {cpu}", std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn metrics_are_summed_over_labels() {
-        let t = "# TYPE x counter\nx_total{a=\"1\"} 2\nx_total{a=\"2\"} 3.5\nx_total_other 9\nx_total 1\n";
-        assert_eq!(sum_metric(t, "x_total"), 6.5);
-    }
-
-    #[test]
-    fn reads_own_process() {
-        assert!(proc_cpu_seconds(std::process::id()).is_some());
-        assert!(proc_rss_bytes(std::process::id()).unwrap() > 0);
-    }
-}
-
 /// A simulated node: registered over real QUIC, heartbeats sealed with its session key.
 pub struct SimNode {
     pub id: String,
@@ -250,4 +233,21 @@ pub async fn register_nodes(
     }
     nodes.sort_by_key(|n| node_index(&n.id));
     Ok(nodes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metrics_are_summed_over_labels() {
+        let t = "# TYPE x counter\nx_total{a=\"1\"} 2\nx_total{a=\"2\"} 3.5\nx_total_other 9\nx_total 1\n";
+        assert_eq!(sum_metric(t, "x_total"), 6.5);
+    }
+
+    #[test]
+    fn reads_own_process() {
+        assert!(proc_cpu_seconds(std::process::id()).is_some());
+        assert!(proc_rss_bytes(std::process::id()).unwrap() > 0);
+    }
 }
