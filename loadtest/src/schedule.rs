@@ -27,6 +27,12 @@ pub struct ScheduleArgs {
     pub placements: usize,
     #[arg(long, default_value_t = 2)]
     pub shards: usize,
+    /// Cores of each simulated node.
+    #[arg(long, default_value_t = 8)]
+    pub node_cores: u64,
+    /// CPU of each placement (one member per unit), as in an app spec.
+    #[arg(long, default_value = "100m")]
+    pub unit_cpu: String,
     /// Give up on a run after this many seconds.
     #[arg(long, default_value_t = 120)]
     pub timeout: u64,
@@ -45,13 +51,13 @@ struct Run {
     decision_us: Histogram<u64>,
 }
 
-fn spec(name: &str, units: u32) -> anyhow::Result<AppSpec> {
+fn spec(name: &str, units: u32, cpu: &str) -> anyhow::Result<AppSpec> {
     Ok(AppSpec::parse(&format!(
         r#"
 name = "{name}"
 [unit.head]
 command = "sleep"
-cpu = "100m"
+cpu = "{cpu}"
 memory = "16Mi"
 [constraints]
 allow_low_priority = true
@@ -80,7 +86,7 @@ async fn run(
         let units = (a.placements / k + usize::from(i < a.placements % k)) as u32;
         let store: Arc<dyn Store> = Arc::new(MemStore::default());
         let (mut s, h) =
-            Scheduler::new(spec(&format!("{prefix}-{i}"), units)?, cluster.clone(), addrs.to_vec(), store)?;
+            Scheduler::new(spec(&format!("{prefix}-{i}"), units, &a.unit_cpu)?, cluster.clone(), addrs.to_vec(), store)?;
         let (lock, handle) = (lock.clone(), h.clone());
         handles.push(h);
         tasks.spawn(async move {
@@ -146,8 +152,15 @@ pub async fn run_schedule(a: ScheduleArgs) -> anyhow::Result<()> {
         shards.push(ShardProc::spawn(&bin, &data.dir, i, a.shards, &liveness)?);
     }
     let t = Instant::now();
-    let nodes = register_nodes(&shards, &data, a.nodes, 8000).await?;
-    println!("registered {} nodes of 8 cores in {:.1}s", nodes.len(), t.elapsed().as_secs_f64());
+    anyhow::ensure!((1..=4096).contains(&a.node_cores), "--node-cores must be within 1..=4096");
+    let nodes = register_nodes(&shards, &data, a.nodes, a.node_cores * 1000).await?;
+    println!(
+        "registered {} nodes of {} cores in {:.1}s; each placement takes {} CPU",
+        nodes.len(),
+        a.node_cores,
+        t.elapsed().as_secs_f64(),
+        a.unit_cpu
+    );
     let addrs: Vec<String> = shards.iter().map(|s| s.addr.clone()).collect();
     let cluster = ClusterView::new(a.shards);
     for (i, addr) in addrs.iter().enumerate() {
@@ -186,6 +199,8 @@ pub async fn run_schedule(a: ScheduleArgs) -> anyhow::Result<()> {
         "shards": a.shards,
         "schedulers": a.schedulers,
         "placements_requested": a.placements,
+        "node_cores": a.node_cores,
+        "unit_cpu": a.unit_cpu,
         "placements_committed": opt.committed,
         "placements_per_second": per_s(&opt).round(),
         "conflict_fraction": (conflict * 10_000.0).round() / 10_000.0,
