@@ -75,6 +75,11 @@ fn agent_specs(n: usize, aggregators: &str, data: &DataDir) -> Vec<AgentSpec> {
                 data.tls_cert.display().to_string(),
                 "--data".into(),
                 data.dir.join("agents").join(&node_id).display().to_string(),
+                // Local agents share a host: each hands out its own ports.
+                "--port-range".into(),
+                format!("{}-{}", 20_000 + i * 50, 20_000 + i * 50 + 49),
+                "--stop-grace-ms".into(),
+                "2000".into(),
             ];
             AgentSpec { node_id, args }
         })
@@ -200,7 +205,8 @@ pub async fn run(a: UpArgs) -> anyhow::Result<()> {
             signal_group(c.id(), libc::SIGTERM);
         }
     }
-    let deadline = Instant::now() + Duration::from_secs(6);
+    // Agents drain, then give their workloads 2 s between SIGTERM and SIGKILL.
+    let deadline = Instant::now() + Duration::from_secs(10);
     for agent in &mut agents {
         if let Some(child) = agent.child.as_mut() {
             while Instant::now() < deadline && matches!(child.try_wait(), Ok(None)) {

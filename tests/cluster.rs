@@ -229,11 +229,9 @@ fn drain_without_a_running_agent_says_so() {
 fn up_with_an_app_places_its_units_and_pushes_assignments() {
     let spec = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/echo.toml");
     let up = Up::start("app", &["--agents", "6", "--shards", "2", "--app", spec]);
-    let units = wait_for("2 allocated echo units", Duration::from_secs(30), || {
-        let out = Command::new(BIN).args(["units", "echo", "--json"]).env("FLOTILLA_ADDR", &up.addr).output().ok()?;
-        let v: Value = serde_json::from_slice(&out.stdout).ok()?;
-        let units = v.as_array()?.clone();
-        (units.len() == 2 && units.iter().all(|u| u["state"] == "allocated")).then_some(units)
+    let units = wait_for("2 running echo units", Duration::from_secs(30), || {
+        let units = echo_units(&up);
+        (units.len() == 2 && units.iter().all(|u| u["state"] == "running")).then_some(units)
     });
     let nodes = up.nodes();
     let mut per_node: std::collections::BTreeMap<String, (u64, Vec<String>)> = Default::default();
@@ -274,11 +272,69 @@ fn up_with_an_app_places_its_units_and_pushes_assignments() {
         });
         assert!(!got.is_empty());
     }
+    // Every member answers HTTP on its address, as itself.
+    let mut pids = Vec::new();
+    for u in &units {
+        for m in u["members"].as_array().unwrap() {
+            assert_eq!(m["state"], "running");
+            let who = http_get(m["address"].as_str().unwrap()).expect("the member answers");
+            assert_eq!(who["unit"], u["unit_id"]);
+            assert_eq!(who["node"], m["node_id"]);
+            assert_eq!(who["role"], m["role"]);
+            pids.push((
+                m["address"].as_str().unwrap().to_string(),
+                m["node_id"].as_str().unwrap().to_string(),
+                who["pid"].as_i64().unwrap() as i32,
+            ));
+        }
+    }
+    // kill -9 of a workload: its agent restarts it (a new process at the same address).
+    let (addr, _, pid) = pids[0].clone();
+    signal(pid, libc::SIGKILL);
+    let new_pid = wait_for("the workload restarted", Duration::from_secs(15), || {
+        let p = http_get(&addr)?["pid"].as_i64()? as i32;
+        (p != pid).then_some(p)
+    });
+    assert!(alive(new_pid));
+    // kill -9 of an agent: none of its workloads survive it.
+    let node = pids[1].1.clone();
+    let on_node: Vec<i32> =
+        pids.iter().filter(|p| p.1 == node).map(|p| if p.2 == pid { new_pid } else { p.2 }).collect();
+    signal(up.agent_pid(&node), libc::SIGKILL);
+    wait_for("the killed agent's workloads gone", Duration::from_secs(10), || {
+        on_node.iter().all(|p| !alive(*p)).then_some(())
+    });
+
     let apps = run_ok(Command::new(BIN).args(["apps", "--json"]).env("FLOTILLA_ADDR", &up.addr));
     assert!(apps.contains("\"echo\""), "{apps}");
     let missing = Command::new(BIN).args(["units", "nope"]).env("FLOTILLA_ADDR", &up.addr).output().unwrap();
     assert!(!missing.status.success());
     assert!(String::from_utf8_lossy(&missing.stderr).contains("no scheduler runs app"));
+    // Stopping `up` leaves no workload behind.
+    let survivors: Vec<i32> = pids.iter().map(|p| if p.2 == pid { new_pid } else { p.2 }).collect();
+    let mut up = up;
+    assert!(up.stop(), "up exits cleanly");
+    for p in survivors {
+        assert!(!alive(p), "workload {p} outlived up");
+    }
+}
+
+fn echo_units(up: &Up) -> Vec<Value> {
+    let Ok(out) = Command::new(BIN).args(["units", "echo", "--json"]).env("FLOTILLA_ADDR", &up.addr).output() else {
+        return vec![];
+    };
+    serde_json::from_slice::<Value>(&out.stdout).ok().and_then(|v| v.as_array().cloned()).unwrap_or_default()
+}
+
+/// A GET to `host:port` over a plain socket; the JSON body, if any.
+fn http_get(addr: &str) -> Option<Value> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    s.write_all(b"GET /who HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    serde_json::from_str(out.split("\r\n\r\n").nth(1)?).ok()
 }
 
 #[test]
@@ -313,17 +369,9 @@ fn echo_server_answers_with_its_identity_on_flotilla_port() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let body = wait_for("echo-server", Duration::from_secs(10), || {
-        use std::io::{Read, Write};
-        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-        s.write_all(b"GET /who HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").ok()?;
-        let mut out = String::new();
-        s.read_to_string(&mut out).ok()?;
-        out.split("\r\n\r\n").nth(1).map(str::to_string)
-    });
+    let v = wait_for("echo-server", Duration::from_secs(10), || http_get(&format!("127.0.0.1:{port}")));
     let _ = child.kill();
     let _ = child.wait();
-    let v: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(v["node"], "node-7");
     assert_eq!(v["unit"], "echo-3");
     assert_eq!(v["role"], "head");

@@ -85,8 +85,12 @@ async fn run(
     for i in 0..k {
         let units = (a.placements / k + usize::from(i < a.placements % k)) as u32;
         let store: Arc<dyn Store> = Arc::new(MemStore::default());
-        let (mut s, h) =
-            Scheduler::new(spec(&format!("{prefix}-{i}"), units, &a.unit_cpu)?, cluster.clone(), addrs.to_vec(), store)?;
+        let (mut s, h) = Scheduler::new(
+            spec(&format!("{prefix}-{i}"), units, &a.unit_cpu)?,
+            cluster.clone(),
+            addrs.to_vec(),
+            store,
+        )?;
         let (lock, handle) = (lock.clone(), h.clone());
         handles.push(h);
         tasks.spawn(async move {

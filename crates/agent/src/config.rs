@@ -47,6 +47,18 @@ pub struct AgentArgs {
     pub metrics: Option<std::net::SocketAddr>,
     #[arg(long, default_value = "1000")]
     pub heartbeat_interval_ms: u64,
+    /// Ports handed to workloads (`FLOTILLA_PORT`), as FIRST-LAST.
+    #[arg(long, default_value = "20000-29999")]
+    pub port_range: String,
+    /// The host other nodes reach this node's workloads at.
+    #[arg(long, env = "FLOTILLA_ADVERTISE_HOST", default_value = "127.0.0.1")]
+    pub advertise_host: String,
+    /// Between SIGTERM and SIGKILL when a workload is stopped, in milliseconds.
+    #[arg(long, default_value_t = 5000)]
+    pub stop_grace_ms: u64,
+    /// Size at which a workload's stdout or stderr file is rotated, in bytes.
+    #[arg(long, default_value_t = 1 << 20)]
+    pub log_cap_bytes: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -60,6 +72,7 @@ pub struct AgentConfig {
     pub data_dir: PathBuf,
     pub metrics: Option<std::net::SocketAddr>,
     pub heartbeat_interval: Duration,
+    pub runtime: crate::runtime::RuntimeConfig,
 }
 
 /// What the machine looks like; injected so tests do not depend on the host.
@@ -171,8 +184,35 @@ impl AgentArgs {
             errors.push("--heartbeat-interval-ms: must be within 100..=60000".into());
         }
         let ca = self.ca.clone().unwrap_or_else(|| self.data.join("ca.crt"));
-        match (errors.is_empty(), node_id, labels, join_token) {
-            (true, Some(node_id), Some(labels), Some(join_token)) => Ok(AgentConfig {
+        let ports =
+            match self.port_range.split_once('-').map(|(a, b)| (a.trim().parse::<u16>(), b.trim().parse::<u16>())) {
+                Some((Ok(a), Ok(b))) if a > 0 && a <= b => Some((a, b)),
+                _ => {
+                    errors
+                        .push(format!("--port-range: {:?} is not FIRST-LAST with 0 < FIRST <= LAST", self.port_range));
+                    None
+                }
+            };
+        if !(1..=3_600_000).contains(&self.stop_grace_ms) {
+            errors.push("--stop-grace-ms: must be within 1..=3600000".into());
+        }
+        if self.log_cap_bytes < 1024 {
+            errors.push("--log-cap-bytes: at least 1024".into());
+        }
+        if self.advertise_host.is_empty() || self.advertise_host.len() > 253 {
+            errors.push("--advertise-host: a host name or address".into());
+        }
+        match (errors.is_empty(), node_id, labels, join_token, ports) {
+            (true, Some(node_id), Some(labels), Some(join_token), Some(ports)) => Ok(AgentConfig {
+                runtime: crate::runtime::RuntimeConfig {
+                    data_dir: self.data.clone(),
+                    node_id: node_id.to_string(),
+                    advertise_host: self.advertise_host.clone(),
+                    ports,
+                    stop_grace: Duration::from_millis(self.stop_grace_ms),
+                    log_cap_bytes: self.log_cap_bytes,
+                    cgroup_root: PathBuf::from("/sys/fs/cgroup"),
+                },
                 aggregators: self.aggregators,
                 node_id,
                 labels,

@@ -4,9 +4,11 @@
 //! The same code runs as the `flotilla-agent` binary (the DaemonSet) and as
 //! `flotilla agent` (so `flotilla up` can start agents by re-executing itself).
 
+pub mod cgroup;
 pub mod client;
 pub mod config;
 pub mod probe;
+pub mod runtime;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -83,12 +85,13 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     let sent = metrics::counter!("flotilla_agent_heartbeats_sent_total");
     // The version of the assignment set this agent holds (reported in heartbeats).
     let assignments = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let (runtime, mut workloads) = spawn_runtime(runtime::Runtime::new(config.runtime.clone()));
 
     loop {
         // Register (again), with jittered back-off while the shard is away.
         let registered = tokio::select! {
-            r = register(&endpoint, addr, &host, &config, incarnation, &mut probe) => r,
-            stop = stop_rx.recv() => return finish(stop, None, &config).await,
+            r = register(&endpoint, addr, &host, &config, incarnation, &mut probe, workloads.borrow().1.clone()) => r,
+            stop = stop_rx.recv() => return finish(stop, None, &config, &runtime).await,
         };
         let (conn, session) = match registered {
             Ok(x) => {
@@ -107,12 +110,19 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
                 backoff = (backoff * 2).min(Duration::from_secs(10));
                 tokio::select! {
                     _ = tokio::time::sleep(wait) => continue,
-                    stop = stop_rx.recv() => return finish(stop, None, &config).await,
+                    stop = stop_rx.recv() => return finish(stop, None, &config, &runtime).await,
                 }
             }
         };
         tracing::info!(session = session.session_id, "registered");
-        let receiver = tokio::spawn(receive_assignments(conn.clone(), config.data_dir.clone(), assignments.clone()));
+        let receiver = tokio::spawn(receive_assignments(
+            conn.clone(),
+            config.data_dir.clone(),
+            assignments.clone(),
+            runtime.clone(),
+        ));
+        // Whatever runs now is reported to the (possibly new) shard at once.
+        workloads.mark_changed();
         let key: SessionKey = session.key.as_slice().try_into().map_err(|_| anyhow!("session key is not 32 bytes"))?;
         let hb_port = u16::try_from(session.heartbeat_port).map_err(|_| anyhow!("bad heartbeat port"))?;
         let sock = tokio::net::UdpSocket::bind(unspecified(&addr)).await?;
@@ -145,8 +155,18 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
                     Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => break "the shard is not listening",
                     Err(e) => tracing::debug!(error = %e, "heartbeat socket"),
                 },
+                r = workloads.changed() => {
+                    if r.is_err() { break "the workload runtime stopped"; }
+                    let list = workloads.borrow_and_update().0.clone();
+                    let report = v1::ReportWorkloads { node_id: config.node_id.to_string(), session_id: session.session_id, workloads: list };
+                    let req = v1::AgentRequest { request: Some(v1::agent_request::Request::Workloads(report)) };
+                    if let Err(e) = tokio::time::timeout(Duration::from_secs(3), conn.request(req)).await.map_err(anyhow::Error::from).and_then(|r| r) {
+                        tracing::warn!(error = %format!("{e:#}"), "workload report failed; will resend");
+                        workloads.mark_changed();
+                    }
+                }
                 _ = conn.conn.closed() => break "the QUIC connection closed",
-                stop = stop_rx.recv() => return finish(stop, Some((&conn, session.session_id)), &config).await,
+                stop = stop_rx.recv() => return finish(stop, Some((&conn, session.session_id)), &config, &runtime).await,
             }
         };
         receiver.abort();
@@ -154,7 +174,7 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
         let wait = Duration::from_millis(rand::rng().random_range(100..1000));
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
-            stop = stop_rx.recv() => return finish(stop, Some((&conn, session.session_id)), &config).await,
+            stop = stop_rx.recv() => return finish(stop, Some((&conn, session.session_id)), &config, &runtime).await,
         }
     }
 }
@@ -168,6 +188,7 @@ async fn receive_assignments(
     conn: ShardConnection,
     data: PathBuf,
     version: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    runtime: mpsc::Sender<RuntimeCmd>,
 ) {
     use std::sync::atomic::Ordering;
     let gauge = metrics::gauge!("flotilla_agent_assignments");
@@ -204,6 +225,9 @@ async fn receive_assignments(
         {
             tracing::warn!("could not write {ASSIGNMENTS_FILE}");
         }
+        if runtime.send(RuntimeCmd::Assign(push.assignments)).await.is_err() {
+            return;
+        }
     }
 }
 
@@ -214,6 +238,7 @@ async fn register(
     config: &AgentConfig,
     incarnation: u64,
     probe: &mut probe::HealthProbe,
+    running: Vec<v1::Assignment>,
 ) -> anyhow::Result<(ShardConnection, v1::Session)> {
     let conn = ShardConnection::connect(endpoint, addr, host).await?;
     let req = v1::RegisterRequest {
@@ -223,7 +248,7 @@ async fn register(
         incarnation,
         labels: config.labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
         capacity: Some((&config.capacity).into()),
-        assignments: vec![],
+        assignments: running,
         health: Some((&probe.sample()).into()),
     };
     let session = conn.register(req).await?;
@@ -240,8 +265,55 @@ fn open_reply(key: &SessionKey, datagram: &[u8], scratch: &mut Vec<u8>) -> Optio
     v1::HeartbeatAction::try_from(reply.action).ok()
 }
 
-/// Deregisters (drains) and answers whoever asked.
-async fn finish(stop: Option<Stop>, conn: Option<(&ShardConnection, u64)>, config: &AgentConfig) -> anyhow::Result<()> {
+/// Commands to the workload runtime task.
+#[derive(Debug)]
+pub enum RuntimeCmd {
+    Assign(Vec<v1::Assignment>),
+    StopAll(tokio::sync::oneshot::Sender<()>),
+}
+
+/// What the runtime reports: member statuses and the assignments it runs.
+type RuntimeView = (Vec<v1::WorkloadStatus>, Vec<v1::Assignment>);
+
+/// Runs the workload runtime in its own task, so members keep being supervised while
+/// the agent registers again or backs off.
+fn spawn_runtime(mut rt: runtime::Runtime) -> (mpsc::Sender<RuntimeCmd>, tokio::sync::watch::Receiver<RuntimeView>) {
+    let (tx, mut rx) = mpsc::channel(16);
+    let (view_tx, view_rx) = tokio::sync::watch::channel((Vec::new(), Vec::new()));
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_millis(200));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => rt.tick().await,
+                cmd = rx.recv() => match cmd {
+                    Some(RuntimeCmd::Assign(list)) => rt.assign(list),
+                    Some(RuntimeCmd::StopAll(done)) => {
+                        rt.stop_all().await;
+                        let _ = done.send(());
+                        return;
+                    }
+                    None => {
+                        rt.stop_all().await;
+                        return;
+                    }
+                },
+            }
+            if rt.take_dirty() {
+                let _ = view_tx.send((rt.statuses(), rt.assignments()));
+            }
+        }
+    });
+    (tx, view_rx)
+}
+
+/// Deregisters (drains), stops every workload, and answers whoever asked.
+async fn finish(
+    stop: Option<Stop>,
+    conn: Option<(&ShardConnection, u64)>,
+    config: &AgentConfig,
+    runtime: &mpsc::Sender<RuntimeCmd>,
+) -> anyhow::Result<()> {
     let outcome = match conn {
         Some((c, sid)) => {
             match tokio::time::timeout(Duration::from_secs(3), c.drain(config.node_id.as_str(), sid)).await {
@@ -255,6 +327,10 @@ async fn finish(stop: Option<Stop>, conn: Option<(&ShardConnection, u64)>, confi
         }
         None => "error not registered; nothing to drain".into(),
     };
+    let (done, stopped) = tokio::sync::oneshot::channel();
+    if runtime.send(RuntimeCmd::StopAll(done)).await.is_ok() {
+        let _ = stopped.await;
+    }
     tracing::info!(%outcome, "agent stopping");
     if let Some(Stop::Drain(mut w)) = stop {
         let _ = w.write_all(format!("{outcome}\n").as_bytes()).await;

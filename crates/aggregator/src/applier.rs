@@ -114,6 +114,11 @@ impl Applier {
                 self.dirty.insert(live.node_id.clone(), live);
             }
             Change::Removed(live) => self.removed.push(live),
+            Change::Workloads(n) => {
+                if let Some(live) = self.registry.node(&n) {
+                    self.dirty.insert(n, live);
+                }
+            }
             Change::Ledger(nodes, ack) => {
                 for n in nodes {
                     if let Some(live) = self.registry.node(&n) {
@@ -201,6 +206,7 @@ impl Applier {
                 health: sample,
                 capacity,
                 allocated,
+                workloads: self.registry.workloads(&live.node_id),
             };
             if prev.is_some_and(|p| **p == rec) {
                 continue;

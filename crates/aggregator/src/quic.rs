@@ -146,6 +146,21 @@ async fn stream(
                 }
             }
         }
+        Ok(v1::AgentRequest { request: Some(Request::Workloads(req)) }) => {
+            let mine = owned.lock().unwrap_or_else(|p| p.into_inner()).contains(&req.session_id);
+            let r = if mine {
+                ctx.registry.report_workloads(req.session_id, &req.node_id, req.workloads)
+            } else {
+                Err("this connection holds no session for that node".into())
+            };
+            match r {
+                Ok(()) => v1::AgentResponse { response: Some(Response::Workloads(v1::WorkloadsAck {})) },
+                Err(e) => {
+                    metrics::counter!("flotilla_control_requests_rejected_total", "reason" => "workloads").increment(1);
+                    error_reply("workloads", e)
+                }
+            }
+        }
         Ok(v1::AgentRequest { request: Some(Request::Drain(req)) }) => {
             let _g = tracing::info_span!("drain", node = %req.node_id).entered();
             let mine = owned.lock().unwrap_or_else(|p| p.into_inner()).contains(&req.session_id);

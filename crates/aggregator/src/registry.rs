@@ -51,6 +51,8 @@ pub enum Change {
     Health(Arc<NodeLive>, HealthSample),
     /// Forget this session (it was replaced, or Dead past retention).
     Removed(Arc<NodeLive>),
+    /// The node's agent reported new workload states.
+    Workloads(NodeId),
     /// The ledger changed these nodes' allocations: fold them into the next version,
     /// push their assignment sets, and tell `ack` which version shows them.
     Ledger(Vec<NodeId>, Option<tokio::sync::oneshot::Sender<flotilla_view::Version>>),
@@ -107,6 +109,8 @@ pub struct Registry {
     by_node: DashMap<NodeId, Arc<NodeLive>>,
     /// Most nodes of a pool share their label set: keep one copy of each.
     label_sets: DashMap<Labels, Arc<Labels>>,
+    /// What each node's agent last reported about the members it runs.
+    workloads: DashMap<NodeId, Arc<Vec<v1::WorkloadStatus>>>,
     changes: UnboundedSender<Change>,
 }
 
@@ -134,6 +138,7 @@ impl Registry {
             sessions: DashMap::new(),
             by_node: DashMap::new(),
             label_sets: DashMap::new(),
+            workloads: DashMap::new(),
             changes,
         }
     }
@@ -231,11 +236,53 @@ impl Registry {
         Some(live.status())
     }
 
+    /// Most members one report may carry.
+    pub const MAX_REPORTED_WORKLOADS: usize = 1024;
+
+    /// Takes an agent's workload report (the caller checked the session is the
+    /// connection's own). Oversized or malformed reports are refused whole.
+    pub fn report_workloads(
+        &self,
+        session_id: u64,
+        node_id: &str,
+        list: Vec<v1::WorkloadStatus>,
+    ) -> Result<(), String> {
+        let live = self.sessions.get(&session_id).map(|e| e.value().clone()).ok_or("unknown session")?;
+        if live.node_id.as_str() != node_id {
+            return Err("a session reports only for its own node".into());
+        }
+        if list.len() > Self::MAX_REPORTED_WORKLOADS {
+            return Err(format!("{} workloads (at most {})", list.len(), Self::MAX_REPORTED_WORKLOADS));
+        }
+        let mut list = list;
+        for w in &mut list {
+            let names_ok = [&w.app, &w.unit, &w.member].iter().all(|s| !s.is_empty() && s.len() <= 128);
+            if !names_ok || w.address.len() > 256 {
+                return Err("workload names must be 1..=128 bytes and addresses at most 256".into());
+            }
+            if w.message.len() > 1024 {
+                let mut end = 1024;
+                while !w.message.is_char_boundary(end) {
+                    end -= 1;
+                }
+                w.message.truncate(end);
+            }
+        }
+        self.workloads.insert(live.node_id.clone(), Arc::new(list));
+        self.emit(Change::Workloads(live.node_id.clone()));
+        Ok(())
+    }
+
+    pub fn workloads(&self, node: &NodeId) -> Arc<Vec<v1::WorkloadStatus>> {
+        self.workloads.get(node).map(|e| e.value().clone()).unwrap_or_default()
+    }
+
     /// Forgets a session, and its node when the session is still the node's current one.
     pub fn remove(&self, live: &Arc<NodeLive>) {
         self.sessions.remove(&live.session_id);
         let removed = self.by_node.remove_if(&live.node_id, |_, cur| cur.session_id == live.session_id);
         if removed.is_some() {
+            self.workloads.remove(&live.node_id);
             self.emit(Change::Removed(live.clone()));
         }
     }

@@ -86,7 +86,7 @@ pub fn unit_rows(s: &AppStatus) -> Value {
                     "member": m.member,
                     "role": m.role,
                     "node_id": m.node_id,
-                    "state": if m.node_id.is_some() { "allocated" } else { "pending" },
+                    "state": m.state.clone().unwrap_or_else(|| if m.node_id.is_some() { "allocated".into() } else { "pending".into() }),
                     "address": m.address,
                 })).collect::<Vec<_>>(),
             })

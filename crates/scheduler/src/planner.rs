@@ -277,6 +277,7 @@ mod tests {
             health: HealthSample::default(),
             capacity: Resources::new(cpu, 1 << 34, gpu),
             allocated: Resources::new(used, 0, 0),
+            workloads: Default::default(),
         })
     }
 

@@ -182,6 +182,10 @@ impl Scheduler {
     pub async fn reconcile(&mut self) -> anyhow::Result<()> {
         let slots = self.cluster.slots();
         if !self.started {
+            // Place nothing against a partial view: wait until every shard has answered once.
+            if slots.iter().any(|s| !s.connected) {
+                return Ok(());
+            }
             self.adopt().await?;
             self.started = true;
         }
@@ -189,8 +193,11 @@ impl Scheduler {
             slots.get(p.shard).is_none_or(|s| s.view.version.epoch == p.shown_in.epoch && s.view.version < p.shown_in)
         });
 
-        // Decide: enough units?
+        // Sync: what the agents report about the members (through the view).
         let mut writes = Vec::new();
+        self.observe(&slots, &mut writes);
+
+        // Decide: enough units?
         let active = self.stored.units.values().filter(|u| u.state.is_active()).count() as u32;
         for _ in active..self.desired() {
             let generation = self.stored.next_generation.max(1);
@@ -239,6 +246,66 @@ impl Scheduler {
         self.store.write(&self.spec.name, &writes)?;
         self.publish();
         Ok(())
+    }
+
+    /// Moves units along with what their members' agents report: Allocated → Starting
+    /// once a member started, Starting → Running once every member is ready.
+    fn observe(&mut self, slots: &[Arc<ShardSlot>], writes: &mut Vec<Write>) {
+        for unit in self.stored.units.values_mut() {
+            if !matches!(unit.state, UnitState::Allocated | UnitState::Starting | UnitState::Running) {
+                continue;
+            }
+            let mut changed = false;
+            let mut all_running = !unit.members.is_empty();
+            let mut any_reported = false;
+            for m in &mut unit.members {
+                let status = m.node_id.as_deref().and_then(|n| {
+                    let slot = slots.get(m.shard? as usize)?;
+                    let rec = slot.view.get(&NodeId::new(n).ok()?)?;
+                    rec.workloads
+                        .iter()
+                        .find(|w| w.unit == unit.unit_id && w.member == m.member && w.generation == unit.generation)
+                        .cloned()
+                });
+                let (state, address) = match &status {
+                    Some(w) => {
+                        let st = v1::WorkloadState::try_from(w.state).unwrap_or(v1::WorkloadState::Unspecified);
+                        let name = match st {
+                            v1::WorkloadState::Starting => "starting",
+                            v1::WorkloadState::Running => "running",
+                            v1::WorkloadState::Exited => "exited",
+                            v1::WorkloadState::Failed => "failed",
+                            v1::WorkloadState::Unspecified => "unknown",
+                        };
+                        (Some(name.to_string()), (!w.address.is_empty()).then(|| w.address.clone()))
+                    }
+                    None => (m.state.clone(), m.address.clone()),
+                };
+                any_reported |= status.is_some();
+                all_running &= state.as_deref() == Some("running");
+                if m.state != state || m.address != address {
+                    m.state = state;
+                    m.address = address;
+                    changed = true;
+                }
+            }
+            let next = match unit.state {
+                UnitState::Allocated if all_running => Some(UnitState::Starting),
+                UnitState::Allocated if any_reported => Some(UnitState::Starting),
+                UnitState::Starting if all_running => Some(UnitState::Running),
+                _ => None,
+            };
+            if let Some(to) = next
+                && let Ok(to) = unit.state.to(to)
+            {
+                tracing::info!(unit = %unit.unit_id, from = unit.state.as_str(), to = to.as_str(), "unit state");
+                unit.state = to;
+                changed = true;
+            }
+            if changed {
+                writes.push(Write::Unit(unit.clone()));
+            }
+        }
     }
 
     /// On start: units that were being placed when a previous run stopped may hold
@@ -422,6 +489,7 @@ impl Scheduler {
                                     incarnation: m.incarnation,
                                     shard: Some(shard as u32),
                                     address: None,
+                                    state: None,
                                 })
                                 .collect();
                             for (m, (_, _, t)) in p.members.iter().zip(self.spec.members()) {

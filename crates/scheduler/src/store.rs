@@ -20,6 +20,9 @@ pub struct MemberRecord {
     pub shard: Option<u32>,
     /// Where the member serves (`host:port`), once the workload runtime reports it.
     pub address: Option<String>,
+    /// The workload state its agent last reported (`starting`, `running`, `exited`, `failed`).
+    #[serde(default)]
+    pub state: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -241,6 +244,7 @@ mod tests {
                 incarnation: 3,
                 shard: Some(0),
                 address: None,
+                state: None,
             }],
             created_unix_ms: 5,
             unplaced_reason: None,

@@ -102,6 +102,7 @@ mod tests {
             health: HealthSample::default(),
             capacity: Resources::default(),
             allocated: Resources::default(),
+            workloads: Default::default(),
         })
     }
 

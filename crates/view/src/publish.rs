@@ -113,6 +113,7 @@ mod tests {
             health: HealthSample::default(),
             capacity: Resources::new(1000, 1 << 30, 0),
             allocated: Resources::default(),
+            workloads: Default::default(),
         })
     }
 

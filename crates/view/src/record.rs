@@ -27,6 +27,8 @@ pub struct NodeRecord {
     pub health: HealthSample,
     pub capacity: Resources,
     pub allocated: Resources,
+    /// The members the node's agent runs and their states, as last reported.
+    pub workloads: Arc<Vec<flotilla_proto::v1::WorkloadStatus>>,
 }
 
 impl NodeRecord {

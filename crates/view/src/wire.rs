@@ -41,6 +41,7 @@ pub fn record_to_wire(r: &NodeRecord) -> v1::NodeRecord {
         health: Some(v1::NodeHealth { score: r.health_score(), sample: Some((&r.health).into()) }),
         capacity: Some((&r.capacity).into()),
         allocated: Some((&r.allocated).into()),
+        workloads: r.workloads.as_ref().clone(),
     }
 }
 
@@ -58,6 +59,7 @@ pub fn record_from_wire(r: v1::NodeRecord) -> Result<NodeRecord, WireError> {
         health: convert::health(health.sample)?,
         capacity: r.capacity.ok_or(WireError::Missing("capacity"))?.into(),
         allocated: r.allocated.unwrap_or_default().into(),
+        workloads: Arc::new(r.workloads),
     })
 }
 

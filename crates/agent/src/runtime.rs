@@ -1,0 +1,584 @@
+//! The workload runtime: turns the node's assignment set into child processes, the
+//! way Nomad's exec driver or a kubelet does.
+//!
+//! Each member gets a port from the agent's range (`FLOTILLA_PORT`), its own process
+//! group, a cgroup with its CPU and memory limits where the agent may create one, and
+//! size-capped stdout/stderr files in the data dir. It is `running` once its readiness
+//! path answers 2xx (or once started, without one). It is restarted when it exits, with
+//! crash-loop back-off; it is stopped with SIGTERM, then SIGKILL after the grace period,
+//! when it is no longer assigned. Workloads die with the agent, even a killed one
+//! (PR_SET_PDEATHSIG).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use flotilla_proto::v1::{self, WorkloadState};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::time::Instant;
+
+use crate::cgroup::{Cgroup, Cgroups};
+
+#[derive(Debug, Clone)]
+pub struct RuntimeConfig {
+    pub data_dir: PathBuf,
+    pub node_id: String,
+    /// The host others reach this node's members at.
+    pub advertise_host: String,
+    /// Ports handed to members, inclusive.
+    pub ports: (u16, u16),
+    pub stop_grace: Duration,
+    /// Each log file is rotated (one old file kept) past this size.
+    pub log_cap_bytes: u64,
+    pub cgroup_root: PathBuf,
+}
+
+/// (app, unit, member, generation)
+pub type MemberKey = (String, String, String, u64);
+
+pub fn key_of(a: &v1::Assignment) -> MemberKey {
+    (a.app.clone(), a.unit.clone(), a.member.clone(), a.generation)
+}
+
+struct Proc {
+    child: tokio::process::Child,
+    pgid: i32,
+    stderr_tail: Arc<Mutex<Vec<u8>>>,
+}
+
+struct Member {
+    assignment: v1::Assignment,
+    port: Option<u16>,
+    proc: Option<Proc>,
+    state: WorkloadState,
+    exit_code: i32,
+    message: String,
+    restarts: u32,
+    failures_in_row: u32,
+    next_start: Instant,
+    started_at: Instant,
+    cgroup: Cgroup,
+}
+
+struct Stopping {
+    proc: Proc,
+    kill_at: Instant,
+    cgroup: Cgroup,
+}
+
+pub struct Runtime {
+    cfg: RuntimeConfig,
+    cgroups: Cgroups,
+    members: BTreeMap<MemberKey, Member>,
+    stopping: Vec<Stopping>,
+    dirty: bool,
+    http: reqwest::Client,
+}
+
+/// Crash-loop back-off: 0.5 s doubling to 30 s.
+pub fn backoff(failures_in_row: u32) -> Duration {
+    Duration::from_millis(500u64.saturating_mul(1 << failures_in_row.min(6))).min(Duration::from_secs(30))
+}
+
+/// A run this long resets the back-off.
+const HEALTHY_RUN: Duration = Duration::from_secs(10);
+
+fn signal_group(pgid: i32, sig: i32) {
+    if pgid > 1 {
+        // SAFETY: kill(2) on a process group this runtime created.
+        unsafe {
+            libc::kill(-pgid, sig);
+        }
+    }
+}
+
+fn safe_name(s: &str) -> String {
+    s.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '.' { c } else { '_' }).take(100).collect()
+}
+
+/// Copies a child's output to `path`, rotating past `cap`; keeps the last bytes in `tail`.
+async fn pump(mut from: impl AsyncRead + Unpin, path: PathBuf, cap: u64, tail: Option<Arc<Mutex<Vec<u8>>>>) {
+    async fn open(p: &PathBuf) -> std::io::Result<tokio::fs::File> {
+        tokio::fs::OpenOptions::new().create(true).append(true).open(p).await
+    }
+    let Ok(mut file) = open(&path).await else { return };
+    let mut written = file.metadata().await.map(|m| m.len()).unwrap_or(0);
+    let mut buf = vec![0u8; 8192];
+    while let Ok(n) = from.read(&mut buf).await {
+        if n == 0 {
+            break;
+        }
+        if let Some(t) = &tail {
+            let mut t = t.lock().unwrap_or_else(|p| p.into_inner());
+            t.extend_from_slice(&buf[..n]);
+            let excess = t.len().saturating_sub(2048);
+            t.drain(..excess);
+        }
+        if written + n as u64 > cap {
+            let _ = tokio::fs::rename(&path, path.with_extension("log.1")).await;
+            match open(&path).await {
+                Ok(f) => file = f,
+                Err(_) => return,
+            }
+            written = 0;
+        }
+        if file.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+        written += n as u64;
+    }
+}
+
+impl Runtime {
+    pub fn new(cfg: RuntimeConfig) -> Self {
+        let cgroups = Cgroups::detect(&cfg.cgroup_root, &safe_name(&cfg.node_id));
+        match &cgroups {
+            Cgroups::Unavailable(why) => tracing::warn!(%why, "workload CPU and memory limits are NOT enforced"),
+            c => tracing::info!(cgroups = ?c, "workload limits enforced with cgroups"),
+        }
+        let http = reqwest::Client::builder().timeout(Duration::from_millis(500)).build().unwrap_or_default();
+        Runtime { cfg, cgroups, members: BTreeMap::new(), stopping: Vec::new(), dirty: false, http }
+    }
+
+    pub fn limits_enforced(&self) -> bool {
+        self.cgroups.enforced()
+    }
+
+    /// The assignments this node runs now (reported when it registers again).
+    pub fn assignments(&self) -> Vec<v1::Assignment> {
+        self.members.values().map(|m| m.assignment.clone()).collect()
+    }
+
+    /// Applies a new assignment set: new members start, removed ones stop, changed ones restart.
+    pub fn assign(&mut self, list: Vec<v1::Assignment>) {
+        let wanted: BTreeMap<MemberKey, v1::Assignment> = list.into_iter().map(|a| (key_of(&a), a)).collect();
+        let gone: Vec<MemberKey> = self
+            .members
+            .iter()
+            .filter(|(k, m)| wanted.get(*k).is_none_or(|a| *a != m.assignment))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in gone {
+            if let Some(m) = self.members.remove(&k) {
+                tracing::info!(unit = %k.1, member = %k.2, "stopping unassigned member");
+                self.stop(m);
+            }
+        }
+        let now = Instant::now();
+        for (k, a) in wanted {
+            self.members.entry(k).or_insert_with(|| {
+                self.dirty = true;
+                Member {
+                    assignment: a,
+                    port: None,
+                    proc: None,
+                    state: WorkloadState::Starting,
+                    exit_code: 0,
+                    message: String::new(),
+                    restarts: 0,
+                    failures_in_row: 0,
+                    next_start: now,
+                    started_at: now,
+                    cgroup: Cgroup::default(),
+                }
+            });
+        }
+    }
+
+    fn stop(&mut self, mut m: Member) {
+        self.dirty = true;
+        if let Some(p) = m.proc.take() {
+            signal_group(p.pgid, libc::SIGTERM);
+            self.stopping.push(Stopping { proc: p, kill_at: Instant::now() + self.cfg.stop_grace, cgroup: m.cgroup });
+        } else {
+            m.cgroup.remove();
+        }
+    }
+
+    fn free_port(&self) -> Option<u16> {
+        let used: Vec<u16> = self.members.values().filter_map(|m| m.port).collect();
+        (self.cfg.ports.0..=self.cfg.ports.1)
+            .filter(|p| !used.contains(p))
+            .find(|p| std::net::TcpListener::bind(("0.0.0.0", *p)).is_ok())
+    }
+
+    fn address(&self, port: u16) -> String {
+        format!("{}:{port}", self.cfg.advertise_host)
+    }
+
+    fn start(&mut self, key: &MemberKey) {
+        let port = match self.members.get(key).and_then(|m| m.port).or_else(|| self.free_port()) {
+            Some(p) => p,
+            None => {
+                let (lo, hi) = self.cfg.ports;
+                self.fail(key, format!("no free port in the agent's range {lo}-{hi}"));
+                return;
+            }
+        };
+        let head_addr = self
+            .members
+            .iter()
+            .find(|(k, m)| {
+                k.1 == key.1 && k.3 == key.3 && m.assignment.workload.as_ref().is_some_and(|w| w.role == "head")
+            })
+            .and_then(|(_, m)| m.port)
+            .map(|p| self.address(p));
+        let (cfg, cgroups) = (self.cfg.clone(), self.cgroups.clone());
+        let Some(m) = self.members.get_mut(key) else { return };
+        m.port = Some(port);
+        let w = m.assignment.workload.clone().unwrap_or_default();
+        let program = if w.command == "flotilla" {
+            // The agent's own binary: `flotilla echo-server` works without a PATH entry.
+            std::env::current_exe().unwrap_or_else(|_| PathBuf::from("flotilla"))
+        } else {
+            PathBuf::from(&w.command)
+        };
+        let dir = cfg.data_dir.join("workloads").join(safe_name(&format!("{}-{}-{}-g{}", key.0, key.1, key.2, key.3)));
+        let _ = std::fs::create_dir_all(&dir);
+        let mut cmd = tokio::process::Command::new(&program);
+        cmd.args(&w.args)
+            .envs(&w.env)
+            .env("FLOTILLA_APP", &key.0)
+            .env("FLOTILLA_UNIT", &key.1)
+            .env("FLOTILLA_MEMBER", &key.2)
+            .env("FLOTILLA_ROLE", &w.role)
+            .env("FLOTILLA_NODE_ID", &cfg.node_id)
+            .env("FLOTILLA_PORT", port.to_string())
+            .current_dir(&dir)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(false);
+        if let Some(h) = head_addr.or_else(|| w.env.get("FLOTILLA_HEAD_ADDR").cloned()) {
+            cmd.env("FLOTILLA_HEAD_ADDR", h);
+        }
+        // SAFETY: prctl is async-signal-safe. The workload is killed when the agent's
+        // thread that started it dies, so a killed agent leaves no workload behind.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        match cmd.spawn() {
+            Ok(mut child) => {
+                let pid = child.id().unwrap_or(0);
+                let r = m.assignment.resources.clone().unwrap_or_default();
+                let name = safe_name(&format!("{}-{}-{}", key.1, key.2, key.3));
+                match cgroups.create(&name, r.cpu_millis, r.memory_bytes).and_then(|cg| cg.attach(pid).map(|()| cg)) {
+                    Ok(cg) => m.cgroup = cg,
+                    Err(e) => tracing::warn!(error = %e, "could not put the workload in its cgroup"),
+                }
+                let tail = Arc::new(Mutex::new(Vec::new()));
+                if let Some(out) = child.stdout.take() {
+                    tokio::spawn(pump(out, dir.join("stdout.log"), cfg.log_cap_bytes, None));
+                }
+                if let Some(err) = child.stderr.take() {
+                    tokio::spawn(pump(err, dir.join("stderr.log"), cfg.log_cap_bytes, Some(tail.clone())));
+                }
+                tracing::info!(unit = %key.1, member = %key.2, pid, port, "member started");
+                m.proc = Some(Proc { child, pgid: pid as i32, stderr_tail: tail });
+                m.state = WorkloadState::Starting;
+                m.started_at = Instant::now();
+                m.message.clear();
+                self.dirty = true;
+            }
+            Err(e) => {
+                let why = format!("cannot start {}: {e}", program.display());
+                self.fail(key, why);
+            }
+        }
+    }
+
+    fn fail(&mut self, key: &MemberKey, why: String) {
+        if let Some(m) = self.members.get_mut(key) {
+            tracing::warn!(unit = %key.1, member = %key.2, %why, "member failed");
+            m.state = WorkloadState::Failed;
+            m.exit_code = -1;
+            m.message = why;
+            m.next_start = Instant::now() + backoff(m.failures_in_row);
+            m.failures_in_row += 1;
+            self.dirty = true;
+        }
+    }
+
+    /// Starts due members, notices exits, checks readiness and finishes stops.
+    pub async fn tick(&mut self) {
+        let now = Instant::now();
+        let keys: Vec<MemberKey> = self.members.keys().cloned().collect();
+        for k in keys {
+            let Some(m) = self.members.get_mut(&k) else { continue };
+            match m.proc.as_mut() {
+                None if now >= m.next_start => self.start(&k),
+                None => {}
+                Some(p) => {
+                    if let Ok(Some(status)) = p.child.try_wait() {
+                        let tail = String::from_utf8_lossy(&p.stderr_tail.lock().unwrap_or_else(|e| e.into_inner()))
+                            .to_string();
+                        let code = status.code().unwrap_or(-1);
+                        let ran = now.duration_since(m.started_at);
+                        m.failures_in_row = if ran >= HEALTHY_RUN { 0 } else { m.failures_in_row + 1 };
+                        m.next_start = now + backoff(m.failures_in_row.saturating_sub(1));
+                        m.state = WorkloadState::Exited;
+                        m.exit_code = code;
+                        m.message = tail
+                            .lines()
+                            .rev()
+                            .take(5)
+                            .collect::<Vec<_>>()
+                            .into_iter()
+                            .rev()
+                            .collect::<Vec<_>>()
+                            .join("\n");
+                        m.restarts += 1;
+                        m.proc = None;
+                        m.cgroup.remove();
+                        tracing::warn!(unit = %k.1, member = %k.2, code, restart_in = ?m.next_start - now, "member exited");
+                        self.dirty = true;
+                    } else if m.state == WorkloadState::Starting {
+                        let path = m.assignment.workload.as_ref().map(|w| w.readiness_path.clone()).unwrap_or_default();
+                        let ready = if path.is_empty() {
+                            true
+                        } else {
+                            let url = format!("http://127.0.0.1:{}{path}", m.port.unwrap_or(0));
+                            self.http.get(url).send().await.is_ok_and(|r| r.status().is_success())
+                        };
+                        if ready && let Some(m) = self.members.get_mut(&k) {
+                            m.state = WorkloadState::Running;
+                            tracing::info!(unit = %k.1, member = %k.2, "member ready");
+                            self.dirty = true;
+                        }
+                    }
+                }
+            }
+        }
+        let mut still = Vec::new();
+        for mut s in self.stopping.drain(..) {
+            match s.proc.child.try_wait() {
+                Ok(Some(_)) | Err(_) => s.cgroup.remove(),
+                Ok(None) => {
+                    if now >= s.kill_at {
+                        signal_group(s.proc.pgid, libc::SIGKILL);
+                    }
+                    still.push(s);
+                }
+            }
+        }
+        self.stopping = still;
+    }
+
+    /// True once after any member's state changed.
+    pub fn take_dirty(&mut self) -> bool {
+        std::mem::take(&mut self.dirty)
+    }
+
+    pub fn statuses(&self) -> Vec<v1::WorkloadStatus> {
+        self.members
+            .iter()
+            .map(|(k, m)| v1::WorkloadStatus {
+                app: k.0.clone(),
+                unit: k.1.clone(),
+                member: k.2.clone(),
+                generation: k.3,
+                state: m.state as i32,
+                address: m.port.map(|p| self.address(p)).unwrap_or_default(),
+                exit_code: m.exit_code,
+                message: m.message.chars().take(1024).collect(),
+                restarts: m.restarts,
+            })
+            .collect()
+    }
+
+    /// Stops every member: SIGTERM, then SIGKILL after the grace period.
+    pub async fn stop_all(&mut self) {
+        let keys: Vec<MemberKey> = self.members.keys().cloned().collect();
+        for k in keys {
+            if let Some(m) = self.members.remove(&k) {
+                self.stop(m);
+            }
+        }
+        let deadline = Instant::now() + self.cfg.stop_grace + Duration::from_secs(1);
+        while !self.stopping.is_empty() && Instant::now() < deadline {
+            self.tick().await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        for s in &self.stopping {
+            signal_group(s.proc.pgid, libc::SIGKILL);
+        }
+        for mut s in self.stopping.drain(..) {
+            let _ = s.proc.child.wait().await;
+            s.cgroup.remove();
+        }
+        self.cgroups.remove_base();
+    }
+
+    /// Pids of running members (tests check they are gone).
+    pub fn pids(&self) -> Vec<u32> {
+        self.members.values().filter_map(|m| m.proc.as_ref().and_then(|p| p.child.id())).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// As root on a host with cgroups (v1 here, v2 where mounted), a workload runs in
+    /// its own cgroup with its CPU quota and memory limit.
+    #[tokio::test]
+    async fn limits_are_applied_in_a_real_cgroup_as_root() {
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: not root, so the agent cannot create cgroups");
+            return;
+        }
+        let mut cfg = config("cgroup");
+        cfg.ports = (41301, 41400);
+        cfg.cgroup_root = PathBuf::from("/sys/fs/cgroup");
+        cfg.node_id = format!("cgtest-{}", std::process::id());
+        let mut rt = Runtime::new(cfg.clone());
+        if !rt.limits_enforced() {
+            eprintln!("skipped: no writable cgroup hierarchy on this host");
+            return;
+        }
+        let mut a = assignment("u1", "sleep", &["30"]);
+        a.resources = Some(v1::Resources { cpu_millis: 300, memory_bytes: 64 << 20, ..Default::default() });
+        rt.assign(vec![a]);
+        rt.tick().await;
+        let pid = rt.pids()[0];
+        let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+        let member = cg.lines().find(|l| l.contains("u1-head-1")).unwrap_or_else(|| panic!("not in its cgroup: {cg}"));
+        match &rt.cgroups {
+            Cgroups::V1 { cpu, memory } => {
+                let quota = std::fs::read_to_string(cpu.join("u1-head-1/cpu.cfs_quota_us")).unwrap();
+                assert_eq!(quota.trim(), "30000");
+                let mem = std::fs::read_to_string(memory.join("u1-head-1/memory.limit_in_bytes")).unwrap();
+                assert_eq!(mem.trim(), (64u64 << 20).to_string());
+            }
+            Cgroups::V2 { base } => {
+                let max = std::fs::read_to_string(base.join("u1-head-1/cpu.max")).unwrap();
+                assert_eq!(max.trim(), "30000 100000");
+            }
+            Cgroups::Unavailable(_) => unreachable!(),
+        }
+        assert!(!member.is_empty());
+        rt.stop_all().await;
+        let base_gone = match &rt.cgroups {
+            Cgroups::V1 { cpu, .. } => !cpu.exists(),
+            Cgroups::V2 { base } => !base.exists(),
+            Cgroups::Unavailable(_) => true,
+        };
+        assert!(base_gone, "the agent's cgroups are removed when it stops");
+        let _ = std::fs::remove_dir_all(&cfg.data_dir);
+    }
+
+    #[test]
+    fn back_off_doubles_and_caps() {
+        assert_eq!(backoff(0), Duration::from_millis(500));
+        assert_eq!(backoff(1), Duration::from_secs(1));
+        assert_eq!(backoff(3), Duration::from_secs(4));
+        assert_eq!(backoff(40), Duration::from_secs(30));
+    }
+
+    fn config(name: &str) -> RuntimeConfig {
+        let dir = std::env::temp_dir().join(format!("flotilla-rt-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        RuntimeConfig {
+            data_dir: dir,
+            node_id: "n1".into(),
+            advertise_host: "127.0.0.1".into(),
+            ports: (0, 0),
+            stop_grace: Duration::from_millis(300),
+            log_cap_bytes: 64,
+            cgroup_root: PathBuf::from("/nonexistent"),
+        }
+    }
+
+    fn assignment(unit: &str, cmd: &str, args: &[&str]) -> v1::Assignment {
+        v1::Assignment {
+            app: "a".into(),
+            unit: unit.into(),
+            member: "head".into(),
+            generation: 1,
+            resources: None,
+            workload: Some(v1::Workload {
+                role: "head".into(),
+                command: cmd.into(),
+                args: args.iter().map(|s| s.to_string()).collect(),
+                env: Default::default(),
+                readiness_path: String::new(),
+            }),
+        }
+    }
+
+    async fn settle(rt: &mut Runtime, ms: u64) {
+        let end = Instant::now() + Duration::from_millis(ms);
+        while Instant::now() < end {
+            rt.tick().await;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_missing_command_fails_with_a_reason_and_backs_off() {
+        let mut cfg = config("missing");
+        cfg.ports = (41000, 41100);
+        let mut rt = Runtime::new(cfg);
+        rt.assign(vec![assignment("u1", "/no/such/binary", &[])]);
+        settle(&mut rt, 1200).await;
+        let s = &rt.statuses()[0];
+        assert_eq!(s.state, WorkloadState::Failed as i32);
+        assert!(s.message.contains("/no/such/binary"), "{}", s.message);
+        assert!(rt.members.values().next().unwrap().failures_in_row <= 3, "no busy loop");
+    }
+
+    #[tokio::test]
+    async fn a_crash_loop_is_reported_with_its_exit_code_and_backs_off() {
+        let mut cfg = config("crash");
+        cfg.ports = (41101, 41200);
+        let mut rt = Runtime::new(cfg.clone());
+        rt.assign(vec![assignment("u1", "sh", &["-c", "echo boom-$FLOTILLA_UNIT >&2; exit 3"])]);
+        settle(&mut rt, 2500).await;
+        let s = rt.statuses()[0].clone();
+        assert_eq!(s.exit_code, 3);
+        assert!(s.message.contains("boom-u1"), "the tail of stderr: {:?}", s.message);
+        assert!(s.restarts >= 2 && s.restarts <= 4, "backed off: {} restarts in 2.5 s", s.restarts);
+        let log = std::fs::read_dir(cfg.data_dir.join("workloads")).unwrap().next().unwrap().unwrap().path();
+        assert!(std::fs::metadata(log.join("stderr.log")).unwrap().len() <= 64, "logs are capped");
+        let _ = std::fs::remove_dir_all(&cfg.data_dir);
+    }
+
+    #[tokio::test]
+    async fn an_exhausted_port_range_is_a_clear_failure() {
+        let hold = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
+        let port = hold.local_addr().unwrap().port();
+        let mut cfg = config("ports");
+        cfg.ports = (port, port);
+        let mut rt = Runtime::new(cfg);
+        rt.assign(vec![assignment("u1", "sleep", &["5"])]);
+        rt.tick().await;
+        assert!(rt.statuses()[0].message.contains("no free port"), "{:?}", rt.statuses()[0]);
+    }
+
+    #[tokio::test]
+    async fn unassigned_members_get_sigterm_then_sigkill() {
+        let mut cfg = config("stop");
+        cfg.ports = (41201, 41300);
+        let mut rt = Runtime::new(cfg);
+        // Ignores SIGTERM: only the SIGKILL after the grace period ends it.
+        rt.assign(vec![assignment("u1", "sh", &["-c", "trap '' TERM; while true; do sleep 0.05; done"])]);
+        settle(&mut rt, 300).await;
+        let pid = rt.pids()[0];
+        assert_eq!(rt.statuses()[0].state, WorkloadState::Running as i32);
+        rt.assign(vec![]);
+        let t = Instant::now();
+        while std::path::Path::new(&format!("/proc/{pid}")).exists() && t.elapsed() < Duration::from_secs(5) {
+            rt.tick().await;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(t.elapsed() >= Duration::from_millis(250), "the grace period was honoured");
+        assert!(rt.stopping.is_empty() || !std::path::Path::new(&format!("/proc/{pid}/status")).exists());
+    }
+}
