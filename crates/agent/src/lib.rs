@@ -120,6 +120,7 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
             config.data_dir.clone(),
             assignments.clone(),
             runtime.clone(),
+            config.node_id.to_string(),
         ));
         // Whatever runs now is reported to the (possibly new) shard at once.
         workloads.mark_changed();
@@ -182,6 +183,23 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
 /// The file in the data dir holding the assignments this node was last given.
 pub const ASSIGNMENTS_FILE: &str = "assignments.json";
 
+#[derive(Debug, PartialEq, Eq)]
+enum Refusal {
+    OtherNode,
+    Stale,
+}
+
+/// Whether a push is for this node and newer than what it holds.
+fn admit(push: &v1::AssignmentPush, node_id: &str, held: u64) -> Result<(), Refusal> {
+    if push.node_id != node_id {
+        return Err(Refusal::OtherNode);
+    }
+    if push.assignment_version <= held {
+        return Err(Refusal::Stale);
+    }
+    Ok(())
+}
+
 /// Takes assignment pushes from the shard and keeps the newest set (the workload
 /// runtime acts on it).
 async fn receive_assignments(
@@ -189,6 +207,7 @@ async fn receive_assignments(
     data: PathBuf,
     version: std::sync::Arc<std::sync::atomic::AtomicU64>,
     runtime: mpsc::Sender<RuntimeCmd>,
+    node_id: String,
 ) {
     use std::sync::atomic::Ordering;
     let gauge = metrics::gauge!("flotilla_agent_assignments");
@@ -198,8 +217,14 @@ async fn receive_assignments(
             tracing::warn!("undecodable assignment push");
             continue;
         };
-        if push.assignment_version <= version.load(Ordering::Relaxed) {
-            continue; // an older push arriving late
+        match admit(&push, &node_id, version.load(Ordering::Relaxed)) {
+            Ok(()) => {}
+            Err(Refusal::Stale) => continue, // an older push arriving late
+            Err(Refusal::OtherNode) => {
+                metrics::counter!("flotilla_agent_assignments_refused_total").increment(1);
+                tracing::warn!(for_node = %push.node_id, "refused assignments meant for another node");
+                continue;
+            }
         }
         version.store(push.assignment_version, Ordering::Relaxed);
         gauge.set(push.assignments.len() as f64);
@@ -427,5 +452,18 @@ pub fn main_with(cmd: config::AgentCommand) -> anyhow::Result<()> {
                 .map_err(|errors| anyhow!("invalid agent configuration:\n  - {}", errors.join("\n  - ")))?;
             rt.block_on(run(config))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pushes_for_other_nodes_or_older_versions_are_refused() {
+        let push = v1::AssignmentPush { assignment_version: 5, assignments: vec![], node_id: "n1".into() };
+        assert_eq!(admit(&push, "n1", 4), Ok(()));
+        assert_eq!(admit(&push, "n2", 4), Err(Refusal::OtherNode));
+        assert_eq!(admit(&push, "n1", 5), Err(Refusal::Stale));
     }
 }

@@ -334,7 +334,17 @@ impl Runtime {
                             .rev()
                             .collect::<Vec<_>>()
                             .join("\n");
-                        m.restarts += 1;
+                        let policy = m.assignment.workload.as_ref().map(|w| w.restart.as_str()).unwrap_or("");
+                        let again = match policy {
+                            "never" => false,
+                            "on-failure" => code != 0,
+                            _ => true,
+                        };
+                        if again {
+                            m.restarts += 1;
+                        } else {
+                            m.next_start = now + Duration::from_secs(u64::from(u32::MAX));
+                        }
                         m.proc = None;
                         m.cgroup.remove();
                         tracing::warn!(unit = %k.1, member = %k.2, code, restart_in = ?m.next_start - now, "member exited");
@@ -509,8 +519,30 @@ mod tests {
                 args: args.iter().map(|s| s.to_string()).collect(),
                 env: Default::default(),
                 readiness_path: String::new(),
+                restart: String::new(),
             }),
         }
+    }
+
+    #[tokio::test]
+    async fn restart_policies() {
+        let mut cfg = config("policy");
+        cfg.ports = (41401, 41500);
+        let mut rt = Runtime::new(cfg.clone());
+        let with = |unit: &str, code: i32, policy: &str| {
+            let mut a = assignment(unit, "sh", &["-c", &format!("exit {code}")]);
+            a.workload.as_mut().unwrap().restart = policy.into();
+            a
+        };
+        rt.assign(vec![with("never", 1, "never"), with("okdone", 0, "on-failure"), with("retry", 2, "on-failure")]);
+        settle(&mut rt, 1500).await;
+        let by_unit: BTreeMap<String, v1::WorkloadStatus> =
+            rt.statuses().into_iter().map(|s| (s.unit.clone(), s)).collect();
+        assert_eq!(by_unit["never"].restarts, 0);
+        assert_eq!(by_unit["never"].state, WorkloadState::Exited as i32);
+        assert_eq!(by_unit["okdone"].restarts, 0, "a clean exit is not restarted on-failure");
+        assert!(by_unit["retry"].restarts >= 1, "a failure is");
+        let _ = std::fs::remove_dir_all(&cfg.data_dir);
     }
 
     async fn settle(rt: &mut Runtime, ms: u64) {

@@ -234,10 +234,12 @@ impl Applier {
         for node in self.ledger_dirty.drain() {
             let (version, claims) = ledger.assignments(&node);
             let assignments = claims.into_iter().map(crate::ledger_grpc::assignment).collect();
-            let _ = self.pushes.send(Push {
-                node,
-                message: flotilla_proto::v1::AssignmentPush { assignment_version: version, assignments },
-            });
+            let message = flotilla_proto::v1::AssignmentPush {
+                assignment_version: version,
+                assignments,
+                node_id: node.to_string(),
+            };
+            let _ = self.pushes.send(Push { node, message });
         }
         drop(ledger);
         let changes = upserts.len() + removed.len();

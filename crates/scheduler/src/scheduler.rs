@@ -544,6 +544,7 @@ impl Scheduler {
                     args: t.args.clone(),
                     env: t.env.clone().into_iter().collect(),
                     readiness_path: t.readiness_path.clone().unwrap_or_default(),
+                    restart: t.restart.clone().unwrap_or_default(),
                 }),
             })
             .collect()

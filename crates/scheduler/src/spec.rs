@@ -49,6 +49,9 @@ pub struct MemberTemplate {
     pub serves_http: bool,
     /// HTTP path that answers 2xx when the member is ready.
     pub readiness_path: Option<String>,
+    /// `always` (the default), `on-failure` or `never`.
+    #[serde(default)]
+    pub restart: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -179,6 +182,11 @@ impl MemberTemplate {
             && !p.starts_with('/')
         {
             errors.push(format!("{path}.readiness_path: must start with '/'"));
+        }
+        if let Some(r) = &self.restart
+            && !matches!(r.as_str(), "always" | "on-failure" | "never")
+        {
+            errors.push(format!("{path}.restart: {r:?} is not always, on-failure or never"));
         }
     }
 }
