@@ -131,3 +131,40 @@ pub async fn units(a: UnitsArgs) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+#[derive(Debug, Args)]
+pub struct ScaleArgs {
+    /// The app.
+    pub app: String,
+    /// The desired number of units.
+    #[arg(long)]
+    pub units: u32,
+    #[arg(long, env = "FLOTILLA_ADDR", default_value = "http://127.0.0.1:7700")]
+    pub addr: String,
+    /// The API token (default: $FLOTILLA_TOKEN, else $FLOTILLA_DATA/api-token).
+    #[arg(long, env = "FLOTILLA_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+}
+
+pub async fn scale(a: ScaleArgs) -> anyhow::Result<()> {
+    let token = match a.token {
+        Some(t) => t,
+        None => token_from_data()?,
+    };
+    let url = format!("{}/v1/apps/{}/scale", a.addr.trim_end_matches('/'), a.app);
+    let resp = reqwest::Client::new()
+        .put(&url)
+        .bearer_auth(token)
+        .json(&serde_json::json!({"units": a.units}))
+        .send()
+        .await
+        .with_context(|| format!("reaching the control plane at {} (set FLOTILLA_ADDR)", a.addr))?;
+    let status = resp.status();
+    let body: Value = resp.json().await.unwrap_or(Value::Null);
+    if !status.is_success() {
+        let msg = body.pointer("/error/message").and_then(Value::as_str).unwrap_or("no message");
+        bail!("{status}: {msg}");
+    }
+    println!("{}: desired units {}", a.app, body["desired_units"]);
+    Ok(())
+}

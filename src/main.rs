@@ -42,6 +42,8 @@ enum Cmd {
     Apps(client::ListArgs),
     /// List an app's units and where their members run.
     Units(client::UnitsArgs),
+    /// Set an app's desired number of units.
+    Scale(client::ScaleArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -64,6 +66,7 @@ fn main() -> std::process::ExitCode {
                             Cmd::Nodes(a) => client::nodes(a).await,
                             Cmd::Apps(a) => client::apps(a).await,
                             Cmd::Units(a) => client::units(a).await,
+                            Cmd::Scale(a) => client::scale(a).await,
                             Cmd::Agent(_) => Ok(()),
                         }
                     })

@@ -206,10 +206,12 @@ pub async fn scheduler(a: SchedulerArgs) -> anyhow::Result<()> {
     flotilla_control::follow_all(&cluster, &a.aggregators);
     let app = spec.name.clone();
     let (scheduler, handle) = flotilla_scheduler::Scheduler::new(spec, cluster.clone(), a.aggregators.clone(), store)?;
+    let token = a.token.or_else(|| crate::client::token_from_data().ok());
     let state = Arc::new(flotilla_control::ControlState {
         cluster,
         shards: a.aggregators.clone(),
-        api_token: None,
+        // Its own API takes mutating calls with the same token it registers with.
+        api_token: token.clone(),
         apps: Default::default(),
     });
     state.apps.add_local(handle);
@@ -218,7 +220,6 @@ pub async fn scheduler(a: SchedulerArgs) -> anyhow::Result<()> {
     tracing::info!(%app, %url, "scheduler API");
     tokio::spawn(scheduler.run());
     if let Some(control) = a.control {
-        let token = a.token.or_else(|| crate::client::token_from_data().ok());
         tokio::spawn(register_with_control(control, token, app, url));
     }
     flotilla_control::serve(listener, state, async {

@@ -376,3 +376,96 @@ fn echo_server_answers_with_its_identity_on_flotilla_port() {
     assert_eq!(v["unit"], "echo-3");
     assert_eq!(v["role"], "head");
 }
+
+/// A raw HTTP/1.1 request; returns the status code and the JSON body (if any).
+fn http(addr: &str, method: &str, path: &str, token: Option<&str>, body: &str) -> (u16, Value) {
+    use std::io::{Read, Write};
+    let host = addr.trim_start_matches("http://");
+    let mut s = std::net::TcpStream::connect(host).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\n{auth}Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let status = out.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let json = out.split("\r\n\r\n").nth(1).and_then(|b| serde_json::from_str(b).ok()).unwrap_or(Value::Null);
+    (status, json)
+}
+
+fn running(up: &Up) -> Vec<Value> {
+    echo_units(up).into_iter().filter(|u| u["state"] == "running").collect()
+}
+
+#[test]
+fn failover_and_scaling_through_the_api_and_the_cli() {
+    let spec = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/echo.toml");
+    let up = Up::start("scale", &["--agents", "8", "--shards", "2", "--app", spec]);
+    wait_for("2 running units", Duration::from_secs(30), || (running(&up).len() == 2).then_some(()));
+    let token = std::fs::read_to_string(up.data.join("api-token")).unwrap().trim().to_string();
+
+    // kill -9 of the agent holding a unit's head: the unit is replaced, the old one ends Terminated.
+    let victim = running(&up)[0].clone();
+    let head_node = victim["members"].as_array().unwrap().iter().find(|m| m["role"] == "head").unwrap()["node_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let killed_at = Instant::now();
+    signal(up.agent_pid(&head_node), libc::SIGKILL);
+    wait_for("a replacement unit running and the old one terminated", Duration::from_secs(30), || {
+        let units = echo_units(&up);
+        let old = units.iter().find(|u| u["unit_id"] == victim["unit_id"])?;
+        let live = units.iter().filter(|u| u["state"] == "running").count();
+        (old["state"] == "terminated" && live == 2).then_some(())
+    });
+    eprintln!("head lost -> replacement running after {:?}", killed_at.elapsed());
+    for u in running(&up) {
+        for m in u["members"].as_array().unwrap() {
+            assert_ne!(m["node_id"], head_node.as_str(), "nothing runs on the dead node");
+        }
+    }
+
+    // Scale up with the CLI (token from the data dir), down with the API.
+    let out = Command::new(BIN)
+        .args(["scale", "echo", "--units", "3"])
+        .env("FLOTILLA_ADDR", &up.addr)
+        .env("FLOTILLA_DATA", &up.data)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    wait_for("3 running units", Duration::from_secs(30), || (running(&up).len() == 3).then_some(()));
+    let (status, body) = http(&up.addr, "PUT", "/v1/apps/echo/scale", Some(&token), r#"{"units": 1}"#);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["desired_units"], 1);
+    wait_for("1 running unit", Duration::from_secs(30), || {
+        let units = echo_units(&up);
+        let live = units.iter().filter(|u| u["state"] == "running").count();
+        let leaving = units.iter().filter(|u| matches!(u["state"].as_str(), Some("draining" | "stopping"))).count();
+        (live == 1 && leaving == 0).then_some(())
+    });
+
+    // Bad requests are refused with clear errors.
+    let (status, body) = http(&up.addr, "PUT", "/v1/apps/echo/scale", Some(&token), r#"{"units": 9}"#);
+    assert_eq!(status, 422);
+    assert!(body["error"]["message"].as_str().unwrap().contains("1..=6"), "{body}");
+    let (status, body) = http(&up.addr, "PUT", "/v1/apps/echo/scale", Some(&token), r#"{"units": "many"}"#);
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["code"], "bad_request");
+    let (status, body) = http(&up.addr, "PUT", "/v1/apps/echo/scale", None, r#"{"units": 2}"#);
+    assert_eq!(status, 401, "{body}");
+    let (status, _) = http(&up.addr, "PUT", "/v1/apps/echo/scale", Some("wrong"), r#"{"units": 2}"#);
+    assert_eq!(status, 401);
+    let (status, _) = http(&up.addr, "PUT", "/v1/apps/nope/scale", Some(&token), r#"{"units": 2}"#);
+    assert_eq!(status, 404);
+    let out = Command::new(BIN)
+        .args(["scale", "echo", "--units", "0"])
+        .env("FLOTILLA_ADDR", &up.addr)
+        .env("FLOTILLA_TOKEN", &token)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("1..=6"));
+}

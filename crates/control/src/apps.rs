@@ -54,6 +54,7 @@ pub fn routes() -> Router<Arc<ControlState>> {
         .route("/v1/apps", axum::routing::get(list_apps))
         .route("/v1/apps/{app}", axum::routing::get(get_app))
         .route("/v1/apps/{app}/units", axum::routing::get(list_units))
+        .route("/v1/apps/{app}/scale", axum::routing::put(scale))
         .route("/v1/schedulers", axum::routing::post(register_scheduler))
 }
 
@@ -131,6 +132,60 @@ async fn list_units(State(s): State<Arc<ControlState>>, Path(app): Path<String>)
     match s.apps.get(&app) {
         Some(Ok(h)) => Ok(Json(unit_rows(&h.status()))),
         Some(Err(url)) => Ok(Json(remote(&url, &format!("/v1/apps/{app}/units")).await?)),
+        None => Err(not_found(&app)),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ScaleBody {
+    units: u32,
+}
+
+/// `PUT /v1/apps/{app}/scale {"units": N}`: validated by the app's scheduler against the
+/// spec's min and max, persisted in its store, acted on within a second.
+async fn scale(
+    State(s): State<Arc<ControlState>>,
+    Path(app): Path<String>,
+    headers: HeaderMap,
+    body: Result<Json<ScaleBody>, axum::extract::rejection::JsonRejection>,
+) -> Result<Json<Value>, ApiError> {
+    metrics::counter!("flotilla_api_requests_total", "route" => "/v1/apps/{app}/scale").increment(1);
+    authorize(&s, &headers)?;
+    let Json(b) = body.map_err(|e| ApiError {
+        status: StatusCode::BAD_REQUEST,
+        code: "bad_request",
+        message: format!("expected {{\"units\": N}}: {}", e.body_text()),
+    })?;
+    match s.apps.get(&app) {
+        Some(Ok(h)) => match h.scale(b.units).await {
+            Ok(n) => Ok(Json(json!({"app": app, "desired_units": n}))),
+            Err(m) => Err(ApiError { status: StatusCode::UNPROCESSABLE_ENTITY, code: "out_of_range", message: m }),
+        },
+        Some(Err(url)) => {
+            let bad =
+                |m: String| ApiError { status: StatusCode::BAD_GATEWAY, code: "scheduler_unreachable", message: m };
+            let mut req = reqwest::Client::new()
+                .put(format!("{}/v1/apps/{app}/scale", url.trim_end_matches('/')))
+                .json(&json!({"units": b.units}))
+                .timeout(Duration::from_secs(5));
+            if let Some(v) = headers.get(axum::http::header::AUTHORIZATION).and_then(|v| v.to_str().ok()) {
+                req = req.header("authorization", v);
+            }
+            let resp = req.send().await.map_err(|e| bad(format!("{url}: {e}")))?;
+            let status = resp.status();
+            let v: Value = resp.json().await.map_err(|e| bad(format!("{url}: {e}")))?;
+            if status.is_success() {
+                Ok(Json(v))
+            } else {
+                let msg = v.pointer("/error/message").and_then(Value::as_str).unwrap_or("refused").to_string();
+                Err(ApiError {
+                    status: StatusCode::from_u16(status.as_u16()).unwrap_or(StatusCode::BAD_GATEWAY),
+                    code: "refused",
+                    message: msg,
+                })
+            }
+        }
         None => Err(not_found(&app)),
     }
 }

@@ -3,6 +3,7 @@
 
 pub mod lifecycle;
 pub mod planner;
+pub mod repair;
 pub mod scheduler;
 pub mod spec;
 pub mod store;

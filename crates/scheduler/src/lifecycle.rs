@@ -32,6 +32,7 @@ const TRANSITIONS: &[(UnitState, UnitState)] = &[
     (Placing, Queued), // placement or commit failed: try again later
     (Placing, Failed),
     (Allocated, Starting),
+    (Allocated, Degraded),
     (Allocated, Draining),
     (Allocated, Failed),
     (Starting, Running),
@@ -42,6 +43,7 @@ const TRANSITIONS: &[(UnitState, UnitState)] = &[
     (Running, Draining),
     (Running, Failed),
     (Degraded, Running),
+    (Degraded, Starting),
     (Degraded, Draining),
     (Degraded, Failed),
     (Draining, Stopping),

@@ -104,6 +104,8 @@ pub struct PlanInput<'a> {
     pub units_per_domain: &'a HashMap<String, u32>,
     /// Resources this scheduler holds that the view may not show yet.
     pub pending: &'a HashMap<NodeId, Resources>,
+    /// Place in this domain only (replacing a unit's lost members).
+    pub only_domain: Option<&'a str>,
 }
 
 /// See [`score`].
@@ -155,6 +157,7 @@ pub fn place_unit(
         .iter()
         .enumerate()
         .flat_map(|(shard, slot)| slot.domains.iter().map(move |(d, ids)| (shard, d, ids)))
+        .filter(|(_, d, _)| input.only_domain.is_none_or(|only| only == d.as_str()))
         .map(|(shard, d, ids)| {
             (shard, d, ids, input.units_per_domain.get(d).copied().unwrap_or(0), rng.random::<u32>())
         })
@@ -308,6 +311,7 @@ mod tests {
             max_units_per_domain: max,
             units_per_domain: per_domain,
             pending: &pending,
+            only_domain: None,
         };
         place_unit(&input, ms, &mut ClassCache::default(), &mut rand::rngs::StdRng::seed_from_u64(7))
     }
@@ -391,6 +395,7 @@ mod tests {
             max_units_per_domain: None,
             units_per_domain: &per,
             pending: &pending,
+            only_domain: None,
         };
         let mut cache = ClassCache::default();
         let mut rng = rand::rngs::StdRng::seed_from_u64(1);

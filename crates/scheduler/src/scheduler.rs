@@ -62,15 +62,29 @@ impl Stats {
     }
 }
 
+/// Requests from the control plane.
+pub enum Command {
+    Scale(u32, tokio::sync::oneshot::Sender<Result<u32, String>>),
+}
+
 /// A handle on a running scheduler, for the control plane and tests.
 #[derive(Clone)]
 pub struct AppHandle {
     pub app: String,
     status: Arc<ArcSwap<AppStatus>>,
     stats: Arc<Stats>,
+    commands: tokio::sync::mpsc::Sender<Command>,
 }
 
 impl AppHandle {
+    /// Sets the desired number of units (within the spec's min and max); the
+    /// scheduler persists it and acts on it at once.
+    pub async fn scale(&self, units: u32) -> Result<u32, String> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.commands.send(Command::Scale(units, tx)).await.map_err(|_| "the scheduler stopped".to_string())?;
+        rx.await.map_err(|_| "the scheduler stopped".to_string())?
+    }
+
     pub fn status(&self) -> Arc<AppStatus> {
         self.status.load_full()
     }
@@ -96,6 +110,11 @@ pub struct Scheduler {
     stored: Stored,
     status: Arc<ArcSwap<AppStatus>>,
     stats: Arc<Stats>,
+    commands: tokio::sync::mpsc::Receiver<Command>,
+    /// Since when each unit has had members whose shard cannot be heard.
+    unknown_since: HashMap<String, u64>,
+    /// How long Unknown members are waited for before they count as lost.
+    pub unknown_grace_ms: u64,
     classes: ClassCache,
     pending: Vec<PendingAlloc>,
     fencing_token: u64,
@@ -130,7 +149,8 @@ impl Scheduler {
             units: stored.units.values().cloned().collect(),
         }));
         let stats = Arc::new(Stats::new());
-        let handle = AppHandle { app: spec.name.clone(), status: status.clone(), stats: stats.clone() };
+        let (tx, commands) = tokio::sync::mpsc::channel(16);
+        let handle = AppHandle { app: spec.name.clone(), status: status.clone(), stats: stats.clone(), commands: tx };
         let clients = vec![None; shard_addrs.len()];
         Ok((
             Scheduler {
@@ -142,6 +162,9 @@ impl Scheduler {
                 stored,
                 status,
                 stats,
+                commands,
+                unknown_since: HashMap::new(),
+                unknown_grace_ms: 60_000,
                 classes: ClassCache::default(),
                 pending: Vec::new(),
                 fencing_token: 1,
@@ -173,6 +196,28 @@ impl Scheduler {
                     if r.is_err() { return; }
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
+                Some(cmd) = self.commands.recv() => self.command(cmd),
+            }
+        }
+    }
+
+    pub fn command(&mut self, cmd: Command) {
+        match cmd {
+            Command::Scale(n, reply) => {
+                let (min, max) = (self.spec.units.min, self.spec.units.max);
+                let r = if n < min || n > max {
+                    Err(format!("units must be within {min}..={max} for app {} (asked for {n})", self.spec.name))
+                } else {
+                    self.store
+                        .write(&self.spec.name, &[Write::DesiredUnits(n)])
+                        .map(|()| {
+                            self.stored.desired_units = Some(n);
+                            tracing::info!(app = %self.spec.name, units = n, "desired units set");
+                            n
+                        })
+                        .map_err(|e| e.to_string())
+                };
+                let _ = reply.send(r);
             }
         }
     }
@@ -197,6 +242,10 @@ impl Scheduler {
         let mut writes = Vec::new();
         self.observe(&slots, &mut writes);
 
+        // Repair what failed, and carry scale-in forward.
+        self.repair(&slots, &mut writes).await;
+        self.scale_in(&slots, &mut writes).await;
+
         // Decide: enough units?
         let active = self.stored.units.values().filter(|u| u.state.is_active()).count() as u32;
         for _ in active..self.desired() {
@@ -211,6 +260,7 @@ impl Scheduler {
                 members: Vec::new(),
                 created_unix_ms: now_ms(),
                 unplaced_reason: None,
+                draining_since_unix_ms: None,
             };
             tracing::info!(unit = %unit.unit_id, "unit queued");
             writes.push(Write::Unit(unit.clone()));
@@ -248,11 +298,291 @@ impl Scheduler {
         Ok(())
     }
 
+    /// Releases the ledger entries of `members` of a unit (all of them when empty), on
+    /// every shard that holds one. Release is idempotent, so a retry is harmless.
+    async fn release(&mut self, unit: &UnitRecord, members: &[String]) -> anyhow::Result<()> {
+        let mut by_shard: BTreeMap<u32, Vec<v1::ClaimKey>> = BTreeMap::new();
+        for m in unit.members.iter().filter(|m| members.is_empty() || members.contains(&m.member)) {
+            if let Some(shard) = m.shard {
+                by_shard.entry(shard).or_default().push(v1::ClaimKey {
+                    app: unit.app.clone(),
+                    unit: unit.unit_id.clone(),
+                    member: m.member.clone(),
+                    generation: unit.generation,
+                });
+            }
+        }
+        for (shard, keys) in by_shard {
+            let req = v1::ReleaseRequest {
+                txn_id: format!("{}-release-{:016x}", unit.unit_id, self.rng.random::<u64>()),
+                fencing_token: self.fencing_token,
+                keys,
+            };
+            self.client(shard as usize).await?.release(req).await?;
+        }
+        Ok(())
+    }
+
+    /// Fails units whose head is lost and replaces lost workers in place. When many
+    /// members vanish at once (a partition looks like a mass failure), only one unit is
+    /// repaired per pass.
+    async fn repair(&mut self, slots: &[Arc<ShardSlot>], writes: &mut Vec<Write>) {
+        use crate::repair::{MemberHealth, Repair, decide, member_health};
+        let now = now_ms();
+        let mut decisions = Vec::new();
+        let mut placed = 0usize;
+        for u in self.stored.units.values() {
+            if !matches!(u.state, UnitState::Allocated | UnitState::Starting | UnitState::Running | UnitState::Degraded)
+            {
+                self.unknown_since.remove(&u.unit_id);
+                continue;
+            }
+            placed += 1;
+            let unknown = u.members.iter().any(|m| member_health(m, slots) == MemberHealth::Unknown);
+            let since = if unknown {
+                *self.unknown_since.entry(u.unit_id.clone()).or_insert(now)
+            } else {
+                self.unknown_since.remove(&u.unit_id);
+                now
+            };
+            match decide(u, slots, now.saturating_sub(since), self.unknown_grace_ms) {
+                Repair::Nothing | Repair::Wait => {}
+                r => decisions.push((u.unit_id.clone(), r)),
+            }
+        }
+        let mass = placed >= 4 && decisions.len() * 2 > placed;
+        metrics::gauge!("flotilla_replacements_rate_limited", "app" => self.spec.name.clone()).set(if mass {
+            1.0
+        } else {
+            0.0
+        });
+        if mass {
+            tracing::warn!(app = %self.spec.name, failing = decisions.len(), units = placed, "many units failing at once: repairing one per pass");
+            decisions.truncate(1);
+        }
+        for (id, r) in decisions {
+            let Some(unit) = self.stored.units.get(&id).cloned() else { continue };
+            match r {
+                Repair::FailUnit(why) => {
+                    tracing::warn!(unit = %id, %why, "unit failed; a replacement is queued");
+                    metrics::counter!("flotilla_units_failed_total", "app" => self.spec.name.clone()).increment(1);
+                    if let Err(e) = self.release(&unit, &[]).await {
+                        tracing::warn!(unit = %id, error = %e, "releasing a failed unit; will retry");
+                        if let Some(u) = self.stored.units.get_mut(&id)
+                            && u.state.can_become(UnitState::Failed)
+                        {
+                            u.state = UnitState::Failed;
+                            u.unplaced_reason = Some(why);
+                            writes.push(Write::Unit(u.clone()));
+                        }
+                        continue;
+                    }
+                    if let Some(u) = self.stored.units.get_mut(&id) {
+                        u.state = UnitState::Terminated;
+                        u.unplaced_reason = Some(why);
+                        writes.push(Write::Unit(u.clone()));
+                    }
+                }
+                Repair::ReplaceWorkers(members) => {
+                    tracing::warn!(unit = %id, ?members, "workers lost; replacing them in the unit's domain");
+                    if self.release(&unit, &members).await.is_err() {
+                        continue;
+                    }
+                    if let Some(u) = self.stored.units.get_mut(&id) {
+                        if u.state != UnitState::Degraded && u.state.can_become(UnitState::Degraded) {
+                            u.state = UnitState::Degraded;
+                        }
+                        for m in u.members.iter_mut().filter(|m| members.contains(&m.member)) {
+                            m.node_id = None;
+                            m.shard = None;
+                            m.state = None;
+                            m.address = None;
+                        }
+                    }
+                    self.place_missing(&id, slots).await;
+                    if let Some(u) = self.stored.units.get(&id) {
+                        writes.push(Write::Unit(u.clone()));
+                    }
+                }
+                Repair::Nothing | Repair::Wait => {}
+            }
+        }
+        // Degraded units whose replacement could not be placed yet try again.
+        let waiting: Vec<String> = self
+            .stored
+            .units
+            .values()
+            .filter(|u| u.state == UnitState::Degraded && u.members.iter().any(|m| m.node_id.is_none()))
+            .map(|u| u.unit_id.clone())
+            .collect();
+        for id in waiting {
+            self.place_missing(&id, slots).await;
+            if let Some(u) = self.stored.units.get(&id) {
+                writes.push(Write::Unit(u.clone()));
+            }
+        }
+        // Failed units whose release did not go through are retried.
+        let failed: Vec<UnitRecord> =
+            self.stored.units.values().filter(|u| u.state == UnitState::Failed).cloned().collect();
+        for u in failed {
+            if self.release(&u, &[]).await.is_ok()
+                && let Some(u) = self.stored.units.get_mut(&u.unit_id)
+            {
+                u.state = UnitState::Terminated;
+                writes.push(Write::Unit(u.clone()));
+            }
+        }
+    }
+
+    /// Places the members of a unit that have no node, in the unit's domain.
+    async fn place_missing(&mut self, id: &str, slots: &[Arc<ShardSlot>]) {
+        let Some(unit) = self.stored.units.get(id).cloned() else { return };
+        let missing: Vec<MemberRequest> = self
+            .spec
+            .members()
+            .iter()
+            .filter(|(member, _, _)| unit.members.iter().any(|m| &m.member == member && m.node_id.is_none()))
+            .map(|(member, _, t)| MemberRequest { member: member.clone(), resources: t.resources() })
+            .collect();
+        if missing.is_empty() {
+            return;
+        }
+        let pending: HashMap<NodeId, Resources> = HashMap::new();
+        let per_domain = HashMap::new();
+        let input = PlanInput {
+            slots,
+            constraints: &self.spec.constraints,
+            max_units_per_domain: None,
+            units_per_domain: &per_domain,
+            pending: &pending,
+            only_domain: unit.domain.as_deref(),
+        };
+        let plan = place_unit(&input, &missing, &mut self.classes, &mut self.rng);
+        let p = match plan {
+            Ok(p) => p,
+            Err(why) => {
+                if let Some(u) = self.stored.units.get_mut(id) {
+                    u.unplaced_reason = Some(format!("replacement: {why}"));
+                }
+                return;
+            }
+        };
+        let claims: Vec<v1::Claim> = self.claims(id, &p);
+        let req = v1::CommitRequest {
+            txn_id: format!("{id}-replace-{:016x}", self.rng.random::<u64>()),
+            fencing_token: self.fencing_token,
+            claims,
+        };
+        let shard = p.shard;
+        let resp = match self.client(shard).await {
+            Ok(c) => c.commit(req).await.map(|r| r.into_inner()).ok(),
+            Err(_) => None,
+        };
+        let Some(resp) = resp else { return };
+        if !resp.results.iter().all(|r| r.accepted) {
+            if let Some(u) = self.stored.units.get_mut(id) {
+                u.unplaced_reason = Some("replacement commit rejected; retrying".into());
+            }
+            return;
+        }
+        if let Some(u) = self.stored.units.get_mut(id) {
+            for pm in &p.members {
+                if let Some(m) = u.members.iter_mut().find(|m| m.member == pm.member) {
+                    m.node_id = Some(pm.node.to_string());
+                    m.incarnation = pm.incarnation;
+                    m.shard = Some(shard as u32);
+                }
+            }
+            u.unplaced_reason = None;
+            tracing::info!(unit = %id, "replacement members allocated");
+        }
+    }
+
+    /// Scale-in: queued units go first, then the least healthy and youngest placed ones
+    /// drain (out of routes at once), their members stop after the drain timeout, and
+    /// they end Terminated.
+    async fn scale_in(&mut self, slots: &[Arc<ShardSlot>], writes: &mut Vec<Write>) {
+        let now = now_ms();
+        let desired = self.desired() as usize;
+        let active: Vec<&UnitRecord> = self.stored.units.values().filter(|u| u.state.is_active()).collect();
+        if active.len() > desired {
+            let mut excess = active.len() - desired;
+            let queued: Vec<String> = active
+                .iter()
+                .filter(|u| u.state == UnitState::Queued)
+                .map(|u| u.unit_id.clone())
+                .take(excess)
+                .collect();
+            excess -= queued.len();
+            let placed: Vec<&UnitRecord> = active.iter().filter(|u| u.state != UnitState::Queued).copied().collect();
+            let victims = crate::repair::scale_in_order(&placed, excess, slots);
+            for id in queued {
+                if let Some(u) = self.stored.units.get_mut(&id) {
+                    u.state = UnitState::Terminated;
+                    writes.push(Write::Unit(u.clone()));
+                }
+            }
+            for id in victims {
+                if let Some(u) = self.stored.units.get_mut(&id)
+                    && let Ok(to) = u.state.to(UnitState::Draining)
+                {
+                    tracing::info!(unit = %id, "scale-in: draining");
+                    u.state = to;
+                    u.draining_since_unix_ms = Some(now);
+                    writes.push(Write::Unit(u.clone()));
+                }
+            }
+        }
+        let drain_ms = self.spec.units.drain_timeout_ms;
+        let due: Vec<UnitRecord> = self
+            .stored
+            .units
+            .values()
+            .filter(|u| u.state == UnitState::Draining && u.draining_since_unix_ms.is_some_and(|t| now >= t + drain_ms))
+            .cloned()
+            .collect();
+        for u in due {
+            if self.release(&u, &[]).await.is_ok()
+                && let Some(u) = self.stored.units.get_mut(&u.unit_id)
+            {
+                u.state = UnitState::Stopping;
+                writes.push(Write::Unit(u.clone()));
+            }
+        }
+        // Stopping → Terminated once no agent reports its members any more.
+        let stopping: Vec<String> =
+            self.stored.units.values().filter(|u| u.state == UnitState::Stopping).map(|u| u.unit_id.clone()).collect();
+        for id in stopping {
+            let Some(u) = self.stored.units.get(&id) else { continue };
+            let still = u.members.iter().any(|m| {
+                m.node_id.as_deref().zip(m.shard).is_some_and(|(n, s)| {
+                    slots.get(s as usize).and_then(|slot| slot.view.get(&NodeId::new(n).ok()?).cloned()).is_some_and(
+                        |r| {
+                            r.workloads
+                                .iter()
+                                .any(|w| w.unit == u.unit_id && w.member == m.member && w.generation == u.generation)
+                        },
+                    )
+                })
+            });
+            let waited = u.draining_since_unix_ms.is_some_and(|t| now >= t + drain_ms + 15_000);
+            if (!still || waited)
+                && let Some(u) = self.stored.units.get_mut(&id)
+            {
+                u.state = UnitState::Terminated;
+                writes.push(Write::Unit(u.clone()));
+            }
+        }
+    }
+
     /// Moves units along with what their members' agents report: Allocated → Starting
     /// once a member started, Starting → Running once every member is ready.
     fn observe(&mut self, slots: &[Arc<ShardSlot>], writes: &mut Vec<Write>) {
         for unit in self.stored.units.values_mut() {
-            if !matches!(unit.state, UnitState::Allocated | UnitState::Starting | UnitState::Running) {
+            if !matches!(
+                unit.state,
+                UnitState::Allocated | UnitState::Starting | UnitState::Running | UnitState::Degraded
+            ) {
                 continue;
             }
             let mut changed = false;
@@ -292,7 +622,7 @@ impl Scheduler {
             let next = match unit.state {
                 UnitState::Allocated if all_running => Some(UnitState::Starting),
                 UnitState::Allocated if any_reported => Some(UnitState::Starting),
-                UnitState::Starting if all_running => Some(UnitState::Running),
+                UnitState::Starting | UnitState::Degraded if all_running => Some(UnitState::Running),
                 _ => None,
             };
             if let Some(to) = next
@@ -405,6 +735,7 @@ impl Scheduler {
                 max_units_per_domain: self.spec.spread.max_units_per_domain,
                 units_per_domain: &per_domain,
                 pending: &pending,
+                only_domain: None,
             };
             let plan = place_unit(&input, &requests, &mut self.classes, &mut self.rng);
             metrics::histogram!("flotilla_plan_seconds").record(started.elapsed().as_secs_f64());
@@ -478,11 +809,15 @@ impl Scheduler {
                             unit.state = UnitState::Allocated;
                             unit.domain = Some(p.domain.clone());
                             unit.unplaced_reason = None;
+                            let templates = self.spec.members();
+                            let role_of = |member: &str| {
+                                templates.iter().find(|(n, _, _)| n == member).map(|(_, r, _)| *r).unwrap_or("worker")
+                            };
                             unit.members = p
                                 .members
                                 .iter()
-                                .zip(self.spec.members())
-                                .map(|(m, (_, role, _))| MemberRecord {
+                                .map(|m| (m, role_of(&m.member)))
+                                .map(|(m, role)| MemberRecord {
                                     member: m.member.clone(),
                                     role: role.to_string(),
                                     node_id: Some(m.node.to_string()),
@@ -528,10 +863,16 @@ impl Scheduler {
 
     fn claims(&self, unit_id: &str, p: &crate::planner::Placement) -> Vec<v1::Claim> {
         let generation = self.stored.units.get(unit_id).map(|u| u.generation).unwrap_or(0);
+        let templates = self.spec.members();
         p.members
             .iter()
-            .zip(self.spec.members())
-            .map(|(m, (member, role, t))| v1::Claim {
+            .filter_map(|m| {
+                templates
+                    .iter()
+                    .find(|(name, _, _)| *name == m.member)
+                    .map(|(member, role, t)| (m, member.clone(), role, t))
+            })
+            .map(|(m, member, role, t)| v1::Claim {
                 key: Some(v1::ClaimKey { app: self.spec.name.clone(), unit: unit_id.to_string(), member, generation }),
                 node_id: m.node.to_string(),
                 incarnation: m.incarnation,

@@ -77,6 +77,14 @@ pub struct Scale {
     pub min: u32,
     pub max: u32,
     pub initial: u32,
+    /// How long a unit removed by scale-in stays Draining (out of routes, still
+    /// running) before its members are stopped.
+    #[serde(default = "default_drain_timeout_ms")]
+    pub drain_timeout_ms: u64,
+}
+
+fn default_drain_timeout_ms() -> u64 {
+    2000
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -225,6 +233,9 @@ impl AppSpec {
         }
         if s.initial < s.min || s.initial > s.max {
             e.push(format!("units.initial ({}) must be within min..=max ({}..={})", s.initial, s.min, s.max));
+        }
+        if s.drain_timeout_ms > 3_600_000 {
+            e.push(format!("units.drain_timeout_ms: {} (at most an hour)", s.drain_timeout_ms));
         }
         if self.spread.max_units_per_domain == Some(0) {
             e.push("spread.max_units_per_domain: must be at least 1".into());

@@ -36,6 +36,9 @@ pub struct UnitRecord {
     pub created_unix_ms: u64,
     /// Why the last placement attempt failed, as Nomad shows it.
     pub unplaced_reason: Option<String>,
+    /// When scale-in chose the unit; its members stop after the drain timeout.
+    #[serde(default)]
+    pub draining_since_unix_ms: Option<u64>,
 }
 
 /// Written before a reserve leaves, so a restarted scheduler can release it.
@@ -248,6 +251,7 @@ mod tests {
             }],
             created_unix_ms: 5,
             unplaced_reason: None,
+            draining_since_unix_ms: None,
         }
     }
 

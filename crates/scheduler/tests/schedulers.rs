@@ -214,3 +214,134 @@ async fn a_restarted_scheduler_adopts_its_units_and_cleans_up_half_commits() {
     assert_eq!(total, 600, "three units of two 100m members, each held once");
     c.shard.shutdown().await;
 }
+
+/// Registers one more node over its own connection, so the test can drain it.
+async fn node(c: &Cluster, id: &str, domain: &str, cpu: u64) -> (ShardConnection, u64) {
+    let conn = ShardConnection::connect(&c._endpoint, c.shard.addr, "127.0.0.1").await.unwrap();
+    let s = conn
+        .register(v1::RegisterRequest {
+            protocol_version: PROTOCOL_VERSION,
+            join_token: "j".into(),
+            node_id: id.into(),
+            incarnation: 1,
+            labels: [("domain".to_string(), domain.to_string())].into_iter().collect(),
+            capacity: Some(v1::Resources { cpu_millis: cpu, memory_bytes: 1 << 30, ..Default::default() }),
+            assignments: vec![],
+            health: None,
+        })
+        .await
+        .unwrap();
+    (conn, s.session_id)
+}
+
+async fn settle(s: &mut Scheduler, c: &Cluster, passes: usize) {
+    for _ in 0..passes {
+        s.reconcile().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    let _ = c;
+}
+
+#[tokio::test]
+async fn a_lost_worker_is_replaced_in_place_and_a_lost_head_replaces_the_unit() {
+    // No nodes from the fixture: four 1000m nodes in one domain, registered one by one.
+    let c = cluster("repair", 0).await;
+    let mut conns = Vec::new();
+    for i in 0..4 {
+        conns.push(node(&c, &format!("r{i}"), "dr", 1000).await);
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while c.view.slot(0).view.len() < 4 {
+        assert!(Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Head and worker need 600m each: they land on different nodes.
+    let store: Arc<dyn Store> = Arc::new(MemStore::default());
+    let (mut s, h) =
+        Scheduler::new(spec("rep", 1, "600m"), c.view.clone(), vec![c.shard.addr.to_string()], store).unwrap();
+    settle(&mut s, &c, 3).await;
+    let unit = h.status().units[0].clone();
+    assert_eq!(unit.state, UnitState::Allocated);
+    let node_of = |u: &flotilla_scheduler::store::UnitRecord, member: &str| {
+        u.members.iter().find(|m| m.member == member).and_then(|m| m.node_id.clone()).unwrap()
+    };
+    let (head, worker) = (node_of(&unit, "head"), node_of(&unit, "worker-0"));
+    assert_ne!(head, worker);
+
+    // The worker's node drains (PreStop): only the worker moves; the unit keeps its id.
+    let (conn, sid) = &conns[worker[1..].parse::<usize>().unwrap()];
+    conn.drain(&worker, *sid).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        settle(&mut s, &c, 1).await;
+        let u = h.status().units.iter().find(|u| u.unit_id == unit.unit_id).cloned().unwrap();
+        let w = u.members.iter().find(|m| m.member == "worker-0").and_then(|m| m.node_id.clone());
+        if w.is_some_and(|w| w != worker) {
+            assert_eq!(node_of(&u, "head"), head, "the head did not move");
+            assert_eq!(u.state, UnitState::Degraded, "degraded until the new worker runs");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the worker was never replaced: {u:?}");
+    }
+    assert_eq!(h.status().units.len(), 1, "same unit, no replacement unit");
+
+    // The head's node drains: the unit fails and a new unit (next generation) replaces it.
+    let (conn, sid) = &conns[head[1..].parse::<usize>().unwrap()];
+    conn.drain(&head, *sid).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        settle(&mut s, &c, 1).await;
+        let st = h.status();
+        let old = st.units.iter().find(|u| u.unit_id == unit.unit_id).unwrap();
+        let new = st.units.iter().find(|u| u.unit_id != unit.unit_id);
+        if old.state == UnitState::Terminated && new.is_some_and(|n| n.state == UnitState::Allocated) {
+            assert!(new.unwrap().generation > unit.generation);
+            assert!(old.unplaced_reason.as_deref().unwrap_or("").contains("head lost"));
+            break;
+        }
+        assert!(Instant::now() < deadline, "no replacement unit: {:?}", st.units);
+    }
+    // The failed unit's survivors were released: only the new unit holds resources.
+    let total = {
+        let ledger = c.shard.ledger.lock().unwrap();
+        ledger.check_invariant(&capacity).unwrap();
+        (0..4).map(|i| ledger.allocated(&NodeId::new(&format!("r{i}")).unwrap()).cpu_millis).sum::<u64>()
+    };
+    assert_eq!(total, 1200);
+    c.shard.shutdown().await;
+}
+
+#[tokio::test]
+async fn scaling_in_drains_the_youngest_then_terminates_them() {
+    let c = cluster("scalein", 4).await;
+    let store: Arc<dyn Store> = Arc::new(MemStore::default());
+    let mut sp = spec("sc", 3, "100m");
+    sp.units.drain_timeout_ms = 100;
+    let (mut s, h) = Scheduler::new(sp, c.view.clone(), vec![c.shard.addr.to_string()], store.clone()).unwrap();
+    settle(&mut s, &c, 3).await;
+    assert_eq!(h.status().units.iter().filter(|u| u.state == UnitState::Allocated).count(), 3);
+    let scale = |s: &mut Scheduler, n: u32| {
+        let (tx, mut rx) = tokio::sync::oneshot::channel();
+        s.command(flotilla_scheduler::scheduler::Command::Scale(n, tx));
+        rx.try_recv().unwrap()
+    };
+    assert!(scale(&mut s, 21).unwrap_err().contains("0..=20"), "out of range is refused");
+    assert_eq!(scale(&mut s, 1), Ok(1));
+    assert_eq!(store.load("sc").unwrap().desired_units, Some(1), "persisted");
+    s.reconcile().await.unwrap();
+    let st = h.status();
+    let draining: Vec<_> = st.units.iter().filter(|u| u.state == UnitState::Draining).map(|u| u.generation).collect();
+    assert_eq!(draining.len(), 2, "{:?}", st.units);
+    assert!(draining.iter().all(|g| *g > 1), "the youngest go first");
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    settle(&mut s, &c, 3).await;
+    let st = h.status();
+    assert_eq!(st.units.iter().filter(|u| u.state == UnitState::Terminated).count(), 2, "{:?}", st.units);
+    assert_eq!(st.units.iter().filter(|u| u.state == UnitState::Allocated).count(), 1);
+    let total: u64 = {
+        let ledger = c.shard.ledger.lock().unwrap();
+        (0..4).map(|i| ledger.allocated(&NodeId::new(&format!("n{i}")).unwrap()).cpu_millis).sum()
+    };
+    assert_eq!(total, 200, "the drained units' members were released");
+    c.shard.shutdown().await;
+}

@@ -1,0 +1,222 @@
+//! What to do about a unit whose members' nodes failed, and which units go first on
+//! scale-in. Pure decisions over the view; the reconcile loop carries them out.
+//!
+//! - A lost head fails the whole unit (it is the failure domain): its survivors are
+//!   released and a replacement unit (new id, next generation) is queued.
+//! - A lost worker degrades the unit: only that worker is replaced, in the same domain;
+//!   the unit keeps its id and its routes.
+//! - A member whose shard cannot be heard is Unknown, never lost, until a live shard
+//!   declares its node Dead or the unknown grace expires.
+
+use std::sync::Arc;
+
+use flotilla_core::{NodeId, NodeStatus};
+use flotilla_view::ShardSlot;
+
+use crate::lifecycle::UnitState;
+use crate::store::{MemberRecord, UnitRecord};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemberHealth {
+    Ok,
+    Lost(&'static str),
+    /// Its shard is unreachable or recovering.
+    Unknown,
+}
+
+pub fn member_health(m: &MemberRecord, slots: &[Arc<ShardSlot>]) -> MemberHealth {
+    let (Some(node), Some(shard)) = (m.node_id.as_deref(), m.shard) else { return MemberHealth::Ok };
+    let Some(slot) = slots.get(shard as usize) else { return MemberHealth::Unknown };
+    if !slot.connected {
+        return MemberHealth::Unknown;
+    }
+    let Some(rec) = NodeId::new(node).ok().and_then(|id| slot.view.get(&id).cloned()) else {
+        return MemberHealth::Lost("its node left the view");
+    };
+    if rec.incarnation.0 != m.incarnation {
+        return MemberHealth::Lost("its node restarted");
+    }
+    match rec.status {
+        NodeStatus::Dead => MemberHealth::Lost("its node is dead"),
+        NodeStatus::Draining => MemberHealth::Lost("its node is draining"),
+        NodeStatus::Unknown => MemberHealth::Unknown,
+        NodeStatus::Alive | NodeStatus::Suspect => MemberHealth::Ok,
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Repair {
+    Nothing,
+    /// The head is lost: fail the unit and release everything it holds.
+    FailUnit(String),
+    /// These workers are lost: replace them in the unit's domain.
+    ReplaceWorkers(Vec<String>),
+    /// Some members cannot be judged (Unknown) and the grace has not expired.
+    Wait,
+}
+
+/// `unknown_for_ms`: how long this unit has had Unknown members (0 if none so far).
+pub fn decide(unit: &UnitRecord, slots: &[Arc<ShardSlot>], unknown_for_ms: u64, unknown_grace_ms: u64) -> Repair {
+    if !matches!(unit.state, UnitState::Allocated | UnitState::Starting | UnitState::Running | UnitState::Degraded) {
+        return Repair::Nothing;
+    }
+    let mut lost_workers = Vec::new();
+    let mut unknown = false;
+    for m in &unit.members {
+        let h = match member_health(m, slots) {
+            MemberHealth::Unknown if unknown_for_ms >= unknown_grace_ms => {
+                MemberHealth::Lost("its shard stayed unknown past the grace")
+            }
+            h => h,
+        };
+        match h {
+            MemberHealth::Ok => {}
+            MemberHealth::Unknown => unknown = true,
+            MemberHealth::Lost(why) if m.role == "head" => return Repair::FailUnit(format!("head lost: {why}")),
+            MemberHealth::Lost(_) => lost_workers.push(m.member.clone()),
+        }
+    }
+    if !lost_workers.is_empty() {
+        Repair::ReplaceWorkers(lost_workers)
+    } else if unknown {
+        Repair::Wait
+    } else {
+        Repair::Nothing
+    }
+}
+
+/// Which `n` units leave first on scale-in: the least healthy (a member not running,
+/// then the lowest health score of its nodes), then the youngest (highest generation).
+pub fn scale_in_order(units: &[&UnitRecord], n: usize, slots: &[Arc<ShardSlot>]) -> Vec<String> {
+    let health = |u: &UnitRecord| -> (bool, u16) {
+        let all_running =
+            u.state == UnitState::Running && u.members.iter().all(|m| m.state.as_deref() == Some("running"));
+        let min_score = u
+            .members
+            .iter()
+            .filter_map(|m| {
+                let slot = slots.get(m.shard? as usize)?;
+                let rec = slot.view.get(&NodeId::new(m.node_id.as_deref()?).ok()?)?;
+                Some(rec.health_millis)
+            })
+            .min()
+            .unwrap_or(0);
+        (all_running, min_score)
+    };
+    let mut ranked: Vec<(&UnitRecord, (bool, u16))> = units.iter().map(|u| (*u, health(u))).collect();
+    ranked.sort_by(|(a, ha), (b, hb)| ha.cmp(hb).then(b.generation.cmp(&a.generation)));
+    ranked.into_iter().take(n).map(|(u, _)| u.unit_id.clone()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flotilla_core::{HealthSample, Incarnation, Labels, Resources};
+    use flotilla_view::{NodeRecord, ShardView};
+
+    fn slots(nodes: &[(&str, NodeStatus, u64, u16)], connected: bool) -> Vec<Arc<ShardSlot>> {
+        let mut v = ShardView::empty(0, 1);
+        for (id, st, inc, health) in nodes {
+            let r = NodeRecord {
+                node_id: NodeId::new(id).unwrap(),
+                incarnation: Incarnation(*inc),
+                status: *st,
+                status_since_unix_ms: 0,
+                shard: 0,
+                labels: Arc::new(Labels::new()),
+                health_millis: *health,
+                health: HealthSample::default(),
+                capacity: Resources::default(),
+                allocated: Resources::default(),
+                workloads: Default::default(),
+            };
+            v.nodes.insert(r.node_id.clone(), Arc::new(r));
+        }
+        let domains = flotilla_view::Domains::of(&v);
+        vec![Arc::new(ShardSlot { view: Arc::new(v), connected, domains })]
+    }
+
+    fn unit(id: &str, generation: u64, state: UnitState, members: &[(&str, &str)]) -> UnitRecord {
+        UnitRecord {
+            unit_id: id.into(),
+            app: "a".into(),
+            domain: Some("d".into()),
+            generation,
+            state,
+            members: members
+                .iter()
+                .map(|(member, node)| MemberRecord {
+                    member: member.to_string(),
+                    role: if *member == "head" { "head".into() } else { "worker".into() },
+                    node_id: Some(node.to_string()),
+                    incarnation: 1,
+                    shard: Some(0),
+                    address: None,
+                    state: Some("running".into()),
+                })
+                .collect(),
+            created_unix_ms: 0,
+            unplaced_reason: None,
+            draining_since_unix_ms: None,
+        }
+    }
+
+    #[test]
+    fn a_lost_head_fails_the_unit_a_lost_worker_only_itself() {
+        let u = unit("u", 1, UnitState::Running, &[("head", "n1"), ("worker-0", "n2"), ("worker-1", "n3")]);
+        let s = slots(&[("n1", NodeStatus::Dead, 1, 1000), ("n2", NodeStatus::Alive, 1, 1000)], true);
+        assert!(matches!(decide(&u, &s, 0, 60_000), Repair::FailUnit(_)));
+        let s = slots(
+            &[
+                ("n1", NodeStatus::Alive, 1, 1000),
+                ("n2", NodeStatus::Draining, 1, 1000),
+                ("n3", NodeStatus::Alive, 2, 1000),
+            ],
+            true,
+        );
+        assert_eq!(
+            decide(&u, &s, 0, 60_000),
+            Repair::ReplaceWorkers(vec!["worker-0".into(), "worker-1".into()]),
+            "draining, and restarted"
+        );
+        let s = slots(
+            &[
+                ("n1", NodeStatus::Suspect, 1, 1000),
+                ("n2", NodeStatus::Alive, 1, 1000),
+                ("n3", NodeStatus::Alive, 1, 1000),
+            ],
+            true,
+        );
+        assert_eq!(decide(&u, &s, 0, 60_000), Repair::Nothing, "suspect is not lost");
+    }
+
+    #[test]
+    fn unknown_is_not_dead_until_the_grace_expires() {
+        let u = unit("u", 1, UnitState::Running, &[("head", "n1")]);
+        let s = slots(&[("n1", NodeStatus::Alive, 1, 1000)], false);
+        assert_eq!(decide(&u, &s, 5_000, 60_000), Repair::Wait);
+        assert!(matches!(decide(&u, &s, 60_000, 60_000), Repair::FailUnit(_)));
+        let s = slots(&[("n1", NodeStatus::Unknown, 1, 1000)], true);
+        assert_eq!(decide(&u, &s, 0, 60_000), Repair::Wait);
+    }
+
+    #[test]
+    fn scale_in_takes_the_least_healthy_then_the_youngest() {
+        let s = slots(
+            &[
+                ("n1", NodeStatus::Alive, 1, 1000),
+                ("n2", NodeStatus::Alive, 1, 400),
+                ("n3", NodeStatus::Alive, 1, 1000),
+            ],
+            true,
+        );
+        let old = unit("old", 1, UnitState::Running, &[("head", "n1")]);
+        let young = unit("young", 5, UnitState::Running, &[("head", "n3")]);
+        let sick = unit("sick", 2, UnitState::Running, &[("head", "n2")]);
+        let starting = unit("starting", 3, UnitState::Starting, &[("head", "n1")]);
+        let all = [&old, &young, &sick, &starting];
+        assert_eq!(scale_in_order(&all, 1, &s), vec!["starting"]);
+        assert_eq!(scale_in_order(&all, 2, &s), vec!["starting", "sick"]);
+        assert_eq!(scale_in_order(&all, 3, &s), vec!["starting", "sick", "young"]);
+    }
+}
