@@ -168,3 +168,22 @@ pub async fn scale(a: ScaleArgs) -> anyhow::Result<()> {
     println!("{}: desired units {}", a.app, body["desired_units"]);
     Ok(())
 }
+
+pub async fn routes(a: UnitsArgs) -> anyhow::Result<()> {
+    let v = get(&a.list.addr, &format!("/v1/apps/{}/routes", a.app)).await?;
+    if a.list.json {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    println!("{:<24} {:<12} {:<16} {:>6}", "ENDPOINT", "NODE", "UNIT", "WEIGHT");
+    for r in v["routes"].as_array().cloned().unwrap_or_default() {
+        println!(
+            "{:<24} {:<12} {:<16} {:>6.2}",
+            r["endpoint"].as_str().unwrap_or("-"),
+            r["node_id"].as_str().unwrap_or("-"),
+            r["unit_id"].as_str().unwrap_or("-"),
+            r["weight"].as_f64().unwrap_or(0.0)
+        );
+    }
+    Ok(())
+}

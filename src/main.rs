@@ -42,6 +42,8 @@ enum Cmd {
     Apps(client::ListArgs),
     /// List an app's units and where their members run.
     Units(client::UnitsArgs),
+    /// An app's route table: serving members and their weights.
+    Routes(client::UnitsArgs),
     /// Set an app's desired number of units.
     Scale(client::ScaleArgs),
 }
@@ -67,6 +69,7 @@ fn main() -> std::process::ExitCode {
                             Cmd::Apps(a) => client::apps(a).await,
                             Cmd::Units(a) => client::units(a).await,
                             Cmd::Scale(a) => client::scale(a).await,
+                            Cmd::Routes(a) => client::routes(a).await,
                             Cmd::Agent(_) => Ok(()),
                         }
                     })

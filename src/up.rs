@@ -31,6 +31,10 @@ pub struct UpArgs {
     /// Restart an agent that dies (by default a killed agent stays dead: that is a node loss).
     #[arg(long)]
     pub restart_agents: bool,
+    /// With --restart-agents: wait this long first, so the loss is seen as one (a node
+    /// that dies and is replaced by a new one later).
+    #[arg(long, default_value = "0s", value_parser = crate::servers::parse_duration)]
+    pub restart_delay: Duration,
     /// An app spec (TOML) to schedule in this process; repeatable.
     #[arg(long = "app")]
     pub apps: Vec<PathBuf>,
@@ -90,6 +94,8 @@ struct Agent {
     spec: AgentSpec,
     child: Option<Child>,
     pid_file: PathBuf,
+    /// When a dead agent is due to be started again (with --restart-agents).
+    restart_at: Option<Instant>,
 }
 
 fn spawn(spec: &AgentSpec, dir: &Path) -> anyhow::Result<Child> {
@@ -168,7 +174,7 @@ pub async fn run(a: UpArgs) -> anyhow::Result<()> {
     for spec in agent_specs(a.agents, &joined, &data) {
         let child = spawn(&spec, &agents_dir)?;
         let pid_file = agents_dir.join(format!("{}.pid", spec.node_id));
-        agents.push(Agent { spec, child: Some(child), pid_file });
+        agents.push(Agent { spec, child: Some(child), pid_file, restart_at: None });
     }
     println!("flotilla is up: {} shard(s) at {joined}, {} agent(s)", a.shards, a.agents);
     println!("  control API and /metrics: http://{listen}");
@@ -184,16 +190,21 @@ pub async fn run(a: UpArgs) -> anyhow::Result<()> {
             _ = poll.tick() => {}
         }
         for agent in &mut agents {
-            let Some(child) = agent.child.as_mut() else { continue };
-            if let Ok(Some(status)) = child.try_wait() {
+            if let Some(child) = agent.child.as_mut()
+                && let Ok(Some(status)) = child.try_wait()
+            {
                 tracing::warn!(node = %agent.spec.node_id, %status, "agent exited");
                 agent.child = None;
                 let _ = std::fs::remove_file(&agent.pid_file);
                 if a.restart_agents {
-                    match spawn(&agent.spec, &agents_dir) {
-                        Ok(c) => agent.child = Some(c),
-                        Err(e) => tracing::error!(error = %e, "restarting agent"),
-                    }
+                    agent.restart_at = Some(Instant::now() + a.restart_delay);
+                }
+            }
+            if agent.restart_at.is_some_and(|t| Instant::now() >= t) {
+                agent.restart_at = None;
+                match spawn(&agent.spec, &agents_dir) {
+                    Ok(c) => agent.child = Some(c),
+                    Err(e) => tracing::error!(error = %e, "restarting agent"),
                 }
             }
         }

@@ -2,6 +2,7 @@
 //! `--json`, the last line of stdout is one compact JSON object.
 
 mod common;
+mod failover;
 mod heartbeats;
 mod schedule;
 
@@ -20,6 +21,8 @@ enum Cmd {
     Heartbeats(heartbeats::HeartbeatArgs),
     /// Optimistic placement by many app schedulers, against a one-lock baseline.
     Schedule(schedule::ScheduleArgs),
+    /// Route removal and replacement times when real agents are killed or drained.
+    Failover(failover::FailoverArgs),
 }
 
 #[tokio::main]
@@ -28,6 +31,7 @@ async fn main() -> std::process::ExitCode {
     let r = match cli.cmd {
         Cmd::Heartbeats(a) => heartbeats::run(a).await,
         Cmd::Schedule(a) => schedule::run_schedule(a).await,
+        Cmd::Failover(a) => failover::run(a).await,
     };
     match r {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -74,3 +74,24 @@ fn schedule_scenario_reports_every_figure() {
     assert_eq!(v["placements_committed"], 400, "every placement fits: 200 nodes x 8 cores");
     assert_eq!(v["baseline_placements_committed"], 400);
 }
+
+#[test]
+fn failover_scenario_reports_every_figure() {
+    let dir = bin_dir();
+    let out = Command::new(env!("CARGO_BIN_EXE_flotilla-loadtest"))
+        .args(["failover", "--trials", "2", "--json"])
+        .arg("--flotilla")
+        .arg(dir.join("flotilla"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let last = stdout.lines().last().unwrap();
+    let v: serde_json::Value = serde_json::from_str(last).unwrap();
+    for key in ["trials", "route_removal_drain_p99_ms", "route_removal_kill_p99_ms", "replacement_running_p99_ms"] {
+        assert!(v.get(key).is_some_and(|x| x.is_number()), "{key} missing in {last}");
+    }
+    assert_eq!(v["trials"], 2);
+    assert!(v["route_removal_kill_p99_ms"].as_f64().unwrap() > 0.0);
+    assert!(v["route_removal_drain_p99_ms"].as_f64().unwrap() > 0.0);
+}

@@ -54,6 +54,7 @@ pub fn routes() -> Router<Arc<ControlState>> {
         .route("/v1/apps", axum::routing::get(list_apps))
         .route("/v1/apps/{app}", axum::routing::get(get_app))
         .route("/v1/apps/{app}/units", axum::routing::get(list_units))
+        .route("/v1/apps/{app}/routes", axum::routing::get(list_routes))
         .route("/v1/apps/{app}/scale", axum::routing::put(scale))
         .route("/v1/schedulers", axum::routing::post(register_scheduler))
 }
@@ -132,6 +133,42 @@ async fn list_units(State(s): State<Arc<ControlState>>, Path(app): Path<String>)
     match s.apps.get(&app) {
         Some(Ok(h)) => Ok(Json(unit_rows(&h.status()))),
         Some(Err(url)) => Ok(Json(remote(&url, &format!("/v1/apps/{app}/units")).await?)),
+        None => Err(not_found(&app)),
+    }
+}
+
+/// The app's route table: every serving member of a Running or Degraded unit whose
+/// member runs. Weight is the node's published health score, and 0 at once when the
+/// node is not Alive (Suspect, Draining, Dead, or Unknown because its shard is unheard).
+/// (The full weight formula, with performance estimates and router feedback, comes with
+/// the routing work.)
+pub fn route_rows(s: &AppStatus, cluster: &flotilla_view::ClusterView) -> Value {
+    use flotilla_scheduler::lifecycle::UnitState;
+    let slots = cluster.slots();
+    let mut rows = Vec::new();
+    for u in s.units.iter().filter(|u| matches!(u.state, UnitState::Running | UnitState::Degraded)) {
+        for m in u.members.iter().filter(|m| s.serving_roles.contains(&m.role) && m.state.as_deref() == Some("running"))
+        {
+            let (Some(addr), Some(node), Some(shard)) = (&m.address, &m.node_id, m.shard) else { continue };
+            let weight = slots
+                .get(shard as usize)
+                .filter(|slot| slot.connected)
+                .and_then(|slot| slot.view.get(&flotilla_core::NodeId::new(node).ok()?).cloned())
+                .filter(|r| r.status == flotilla_core::NodeStatus::Alive && r.incarnation.0 == m.incarnation)
+                .map(|r| r.health_score())
+                .unwrap_or(0.0);
+            rows.push(json!({"endpoint": addr, "node_id": node, "unit_id": u.unit_id, "weight": weight}));
+        }
+    }
+    let version: Vec<_> = slots.iter().map(|s| s.view.version.seq).collect();
+    json!({"app": s.app, "view_versions": version, "routes": rows})
+}
+
+async fn list_routes(State(s): State<Arc<ControlState>>, Path(app): Path<String>) -> Result<Json<Value>, ApiError> {
+    metrics::counter!("flotilla_api_requests_total", "route" => "/v1/apps/{app}/routes").increment(1);
+    match s.apps.get(&app) {
+        Some(Ok(h)) => Ok(Json(route_rows(&h.status(), &s.cluster))),
+        Some(Err(url)) => Ok(Json(remote(&url, &format!("/v1/apps/{app}/routes")).await?)),
         None => Err(not_found(&app)),
     }
 }

@@ -27,6 +27,8 @@ const UNITS_PER_PASS: usize = 1024;
 #[derive(Debug, Clone, Serialize)]
 pub struct AppStatus {
     pub app: String,
+    /// Roles whose members receive traffic (the spec's `routing.roles`).
+    pub serving_roles: Vec<String>,
     pub desired_units: u32,
     pub min_units: u32,
     pub max_units: u32,
@@ -143,6 +145,7 @@ impl Scheduler {
         }
         let status = Arc::new(ArcSwap::from_pointee(AppStatus {
             app: spec.name.clone(),
+            serving_roles: spec.routing.roles.clone(),
             desired_units: spec.units.initial,
             min_units: spec.units.min,
             max_units: spec.units.max,
@@ -901,6 +904,7 @@ impl Scheduler {
         }
         self.status.store(Arc::new(AppStatus {
             app: self.spec.name.clone(),
+            serving_roles: self.spec.routing.roles.clone(),
             desired_units: self.desired(),
             min_units: self.spec.units.min,
             max_units: self.spec.units.max,
