@@ -788,6 +788,13 @@ impl Scheduler {
                     self.stats.claims_rejected.fetch_add(rejected, std::sync::atomic::Ordering::Relaxed);
                     metrics::counter!("flotilla_scheduler_claims_total", "result" => "accepted").increment(accepted);
                     metrics::counter!("flotilla_scheduler_claims_total", "result" => "conflict").increment(rejected);
+                    let (ok, conflicts) = (
+                        self.stats.claims_accepted.load(std::sync::atomic::Ordering::Relaxed),
+                        self.stats.claims_rejected.load(std::sync::atomic::Ordering::Relaxed),
+                    );
+                    // Omega's conflict fraction: conflicts per successful claim, since start.
+                    metrics::gauge!("flotilla_conflict_fraction", "app" => self.spec.name.clone())
+                        .set(conflicts as f64 / ok.max(1) as f64);
                     let verdicts: HashMap<(String, String), (bool, String)> = resp
                         .results
                         .into_iter()
