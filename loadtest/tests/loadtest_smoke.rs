@@ -1,4 +1,4 @@
-//! The loadtest itself must keep working: a tiny run, checking the shape of its
+//! The loadtest itself must keep working: tiny runs, checking the shape of each
 //! report (never its speed).
 
 use std::path::PathBuf;
@@ -10,32 +10,41 @@ fn bin_dir() -> PathBuf {
     exe.parent().and_then(|p| p.parent()).unwrap().to_path_buf()
 }
 
-#[test]
-fn heartbeats_scenario_reports_every_figure() {
-    let dir = bin_dir();
+/// Runs a scenario with `--json` and returns its last stdout line, checking `keys` are numbers.
+fn run(args: &[&str], keys: &[&str]) -> serde_json::Value {
     let out = Command::new(env!("CARGO_BIN_EXE_flotilla-loadtest"))
-        .args(["heartbeats", "--nodes", "300", "--shards", "2", "--seconds", "2", "--flips-per-second", "20", "--json"])
+        .args(args)
+        .arg("--json")
         .arg("--flotilla")
-        .arg(dir.join("flotilla"))
+        .arg(bin_dir().join("flotilla"))
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
     let last = stdout.lines().last().unwrap();
     let v: serde_json::Value = serde_json::from_str(last).unwrap();
-    for key in [
-        "nodes",
-        "shards",
-        "heartbeats_per_datagram",
-        "heartbeats_per_second",
-        "heartbeats_per_shard_cpu_second",
-        "view_lag_p50_ms",
-        "view_lag_p99_ms",
-        "shard_rss_bytes_per_node",
-        "view_bytes_copied_per_version",
-    ] {
-        assert!(v.get(key).is_some_and(|x| x.is_number()), "{key} missing in {last}");
+    for key in keys {
+        assert!(v.get(*key).is_some_and(|x| x.is_number()), "{key} missing in {last}");
     }
+    v
+}
+
+#[test]
+fn heartbeats_scenario_reports_every_figure() {
+    let v = run(
+        &["heartbeats", "--nodes", "300", "--shards", "2", "--seconds", "2", "--flips-per-second", "20"],
+        &[
+            "nodes",
+            "shards",
+            "heartbeats_per_datagram",
+            "heartbeats_per_second",
+            "heartbeats_per_shard_cpu_second",
+            "view_lag_p50_ms",
+            "view_lag_p99_ms",
+            "shard_rss_bytes_per_node",
+            "view_bytes_copied_per_version",
+        ],
+    );
     assert_eq!(v["nodes"], 300);
     assert_eq!(v["heartbeats_per_datagram"], 1);
     assert_eq!(v["heartbeats_rejected"], 0.0, "every simulated heartbeat is valid");
@@ -45,52 +54,32 @@ fn heartbeats_scenario_reports_every_figure() {
 
 #[test]
 fn schedule_scenario_reports_every_figure() {
-    let dir = bin_dir();
-    let out = Command::new(env!("CARGO_BIN_EXE_flotilla-loadtest"))
-        .args(["schedule", "--nodes", "200", "--schedulers", "4", "--placements", "400", "--json"])
-        .arg("--flotilla")
-        .arg(dir.join("flotilla"))
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
-    let last = stdout.lines().last().unwrap();
-    let v: serde_json::Value = serde_json::from_str(last).unwrap();
-    for key in [
-        "nodes",
-        "schedulers",
-        "placements_requested",
-        "placements_committed",
-        "placements_per_second",
-        "conflict_fraction",
-        "commit_latency_p50_ms",
-        "commit_latency_p99_ms",
-        "decision_p99_us",
-        "baseline_placements_per_second",
-        "speedup_vs_baseline",
-    ] {
-        assert!(v.get(key).is_some_and(|x| x.is_number()), "{key} missing in {last}");
-    }
+    let v = run(
+        &["schedule", "--nodes", "200", "--schedulers", "4", "--placements", "400"],
+        &[
+            "nodes",
+            "schedulers",
+            "placements_requested",
+            "placements_committed",
+            "placements_per_second",
+            "conflict_fraction",
+            "commit_latency_p50_ms",
+            "commit_latency_p99_ms",
+            "decision_p99_us",
+            "baseline_placements_per_second",
+            "speedup_vs_baseline",
+        ],
+    );
     assert_eq!(v["placements_committed"], 400, "every placement fits: 200 nodes x 8 cores");
     assert_eq!(v["baseline_placements_committed"], 400);
 }
 
 #[test]
 fn failover_scenario_reports_every_figure() {
-    let dir = bin_dir();
-    let out = Command::new(env!("CARGO_BIN_EXE_flotilla-loadtest"))
-        .args(["failover", "--trials", "2", "--json"])
-        .arg("--flotilla")
-        .arg(dir.join("flotilla"))
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
-    let last = stdout.lines().last().unwrap();
-    let v: serde_json::Value = serde_json::from_str(last).unwrap();
-    for key in ["trials", "route_removal_drain_p99_ms", "route_removal_kill_p99_ms", "replacement_running_p99_ms"] {
-        assert!(v.get(key).is_some_and(|x| x.is_number()), "{key} missing in {last}");
-    }
+    let v = run(
+        &["failover", "--trials", "2"],
+        &["trials", "route_removal_drain_p99_ms", "route_removal_kill_p99_ms", "replacement_running_p99_ms"],
+    );
     assert_eq!(v["trials"], 2);
     assert!(v["route_removal_kill_p99_ms"].as_f64().unwrap() > 0.0);
     assert!(v["route_removal_drain_p99_ms"].as_f64().unwrap() > 0.0);
