@@ -133,6 +133,51 @@ pub async fn units(a: UnitsArgs) -> anyhow::Result<()> {
 }
 
 #[derive(Debug, Args)]
+pub struct NodeArgs {
+    #[command(subcommand)]
+    pub action: NodeAction,
+    #[arg(long, env = "FLOTILLA_ADDR", default_value = "http://127.0.0.1:7700", global = true)]
+    pub addr: String,
+    /// The API token (default: $FLOTILLA_TOKEN, else $FLOTILLA_DATA/api-token).
+    #[arg(long, env = "FLOTILLA_TOKEN", hide_env_values = true, global = true)]
+    pub token: Option<String>,
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum NodeAction {
+    /// No new placements on NODE; what runs there stays.
+    Cordon { node: String },
+    /// Allow placements on NODE again.
+    Uncordon { node: String },
+}
+
+pub async fn node(a: NodeArgs) -> anyhow::Result<()> {
+    let token = match a.token {
+        Some(t) => t,
+        None => token_from_data()?,
+    };
+    let (verb, node) = match &a.action {
+        NodeAction::Cordon { node } => ("cordon", node),
+        NodeAction::Uncordon { node } => ("uncordon", node),
+    };
+    let url = format!("{}/v1/nodes/{node}/{verb}", a.addr.trim_end_matches('/'));
+    let resp = reqwest::Client::new()
+        .post(&url)
+        .bearer_auth(token)
+        .send()
+        .await
+        .with_context(|| format!("reaching the control plane at {} (set FLOTILLA_ADDR)", a.addr))?;
+    let status = resp.status();
+    let body: Value = resp.json().await.unwrap_or(Value::Null);
+    if !status.is_success() {
+        let msg = body.pointer("/error/message").and_then(Value::as_str).unwrap_or("no message");
+        bail!("{status}: {msg}");
+    }
+    println!("{node}: {}", if body["cordoned"] == true { "cordoned" } else { "uncordoned" });
+    Ok(())
+}
+
+#[derive(Debug, Args)]
 pub struct ScaleArgs {
     /// The app.
     pub app: String,

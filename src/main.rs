@@ -44,6 +44,8 @@ enum Cmd {
     Units(client::UnitsArgs),
     /// An app's route table: serving members and their weights.
     Routes(client::UnitsArgs),
+    /// Operator actions on a node: cordon, uncordon.
+    Node(client::NodeArgs),
     /// Set an app's desired number of units.
     Scale(client::ScaleArgs),
 }
@@ -69,6 +71,7 @@ fn main() -> std::process::ExitCode {
                             Cmd::Apps(a) => client::apps(a).await,
                             Cmd::Units(a) => client::units(a).await,
                             Cmd::Scale(a) => client::scale(a).await,
+                            Cmd::Node(a) => client::node(a).await,
                             Cmd::Routes(a) => client::routes(a).await,
                             Cmd::Agent(_) => Ok(()),
                         }

@@ -469,3 +469,51 @@ fn failover_and_scaling_through_the_api_and_the_cli() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("1..=6"));
 }
+
+#[test]
+fn a_cordoned_node_gets_nothing_new() {
+    let spec = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/echo.toml");
+    let up = Up::start("cordon", &["--agents", "4", "--shards", "2", "--app", spec]);
+    wait_for("2 running units", Duration::from_secs(30), || (running(&up).len() == 2).then_some(()));
+    let token = std::fs::read_to_string(up.data.join("api-token")).unwrap().trim().to_string();
+    let node_cmd = |verb: &str, node: &str| {
+        Command::new(BIN)
+            .args(["node", verb, node])
+            .env("FLOTILLA_ADDR", &up.addr)
+            .env("FLOTILLA_TOKEN", &token)
+            .output()
+            .unwrap()
+    };
+    for n in ["node-1", "node-2", "node-3", "node-4"] {
+        let out = node_cmd("cordon", n);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+    wait_for("every node shows cordoned", Duration::from_secs(10), || {
+        let nodes = up.nodes();
+        (nodes.len() == 4 && nodes.iter().all(|n| n["cordoned"] == true)).then_some(())
+    });
+    // What runs stays; nothing new lands.
+    assert_eq!(running(&up).len(), 2);
+    let (status, _) = http(&up.addr, "PUT", "/v1/apps/echo/scale", Some(&token), r#"{"units": 3}"#);
+    assert_eq!(status, 200);
+    let why = wait_for("the third unit waits, saying why", Duration::from_secs(10), || {
+        let units = echo_units(&up);
+        let queued = units.iter().find(|u| u["state"] == "queued")?;
+        queued["unplaced_reason"].as_str().filter(|r| r.contains("cordoned")).map(str::to_string)
+    });
+    assert!(why.contains("cordoned"), "{why}");
+    let out = node_cmd("uncordon", "node-3");
+    assert!(out.status.success());
+    let placed = wait_for("the third unit placed on the uncordoned node", Duration::from_secs(30), || {
+        let units = running(&up);
+        (units.len() == 3).then_some(units)
+    });
+    let on_3 =
+        placed.iter().filter(|u| u["members"].as_array().unwrap().iter().all(|m| m["node_id"] == "node-3")).count();
+    assert!(on_3 >= 1, "{placed:?}");
+    // Operator calls need the token and a known node.
+    let (status, _) = http(&up.addr, "POST", "/v1/nodes/node-1/uncordon", Some("wrong"), "");
+    assert_eq!(status, 401);
+    let (status, _) = http(&up.addr, "POST", "/v1/nodes/nope/cordon", Some(&token), "");
+    assert_eq!(status, 404);
+}

@@ -207,6 +207,7 @@ impl Applier {
                 capacity,
                 allocated,
                 workloads: self.registry.workloads(&live.node_id),
+                cordoned: self.registry.is_cordoned(&live.node_id),
             };
             if prev.is_some_and(|p| **p == rec) {
                 continue;

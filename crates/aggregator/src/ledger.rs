@@ -39,6 +39,7 @@ pub enum Reject {
     Priority,
     Group,
     AlreadyPlaced,
+    Cordoned,
 }
 
 impl Reject {
@@ -52,6 +53,7 @@ impl Reject {
             Reject::Priority => "priority",
             Reject::Group => "group",
             Reject::AlreadyPlaced => "already_placed",
+            Reject::Cordoned => "cordoned",
         }
     }
 }
@@ -63,6 +65,7 @@ pub struct NodeFacts {
     pub incarnation: u64,
     pub capacity: Resources,
     pub low_priority: bool,
+    pub cordoned: bool,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -260,6 +263,9 @@ impl Ledger {
         if f.low_priority && !c.allow_low_priority {
             return Err(Reject::Priority);
         }
+        if f.cordoned {
+            return Err(Reject::Cordoned);
+        }
         let held = match self.nodes.get(&c.node) {
             Some(b) if b.incarnation == f.incarnation => b.allocated.clone(),
             _ => Resources::default(),
@@ -425,11 +431,12 @@ mod tests {
 
     fn facts(n: &NodeId) -> Option<NodeFacts> {
         let i: usize = n.as_str()[1..].parse().ok()?;
-        (i < 4).then(|| NodeFacts {
+        (i < 4 || i == 5).then(|| NodeFacts {
             status: if i == 3 { NodeStatus::Suspect } else { NodeStatus::Alive },
             incarnation: 1,
             capacity: Resources::new(1000, 0, 0),
             low_priority: i == 2,
+            cordoned: i == 5,
         })
     }
 
@@ -494,6 +501,12 @@ mod tests {
         let elsewhere = [claim("u1", "head", 1, 400, "")];
         assert_eq!(l.commit("t3", &elsewhere, &facts).0[0].1, Err(Reject::AlreadyPlaced));
         l.check_invariant(&cap).unwrap();
+    }
+
+    #[test]
+    fn a_cordoned_node_takes_nothing_new() {
+        let mut l = Ledger::new();
+        assert_eq!(l.commit("t1", &[claim("u1", "head", 5, 10, "")], &facts).0[0].1, Err(Reject::Cordoned));
     }
 
     #[test]

@@ -42,6 +42,7 @@ impl LedgerGrpc {
                 incarnation: r.incarnation.0,
                 capacity: r.capacity.clone(),
                 low_priority: r.labels.get("priority") == Some("low"),
+                cordoned: r.cordoned,
             })
         }
     }
@@ -127,6 +128,7 @@ fn reason_to_wire(r: Reject) -> v1::RejectReason {
         Reject::Priority => v1::RejectReason::Priority,
         Reject::Group => v1::RejectReason::Group,
         Reject::AlreadyPlaced => v1::RejectReason::AlreadyPlaced,
+        Reject::Cordoned => v1::RejectReason::Cordoned,
     }
 }
 
@@ -225,5 +227,25 @@ impl LedgerService for LedgerGrpc {
         };
         self.fold(changed).await;
         Ok(Response::new(v1::ReleaseResponse { released }))
+    }
+}
+
+/// Operator actions on this shard's nodes.
+pub struct AdminGrpc {
+    pub registry: Arc<Registry>,
+}
+
+#[tonic::async_trait]
+impl v1::node_admin_service_server::NodeAdminService for AdminGrpc {
+    #[tracing::instrument(skip_all, fields(node = %request.get_ref().node_id, cordoned = request.get_ref().cordoned))]
+    async fn set_cordon(&self, request: Request<v1::CordonRequest>) -> Result<Response<v1::CordonResponse>, Status> {
+        let req = request.into_inner();
+        let node = NodeId::new(&req.node_id).map_err(|e| invalid("node_id", e))?;
+        let found = self.registry.set_cordon(&node, req.cordoned);
+        if found {
+            tracing::info!("node cordon changed");
+            metrics::counter!("flotilla_cordon_changes_total").increment(1);
+        }
+        Ok(Response::new(v1::CordonResponse { found }))
     }
 }

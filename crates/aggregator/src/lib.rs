@@ -211,6 +211,9 @@ pub async fn start(config: ShardConfig) -> anyhow::Result<ShardHandle> {
     tcp.set_nonblocking(true)?;
     let tcp = tokio::net::TcpListener::from_std(tcp)?;
     let svc = grpc::ViewGrpc::new(publisher.clone(), config.shard, shutdown_rx.clone()).into_server();
+    let v1_admin = flotilla_proto::v1::node_admin_service_server::NodeAdminServiceServer::new(ledger_grpc::AdminGrpc {
+        registry: registry.clone(),
+    });
     let ledger_svc =
         ledger_grpc::LedgerGrpc { ledger: ledger.clone(), publisher: publisher.clone(), registry: registry.clone() }
             .into_server();
@@ -220,6 +223,7 @@ pub async fn start(config: ShardConfig) -> anyhow::Result<ShardHandle> {
         let r = tonic::transport::Server::builder()
             .add_service(svc)
             .add_service(ledger_svc)
+            .add_service(v1_admin)
             .serve_with_incoming_shutdown(incoming, async move {
                 let _ = rx.changed().await;
             })

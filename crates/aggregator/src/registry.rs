@@ -111,6 +111,8 @@ pub struct Registry {
     label_sets: DashMap<Labels, Arc<Labels>>,
     /// What each node's agent last reported about the members it runs.
     workloads: DashMap<NodeId, Arc<Vec<v1::WorkloadStatus>>>,
+    /// Nodes an operator cordoned (by name: a restarted node stays cordoned).
+    cordoned: DashMap<NodeId, ()>,
     changes: UnboundedSender<Change>,
 }
 
@@ -139,6 +141,7 @@ impl Registry {
             by_node: DashMap::new(),
             label_sets: DashMap::new(),
             workloads: DashMap::new(),
+            cordoned: DashMap::new(),
             changes,
         }
     }
@@ -271,6 +274,22 @@ impl Registry {
         self.workloads.insert(live.node_id.clone(), Arc::new(list));
         self.emit(Change::Workloads(live.node_id.clone()));
         Ok(())
+    }
+
+    /// Cordons or uncordons a node this shard holds; false if it holds no such node.
+    pub fn set_cordon(&self, node: &NodeId, cordoned: bool) -> bool {
+        let Some(live) = self.node(node) else { return false };
+        if cordoned {
+            self.cordoned.insert(node.clone(), ());
+        } else {
+            self.cordoned.remove(node);
+        }
+        self.emit(Change::Dirty(live));
+        true
+    }
+
+    pub fn is_cordoned(&self, node: &NodeId) -> bool {
+        self.cordoned.contains_key(node)
     }
 
     pub fn workloads(&self, node: &NodeId) -> Arc<Vec<v1::WorkloadStatus>> {

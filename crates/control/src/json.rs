@@ -28,6 +28,7 @@ pub struct NodeRow {
     pub health: Health,
     pub capacity: Resources,
     pub allocated: Resources,
+    pub cordoned: bool,
 }
 
 fn row(r: &NodeRecord, connected: bool) -> NodeRow {
@@ -49,6 +50,7 @@ fn row(r: &NodeRecord, connected: bool) -> NodeRow {
         },
         capacity: r.capacity.clone(),
         allocated: r.allocated.clone(),
+        cordoned: r.cordoned,
     }
 }
 

@@ -44,6 +44,8 @@ pub fn router(state: Arc<ControlState>) -> Router {
     Router::new()
         .route("/v1/nodes", get(list_nodes))
         .route("/v1/shards", get(list_shards))
+        .route("/v1/nodes/{node}/cordon", axum::routing::post(cordon))
+        .route("/v1/nodes/{node}/uncordon", axum::routing::post(uncordon))
         .route("/healthz", get(|| async { "ok" }))
         .merge(apps::routes())
         .fallback(|| async {
@@ -57,6 +59,54 @@ pub fn router(state: Arc<ControlState>) -> Router {
 async fn list_nodes(State(s): State<Arc<ControlState>>) -> Json<Vec<NodeRow>> {
     metrics::counter!("flotilla_api_requests_total", "route" => "/v1/nodes").increment(1);
     Json(node_rows(&s.cluster))
+}
+
+async fn cordon(
+    State(s): State<Arc<ControlState>>,
+    axum::extract::Path(node): axum::extract::Path<String>,
+    headers: axum::http::HeaderMap,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    set_cordon(&s, &node, &headers, true).await
+}
+
+async fn uncordon(
+    State(s): State<Arc<ControlState>>,
+    axum::extract::Path(node): axum::extract::Path<String>,
+    headers: axum::http::HeaderMap,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    set_cordon(&s, &node, &headers, false).await
+}
+
+/// Asks the shard that owns `node` to (un)cordon it; the change shows in the next view.
+async fn set_cordon(
+    s: &ControlState,
+    node: &str,
+    headers: &axum::http::HeaderMap,
+    cordoned: bool,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    apps::authorize(s, headers)?;
+    let not_found = || ApiError {
+        status: StatusCode::NOT_FOUND,
+        code: "no_such_node",
+        message: format!("no shard holds node {node:?}"),
+    };
+    let id = flotilla_core::NodeId::new(node).map_err(|_| not_found())?;
+    let shard = s.cluster.slots().iter().position(|slot| slot.view.get(&id).is_some()).ok_or_else(not_found)?;
+    let addr = s.shards.get(shard).ok_or_else(not_found)?;
+    let unreachable = |e: String| ApiError { status: StatusCode::BAD_GATEWAY, code: "shard_unreachable", message: e };
+    let endpoint = if addr.starts_with("http") { addr.clone() } else { format!("http://{addr}") };
+    let mut client = flotilla_proto::v1::node_admin_service_client::NodeAdminServiceClient::connect(endpoint)
+        .await
+        .map_err(|e| unreachable(format!("shard {shard}: {e}")))?;
+    let r = client
+        .set_cordon(flotilla_proto::v1::CordonRequest { node_id: node.to_string(), cordoned })
+        .await
+        .map_err(|e| unreachable(format!("shard {shard}: {}", e.message())))?
+        .into_inner();
+    if !r.found {
+        return Err(not_found());
+    }
+    Ok(Json(serde_json::json!({"node_id": node, "cordoned": cordoned})))
 }
 
 async fn list_shards(State(s): State<Arc<ControlState>>) -> Json<serde_json::Value> {

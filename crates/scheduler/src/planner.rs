@@ -221,6 +221,10 @@ fn place_in_domain(
                 *why.excluded.entry("not alive").or_default() += 1;
                 continue;
             }
+            if node.cordoned {
+                *why.excluded.entry("cordoned").or_default() += 1;
+                continue;
+            }
             if !labels_match(node, input.constraints) {
                 *why.excluded.entry("failing label constraints").or_default() += 1;
                 continue;
@@ -281,6 +285,7 @@ mod tests {
             capacity: Resources::new(cpu, 1 << 34, gpu),
             allocated: Resources::new(used, 0, 0),
             workloads: Default::default(),
+            cordoned: false,
         })
     }
 
@@ -364,6 +369,22 @@ mod tests {
                 .excluded
                 .contains_key("failing label constraints")
         );
+    }
+
+    #[test]
+    fn cordoned_nodes_are_skipped_and_counted() {
+        let mut cordoned = (*rec("a1", "a", 1000, 0, NodeStatus::Alive, 0, false)).clone();
+        cordoned.cordoned = true;
+        let s = slots(vec![Arc::new(cordoned), rec("a2", "a", 1000, 0, NodeStatus::Alive, 0, false)]);
+        let p = plan(&s, &Constraints::default(), &HashMap::new(), None, &members(1, 100)).unwrap();
+        assert_eq!(p.members[0].node.as_str(), "a2");
+        let s = slots(vec![{
+            let mut r = (*rec("a1", "a", 1000, 0, NodeStatus::Alive, 0, false)).clone();
+            r.cordoned = true;
+            Arc::new(r)
+        }]);
+        let err = plan(&s, &Constraints::default(), &HashMap::new(), None, &members(1, 100)).unwrap_err();
+        assert_eq!(err.excluded.get("cordoned"), Some(&1));
     }
 
     #[test]

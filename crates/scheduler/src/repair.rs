@@ -129,6 +129,7 @@ mod tests {
                 capacity: Resources::default(),
                 allocated: Resources::default(),
                 workloads: Default::default(),
+                cordoned: false,
             };
             v.nodes.insert(r.node_id.clone(), Arc::new(r));
         }

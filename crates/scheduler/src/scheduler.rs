@@ -746,11 +746,15 @@ impl Scheduler {
             let Some(unit) = self.stored.units.get_mut(id) else { continue };
             match plan {
                 Err(why) => {
-                    let reason = why.to_string();
-                    if unit.unplaced_reason.as_deref() != Some(reason.as_str()) {
-                        tracing::info!(unit = %id, %reason, "unit cannot be placed yet");
+                    // A pass that only hit the class cache examined nothing new: keep the
+                    // reason the last real examination gave.
+                    if why.domains_tried > 0 || unit.unplaced_reason.is_none() {
+                        let reason = why.to_string();
+                        if unit.unplaced_reason.as_deref() != Some(reason.as_str()) {
+                            tracing::info!(unit = %id, %reason, "unit cannot be placed yet");
+                        }
+                        unit.unplaced_reason = Some(reason);
                     }
-                    unit.unplaced_reason = Some(reason);
                     still.push(id.clone());
                 }
                 Ok(p) => {

@@ -103,6 +103,7 @@ mod tests {
             capacity: Resources::default(),
             allocated: Resources::default(),
             workloads: Default::default(),
+            cordoned: false,
         })
     }
 

@@ -114,6 +114,7 @@ mod tests {
             capacity: Resources::new(1000, 1 << 30, 0),
             allocated: Resources::default(),
             workloads: Default::default(),
+            cordoned: false,
         })
     }
 

@@ -29,6 +29,8 @@ pub struct NodeRecord {
     pub allocated: Resources,
     /// The members the node's agent runs and their states, as last reported.
     pub workloads: Arc<Vec<flotilla_proto::v1::WorkloadStatus>>,
+    /// An operator cordoned it: no new placements.
+    pub cordoned: bool,
 }
 
 impl NodeRecord {

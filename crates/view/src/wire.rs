@@ -42,6 +42,7 @@ pub fn record_to_wire(r: &NodeRecord) -> v1::NodeRecord {
         capacity: Some((&r.capacity).into()),
         allocated: Some((&r.allocated).into()),
         workloads: r.workloads.as_ref().clone(),
+        cordoned: r.cordoned,
     }
 }
 
@@ -60,6 +61,7 @@ pub fn record_from_wire(r: v1::NodeRecord) -> Result<NodeRecord, WireError> {
         capacity: r.capacity.ok_or(WireError::Missing("capacity"))?.into(),
         allocated: r.allocated.unwrap_or_default().into(),
         workloads: Arc::new(r.workloads),
+        cordoned: r.cordoned,
     })
 }
 
