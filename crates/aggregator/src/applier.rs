@@ -19,10 +19,9 @@ use crate::registry::{Change, NodeLive, Registry};
 /// Wheel granularity: deadlines fire within this much of their time.
 pub const WHEEL_SLOT_MS: u64 = 100;
 
-/// An agent's new assignment set, for the QUIC pusher.
+/// A node whose assignment set changed: the QUIC pusher sends it the current set.
 pub struct Push {
     pub node: NodeId,
-    pub message: flotilla_proto::v1::AssignmentPush,
 }
 
 pub struct Applier {
@@ -233,14 +232,7 @@ impl Applier {
             }
         }
         for node in self.ledger_dirty.drain() {
-            let (version, claims) = ledger.assignments(&node);
-            let assignments = claims.into_iter().map(crate::ledger_grpc::assignment).collect();
-            let message = flotilla_proto::v1::AssignmentPush {
-                assignment_version: version,
-                assignments,
-                node_id: node.to_string(),
-            };
-            let _ = self.pushes.send(Push { node, message });
+            let _ = self.pushes.send(Push { node });
         }
         drop(ledger);
         let changes = upserts.len() + removed.len();

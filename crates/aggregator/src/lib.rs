@@ -204,6 +204,7 @@ pub async fn start(config: ShardConfig) -> anyhow::Result<ShardHandle> {
         heartbeat_port: heartbeat_addr.port(),
         epoch,
         agents: dashmap::DashMap::new(),
+        ledger: ledger.clone(),
     });
     tasks.spawn(quic::serve(endpoint.clone(), ctx.clone()));
     tasks.spawn(quic::push_assignments(push_rx, ctx));

@@ -22,38 +22,56 @@ pub struct QuicContext {
     pub epoch: u64,
     /// The connection each node registered over: assignment pushes travel on it.
     pub agents: dashmap::DashMap<flotilla_core::NodeId, quinn::Connection>,
+    pub ledger: Arc<Mutex<crate::ledger::Ledger>>,
 }
 
-/// Sends each node's assignment set to its agent on a unidirectional stream. Pushes
-/// carry a version, so the agent keeps the newest whatever order they arrive in.
+/// Sends each changed node's assignment set to its agent on a unidirectional stream.
+/// Changes queued for the same node are coalesced into one push, and the set is built
+/// here, off the applier, only for nodes with a connection. Pushes carry a version, so
+/// the agent keeps the newest whatever order they arrive in.
 pub async fn push_assignments(
     mut rx: tokio::sync::mpsc::UnboundedReceiver<crate::applier::Push>,
     ctx: Arc<QuicContext>,
 ) {
     let pushed = metrics::counter!("flotilla_assignment_pushes_total", "result" => "sent");
     let unreachable = metrics::counter!("flotilla_assignment_pushes_total", "result" => "no_connection");
+    let mut batch = HashSet::new();
     while let Some(p) = rx.recv().await {
-        let Some(conn) = ctx.agents.get(&p.node).map(|c| c.value().clone()) else {
-            unreachable.increment(1);
-            continue;
-        };
-        let bytes = p.message.encode_to_vec();
-        let pushed = pushed.clone();
-        tokio::spawn(async move {
-            let r = tokio::time::timeout(std::time::Duration::from_secs(5), async {
-                let mut s = conn.open_uni().await?;
-                s.write_all(&bytes).await?;
-                s.finish()?;
-                anyhow::Ok(())
-            })
-            .await;
-            match r {
-                Ok(Ok(())) => pushed.increment(1),
-                // The agent asks again: its heartbeats carry the version it holds.
-                Ok(Err(e)) => tracing::debug!(node = %p.node, error = %e, "assignment push failed"),
-                Err(_) => tracing::debug!(node = %p.node, "assignment push timed out"),
-            }
-        });
+        batch.insert(p.node);
+        while let Ok(p) = rx.try_recv() {
+            batch.insert(p.node);
+        }
+        for node in batch.drain() {
+            let Some(conn) = ctx.agents.get(&node).map(|c| c.value().clone()) else {
+                unreachable.increment(1);
+                continue;
+            };
+            let message = {
+                let ledger = ctx.ledger.lock().unwrap_or_else(|p| p.into_inner());
+                let (version, claims) = ledger.assignments(&node);
+                v1::AssignmentPush {
+                    assignment_version: version,
+                    assignments: claims.into_iter().map(crate::ledger_grpc::assignment).collect(),
+                    node_id: node.to_string(),
+                }
+            };
+            let (bytes, pushed) = (message.encode_to_vec(), pushed.clone());
+            tokio::spawn(async move {
+                let r = tokio::time::timeout(std::time::Duration::from_secs(5), async {
+                    let mut s = conn.open_uni().await?;
+                    s.write_all(&bytes).await?;
+                    s.finish()?;
+                    anyhow::Ok(())
+                })
+                .await;
+                match r {
+                    Ok(Ok(())) => pushed.increment(1),
+                    // The agent asks again: its heartbeats carry the version it holds.
+                    Ok(Err(e)) => tracing::debug!(%node, error = %e, "assignment push failed"),
+                    Err(_) => tracing::debug!(%node, "assignment push timed out"),
+                }
+            });
+        }
     }
 }
 
