@@ -517,3 +517,37 @@ fn a_cordoned_node_gets_nothing_new() {
     let (status, _) = http(&up.addr, "POST", "/v1/nodes/nope/cordon", Some(&token), "");
     assert_eq!(status, 404);
 }
+
+#[test]
+fn a_standalone_scheduler_registers_and_the_control_plane_forwards_to_it() {
+    let up = Up::start("standalone", &["--agents", "4", "--shards", "2"]);
+    wait_for("4 alive nodes", Duration::from_secs(20), || (up.nodes().len() == 4).then_some(()));
+    let (_, shards) = http(&up.addr, "GET", "/v1/shards", None, "");
+    let addrs: Vec<String> =
+        shards.as_array().unwrap().iter().map(|s| s["address"].as_str().unwrap().to_string()).collect();
+    let spec = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/echo.toml");
+    let store = format!("redb:{}", up.data.join("standalone.redb").display());
+    let mut scheduler = Command::new(BIN)
+        .args(["scheduler", "--app", spec, "--aggregators", &addrs.join(","), "--control", &up.addr, "--store", &store])
+        .env("FLOTILLA_DATA", &up.data)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(up.data.join("scheduler.err")).unwrap())
+        .spawn()
+        .unwrap();
+    // Asked through the control plane, which keeps no state: the scheduler answers.
+    let units = wait_for("2 units running via the standalone scheduler", Duration::from_secs(30), || {
+        let r = running(&up);
+        (r.len() == 2).then_some(r)
+    });
+    assert!(units.iter().all(|u| u["app"] == "echo"));
+    let token = std::fs::read_to_string(up.data.join("api-token")).unwrap().trim().to_string();
+    let (status, body) = http(&up.addr, "PUT", "/v1/apps/echo/scale", Some(&token), r#"{"units": 3}"#);
+    assert_eq!(status, 200, "scale is forwarded: {body}");
+    wait_for("3 running units", Duration::from_secs(30), || (running(&up).len() == 3).then_some(()));
+    let (status, _) = http(&up.addr, "PUT", "/v1/apps/echo/scale", Some("wrong"), r#"{"units": 2}"#);
+    assert_eq!(status, 401, "the control plane checks the token before forwarding");
+    let (status, _) = http(&up.addr, "POST", "/v1/schedulers", None, r#"{"app": "x", "url": "http://127.0.0.1:1"}"#);
+    assert_eq!(status, 401, "registering needs the token");
+    signal(scheduler.id() as i32, libc::SIGTERM);
+    let _ = scheduler.wait();
+}
