@@ -16,18 +16,20 @@ pub struct ListArgs {
 
 async fn get(addr: &str, path: &str) -> anyhow::Result<Value> {
     let url = format!("{}{path}", addr.trim_end_matches('/'));
-    let resp = reqwest::get(&url)
-        .await
-        .with_context(|| format!("reaching the control plane at {addr} (set FLOTILLA_ADDR)"))?;
+    send(reqwest::Client::new().get(&url), addr).await.with_context(|| url.clone())
+}
+
+/// Sends a request to the control plane; its JSON answer, or its error message.
+async fn send(req: reqwest::RequestBuilder, addr: &str) -> anyhow::Result<Value> {
+    let resp = req.send().await.with_context(|| format!("reaching the control plane at {addr} (set FLOTILLA_ADDR)"))?;
     let status = resp.status();
-    let body: Value = resp.json().await.with_context(|| format!("decoding the answer of {url}"))?;
+    let body: Value = resp.json().await.unwrap_or(Value::Null);
     if !status.is_success() {
         let msg = body.pointer("/error/message").and_then(Value::as_str).unwrap_or("no message");
-        bail!("{url}: {status}: {msg}");
+        bail!("{status}: {msg}");
     }
     Ok(body)
 }
-
 fn gib(bytes: u64) -> String {
     format!("{:.1}Gi", bytes as f64 / (1u64 << 30) as f64)
 }
@@ -161,18 +163,7 @@ pub async fn node(a: NodeArgs) -> anyhow::Result<()> {
         NodeAction::Uncordon { node } => ("uncordon", node),
     };
     let url = format!("{}/v1/nodes/{node}/{verb}", a.addr.trim_end_matches('/'));
-    let resp = reqwest::Client::new()
-        .post(&url)
-        .bearer_auth(token)
-        .send()
-        .await
-        .with_context(|| format!("reaching the control plane at {} (set FLOTILLA_ADDR)", a.addr))?;
-    let status = resp.status();
-    let body: Value = resp.json().await.unwrap_or(Value::Null);
-    if !status.is_success() {
-        let msg = body.pointer("/error/message").and_then(Value::as_str).unwrap_or("no message");
-        bail!("{status}: {msg}");
-    }
+    let body = send(reqwest::Client::new().post(&url).bearer_auth(token), &a.addr).await?;
     println!("{node}: {}", if body["cordoned"] == true { "cordoned" } else { "uncordoned" });
     Ok(())
 }
@@ -197,19 +188,8 @@ pub async fn scale(a: ScaleArgs) -> anyhow::Result<()> {
         None => token_from_data()?,
     };
     let url = format!("{}/v1/apps/{}/scale", a.addr.trim_end_matches('/'), a.app);
-    let resp = reqwest::Client::new()
-        .put(&url)
-        .bearer_auth(token)
-        .json(&serde_json::json!({"units": a.units}))
-        .send()
-        .await
-        .with_context(|| format!("reaching the control plane at {} (set FLOTILLA_ADDR)", a.addr))?;
-    let status = resp.status();
-    let body: Value = resp.json().await.unwrap_or(Value::Null);
-    if !status.is_success() {
-        let msg = body.pointer("/error/message").and_then(Value::as_str).unwrap_or("no message");
-        bail!("{status}: {msg}");
-    }
+    let req = reqwest::Client::new().put(&url).bearer_auth(token).json(&serde_json::json!({"units": a.units}));
+    let body = send(req, &a.addr).await?;
     println!("{}: desired units {}", a.app, body["desired_units"]);
     Ok(())
 }
