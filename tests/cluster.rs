@@ -551,3 +551,42 @@ fn a_standalone_scheduler_registers_and_the_control_plane_forwards_to_it() {
     signal(scheduler.id() as i32, libc::SIGTERM);
     let _ = scheduler.wait();
 }
+
+#[test]
+fn a_drained_node_leaves_the_routes_before_its_workloads_exit() {
+    let spec = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/echo.toml");
+    let up = Up::start("drainroutes", &["--agents", "4", "--shards", "2", "--app", spec]);
+    let unit = wait_for("2 running units with routes", Duration::from_secs(30), || {
+        let (_, r) = http(&up.addr, "GET", "/v1/apps/echo/routes", None, "");
+        let routes = r["routes"].as_array()?.clone();
+        (routes.len() == 2 && running(&up).len() == 2).then(|| running(&up)[0].clone())
+    });
+    let head = unit["members"].as_array().unwrap().iter().find(|m| m["role"] == "head").unwrap().clone();
+    let (node, addr) = (head["node_id"].as_str().unwrap().to_string(), head["address"].as_str().unwrap().to_string());
+    let pid = http_get(&addr).unwrap()["pid"].as_i64().unwrap() as i32;
+    let data = up.data.join("agents").join(&node);
+    let drain =
+        std::thread::spawn(move || Command::new(BIN).args(["agent", "drain", "--data"]).arg(data).output().unwrap());
+    let t0 = Instant::now();
+    let mut out_of_routes = None;
+    let mut exited = None;
+    while t0.elapsed() < Duration::from_secs(15) && (out_of_routes.is_none() || exited.is_none()) {
+        if out_of_routes.is_none() {
+            let (_, r) = http(&up.addr, "GET", "/v1/apps/echo/routes", None, "");
+            let serving = r["routes"].as_array().is_some_and(|rs| {
+                rs.iter().any(|x| x["endpoint"] == addr.as_str() && x["weight"].as_f64() > Some(0.0))
+            });
+            if !serving {
+                out_of_routes = Some(t0.elapsed());
+            }
+        }
+        if exited.is_none() && !alive(pid) {
+            exited = Some(t0.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(drain.join().unwrap().status.success());
+    let (out_of_routes, exited) = (out_of_routes.expect("left the routes"), exited.expect("the workload stopped"));
+    eprintln!("out of routes after {out_of_routes:?}, workload exited after {exited:?}");
+    assert!(out_of_routes < exited, "routes first ({out_of_routes:?}), then the workload ({exited:?})");
+}

@@ -139,6 +139,8 @@ pub async fn run(a: FailoverArgs) -> anyhow::Result<()> {
         let (_, node, unit) = routes.first().cloned().ok_or_else(|| anyhow!("no route to take away"))?;
         let desired = running.len();
         let t0 = Instant::now();
+        // The drain command answers after the agent's drain delay; time from when it starts.
+        let mut drain = None;
         if kill {
             let pid: i32 = std::fs::read_to_string(dir.join("agents").join(format!("{node}.pid")))?.trim().parse()?;
             // SAFETY: kill(2) of an agent process that `up` started for us.
@@ -146,9 +148,9 @@ pub async fn run(a: FailoverArgs) -> anyhow::Result<()> {
                 libc::kill(pid, libc::SIGKILL);
             }
         } else {
-            let out =
-                Command::new(&bin).args(["agent", "drain", "--data"]).arg(dir.join("agents").join(&node)).output()?;
-            anyhow::ensure!(out.status.success(), "drain failed: {}", String::from_utf8_lossy(&out.stderr));
+            let data = dir.join("agents").join(&node);
+            drain =
+                Some(Command::new(&bin).args(["agent", "drain", "--data"]).arg(data).stdout(Stdio::null()).spawn()?);
         }
         let gone = until(Duration::from_secs(30), async || {
             (!state(&client, &addr).await.1.iter().any(|(_, _, u)| *u == unit)).then(|| t0.elapsed())
@@ -161,6 +163,9 @@ pub async fn run(a: FailoverArgs) -> anyhow::Result<()> {
             (others >= desired && served >= desired).then(|| t0.elapsed())
         })
         .await?;
+        if let Some(mut d) = drain {
+            anyhow::ensure!(d.wait()?.success(), "flotilla agent drain failed");
+        }
         let ms = |d: Duration| (d.as_micros() as u64).max(1);
         if kill {
             route_kill.record(ms(gone))?

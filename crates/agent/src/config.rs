@@ -56,6 +56,10 @@ pub struct AgentArgs {
     /// Between SIGTERM and SIGKILL when a workload is stopped, in milliseconds.
     #[arg(long, default_value_t = 5000)]
     pub stop_grace_ms: u64,
+    /// After a drain is acknowledged, keep the workloads serving this long (milliseconds)
+    /// so routers take the node out of their tables before anything stops.
+    #[arg(long, default_value_t = 1000)]
+    pub drain_delay_ms: u64,
     /// Size at which a workload's stdout or stderr file is rotated, in bytes.
     #[arg(long, default_value_t = 1 << 20)]
     pub log_cap_bytes: u64,
@@ -72,6 +76,7 @@ pub struct AgentConfig {
     pub data_dir: PathBuf,
     pub metrics: Option<std::net::SocketAddr>,
     pub heartbeat_interval: Duration,
+    pub drain_delay: Duration,
     pub runtime: crate::runtime::RuntimeConfig,
 }
 
@@ -193,6 +198,9 @@ impl AgentArgs {
                     None
                 }
             };
+        if self.drain_delay_ms > 600_000 {
+            errors.push("--drain-delay-ms: at most 600000".into());
+        }
         if !(1..=3_600_000).contains(&self.stop_grace_ms) {
             errors.push("--stop-grace-ms: must be within 1..=3600000".into());
         }
@@ -222,6 +230,7 @@ impl AgentArgs {
                 data_dir: self.data,
                 metrics: self.metrics,
                 heartbeat_interval: Duration::from_millis(self.heartbeat_interval_ms),
+                drain_delay: Duration::from_millis(self.drain_delay_ms),
             }),
             _ => Err(errors),
         }

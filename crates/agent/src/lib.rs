@@ -344,6 +344,9 @@ async fn finish(
             match tokio::time::timeout(Duration::from_secs(3), c.drain(config.node_id.as_str(), sid)).await {
                 Ok(Ok(ack)) => {
                     let status = v1::NodeStatus::try_from(ack.status).map(|s| s.as_str_name()).unwrap_or("?");
+                    // The node is Draining in the view now: routes drop it while its
+                    // workloads still serve, and only then do they stop.
+                    tokio::time::sleep(config.drain_delay).await;
                     format!("ok {} {status}", config.node_id)
                 }
                 Ok(Err(e)) => format!("error {e:#}"),
