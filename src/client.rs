@@ -64,6 +64,14 @@ pub async fn nodes(a: ListArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The token given on the command line or in `$FLOTILLA_TOKEN`, else the one in the data dir.
+fn token(given: Option<String>) -> anyhow::Result<String> {
+    match given {
+        Some(t) => Ok(t),
+        None => token_from_data(),
+    }
+}
+
 /// The API token from `$FLOTILLA_DATA/api-token` (default data dir `./.flotilla`).
 pub fn token_from_data() -> anyhow::Result<String> {
     let dir = std::env::var("FLOTILLA_DATA").unwrap_or_else(|_| "./.flotilla".into());
@@ -149,22 +157,27 @@ pub struct NodeArgs {
 pub enum NodeAction {
     /// No new placements on NODE; what runs there stays.
     Cordon { node: String },
-    /// Allow placements on NODE again.
+    /// Cordon NODE, replace the members it runs elsewhere first, then stop them.
+    Drain { node: String },
+    /// Allow placements on NODE again (ends a drain too).
     Uncordon { node: String },
 }
 
 pub async fn node(a: NodeArgs) -> anyhow::Result<()> {
-    let token = match a.token {
-        Some(t) => t,
-        None => token_from_data()?,
-    };
+    let token = token(a.token)?;
     let (verb, node) = match &a.action {
         NodeAction::Cordon { node } => ("cordon", node),
+        NodeAction::Drain { node } => ("drain", node),
         NodeAction::Uncordon { node } => ("uncordon", node),
     };
     let url = format!("{}/v1/nodes/{node}/{verb}", a.addr.trim_end_matches('/'));
     let body = send(reqwest::Client::new().post(&url).bearer_auth(token), &a.addr).await?;
-    println!("{node}: {}", if body["cordoned"] == true { "cordoned" } else { "uncordoned" });
+    let state = match (body["cordoned"] == true, body["drain_requested"] == true) {
+        (_, true) => "draining: its members move elsewhere, then stop",
+        (true, false) => "cordoned",
+        (false, _) => "uncordoned",
+    };
+    println!("{node}: {state}");
     Ok(())
 }
 
@@ -183,14 +196,34 @@ pub struct ScaleArgs {
 }
 
 pub async fn scale(a: ScaleArgs) -> anyhow::Result<()> {
-    let token = match a.token {
-        Some(t) => t,
-        None => token_from_data()?,
-    };
+    let token = token(a.token)?;
     let url = format!("{}/v1/apps/{}/scale", a.addr.trim_end_matches('/'), a.app);
     let req = reqwest::Client::new().put(&url).bearer_auth(token).json(&serde_json::json!({"units": a.units}));
     let body = send(req, &a.addr).await?;
     println!("{}: desired units {}", a.app, body["desired_units"]);
+    Ok(())
+}
+
+#[derive(Debug, Args)]
+pub struct ApplyArgs {
+    /// The app's spec (TOML); the app it names is updated.
+    pub file: std::path::PathBuf,
+    #[arg(long, env = "FLOTILLA_ADDR", default_value = "http://127.0.0.1:7700")]
+    pub addr: String,
+    /// The API token (default: $FLOTILLA_TOKEN, else $FLOTILLA_DATA/api-token).
+    #[arg(long, env = "FLOTILLA_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+}
+
+/// Checks the spec here (every problem at once), then hands it to the app's scheduler,
+/// which rolls changed units through, `rollout.max_unavailable` at a time.
+pub async fn apply(a: ApplyArgs) -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(&a.file).with_context(|| format!("reading {}", a.file.display()))?;
+    let spec = flotilla_scheduler::AppSpec::parse(&text).with_context(|| a.file.display().to_string())?;
+    let url = format!("{}/v1/apps/{}/spec", a.addr.trim_end_matches('/'), spec.name);
+    let req = reqwest::Client::new().put(&url).bearer_auth(token(a.token)?).body(text);
+    let body = send(req, &a.addr).await?;
+    println!("{}: {}", spec.name, body["result"].as_str().unwrap_or("applied"));
     Ok(())
 }
 

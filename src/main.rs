@@ -31,7 +31,7 @@ enum Cmd {
     /// The control plane: follows every shard and serves the HTTP API.
     Control(servers::ControlArgs),
     /// The node agent (the same code as `flotilla-agent`).
-    Agent(flotilla_agent::config::AgentCommand),
+    Agent(Box<flotilla_agent::config::AgentCommand>),
     /// One app's scheduler as its own process.
     Scheduler(servers::SchedulerArgs),
     /// A tiny HTTP workload that answers with its node, unit and role.
@@ -44,10 +44,12 @@ enum Cmd {
     Units(client::UnitsArgs),
     /// An app's route table: serving members and their weights.
     Routes(client::UnitsArgs),
-    /// Operator actions on a node: cordon, uncordon.
+    /// Operator actions on a node: cordon, drain, uncordon.
     Node(client::NodeArgs),
     /// Set an app's desired number of units.
     Scale(client::ScaleArgs),
+    /// Update a running app from its spec file: changed units roll through.
+    Apply(client::ApplyArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -56,7 +58,7 @@ fn main() -> std::process::ExitCode {
     // Before any component registers its metrics.
     flotilla_obs::metrics_handle();
     let result = match cli.cmd {
-        Cmd::Agent(a) => flotilla_agent::main_with(a),
+        Cmd::Agent(a) => flotilla_agent::main_with(*a),
         other => {
             tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(anyhow::Error::from).and_then(
                 |rt| {
@@ -71,6 +73,7 @@ fn main() -> std::process::ExitCode {
                             Cmd::Apps(a) => client::apps(a).await,
                             Cmd::Units(a) => client::units(a).await,
                             Cmd::Scale(a) => client::scale(a).await,
+                            Cmd::Apply(a) => client::apply(a).await,
                             Cmd::Node(a) => client::node(a).await,
                             Cmd::Routes(a) => client::routes(a).await,
                             Cmd::Agent(_) => Ok(()),

@@ -194,6 +194,10 @@ pub struct SchedulerArgs {
     /// API token for registering with the control plane (default: $FLOTILLA_TOKEN, else DATA/api-token).
     #[arg(long, env = "FLOTILLA_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// How long members on an unreachable shard's nodes (Unknown) are waited for before
+    /// they count as lost and are replaced.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    pub unknown_grace: Duration,
 }
 
 /// `flotilla scheduler`: one app's scheduler as its own process.
@@ -205,7 +209,9 @@ pub async fn scheduler(a: SchedulerArgs) -> anyhow::Result<()> {
     let cluster = flotilla_view::ClusterView::new(a.aggregators.len());
     flotilla_control::follow_all(&cluster, &a.aggregators);
     let app = spec.name.clone();
-    let (scheduler, handle) = flotilla_scheduler::Scheduler::new(spec, cluster.clone(), a.aggregators.clone(), store)?;
+    let (mut scheduler, handle) =
+        flotilla_scheduler::Scheduler::new(spec, cluster.clone(), a.aggregators.clone(), store)?;
+    scheduler.unknown_grace_ms = a.unknown_grace.as_millis() as u64;
     let token = a.token.or_else(|| crate::client::token_from_data().ok());
     let state = Arc::new(flotilla_control::ControlState {
         cluster,

@@ -84,6 +84,9 @@ fn agent_specs(n: usize, aggregators: &str, data: &DataDir) -> Vec<AgentSpec> {
                 format!("{}-{}", 20_000 + i * 50, 20_000 + i * 50 + 49),
                 "--stop-grace-ms".into(),
                 "2000".into(),
+                // `touch` it to play a cloud's preemption notice.
+                "--preemption-notice-file".into(),
+                data.dir.join("agents").join(&node_id).join("preemption-notice").display().to_string(),
             ];
             AgentSpec { node_id, args }
         })

@@ -19,8 +19,9 @@ fn temp_dir(name: &str) -> PathBuf {
 }
 
 /// A running `flotilla up`; stopped (and every process it started killed) on drop.
+/// Without a child, the API of processes a test started itself.
 struct Up {
-    child: Child,
+    child: Option<Child>,
     data: PathBuf,
     addr: String,
 }
@@ -39,7 +40,11 @@ impl Up {
             .unwrap();
         let addr_file = data.join("control.addr");
         let addr = wait_for("control address", Duration::from_secs(30), || std::fs::read_to_string(&addr_file).ok());
-        Up { child, data, addr }
+        Up { child: Some(child), data, addr }
+    }
+
+    fn attach(data: &Path, addr: &str) -> Up {
+        Up { child: None, data: data.to_path_buf(), addr: addr.to_string() }
     }
 
     fn nodes(&self) -> Vec<Value> {
@@ -59,21 +64,21 @@ impl Up {
     }
 
     fn agent_pids(&self) -> Vec<i32> {
-        std::fs::read_dir(self.data.join("agents"))
-            .unwrap()
-            .filter_map(|e| {
-                let p = e.ok()?.path();
-                (p.extension()? == "pid").then(|| std::fs::read_to_string(&p).ok()?.trim().parse().ok())?
-            })
-            .collect()
+        let Ok(dir) = std::fs::read_dir(self.data.join("agents")) else { return vec![] };
+        dir.filter_map(|e| {
+            let p = e.ok()?.path();
+            (p.extension()? == "pid").then(|| std::fs::read_to_string(&p).ok()?.trim().parse().ok())?
+        })
+        .collect()
     }
 
     /// SIGTERM, as Ctrl-C would; returns whether `up` exited cleanly.
     fn stop(&mut self) -> bool {
-        signal(self.child.id() as i32, libc::SIGTERM);
+        let Some(child) = self.child.as_mut() else { return false };
+        signal(child.id() as i32, libc::SIGTERM);
         let deadline = Instant::now() + Duration::from_secs(20);
         while Instant::now() < deadline {
-            if let Ok(Some(st)) = self.child.try_wait() {
+            if let Ok(Some(st)) = child.try_wait() {
                 return st.success();
             }
             std::thread::sleep(Duration::from_millis(50));
@@ -87,8 +92,10 @@ impl Drop for Up {
         for pid in self.agent_pids() {
             signal(-pid, libc::SIGKILL);
         }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        if let Some(child) = self.child.as_mut() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
         let _ = std::fs::remove_dir_all(&self.data);
     }
 }
@@ -589,4 +596,315 @@ fn a_drained_node_leaves_the_routes_before_its_workloads_exit() {
     let (out_of_routes, exited) = (out_of_routes.expect("left the routes"), exited.expect("the workload stopped"));
     eprintln!("out of routes after {out_of_routes:?}, workload exited after {exited:?}");
     assert!(out_of_routes < exited, "routes first ({out_of_routes:?}), then the workload ({exited:?})");
+}
+
+/// The members of `unit` that run on `node`.
+fn on_node(unit: &Value, node: &str) -> bool {
+    unit["members"].as_array().is_some_and(|ms| ms.iter().any(|m| m["node_id"] == node))
+}
+
+fn head_of(unit: &Value) -> Value {
+    unit["members"].as_array().unwrap().iter().find(|m| m["role"] == "head").unwrap().clone()
+}
+
+/// Leaves `node` (by `leave`), and checks that every unit on it got a Running
+/// replacement before its head's process exited, and that nothing runs there after.
+fn leave_node_make_before_break(up: &Up, node: &str, leave: impl FnOnce()) {
+    let before: Vec<Value> = running(up).into_iter().filter(|u| on_node(u, node)).collect();
+    assert!(!before.is_empty(), "a unit runs on {node}");
+    let pids: Vec<(String, i32)> = before
+        .iter()
+        .map(|u| {
+            let addr = head_of(u)["address"].as_str().unwrap().to_string();
+            (u["unit_id"].as_str().unwrap().to_string(), http_get(&addr).unwrap()["pid"].as_i64().unwrap() as i32)
+        })
+        .collect();
+    leave();
+    let t0 = Instant::now();
+    let mut replaced_at: std::collections::HashMap<String, Duration> = Default::default();
+    let mut exited_at: std::collections::HashMap<String, Duration> = Default::default();
+    while t0.elapsed() < Duration::from_secs(40) && exited_at.len() < pids.len() {
+        let units = echo_units(up);
+        for (id, pid) in &pids {
+            let Some(old) = units.iter().find(|u| u["unit_id"] == id.as_str()) else { continue };
+            let replacement = old["replaced_by"].as_str().and_then(|r| units.iter().find(|u| u["unit_id"] == r));
+            if replacement.is_some_and(|r| r["state"] == "running") {
+                replaced_at.entry(id.clone()).or_insert(t0.elapsed());
+            }
+            if !alive(*pid) {
+                exited_at.entry(id.clone()).or_insert(t0.elapsed());
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for (id, _) in &pids {
+        let (r, e) = (replaced_at.get(id), exited_at.get(id));
+        eprintln!("{id} on {node}: replacement running after {r:?}, old head exited after {e:?}");
+        let (r, e) = (r.expect("a replacement ran"), e.expect("the old head stopped"));
+        assert!(r < e, "{id}: replacement Running ({r:?}) before the old head exits ({e:?})");
+    }
+    wait_for("the old units terminated and nothing left on the node", Duration::from_secs(30), || {
+        let units = echo_units(up);
+        let old_done =
+            pids.iter().all(|(id, _)| units.iter().any(|u| u["unit_id"] == id.as_str() && u["state"] == "terminated"));
+        let live = running(up);
+        (old_done && live.len() == 2 && !live.iter().any(|u| on_node(u, node))).then_some(())
+    });
+}
+
+#[test]
+fn node_drain_and_preemption_notices_replace_units_before_stopping_them() {
+    let spec = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/echo.toml");
+    let up = Up::start("nodedrain", &["--agents", "6", "--shards", "2", "--app", spec]);
+    wait_for("2 running units", Duration::from_secs(30), || (running(&up).len() == 2).then_some(()));
+    let token = std::fs::read_to_string(up.data.join("api-token")).unwrap().trim().to_string();
+
+    // An operator drain.
+    let node = head_of(&running(&up)[0])["node_id"].as_str().unwrap().to_string();
+    leave_node_make_before_break(&up, &node, || {
+        let out = run_ok(
+            Command::new(BIN)
+                .args(["node", "drain", &node])
+                .env("FLOTILLA_ADDR", &up.addr)
+                .env("FLOTILLA_TOKEN", &token),
+        );
+        assert!(out.contains("draining"), "{out}");
+    });
+    let n = up.node(&node).unwrap();
+    assert_eq!((n["cordoned"].clone(), n["drain_requested"].clone()), (Value::Bool(true), Value::Bool(true)));
+    assert_eq!(n["status"], "alive", "the node itself stays");
+
+    // A cloud's preemption notice on another node.
+    let other = head_of(&running(&up)[0])["node_id"].as_str().unwrap().to_string();
+    assert_ne!(other, node);
+    let notice = up.data.join("agents").join(&other).join("preemption-notice");
+    leave_node_make_before_break(&up, &other, || std::fs::write(&notice, "").unwrap());
+    assert_eq!(up.node(&other).unwrap()["health"]["preemption_notice"], true);
+
+    let (status, _) = http(&up.addr, "POST", &format!("/v1/nodes/{node}/drain"), None, "");
+    assert_eq!(status, 401, "draining needs the token");
+}
+
+#[test]
+fn a_rolling_apply_replaces_units_one_at_a_time() {
+    let spec_path = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/echo.toml");
+    let up = Up::start("apply", &["--agents", "4", "--shards", "2", "--app", spec_path]);
+    let before: Vec<String> = wait_for("2 running units", Duration::from_secs(30), || {
+        let r = running(&up);
+        (r.len() == 2).then(|| r.iter().map(|u| u["unit_id"].as_str().unwrap().to_string()).collect())
+    });
+    let token = std::fs::read_to_string(up.data.join("api-token")).unwrap().trim().to_string();
+    let original = std::fs::read_to_string(spec_path).unwrap();
+
+    // Refused: no token, another app's name, an invalid spec (every problem named).
+    let (status, _) = http(&up.addr, "PUT", "/v1/apps/echo/spec", None, &original);
+    assert_eq!(status, 401);
+    let (status, body) = http(
+        &up.addr,
+        "PUT",
+        "/v1/apps/echo/spec",
+        Some(&token),
+        &original.replace("name = \"echo\"", "name = \"other\""),
+    );
+    assert_eq!(status, 422, "{body}");
+    let bad = original.replace("cpu = \"250m\"", "cpu = \"lots\"");
+    let (status, body) = http(&up.addr, "PUT", "/v1/apps/echo/spec", Some(&token), &bad);
+    assert_eq!(status, 422);
+    let msg = body["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("unit.head.cpu") && msg.contains("unit.worker.cpu"), "{msg}");
+
+    // The same spec again changes nothing.
+    let file = up.data.join("echo-v2.toml");
+    std::fs::write(&file, &original).unwrap();
+    let apply = || {
+        run_ok(Command::new(BIN).arg("apply").arg(&file).env("FLOTILLA_ADDR", &up.addr).env("FLOTILLA_TOKEN", &token))
+    };
+    assert!(apply().contains("no unit's template changed"));
+
+    // A changed template rolls through: one unit at a time, the replacement Running
+    // before the old one drains, so two units serve throughout.
+    std::fs::write(&file, original.replace("memory = \"64Mi\"", "memory = \"80Mi\"")).unwrap();
+    let out = apply();
+    assert!(out.contains("2 unit(s) will roll, 1 at a time"), "{out}");
+    let t0 = Instant::now();
+    loop {
+        let units = echo_units(&up);
+        let coming_up = units
+            .iter()
+            .filter(|u| matches!(u["state"].as_str(), Some("queued" | "placing" | "allocated" | "starting")))
+            .count();
+        let serving = units.iter().filter(|u| u["state"] == "running").count();
+        assert!(coming_up <= 1, "max_unavailable = 1: {units:?}");
+        assert!(serving >= 2, "two units serve throughout: {units:?}");
+        let old_done =
+            before.iter().all(|id| units.iter().any(|u| u["unit_id"] == id.as_str() && u["state"] == "terminated"));
+        if old_done && serving == 2 && coming_up == 0 {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(60), "the rollout finishes: {units:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let templates: std::collections::HashSet<String> =
+        running(&up).iter().map(|u| u["template"].as_str().unwrap().to_string()).collect();
+    assert_eq!(templates.len(), 1, "every running unit has the new template");
+    eprintln!("rollout of 2 units took {:?}", t0.elapsed());
+}
+
+/// Processes a test started, each in its own process group; all killed on drop.
+struct Group(Vec<Child>);
+
+impl Group {
+    fn spawn(&mut self, args: &[&str], log: &Path) -> u32 {
+        use std::os::unix::process::CommandExt;
+        let child = Command::new(BIN)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(log).unwrap())
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        self.0.push(child);
+        pid
+    }
+
+    /// The JSON line a `--print-addrs` server writes first.
+    fn addrs(&mut self, pid: u32) -> Value {
+        use std::io::BufRead;
+        let child = self.0.iter_mut().find(|c| c.id() == pid).unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        serde_json::from_str(&line).unwrap()
+    }
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            signal(-(c.id() as i32), libc::SIGKILL);
+            let _ = c.wait();
+        }
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+#[test]
+fn a_killed_shard_leaves_its_nodes_unknown_and_nothing_is_replaced_until_the_grace_expires() {
+    let dir = temp_dir("shardkill");
+    let d = dir.to_str().unwrap().to_string();
+    let mut procs = Group(Vec::new());
+    // Two shard processes (the first one creates the secrets both use).
+    let mut shard_addrs = Vec::new();
+    let mut shard_pids = Vec::new();
+    for i in 0..2 {
+        let pid = procs.spawn(
+            &[
+                "aggregator",
+                "--listen",
+                "127.0.0.1:0",
+                "--shard",
+                &i.to_string(),
+                "--shards",
+                "2",
+                "--data",
+                &d,
+                "--print-addrs",
+            ],
+            &dir.join(format!("shard-{i}.err")),
+        );
+        shard_addrs.push(procs.addrs(pid)["addr"].as_str().unwrap().to_string());
+        shard_pids.push(pid);
+    }
+    let aggregators = shard_addrs.join(",");
+    // One failure domain on each shard, two nodes in each.
+    let domains: Vec<String> = (0..2)
+        .map(|s| (0..).map(|i| format!("zone-{i}")).find(|z| flotilla_core::shard_for_domain(z, 2) == s).unwrap())
+        .collect();
+    for n in 0..4 {
+        let node = format!("node-{n}");
+        let (domain, ports) = (&domains[n % 2], format!("{}-{}", 31_000 + n * 50, 31_049 + n * 50));
+        let data = dir.join("agents").join(&node);
+        let args = [
+            "agent",
+            "--aggregators",
+            &aggregators,
+            "--node-id",
+            &node,
+            "--label",
+            &format!("domain={domain}"),
+            "--cores",
+            "4",
+            "--memory",
+            "8589934592",
+            "--join-token-file",
+            &format!("{d}/join-token"),
+            "--ca",
+            &format!("{d}/tls.crt"),
+            "--data",
+            data.to_str().unwrap(),
+            "--port-range",
+            &ports,
+        ];
+        procs.spawn(&args, &dir.join(format!("{node}.err")));
+    }
+    // One unit per domain, so one on each shard.
+    let spec = dir.join("echo.toml");
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/echo.toml")).unwrap();
+    std::fs::write(&spec, text.replace("max_units_per_domain = 3", "max_units_per_domain = 1")).unwrap();
+    let api = format!("http://127.0.0.1:{}", free_port());
+    procs.spawn(
+        &[
+            "scheduler",
+            "--app",
+            spec.to_str().unwrap(),
+            "--aggregators",
+            &aggregators,
+            "--store",
+            &format!("redb:{d}/scheduler.redb"),
+            "--listen",
+            api.trim_start_matches("http://"),
+            "--token",
+            "t",
+            "--unknown-grace",
+            "15s",
+        ],
+        &dir.join("scheduler.err"),
+    );
+    let up = Up::attach(&dir, &api);
+    let units = wait_for("2 running units", Duration::from_secs(40), || {
+        let r = running(&up);
+        (r.len() == 2).then_some(r)
+    });
+    // The unit on shard 1's domain.
+    let victim = units.iter().find(|u| u["domain"] == domains[1].as_str()).unwrap().clone();
+    let victim_id = victim["unit_id"].as_str().unwrap().to_string();
+
+    let killed = Instant::now();
+    signal(shard_pids[1] as i32, libc::SIGKILL);
+    wait_for("shard 1's nodes Unknown", Duration::from_secs(10), || {
+        let nodes = up.nodes();
+        let unknown = nodes.iter().filter(|n| n["shard"] == 1 && n["status"] == "unknown").count();
+        (unknown == 2).then_some(())
+    });
+    // Well past the shard's dead-after (3 s), still inside the grace: nothing is replaced.
+    while killed.elapsed() < Duration::from_secs(8) {
+        let units = echo_units(&up);
+        assert_eq!(units.len(), 2, "no replacement is queued while the shard is unknown: {units:?}");
+        let v = units.iter().find(|u| u["unit_id"] == victim_id.as_str()).unwrap();
+        assert_eq!(v["state"], "running", "the unit stays: {v}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // Once the grace expires, its members count as lost.
+    wait_for("the unit on the lost shard failed after the grace", Duration::from_secs(30), || {
+        let units = echo_units(&up);
+        let v = units.iter().find(|u| u["unit_id"] == victim_id.as_str())?;
+        matches!(v["state"].as_str(), Some("failed" | "terminated")).then_some(())
+    });
+    let waited = killed.elapsed();
+    assert!(waited >= Duration::from_secs(15), "not before the grace: {waited:?}");
+    drop(procs);
 }

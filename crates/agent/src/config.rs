@@ -63,6 +63,11 @@ pub struct AgentArgs {
     /// Size at which a workload's stdout or stderr file is rotated, in bytes.
     #[arg(long, default_value_t = 1 << 20)]
     pub log_cap_bytes: u64,
+    /// While this file exists the node reports a preemption notice, and schedulers move
+    /// its members elsewhere before it is taken back. A spot/preemptible termination
+    /// handler (or an operator) creates it.
+    #[arg(long)]
+    pub preemption_notice_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone)]
@@ -77,6 +82,7 @@ pub struct AgentConfig {
     pub metrics: Option<std::net::SocketAddr>,
     pub heartbeat_interval: Duration,
     pub drain_delay: Duration,
+    pub preemption_notice_file: Option<PathBuf>,
     pub runtime: crate::runtime::RuntimeConfig,
 }
 
@@ -231,6 +237,7 @@ impl AgentArgs {
                 metrics: self.metrics,
                 heartbeat_interval: Duration::from_millis(self.heartbeat_interval_ms),
                 drain_delay: Duration::from_millis(self.drain_delay_ms),
+                preemption_notice_file: self.preemption_notice_file,
             }),
             _ => Err(errors),
         }

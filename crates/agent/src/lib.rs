@@ -80,7 +80,7 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     let _g = span.enter();
     tracing::info!(%addr, capacity = ?config.capacity, labels = ?config.labels, "agent starting");
     let endpoint = client::client_endpoint(&config.ca, unspecified(&addr))?;
-    let mut probe = probe::HealthProbe::new();
+    let mut probe = probe::HealthProbe::new(config.preemption_notice_file.clone());
     let mut backoff = Duration::from_millis(200);
     let sent = metrics::counter!("flotilla_agent_heartbeats_sent_total");
     // The version of the assignment set this agent holds (reported in heartbeats).

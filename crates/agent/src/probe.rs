@@ -100,15 +100,17 @@ pub struct HealthProbe {
     prev_cpu: Option<CpuTimes>,
     cgroup_stat: Option<PathBuf>,
     prev_throttle: Option<(u64, u64)>,
+    preemption_notice_file: Option<PathBuf>,
 }
 
 impl HealthProbe {
-    pub fn new() -> Self {
+    /// `preemption_notice_file`: the sample carries a preemption notice while it exists.
+    pub fn new(preemption_notice_file: Option<PathBuf>) -> Self {
         let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) as f32;
         let cgroup_stat = std::fs::read_to_string("/proc/self/cgroup")
             .ok()
             .and_then(|t| own_cgroup_cpu_stat(&t, Path::new("/sys/fs/cgroup")));
-        HealthProbe { cores, prev_cpu: None, cgroup_stat, prev_throttle: None }
+        HealthProbe { cores, prev_cpu: None, cgroup_stat, prev_throttle: None, preemption_notice_file }
     }
 
     pub fn sample(&mut self) -> HealthSample {
@@ -142,16 +144,11 @@ impl HealthProbe {
         let psi = read("/proc/pressure/memory").as_deref().and_then(parse_psi_some_avg10);
         let mem = read("/proc/meminfo").as_deref().and_then(parse_meminfo);
         s.memory_pressure = memory_pressure(psi, mem);
+        s.preemption_notice = self.preemption_notice_file.as_deref().is_some_and(Path::exists);
         s.cpu_utilisation = s.cpu_utilisation.clamp(0.0, 1.0);
         s.cpu_steal = s.cpu_steal.clamp(0.0, 1.0);
         s.load_per_core = s.load_per_core.clamp(0.0, 10_000.0);
         s
-    }
-}
-
-impl Default for HealthProbe {
-    fn default() -> Self {
-        Self::new()
     }
 }
 
@@ -244,11 +241,17 @@ mod tests {
 
     #[test]
     fn live_sample_is_in_range() {
-        let mut p = HealthProbe::new();
+        let notice = std::env::temp_dir().join(format!("flotilla-preemption-{}", std::process::id()));
+        let _ = std::fs::remove_file(&notice);
+        let mut p = HealthProbe::new(Some(notice.clone()));
         let _ = p.sample();
         let s = p.sample();
         assert!((0.0..=1.0).contains(&s.cpu_utilisation));
         assert!((0.0..=1.0).contains(&s.cpu_steal));
         assert!((0.0..=1.0).contains(&s.memory_pressure));
+        assert!(!s.preemption_notice);
+        std::fs::write(&notice, "").unwrap();
+        assert!(p.sample().preemption_notice, "the notice shows while the file exists");
+        std::fs::remove_file(&notice).unwrap();
     }
 }

@@ -194,6 +194,7 @@ impl Applier {
                 self.ledger_dirty.insert(id.clone());
             }
             let allocated = ledger.allocated(&id);
+            let cordon = self.registry.cordon(&live.node_id);
             let rec = NodeRecord {
                 node_id: id,
                 incarnation: flotilla_core::Incarnation(live.incarnation),
@@ -206,7 +207,8 @@ impl Applier {
                 capacity,
                 allocated,
                 workloads: self.registry.workloads(&live.node_id),
-                cordoned: self.registry.is_cordoned(&live.node_id),
+                cordoned: cordon.is_some(),
+                drain_requested: cordon == Some(true),
             };
             if prev.is_some_and(|p| **p == rec) {
                 continue;

@@ -237,11 +237,11 @@ pub struct AdminGrpc {
 
 #[tonic::async_trait]
 impl v1::node_admin_service_server::NodeAdminService for AdminGrpc {
-    #[tracing::instrument(skip_all, fields(node = %request.get_ref().node_id, cordoned = request.get_ref().cordoned))]
+    #[tracing::instrument(skip_all, fields(node = %request.get_ref().node_id, cordoned = request.get_ref().cordoned, drain = request.get_ref().drain))]
     async fn set_cordon(&self, request: Request<v1::CordonRequest>) -> Result<Response<v1::CordonResponse>, Status> {
         let req = request.into_inner();
         let node = NodeId::new(&req.node_id).map_err(|e| invalid("node_id", e))?;
-        let found = self.registry.set_cordon(&node, req.cordoned);
+        let found = self.registry.set_cordon(&node, req.cordoned || req.drain, req.drain);
         if found {
             tracing::info!("node cordon changed");
             metrics::counter!("flotilla_cordon_changes_total").increment(1);

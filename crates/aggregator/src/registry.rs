@@ -111,8 +111,9 @@ pub struct Registry {
     label_sets: DashMap<Labels, Arc<Labels>>,
     /// What each node's agent last reported about the members it runs.
     workloads: DashMap<NodeId, Arc<Vec<v1::WorkloadStatus>>>,
-    /// Nodes an operator cordoned (by name: a restarted node stays cordoned).
-    cordoned: DashMap<NodeId, ()>,
+    /// Nodes an operator cordoned (by name: a restarted node stays cordoned), and
+    /// whether a drain was asked for too.
+    cordoned: DashMap<NodeId, bool>,
     changes: UnboundedSender<Change>,
 }
 
@@ -276,11 +277,12 @@ impl Registry {
         Ok(())
     }
 
-    /// Cordons or uncordons a node this shard holds; false if it holds no such node.
-    pub fn set_cordon(&self, node: &NodeId, cordoned: bool) -> bool {
+    /// Cordons (and with `drain`, drains) or uncordons a node this shard holds; false
+    /// if it holds no such node.
+    pub fn set_cordon(&self, node: &NodeId, cordoned: bool, drain: bool) -> bool {
         let Some(live) = self.node(node) else { return false };
         if cordoned {
-            self.cordoned.insert(node.clone(), ());
+            self.cordoned.insert(node.clone(), drain);
         } else {
             self.cordoned.remove(node);
         }
@@ -288,8 +290,9 @@ impl Registry {
         true
     }
 
-    pub fn is_cordoned(&self, node: &NodeId) -> bool {
-        self.cordoned.contains_key(node)
+    /// `None`: not cordoned; `Some(drain)`: cordoned, and whether a drain was asked for.
+    pub fn cordon(&self, node: &NodeId) -> Option<bool> {
+        self.cordoned.get(node).map(|e| *e.value())
     }
 
     pub fn workloads(&self, node: &NodeId) -> Arc<Vec<v1::WorkloadStatus>> {

@@ -56,6 +56,7 @@ pub fn routes() -> Router<Arc<ControlState>> {
         .route("/v1/apps/{app}/units", axum::routing::get(list_units))
         .route("/v1/apps/{app}/routes", axum::routing::get(list_routes))
         .route("/v1/apps/{app}/scale", axum::routing::put(scale))
+        .route("/v1/apps/{app}/spec", axum::routing::put(apply))
         .route("/v1/schedulers", axum::routing::post(register_scheduler))
 }
 
@@ -84,6 +85,8 @@ pub fn unit_rows(s: &AppStatus) -> Value {
                 "state": u.state,
                 "generation": u.generation,
                 "unplaced_reason": u.unplaced_reason,
+                "replaced_by": u.replaced_by,
+                "template": u.template,
                 "members": u.members.iter().map(|m| json!({
                     "member": m.member,
                     "role": m.role,
@@ -200,30 +203,62 @@ async fn scale(
             Err(m) => Err(ApiError { status: StatusCode::UNPROCESSABLE_ENTITY, code: "out_of_range", message: m }),
         },
         Some(Err(url)) => {
-            let bad =
-                |m: String| ApiError { status: StatusCode::BAD_GATEWAY, code: "scheduler_unreachable", message: m };
-            let mut req = reqwest::Client::new()
-                .put(format!("{}/v1/apps/{app}/scale", url.trim_end_matches('/')))
-                .json(&json!({"units": b.units}))
-                .timeout(Duration::from_secs(5));
-            if let Some(v) = headers.get(axum::http::header::AUTHORIZATION).and_then(|v| v.to_str().ok()) {
-                req = req.header("authorization", v);
-            }
-            let resp = req.send().await.map_err(|e| bad(format!("{url}: {e}")))?;
-            let status = resp.status();
-            let v: Value = resp.json().await.map_err(|e| bad(format!("{url}: {e}")))?;
-            if status.is_success() {
-                Ok(Json(v))
-            } else {
-                let msg = v.pointer("/error/message").and_then(Value::as_str).unwrap_or("refused").to_string();
-                Err(ApiError {
-                    status: StatusCode::from_u16(status.as_u16()).unwrap_or(StatusCode::BAD_GATEWAY),
-                    code: "refused",
-                    message: msg,
-                })
-            }
+            let req = reqwest::Client::new().put(format!("{}/v1/apps/{app}/scale", url.trim_end_matches('/')));
+            forward(req.json(&json!({"units": b.units})), &url, &headers).await
         }
         None => Err(not_found(&app)),
+    }
+}
+
+/// `PUT /v1/apps/{app}/spec` with the app's TOML spec (`flotilla apply`): validated in
+/// full (every problem named), then units whose template changed roll through.
+async fn apply(
+    State(s): State<Arc<ControlState>>,
+    Path(app): Path<String>,
+    headers: HeaderMap,
+    body: String,
+) -> Result<Json<Value>, ApiError> {
+    metrics::counter!("flotilla_api_requests_total", "route" => "/v1/apps/{app}/spec").increment(1);
+    authorize(&s, &headers)?;
+    let invalid =
+        |message: String| ApiError { status: StatusCode::UNPROCESSABLE_ENTITY, code: "invalid_spec", message };
+    let spec = flotilla_scheduler::AppSpec::parse(&body).map_err(|e| invalid(e.to_string()))?;
+    if spec.name != app {
+        return Err(invalid(format!("the spec names app {:?}, not {app:?}", spec.name)));
+    }
+    match s.apps.get(&app) {
+        Some(Ok(h)) => match h.apply(spec).await {
+            Ok(m) => Ok(Json(json!({"app": app, "result": m}))),
+            Err(m) => Err(invalid(m)),
+        },
+        Some(Err(url)) => {
+            let req = reqwest::Client::new().put(format!("{}/v1/apps/{app}/spec", url.trim_end_matches('/')));
+            forward(req.body(body), &url, &headers).await
+        }
+        None => Err(not_found(&app)),
+    }
+}
+
+/// Sends a mutating call on to a standalone scheduler with the caller's token, and
+/// passes its answer (or its error) back.
+async fn forward(req: reqwest::RequestBuilder, url: &str, headers: &HeaderMap) -> Result<Json<Value>, ApiError> {
+    let bad = |m: String| ApiError { status: StatusCode::BAD_GATEWAY, code: "scheduler_unreachable", message: m };
+    let mut req = req.timeout(Duration::from_secs(5));
+    if let Some(v) = headers.get(axum::http::header::AUTHORIZATION).and_then(|v| v.to_str().ok()) {
+        req = req.header("authorization", v);
+    }
+    let resp = req.send().await.map_err(|e| bad(format!("{url}: {e}")))?;
+    let status = resp.status();
+    let v: Value = resp.json().await.map_err(|e| bad(format!("{url}: {e}")))?;
+    if status.is_success() {
+        Ok(Json(v))
+    } else {
+        let msg = v.pointer("/error/message").and_then(Value::as_str).unwrap_or("refused").to_string();
+        Err(ApiError {
+            status: StatusCode::from_u16(status.as_u16()).unwrap_or(StatusCode::BAD_GATEWAY),
+            code: "refused",
+            message: msg,
+        })
     }
 }
 

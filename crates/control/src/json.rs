@@ -29,6 +29,7 @@ pub struct NodeRow {
     pub capacity: Resources,
     pub allocated: Resources,
     pub cordoned: bool,
+    pub drain_requested: bool,
 }
 
 fn row(r: &NodeRecord, connected: bool) -> NodeRow {
@@ -51,6 +52,7 @@ fn row(r: &NodeRecord, connected: bool) -> NodeRow {
         capacity: r.capacity.clone(),
         allocated: r.allocated.clone(),
         cordoned: r.cordoned,
+        drain_requested: r.drain_requested,
     }
 }
 

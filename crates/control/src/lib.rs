@@ -46,6 +46,7 @@ pub fn router(state: Arc<ControlState>) -> Router {
         .route("/v1/shards", get(list_shards))
         .route("/v1/nodes/{node}/cordon", axum::routing::post(cordon))
         .route("/v1/nodes/{node}/uncordon", axum::routing::post(uncordon))
+        .route("/v1/nodes/{node}/drain", axum::routing::post(drain))
         .route("/healthz", get(|| async { "ok" }))
         .merge(apps::routes())
         .fallback(|| async {
@@ -66,7 +67,17 @@ async fn cordon(
     axum::extract::Path(node): axum::extract::Path<String>,
     headers: axum::http::HeaderMap,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    set_cordon(&s, &node, &headers, true).await
+    set_cordon(&s, &node, &headers, NodeAction::Cordon).await
+}
+
+/// Cordons the node and asks every app's scheduler to replace the members it runs
+/// elsewhere before they are stopped.
+async fn drain(
+    State(s): State<Arc<ControlState>>,
+    axum::extract::Path(node): axum::extract::Path<String>,
+    headers: axum::http::HeaderMap,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    set_cordon(&s, &node, &headers, NodeAction::Drain).await
 }
 
 async fn uncordon(
@@ -74,16 +85,25 @@ async fn uncordon(
     axum::extract::Path(node): axum::extract::Path<String>,
     headers: axum::http::HeaderMap,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    set_cordon(&s, &node, &headers, false).await
+    set_cordon(&s, &node, &headers, NodeAction::Uncordon).await
 }
 
-/// Asks the shard that owns `node` to (un)cordon it; the change shows in the next view.
+#[derive(Clone, Copy, PartialEq)]
+enum NodeAction {
+    Cordon,
+    Drain,
+    Uncordon,
+}
+
+/// Asks the shard that owns `node` to (un)cordon or drain it; the change shows in the
+/// next view.
 async fn set_cordon(
     s: &ControlState,
     node: &str,
     headers: &axum::http::HeaderMap,
-    cordoned: bool,
+    what: NodeAction,
 ) -> Result<Json<serde_json::Value>, ApiError> {
+    let (cordoned, drain) = (what != NodeAction::Uncordon, what == NodeAction::Drain);
     apps::authorize(s, headers)?;
     let not_found = || ApiError {
         status: StatusCode::NOT_FOUND,
@@ -99,14 +119,15 @@ async fn set_cordon(
         .await
         .map_err(|e| unreachable(format!("shard {shard}: {e}")))?;
     let r = client
-        .set_cordon(flotilla_proto::v1::CordonRequest { node_id: node.to_string(), cordoned })
+        .set_cordon(flotilla_proto::v1::CordonRequest { node_id: node.to_string(), cordoned, drain })
         .await
         .map_err(|e| unreachable(format!("shard {shard}: {}", e.message())))?
         .into_inner();
     if !r.found {
         return Err(not_found());
     }
-    Ok(Json(serde_json::json!({"node_id": node, "cordoned": cordoned})))
+    tracing::info!(node, cordoned, drain, "node cordon changed");
+    Ok(Json(serde_json::json!({"node_id": node, "cordoned": cordoned, "drain_requested": drain})))
 }
 
 async fn list_shards(State(s): State<Arc<ControlState>>) -> Json<serde_json::Value> {

@@ -4,6 +4,7 @@
 pub mod lifecycle;
 pub mod planner;
 pub mod repair;
+pub mod rollout;
 pub mod scheduler;
 pub mod spec;
 pub mod store;

@@ -225,6 +225,10 @@ fn place_in_domain(
                 *why.excluded.entry("cordoned").or_default() += 1;
                 continue;
             }
+            if node.health.preemption_notice {
+                *why.excluded.entry("under a preemption notice").or_default() += 1;
+                continue;
+            }
             if !labels_match(node, input.constraints) {
                 *why.excluded.entry("failing label constraints").or_default() += 1;
                 continue;
@@ -286,6 +290,7 @@ mod tests {
             allocated: Resources::new(used, 0, 0),
             workloads: Default::default(),
             cordoned: false,
+            drain_requested: false,
         })
     }
 

@@ -130,6 +130,7 @@ mod tests {
                 allocated: Resources::default(),
                 workloads: Default::default(),
                 cordoned: false,
+                drain_requested: false,
             };
             v.nodes.insert(r.node_id.clone(), Arc::new(r));
         }
@@ -159,6 +160,8 @@ mod tests {
             created_unix_ms: 0,
             unplaced_reason: None,
             draining_since_unix_ms: None,
+            template: None,
+            replaced_by: None,
         }
     }
 

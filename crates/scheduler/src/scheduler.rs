@@ -67,6 +67,8 @@ impl Stats {
 /// Requests from the control plane.
 pub enum Command {
     Scale(u32, tokio::sync::oneshot::Sender<Result<u32, String>>),
+    /// A new spec for the app (`flotilla apply`): units whose template changed roll.
+    Apply(Box<AppSpec>, tokio::sync::oneshot::Sender<Result<String, String>>),
 }
 
 /// A handle on a running scheduler, for the control plane and tests.
@@ -84,6 +86,17 @@ impl AppHandle {
     pub async fn scale(&self, units: u32) -> Result<u32, String> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         self.commands.send(Command::Scale(units, tx)).await.map_err(|_| "the scheduler stopped".to_string())?;
+        rx.await.map_err(|_| "the scheduler stopped".to_string())?
+    }
+
+    /// Replaces the app's spec; units whose template changed are rolled, `max_unavailable`
+    /// at a time. Answers with what will happen.
+    pub async fn apply(&self, spec: AppSpec) -> Result<String, String> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.commands
+            .send(Command::Apply(Box::new(spec), tx))
+            .await
+            .map_err(|_| "the scheduler stopped".to_string())?;
         rx.await.map_err(|_| "the scheduler stopped".to_string())?
     }
 
@@ -222,7 +235,37 @@ impl Scheduler {
                 };
                 let _ = reply.send(r);
             }
+            Command::Apply(spec, reply) => {
+                let _ = reply.send(self.apply(*spec));
+            }
         }
+    }
+
+    fn apply(&mut self, spec: AppSpec) -> Result<String, String> {
+        if spec.name != self.spec.name {
+            return Err(format!("the spec names app {:?}, not {:?}", spec.name, self.spec.name));
+        }
+        spec.validate().map_err(|e| e.to_string())?;
+        let text = toml::to_string(&spec).map_err(|e| e.to_string())?;
+        self.store.write(&self.spec.name, &[Write::Spec(text.clone())]).map_err(|e| e.to_string())?;
+        self.stored.spec = Some(text);
+        let fingerprint = spec.template_fingerprint();
+        let stale = self
+            .stored
+            .units
+            .values()
+            .filter(|u| crate::rollout::counts(u) && u.template.as_deref().is_some_and(|t| t != fingerprint))
+            .count();
+        let message = if stale == 0 {
+            "no unit's template changed".to_string()
+        } else {
+            format!("{stale} unit(s) will roll, {} at a time", spec.rollout.max_unavailable)
+        };
+        tracing::info!(app = %spec.name, %fingerprint, stale, "spec applied");
+        metrics::counter!("flotilla_spec_applied_total", "app" => spec.name.clone()).increment(1);
+        self.spec = spec;
+        self.classes = ClassCache::default();
+        Ok(message)
     }
 
     /// One pass of the loop.
@@ -249,26 +292,13 @@ impl Scheduler {
         self.repair(&slots, &mut writes).await;
         self.scale_in(&slots, &mut writes).await;
 
+        // Replace units on leaving nodes or with a stale template, make before break.
+        self.roll(&slots, &mut writes);
+
         // Decide: enough units?
-        let active = self.stored.units.values().filter(|u| u.state.is_active()).count() as u32;
-        for _ in active..self.desired() {
-            let generation = self.stored.next_generation.max(1);
-            self.stored.next_generation = generation + 1;
-            let unit = UnitRecord {
-                unit_id: format!("{}-{generation}", self.spec.name),
-                app: self.spec.name.clone(),
-                domain: None,
-                generation,
-                state: UnitState::Queued,
-                members: Vec::new(),
-                created_unix_ms: now_ms(),
-                unplaced_reason: None,
-                draining_since_unix_ms: None,
-            };
-            tracing::info!(unit = %unit.unit_id, "unit queued");
-            writes.push(Write::Unit(unit.clone()));
-            writes.push(Write::NextGeneration(self.stored.next_generation));
-            self.stored.units.insert(unit.unit_id.clone(), unit);
+        let counted = self.stored.units.values().filter(|u| crate::rollout::counts(u)).count() as u32;
+        for _ in counted..self.desired() {
+            self.queue_unit(&mut writes);
         }
 
         // Plan and commit the queued units, re-planning only what was rejected.
@@ -299,6 +329,71 @@ impl Scheduler {
         self.store.write(&self.spec.name, &writes)?;
         self.publish();
         Ok(())
+    }
+
+    /// Queues a new unit (next generation, current template) and returns its id.
+    fn queue_unit(&mut self, writes: &mut Vec<Write>) -> String {
+        let generation = self.stored.next_generation.max(1);
+        self.stored.next_generation = generation + 1;
+        let unit = UnitRecord {
+            unit_id: format!("{}-{generation}", self.spec.name),
+            app: self.spec.name.clone(),
+            domain: None,
+            generation,
+            state: UnitState::Queued,
+            members: Vec::new(),
+            created_unix_ms: now_ms(),
+            unplaced_reason: None,
+            draining_since_unix_ms: None,
+            template: Some(self.spec.template_fingerprint()),
+            replaced_by: None,
+        };
+        tracing::info!(unit = %unit.unit_id, "unit queued");
+        writes.push(Write::Unit(unit.clone()));
+        writes.push(Write::NextGeneration(self.stored.next_generation));
+        let id = unit.unit_id.clone();
+        self.stored.units.insert(id.clone(), unit);
+        id
+    }
+
+    /// Carries out the rollout plan (see `rollout`): replacements first, the old unit
+    /// drains once its replacement is Running.
+    fn roll(&mut self, slots: &[Arc<ShardSlot>], writes: &mut Vec<Write>) {
+        let plan = crate::rollout::plan(
+            &self.stored.units,
+            slots,
+            &self.spec.template_fingerprint(),
+            self.desired(),
+            self.spec.rollout.max_unavailable,
+        );
+        let now = now_ms();
+        for id in &plan.drain {
+            if let Some(u) = self.stored.units.get_mut(id)
+                && let Ok(to) = u.state.to(UnitState::Draining)
+            {
+                tracing::info!(unit = %id, replacement = ?u.replaced_by, "replacement running: draining the old unit");
+                u.state = to;
+                u.draining_since_unix_ms = Some(now);
+                writes.push(Write::Unit(u.clone()));
+            }
+        }
+        for id in &plan.orphaned {
+            if let Some(u) = self.stored.units.get_mut(id) {
+                tracing::warn!(unit = %id, replacement = ?u.replaced_by, "the replacement is gone; the unit stays");
+                u.replaced_by = None;
+                writes.push(Write::Unit(u.clone()));
+            }
+        }
+        for (id, why) in plan.replace {
+            let new = self.queue_unit(writes);
+            if let Some(u) = self.stored.units.get_mut(&id) {
+                tracing::info!(unit = %id, replacement = %new, %why, "replacing the unit, make before break");
+                metrics::counter!("flotilla_units_replaced_total", "app" => self.spec.name.clone(), "why" => why)
+                    .increment(1);
+                u.replaced_by = Some(new);
+                writes.push(Write::Unit(u.clone()));
+            }
+        }
     }
 
     /// Releases the ledger entries of `members` of a unit (all of them when empty), on
@@ -507,7 +602,7 @@ impl Scheduler {
     async fn scale_in(&mut self, slots: &[Arc<ShardSlot>], writes: &mut Vec<Write>) {
         let now = now_ms();
         let desired = self.desired() as usize;
-        let active: Vec<&UnitRecord> = self.stored.units.values().filter(|u| u.state.is_active()).collect();
+        let active: Vec<&UnitRecord> = self.stored.units.values().filter(|u| crate::rollout::counts(u)).collect();
         if active.len() > desired {
             let mut excess = active.len() - desired;
             let queued: Vec<String> = active

@@ -18,6 +18,8 @@ pub struct AppSpec {
     pub units: Scale,
     #[serde(default)]
     pub routing: Routing,
+    #[serde(default)]
+    pub rollout: Rollout,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -85,6 +87,26 @@ pub struct Scale {
 
 fn default_drain_timeout_ms() -> u64 {
     2000
+}
+
+/// How `flotilla apply` rolls a changed unit template through the running units. Each
+/// old unit keeps serving until its replacement is Running, then drains.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rollout {
+    /// Units being replaced at once (replacement not yet Running).
+    #[serde(default = "one")]
+    pub max_unavailable: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+impl Default for Rollout {
+    fn default() -> Self {
+        Rollout { max_unavailable: 1 }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -237,6 +259,9 @@ impl AppSpec {
         if s.drain_timeout_ms > 3_600_000 {
             e.push(format!("units.drain_timeout_ms: {} (at most an hour)", s.drain_timeout_ms));
         }
+        if !(1..=MAX_UNITS).contains(&self.rollout.max_unavailable) {
+            e.push(format!("rollout.max_unavailable: {} (1..={MAX_UNITS})", self.rollout.max_unavailable));
+        }
         if self.spread.max_units_per_domain == Some(0) {
             e.push("spread.max_units_per_domain: must be at least 1".into());
         }
@@ -251,6 +276,19 @@ impl AppSpec {
             }
         }
         if e.is_empty() { Ok(()) } else { Err(SpecError(e)) }
+    }
+
+    /// Identifies what a unit runs (its template and placement constraints): a unit
+    /// whose fingerprint differs from the spec's is rolled by `flotilla apply`.
+    /// FNV-1a over the canonical TOML, so it is stable across runs and builds.
+    pub fn template_fingerprint(&self) -> String {
+        let text = format!(
+            "{}\n{}",
+            toml::to_string(&self.unit).unwrap_or_default(),
+            toml::to_string(&self.constraints).unwrap_or_default()
+        );
+        let h = text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+        format!("{h:016x}")
     }
 
     /// The members of one unit: the head, then `workers` workers.
@@ -328,6 +366,22 @@ roles = ["boss"]
         ] {
             assert!(text.contains(needle), "{needle} missing from:\n{text}");
         }
+    }
+
+    #[test]
+    fn the_fingerprint_follows_the_template_not_the_scale() {
+        let s = AppSpec::parse(ECHO).unwrap();
+        let f = s.template_fingerprint();
+        assert_eq!(f, AppSpec::parse(ECHO).unwrap().template_fingerprint(), "stable");
+        let scaled = AppSpec::parse(&ECHO.replace("initial = 2", "initial = 3")).unwrap();
+        assert_eq!(scaled.template_fingerprint(), f, "scale is not the template");
+        let changed = AppSpec::parse(&ECHO.replacen("memory = \"64Mi\"", "memory = \"96Mi\"", 1)).unwrap();
+        assert_ne!(changed.template_fingerprint(), f);
+        let rolled = AppSpec::parse(&format!("{ECHO}\n[rollout]\nmax_unavailable = 2\n")).unwrap();
+        assert_eq!(rolled.rollout.max_unavailable, 2);
+        assert_eq!(s.rollout.max_unavailable, 1, "one at a time by default");
+        let err = AppSpec::parse(&format!("{ECHO}\n[rollout]\nmax_unavailable = 0\n")).unwrap_err().to_string();
+        assert!(err.contains("rollout.max_unavailable"), "{err}");
     }
 
     #[test]

@@ -39,6 +39,14 @@ pub struct UnitRecord {
     /// When scale-in chose the unit; its members stop after the drain timeout.
     #[serde(default)]
     pub draining_since_unix_ms: Option<u64>,
+    /// The spec's template fingerprint when the unit was queued (`flotilla apply` rolls
+    /// units whose fingerprint differs).
+    #[serde(default)]
+    pub template: Option<String>,
+    /// The unit queued to replace this one (make before break); this one drains once
+    /// that one is Running.
+    #[serde(default)]
+    pub replaced_by: Option<String>,
 }
 
 /// Written before a reserve leaves, so a restarted scheduler can release it.
@@ -252,6 +260,8 @@ mod tests {
             created_unix_ms: 5,
             unplaced_reason: None,
             draining_since_unix_ms: None,
+            template: None,
+            replaced_by: None,
         }
     }
 

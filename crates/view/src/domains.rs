@@ -104,6 +104,7 @@ mod tests {
             allocated: Resources::default(),
             workloads: Default::default(),
             cordoned: false,
+            drain_requested: false,
         })
     }
 

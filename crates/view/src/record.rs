@@ -31,6 +31,9 @@ pub struct NodeRecord {
     pub workloads: Arc<Vec<flotilla_proto::v1::WorkloadStatus>>,
     /// An operator cordoned it: no new placements.
     pub cordoned: bool,
+    /// An operator asked for a drain: schedulers replace the node's members elsewhere
+    /// first (make before break), then stop them. Implies `cordoned`.
+    pub drain_requested: bool,
 }
 
 impl NodeRecord {

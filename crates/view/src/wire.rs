@@ -43,6 +43,7 @@ pub fn record_to_wire(r: &NodeRecord) -> v1::NodeRecord {
         allocated: Some((&r.allocated).into()),
         workloads: r.workloads.as_ref().clone(),
         cordoned: r.cordoned,
+        drain_requested: r.drain_requested,
     }
 }
 
@@ -62,6 +63,7 @@ pub fn record_from_wire(r: v1::NodeRecord) -> Result<NodeRecord, WireError> {
         allocated: r.allocated.unwrap_or_default().into(),
         workloads: Arc::new(r.workloads),
         cordoned: r.cordoned,
+        drain_requested: r.drain_requested,
     })
 }
 
