@@ -3,6 +3,7 @@
 
 mod client;
 mod echo;
+mod route;
 mod secrets;
 mod servers;
 mod up;
@@ -50,6 +51,8 @@ enum Cmd {
     Scale(client::ScaleArgs),
     /// Update a running app from its spec file: changed units roll through.
     Apply(client::ApplyArgs),
+    /// The health-weighted reverse proxy for an app (or a fixed list of backends).
+    Route(route::RouteArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -74,6 +77,7 @@ fn main() -> std::process::ExitCode {
                             Cmd::Units(a) => client::units(a).await,
                             Cmd::Scale(a) => client::scale(a).await,
                             Cmd::Apply(a) => client::apply(a).await,
+                            Cmd::Route(a) => route::run(a).await,
                             Cmd::Node(a) => client::node(a).await,
                             Cmd::Routes(a) => client::routes(a).await,
                             Cmd::Agent(_) => Ok(()),

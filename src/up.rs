@@ -87,6 +87,9 @@ fn agent_specs(n: usize, aggregators: &str, data: &DataDir) -> Vec<AgentSpec> {
                 // `touch` it to play a cloud's preemption notice.
                 "--preemption-notice-file".into(),
                 data.dir.join("agents").join(&node_id).join("preemption-notice").display().to_string(),
+                // Write e.g. `cpu_steal=0.8` to it to degrade the node on purpose.
+                "--test-health-file".into(),
+                data.dir.join("agents").join(&node_id).join("test-health").display().to_string(),
             ];
             AgentSpec { node_id, args }
         })

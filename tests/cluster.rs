@@ -908,3 +908,128 @@ fn a_killed_shard_leaves_its_nodes_unknown_and_nothing_is_replaced_until_the_gra
     assert!(waited >= Duration::from_secs(15), "not before the grace: {waited:?}");
     drop(procs);
 }
+
+/// The value of `name{...label...}` in a Prometheus text page.
+fn metric(text: &str, name: &str, label: &str) -> Option<f64> {
+    text.lines().filter(|l| l.starts_with(name) && l.contains(label)).find_map(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+fn get_text(addr: &str, path: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes()).ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    out.starts_with("HTTP/1.1 200").then(|| out.split("\r\n\r\n").nth(1).unwrap_or("").to_string())
+}
+
+#[test]
+fn the_route_proxy_follows_the_weights_and_drops_a_draining_node_before_its_workload_exits() {
+    let spec = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/echo.toml");
+    let up = Up::start("route", &["--agents", "4", "--shards", "2", "--app", spec]);
+    let routes = || -> Vec<Value> {
+        let (_, r) = http(&up.addr, "GET", "/v1/apps/echo/routes", None, "");
+        r["routes"].as_array().cloned().unwrap_or_default()
+    };
+    wait_for("2 routes with weight", Duration::from_secs(30), || {
+        (routes().iter().filter(|r| r["weight"].as_f64() > Some(0.0)).count() == 2 && running(&up).len() == 2)
+            .then_some(())
+    });
+    let mut procs = Group(Vec::new());
+    let log = up.data.join("route.err");
+    let pid = {
+        use std::os::unix::process::CommandExt;
+        let child = Command::new(BIN)
+            .args(["route", "--app", "echo", "--listen", "127.0.0.1:0", "--print-addrs"])
+            .env("FLOTILLA_ADDR", &up.addr)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        procs.0.push(child);
+        pid
+    };
+    let addrs = procs.addrs(pid);
+    let (proxy, metrics) =
+        (addrs["listen"].as_str().unwrap().to_string(), addrs["metrics"].as_str().unwrap().to_string());
+    wait_for("the proxy follows both endpoints", Duration::from_secs(20), || {
+        metric(&get_text(&metrics, "/metrics")?, "flotilla_route_endpoints", "").filter(|n| *n == 2.0)
+    });
+    let through = |n: usize| -> Vec<String> {
+        (0..n).filter_map(|_| http_get(&proxy).and_then(|v| v["unit"].as_str().map(str::to_string))).collect()
+    };
+    let answered = through(40);
+    assert_eq!(answered.len(), 40, "every request answered through the proxy");
+
+    // Degrade one head's node (the agent's explicit test health file): its weight drops,
+    // smoothly and not below the floor, and the proxy sends it less.
+    let units = running(&up);
+    let (sick, healthy) = (&units[0], &units[1]);
+    let sick_head = head_of(sick);
+    let sick_endpoint = sick_head["address"].as_str().unwrap().to_string();
+    let test_health = up.data.join("agents").join(sick_head["node_id"].as_str().unwrap()).join("test-health");
+    std::fs::write(&test_health, "cpu_steal=0.4").unwrap();
+    let w = wait_for("the degraded member's weight drops", Duration::from_secs(30), || {
+        let w = routes().iter().find(|r| r["endpoint"] == sick_endpoint.as_str())?["weight"].as_f64()?;
+        (w < 0.5).then_some(w)
+    });
+    assert!(w >= 0.1, "never below the floor: {w}");
+    wait_for("the proxy has the new weight", Duration::from_secs(10), || {
+        let text = get_text(&metrics, "/metrics")?;
+        metric(&text, "flotilla_route_endpoint_weight", &sick_endpoint).filter(|x| *x < 0.5)
+    });
+    let answered = through(100);
+    let to_sick = answered.iter().filter(|u| *u == sick["unit_id"].as_str().unwrap()).count();
+    assert!(to_sick < 25, "the degraded member got {to_sick} of 100");
+    std::fs::remove_file(&test_health).unwrap();
+
+    // Drain the other head's node while traffic flows: the proxy drops the endpoint before
+    // its workload exits, and no request fails.
+    let head = head_of(healthy);
+    let (node, endpoint) =
+        (head["node_id"].as_str().unwrap().to_string(), head["address"].as_str().unwrap().to_string());
+    let workload = http_get(&endpoint).unwrap()["pid"].as_i64().unwrap() as i32;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let traffic = {
+        let (stop, proxy) = (stop.clone(), proxy.clone());
+        std::thread::spawn(move || {
+            let (mut ok, mut failed) = (0, 0);
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                if http_get(&proxy).is_some_and(|v| v["unit"].is_string()) { ok += 1 } else { failed += 1 }
+            }
+            (ok, failed)
+        })
+    };
+    let data = up.data.join("agents").join(&node);
+    let drain =
+        std::thread::spawn(move || Command::new(BIN).args(["agent", "drain", "--data"]).arg(data).output().unwrap());
+    let t0 = Instant::now();
+    let (mut dropped, mut exited) = (None, None);
+    while t0.elapsed() < Duration::from_secs(15) && (dropped.is_none() || exited.is_none()) {
+        if dropped.is_none()
+            && get_text(&metrics, "/metrics")
+                .and_then(|t| metric(&t, "flotilla_route_endpoint_weight", &endpoint))
+                .is_some_and(|w| w == 0.0)
+        {
+            dropped = Some(t0.elapsed());
+        }
+        if exited.is_none() && !alive(workload) {
+            exited = Some(t0.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(drain.join().unwrap().status.success());
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (ok, failed) = traffic.join().unwrap();
+    let (dropped, exited) = (dropped.expect("the proxy dropped the endpoint"), exited.expect("the workload exited"));
+    eprintln!(
+        "proxy dropped the endpoint after {dropped:?}, workload exited after {exited:?}; {ok} ok, {failed} failed"
+    );
+    assert!(dropped < exited, "out of the proxy ({dropped:?}) before the workload exits ({exited:?})");
+    assert_eq!(failed, 0, "no request failed during the drain ({ok} answered)");
+}

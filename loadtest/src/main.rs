@@ -4,6 +4,7 @@
 mod common;
 mod failover;
 mod heartbeats;
+mod routing;
 mod schedule;
 
 use clap::{Parser, Subcommand};
@@ -23,6 +24,8 @@ enum Cmd {
     Schedule(schedule::ScheduleArgs),
     /// Route removal and replacement times when real agents are killed or drained.
     Failover(failover::FailoverArgs),
+    /// Tail latency through `flotilla route` with slow backends, against round robin.
+    Routing(routing::RoutingArgs),
 }
 
 #[tokio::main]
@@ -32,6 +35,7 @@ async fn main() -> std::process::ExitCode {
         Cmd::Heartbeats(a) => heartbeats::run(a).await,
         Cmd::Schedule(a) => schedule::run_schedule(a).await,
         Cmd::Failover(a) => failover::run(a).await,
+        Cmd::Routing(a) => routing::run(a).await,
     };
     match r {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -68,6 +68,11 @@ pub struct AgentArgs {
     /// handler (or an operator) creates it.
     #[arg(long)]
     pub preemption_notice_file: Option<PathBuf>,
+    /// FOR TESTS AND DEMOS: while this file exists, its `key=value,...` pairs
+    /// (`cpu_steal`, `load_per_core`, `memory_pressure`, `cpu_utilisation`) replace what
+    /// the probe measured, to degrade a node on purpose.
+    #[arg(long)]
+    pub test_health_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone)]
@@ -83,6 +88,7 @@ pub struct AgentConfig {
     pub heartbeat_interval: Duration,
     pub drain_delay: Duration,
     pub preemption_notice_file: Option<PathBuf>,
+    pub test_health_file: Option<PathBuf>,
     pub runtime: crate::runtime::RuntimeConfig,
 }
 
@@ -238,6 +244,7 @@ impl AgentArgs {
                 heartbeat_interval: Duration::from_millis(self.heartbeat_interval_ms),
                 drain_delay: Duration::from_millis(self.drain_delay_ms),
                 preemption_notice_file: self.preemption_notice_file,
+                test_health_file: self.test_health_file,
             }),
             _ => Err(errors),
         }

@@ -80,7 +80,7 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     let _g = span.enter();
     tracing::info!(%addr, capacity = ?config.capacity, labels = ?config.labels, "agent starting");
     let endpoint = client::client_endpoint(&config.ca, unspecified(&addr))?;
-    let mut probe = probe::HealthProbe::new(config.preemption_notice_file.clone());
+    let mut probe = probe::HealthProbe::new(config.preemption_notice_file.clone(), config.test_health_file.clone());
     let mut backoff = Duration::from_millis(200);
     let sent = metrics::counter!("flotilla_agent_heartbeats_sent_total");
     // The version of the assignment set this agent holds (reported in heartbeats).
@@ -294,6 +294,9 @@ fn open_reply(key: &SessionKey, datagram: &[u8], scratch: &mut Vec<u8>) -> Optio
 #[derive(Debug)]
 pub enum RuntimeCmd {
     Assign(Vec<v1::Assignment>),
+    /// The node is draining: keep every workload as it is (schedulers releasing them must
+    /// not stop them before routers dropped the node) until `StopAll`.
+    Freeze,
     StopAll(tokio::sync::oneshot::Sender<()>),
 }
 
@@ -308,11 +311,14 @@ fn spawn_runtime(mut rt: runtime::Runtime) -> (mpsc::Sender<RuntimeCmd>, tokio::
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_millis(200));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut frozen = false;
         loop {
             tokio::select! {
                 _ = tick.tick() => rt.tick().await,
                 cmd = rx.recv() => match cmd {
-                    Some(RuntimeCmd::Assign(list)) => rt.assign(list),
+                    Some(RuntimeCmd::Assign(list)) if !frozen => rt.assign(list),
+                    Some(RuntimeCmd::Assign(_)) => tracing::debug!("draining: assignments held until the workloads stop"),
+                    Some(RuntimeCmd::Freeze) => frozen = true,
                     Some(RuntimeCmd::StopAll(done)) => {
                         rt.stop_all().await;
                         let _ = done.send(());
@@ -339,6 +345,7 @@ async fn finish(
     config: &AgentConfig,
     runtime: &mpsc::Sender<RuntimeCmd>,
 ) -> anyhow::Result<()> {
+    let _ = runtime.send(RuntimeCmd::Freeze).await;
     let outcome = match conn {
         Some((c, sid)) => {
             match tokio::time::timeout(Duration::from_secs(3), c.drain(config.node_id.as_str(), sid)).await {

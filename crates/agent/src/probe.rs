@@ -94,6 +94,28 @@ pub fn memory_pressure(psi: Option<f32>, meminfo: Option<(u64, u64)>) -> f32 {
     }
 }
 
+/// Applies `key=value,...` overrides (the test health file) to a sample.
+pub fn apply_overrides(s: &mut HealthSample, text: &str) -> Result<(), String> {
+    for pair in text.split([',', '\n']).map(str::trim).filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').ok_or_else(|| format!("{pair:?} is not key=value"))?;
+        let v: f32 = v.trim().parse().map_err(|_| format!("{pair:?}: not a number"))?;
+        let (field, max) = match k.trim() {
+            "cpu_steal" => (&mut s.cpu_steal, 1.0),
+            "cpu_utilisation" => (&mut s.cpu_utilisation, 1.0),
+            "memory_pressure" => (&mut s.memory_pressure, 1.0),
+            "load_per_core" => (&mut s.load_per_core, 10_000.0),
+            other => {
+                return Err(format!("{other:?} is not cpu_steal, cpu_utilisation, memory_pressure or load_per_core"));
+            }
+        };
+        if !(v.is_finite() && (0.0..=max).contains(&v)) {
+            return Err(format!("{pair:?}: must be within 0..={max}"));
+        }
+        *field = v;
+    }
+    Ok(())
+}
+
 /// Takes a health sample per call, from deltas since the previous call.
 pub struct HealthProbe {
     cores: f32,
@@ -101,16 +123,25 @@ pub struct HealthProbe {
     cgroup_stat: Option<PathBuf>,
     prev_throttle: Option<(u64, u64)>,
     preemption_notice_file: Option<PathBuf>,
+    test_health_file: Option<PathBuf>,
 }
 
 impl HealthProbe {
     /// `preemption_notice_file`: the sample carries a preemption notice while it exists.
-    pub fn new(preemption_notice_file: Option<PathBuf>) -> Self {
+    /// `test_health_file`: while it exists, its values replace the measured ones.
+    pub fn new(preemption_notice_file: Option<PathBuf>, test_health_file: Option<PathBuf>) -> Self {
         let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) as f32;
         let cgroup_stat = std::fs::read_to_string("/proc/self/cgroup")
             .ok()
             .and_then(|t| own_cgroup_cpu_stat(&t, Path::new("/sys/fs/cgroup")));
-        HealthProbe { cores, prev_cpu: None, cgroup_stat, prev_throttle: None, preemption_notice_file }
+        HealthProbe {
+            cores,
+            prev_cpu: None,
+            cgroup_stat,
+            prev_throttle: None,
+            preemption_notice_file,
+            test_health_file,
+        }
     }
 
     pub fn sample(&mut self) -> HealthSample {
@@ -145,6 +176,12 @@ impl HealthProbe {
         let mem = read("/proc/meminfo").as_deref().and_then(parse_meminfo);
         s.memory_pressure = memory_pressure(psi, mem);
         s.preemption_notice = self.preemption_notice_file.as_deref().is_some_and(Path::exists);
+        if let Some(text) = self.test_health_file.as_ref().and_then(|p| std::fs::read_to_string(p).ok()) {
+            match apply_overrides(&mut s, &text) {
+                Ok(()) => tracing::debug!(?s, "health sample overridden by the test health file"),
+                Err(e) => tracing::warn!(error = %e, "ignoring the test health file"),
+            }
+        }
         s.cpu_utilisation = s.cpu_utilisation.clamp(0.0, 1.0);
         s.cpu_steal = s.cpu_steal.clamp(0.0, 1.0);
         s.load_per_core = s.load_per_core.clamp(0.0, 10_000.0);
@@ -240,10 +277,20 @@ mod tests {
     }
 
     #[test]
+    fn test_health_overrides_are_checked() {
+        let mut s = HealthSample::default();
+        apply_overrides(&mut s, "cpu_steal=0.5, load_per_core=3\nmemory_pressure=0.25").unwrap();
+        assert_eq!((s.cpu_steal, s.load_per_core, s.memory_pressure), (0.5, 3.0, 0.25));
+        assert!(apply_overrides(&mut s, "cpu_steal=2").unwrap_err().contains("0..=1"));
+        assert!(apply_overrides(&mut s, "speed=1").unwrap_err().contains("speed"));
+        assert!(apply_overrides(&mut s, "cpu_steal").is_err());
+    }
+
+    #[test]
     fn live_sample_is_in_range() {
         let notice = std::env::temp_dir().join(format!("flotilla-preemption-{}", std::process::id()));
         let _ = std::fs::remove_file(&notice);
-        let mut p = HealthProbe::new(Some(notice.clone()));
+        let mut p = HealthProbe::new(Some(notice.clone()), None);
         let _ = p.sample();
         let s = p.sample();
         assert!((0.0..=1.0).contains(&s.cpu_utilisation));

@@ -44,6 +44,14 @@ impl Apps {
         }
     }
 
+    /// Local or live remote endpoint of `app`.
+    pub fn endpoint(&self, app: &str) -> Option<AppEndpoint> {
+        match self.get(app)? {
+            Ok(h) => Some(AppEndpoint::Local(h)),
+            Err(url) => Some(AppEndpoint::Remote { url, seen: Instant::now() }),
+        }
+    }
+
     fn names(&self) -> Vec<String> {
         self.0.read().unwrap_or_else(|p| p.into_inner()).keys().cloned().collect()
     }
@@ -69,7 +77,7 @@ fn summary(s: &AppStatus) -> Value {
     for u in &s.units {
         *by_state.entry(u.state.as_str()).or_default() += 1;
     }
-    json!({"app": s.app, "desired_units": s.desired_units, "min_units": s.min_units, "max_units": s.max_units, "units": by_state})
+    json!({"app": s.app, "desired_units": s.desired_units, "min_units": s.min_units, "max_units": s.max_units, "units": by_state, "scheduler_url": null})
 }
 
 /// DESIGN §13's unit row.
@@ -123,10 +131,18 @@ async fn list_apps(State(s): State<Arc<ControlState>>) -> Result<Json<Value>, Ap
     Ok(Json(Value::Array(out)))
 }
 
+/// The app's summary; `scheduler_url` names the standalone scheduler serving it (watch its
+/// routes there), or is null when this process runs it.
 async fn get_app(State(s): State<Arc<ControlState>>, Path(app): Path<String>) -> Result<Json<Value>, ApiError> {
     match s.apps.get(&app) {
         Some(Ok(h)) => Ok(Json(summary(&h.status()))),
-        Some(Err(url)) => Ok(Json(remote(&url, &format!("/v1/apps/{app}")).await?)),
+        Some(Err(url)) => {
+            let mut v = remote(&url, &format!("/v1/apps/{app}")).await?;
+            if v.get("scheduler_url").is_none_or(Value::is_null) {
+                v["scheduler_url"] = json!(url);
+            }
+            Ok(Json(v))
+        }
         None => Err(not_found(&app)),
     }
 }
@@ -140,37 +156,21 @@ async fn list_units(State(s): State<Arc<ControlState>>, Path(app): Path<String>)
     }
 }
 
-/// The app's route table: every serving member of a Running or Degraded unit whose
-/// member runs. Weight is the node's published health score, and 0 at once when the
-/// node is not Alive (Suspect, Draining, Dead, or Unknown because its shard is unheard).
-/// (The full weight formula, with performance estimates and router feedback, comes with
-/// the routing work.)
-pub fn route_rows(s: &AppStatus, cluster: &flotilla_view::ClusterView) -> Value {
-    use flotilla_scheduler::lifecycle::UnitState;
-    let slots = cluster.slots();
-    let mut rows = Vec::new();
-    for u in s.units.iter().filter(|u| matches!(u.state, UnitState::Running | UnitState::Degraded)) {
-        for m in u.members.iter().filter(|m| s.serving_roles.contains(&m.role) && m.state.as_deref() == Some("running"))
-        {
-            let (Some(addr), Some(node), Some(shard)) = (&m.address, &m.node_id, m.shard) else { continue };
-            let weight = slots
-                .get(shard as usize)
-                .filter(|slot| slot.connected)
-                .and_then(|slot| slot.view.get(&flotilla_core::NodeId::new(node).ok()?).cloned())
-                .filter(|r| r.status == flotilla_core::NodeStatus::Alive && r.incarnation.0 == m.incarnation)
-                .map(|r| r.health_score())
-                .unwrap_or(0.0);
-            rows.push(json!({"endpoint": addr, "node_id": node, "unit_id": u.unit_id, "weight": weight}));
-        }
-    }
-    let version: Vec<_> = slots.iter().map(|s| s.view.version.seq).collect();
-    json!({"app": s.app, "view_versions": version, "routes": rows})
+/// The app's route table as its scheduler last published it (see
+/// `flotilla_scheduler::routes` for the weights).
+pub fn route_rows(t: &flotilla_proto::v1::RouteTable) -> Value {
+    let rows: Vec<Value> = t
+        .routes
+        .iter()
+        .map(|r| json!({"endpoint": r.endpoint, "node_id": r.node_id, "unit_id": r.unit_id, "member": r.member, "weight": r.weight}))
+        .collect();
+    json!({"app": t.app, "version": t.version, "routes": rows})
 }
 
 async fn list_routes(State(s): State<Arc<ControlState>>, Path(app): Path<String>) -> Result<Json<Value>, ApiError> {
     metrics::counter!("flotilla_api_requests_total", "route" => "/v1/apps/{app}/routes").increment(1);
     match s.apps.get(&app) {
-        Some(Ok(h)) => Ok(Json(route_rows(&h.status(), &s.cluster))),
+        Some(Ok(h)) => Ok(Json(route_rows(&h.routes().borrow()))),
         Some(Err(url)) => Ok(Json(remote(&url, &format!("/v1/apps/{app}/routes")).await?)),
         None => Err(not_found(&app)),
     }

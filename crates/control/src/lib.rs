@@ -3,6 +3,7 @@
 
 pub mod apps;
 mod json;
+pub mod routes_grpc;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -12,6 +13,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
+use flotilla_proto::v1;
 use flotilla_view::ClusterView;
 
 pub use json::{NodeRow, node_rows};
@@ -52,6 +54,11 @@ pub fn router(state: Arc<ControlState>) -> Router {
         .fallback(|| async {
             ApiError { status: StatusCode::NOT_FOUND, code: "not_found", message: "no such endpoint".into() }
         })
+        // gRPC shares the port (HTTP/2); its paths name the service.
+        .route_service(
+            "/flotilla.v1.RouteService/{*method}",
+            v1::route_service_server::RouteServiceServer::new(routes_grpc::RoutesGrpc(state.clone())),
+        )
         .with_state(state)
         .merge(flotilla_obs::metrics_router())
 }

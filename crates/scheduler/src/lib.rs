@@ -5,6 +5,7 @@ pub mod lifecycle;
 pub mod planner;
 pub mod repair;
 pub mod rollout;
+pub mod routes;
 pub mod scheduler;
 pub mod spec;
 pub mod store;

@@ -78,6 +78,7 @@ pub struct AppHandle {
     status: Arc<ArcSwap<AppStatus>>,
     stats: Arc<Stats>,
     commands: tokio::sync::mpsc::Sender<Command>,
+    routes: tokio::sync::watch::Receiver<Arc<v1::RouteTable>>,
 }
 
 impl AppHandle {
@@ -98,6 +99,11 @@ impl AppHandle {
             .await
             .map_err(|_| "the scheduler stopped".to_string())?;
         rx.await.map_err(|_| "the scheduler stopped".to_string())?
+    }
+
+    /// The current route table; `changed()` on the receiver wakes on every new version.
+    pub fn routes(&self) -> tokio::sync::watch::Receiver<Arc<v1::RouteTable>> {
+        self.routes.clone()
     }
 
     pub fn status(&self) -> Arc<AppStatus> {
@@ -126,6 +132,8 @@ pub struct Scheduler {
     status: Arc<ArcSwap<AppStatus>>,
     stats: Arc<Stats>,
     commands: tokio::sync::mpsc::Receiver<Command>,
+    routes: tokio::sync::watch::Sender<Arc<v1::RouteTable>>,
+    weights: crate::routes::Weights,
     /// Since when each unit has had members whose shard cannot be heard.
     unknown_since: HashMap<String, u64>,
     /// How long Unknown members are waited for before they count as lost.
@@ -166,7 +174,15 @@ impl Scheduler {
         }));
         let stats = Arc::new(Stats::new());
         let (tx, commands) = tokio::sync::mpsc::channel(16);
-        let handle = AppHandle { app: spec.name.clone(), status: status.clone(), stats: stats.clone(), commands: tx };
+        let (routes, routes_rx) =
+            tokio::sync::watch::channel(Arc::new(v1::RouteTable { app: spec.name.clone(), ..Default::default() }));
+        let handle = AppHandle {
+            app: spec.name.clone(),
+            status: status.clone(),
+            stats: stats.clone(),
+            commands: tx,
+            routes: routes_rx,
+        };
         let clients = vec![None; shard_addrs.len()];
         Ok((
             Scheduler {
@@ -179,6 +195,8 @@ impl Scheduler {
                 status,
                 stats,
                 commands,
+                routes,
+                weights: Default::default(),
                 unknown_since: HashMap::new(),
                 unknown_grace_ms: 60_000,
                 classes: ClassCache::default(),
@@ -205,11 +223,15 @@ impl Scheduler {
                 tracing::warn!(app = %self.spec.name, error = %format!("{e:#}"), "reconcile failed");
             }
             metrics::histogram!("flotilla_reconcile_seconds").record(started.elapsed().as_secs_f64());
+            self.publish_routes();
             let tick = tokio::time::sleep(Duration::from_secs(1));
             tokio::select! {
                 _ = tick => {}
                 r = changes.changed() => {
                     if r.is_err() { return; }
+                    // Routes follow the view at once (a node that stops being Alive gets
+                    // weight 0 in this batch); the reconcile pass may wait a little.
+                    self.publish_routes();
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
                 Some(cmd) = self.commands.recv() => self.command(cmd),
@@ -280,6 +302,9 @@ impl Scheduler {
             self.adopt().await?;
             self.started = true;
         }
+        // Routes first: members of nodes that stopped being Alive leave the table before
+        // this pass releases or stops anything.
+        self.publish_routes();
         self.pending.retain(|p| {
             slots.get(p.shard).is_none_or(|s| s.view.version.epoch == p.shown_in.epoch && s.view.version < p.shown_in)
         });
@@ -998,6 +1023,25 @@ impl Scheduler {
                 }),
             })
             .collect()
+    }
+
+    /// Recomputes the route table and publishes it under a new version if it changed.
+    pub fn publish_routes(&mut self) {
+        let slots = self.cluster.slots();
+        let units: Vec<&UnitRecord> = self.stored.units.values().collect();
+        let routes =
+            self.weights.table(&units, &self.spec.routing.roles, &slots, &self.spec.routing.performance, now_ms());
+        let current = self.routes.borrow().clone();
+        if current.routes != routes {
+            let changed = routes.iter().filter(|r| !current.routes.contains(r)).count();
+            metrics::counter!("flotilla_route_weight_changes_total", "app" => self.spec.name.clone())
+                .increment(changed as u64);
+            self.routes.send_replace(Arc::new(v1::RouteTable {
+                app: self.spec.name.clone(),
+                version: current.version + 1,
+                routes,
+            }));
+        }
     }
 
     fn publish(&self) {

@@ -114,11 +114,42 @@ impl Default for Rollout {
 pub struct Routing {
     /// Roles whose members receive traffic.
     pub roles: Vec<String>,
+    /// How much traffic a node can take relative to others (the route weight's first
+    /// factor; see `routes`).
+    #[serde(default)]
+    pub performance: Performance,
 }
 
 impl Default for Routing {
     fn default() -> Self {
-        Routing { roles: vec!["head".into()] }
+        Routing { roles: vec!["head".into()], performance: Performance::default() }
+    }
+}
+
+/// Performance estimates: by the node's `gpu_model` label first, else by its cores (the
+/// entry with the largest core count not above the node's), else 1.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Performance {
+    #[serde(default)]
+    pub gpu_model: BTreeMap<String, f64>,
+    /// Keys are core counts ("8", "16").
+    #[serde(default)]
+    pub cores: BTreeMap<String, f64>,
+}
+
+impl Performance {
+    pub fn estimate(&self, gpu_model: Option<&str>, cores: u64) -> f64 {
+        if let Some(p) = gpu_model.and_then(|m| self.gpu_model.get(m)) {
+            return *p;
+        }
+        self.cores
+            .iter()
+            .filter_map(|(k, v)| Some((k.parse::<u64>().ok()?, *v)))
+            .filter(|(c, _)| *c <= cores)
+            .max_by_key(|(c, _)| *c)
+            .map(|(_, v)| v)
+            .unwrap_or(1.0)
     }
 }
 
@@ -269,6 +300,20 @@ impl AppSpec {
             if let Err(err) = flotilla_core::Labels::parse_pair(&format!("{k}={v}")) {
                 e.push(format!("constraints.labels: {err}"));
             }
+        }
+        let perf = &self.routing.performance;
+        for (k, v) in perf.gpu_model.iter().chain(&perf.cores) {
+            if !(v.is_finite() && *v > 0.0 && *v <= 1000.0) {
+                e.push(format!("routing.performance: {k:?} = {v} (must be above 0, at most 1000)"));
+            }
+        }
+        for k in perf.cores.keys() {
+            if k.parse::<u32>().is_err() {
+                e.push(format!("routing.performance.cores: {k:?} is not a core count"));
+            }
+        }
+        if perf.gpu_model.len() + perf.cores.len() > 256 {
+            e.push("routing.performance: at most 256 entries".into());
         }
         for r in &self.routing.roles {
             if r != "head" && r != "worker" {

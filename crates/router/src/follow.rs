@@ -1,0 +1,62 @@
+//! Keeps a balancer's endpoints equal to an app's route table: finds the scheduler through
+//! the control plane, then follows its `WatchRoutes` stream. When the stream breaks, the
+//! last table stays in force (stale routes beat none) while it reconnects.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use flotilla_proto::v1::{self, route_service_client::RouteServiceClient};
+
+use crate::Balancer;
+
+/// Where `app`'s route table is served: its standalone scheduler, or the control plane.
+async fn locate(control: &str, app: &str) -> anyhow::Result<String> {
+    let control = control.trim_end_matches('/');
+    let resp =
+        reqwest::Client::new().get(format!("{control}/v1/apps/{app}")).timeout(Duration::from_secs(5)).send().await?;
+    anyhow::ensure!(resp.status().is_success(), "the control plane answered {} for app {app}", resp.status());
+    let v: serde_json::Value = resp.json().await?;
+    Ok(v["scheduler_url"].as_str().unwrap_or(control).to_string())
+}
+
+/// Applies one table to the balancer; returns how many endpoints changed.
+pub fn apply(balancer: &Balancer, table: &v1::RouteTable, now: Instant) -> usize {
+    let routes: Vec<(String, f64)> = table.routes.iter().map(|r| (r.endpoint.clone(), r.weight)).collect();
+    for gone in balancer.endpoints().iter().filter(|e| !routes.iter().any(|(a, _)| a == &e.addr)) {
+        metrics::gauge!("flotilla_route_endpoint_weight", "endpoint" => gone.addr.clone()).set(0.0);
+    }
+    for (addr, weight) in &routes {
+        metrics::gauge!("flotilla_route_endpoint_weight", "endpoint" => addr.clone()).set(*weight);
+    }
+    let changed = balancer.update(&routes, now);
+    metrics::counter!("flotilla_route_weight_changes_total").increment(changed as u64);
+    metrics::gauge!("flotilla_route_endpoints").set(routes.iter().filter(|r| r.1 > 0.0).count() as f64);
+    metrics::gauge!("flotilla_route_table_version").set(table.version as f64);
+    changed
+}
+
+/// Runs until the process stops.
+pub async fn follow_app(control: String, app: String, balancer: Arc<Balancer>) {
+    let mut backoff = Duration::from_millis(200);
+    loop {
+        match watch_once(&control, &app, &balancer).await {
+            Ok(()) => tracing::warn!(%app, "the route stream ended; reconnecting"),
+            Err(e) => tracing::warn!(%app, error = %format!("{e:#}"), "following routes; retrying"),
+        }
+        metrics::counter!("flotilla_route_stream_reconnects_total").increment(1);
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}
+
+async fn watch_once(control: &str, app: &str, balancer: &Balancer) -> anyhow::Result<()> {
+    let url = locate(control, app).await?;
+    let mut client = RouteServiceClient::connect(url.clone()).await?;
+    let mut stream = client.watch_routes(v1::WatchRoutesRequest { app: app.to_string() }).await?.into_inner();
+    tracing::info!(%app, %url, "following the route table");
+    while let Some(table) = stream.message().await? {
+        let changed = apply(balancer, &table, Instant::now());
+        tracing::debug!(%app, version = table.version, changed, "route table");
+    }
+    Ok(())
+}

@@ -1,0 +1,11 @@
+//! Health-weighted routing for the clients of an app (DESIGN §6): a `tower` balancer
+//! (weighted P2C on peak-EWMA latency, error penalty, passive ejection, slow start) fed
+//! by the scheduler's route table, and the `flotilla route` reverse proxy built on it.
+
+pub mod balancer;
+pub mod follow;
+pub mod proxy;
+pub mod service;
+
+pub use balancer::{Balancer, Config, Outcome, Policy};
+pub use service::{Balance, HttpClassify};

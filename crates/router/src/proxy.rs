@@ -1,0 +1,112 @@
+//! `flotilla route`: an HTTP/1.1 reverse proxy over the balancer. Every request goes to
+//! the endpoint the balancer picks; its latency and outcome feed the balancer back.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, combinators::BoxBody};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::TcpListener;
+use tower::ServiceExt;
+
+use crate::balancer::{Balancer, Outcome};
+use crate::service::{Balance, BoxError, CallReport, HttpClassify, NoEndpoint};
+
+type Body = BoxBody<Bytes, hyper::Error>;
+
+/// Longest a request may take before it counts as a failure of its endpoint.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+
+fn record(r: CallReport) {
+    let result = if r.outcome == Outcome::Success { "ok" } else { "error" };
+    metrics::counter!("flotilla_route_requests_total", "endpoint" => r.endpoint.clone(), "result" => result)
+        .increment(1);
+    metrics::histogram!("flotilla_route_request_seconds", "endpoint" => r.endpoint.clone()).record(r.seconds);
+    if let Some(d) = r.ejected_for {
+        tracing::warn!(endpoint = %r.endpoint, seconds = d.as_secs_f64(), "endpoint ejected after consecutive failures");
+        metrics::counter!("flotilla_route_ejections_total", "endpoint" => r.endpoint).increment(1);
+    }
+}
+
+/// The balanced service the proxy forwards through: one pooled HTTP client, a request
+/// per endpoint with the URI rewritten to it.
+pub fn balanced_client(
+    balancer: Arc<Balancer>,
+    timeout: Duration,
+) -> impl tower::Service<Request<Incoming>, Response = Response<Incoming>, Error = BoxError, Future: Send>
++ Clone
++ Send
++ 'static {
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    connector.set_connect_timeout(Some(Duration::from_secs(2)));
+    let client: Client<HttpConnector, Incoming> = Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(30))
+        .pool_max_idle_per_host(256)
+        .build(connector);
+    let make = move |addr: &str| {
+        let (client, authority) = (client.clone(), addr.to_string());
+        tower::service_fn(move |mut req: Request<Incoming>| {
+            let (client, authority) = (client.clone(), authority.clone());
+            async move {
+                let path = req.uri().path_and_query().map(|p| p.as_str()).unwrap_or("/");
+                *req.uri_mut() = format!("http://{authority}{path}").parse()?;
+                match tokio::time::timeout(timeout, client.request(req)).await {
+                    Ok(r) => r.map_err(|e| Box::new(e) as BoxError),
+                    Err(_) => Err(format!("{authority} did not answer within {timeout:?}").into()),
+                }
+            }
+        })
+    };
+    Balance::new(balancer, make, HttpClassify).with_report(record)
+}
+
+fn plain(status: StatusCode, msg: String) -> Response<Body> {
+    let mut r = Response::new(Full::new(Bytes::from(msg)).map_err(|never: Infallible| match never {}).boxed());
+    *r.status_mut() = status;
+    r
+}
+
+/// Serves the proxy on `listener` until the task is dropped or aborted.
+pub async fn serve(listener: TcpListener, balancer: Arc<Balancer>, timeout: Duration) {
+    let svc = balanced_client(balancer, timeout);
+    loop {
+        let (stream, _) = match listener.accept().await {
+            Ok(s) => s,
+            Err(e) => {
+                // Out of file descriptors, mostly: back off instead of spinning.
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let svc = svc.clone();
+        tokio::spawn(async move {
+            let handler = hyper::service::service_fn(move |req: Request<Incoming>| {
+                let svc = svc.clone();
+                async move {
+                    let resp = match svc.oneshot(req).await {
+                        Ok(r) => r.map(|b| b.boxed()),
+                        Err(e) if e.is::<NoEndpoint>() => {
+                            metrics::counter!("flotilla_route_unroutable_total").increment(1);
+                            plain(StatusCode::SERVICE_UNAVAILABLE, "no endpoint can take the request\n".into())
+                        }
+                        Err(e) => plain(StatusCode::BAD_GATEWAY, format!("upstream: {e}\n")),
+                    };
+                    Ok::<_, Infallible>(resp)
+                }
+            });
+            let conn = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), handler);
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "proxy connection ended");
+            }
+        });
+    }
+}

@@ -1,0 +1,235 @@
+//! The app's route table and its weights (DESIGN §6). Pure: the view, the unit records and
+//! the time go in, the table comes out.
+//!
+//! ```text
+//! weight = performance × health factor
+//! ```
+//!
+//! - **performance**: the spec's `routing.performance`, by the node's `gpu_model` label, else
+//!   by its cores, else 1.
+//! - **health factor**: the node's published health score (CPU steal or throttling, load
+//!   per core, memory pressure; see `flotilla_core::health_score`), smoothed by an EWMA with
+//!   a time constant of `TAU_MS`. The factor the table shows moves only when the EWMA
+//!   leaves a band of ±`BAND` around it (jitter never changes a weight), and never drops
+//!   below `FLOOR` (a sub-healthy node keeps a trickle of traffic, so its recovery shows).
+//! - **0 at once** for a member that must get nothing: its node Suspect, Draining, Dead,
+//!   restarted, or Unknown (its shard unheard), the member not running, its unit not
+//!   Running or Degraded (a Draining unit leaves the routes first).
+//!
+//! Router feedback (latency, errors) is the other half of the health factor: the router
+//! sees it first, so `flotilla-router` applies it on top of this weight, which it takes as
+//! its prior.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use flotilla_core::{NodeId, NodeStatus};
+use flotilla_proto::v1;
+use flotilla_view::ShardSlot;
+
+use crate::lifecycle::UnitState;
+use crate::spec::Performance;
+use crate::store::UnitRecord;
+
+pub const TAU_MS: f64 = 5_000.0;
+pub const BAND: f64 = 0.1;
+pub const FLOOR: f64 = 0.1;
+
+#[derive(Debug, Clone, Copy)]
+struct Smoothed {
+    ewma: f64,
+    published: f64,
+    at_ms: u64,
+}
+
+/// Per-endpoint smoothing state, kept across tables.
+#[derive(Debug, Default)]
+pub struct Weights {
+    smoothed: HashMap<String, Smoothed>,
+}
+
+impl Weights {
+    /// The health factor of `endpoint` after observing `score` at `now_ms`.
+    pub fn health_factor(&mut self, endpoint: &str, score: f64, now_ms: u64) -> f64 {
+        let score = if score.is_finite() { score.clamp(0.0, 1.0) } else { 0.0 };
+        let s = self.smoothed.entry(endpoint.to_string()).or_insert(Smoothed {
+            ewma: score,
+            published: score.max(FLOOR),
+            at_ms: now_ms,
+        });
+        let dt = now_ms.saturating_sub(s.at_ms) as f64;
+        let alpha = 1.0 - (-dt / TAU_MS).exp();
+        s.ewma += alpha * (score - s.ewma);
+        s.at_ms = now_ms;
+        if (s.ewma - s.published).abs() > BAND {
+            s.published = s.ewma;
+        }
+        s.published = s.published.max(FLOOR);
+        s.published
+    }
+
+    /// Every serving member of the app's units with its weight.
+    pub fn table(
+        &mut self,
+        units: &[&UnitRecord],
+        serving_roles: &[String],
+        slots: &[Arc<ShardSlot>],
+        performance: &Performance,
+        now_ms: u64,
+    ) -> Vec<v1::Route> {
+        let mut routes = Vec::new();
+        for u in units {
+            let unit_serves = matches!(u.state, UnitState::Running | UnitState::Degraded);
+            for m in u.members.iter().filter(|m| serving_roles.contains(&m.role)) {
+                let (Some(endpoint), Some(node), Some(shard)) = (&m.address, &m.node_id, m.shard) else { continue };
+                if !unit_serves && !matches!(u.state, UnitState::Draining | UnitState::Failed | UnitState::Stopping) {
+                    continue;
+                }
+                let record = slots
+                    .get(shard as usize)
+                    .filter(|slot| slot.connected)
+                    .and_then(|slot| slot.view.get(&NodeId::new(node).ok()?).cloned());
+                let serving = unit_serves && m.state.as_deref() == Some("running");
+                let weight = match record {
+                    Some(r) if serving && r.status == NodeStatus::Alive && r.incarnation.0 == m.incarnation => {
+                        let perf = performance.estimate(r.labels.get("gpu_model"), r.capacity.cpu_millis / 1000);
+                        perf * self.health_factor(endpoint, f64::from(r.health_score()), now_ms)
+                    }
+                    _ => 0.0,
+                };
+                routes.push(v1::Route {
+                    endpoint: endpoint.clone(),
+                    node_id: node.clone(),
+                    unit_id: u.unit_id.clone(),
+                    member: m.member.clone(),
+                    weight,
+                });
+            }
+        }
+        self.smoothed.retain(|k, _| routes.iter().any(|r| &r.endpoint == k));
+        routes.sort_by(|a, b| a.endpoint.cmp(&b.endpoint));
+        routes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::MemberRecord;
+    use flotilla_core::{HealthSample, Incarnation, Labels, Resources};
+    use flotilla_view::{NodeRecord, ShardView};
+
+    fn slots(nodes: &[(&str, NodeStatus, u16, Option<&str>)]) -> Vec<Arc<ShardSlot>> {
+        let mut v = ShardView::empty(0, 1);
+        for (id, status, health, gpu) in nodes {
+            let mut labels = Labels::new();
+            if let Some(g) = gpu {
+                labels.insert("gpu_model", g).unwrap();
+            }
+            let r = NodeRecord {
+                node_id: NodeId::new(id).unwrap(),
+                incarnation: Incarnation(1),
+                status: *status,
+                status_since_unix_ms: 0,
+                shard: 0,
+                labels: Arc::new(labels),
+                health_millis: *health,
+                health: HealthSample::default(),
+                capacity: Resources { cpu_millis: 8000, ..Default::default() },
+                allocated: Resources::default(),
+                workloads: Default::default(),
+                cordoned: false,
+                drain_requested: false,
+            };
+            v.nodes.insert(r.node_id.clone(), Arc::new(r));
+        }
+        let domains = flotilla_view::Domains::of(&v);
+        vec![Arc::new(ShardSlot { view: Arc::new(v), connected: true, domains })]
+    }
+
+    fn unit(id: &str, state: UnitState, node: &str, member_state: &str) -> UnitRecord {
+        UnitRecord {
+            unit_id: id.into(),
+            app: "a".into(),
+            domain: None,
+            generation: 1,
+            state,
+            members: vec![MemberRecord {
+                member: "head".into(),
+                role: "head".into(),
+                node_id: Some(node.into()),
+                incarnation: 1,
+                shard: Some(0),
+                address: Some(format!("{node}:80")),
+                state: Some(member_state.into()),
+            }],
+            created_unix_ms: 0,
+            unplaced_reason: None,
+            draining_since_unix_ms: None,
+            template: None,
+            replaced_by: None,
+        }
+    }
+
+    #[test]
+    fn jitter_inside_the_band_never_changes_a_weight() {
+        let mut w = Weights::default();
+        assert_eq!(w.health_factor("e", 0.8, 0), 0.8);
+        for (i, s) in [0.85, 0.75, 0.88, 0.72, 0.8, 0.89, 0.71].iter().enumerate() {
+            assert_eq!(w.health_factor("e", *s, 1000 * (i as u64 + 1)), 0.8, "sample {s}");
+        }
+    }
+
+    #[test]
+    fn a_lasting_drop_moves_the_weight_smoothly_down_to_the_floor() {
+        let mut w = Weights::default();
+        w.health_factor("e", 1.0, 0);
+        let blip = w.health_factor("e", 0.3, 300);
+        assert_eq!(blip, 1.0, "a blip of a bad score stays inside the band");
+        let after_3s = w.health_factor("e", 0.3, 3000);
+        assert!(after_3s < 1.0 && after_3s > 0.3, "{after_3s}");
+        let much_later = w.health_factor("e", 0.0, 60_000);
+        assert_eq!(much_later, FLOOR, "never below the floor");
+    }
+
+    #[test]
+    fn unhealthy_or_leaving_members_get_zero_at_once() {
+        let s = slots(&[
+            ("n1", NodeStatus::Alive, 1000, None),
+            ("n2", NodeStatus::Suspect, 1000, None),
+            ("n3", NodeStatus::Draining, 1000, None),
+            ("n4", NodeStatus::Alive, 1000, None),
+        ]);
+        let units = [
+            unit("u1", UnitState::Running, "n1", "running"),
+            unit("u2", UnitState::Running, "n2", "running"),
+            unit("u3", UnitState::Running, "n3", "running"),
+            unit("u4", UnitState::Draining, "n4", "running"),
+            unit("u5", UnitState::Running, "n1", "starting"),
+        ];
+        let refs: Vec<&UnitRecord> = units.iter().collect();
+        let mut w = Weights::default();
+        let t = w.table(&refs, &["head".into()], &s, &Performance::default(), 0);
+        let weights: Vec<(String, f64)> = t.iter().map(|r| (r.unit_id.clone(), r.weight)).collect();
+        assert_eq!(
+            weights,
+            vec![("u1".into(), 1.0), ("u5".into(), 0.0), ("u2".into(), 0.0), ("u3".into(), 0.0), ("u4".into(), 0.0),]
+        );
+    }
+
+    #[test]
+    fn performance_by_gpu_model_then_cores() {
+        let p = Performance {
+            gpu_model: [("a100".to_string(), 4.0)].into_iter().collect(),
+            cores: [("4".to_string(), 1.0), ("8".to_string(), 2.0)].into_iter().collect(),
+        };
+        assert_eq!(p.estimate(Some("a100"), 2), 4.0);
+        assert_eq!(p.estimate(Some("t4"), 16), 2.0);
+        assert_eq!(p.estimate(None, 4), 1.0);
+        assert_eq!(p.estimate(None, 2), 1.0, "nothing matches");
+        let s = slots(&[("n1", NodeStatus::Alive, 500, Some("a100"))]);
+        let u = unit("u1", UnitState::Running, "n1", "running");
+        let t = Weights::default().table(&[&u], &["head".into()], &s, &p, 0);
+        assert_eq!(t[0].weight, 2.0, "4 × 0.5");
+    }
+}

@@ -1,0 +1,73 @@
+//! `flotilla route`: the health-weighted reverse proxy. With `--app` it follows the app's
+//! route table (WatchRoutes, found through the control plane); with `--backends` it
+//! balances over a fixed list.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use clap::Args;
+use flotilla_router::{Balancer, Config, Policy};
+
+#[derive(Debug, Args)]
+pub struct RouteArgs {
+    /// Route to this app's serving members, with the weights its scheduler publishes.
+    #[arg(long, conflicts_with = "backends", required_unless_present = "backends")]
+    pub app: Option<String>,
+    /// Route over a fixed list instead (`host:port,...`), all with weight 1.
+    #[arg(long, value_delimiter = ',')]
+    pub backends: Vec<String>,
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+    /// Serve /metrics here.
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub metrics: SocketAddr,
+    /// The control plane (with --app).
+    #[arg(long, env = "FLOTILLA_ADDR", default_value = "http://127.0.0.1:7700")]
+    pub addr: String,
+    /// `peak-ewma` (weighted P2C, the default) or `round-robin` (for comparison).
+    #[arg(long, default_value = "peak-ewma")]
+    pub policy: String,
+    /// A new endpoint's weight ramps up over this long.
+    #[arg(long, default_value = "10s", value_parser = crate::servers::parse_duration)]
+    pub slow_start: Duration,
+    /// A request taking longer fails (and counts against its endpoint).
+    #[arg(long, default_value = "30s", value_parser = crate::servers::parse_duration)]
+    pub timeout: Duration,
+    /// Print the bound addresses as one JSON line on stdout (for scripts and tests).
+    #[arg(long)]
+    pub print_addrs: bool,
+}
+
+pub async fn run(a: RouteArgs) -> anyhow::Result<()> {
+    let policy = match a.policy.as_str() {
+        "peak-ewma" => Policy::PeakEwma,
+        "round-robin" => Policy::RoundRobin,
+        p => bail!("--policy: {p:?} is not peak-ewma or round-robin"),
+    };
+    for b in &a.backends {
+        if b.parse::<SocketAddr>().is_err() && !b.contains(':') {
+            bail!("--backends: {b:?} is not host:port");
+        }
+    }
+    let balancer = Arc::new(Balancer::new(Config { policy, slow_start: a.slow_start, ..Config::default() }));
+    if let Some(app) = &a.app {
+        tokio::spawn(flotilla_router::follow::follow_app(a.addr.clone(), app.clone(), balancer.clone()));
+    } else {
+        let routes: Vec<(String, f64)> = a.backends.iter().map(|b| (b.clone(), 1.0)).collect();
+        balancer.update(&routes, Instant::now());
+        metrics::gauge!("flotilla_route_endpoints").set(routes.len() as f64);
+    }
+    let metrics = flotilla_obs::serve_metrics(a.metrics).await?;
+    let listener = tokio::net::TcpListener::bind(a.listen).await.with_context(|| format!("binding {}", a.listen))?;
+    let listen = listener.local_addr()?;
+    if a.print_addrs {
+        println!("{}", serde_json::json!({"listen": listen.to_string(), "metrics": metrics.to_string()}));
+    }
+    tracing::info!(%listen, %metrics, ?policy, app = ?a.app, "routing");
+    tokio::select! {
+        _ = flotilla_router::proxy::serve(listener, balancer, a.timeout) => Ok(()),
+        _ = crate::servers::shutdown_signal() => Ok(()),
+    }
+}
