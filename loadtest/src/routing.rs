@@ -9,6 +9,8 @@
 //!   factor); the rest wait in its queue. Healthy capacity is
 //!   `backends × slots × 1000 / service_ms`; the default rate is 60 % of it.
 //! - The first `--warmup-s` seconds of each phase are sent but not measured.
+//! - When `haproxy` is installed, a fourth phase runs HAProxy with `balance leastconn` over
+//!   the same slow backends (DESIGN §14 asks flotilla to beat it in the same run).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -55,6 +57,10 @@ pub struct RoutingArgs {
     pub json: bool,
     #[arg(long)]
     pub flotilla: Option<PathBuf>,
+    /// The HAProxy binary for the leastconn comparison (default: `haproxy` on PATH, skipped
+    /// when there is none).
+    #[arg(long)]
+    pub haproxy: Option<PathBuf>,
 }
 
 /// A capacity-limited backend: `slots` at a time, each for `service × factor`.
@@ -132,6 +138,43 @@ fn proxy(bin: &std::path::Path, backends: &[Backend], policy: &str) -> anyhow::R
     let v: serde_json::Value = serde_json::from_str(&line).with_context(|| format!("flotilla route said {line:?}"))?;
     let listen = v["listen"].as_str().ok_or_else(|| anyhow!("no listen address in {line:?}"))?.to_string();
     Ok(Proxy { child, listen })
+}
+
+fn find_haproxy(given: Option<PathBuf>) -> Option<PathBuf> {
+    given.or_else(|| {
+        std::env::var_os("PATH")?.to_str()?.split(':').map(|d| PathBuf::from(d).join("haproxy")).find(|p| p.exists())
+    })
+}
+
+/// HAProxy in the foreground with `balance leastconn` over `backends`.
+fn haproxy(bin: &std::path::Path, backends: &[Backend], dir: &std::path::Path) -> anyhow::Result<Proxy> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let mut cfg = format!(
+        "global\n  maxconn 8000\ndefaults\n  mode http\n  timeout connect 2s\n  timeout client 60s\n  \
+         timeout server 60s\nfrontend fe\n  bind 127.0.0.1:{port}\n  default_backend be\nbackend be\n  balance leastconn\n"
+    );
+    for (i, b) in backends.iter().enumerate() {
+        cfg.push_str(&format!("  server b{i} {}\n", b.addr));
+    }
+    let path = dir.join("haproxy.cfg");
+    std::fs::write(&path, cfg)?;
+    let child = Command::new(bin)
+        .arg("-db")
+        .arg("-f")
+        .arg(&path)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting haproxy")?;
+    let listen = format!("127.0.0.1:{port}");
+    let proxy = Proxy { child, listen };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(&proxy.listen).is_err() {
+        anyhow::ensure!(Instant::now() < deadline, "haproxy did not listen on {}", proxy.listen);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(proxy)
 }
 
 struct Phase {
@@ -233,12 +276,22 @@ pub async fn run(a: RoutingArgs) -> anyhow::Result<()> {
             b.factor_milli.store(f, Ordering::Relaxed);
         }
     };
+    let haproxy_bin = find_haproxy(a.haproxy.clone());
+    let dir = std::env::temp_dir().join(format!("flotilla-loadtest-routing-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let mut phases =
+        vec![("healthy", "peak-ewma", false), ("flotilla", "peak-ewma", true), ("round_robin", "round-robin", true)];
+    match &haproxy_bin {
+        Some(_) => phases.push(("haproxy_leastconn", "haproxy", true)),
+        None => println!("haproxy is not installed: the leastconn comparison is skipped (--haproxy PATH)"),
+    }
     let mut results = Vec::new();
-    for (name, policy, slow) in
-        [("healthy", "peak-ewma", false), ("flotilla", "peak-ewma", true), ("round_robin", "round-robin", true)]
-    {
+    for (name, policy, slow) in phases {
         set_slow(slow);
-        let p = proxy(&bin, &backends, policy)?;
+        let p = match (policy, &haproxy_bin) {
+            ("haproxy", Some(h)) => haproxy(h, &backends, &dir)?,
+            _ => proxy(&bin, &backends, policy)?,
+        };
         let phase = run_phase(&p.listen, rate, a.seconds, a.warmup_s, &backends, a.slow).await;
         drop(p);
         println!(
@@ -256,8 +309,11 @@ pub async fn run(a: RoutingArgs) -> anyhow::Result<()> {
     let (Some(h), Some(f), Some(rr)) = (get("healthy"), get("flotilla"), get("round_robin")) else {
         anyhow::bail!("a phase is missing");
     };
+    let _ = std::fs::remove_dir_all(&dir);
     let ratio = pct_ms(&f.latency_us, 0.99) / pct_ms(&h.latency_us, 0.99).max(1e-9);
     println!("flotilla p99 / all-healthy p99 = {ratio:.2} (target <= 1.3)");
+    let hap = get("haproxy_leastconn");
+    let hap_p = |q: f64| hap.map(|p| (pct_ms(&p.latency_us, q) * 1000.0).round() / 1000.0);
     if a.json {
         let r = |x: f64| (x * 1000.0).round() / 1000.0;
         println!(
@@ -277,9 +333,12 @@ pub async fn run(a: RoutingArgs) -> anyhow::Result<()> {
                 "round_robin_p99_ms": r(pct_ms(&rr.latency_us, 0.99)),
                 "round_robin_p999_ms": r(pct_ms(&rr.latency_us, 0.999)),
                 "flotilla_vs_healthy_p99": r(ratio),
+                "haproxy_leastconn_p50_ms": hap_p(0.5),
+                "haproxy_leastconn_p99_ms": hap_p(0.99),
+                "haproxy_leastconn_p999_ms": hap_p(0.999),
                 "flotilla_slow_share": r(f.slow_share),
                 "round_robin_slow_share": r(rr.slow_share),
-                "errors": h.errors + f.errors + rr.errors,
+                "errors": h.errors + f.errors + rr.errors + hap.map(|p| p.errors).unwrap_or(0),
             })
         );
     }
