@@ -551,12 +551,26 @@ fn a_standalone_scheduler_registers_and_the_control_plane_forwards_to_it() {
     let (status, body) = http(&up.addr, "PUT", "/v1/apps/echo/scale", Some(&token), r#"{"units": 3}"#);
     assert_eq!(status, 200, "scale is forwarded: {body}");
     wait_for("3 running units", Duration::from_secs(30), || (running(&up).len() == 3).then_some(()));
+    // A router asks the control plane where the app is scheduled and follows its routes there.
+    let mut procs = Group(Vec::new());
+    let route = procs.spawn_with_env(
+        &["route", "--app", "echo", "--listen", "127.0.0.1:0", "--print-addrs"],
+        &up.data.join("route.err"),
+        &[("FLOTILLA_ADDR", up.addr.as_str())],
+    );
+    let metrics = procs.addrs(route)["metrics"].as_str().unwrap().to_string();
+    wait_for("the router follows the standalone scheduler's 3 routes", Duration::from_secs(20), || {
+        metric(&get_text(&metrics, "/metrics")?, "flotilla_route_endpoints", "").filter(|n| *n == 3.0)
+    });
     let (status, _) = http(&up.addr, "PUT", "/v1/apps/echo/scale", Some("wrong"), r#"{"units": 2}"#);
     assert_eq!(status, 401, "the control plane checks the token before forwarding");
     let (status, _) = http(&up.addr, "POST", "/v1/schedulers", None, r#"{"app": "x", "url": "http://127.0.0.1:1"}"#);
     assert_eq!(status, 401, "registering needs the token");
+    // Stopping while the router still watches its routes: the scheduler exits anyway.
     signal(scheduler.id() as i32, libc::SIGTERM);
-    let _ = scheduler.wait();
+    let exited = wait_for("the scheduler exits", Duration::from_secs(10), || scheduler.try_wait().ok().flatten());
+    assert!(exited.success(), "{exited:?}");
+    drop(procs);
 }
 
 #[test]
@@ -755,9 +769,14 @@ struct Group(Vec<Child>);
 
 impl Group {
     fn spawn(&mut self, args: &[&str], log: &Path) -> u32 {
+        self.spawn_with_env(args, log, &[])
+    }
+
+    fn spawn_with_env(&mut self, args: &[&str], log: &Path, env: &[(&str, &str)]) -> u32 {
         use std::os::unix::process::CommandExt;
         let child = Command::new(BIN)
             .args(args)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(log).unwrap())
@@ -938,21 +957,11 @@ fn the_route_proxy_follows_the_weights_and_drops_a_draining_node_before_its_work
     });
     let mut procs = Group(Vec::new());
     let log = up.data.join("route.err");
-    let pid = {
-        use std::os::unix::process::CommandExt;
-        let child = Command::new(BIN)
-            .args(["route", "--app", "echo", "--listen", "127.0.0.1:0", "--print-addrs"])
-            .env("FLOTILLA_ADDR", &up.addr)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .process_group(0)
-            .spawn()
-            .unwrap();
-        let pid = child.id();
-        procs.0.push(child);
-        pid
-    };
+    let pid = procs.spawn_with_env(
+        &["route", "--app", "echo", "--listen", "127.0.0.1:0", "--print-addrs"],
+        &log,
+        &[("FLOTILLA_ADDR", up.addr.as_str())],
+    );
     let addrs = procs.addrs(pid);
     let (proxy, metrics) =
         (addrs["listen"].as_str().unwrap().to_string(), addrs["metrics"].as_str().unwrap().to_string());

@@ -157,6 +157,9 @@ async fn list_shards(State(s): State<Arc<ControlState>>) -> Json<serde_json::Val
     Json(serde_json::Value::Array(rows))
 }
 
+/// How long open connections may finish after a shutdown signal.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Follows every shard and serves the API on `listener` until `shutdown` resolves.
 pub async fn serve(
     listener: tokio::net::TcpListener,
@@ -165,7 +168,20 @@ pub async fn serve(
 ) -> anyhow::Result<()> {
     let addr: SocketAddr = listener.local_addr()?;
     tracing::info!(%addr, "control API listening");
-    axum::serve(listener, router(state)).with_graceful_shutdown(shutdown).await?;
+    let (fired, on_fire) = tokio::sync::oneshot::channel::<()>();
+    let server = axum::serve(listener, router(state)).with_graceful_shutdown(async move {
+        shutdown.await;
+        let _ = fired.send(());
+    });
+    // Route watchers hold their streams open forever: after the signal, in-flight calls
+    // get a grace, then the process goes regardless.
+    tokio::select! {
+        r = server => r?,
+        _ = async {
+            let _ = on_fire.await;
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+        } => tracing::info!("closing the connections still open after the shutdown grace"),
+    }
     Ok(())
 }
 
