@@ -107,6 +107,10 @@ pub struct AggregatorArgs {
     /// Print the bound addresses as one JSON line on stdout (for scripts and tests).
     #[arg(long)]
     pub print_addrs: bool,
+    /// When this shard ran before with this data dir (a restart), refuse claims this long
+    /// while agents come back and the ledger is rebuilt from what they run.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub recovery_window: Duration,
 }
 
 pub async fn aggregator(a: AggregatorArgs) -> anyhow::Result<()> {
@@ -115,8 +119,13 @@ pub async fn aggregator(a: AggregatorArgs) -> anyhow::Result<()> {
     }
     let data = DataDir::prepare(&a.data)?;
     let metrics = flotilla_obs::serve_metrics(a.metrics).await?;
-    let config = a.liveness.shard_config(a.listen, a.shard, a.shards, &data)?;
+    let mut config = a.liveness.shard_config(a.listen, a.shard, a.shards, &data)?;
+    let ran_before = data.dir.join(format!("shard-{}-of-{}.ran", a.shard, a.shards));
+    if ran_before.exists() {
+        config.recovery_window = a.recovery_window;
+    }
     let mut shard = flotilla_aggregator::start(config).await?;
+    std::fs::write(&ran_before, format!("{}\n", std::process::id()))?;
     if a.print_addrs {
         println!(
             "{}",

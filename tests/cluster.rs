@@ -811,88 +811,109 @@ fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
-#[test]
-fn a_killed_shard_leaves_its_nodes_unknown_and_nothing_is_replaced_until_the_grace_expires() {
-    let dir = temp_dir("shardkill");
-    let d = dir.to_str().unwrap().to_string();
-    let mut procs = Group(Vec::new());
-    // Two shard processes (the first one creates the secrets both use).
-    let mut shard_addrs = Vec::new();
-    let mut shard_pids = Vec::new();
-    for i in 0..2 {
-        let pid = procs.spawn(
-            &[
-                "aggregator",
-                "--listen",
-                "127.0.0.1:0",
-                "--shard",
-                &i.to_string(),
-                "--shards",
-                "2",
+/// Two shard processes, four agents (two in a failure domain of each shard) and a
+/// standalone scheduler for the echo app, all started by the test.
+struct Standalone {
+    procs: Group,
+    dir: PathBuf,
+    shard_addrs: Vec<String>,
+    shard_pids: Vec<u32>,
+    domains: Vec<String>,
+    api: String,
+}
+
+impl Standalone {
+    fn start(name: &str, max_units_per_domain: u32, scheduler_flags: &[&str]) -> Standalone {
+        let dir = temp_dir(name);
+        let d = dir.to_str().unwrap().to_string();
+        let mut procs = Group(Vec::new());
+        // The first shard creates the secrets both use.
+        let (mut shard_addrs, mut shard_pids) = (Vec::new(), Vec::new());
+        for i in 0..2 {
+            let pid = Self::spawn_shard(&mut procs, &dir, i, "127.0.0.1:0");
+            shard_addrs.push(procs.addrs(pid)["addr"].as_str().unwrap().to_string());
+            shard_pids.push(pid);
+        }
+        let aggregators = shard_addrs.join(",");
+        let domains: Vec<String> = (0..2)
+            .map(|s| (0..).map(|i| format!("zone-{i}")).find(|z| flotilla_core::shard_for_domain(z, 2) == s).unwrap())
+            .collect();
+        for n in 0..4 {
+            let node = format!("node-{n}");
+            let (domain, ports) = (&domains[n % 2], format!("{}-{}", 31_000 + n * 50, 31_049 + n * 50));
+            let data = dir.join("agents").join(&node);
+            let args = [
+                "agent",
+                "--aggregators",
+                &aggregators,
+                "--node-id",
+                &node,
+                "--label",
+                &format!("domain={domain}"),
+                "--cores",
+                "4",
+                "--memory",
+                "8589934592",
+                "--join-token-file",
+                &format!("{d}/join-token"),
+                "--ca",
+                &format!("{d}/tls.crt"),
                 "--data",
-                &d,
-                "--print-addrs",
-            ],
-            &dir.join(format!("shard-{i}.err")),
-        );
-        shard_addrs.push(procs.addrs(pid)["addr"].as_str().unwrap().to_string());
-        shard_pids.push(pid);
-    }
-    let aggregators = shard_addrs.join(",");
-    // One failure domain on each shard, two nodes in each.
-    let domains: Vec<String> = (0..2)
-        .map(|s| (0..).map(|i| format!("zone-{i}")).find(|z| flotilla_core::shard_for_domain(z, 2) == s).unwrap())
-        .collect();
-    for n in 0..4 {
-        let node = format!("node-{n}");
-        let (domain, ports) = (&domains[n % 2], format!("{}-{}", 31_000 + n * 50, 31_049 + n * 50));
-        let data = dir.join("agents").join(&node);
-        let args = [
-            "agent",
-            "--aggregators",
-            &aggregators,
-            "--node-id",
-            &node,
-            "--label",
-            &format!("domain={domain}"),
-            "--cores",
-            "4",
-            "--memory",
-            "8589934592",
-            "--join-token-file",
-            &format!("{d}/join-token"),
-            "--ca",
-            &format!("{d}/tls.crt"),
-            "--data",
-            data.to_str().unwrap(),
-            "--port-range",
-            &ports,
-        ];
-        procs.spawn(&args, &dir.join(format!("{node}.err")));
-    }
-    // One unit per domain, so one on each shard.
-    let spec = dir.join("echo.toml");
-    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/echo.toml")).unwrap();
-    std::fs::write(&spec, text.replace("max_units_per_domain = 3", "max_units_per_domain = 1")).unwrap();
-    let api = format!("http://127.0.0.1:{}", free_port());
-    procs.spawn(
-        &[
+                data.to_str().unwrap(),
+                "--port-range",
+                &ports,
+            ];
+            procs.spawn(&args, &dir.join(format!("{node}.err")));
+        }
+        let spec = dir.join("echo.toml");
+        let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/echo.toml")).unwrap();
+        let text = text.replace("max_units_per_domain = 3", &format!("max_units_per_domain = {max_units_per_domain}"));
+        std::fs::write(&spec, text).unwrap();
+        let api = format!("http://127.0.0.1:{}", free_port());
+        let store = format!("redb:{d}/scheduler.redb");
+        let mut args = vec![
             "scheduler",
             "--app",
             spec.to_str().unwrap(),
             "--aggregators",
             &aggregators,
             "--store",
-            &format!("redb:{d}/scheduler.redb"),
+            &store,
             "--listen",
             api.trim_start_matches("http://"),
             "--token",
             "t",
-            "--unknown-grace",
-            "15s",
-        ],
-        &dir.join("scheduler.err"),
-    );
+        ];
+        args.extend_from_slice(scheduler_flags);
+        procs.spawn(&args, &dir.join("scheduler.err"));
+        Standalone { procs, dir, shard_addrs, shard_pids, domains, api }
+    }
+
+    fn spawn_shard(procs: &mut Group, dir: &Path, i: usize, listen: &str) -> u32 {
+        let d = dir.to_str().unwrap();
+        procs.spawn(
+            &[
+                "aggregator",
+                "--listen",
+                listen,
+                "--shard",
+                &i.to_string(),
+                "--shards",
+                "2",
+                "--data",
+                d,
+                "--print-addrs",
+            ],
+            &dir.join(format!("shard-{i}.err")),
+        )
+    }
+}
+
+#[test]
+fn a_killed_shard_leaves_its_nodes_unknown_and_nothing_is_replaced_until_the_grace_expires() {
+    // One unit per domain, so one on each shard.
+    let Standalone { procs, dir, shard_pids, domains, api, .. } =
+        Standalone::start("shardkill", 1, &["--unknown-grace", "15s"]);
     let up = Up::attach(&dir, &api);
     let units = wait_for("2 running units", Duration::from_secs(40), || {
         let r = running(&up);
@@ -1041,4 +1062,86 @@ fn the_route_proxy_follows_the_weights_and_drops_a_draining_node_before_its_work
     );
     assert!(dropped < exited, "out of the proxy ({dropped:?}) before the workload exits ({exited:?})");
     assert_eq!(failed, 0, "no request failed during the drain ({ok} answered)");
+}
+
+/// Every node's allocated CPU, as its shard publishes it, equals what the scheduler's
+/// units hold there (250m per member of the echo app): nothing lost, nothing doubled.
+fn ledgers_match_units(up: &Up) -> Result<(), String> {
+    let (nodes, units) = (up.nodes(), echo_units(up));
+    if nodes.len() != 4 || nodes.iter().any(|n| n["status"] != "alive") {
+        return Err(format!("not every node is alive: {:?}", statuses(up)));
+    }
+    for n in &nodes {
+        let id = n["node_id"].as_str().unwrap_or("");
+        let allocated = n["allocated"]["cpu_millis"].as_u64().unwrap_or(0);
+        let held = units
+            .iter()
+            .filter(|u| !matches!(u["state"].as_str(), Some("terminated" | "queued" | "placing")))
+            .flat_map(|u| u["members"].as_array().cloned().unwrap_or_default())
+            .filter(|m| m["node_id"] == id)
+            .count() as u64;
+        if allocated != held * 250 {
+            return Err(format!("{id}: the ledger holds {allocated}m, the units {}m", held * 250));
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn a_restarted_shard_rebuilds_its_ledger_from_its_agents_with_nothing_lost_or_doubled() {
+    let Standalone { mut procs, dir, shard_addrs, shard_pids, api, .. } = Standalone::start("shardrestart", 3, &[]);
+    let up = Up::attach(&dir, &api);
+    let before: Vec<String> = wait_for("2 running units", Duration::from_secs(40), || {
+        let r = running(&up);
+        (r.len() == 2).then(|| r.iter().map(|u| u["unit_id"].as_str().unwrap().to_string()).collect())
+    });
+    wait_for("the ledgers match the units", Duration::from_secs(10), || ledgers_match_units(&up).ok());
+
+    // Scale up, and kill -9 shard 1 while those placements are under way.
+    let (status, body) = http(&api, "PUT", "/v1/apps/echo/scale", Some("t"), r#"{"units": 5}"#);
+    assert_eq!(status, 200, "{body}");
+    signal(shard_pids[1] as i32, libc::SIGKILL);
+    // Back on the same address, with the same data dir: it recovers.
+    let pid = Standalone::spawn_shard(&mut procs, &dir, 1, &shard_addrs[1]);
+    assert_eq!(procs.addrs(pid)["addr"], shard_addrs[1].as_str());
+
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (live, ledgers) = (running(&up).len(), ledgers_match_units(&up));
+        if live == 5 && ledgers.is_ok() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "after 60 s: {live} running, {ledgers:?}\nunits: {:?}\nnodes: {:?}",
+            echo_units(&up)
+                .iter()
+                .map(|u| (u["unit_id"].clone(), u["state"].clone(), u["unplaced_reason"].clone()))
+                .collect::<Vec<_>>(),
+            up.nodes()
+                .iter()
+                .map(|n| (n["node_id"].clone(), n["status"].clone(), n["allocated"]["cpu_millis"].clone()))
+                .collect::<Vec<_>>()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let units = echo_units(&up);
+    for id in &before {
+        let u = units.iter().find(|u| u["unit_id"] == id.as_str()).unwrap();
+        assert_eq!(u["state"], "running", "a unit on the restarted shard was kept, not replaced: {u}");
+    }
+    let text = std::fs::read_to_string(dir.join("shard-1.err")).unwrap();
+    assert!(
+        text.contains("ledger rebuilt from what the agent runs"),
+        "the restarted shard adopted its agents' members"
+    );
+
+    // New claims after the recovery window: placed once, counted once.
+    let (status, _) = http(&api, "PUT", "/v1/apps/echo/scale", Some("t"), r#"{"units": 6}"#);
+    assert_eq!(status, 200);
+    wait_for("6 running units and ledgers that match them", Duration::from_secs(40), || {
+        (running(&up).len() == 6 && ledgers_match_units(&up).is_ok()).then_some(())
+    });
+    drop(up);
+    drop(procs);
 }

@@ -217,6 +217,7 @@ pub async fn register_nodes(
                         capacity: Some(v1::Resources { cpu_millis, memory_bytes: 32 << 30, ..Default::default() }),
                         assignments: vec![],
                         health: None,
+                        assignment_version: 0,
                     };
                     let sess = conn.register(req).await.with_context(|| format!("registering {id}"))?;
                     let key: flotilla_proto::seal::SessionKey =

@@ -90,7 +90,7 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     loop {
         // Register (again), with jittered back-off while the shard is away.
         let registered = tokio::select! {
-            r = register(&endpoint, addr, &host, &config, incarnation, &mut probe, workloads.borrow().1.clone()) => r,
+            r = register(&endpoint, addr, &host, &config, incarnation, &mut probe, (workloads.borrow().1.clone(), assignments.load(std::sync::atomic::Ordering::Relaxed))) => r,
             stop = stop_rx.recv() => return finish(stop, None, &config, &runtime).await,
         };
         let (conn, session) = match registered {
@@ -263,7 +263,7 @@ async fn register(
     config: &AgentConfig,
     incarnation: u64,
     probe: &mut probe::HealthProbe,
-    running: Vec<v1::Assignment>,
+    running: (Vec<v1::Assignment>, u64),
 ) -> anyhow::Result<(ShardConnection, v1::Session)> {
     let conn = ShardConnection::connect(endpoint, addr, host).await?;
     let req = v1::RegisterRequest {
@@ -273,8 +273,9 @@ async fn register(
         incarnation,
         labels: config.labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
         capacity: Some((&config.capacity).into()),
-        assignments: running,
+        assignments: running.0,
         health: Some((&probe.sample()).into()),
+        assignment_version: running.1,
     };
     let session = conn.register(req).await?;
     Ok((conn, session))

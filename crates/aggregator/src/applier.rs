@@ -38,6 +38,8 @@ pub struct Applier {
     samples: HashMap<NodeId, HealthSample>,
     /// Descriptors of nodes registered since the last flush.
     fresh: HashMap<NodeId, (Arc<flotilla_core::Labels>, flotilla_core::Resources)>,
+    /// What newly registered agents run, for the ledger to adopt (see `Ledger::adopt`).
+    adopt: HashMap<NodeId, (Vec<crate::ledger::Claim>, u64)>,
     removed: Vec<Arc<NodeLive>>,
     counts: [i64; 5],
     metrics: Metrics,
@@ -91,6 +93,7 @@ impl Applier {
             dirty: HashMap::new(),
             samples: HashMap::new(),
             fresh: HashMap::new(),
+            adopt: HashMap::new(),
             removed: Vec::new(),
             counts: [0; 5],
             metrics,
@@ -102,6 +105,9 @@ impl Applier {
             Change::Registered(live, d) => {
                 self.wheel.schedule(live.session_id, crate::now_ms() + self.timeouts.suspect_after_ms);
                 self.samples.insert(live.node_id.clone(), d.health);
+                if !d.running.is_empty() {
+                    self.adopt.insert(live.node_id.clone(), (d.running, d.running_version));
+                }
                 self.fresh.insert(live.node_id.clone(), (d.labels, d.capacity));
                 self.dirty.insert(live.node_id.clone(), live);
             }
@@ -192,6 +198,19 @@ impl Applier {
                 // A new incarnation is a new node: nothing the old one held carries over.
                 ledger.forget_node(&id);
                 self.ledger_dirty.insert(id.clone());
+            }
+            // A node the ledger knows nothing of (this shard restarted) brings what it runs.
+            if let Some((running, version)) = self.adopt.remove(&id)
+                && ledger.book(&id).is_none()
+            {
+                let (adopted, left_out) = ledger.adopt(&id, live.incarnation, &capacity, running, version);
+                tracing::info!(node = %id, adopted, left_out, "ledger rebuilt from what the agent runs");
+                metrics::counter!("flotilla_ledger_adopted_total", "result" => "adopted").increment(adopted as u64);
+                metrics::counter!("flotilla_ledger_adopted_total", "result" => "left_out").increment(left_out as u64);
+                if left_out > 0 {
+                    // Tell the agent to stop what the ledger left out.
+                    self.ledger_dirty.insert(id.clone());
+                }
             }
             let allocated = ledger.allocated(&id);
             let cordon = self.registry.cordon(&live.node_id);

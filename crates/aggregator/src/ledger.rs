@@ -104,6 +104,10 @@ pub struct Ledger {
     txn_order: VecDeque<String>,
     reservations: HashMap<String, (Vec<ClaimKey>, u64)>,
     confirmed: HashSet<String>,
+    /// Keys released while this ledger did not hold them (a restarted shard, before the
+    /// agent came back): `adopt` must not bring them back. Bounded, oldest out first.
+    tombstones: HashSet<ClaimKey>,
+    tomb_order: VecDeque<ClaimKey>,
 }
 
 impl Ledger {
@@ -164,6 +168,10 @@ impl Ledger {
     ) -> (Outcome, Vec<NodeId>) {
         if let Some(prev) = self.txns.get(txn) {
             return (prev.clone(), Vec::new());
+        }
+        // A new claim on a key supersedes an earlier release of it.
+        for c in claims {
+            self.tombstones.remove(&c.key);
         }
         // Units of work in request order: a group, or a lone claim.
         let mut order: Vec<Vec<usize>> = Vec::new();
@@ -354,7 +362,17 @@ impl Ledger {
     pub fn release(&mut self, keys: &[ClaimKey]) -> Vec<NodeId> {
         let mut changed = Vec::new();
         for k in keys {
-            let Some(node) = self.placed.remove(k) else { continue };
+            let Some(node) = self.placed.remove(k) else {
+                if self.tombstones.insert(k.clone()) {
+                    self.tomb_order.push_back(k.clone());
+                    if self.tomb_order.len() > TXN_MEMORY
+                        && let Some(old) = self.tomb_order.pop_front()
+                    {
+                        self.tombstones.remove(&old);
+                    }
+                }
+                continue;
+            };
             if let Some(b) = self.nodes.get_mut(&node)
                 && let Some(e) = b.entries.remove(k)
             {
@@ -366,6 +384,50 @@ impl Ledger {
             }
         }
         changed
+    }
+
+    /// Rebuilds a node's book from what its agent reports running (a restarted shard
+    /// knows nothing else). Only for a node the ledger holds nothing for: once a node has
+    /// a book, the ledger is the authority and reports change nothing. An entry whose key
+    /// is already placed elsewhere, or that would not fit, is left out (the next push tells
+    /// the agent to stop it). The book continues from the agent's `version`, so its next
+    /// push is newer than what the agent holds. Returns (adopted, left out).
+    pub fn adopt(
+        &mut self,
+        node: &NodeId,
+        incarnation: u64,
+        capacity: &Resources,
+        claims: Vec<Claim>,
+        version: u64,
+    ) -> (usize, usize) {
+        if self.nodes.contains_key(node) {
+            return (0, claims.len());
+        }
+        let mut book = NodeBook { incarnation, version, ..NodeBook::default() };
+        let mut left_out = 0;
+        for c in claims {
+            let fits = book.allocated.checked_add(&c.resources).ok().filter(|sum| sum.fits_in(capacity));
+            match fits {
+                Some(sum)
+                    if c.node == *node
+                        && !self.placed.contains_key(&c.key)
+                        && !book.entries.contains_key(&c.key)
+                        && !self.tombstones.contains(&c.key) =>
+                {
+                    book.allocated = sum;
+                    self.placed.insert(c.key.clone(), node.clone());
+                    book.entries.insert(c.key.clone(), Entry { claim: c, reserved_until_ms: None });
+                }
+                _ => left_out += 1,
+            }
+        }
+        let adopted = book.entries.len();
+        if left_out > 0 {
+            // The agent runs something the book does not hold: push the corrected set.
+            book.version += 1;
+        }
+        self.nodes.insert(node.clone(), book);
+        (adopted, left_out)
     }
 
     /// Drops everything a node held (it was replaced by a new incarnation, or forgotten).
@@ -442,6 +504,33 @@ mod tests {
 
     fn cap(n: &NodeId) -> Option<Resources> {
         facts(n).map(|f| f.capacity)
+    }
+
+    #[test]
+    fn a_restarted_shard_adopts_what_agents_report_once_and_never_twice() {
+        let mut l = Ledger::new();
+        let c = Resources::new(1000, 0, 0);
+        let report = vec![claim("u1", "head", 0, 400, ""), claim("u2", "head", 0, 400, "")];
+        assert_eq!(l.adopt(&node(0), 1, &c, report.clone(), 17), (2, 0));
+        assert_eq!(l.allocated(&node(0)), Resources::new(800, 0, 0));
+        assert_eq!(l.assignments(&node(0)).0, 17, "continues from the agent's version");
+        // A second report (a reconnect) changes nothing: the ledger is the authority now.
+        assert_eq!(l.adopt(&node(0), 1, &c, report, 17), (0, 2));
+        assert_eq!(l.allocated(&node(0)), Resources::new(800, 0, 0));
+        // What does not fit, or is placed elsewhere already, is left out; the version moves
+        // so the agent is told.
+        let report =
+            vec![claim("u1", "head", 1, 400, ""), claim("u3", "head", 1, 700, ""), claim("u4", "head", 1, 500, "")];
+        assert_eq!(l.adopt(&node(1), 1, &c, report, 3), (1, 2));
+        assert_eq!(l.allocated(&node(1)), Resources::new(700, 0, 0));
+        assert_eq!(l.assignments(&node(1)).0, 4);
+        l.check_invariant(&cap).unwrap();
+        // A release that came before the agent did is not undone by its report.
+        l.release(&[claim("u9", "head", 3, 100, "").key]);
+        assert_eq!(l.adopt(&node(3), 1, &c, vec![claim("u9", "head", 3, 100, "")], 1), (0, 1));
+        // Adopted entries are ordinary entries: a replayed commit finds them placed.
+        let (out, _) = l.commit("t", &[claim("u1", "head", 2, 100, "")], &facts);
+        assert_eq!(out[0].1, Err(Reject::AlreadyPlaced));
     }
 
     #[test]

@@ -25,6 +25,8 @@ pub struct LedgerGrpc {
     pub ledger: Arc<Mutex<Ledger>>,
     pub publisher: Arc<ViewPublisher>,
     pub registry: Arc<Registry>,
+    /// Until then every node counts as Unknown for claims (`shard_recovering`).
+    pub recovering_until_ms: u64,
 }
 
 impl LedgerGrpc {
@@ -36,9 +38,10 @@ impl LedgerGrpc {
     /// Facts about a node from the current view (lock-free).
     fn facts(&self) -> impl Fn(&NodeId) -> Option<NodeFacts> + use<> {
         let view = self.publisher.load();
+        let recovering = crate::now_ms() < self.recovering_until_ms;
         move |id: &NodeId| {
             view.get(id).map(|r| NodeFacts {
-                status: r.status,
+                status: if recovering { flotilla_core::NodeStatus::Unknown } else { r.status },
                 incarnation: r.incarnation.0,
                 capacity: r.capacity.clone(),
                 low_priority: r.labels.get("priority") == Some("low"),

@@ -48,6 +48,9 @@ pub struct ShardConfig {
     pub master_secret: Vec<u8>,
     pub join_tokens: Vec<String>,
     pub tls: TlsMaterial,
+    /// After a restart, claims are refused (`shard_recovering`) this long, while agents
+    /// come back and the ledger is rebuilt from what they run. Zero for a fresh shard.
+    pub recovery_window: Duration,
 }
 
 impl ShardConfig {
@@ -63,6 +66,7 @@ impl ShardConfig {
             listen,
             shard,
             shards,
+            recovery_window: Duration::ZERO,
             timeouts: Timeouts::default(),
             batch_window: Duration::from_millis(20),
             ring_capacity: 1024,
@@ -215,9 +219,24 @@ pub async fn start(config: ShardConfig) -> anyhow::Result<ShardHandle> {
     let v1_admin = flotilla_proto::v1::node_admin_service_server::NodeAdminServiceServer::new(ledger_grpc::AdminGrpc {
         registry: registry.clone(),
     });
-    let ledger_svc =
-        ledger_grpc::LedgerGrpc { ledger: ledger.clone(), publisher: publisher.clone(), registry: registry.clone() }
-            .into_server();
+    let recovering_until_ms = now_ms() + config.recovery_window.as_millis() as u64;
+    if !config.recovery_window.is_zero() {
+        tracing::info!(window = ?config.recovery_window, "recovering: claims wait while agents report what they run");
+        metrics::gauge!("flotilla_shard_recovering").set(1.0);
+        let window = config.recovery_window;
+        tokio::spawn(async move {
+            tokio::time::sleep(window).await;
+            tracing::info!("recovery window over: taking claims");
+            metrics::gauge!("flotilla_shard_recovering").set(0.0);
+        });
+    }
+    let ledger_svc = ledger_grpc::LedgerGrpc {
+        ledger: ledger.clone(),
+        publisher: publisher.clone(),
+        registry: registry.clone(),
+        recovering_until_ms,
+    }
+    .into_server();
     let mut rx = shutdown_rx;
     tasks.spawn(async move {
         let incoming = tokio_stream::wrappers::TcpListenerStream::new(tcp);

@@ -63,6 +63,10 @@ pub struct Descriptor {
     pub labels: Arc<Labels>,
     pub capacity: Resources,
     pub health: HealthSample,
+    /// What the agent runs (validated), for a ledger that holds nothing for the node
+    /// (a restarted shard), and the version of that set.
+    pub running: Vec<crate::ledger::Claim>,
+    pub running_version: u64,
 }
 
 /// Why a registration was refused. `closes_connection` errors end the QUIC connection
@@ -179,6 +183,25 @@ impl Registry {
         let labels = convert::labels(req.labels).map_err(|e| RegisterError::Invalid(e.to_string()))?;
         let capacity = convert::node_capacity(req.capacity).map_err(|e| RegisterError::Invalid(e.to_string()))?;
         let health = convert::health(req.health).map_err(|e| RegisterError::Invalid(e.to_string()))?;
+        let running = if req.assignments.is_empty() {
+            Vec::new()
+        } else {
+            let claims = req
+                .assignments
+                .into_iter()
+                .map(|a| v1::Claim {
+                    key: Some(v1::ClaimKey { app: a.app, unit: a.unit, member: a.member, generation: a.generation }),
+                    node_id: req.node_id.clone(),
+                    incarnation: req.incarnation,
+                    resources: a.resources,
+                    allow_low_priority: true,
+                    group: String::new(),
+                    workload: a.workload,
+                })
+                .collect();
+            crate::ledger_grpc::claims_from_wire("register", claims)
+                .map_err(|e| RegisterError::Invalid(format!("assignments: {}", e.message())))?
+        };
         let owner = shard_for_domain(labels.domain(), self.shards);
         if owner != self.shard {
             return Err(RegisterError::WrongShard { domain: labels.domain().to_string(), owner, this: self.shard });
@@ -209,7 +232,11 @@ impl Registry {
         if let Some(old) = self.by_node.insert(node_id, live.clone()) {
             self.sessions.remove(&old.session_id);
         }
-        self.emit(Change::Registered(live.clone(), Descriptor { labels: self.intern(labels), capacity, health }));
+        let running_version = req.assignment_version;
+        self.emit(Change::Registered(
+            live.clone(),
+            Descriptor { labels: self.intern(labels), capacity, health, running, running_version },
+        ));
         Ok(live)
     }
 
@@ -333,6 +360,7 @@ pub(crate) mod tests {
             capacity: Some(v1::Resources { cpu_millis: 4000, memory_bytes: 1 << 33, ..Default::default() }),
             assignments: vec![],
             health: None,
+            assignment_version: 0,
         }
     }
 

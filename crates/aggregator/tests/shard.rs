@@ -57,6 +57,7 @@ fn register_req(node: &str, token: &str) -> v1::RegisterRequest {
         capacity: Some(v1::Resources { cpu_millis: 2000, memory_bytes: 1 << 30, ..Default::default() }),
         assignments: vec![],
         health: None,
+        assignment_version: 0,
     }
 }
 

@@ -24,13 +24,21 @@ pub enum MemberHealth {
     Unknown,
 }
 
-pub fn member_health(m: &MemberRecord, slots: &[Arc<ShardSlot>]) -> MemberHealth {
+/// How long after a shard (re)started a node missing from its view is Unknown rather than
+/// lost: its agent may not have registered again yet. A shard's epoch is its start time
+/// (Unix ms), so this needs no word from the shard.
+pub const REJOIN_GRACE_MS: u64 = 15_000;
+
+pub fn member_health(m: &MemberRecord, slots: &[Arc<ShardSlot>], now_ms: u64) -> MemberHealth {
     let (Some(node), Some(shard)) = (m.node_id.as_deref(), m.shard) else { return MemberHealth::Ok };
     let Some(slot) = slots.get(shard as usize) else { return MemberHealth::Unknown };
     if !slot.connected {
         return MemberHealth::Unknown;
     }
     let Some(rec) = NodeId::new(node).ok().and_then(|id| slot.view.get(&id).cloned()) else {
+        if now_ms.saturating_sub(slot.view.version.epoch) < REJOIN_GRACE_MS {
+            return MemberHealth::Unknown;
+        }
         return MemberHealth::Lost("its node left the view");
     };
     if rec.incarnation.0 != m.incarnation {
@@ -56,14 +64,20 @@ pub enum Repair {
 }
 
 /// `unknown_for_ms`: how long this unit has had Unknown members (0 if none so far).
-pub fn decide(unit: &UnitRecord, slots: &[Arc<ShardSlot>], unknown_for_ms: u64, unknown_grace_ms: u64) -> Repair {
+pub fn decide(
+    unit: &UnitRecord,
+    slots: &[Arc<ShardSlot>],
+    unknown_for_ms: u64,
+    unknown_grace_ms: u64,
+    now_ms: u64,
+) -> Repair {
     if !matches!(unit.state, UnitState::Allocated | UnitState::Starting | UnitState::Running | UnitState::Degraded) {
         return Repair::Nothing;
     }
     let mut lost_workers = Vec::new();
     let mut unknown = false;
     for m in &unit.members {
-        let h = match member_health(m, slots) {
+        let h = match member_health(m, slots, now_ms) {
             MemberHealth::Unknown if unknown_for_ms >= unknown_grace_ms => {
                 MemberHealth::Lost("its shard stayed unknown past the grace")
             }
@@ -165,11 +179,26 @@ mod tests {
         }
     }
 
+    /// Long after the test shards' epoch (1).
+    const NOW: u64 = 1_000_000_000;
+
+    #[test]
+    fn a_missing_node_is_unknown_while_its_shard_is_young_then_lost() {
+        let u = unit("u", 1, UnitState::Running, &[("head", "gone")]);
+        let mut s = slots(&[], true);
+        assert!(matches!(decide(&u, &s, 0, 60_000, NOW), Repair::FailUnit(_)), "left the view of an old shard");
+        let young = ShardView::empty(0, NOW - 1_000);
+        let domains = flotilla_view::Domains::of(&young);
+        s[0] = Arc::new(ShardSlot { view: Arc::new(young), connected: true, domains });
+        assert_eq!(decide(&u, &s, 0, 60_000, NOW), Repair::Wait, "a restarted shard: its agent may be on its way");
+        assert!(matches!(decide(&u, &s, 0, 60_000, NOW + REJOIN_GRACE_MS), Repair::FailUnit(_)));
+    }
+
     #[test]
     fn a_lost_head_fails_the_unit_a_lost_worker_only_itself() {
         let u = unit("u", 1, UnitState::Running, &[("head", "n1"), ("worker-0", "n2"), ("worker-1", "n3")]);
         let s = slots(&[("n1", NodeStatus::Dead, 1, 1000), ("n2", NodeStatus::Alive, 1, 1000)], true);
-        assert!(matches!(decide(&u, &s, 0, 60_000), Repair::FailUnit(_)));
+        assert!(matches!(decide(&u, &s, 0, 60_000, NOW), Repair::FailUnit(_)));
         let s = slots(
             &[
                 ("n1", NodeStatus::Alive, 1, 1000),
@@ -179,7 +208,7 @@ mod tests {
             true,
         );
         assert_eq!(
-            decide(&u, &s, 0, 60_000),
+            decide(&u, &s, 0, 60_000, NOW),
             Repair::ReplaceWorkers(vec!["worker-0".into(), "worker-1".into()]),
             "draining, and restarted"
         );
@@ -191,17 +220,17 @@ mod tests {
             ],
             true,
         );
-        assert_eq!(decide(&u, &s, 0, 60_000), Repair::Nothing, "suspect is not lost");
+        assert_eq!(decide(&u, &s, 0, 60_000, NOW), Repair::Nothing, "suspect is not lost");
     }
 
     #[test]
     fn unknown_is_not_dead_until_the_grace_expires() {
         let u = unit("u", 1, UnitState::Running, &[("head", "n1")]);
         let s = slots(&[("n1", NodeStatus::Alive, 1, 1000)], false);
-        assert_eq!(decide(&u, &s, 5_000, 60_000), Repair::Wait);
-        assert!(matches!(decide(&u, &s, 60_000, 60_000), Repair::FailUnit(_)));
+        assert_eq!(decide(&u, &s, 5_000, 60_000, NOW), Repair::Wait);
+        assert!(matches!(decide(&u, &s, 60_000, 60_000, NOW), Repair::FailUnit(_)));
         let s = slots(&[("n1", NodeStatus::Unknown, 1, 1000)], true);
-        assert_eq!(decide(&u, &s, 0, 60_000), Repair::Wait);
+        assert_eq!(decide(&u, &s, 0, 60_000, NOW), Repair::Wait);
     }
 
     #[test]

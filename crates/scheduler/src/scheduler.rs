@@ -461,14 +461,14 @@ impl Scheduler {
                 continue;
             }
             placed += 1;
-            let unknown = u.members.iter().any(|m| member_health(m, slots) == MemberHealth::Unknown);
+            let unknown = u.members.iter().any(|m| member_health(m, slots, now) == MemberHealth::Unknown);
             let since = if unknown {
                 *self.unknown_since.entry(u.unit_id.clone()).or_insert(now)
             } else {
                 self.unknown_since.remove(&u.unit_id);
                 now
             };
-            match decide(u, slots, now.saturating_sub(since), self.unknown_grace_ms) {
+            match decide(u, slots, now.saturating_sub(since), self.unknown_grace_ms, now) {
                 Repair::Nothing | Repair::Wait => {}
                 r => decisions.push((u.unit_id.clone(), r)),
             }

@@ -51,6 +51,7 @@ async fn cluster(name: &str, nodes: usize) -> Cluster {
             capacity: Some(v1::Resources { cpu_millis: 1000, memory_bytes: 1 << 30, ..Default::default() }),
             assignments: vec![],
             health: None,
+            assignment_version: 0,
         })
         .await
         .unwrap();
@@ -228,6 +229,7 @@ async fn node(c: &Cluster, id: &str, domain: &str, cpu: u64) -> (ShardConnection
             capacity: Some(v1::Resources { cpu_millis: cpu, memory_bytes: 1 << 30, ..Default::default() }),
             assignments: vec![],
             health: None,
+            assignment_version: 0,
         })
         .await
         .unwrap();
