@@ -9,6 +9,8 @@ pub mod routes;
 pub mod scheduler;
 pub mod spec;
 pub mod store;
+#[cfg(test)]
+mod testing;
 
 pub use scheduler::{AppHandle, AppStatus, Scheduler};
 pub use spec::AppSpec;

@@ -267,8 +267,7 @@ fn place_in_domain(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use flotilla_core::{HealthSample, Incarnation, Labels};
-    use flotilla_view::ShardView;
+    use flotilla_core::Labels;
     use rand::SeedableRng;
 
     fn rec(id: &str, domain: &str, cpu: u64, used: u64, status: NodeStatus, gpu: u32, low: bool) -> Arc<NodeRecord> {
@@ -278,29 +277,16 @@ mod tests {
             l.insert("priority", "low").unwrap();
         }
         Arc::new(NodeRecord {
-            node_id: NodeId::new(id).unwrap(),
-            incarnation: Incarnation(1),
             status,
-            status_since_unix_ms: 0,
-            shard: 0,
             labels: Arc::new(l),
-            health_millis: 1000,
-            health: HealthSample::default(),
             capacity: Resources::new(cpu, 1 << 34, gpu),
             allocated: Resources::new(used, 0, 0),
-            workloads: Default::default(),
-            cordoned: false,
-            drain_requested: false,
+            ..crate::testing::node(id)
         })
     }
 
     fn slots(recs: Vec<Arc<NodeRecord>>) -> Vec<Arc<ShardSlot>> {
-        let mut v = ShardView::empty(0, 1);
-        for r in recs {
-            v.nodes.insert(r.node_id.clone(), r);
-        }
-        let domains = flotilla_view::Domains::of(&v);
-        vec![Arc::new(ShardSlot { view: Arc::new(v), connected: true, domains })]
+        crate::testing::slots(recs.into_iter().map(Arc::unwrap_or_clone), true)
     }
 
     fn members(n: usize, cpu: u64) -> Vec<MemberRequest> {

@@ -125,58 +125,19 @@ pub fn scale_in_order(units: &[&UnitRecord], n: usize, slots: &[Arc<ShardSlot>])
 #[cfg(test)]
 mod tests {
     use super::*;
-    use flotilla_core::{HealthSample, Incarnation, Labels, Resources};
+    use flotilla_core::Incarnation;
     use flotilla_view::{NodeRecord, ShardView};
 
-    fn slots(nodes: &[(&str, NodeStatus, u64, u16)], connected: bool) -> Vec<Arc<ShardSlot>> {
-        let mut v = ShardView::empty(0, 1);
-        for (id, st, inc, health) in nodes {
-            let r = NodeRecord {
-                node_id: NodeId::new(id).unwrap(),
-                incarnation: Incarnation(*inc),
-                status: *st,
-                status_since_unix_ms: 0,
-                shard: 0,
-                labels: Arc::new(Labels::new()),
-                health_millis: *health,
-                health: HealthSample::default(),
-                capacity: Resources::default(),
-                allocated: Resources::default(),
-                workloads: Default::default(),
-                cordoned: false,
-                drain_requested: false,
-            };
-            v.nodes.insert(r.node_id.clone(), Arc::new(r));
-        }
-        let domains = flotilla_view::Domains::of(&v);
-        vec![Arc::new(ShardSlot { view: Arc::new(v), connected, domains })]
-    }
+    use crate::testing::unit;
 
-    fn unit(id: &str, generation: u64, state: UnitState, members: &[(&str, &str)]) -> UnitRecord {
-        UnitRecord {
-            unit_id: id.into(),
-            app: "a".into(),
-            domain: Some("d".into()),
-            generation,
-            state,
-            members: members
-                .iter()
-                .map(|(member, node)| MemberRecord {
-                    member: member.to_string(),
-                    role: if *member == "head" { "head".into() } else { "worker".into() },
-                    node_id: Some(node.to_string()),
-                    incarnation: 1,
-                    shard: Some(0),
-                    address: None,
-                    state: Some("running".into()),
-                })
-                .collect(),
-            created_unix_ms: 0,
-            unplaced_reason: None,
-            draining_since_unix_ms: None,
-            template: None,
-            replaced_by: None,
-        }
+    fn slots(nodes: &[(&str, NodeStatus, u64, u16)], connected: bool) -> Vec<Arc<ShardSlot>> {
+        let records = nodes.iter().map(|(id, status, inc, health)| NodeRecord {
+            status: *status,
+            incarnation: Incarnation(*inc),
+            health_millis: *health,
+            ..crate::testing::node(id)
+        });
+        crate::testing::slots(records, connected)
     }
 
     /// Long after the test shards' epoch (1).

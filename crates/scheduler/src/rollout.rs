@@ -92,56 +92,24 @@ pub fn plan(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::MemberRecord;
-    use flotilla_core::{HealthSample, Incarnation, Labels, NodeStatus, Resources};
-    use flotilla_view::{NodeRecord, ShardView};
+    use flotilla_core::HealthSample;
+    use flotilla_view::NodeRecord;
 
     /// Nodes n1..n4; `drained` are being drained, `noticed` have a preemption notice.
     fn slots(drained: &[&str], noticed: &[&str]) -> Vec<Arc<ShardSlot>> {
-        let mut v = ShardView::empty(0, 1);
-        for id in ["n1", "n2", "n3", "n4"] {
-            let r = NodeRecord {
-                node_id: NodeId::new(id).unwrap(),
-                incarnation: Incarnation(1),
-                status: NodeStatus::Alive,
-                status_since_unix_ms: 0,
-                shard: 0,
-                labels: Arc::new(Labels::new()),
-                health_millis: 1000,
-                health: HealthSample { preemption_notice: noticed.contains(&id), ..Default::default() },
-                capacity: Resources::default(),
-                allocated: Resources::default(),
-                workloads: Default::default(),
-                cordoned: drained.contains(&id),
-                drain_requested: drained.contains(&id),
-            };
-            v.nodes.insert(r.node_id.clone(), Arc::new(r));
-        }
-        let domains = flotilla_view::Domains::of(&v);
-        vec![Arc::new(ShardSlot { view: Arc::new(v), connected: true, domains })]
+        let records = ["n1", "n2", "n3", "n4"].map(|id| NodeRecord {
+            health: HealthSample { preemption_notice: noticed.contains(&id), ..Default::default() },
+            cordoned: drained.contains(&id),
+            drain_requested: drained.contains(&id),
+            ..crate::testing::node(id)
+        });
+        crate::testing::slots(records, true)
     }
 
     fn unit(id: &str, generation: u64, state: UnitState, node: &str, template: &str) -> (String, UnitRecord) {
         let u = UnitRecord {
-            unit_id: id.into(),
-            app: "a".into(),
-            domain: Some("d".into()),
-            generation,
-            state,
-            members: vec![MemberRecord {
-                member: "head".into(),
-                role: "head".into(),
-                node_id: Some(node.into()),
-                incarnation: 1,
-                shard: Some(0),
-                address: None,
-                state: Some("running".into()),
-            }],
-            created_unix_ms: 0,
-            unplaced_reason: None,
-            draining_since_unix_ms: None,
             template: Some(template.into()),
-            replaced_by: None,
+            ..crate::testing::unit(id, generation, state, &[("head", node)])
         };
         (id.to_string(), u)
     }

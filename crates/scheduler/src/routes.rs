@@ -115,60 +115,30 @@ impl Weights {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::MemberRecord;
-    use flotilla_core::{HealthSample, Incarnation, Labels, Resources};
-    use flotilla_view::{NodeRecord, ShardView};
+    use flotilla_core::{Labels, Resources};
+    use flotilla_view::NodeRecord;
 
     fn slots(nodes: &[(&str, NodeStatus, u16, Option<&str>)]) -> Vec<Arc<ShardSlot>> {
-        let mut v = ShardView::empty(0, 1);
-        for (id, status, health, gpu) in nodes {
+        let records = nodes.iter().map(|(id, status, health, gpu)| {
             let mut labels = Labels::new();
             if let Some(g) = gpu {
                 labels.insert("gpu_model", g).unwrap();
             }
-            let r = NodeRecord {
-                node_id: NodeId::new(id).unwrap(),
-                incarnation: Incarnation(1),
+            NodeRecord {
                 status: *status,
-                status_since_unix_ms: 0,
-                shard: 0,
-                labels: Arc::new(labels),
                 health_millis: *health,
-                health: HealthSample::default(),
+                labels: Arc::new(labels),
                 capacity: Resources { cpu_millis: 8000, ..Default::default() },
-                allocated: Resources::default(),
-                workloads: Default::default(),
-                cordoned: false,
-                drain_requested: false,
-            };
-            v.nodes.insert(r.node_id.clone(), Arc::new(r));
-        }
-        let domains = flotilla_view::Domains::of(&v);
-        vec![Arc::new(ShardSlot { view: Arc::new(v), connected: true, domains })]
+                ..crate::testing::node(id)
+            }
+        });
+        crate::testing::slots(records, true)
     }
 
     fn unit(id: &str, state: UnitState, node: &str, member_state: &str) -> UnitRecord {
-        UnitRecord {
-            unit_id: id.into(),
-            app: "a".into(),
-            domain: None,
-            generation: 1,
-            state,
-            members: vec![MemberRecord {
-                member: "head".into(),
-                role: "head".into(),
-                node_id: Some(node.into()),
-                incarnation: 1,
-                shard: Some(0),
-                address: Some(format!("{node}:80")),
-                state: Some(member_state.into()),
-            }],
-            created_unix_ms: 0,
-            unplaced_reason: None,
-            draining_since_unix_ms: None,
-            template: None,
-            replaced_by: None,
-        }
+        let mut u = crate::testing::unit(id, 1, state, &[("head", node)]);
+        u.members[0].state = Some(member_state.into());
+        u
     }
 
     #[test]
