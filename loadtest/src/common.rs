@@ -252,3 +252,65 @@ mod tests {
         assert!(proc_rss_bytes(std::process::id()).unwrap() > 0);
     }
 }
+
+/// `flotilla up --shards 2 --restart-agents` with real agents and one app, in its own
+/// process group; stopped (SIGTERM, then SIGKILL to the group) and its data dir removed
+/// on drop.
+pub struct UpProc {
+    child: Child,
+    pub dir: PathBuf,
+}
+
+impl UpProc {
+    pub fn start(bin: &Path, dir: &Path, agents: usize, extra: &[&str], app: &Path) -> anyhow::Result<UpProc> {
+        use std::os::unix::process::CommandExt;
+        let child = Command::new(bin)
+            .args(["up", "--shards", "2", "--listen", "127.0.0.1:0", "--restart-agents"])
+            .args(["--agents", &agents.to_string()])
+            .args(extra)
+            .arg("--data")
+            .arg(dir)
+            .arg("--app")
+            .arg(app)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(dir.join("up.out"))?)
+            .stderr(std::fs::File::create(dir.join("up.err"))?)
+            .process_group(0)
+            .spawn()
+            .context("starting flotilla up")?;
+        Ok(UpProc { child, dir: dir.to_path_buf() })
+    }
+
+    /// The control API's address, once `up` wrote it.
+    pub async fn addr(&self) -> anyhow::Result<String> {
+        let file = self.dir.join("control.addr");
+        for _ in 0..300 {
+            if let Ok(a) = std::fs::read_to_string(&file) {
+                return Ok(a);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Err(anyhow!("flotilla up did not start (see {})", self.dir.join("up.err").display()))
+    }
+}
+
+impl Drop for UpProc {
+    fn drop(&mut self) {
+        // SAFETY: signals to the process (group) we started.
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGTERM);
+        }
+        for _ in 0..200 {
+            if matches!(self.child.try_wait(), Ok(Some(_))) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        unsafe {
+            libc::kill(-(self.child.id() as i32), libc::SIGKILL);
+        }
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

@@ -5,15 +5,15 @@
 //! so trials can go on.
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, anyhow};
+use anyhow::anyhow;
 use clap::Args;
 use hdrhistogram::Histogram;
 use serde_json::Value;
 
-use crate::common::{flotilla_bin, machine, pct_ms};
+use crate::common::{UpProc, flotilla_bin, machine, pct_ms};
 
 const ECHO: &str = include_str!("../../examples/echo.toml");
 
@@ -27,31 +27,6 @@ pub struct FailoverArgs {
     pub json: bool,
     #[arg(long)]
     pub flotilla: Option<PathBuf>,
-}
-
-struct Up {
-    child: Child,
-    dir: PathBuf,
-}
-
-impl Drop for Up {
-    fn drop(&mut self) {
-        // SAFETY: signals to the process group we started.
-        unsafe {
-            libc::kill(self.child.id() as i32, libc::SIGTERM);
-        }
-        for _ in 0..200 {
-            if matches!(self.child.try_wait(), Ok(Some(_))) {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        unsafe {
-            libc::kill(-(self.child.id() as i32), libc::SIGKILL);
-        }
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
 }
 
 async fn get(client: &reqwest::Client, url: &str) -> Option<Value> {
@@ -107,27 +82,9 @@ pub async fn run(a: FailoverArgs) -> anyhow::Result<()> {
         "flotilla up --agents {} --shards 2 --app echo --restart-agents --restart-delay 6s (suspect after 2s, dead after 3s)",
         a.agents
     );
-    let child = {
-        use std::os::unix::process::CommandExt;
-        Command::new(&bin)
-            // A lost node comes back as a new one only after it was seen dead.
-            .args(["up", "--shards", "2", "--listen", "127.0.0.1:0", "--restart-agents", "--restart-delay", "6s"])
-            .args(["--agents", &a.agents.to_string()])
-            .arg("--data")
-            .arg(&dir)
-            .arg("--app")
-            .arg(&spec)
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(std::fs::File::create(dir.join("up.out"))?)
-            .stderr(std::fs::File::create(dir.join("up.err"))?)
-            .process_group(0)
-            .spawn()
-            .context("starting flotilla up")?
-    };
-    let up = Up { child, dir: dir.clone() };
+    let up = UpProc::start(&bin, &dir, a.agents, &["--restart-delay", "6s"], &spec)?;
     let client = reqwest::Client::new();
-    let addr = until(Duration::from_secs(30), async || std::fs::read_to_string(dir.join("control.addr")).ok()).await?;
+    let addr = up.addr().await?;
     until(Duration::from_secs(60), async || (state(&client, &addr).await.1.len() == 2).then_some(())).await?;
 
     let mut route_kill = Histogram::<u64>::new(3)?;

@@ -6,6 +6,7 @@ mod failover;
 mod heartbeats;
 mod routing;
 mod schedule;
+mod soak;
 
 use clap::{Parser, Subcommand};
 
@@ -26,6 +27,8 @@ enum Cmd {
     Failover(failover::FailoverArgs),
     /// Tail latency through `flotilla route` with slow backends, against round robin.
     Routing(routing::RoutingArgs),
+    /// Real agents and an app under churn, with the invariants checked all along.
+    Soak(soak::SoakArgs),
 }
 
 #[tokio::main]
@@ -36,6 +39,7 @@ async fn main() -> std::process::ExitCode {
         Cmd::Schedule(a) => schedule::run_schedule(a).await,
         Cmd::Failover(a) => failover::run(a).await,
         Cmd::Routing(a) => routing::run(a).await,
+        Cmd::Soak(a) => soak::run(a).await,
     };
     match r {
         Ok(()) => std::process::ExitCode::SUCCESS,
