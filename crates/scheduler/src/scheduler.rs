@@ -124,6 +124,8 @@ struct PendingAlloc {
 
 pub struct Scheduler {
     spec: AppSpec,
+    /// `spec.template_fingerprint()`, kept with the spec.
+    fingerprint: String,
     cluster: Arc<ClusterView>,
     shard_addrs: Vec<String>,
     clients: Vec<Option<LedgerServiceClient<Channel>>>,
@@ -186,6 +188,7 @@ impl Scheduler {
         let clients = vec![None; shard_addrs.len()];
         Ok((
             Scheduler {
+                fingerprint: spec.template_fingerprint(),
                 spec,
                 cluster,
                 shard_addrs,
@@ -286,6 +289,7 @@ impl Scheduler {
         tracing::info!(app = %spec.name, %fingerprint, stale, "spec applied");
         metrics::counter!("flotilla_spec_applied_total", "app" => spec.name.clone()).increment(1);
         self.spec = spec;
+        self.fingerprint = fingerprint;
         self.classes = ClassCache::default();
         Ok(message)
     }
@@ -370,7 +374,7 @@ impl Scheduler {
             created_unix_ms: now_ms(),
             unplaced_reason: None,
             draining_since_unix_ms: None,
-            template: Some(self.spec.template_fingerprint()),
+            template: Some(self.fingerprint.clone()),
             replaced_by: None,
         };
         tracing::info!(unit = %unit.unit_id, "unit queued");
@@ -387,7 +391,7 @@ impl Scheduler {
         let plan = crate::rollout::plan(
             &self.stored.units,
             slots,
-            &self.spec.template_fingerprint(),
+            &self.fingerprint,
             self.desired(),
             self.spec.rollout.max_unavailable,
         );
