@@ -35,20 +35,13 @@ impl Apps {
         self.0.write().unwrap_or_else(|p| p.into_inner()).insert(h.app.clone(), AppEndpoint::Local(h));
     }
 
-    fn get(&self, app: &str) -> Option<Result<AppHandle, String>> {
+    /// The app's in-process scheduler, or the URL of its live standalone one.
+    pub(crate) fn get(&self, app: &str) -> Option<Result<AppHandle, String>> {
         let g = self.0.read().unwrap_or_else(|p| p.into_inner());
         match g.get(app)? {
             AppEndpoint::Local(h) => Some(Ok(h.clone())),
             AppEndpoint::Remote { url, seen } if seen.elapsed() < REMOTE_TTL => Some(Err(url.clone())),
             AppEndpoint::Remote { .. } => None,
-        }
-    }
-
-    /// Local or live remote endpoint of `app`.
-    pub fn endpoint(&self, app: &str) -> Option<AppEndpoint> {
-        match self.get(app)? {
-            Ok(h) => Some(AppEndpoint::Local(h)),
-            Err(url) => Some(AppEndpoint::Remote { url, seen: Instant::now() }),
         }
     }
 

@@ -10,7 +10,6 @@ use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status};
 
 use crate::ControlState;
-use crate::apps::AppEndpoint;
 
 pub struct RoutesGrpc(pub Arc<ControlState>);
 
@@ -29,14 +28,14 @@ impl v1::route_service_server::RouteService for RoutesGrpc {
         if app.is_empty() || app.len() > 63 {
             return Err(Status::invalid_argument("app: 1..=63 bytes"));
         }
-        match self.0.apps.endpoint(&app) {
-            Some(AppEndpoint::Local(h)) => {
+        match self.0.apps.get(&app) {
+            Some(Ok(h)) => {
                 metrics::counter!("flotilla_watchroutes_streams_total").increment(1);
                 let rx = h.routes();
                 let stream = tokio_stream::wrappers::WatchStream::new(rx).map(|t| Ok(t.as_ref().clone()));
                 Ok(Response::new(Box::pin(stream)))
             }
-            Some(AppEndpoint::Remote { url, .. }) => {
+            Some(Err(url)) => {
                 Err(Status::failed_precondition(format!("app {app} is scheduled at {url}: watch it there")))
             }
             None => Err(Status::not_found(format!("no app named {app:?}"))),
