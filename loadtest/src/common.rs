@@ -236,23 +236,6 @@ pub async fn register_nodes(
     Ok(nodes)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn metrics_are_summed_over_labels() {
-        let t = "# TYPE x counter\nx_total{a=\"1\"} 2\nx_total{a=\"2\"} 3.5\nx_total_other 9\nx_total 1\n";
-        assert_eq!(sum_metric(t, "x_total"), 6.5);
-    }
-
-    #[test]
-    fn reads_own_process() {
-        assert!(proc_cpu_seconds(std::process::id()).is_some());
-        assert!(proc_rss_bytes(std::process::id()).unwrap() > 0);
-    }
-}
-
 /// `flotilla up --shards 2 --restart-agents` with real agents and one app, in its own
 /// process group; stopped (SIGTERM, then SIGKILL to the group) and its data dir removed
 /// on drop.
@@ -312,5 +295,22 @@ impl Drop for UpProc {
         }
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metrics_are_summed_over_labels() {
+        let t = "# TYPE x counter\nx_total{a=\"1\"} 2\nx_total{a=\"2\"} 3.5\nx_total_other 9\nx_total 1\n";
+        assert_eq!(sum_metric(t, "x_total"), 6.5);
+    }
+
+    #[test]
+    fn reads_own_process() {
+        assert!(proc_cpu_seconds(std::process::id()).is_some());
+        assert!(proc_rss_bytes(std::process::id()).unwrap() > 0);
     }
 }
