@@ -46,9 +46,7 @@ pub fn router(state: Arc<ControlState>) -> Router {
     Router::new()
         .route("/v1/nodes", get(list_nodes))
         .route("/v1/shards", get(list_shards))
-        .route("/v1/nodes/{node}/cordon", axum::routing::post(cordon))
-        .route("/v1/nodes/{node}/uncordon", axum::routing::post(uncordon))
-        .route("/v1/nodes/{node}/drain", axum::routing::post(drain))
+        .route("/v1/nodes/{node}/{action}", axum::routing::post(node_action))
         .route("/healthz", get(|| async { "ok" }))
         .merge(apps::routes())
         .fallback(|| async {
@@ -69,30 +67,26 @@ async fn list_nodes(State(s): State<Arc<ControlState>>) -> Json<Vec<NodeRow>> {
     Json(node_rows(&s.cluster))
 }
 
-async fn cordon(
+/// `POST /v1/nodes/{node}/cordon|drain|uncordon`. A drain also asks every app's scheduler
+/// to replace the members the node runs elsewhere before they are stopped.
+async fn node_action(
     State(s): State<Arc<ControlState>>,
-    axum::extract::Path(node): axum::extract::Path<String>,
+    axum::extract::Path((node, action)): axum::extract::Path<(String, String)>,
     headers: axum::http::HeaderMap,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    set_cordon(&s, &node, &headers, NodeAction::Cordon).await
-}
-
-/// Cordons the node and asks every app's scheduler to replace the members it runs
-/// elsewhere before they are stopped.
-async fn drain(
-    State(s): State<Arc<ControlState>>,
-    axum::extract::Path(node): axum::extract::Path<String>,
-    headers: axum::http::HeaderMap,
-) -> Result<Json<serde_json::Value>, ApiError> {
-    set_cordon(&s, &node, &headers, NodeAction::Drain).await
-}
-
-async fn uncordon(
-    State(s): State<Arc<ControlState>>,
-    axum::extract::Path(node): axum::extract::Path<String>,
-    headers: axum::http::HeaderMap,
-) -> Result<Json<serde_json::Value>, ApiError> {
-    set_cordon(&s, &node, &headers, NodeAction::Uncordon).await
+    let what = match action.as_str() {
+        "cordon" => NodeAction::Cordon,
+        "drain" => NodeAction::Drain,
+        "uncordon" => NodeAction::Uncordon,
+        _ => {
+            return Err(ApiError {
+                status: StatusCode::NOT_FOUND,
+                code: "not_found",
+                message: format!("no node action {action:?} (cordon, drain or uncordon)"),
+            });
+        }
+    };
+    set_cordon(&s, &node, &headers, what).await
 }
 
 #[derive(Clone, Copy, PartialEq)]

@@ -257,9 +257,10 @@ impl Balancer {
                 // a 5× slower endpoint is offered ~100× less often, so it rarely even gets to
                 // compete, yet is still probed now and then and can show it recovered.
                 let rtts: Vec<f64> = eps.iter().map(|e| e.rtt_ewma().as_secs_f64()).collect();
-                let mut sorted = rtts.clone();
-                sorted.sort_by(f64::total_cmp);
-                let median = sorted.get(sorted.len() / 2).copied().unwrap_or(0.0);
+                let mut scratch = rtts.clone();
+                let mid = scratch.len() / 2;
+                let median =
+                    if scratch.is_empty() { 0.0 } else { *scratch.select_nth_unstable_by(mid, f64::total_cmp).1 };
                 let weights: Vec<f64> = eps
                     .iter()
                     .zip(&rtts)

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use flotilla_core::{HealthSample, Incarnation, Labels, NodeId, NodeStatus, Resources};
+use flotilla_core::NodeId;
 use flotilla_view::{NodeRecord, ShardSlot, ShardView};
 
 use crate::lifecycle::UnitState;
@@ -11,21 +11,7 @@ use crate::store::{MemberRecord, UnitRecord};
 
 /// An Alive, fully healthy node of incarnation 1 with no labels and no capacity.
 pub fn node(id: &str) -> NodeRecord {
-    NodeRecord {
-        node_id: NodeId::new(id).unwrap(),
-        incarnation: Incarnation(1),
-        status: NodeStatus::Alive,
-        status_since_unix_ms: 0,
-        shard: 0,
-        labels: Arc::new(Labels::new()),
-        health_millis: 1000,
-        health: HealthSample::default(),
-        capacity: Resources::default(),
-        allocated: Resources::default(),
-        workloads: Default::default(),
-        cordoned: false,
-        drain_requested: false,
-    }
+    NodeRecord::blank(NodeId::new(id).unwrap())
 }
 
 /// Shard 0 (epoch 1) holding `nodes`.

@@ -86,26 +86,12 @@ impl Domains {
 mod tests {
     use super::*;
     use crate::record::{NodeRecord, Version};
-    use flotilla_core::{HealthSample, Incarnation, Labels, NodeStatus, Resources};
+    use flotilla_core::Labels;
 
     fn rec(id: &str, domain: &str) -> Arc<NodeRecord> {
         let mut l = Labels::new();
         l.insert("domain", domain).unwrap();
-        Arc::new(NodeRecord {
-            node_id: NodeId::new(id).unwrap(),
-            incarnation: Incarnation(1),
-            status: NodeStatus::Alive,
-            status_since_unix_ms: 0,
-            shard: 0,
-            labels: Arc::new(l),
-            health_millis: 1000,
-            health: HealthSample::default(),
-            capacity: Resources::default(),
-            allocated: Resources::default(),
-            workloads: Default::default(),
-            cordoned: false,
-            drain_requested: false,
-        })
+        Arc::new(NodeRecord { labels: Arc::new(l), ..NodeRecord::blank(NodeId::new(id).unwrap()) })
     }
 
     fn sorted(d: &Domains) -> Vec<(String, Vec<String>)> {

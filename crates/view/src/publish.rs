@@ -99,23 +99,13 @@ impl ViewPublisher {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use flotilla_core::{HealthSample, Incarnation, Labels, NodeStatus, Resources};
+    use flotilla_core::{NodeStatus, Resources};
 
     pub(crate) fn rec(id: &str, status: NodeStatus) -> Arc<NodeRecord> {
         Arc::new(NodeRecord {
-            node_id: NodeId::new(id).unwrap(),
-            incarnation: Incarnation(1),
             status,
-            status_since_unix_ms: 0,
-            shard: 0,
-            labels: Arc::new(Labels::new()),
-            health_millis: 1000,
-            health: HealthSample::default(),
             capacity: Resources::new(1000, 1 << 30, 0),
-            allocated: Resources::default(),
-            workloads: Default::default(),
-            cordoned: false,
-            drain_requested: false,
+            ..NodeRecord::blank(NodeId::new(id).unwrap())
         })
     }
 

@@ -37,6 +37,26 @@ pub struct NodeRecord {
 }
 
 impl NodeRecord {
+    /// An Alive, healthy record of incarnation 1 on shard 0 with no labels, capacity or
+    /// allocations: a base for callers to fill in what they know (tests, mostly).
+    pub fn blank(node_id: NodeId) -> Self {
+        NodeRecord {
+            node_id,
+            incarnation: Incarnation(1),
+            status: NodeStatus::Alive,
+            status_since_unix_ms: 0,
+            shard: 0,
+            labels: Arc::new(Labels::new()),
+            health_millis: 1000,
+            health: HealthSample::default(),
+            capacity: Resources::default(),
+            allocated: Resources::default(),
+            workloads: Default::default(),
+            cordoned: false,
+            drain_requested: false,
+        }
+    }
+
     pub fn health_score(&self) -> f32 {
         f32::from(self.health_millis) / 1000.0
     }
