@@ -19,10 +19,11 @@ pub fn flotilla_bin(given: Option<PathBuf>) -> anyhow::Result<PathBuf> {
     Ok(p)
 }
 
-/// A fresh data dir with a join token, a shard secret and TLS material.
+/// A fresh data dir with a join token, a gRPC token, a shard secret and TLS material.
 pub struct Data {
     pub dir: PathBuf,
     pub join_token: String,
+    pub grpc_token: String,
     pub ca: PathBuf,
 }
 
@@ -36,7 +37,14 @@ impl Data {
         std::fs::write(dir.join("join-token"), &join_token)?;
         std::fs::write(dir.join("api-token"), format!("{:032x}", rand::random::<u128>()))?;
         std::fs::write(dir.join("shard-secret"), format!("{:064x}", rand::random::<u128>()))?;
-        Ok(Data { dir, join_token, ca })
+        let grpc_token = format!("{:032x}", rand::random::<u128>());
+        std::fs::write(dir.join("grpc-token"), &grpc_token)?;
+        Ok(Data { dir, join_token, grpc_token, ca })
+    }
+
+    /// Reaches the shards' gRPC with this data dir's token.
+    pub fn dialer(&self) -> anyhow::Result<flotilla_proto::dial::Dialer> {
+        Ok(flotilla_proto::dial::Dialer::network().with_token(&self.grpc_token)?)
     }
 }
 

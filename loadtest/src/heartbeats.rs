@@ -73,8 +73,7 @@ pub async fn run(a: HeartbeatArgs) -> anyhow::Result<()> {
     let lag = Arc::new(Mutex::new(Histogram::<u64>::new(3)?));
     let measuring = Arc::new(AtomicBool::new(false));
     for shard in &shards {
-        let mut client = ViewServiceClient::connect(format!("http://{}", shard.addr))
-            .await?
+        let mut client = ViewServiceClient::new(data.dialer()?.connect(&shard.addr, None).await?)
             .max_decoding_message_size(flotilla_proto::MAX_GRPC_MESSAGE);
         let mut stream = client.watch_view(v1::WatchViewRequest { from_version: None }).await?.into_inner();
         let (pending, lag, measuring) = (pending.clone(), lag.clone(), measuring.clone());

@@ -74,6 +74,7 @@ async fn run(
     a: &ScheduleArgs,
     cluster: &Arc<ClusterView>,
     addrs: &[String],
+    dialer: &flotilla_proto::dial::Dialer,
     pessimistic: bool,
 ) -> anyhow::Result<Run> {
     let k = a.schedulers;
@@ -85,12 +86,13 @@ async fn run(
     for i in 0..k {
         let units = (a.placements / k + usize::from(i < a.placements % k)) as u32;
         let store: Arc<dyn Store> = Arc::new(MemStore::default());
-        let (mut s, h) = Scheduler::new(
+        let (s, h) = Scheduler::new(
             spec(&format!("{prefix}-{i}"), units, &a.unit_cpu)?,
             cluster.clone(),
             addrs.to_vec(),
             store,
         )?;
+        let mut s = s.with_dialer(dialer.clone());
         let (lock, handle) = (lock.clone(), h.clone());
         handles.push(h);
         tasks.spawn(async move {
@@ -167,8 +169,9 @@ pub async fn run_schedule(a: ScheduleArgs) -> anyhow::Result<()> {
     );
     let addrs: Vec<String> = shards.iter().map(|s| s.addr.clone()).collect();
     let cluster = ClusterView::new(a.shards);
+    let dialer = data.dialer()?;
     for (i, addr) in addrs.iter().enumerate() {
-        tokio::spawn(flotilla_view::follow_shard(cluster.clone(), i, format!("http://{addr}")));
+        tokio::spawn(flotilla_view::follow_shard(cluster.clone(), i, addr.to_string(), dialer.clone()));
     }
     let deadline = Instant::now() + Duration::from_secs(120);
     while cluster.slots().iter().map(|s| s.view.len()).sum::<usize>() < a.nodes {
@@ -176,8 +179,8 @@ pub async fn run_schedule(a: ScheduleArgs) -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
-    let opt = run("opt", &a, &cluster, &addrs, false).await?;
-    let base = run("lock", &a, &cluster, &addrs, true).await?;
+    let opt = run("opt", &a, &cluster, &addrs, &dialer, false).await?;
+    let base = run("lock", &a, &cluster, &addrs, &dialer, true).await?;
     let per_s = |r: &Run| r.committed as f64 / r.seconds.max(1e-9);
     let ms = |h: &Histogram<u64>, q: f64| if h.is_empty() { 0.0 } else { h.value_at_quantile(q) as f64 / 1000.0 };
     let conflict = if opt.accepted > 0 { opt.rejected as f64 / opt.accepted as f64 } else { 0.0 };

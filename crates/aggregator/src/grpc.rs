@@ -4,7 +4,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use flotilla_proto::v1::{self, view_service_server::ViewService, view_update::Update};
-use flotilla_proto::{MAX_GRPC_MESSAGE, SNAPSHOT_CHUNK_NODES};
+use flotilla_proto::{MAX_GRPC_MESSAGE, SNAPSHOT_CHUNK_NODES, VIEW_KEEPALIVE};
 use flotilla_view::{ShardView, Start, ViewPublisher, delta_to_wire, record_to_wire};
 use tokio::sync::{broadcast, mpsc, watch};
 use tokio_stream::Stream;
@@ -83,7 +83,14 @@ async fn stream_view(publisher: Arc<ViewPublisher>, from: Option<flotilla_view::
             return;
         }
         loop {
-            match sub.rx.recv().await {
+            let next = tokio::time::timeout(VIEW_KEEPALIVE, sub.rx.recv()).await;
+            let Ok(next) = next else {
+                if tx.send(Ok(v1::ViewUpdate { update: None })).await.is_err() {
+                    return;
+                }
+                continue;
+            };
+            match next {
                 Ok(d) => {
                     let u = v1::ViewUpdate { update: Some(Update::Delta(delta_to_wire(&d))) };
                     if tx.send(Ok(u)).await.is_err() {

@@ -6,6 +6,7 @@
 //!   publishing versions that [`grpc`] streams as `WatchView` on TCP port P.
 
 pub mod applier;
+pub mod auth;
 pub mod grpc;
 pub mod ingest;
 pub mod ledger;
@@ -28,10 +29,7 @@ use tokio::task::JoinSet;
 pub use liveness::Timeouts;
 pub use tls::TlsMaterial;
 
-/// Milliseconds since the Unix epoch.
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
-}
+pub use flotilla_core::now_ms;
 
 pub struct ShardConfig {
     /// `host:port`; port 0 picks a free port P such that UDP P, UDP P+1 and TCP P are free.
@@ -51,7 +49,21 @@ pub struct ShardConfig {
     /// After a restart, claims are refused (`shard_recovering`) this long, while agents
     /// come back and the ledger is rebuilt from what they run. Zero for a fresh shard.
     pub recovery_window: Duration,
+    /// Bearer tokens the gRPC services accept (none: every caller).
+    pub grpc_tokens: Vec<String>,
+    /// PEM certificate chain and key: the gRPC port speaks TLS (`https://` for clients).
+    pub grpc_tls: Option<GrpcTls>,
 }
+
+/// A user's certificate for the shard's gRPC port.
+#[derive(Clone)]
+pub struct GrpcTls {
+    pub cert_pem: Vec<u8>,
+    pub key_pem: Vec<u8>,
+}
+
+/// Concurrent gRPC streams one connection may open (WatchView holds one for good).
+pub const MAX_GRPC_STREAMS_PER_CONNECTION: u32 = 256;
 
 impl ShardConfig {
     pub fn new(
@@ -73,6 +85,8 @@ impl ShardConfig {
             master_secret,
             join_tokens,
             tls,
+            grpc_tokens: Vec::new(),
+            grpc_tls: None,
         }
     }
 }
@@ -157,38 +171,130 @@ fn bind_triple(listen: SocketAddr) -> anyhow::Result<(UdpSocket, UdpSocket, TcpL
     Err(anyhow::anyhow!("no free port triple on {}: {:?}", listen.ip(), last))
 }
 
+/// A shard's state and its one writer, without sockets: [`start`] puts it on the network;
+/// the deterministic simulation drives the same parts over simulated links.
+pub struct ShardCore {
+    pub shard: usize,
+    pub epoch: u64,
+    pub publisher: Arc<ViewPublisher>,
+    pub registry: Arc<registry::Registry>,
+    pub stats: Arc<stats::ShardStats>,
+    pub ledger: Arc<std::sync::Mutex<ledger::Ledger>>,
+    /// Until then claims are refused (`shard_recovering`).
+    pub recovering_until_ms: u64,
+    auth: auth::GrpcAuth,
+    grpc_tls: Option<GrpcTls>,
+}
+
+impl ShardCore {
+    /// Builds the state and spawns the applier into `tasks`. Nodes whose assignment set
+    /// changed come out of the returned receiver, for whoever delivers pushes.
+    pub fn spawn(
+        config: &ShardConfig,
+        shutdown: watch::Receiver<bool>,
+        tasks: &mut JoinSet<()>,
+    ) -> (ShardCore, tokio::sync::mpsc::UnboundedReceiver<applier::Push>) {
+        let epoch = now_ms().max(1);
+        let (changes_tx, changes_rx) = tokio::sync::mpsc::unbounded_channel();
+        let registry = Arc::new(registry::Registry::new(
+            config.shard,
+            config.shards,
+            config.master_secret.clone(),
+            config.join_tokens.clone(),
+            changes_tx,
+        ));
+        let stats = Arc::new(stats::ShardStats::new(config.shard));
+        let publisher = Arc::new(ViewPublisher::new(config.shard as u32, epoch, config.ring_capacity));
+        let ledger = Arc::new(std::sync::Mutex::new(ledger::Ledger::new()));
+        let (push_tx, push_rx) = tokio::sync::mpsc::unbounded_channel();
+        let applier = applier::Applier::new(
+            registry.clone(),
+            ledger.clone(),
+            push_tx,
+            publisher.clone(),
+            config.timeouts,
+            config.batch_window,
+        );
+        tasks.spawn(applier.run(changes_rx, shutdown.clone()));
+        let recovering_until_ms = now_ms() + config.recovery_window.as_millis() as u64;
+        if !config.recovery_window.is_zero() {
+            tracing::info!(window = ?config.recovery_window, "recovering: claims wait while agents report what they run");
+            metrics::gauge!("flotilla_shard_recovering").set(1.0);
+            let window = config.recovery_window;
+            tasks.spawn(async move {
+                tokio::time::sleep(window).await;
+                tracing::info!("recovery window over: taking claims");
+                metrics::gauge!("flotilla_shard_recovering").set(0.0);
+            });
+        }
+        let core = ShardCore {
+            shard: config.shard,
+            epoch,
+            publisher,
+            registry,
+            stats,
+            ledger,
+            recovering_until_ms,
+            auth: auth::GrpcAuth::new(config.grpc_tokens.clone()),
+            grpc_tls: config.grpc_tls.clone(),
+        };
+        (core, push_rx)
+    }
+
+    /// Serves the shard's gRPC services (WatchView, LedgerService, NodeAdmin) on the
+    /// connections `incoming` yields, behind the token check (and TLS when configured),
+    /// until `shutdown` fires.
+    pub fn serve_grpc<I, IO, IE>(
+        &self,
+        incoming: I,
+        mut shutdown: watch::Receiver<bool>,
+    ) -> anyhow::Result<impl std::future::Future<Output = Result<(), tonic::transport::Error>> + Send + 'static>
+    where
+        I: tokio_stream::Stream<Item = Result<IO, IE>> + Send + 'static,
+        IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + tonic::transport::server::Connected + Unpin + Send + 'static,
+        IO::ConnectInfo: Clone + Send + Sync + 'static,
+        IE: Into<Box<dyn std::error::Error + Send + Sync>> + Send + 'static,
+    {
+        let view = grpc::ViewGrpc::new(self.publisher.clone(), self.shard, shutdown.clone()).into_server();
+        let admin =
+            flotilla_proto::v1::node_admin_service_server::NodeAdminServiceServer::new(ledger_grpc::AdminGrpc {
+                registry: self.registry.clone(),
+            });
+        let ledger = ledger_grpc::LedgerGrpc {
+            ledger: self.ledger.clone(),
+            publisher: self.publisher.clone(),
+            registry: self.registry.clone(),
+            recovering_until_ms: self.recovering_until_ms,
+        }
+        .into_server();
+        let mut server = tonic::transport::Server::builder().max_concurrent_streams(MAX_GRPC_STREAMS_PER_CONNECTION);
+        if let Some(tls) = &self.grpc_tls {
+            let identity = tonic::transport::Identity::from_pem(&tls.cert_pem, &tls.key_pem);
+            server = server
+                .tls_config(tonic::transport::ServerTlsConfig::new().identity(identity))
+                .context("the gRPC TLS certificate or key")?;
+        }
+        let router = server
+            .layer(tonic::service::InterceptorLayer::new(self.auth.clone()))
+            .add_service(view)
+            .add_service(ledger)
+            .add_service(admin);
+        Ok(router.serve_with_incoming_shutdown(incoming, async move {
+            let _ = shutdown.changed().await;
+        }))
+    }
+}
+
 /// Starts a shard on the current tokio runtime.
 pub async fn start(config: ShardConfig) -> anyhow::Result<ShardHandle> {
     let (quic_sock, hb_sock, tcp) = bind_triple(config.listen)?;
     let addr = quic_sock.local_addr()?;
     let heartbeat_addr = hb_sock.local_addr()?;
-    let epoch = now_ms().max(1);
     let (shutdown, shutdown_rx) = watch::channel(false);
-    let (changes_tx, changes_rx) = tokio::sync::mpsc::unbounded_channel();
-    let registry = Arc::new(registry::Registry::new(
-        config.shard,
-        config.shards,
-        config.master_secret,
-        config.join_tokens,
-        changes_tx,
-    ));
-    let stats = Arc::new(stats::ShardStats::new(config.shard));
-    let publisher = Arc::new(ViewPublisher::new(config.shard as u32, epoch, config.ring_capacity));
     let mut tasks = JoinSet::new();
-    let ledger = Arc::new(std::sync::Mutex::new(ledger::Ledger::new()));
-    let (push_tx, push_rx) = tokio::sync::mpsc::unbounded_channel();
+    let (core, push_rx) = ShardCore::spawn(&config, shutdown_rx.clone(), &mut tasks);
 
-    let applier = applier::Applier::new(
-        registry.clone(),
-        ledger.clone(),
-        push_tx,
-        publisher.clone(),
-        config.timeouts,
-        config.batch_window,
-    );
-    tasks.spawn(applier.run(changes_rx, shutdown_rx.clone()));
-
-    let ingest = ingest::Ingest::new(registry.clone(), stats.clone());
+    let ingest = ingest::Ingest::new(core.registry.clone(), core.stats.clone());
     let rx = shutdown_rx.clone();
     tasks.spawn(async move {
         if let Err(e) = ingest::run(hb_sock, ingest, rx).await {
@@ -203,55 +309,25 @@ pub async fn start(config: ShardConfig) -> anyhow::Result<ShardHandle> {
         Arc::new(quinn::TokioRuntime),
     )?;
     let ctx = Arc::new(quic::QuicContext {
-        registry: registry.clone(),
-        stats: stats.clone(),
+        registry: core.registry.clone(),
+        stats: core.stats.clone(),
         heartbeat_port: heartbeat_addr.port(),
-        epoch,
+        epoch: core.epoch,
         agents: dashmap::DashMap::new(),
-        ledger: ledger.clone(),
+        ledger: core.ledger.clone(),
     });
     tasks.spawn(quic::serve(endpoint.clone(), ctx.clone()));
     tasks.spawn(quic::push_assignments(push_rx, ctx));
 
     tcp.set_nonblocking(true)?;
     let tcp = tokio::net::TcpListener::from_std(tcp)?;
-    let svc = grpc::ViewGrpc::new(publisher.clone(), config.shard, shutdown_rx.clone()).into_server();
-    let v1_admin = flotilla_proto::v1::node_admin_service_server::NodeAdminServiceServer::new(ledger_grpc::AdminGrpc {
-        registry: registry.clone(),
-    });
-    let recovering_until_ms = now_ms() + config.recovery_window.as_millis() as u64;
-    if !config.recovery_window.is_zero() {
-        tracing::info!(window = ?config.recovery_window, "recovering: claims wait while agents report what they run");
-        metrics::gauge!("flotilla_shard_recovering").set(1.0);
-        let window = config.recovery_window;
-        tokio::spawn(async move {
-            tokio::time::sleep(window).await;
-            tracing::info!("recovery window over: taking claims");
-            metrics::gauge!("flotilla_shard_recovering").set(0.0);
-        });
-    }
-    let ledger_svc = ledger_grpc::LedgerGrpc {
-        ledger: ledger.clone(),
-        publisher: publisher.clone(),
-        registry: registry.clone(),
-        recovering_until_ms,
-    }
-    .into_server();
-    let mut rx = shutdown_rx;
+    let serving = core.serve_grpc(tokio_stream::wrappers::TcpListenerStream::new(tcp), shutdown_rx)?;
     tasks.spawn(async move {
-        let incoming = tokio_stream::wrappers::TcpListenerStream::new(tcp);
-        let r = tonic::transport::Server::builder()
-            .add_service(svc)
-            .add_service(ledger_svc)
-            .add_service(v1_admin)
-            .serve_with_incoming_shutdown(incoming, async move {
-                let _ = rx.changed().await;
-            })
-            .await;
-        if let Err(e) = r {
+        if let Err(e) = serving.await {
             tracing::error!(error = %e, "gRPC server stopped");
         }
     });
-    tracing::info!(shard = config.shard, %addr, heartbeats = %heartbeat_addr, epoch, "shard started");
+    tracing::info!(shard = config.shard, %addr, heartbeats = %heartbeat_addr, epoch = core.epoch, "shard started");
+    let ShardCore { epoch, publisher, registry, stats, ledger, .. } = core;
     Ok(ShardHandle { addr, heartbeat_addr, epoch, publisher, registry, stats, ledger, shutdown, endpoint, tasks })
 }

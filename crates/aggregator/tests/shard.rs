@@ -237,7 +237,8 @@ async fn watch_view_resumes_from_recent_versions_and_snapshots_old_ones() {
 async fn a_cluster_view_follows_the_shard() {
     let f = fixture("follow", 64).await;
     let cluster = flotilla_view::ClusterView::new(1);
-    let task = tokio::spawn(flotilla_view::follow_shard(cluster.clone(), 0, format!("http://{}", f.shard.addr)));
+    let task =
+        tokio::spawn(flotilla_view::follow_shard(cluster.clone(), 0, f.shard.addr.to_string(), Default::default()));
     let conn = f.connect().await;
     for i in 0..5 {
         conn.register(register_req(&format!("n{i}"), "join")).await.unwrap();
@@ -391,4 +392,72 @@ async fn reservations_confirm_once_and_expire_never_succeeding_late() {
     assert_eq!(f.shard.ledger.lock().unwrap().allocated(&flotilla_core::NodeId::new("n1").unwrap()).cpu_millis, 500);
     assert_eq!(c.reserve(reserve("r3", "u3", 0)).await.unwrap_err().code(), tonic::Code::InvalidArgument);
     f.shard.shutdown().await;
+}
+
+#[tokio::test]
+async fn grpc_needs_tls_and_a_token_when_configured() {
+    use flotilla_proto::dial::Dialer;
+    use flotilla_proto::v1::ledger_service_client::LedgerServiceClient;
+    let metrics = flotilla_obs::metrics_handle();
+    let (tls, _, _) = TlsMaterial::self_signed(&["localhost"]).unwrap();
+    let (_, grpc_cert, grpc_key) = TlsMaterial::self_signed(&["127.0.0.1", "localhost"]).unwrap();
+    let mut config =
+        ShardConfig::new("127.0.0.1:0".parse().unwrap(), 0, 1, b"master-secret".to_vec(), vec!["join".into()], tls);
+    config.grpc_tokens = vec!["old-token".into(), "new-token".into()];
+    config.grpc_tls =
+        Some(flotilla_aggregator::GrpcTls { cert_pem: grpc_cert.clone().into(), key_pem: grpc_key.into() });
+    let shard = flotilla_aggregator::start(config).await.unwrap();
+    let addr = shard.addr.to_string();
+    let commit =
+        v1::CommitRequest { txn_id: "t1".into(), fencing_token: 1, claims: vec![commit_claim("n1", 7, "u1", 10)] };
+    let tls = Dialer::network().with_ca(grpc_cert.into_bytes());
+
+    // Plain text to a TLS port gets no answer.
+    let plain = Dialer::network().connect(&addr, Some(Duration::from_secs(2))).await;
+    if let Ok(ch) = plain {
+        assert!(LedgerServiceClient::new(ch).commit(commit.clone()).await.is_err(), "plain text was answered");
+    }
+
+    // TLS without a token, and with a wrong one: refused, saying why.
+    let mut c = LedgerServiceClient::new(tls.connect(&addr, None).await.unwrap());
+    let e = c.commit(commit.clone()).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unauthenticated);
+    assert!(e.message().contains("Bearer"), "{}", e.message());
+    let mut watch = ViewServiceClient::new(tls.connect(&addr, None).await.unwrap());
+    let e = watch.watch_view(v1::WatchViewRequest { from_version: None }).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unauthenticated, "WatchView needs the token too");
+    let forged = tls.clone().with_token("guess").unwrap();
+    let mut c = LedgerServiceClient::new(forged.connect(&addr, None).await.unwrap());
+    let e = c.commit(commit.clone()).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unauthenticated);
+    assert!(e.message().contains("not one this shard accepts"), "{}", e.message());
+
+    // Either token of the rotation list is accepted; the ledger answers the claim.
+    for token in ["old-token", "new-token"] {
+        let dialer = tls.clone().with_token(token).unwrap();
+        let mut c = LedgerServiceClient::new(dialer.connect(&addr, None).await.unwrap());
+        let r = c.commit(commit.clone()).await.unwrap().into_inner();
+        assert_eq!(r.results[0].reason, v1::RejectReason::UnknownNode as i32);
+        let mut watch = ViewServiceClient::new(dialer.connect(&addr, None).await.unwrap());
+        let mut stream = watch.watch_view(v1::WatchViewRequest { from_version: None }).await.unwrap().into_inner();
+        assert!(matches!(stream.message().await.unwrap().unwrap().update, Some(Update::Snapshot(_))));
+    }
+
+    // An oversized request is refused whole, and every refusal was counted.
+    let dialer = tls.with_token("new-token").unwrap();
+    let mut c = LedgerServiceClient::new(dialer.connect(&addr, None).await.unwrap());
+    let mut big = commit.clone();
+    big.claims = vec![commit_claim("n1", 7, "u1", 10); flotilla_aggregator::ledger_grpc::MAX_CLAIMS + 1];
+    let e = c.commit(big).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    assert!(e.message().contains("claims"), "{}", e.message());
+    let text = metrics.render();
+    let count = |reason: &str| {
+        let prefix = format!("flotilla_grpc_requests_rejected_total{{reason=\"{reason}\"}} ");
+        text.lines().find_map(|l| l.strip_prefix(prefix.as_str())).and_then(|v| v.trim().parse::<f64>().ok())
+    };
+    assert!(count("unauthenticated") >= Some(2.0), "{text}");
+    assert!(count("forged") >= Some(1.0), "{text}");
+    assert!(text.contains("flotilla_commit_requests_rejected_total{reason=\"invalid\"}"), "{text}");
+    shard.shutdown().await;
 }

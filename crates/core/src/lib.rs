@@ -3,14 +3,18 @@
 //! Nothing here does I/O; every type validates its own bounds so that decoders
 //! at the edges can turn untrusted input into these types or a clear error.
 
+mod clock;
 mod health;
 mod limits;
 mod node;
 mod resources;
+mod secret;
 mod shard;
 
+pub use clock::{install_clock, now_ms, system_ms};
 pub use health::{HealthSample, Hysteresis, health_score};
 pub use limits::*;
 pub use node::{Incarnation, LabelError, Labels, NodeId, NodeIdError, NodeStatus};
 pub use resources::{ResourceError, Resources};
+pub use secret::constant_time_eq;
 pub use shard::{DEFAULT_DOMAIN, shard_for_domain};

@@ -9,6 +9,7 @@ pub mod v1 {
 }
 
 pub mod convert;
+pub mod dial;
 
 pub mod seal;
 
@@ -16,5 +17,11 @@ pub mod seal;
 pub const MAX_CONTROL_MESSAGE: usize = 256 * 1024;
 /// Largest gRPC message a view stream carries, in bytes (snapshots are chunked below it).
 pub const MAX_GRPC_MESSAGE: usize = 16 * 1024 * 1024;
+/// An idle WatchView stream carries an empty update this often, so a follower can tell a
+/// quiet shard from an unreachable one (a partition does not close a TCP connection).
+pub const VIEW_KEEPALIVE: std::time::Duration = std::time::Duration::from_secs(1);
+/// A follower that hears nothing for this long drops the stream and counts the shard as
+/// unreachable (its nodes become Unknown).
+pub const VIEW_SILENCE_LIMIT: std::time::Duration = std::time::Duration::from_secs(3);
 /// Nodes per snapshot chunk on WatchView.
 pub const SNAPSHOT_CHUNK_NODES: usize = 2048;

@@ -29,8 +29,32 @@ pub enum MemberHealth {
 /// (Unix ms), so this needs no word from the shard.
 pub const REJOIN_GRACE_MS: u64 = 15_000;
 
+/// The member state the scheduler records when the member's live node has not run it for
+/// [`MISSING_AFTER_MS`].
+pub const MISSING: &str = "missing";
+/// How long a member may be absent from its live node's workloads before it is missing.
+pub const MISSING_AFTER_MS: u64 = 10_000;
+
+/// True when member `m` of unit `unit` (at `generation`) is placed on a node that is
+/// Alive in a settled, reachable view and whose agent does not report the member.
+pub fn runs_nowhere(unit: &str, generation: u64, m: &MemberRecord, slots: &[Arc<ShardSlot>], now_ms: u64) -> bool {
+    let (Some(node), Some(shard)) = (m.node_id.as_deref(), m.shard) else { return false };
+    let Some(slot) = slots.get(shard as usize).filter(|s| s.connected) else { return false };
+    if now_ms.saturating_sub(slot.view.version.epoch) < REJOIN_GRACE_MS {
+        return false;
+    }
+    NodeId::new(node).ok().and_then(|id| slot.view.get(&id).cloned()).is_some_and(|rec| {
+        rec.status == NodeStatus::Alive
+            && rec.incarnation.0 == m.incarnation
+            && !rec.workloads.iter().any(|w| w.unit == unit && w.member == m.member && w.generation == generation)
+    })
+}
+
 pub fn member_health(m: &MemberRecord, slots: &[Arc<ShardSlot>], now_ms: u64) -> MemberHealth {
     let (Some(node), Some(shard)) = (m.node_id.as_deref(), m.shard) else { return MemberHealth::Ok };
+    if m.state.as_deref() == Some(MISSING) {
+        return MemberHealth::Lost("its node does not run it");
+    }
     let Some(slot) = slots.get(shard as usize) else { return MemberHealth::Unknown };
     if !slot.connected {
         return MemberHealth::Unknown;
@@ -126,6 +150,7 @@ pub fn scale_in_order(units: &[&UnitRecord], n: usize, slots: &[Arc<ShardSlot>])
 mod tests {
     use super::*;
     use flotilla_core::Incarnation;
+    use flotilla_proto::v1;
     use flotilla_view::{NodeRecord, ShardView};
 
     use crate::testing::unit;
@@ -153,6 +178,37 @@ mod tests {
         s[0] = Arc::new(ShardSlot { view: Arc::new(young), connected: true, domains });
         assert_eq!(decide(&u, &s, 0, 60_000, NOW), Repair::Wait, "a restarted shard: its agent may be on its way");
         assert!(matches!(decide(&u, &s, 0, 60_000, NOW + REJOIN_GRACE_MS), Repair::FailUnit(_)));
+    }
+
+    #[test]
+    fn a_member_its_live_node_does_not_run_is_found_then_lost() {
+        let u = unit("u", 3, UnitState::Running, &[("head", "n1")]);
+        let head = &u.members[0];
+        let running = v1::WorkloadStatus {
+            app: "a".into(),
+            unit: "u".into(),
+            member: "head".into(),
+            generation: 3,
+            ..Default::default()
+        };
+        let with = |workloads: Vec<v1::WorkloadStatus>, status| {
+            crate::testing::slots(
+                [NodeRecord { status, workloads: Arc::new(workloads), ..crate::testing::node("n1") }],
+                true,
+            )
+        };
+        assert!(!runs_nowhere("u", 3, head, &with(vec![running.clone()], NodeStatus::Alive), NOW));
+        let stale = v1::WorkloadStatus { generation: 2, ..running };
+        assert!(runs_nowhere("u", 3, head, &with(vec![stale], NodeStatus::Alive), NOW), "another generation is not it");
+        assert!(runs_nowhere("u", 3, head, &with(vec![], NodeStatus::Alive), NOW));
+        assert!(!runs_nowhere("u", 3, head, &with(vec![], NodeStatus::Suspect), NOW), "liveness decides there");
+        assert!(
+            !runs_nowhere("u", 3, head, &with(vec![], NodeStatus::Alive), 1 + REJOIN_GRACE_MS - 1),
+            "a young shard"
+        );
+        let mut gone = u.clone();
+        gone.members[0].state = Some(MISSING.into());
+        assert!(matches!(decide(&gone, &with(vec![], NodeStatus::Alive), 0, 60_000, NOW), Repair::FailUnit(_)));
     }
 
     #[test]

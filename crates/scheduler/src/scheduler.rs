@@ -6,12 +6,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
-use flotilla_core::{NodeId, Resources};
+use flotilla_core::{NodeId, Resources, now_ms};
+use flotilla_proto::dial::{Dialer, GrpcChannel};
 use flotilla_proto::v1::{self, ledger_service_client::LedgerServiceClient};
 use flotilla_view::{ClusterView, ShardSlot, Version};
 use rand::Rng;
 use serde::Serialize;
-use tonic::transport::Channel;
 
 use crate::lifecycle::UnitState;
 use crate::planner::{ClassCache, MemberRequest, PlanInput, place_unit};
@@ -22,6 +22,8 @@ use crate::store::{MemberRecord, Store, Stored, UnitRecord, Write};
 const ATTEMPTS: usize = 3;
 /// Units placed per pass at most (the rest wait for the next pass).
 const UNITS_PER_PASS: usize = 1024;
+/// How often the view is swept for members no unit accounts for (it reads every node).
+const SWEEP_EVERY_MS: u64 = 5_000;
 
 /// What the API shows about an app.
 #[derive(Debug, Clone, Serialize)]
@@ -128,7 +130,8 @@ pub struct Scheduler {
     fingerprint: String,
     cluster: Arc<ClusterView>,
     shard_addrs: Vec<String>,
-    clients: Vec<Option<LedgerServiceClient<Channel>>>,
+    clients: Vec<Option<LedgerServiceClient<GrpcChannel>>>,
+    dialer: Dialer,
     store: Arc<dyn Store>,
     stored: Stored,
     status: Arc<ArcSwap<AppStatus>>,
@@ -144,11 +147,11 @@ pub struct Scheduler {
     pending: Vec<PendingAlloc>,
     fencing_token: u64,
     started: bool,
+    /// When the next orphan sweep is due (Unix ms).
+    next_sweep_ms: u64,
+    /// Since when each (unit, member) has been absent from the live node it is placed on.
+    absent_since: HashMap<(String, String), u64>,
     rng: rand::rngs::StdRng,
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
 impl Scheduler {
@@ -193,6 +196,7 @@ impl Scheduler {
                 cluster,
                 shard_addrs,
                 clients,
+                dialer: Dialer::network(),
                 store,
                 stored,
                 status,
@@ -206,10 +210,25 @@ impl Scheduler {
                 pending: Vec::new(),
                 fencing_token: 1,
                 started: false,
+                next_sweep_ms: 0,
+                absent_since: HashMap::new(),
                 rng: rand::SeedableRng::seed_from_u64(rand::random()),
             },
             handle,
         ))
+    }
+
+    /// Reaches the shards through `dialer` (a token, TLS, or a simulated network).
+    pub fn with_dialer(mut self, dialer: Dialer) -> Self {
+        self.dialer = dialer;
+        self
+    }
+
+    /// Seeds the scheduler's choices (sampling, back-off, transaction ids), so a
+    /// simulation replays them.
+    pub fn with_seed(mut self, seed: u64) -> Self {
+        self.rng = rand::SeedableRng::seed_from_u64(seed);
+        self
     }
 
     fn desired(&self) -> u32 {
@@ -316,6 +335,7 @@ impl Scheduler {
         // Sync: what the agents report about the members (through the view).
         let mut writes = Vec::new();
         self.observe(&slots, &mut writes);
+        self.sweep_orphans(&slots).await;
 
         // Repair what failed, and carry scale-in forward.
         self.repair(&slots, &mut writes).await;
@@ -445,7 +465,7 @@ impl Scheduler {
                 fencing_token: self.fencing_token,
                 keys,
             };
-            self.client(shard as usize).await?.release(req).await?;
+            self.send_release(shard as usize, req).await?;
         }
         Ok(())
     }
@@ -493,38 +513,46 @@ impl Scheduler {
                 Repair::FailUnit(why) => {
                     tracing::warn!(unit = %id, %why, "unit failed; a replacement is queued");
                     metrics::counter!("flotilla_units_failed_total", "app" => self.spec.name.clone()).increment(1);
-                    if let Err(e) = self.release(&unit, &[]).await {
-                        tracing::warn!(unit = %id, error = %e, "releasing a failed unit; will retry");
-                        if let Some(u) = self.stored.units.get_mut(&id)
-                            && u.state.can_become(UnitState::Failed)
-                        {
-                            u.state = UnitState::Failed;
-                            u.unplaced_reason = Some(why);
-                            writes.push(Write::Unit(u.clone()));
-                        }
+                    // Write ahead: a scheduler that dies after the release must find the
+                    // unit Failed (and retry the release), never Running with nothing held.
+                    let Some(u) = self.stored.units.get_mut(&id) else { continue };
+                    if u.state.can_become(UnitState::Failed) {
+                        u.state = UnitState::Failed;
+                    }
+                    u.unplaced_reason = Some(why);
+                    if let Err(e) = self.store.write(&self.spec.name, &[Write::Unit(u.clone())]) {
+                        tracing::warn!(unit = %id, error = %e, "cannot record the failure; will retry");
                         continue;
                     }
-                    if let Some(u) = self.stored.units.get_mut(&id) {
+                    // Failed units whose release does not go through are retried below.
+                    if let Err(e) = self.release(&unit, &[]).await {
+                        tracing::warn!(unit = %id, error = %e, "releasing a failed unit; will retry");
+                    } else if let Some(u) = self.stored.units.get_mut(&id) {
                         u.state = UnitState::Terminated;
-                        u.unplaced_reason = Some(why);
                         writes.push(Write::Unit(u.clone()));
                     }
                 }
                 Repair::ReplaceWorkers(members) => {
                     tracing::warn!(unit = %id, ?members, "workers lost; replacing them in the unit's domain");
-                    if self.release(&unit, &members).await.is_err() {
+                    // Write ahead, as for a failed unit: once the workers are forgotten in
+                    // the store, whatever the release leaves behind is an orphan the sweep
+                    // releases.
+                    let Some(u) = self.stored.units.get_mut(&id) else { continue };
+                    if u.state != UnitState::Degraded && u.state.can_become(UnitState::Degraded) {
+                        u.state = UnitState::Degraded;
+                    }
+                    for m in u.members.iter_mut().filter(|m| members.contains(&m.member)) {
+                        m.node_id = None;
+                        m.shard = None;
+                        m.state = None;
+                        m.address = None;
+                    }
+                    if let Err(e) = self.store.write(&self.spec.name, &[Write::Unit(u.clone())]) {
+                        tracing::warn!(unit = %id, error = %e, "cannot record the lost workers; will retry");
                         continue;
                     }
-                    if let Some(u) = self.stored.units.get_mut(&id) {
-                        if u.state != UnitState::Degraded && u.state.can_become(UnitState::Degraded) {
-                            u.state = UnitState::Degraded;
-                        }
-                        for m in u.members.iter_mut().filter(|m| members.contains(&m.member)) {
-                            m.node_id = None;
-                            m.shard = None;
-                            m.state = None;
-                            m.address = None;
-                        }
+                    if let Err(e) = self.release(&unit, &members).await {
+                        tracing::warn!(unit = %id, error = %e, "releasing lost workers; the orphan sweep retries");
                     }
                     self.place_missing(&id, slots).await;
                     if let Some(u) = self.stored.units.get(&id) {
@@ -705,6 +733,8 @@ impl Scheduler {
     /// Moves units along with what their members' agents report: Allocated → Starting
     /// once a member started, Starting → Running once every member is ready.
     fn observe(&mut self, slots: &[Arc<ShardSlot>], writes: &mut Vec<Write>) {
+        let now = now_ms();
+        let mut absent = HashMap::new();
         for unit in self.stored.units.values_mut() {
             if !matches!(
                 unit.state,
@@ -736,6 +766,20 @@ impl Scheduler {
                         };
                         (Some(name.to_string()), (!w.address.is_empty()).then(|| w.address.clone()))
                     }
+                    // A live node that does not run the member although it should: after
+                    // the grace the member is missing (a shard that restarted before the
+                    // agent took the push forgot it), and repair replaces it.
+                    None if crate::repair::runs_nowhere(&unit.unit_id, unit.generation, m, slots, now) => {
+                        let key = (unit.unit_id.clone(), m.member.clone());
+                        let since = self.absent_since.get(&key).copied().unwrap_or(now);
+                        absent.insert(key, since);
+                        let state = if now.saturating_sub(since) >= crate::repair::MISSING_AFTER_MS {
+                            Some(crate::repair::MISSING.to_string())
+                        } else {
+                            m.state.clone()
+                        };
+                        (state, m.address.clone())
+                    }
                     None => (m.state.clone(), m.address.clone()),
                 };
                 any_reported |= status.is_some();
@@ -761,6 +805,56 @@ impl Scheduler {
             }
             if changed {
                 writes.push(Write::Unit(unit.clone()));
+            }
+        }
+        self.absent_since = absent;
+    }
+
+    /// Releases what agents run for this app that no unit record accounts for: a commit
+    /// that timed out but landed, or a member a restarted shard took back from its agent
+    /// after it had been released. Runs every `SWEEP_EVERY_MS`, between two passes'
+    /// commits, so nothing it sees is still in flight.
+    async fn sweep_orphans(&mut self, slots: &[Arc<ShardSlot>]) {
+        let now = now_ms();
+        if now < self.next_sweep_ms {
+            return;
+        }
+        self.next_sweep_ms = now + SWEEP_EVERY_MS;
+        let mut orphans: BTreeMap<usize, Vec<v1::ClaimKey>> = BTreeMap::new();
+        for (shard, slot) in slots.iter().enumerate().filter(|(_, s)| s.connected) {
+            for rec in slot.view.nodes.values() {
+                for w in rec.workloads.iter().filter(|w| w.app == self.spec.name) {
+                    let owned = self.stored.units.get(&w.unit).is_some_and(|u| {
+                        u.generation == w.generation
+                            && u.state != UnitState::Terminated
+                            && (u.state == UnitState::Placing
+                                || u.members.iter().any(|m| {
+                                    m.member == w.member && m.node_id.as_deref() == Some(rec.node_id.as_str())
+                                }))
+                    });
+                    if !owned {
+                        orphans.entry(shard).or_default().push(v1::ClaimKey {
+                            app: w.app.clone(),
+                            unit: w.unit.clone(),
+                            member: w.member.clone(),
+                            generation: w.generation,
+                        });
+                    }
+                }
+            }
+        }
+        for (shard, keys) in orphans {
+            tracing::warn!(shard, orphans = keys.len(), "releasing members no unit accounts for");
+            metrics::counter!("flotilla_orphans_released_total", "app" => self.spec.name.clone())
+                .increment(keys.len() as u64);
+            let req = v1::ReleaseRequest {
+                txn_id: format!("{}-sweep-{:016x}", self.spec.name, self.rng.random::<u64>()),
+                fencing_token: self.fencing_token,
+                keys,
+            };
+            if let Err(e) = self.send_release(shard, req).await {
+                tracing::warn!(error = %e, "releasing orphans; will retry");
+                self.next_sweep_ms = now;
             }
         }
     }
@@ -796,7 +890,7 @@ impl Scheduler {
                 fencing_token: self.fencing_token,
                 keys: keys.clone(),
             };
-            self.client(shard).await?.release(req).await?;
+            self.send_release(shard, req).await?;
         }
         for u in unsure {
             if let Some(rec) = self.stored.units.get_mut(&u.unit_id) {
@@ -808,15 +902,18 @@ impl Scheduler {
         Ok(())
     }
 
-    async fn client(&mut self, shard: usize) -> anyhow::Result<&mut LedgerServiceClient<Channel>> {
+    /// A failed call drops the shard's channel: the next one connects afresh.
+    async fn send_release(&mut self, shard: usize, req: v1::ReleaseRequest) -> anyhow::Result<()> {
+        if let Err(e) = self.client(shard).await?.release(req).await {
+            self.clients[shard] = None;
+            return Err(anyhow::anyhow!("release on shard {shard}: {}", e.message()));
+        }
+        Ok(())
+    }
+
+    async fn client(&mut self, shard: usize) -> anyhow::Result<&mut LedgerServiceClient<GrpcChannel>> {
         if self.clients[shard].is_none() {
-            let addr = &self.shard_addrs[shard];
-            let endpoint = if addr.starts_with("http") { addr.clone() } else { format!("http://{addr}") };
-            let channel = tonic::transport::Endpoint::from_shared(endpoint)?
-                .connect_timeout(Duration::from_secs(2))
-                .timeout(Duration::from_secs(10))
-                .connect()
-                .await?;
+            let channel = self.dialer.connect(&self.shard_addrs[shard], Some(Duration::from_secs(10))).await?;
             self.clients[shard] = Some(LedgerServiceClient::new(channel));
         }
         self.clients[shard].as_mut().ok_or_else(|| anyhow::anyhow!("no client"))
@@ -892,17 +989,45 @@ impl Scheduler {
                 }
             }
         }
+        // Write ahead: a scheduler that dies with a commit in flight must find its units
+        // Placing when it restarts (adopt releases what they may hold) and must never
+        // reuse their ids for other units.
+        if !by_shard.is_empty() {
+            for (id, _) in by_shard.values().flatten() {
+                if let Some(u) = self.stored.units.get(id) {
+                    writes.push(Write::Unit(u.clone()));
+                }
+            }
+            if let Err(e) = self.store.write(&self.spec.name, &std::mem::take(writes)) {
+                tracing::warn!(error = %e, "cannot record the units being placed; committing nothing");
+                for (id, _) in by_shard.into_values().flatten() {
+                    if let Some(u) = self.stored.units.get_mut(&id) {
+                        u.state = UnitState::Queued;
+                    }
+                    still.push(id);
+                }
+                return still;
+            }
+        }
         for (shard, units) in by_shard {
             let claims: Vec<v1::Claim> = units.iter().flat_map(|(id, p)| self.claims(id, p)).collect();
-            let txn_id = format!("{}-{}-{:016x}", self.spec.name, now_ms(), rand::random::<u64>());
+            let txn_id = format!("{}-{}-{:016x}", self.spec.name, now_ms(), self.rng.random::<u64>());
             let started = Instant::now();
             let sent = self.client(shard).await.map(|c| c.clone());
+            // Whether a failed commit may have been applied all the same.
+            let mut ambiguous = false;
             let result = match sent {
                 Ok(mut c) => c
                     .commit(v1::CommitRequest { txn_id, fencing_token: self.fencing_token, claims })
                     .await
                     .map(|r| r.into_inner())
-                    .map_err(|e| anyhow::anyhow!("commit to shard {shard}: {}", e.message())),
+                    .map_err(|e| {
+                        ambiguous = !matches!(
+                            e.code(),
+                            tonic::Code::InvalidArgument | tonic::Code::Unauthenticated | tonic::Code::PermissionDenied
+                        );
+                        anyhow::anyhow!("commit to shard {shard}: {}", e.message())
+                    }),
                 Err(e) => Err(e),
             };
             metrics::histogram!("flotilla_commit_latency_seconds").record(started.elapsed().as_secs_f64());
@@ -947,24 +1072,7 @@ impl Scheduler {
                             unit.state = UnitState::Allocated;
                             unit.domain = Some(p.domain.clone());
                             unit.unplaced_reason = None;
-                            let templates = self.spec.members();
-                            let role_of = |member: &str| {
-                                templates.iter().find(|(n, _, _)| n == member).map(|(_, r, _)| *r).unwrap_or("worker")
-                            };
-                            unit.members = p
-                                .members
-                                .iter()
-                                .map(|m| (m, role_of(&m.member)))
-                                .map(|(m, role)| MemberRecord {
-                                    member: m.member.clone(),
-                                    role: role.to_string(),
-                                    node_id: Some(m.node.to_string()),
-                                    incarnation: m.incarnation,
-                                    shard: Some(shard as u32),
-                                    address: None,
-                                    state: None,
-                                })
-                                .collect();
+                            unit.members = member_records(&self.spec, &p, shard);
                             for (m, (_, _, t)) in p.members.iter().zip(self.spec.members()) {
                                 self.pending.push(PendingAlloc {
                                     shard,
@@ -980,6 +1088,24 @@ impl Scheduler {
                             unit.state = UnitState::Queued;
                             unit.unplaced_reason = Some(format!("commit rejected: {}", rejected.join("; ")));
                             still.push(id);
+                        }
+                    }
+                }
+                Err(e) if ambiguous => {
+                    // The claims may hold on the shard: placing the units again elsewhere
+                    // under the same keys could run a member twice. They fail instead
+                    // (their release is retried until it goes through) and replacements
+                    // with new ids are queued.
+                    tracing::warn!(error = %e, "commit outcome unknown: failing its units");
+                    self.clients[shard] = None;
+                    for (id, p) in units {
+                        if let Some(unit) = self.stored.units.get_mut(&id) {
+                            metrics::counter!("flotilla_placements_total", "result" => "unknown").increment(1);
+                            unit.state = UnitState::Failed;
+                            unit.domain = Some(p.domain.clone());
+                            unit.members = member_records(&self.spec, &p, shard);
+                            unit.unplaced_reason = Some(format!("commit outcome unknown: {e}"));
+                            writes.push(Write::Unit(unit.clone()));
                         }
                     }
                 }
@@ -1065,4 +1191,22 @@ impl Scheduler {
             units: self.stored.units.values().cloned().collect(),
         }));
     }
+}
+
+/// The members of a unit as placed by `p` on `shard`.
+fn member_records(spec: &AppSpec, p: &crate::planner::Placement, shard: usize) -> Vec<MemberRecord> {
+    let templates = spec.members();
+    let role_of = |member: &str| templates.iter().find(|(n, _, _)| n == member).map(|(_, r, _)| *r).unwrap_or("worker");
+    p.members
+        .iter()
+        .map(|m| MemberRecord {
+            member: m.member.clone(),
+            role: role_of(&m.member).to_string(),
+            node_id: Some(m.node.to_string()),
+            incarnation: m.incarnation,
+            shard: Some(shard as u32),
+            address: None,
+            state: None,
+        })
+        .collect()
 }

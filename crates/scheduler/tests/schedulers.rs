@@ -57,7 +57,7 @@ async fn cluster(name: &str, nodes: usize) -> Cluster {
         .unwrap();
     }
     let view = ClusterView::new(1);
-    tokio::spawn(flotilla_view::follow_shard(view.clone(), 0, format!("http://{}", shard.addr)));
+    tokio::spawn(flotilla_view::follow_shard(view.clone(), 0, shard.addr.to_string(), Default::default()));
     let deadline = Instant::now() + Duration::from_secs(5);
     while view.slot(0).view.len() < nodes {
         assert!(Instant::now() < deadline, "view never showed the nodes");

@@ -4,9 +4,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
+use flotilla_proto::dial::Dialer;
 use flotilla_proto::v1::{self, view_service_client::ViewServiceClient, view_update::Update};
 use imbl::OrdMap;
-use rand::Rng;
 use tokio::sync::watch;
 
 use crate::record::{ShardView, Version};
@@ -68,11 +68,11 @@ impl ClusterView {
 }
 
 /// Keeps `cluster`'s slot `shard` current from the shard at `endpoint`
-/// (`http://host:port`), reconnecting with jittered back-off. Runs until dropped.
-pub async fn follow_shard(cluster: Arc<ClusterView>, shard: usize, endpoint: String) {
+/// (`host:port` or a URL), reconnecting with jittered back-off. Runs until dropped.
+pub async fn follow_shard(cluster: Arc<ClusterView>, shard: usize, endpoint: String, dialer: Dialer) {
     let mut backoff = Duration::from_millis(100);
     loop {
-        match follow_once(&cluster, shard, &endpoint).await {
+        match follow_once(&cluster, shard, &endpoint, &dialer).await {
             Ok(()) => backoff = Duration::from_millis(100),
             Err(e) => tracing::debug!(shard, %endpoint, error = %e, "view stream failed"),
         }
@@ -80,7 +80,9 @@ pub async fn follow_shard(cluster: Arc<ClusterView>, shard: usize, endpoint: Str
         if cur.connected {
             cluster.store(shard, ShardSlot { view: cur.view.clone(), connected: false, domains: cur.domains.clone() });
         }
-        let jitter = rand::rng().random_range(0.5..1.5);
+        // Jitter from the clock rather than a thread RNG, so a simulation replays exactly.
+        let jitter =
+            0.5 + ((flotilla_core::now_ms() ^ (shard as u64).wrapping_mul(0x9E37_79B9)) % 1000) as f64 / 1000.0;
         tokio::time::sleep(backoff.mul_f64(jitter)).await;
         backoff = (backoff * 2).min(Duration::from_secs(2));
     }
@@ -94,16 +96,14 @@ enum FollowError {
     Status(#[from] tonic::Status),
     #[error("bad update: {0}")]
     Wire(#[from] WireError),
+    #[error("no update or keep-alive for {:?}", flotilla_proto::VIEW_SILENCE_LIMIT)]
+    Silent,
     #[error("delta from {0:?} does not follow our version {1:?}")]
     Gap(Version, Version),
 }
 
-async fn follow_once(cluster: &ClusterView, shard: usize, endpoint: &str) -> Result<(), FollowError> {
-    let channel = tonic::transport::Endpoint::from_shared(endpoint.to_string())
-        .map_err(FollowError::Transport)?
-        .connect_timeout(Duration::from_secs(2))
-        .connect()
-        .await?;
+async fn follow_once(cluster: &ClusterView, shard: usize, endpoint: &str, dialer: &Dialer) -> Result<(), FollowError> {
+    let channel = dialer.connect(endpoint, None).await?;
     let mut client = ViewServiceClient::new(channel).max_decoding_message_size(flotilla_proto::MAX_GRPC_MESSAGE);
     let have = cluster.slot(shard);
     let from = (have.view.version.epoch != 0).then(|| have.view.version.into());
@@ -112,7 +112,11 @@ async fn follow_once(cluster: &ClusterView, shard: usize, endpoint: &str) -> Res
     let mut domains = have.domains.clone();
     let mut building: Option<ShardView> = None;
     let mut connected = have.connected;
-    while let Some(update) = stream.message().await? {
+    loop {
+        let update = tokio::time::timeout(flotilla_proto::VIEW_SILENCE_LIMIT, stream.message())
+            .await
+            .map_err(|_| FollowError::Silent)??;
+        let Some(update) = update else { break };
         match update.update {
             Some(Update::Snapshot(chunk)) => {
                 let b = building.get_or_insert_with(|| ShardView {

@@ -1,0 +1,163 @@
+//! The faults one seed draws, and the timed actions that inject and heal them.
+
+use std::time::Duration;
+
+use rand::Rng;
+use rand::rngs::StdRng;
+
+use crate::hosts::{SCHEDULER, shard_host};
+use crate::{SHARDS, Shared};
+
+#[derive(Debug, Clone)]
+pub enum Fault {
+    /// No traffic between the scheduler and a shard.
+    Partition { shard: usize },
+    /// The shard process dies and restarts (a new epoch; it recovers its ledger).
+    ShardCrash { shard: usize },
+    /// The scheduler process dies and restarts from its store.
+    SchedulerCrash,
+    /// Messages to and from a shard are held, the scheduler dies with its requests in
+    /// flight, then the held requests arrive: before it restarts, or (`late`) after the
+    /// new scheduler started.
+    CrashMidCommit { shard: usize, late: bool },
+    /// The link to a shard becomes slow.
+    SlowLink { shard: usize, max_latency: Duration },
+    /// The link to a shard loses messages (turmoil breaks TCP connections on loss).
+    LossyLink { shard: usize, fail_rate: f64 },
+    /// A node is lost and comes back later as a new incarnation.
+    NodeLoss { node: usize },
+}
+
+/// One fault, when it starts and how long it lasts.
+#[derive(Debug, Clone)]
+pub struct Planned {
+    pub fault: Fault,
+    pub at: Duration,
+    pub lasts: Duration,
+}
+
+impl std::fmt::Display for Planned {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?} at {:?} for {:?}", self.fault, self.at, self.lasts)
+    }
+}
+
+#[derive(Debug, Clone)]
+pub enum Action {
+    Partition(usize),
+    Repair(usize),
+    Hold(usize),
+    Release(usize),
+    CrashShard(usize),
+    BounceShard(usize),
+    CrashScheduler,
+    BounceScheduler,
+    Latency(usize, Duration),
+    FailRate(usize, f64),
+    LoseNode(usize),
+    RestartNode(usize),
+}
+
+/// Two to six faults inside the chaos window, each healed before it ends.
+pub fn plan(rng: &mut StdRng, chaos: Duration) -> Vec<Planned> {
+    let nodes = SHARDS * crate::NODES_PER_DOMAIN;
+    let n = rng.random_range(2..=6);
+    let mut plan: Vec<Planned> = (0..n)
+        .map(|_| {
+            let shard = rng.random_range(0..SHARDS);
+            let fault = match rng.random_range(0..7) {
+                0 => Fault::Partition { shard },
+                1 => Fault::ShardCrash { shard },
+                2 => Fault::SchedulerCrash,
+                3 => Fault::CrashMidCommit { shard, late: rng.random_bool(0.5) },
+                4 => Fault::SlowLink { shard, max_latency: Duration::from_millis(rng.random_range(100..1500)) },
+                5 => Fault::LossyLink { shard, fail_rate: rng.random_range(0.01..0.2) },
+                _ => Fault::NodeLoss { node: rng.random_range(0..nodes) },
+            };
+            let at = Duration::from_millis(rng.random_range(2_000..chaos.as_millis() as u64 - 12_000));
+            let lasts = Duration::from_millis(rng.random_range(300..10_000));
+            Planned { fault, at, lasts }
+        })
+        .collect();
+    plan.sort_by_key(|p| p.at);
+    plan
+}
+
+/// The plan as timed actions, in order.
+pub fn schedule(plan: &[Planned]) -> Vec<(Duration, Action)> {
+    let mut out = Vec::new();
+    for p in plan {
+        let end = p.at + p.lasts;
+        match p.fault {
+            Fault::Partition { shard } => {
+                out.push((p.at, Action::Partition(shard)));
+                out.push((end, Action::Repair(shard)));
+            }
+            Fault::ShardCrash { shard } => {
+                out.push((p.at, Action::CrashShard(shard)));
+                out.push((end, Action::BounceShard(shard)));
+            }
+            Fault::SchedulerCrash => {
+                out.push((p.at, Action::CrashScheduler));
+                out.push((end, Action::BounceScheduler));
+            }
+            Fault::CrashMidCommit { shard, late } => {
+                let crash = p.at + Duration::from_millis(300);
+                let restart = crash + p.lasts;
+                out.push((p.at, Action::Hold(shard)));
+                out.push((crash, Action::CrashScheduler));
+                out.push((restart, Action::BounceScheduler));
+                let release =
+                    if late { restart + Duration::from_millis(200) } else { crash + Duration::from_millis(50) };
+                out.push((release, Action::Release(shard)));
+            }
+            Fault::SlowLink { shard, max_latency } => {
+                out.push((p.at, Action::Latency(shard, max_latency)));
+                out.push((end, Action::Latency(shard, Duration::from_millis(40))));
+            }
+            Fault::LossyLink { shard, fail_rate } => {
+                out.push((p.at, Action::FailRate(shard, fail_rate)));
+                out.push((end, Action::FailRate(shard, 0.0)));
+            }
+            Fault::NodeLoss { node } => {
+                out.push((p.at, Action::LoseNode(node)));
+                out.push((end, Action::RestartNode(node)));
+            }
+        }
+    }
+    // Stable: actions at the same time keep the plan's order.
+    out.sort_by_key(|(at, _)| *at);
+    out
+}
+
+pub fn apply(sim: &mut turmoil::Sim<'_>, world: &Shared, action: &Action) {
+    tracing::debug!(?action, "fault");
+    match *action {
+        Action::Partition(s) => sim.partition(SCHEDULER, shard_host(s)),
+        Action::Repair(s) => sim.repair(SCHEDULER, shard_host(s)),
+        Action::Hold(s) => sim.hold(SCHEDULER, shard_host(s)),
+        Action::Release(s) => sim.release(SCHEDULER, shard_host(s)),
+        Action::CrashShard(s) => {
+            sim.crash(shard_host(s));
+            world.borrow_mut().ledgers[s] = None;
+        }
+        Action::BounceShard(s) => {
+            world.borrow_mut().ledgers[s] = None;
+            sim.bounce(shard_host(s));
+        }
+        Action::CrashScheduler => sim.crash(SCHEDULER),
+        Action::BounceScheduler => sim.bounce(SCHEDULER),
+        Action::Latency(s, d) => sim.set_link_max_message_latency(SCHEDULER, shard_host(s), d),
+        Action::FailRate(s, r) => sim.set_link_fail_rate(SCHEDULER, shard_host(s), r),
+        Action::LoseNode(n) => {
+            if let Some(a) = world.borrow_mut().agents.get_mut(n) {
+                a.lose();
+            }
+        }
+        Action::RestartNode(n) => {
+            if let Some(a) = world.borrow_mut().agents.get_mut(n) {
+                a.restart();
+            }
+        }
+    }
+}
