@@ -1,4 +1,7 @@
-//! Client commands: they find the control plane at `$FLOTILLA_ADDR`.
+//! Client commands: they find the control plane at `$FLOTILLA_ADDR` (`https://` when it
+//! serves HTTPS, trusting the CA in `--ca` / `$FLOTILLA_CA`).
+
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 use clap::Args;
@@ -12,16 +15,42 @@ pub struct ListArgs {
     /// The control plane's address.
     #[arg(long, env = "FLOTILLA_ADDR", default_value = "http://127.0.0.1:7700")]
     pub addr: String,
+    /// PEM file with the CA certificate(s) that signed an HTTPS control plane's certificate.
+    #[arg(long, env = "FLOTILLA_CA")]
+    pub ca: Option<PathBuf>,
 }
 
-async fn get(addr: &str, path: &str) -> anyhow::Result<Value> {
-    let url = format!("{}{path}", addr.trim_end_matches('/'));
-    send(reqwest::Client::new().get(&url), addr).await.with_context(|| url.clone())
+/// An HTTP client that also trusts the certificates in `ca` (PEM) for HTTPS. Without
+/// `ca` it trusts no certificate authority at all: plain HTTP only.
+pub fn http_client(ca: Option<&Path>) -> anyhow::Result<reqwest::Client> {
+    let mut b = reqwest::Client::builder();
+    if let Some(ca) = ca {
+        let pem = std::fs::read(ca).with_context(|| format!("reading the CA file {}", ca.display()))?;
+        let certs = reqwest::Certificate::from_pem_bundle(&pem)
+            .with_context(|| format!("parsing the CA file {}", ca.display()))?;
+        if certs.is_empty() {
+            bail!("the CA file {} holds no PEM certificate", ca.display());
+        }
+        for c in certs {
+            b = b.add_root_certificate(c);
+        }
+    }
+    b.build().context("building the HTTP client")
+}
+
+async fn get(a: &ListArgs, path: &str) -> anyhow::Result<Value> {
+    let url = format!("{}{path}", a.addr.trim_end_matches('/'));
+    send(http_client(a.ca.as_deref())?.get(&url), &a.addr).await.with_context(|| url.clone())
 }
 
 /// Sends a request to the control plane; its JSON answer, or its error message.
 async fn send(req: reqwest::RequestBuilder, addr: &str) -> anyhow::Result<Value> {
-    let resp = req.send().await.with_context(|| format!("reaching the control plane at {addr} (set FLOTILLA_ADDR)"))?;
+    let hint = if addr.starts_with("https://") {
+        " (set FLOTILLA_ADDR; for HTTPS, --ca or $FLOTILLA_CA names the CA that signed its certificate)"
+    } else {
+        " (set FLOTILLA_ADDR)"
+    };
+    let resp = req.send().await.with_context(|| format!("reaching the control plane at {addr}{hint}"))?;
     let status = resp.status();
     let body: Value = resp.json().await.unwrap_or(Value::Null);
     if !status.is_success() {
@@ -35,7 +64,7 @@ fn gib(bytes: u64) -> String {
 }
 
 pub async fn nodes(a: ListArgs) -> anyhow::Result<()> {
-    let v = get(&a.addr, "/v1/nodes").await?;
+    let v = get(&a, "/v1/nodes").await?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
@@ -72,10 +101,14 @@ fn token(given: Option<String>) -> anyhow::Result<String> {
     }
 }
 
+/// `$FLOTILLA_DATA`, else `./.flotilla`.
+pub fn data_dir() -> std::path::PathBuf {
+    std::env::var_os("FLOTILLA_DATA").map(Into::into).unwrap_or_else(|| "./.flotilla".into())
+}
+
 /// The API token from `$FLOTILLA_DATA/api-token` (default data dir `./.flotilla`).
 pub fn token_from_data() -> anyhow::Result<String> {
-    let dir = std::env::var("FLOTILLA_DATA").unwrap_or_else(|_| "./.flotilla".into());
-    let path = std::path::Path::new(&dir).join("api-token");
+    let path = data_dir().join("api-token");
     Ok(std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?.trim().to_string())
 }
 
@@ -88,7 +121,7 @@ pub struct UnitsArgs {
 }
 
 pub async fn apps(a: ListArgs) -> anyhow::Result<()> {
-    let v = get(&a.addr, "/v1/apps").await?;
+    let v = get(&a, "/v1/apps").await?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
@@ -113,7 +146,7 @@ pub async fn apps(a: ListArgs) -> anyhow::Result<()> {
 }
 
 pub async fn units(a: UnitsArgs) -> anyhow::Result<()> {
-    let v = get(&a.list.addr, &format!("/v1/apps/{}/units", a.app)).await?;
+    let v = get(&a.list, &format!("/v1/apps/{}/units", a.app)).await?;
     if a.list.json {
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
@@ -151,6 +184,9 @@ pub struct NodeArgs {
     /// The API token (default: $FLOTILLA_TOKEN, else $FLOTILLA_DATA/api-token).
     #[arg(long, env = "FLOTILLA_TOKEN", hide_env_values = true, global = true)]
     pub token: Option<String>,
+    /// PEM file with the CA certificate(s) that signed an HTTPS control plane's certificate.
+    #[arg(long, env = "FLOTILLA_CA", global = true)]
+    pub ca: Option<PathBuf>,
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -171,7 +207,7 @@ pub async fn node(a: NodeArgs) -> anyhow::Result<()> {
         NodeAction::Uncordon { node } => ("uncordon", node),
     };
     let url = format!("{}/v1/nodes/{node}/{verb}", a.addr.trim_end_matches('/'));
-    let body = send(reqwest::Client::new().post(&url).bearer_auth(token), &a.addr).await?;
+    let body = send(http_client(a.ca.as_deref())?.post(&url).bearer_auth(token), &a.addr).await?;
     let state = match (body["cordoned"] == true, body["drain_requested"] == true) {
         (_, true) => "draining: its members move elsewhere, then stop",
         (true, false) => "cordoned",
@@ -193,12 +229,15 @@ pub struct ScaleArgs {
     /// The API token (default: $FLOTILLA_TOKEN, else $FLOTILLA_DATA/api-token).
     #[arg(long, env = "FLOTILLA_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// PEM file with the CA certificate(s) that signed an HTTPS control plane's certificate.
+    #[arg(long, env = "FLOTILLA_CA")]
+    pub ca: Option<PathBuf>,
 }
 
 pub async fn scale(a: ScaleArgs) -> anyhow::Result<()> {
     let token = token(a.token)?;
     let url = format!("{}/v1/apps/{}/scale", a.addr.trim_end_matches('/'), a.app);
-    let req = reqwest::Client::new().put(&url).bearer_auth(token).json(&serde_json::json!({"units": a.units}));
+    let req = http_client(a.ca.as_deref())?.put(&url).bearer_auth(token).json(&serde_json::json!({"units": a.units}));
     let body = send(req, &a.addr).await?;
     println!("{}: desired units {}", a.app, body["desired_units"]);
     Ok(())
@@ -213,6 +252,9 @@ pub struct ApplyArgs {
     /// The API token (default: $FLOTILLA_TOKEN, else $FLOTILLA_DATA/api-token).
     #[arg(long, env = "FLOTILLA_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// PEM file with the CA certificate(s) that signed an HTTPS control plane's certificate.
+    #[arg(long, env = "FLOTILLA_CA")]
+    pub ca: Option<PathBuf>,
 }
 
 /// Checks the spec here (every problem at once), then hands it to the app's scheduler,
@@ -221,14 +263,14 @@ pub async fn apply(a: ApplyArgs) -> anyhow::Result<()> {
     let text = std::fs::read_to_string(&a.file).with_context(|| format!("reading {}", a.file.display()))?;
     let spec = flotilla_scheduler::AppSpec::parse(&text).with_context(|| a.file.display().to_string())?;
     let url = format!("{}/v1/apps/{}/spec", a.addr.trim_end_matches('/'), spec.name);
-    let req = reqwest::Client::new().put(&url).bearer_auth(token(a.token)?).body(text);
+    let req = http_client(a.ca.as_deref())?.put(&url).bearer_auth(token(a.token)?).body(text);
     let body = send(req, &a.addr).await?;
     println!("{}: {}", spec.name, body["result"].as_str().unwrap_or("applied"));
     Ok(())
 }
 
 pub async fn routes(a: UnitsArgs) -> anyhow::Result<()> {
-    let v = get(&a.list.addr, &format!("/v1/apps/{}/routes", a.app)).await?;
+    let v = get(&a.list, &format!("/v1/apps/{}/routes", a.app)).await?;
     if a.list.json {
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());

@@ -53,6 +53,8 @@ enum Cmd {
     Apply(client::ApplyArgs),
     /// The health-weighted reverse proxy for an app (or a fixed list of backends).
     Route(route::RouteArgs),
+    /// Rotate the agents' join token: add a new one, later retire the old ones.
+    JoinToken(secrets::JoinTokenArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -62,6 +64,7 @@ fn main() -> std::process::ExitCode {
     flotilla_obs::metrics_handle();
     let result = match cli.cmd {
         Cmd::Agent(a) => flotilla_agent::main_with(*a),
+        Cmd::JoinToken(a) => secrets::join_token(a),
         other => {
             tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(anyhow::Error::from).and_then(
                 |rt| {
@@ -80,7 +83,7 @@ fn main() -> std::process::ExitCode {
                             Cmd::Route(a) => route::run(a).await,
                             Cmd::Node(a) => client::node(a).await,
                             Cmd::Routes(a) => client::routes(a).await,
-                            Cmd::Agent(_) => Ok(()),
+                            Cmd::Agent(_) | Cmd::JoinToken(_) => Ok(()),
                         }
                     })
                 },

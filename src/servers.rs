@@ -7,9 +7,135 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::Args;
+use flotilla_aggregator::registry::Registry;
 use flotilla_aggregator::{ShardConfig, Timeouts, TlsMaterial};
+use flotilla_proto::dial::Dialer;
 
 use crate::secrets::DataDir;
+
+/// How a process serves its HTTP API, and whom it trusts when it calls another's.
+#[derive(Debug, Clone, Args)]
+pub struct HttpArgs {
+    /// Serve the HTTP API over HTTPS with this certificate chain (PEM); with --tls-key.
+    #[arg(long, requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Requests per second one peer address may make to the HTTP API, in bursts of up to
+    /// twice that; 0 turns the limit off.
+    #[arg(long, default_value_t = 200)]
+    pub rate_limit: u32,
+    /// PEM file with the CA certificate(s) to trust when calling another process's HTTPS API
+    /// (a standalone scheduler's, or the control plane's).
+    #[arg(long, env = "FLOTILLA_CA")]
+    pub ca: Option<PathBuf>,
+}
+
+impl HttpArgs {
+    pub fn options(&self) -> anyhow::Result<flotilla_control::HttpOptions> {
+        let tls = match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => {
+                let m = TlsMaterial::load(cert, key)?;
+                Some(
+                    flotilla_control::tls_config(m.certs, m.key)
+                        .with_context(|| format!("--tls-cert {} with --tls-key {}", cert.display(), key.display()))?,
+                )
+            }
+            (None, None) => None,
+            _ => bail!("--tls-cert and --tls-key go together"),
+        };
+        Ok(flotilla_control::HttpOptions { tls, rate_limit: self.rate_limit })
+    }
+
+    pub fn client(&self) -> anyhow::Result<reqwest::Client> {
+        crate::client::http_client(self.ca.as_deref())
+    }
+}
+
+/// How a process reaches the shards' gRPC services (commit, watch, admin).
+#[derive(Debug, Clone, Args)]
+pub struct ShardClientArgs {
+    /// File whose first line is the shards' gRPC bearer token (default: DATA/grpc-token
+    /// when it exists; DATA is $FLOTILLA_DATA, else ./.flotilla).
+    #[arg(long)]
+    pub grpc_token_file: Option<PathBuf>,
+    /// PEM file with the CA that signs the shards' gRPC certificates: speak TLS to them.
+    #[arg(long, env = "FLOTILLA_GRPC_CA")]
+    pub grpc_ca: Option<PathBuf>,
+}
+
+impl ShardClientArgs {
+    pub fn dialer(&self) -> anyhow::Result<Dialer> {
+        let file = self.grpc_token_file.clone().or_else(|| {
+            let default = crate::client::data_dir().join("grpc-token");
+            default.exists().then_some(default)
+        });
+        let mut dialer = Dialer::network();
+        if let Some(file) = file {
+            let token = crate::secrets::read_tokens(&file)?
+                .into_iter()
+                .next()
+                .ok_or_else(|| anyhow::anyhow!("{} holds no token", file.display()))?;
+            dialer = dialer.with_token(&token).with_context(|| format!("the token in {}", file.display()))?;
+        }
+        if let Some(ca) = &self.grpc_ca {
+            dialer = dialer.with_ca(std::fs::read(ca).with_context(|| format!("reading --grpc-ca {}", ca.display()))?);
+        }
+        Ok(dialer)
+    }
+}
+
+/// How often the join-token file is read again (SIGHUP reads it at once).
+const JOIN_TOKEN_RELOAD: Duration = Duration::from_secs(10);
+
+/// Reads `path` again on SIGHUP and every 10 s, and gives every shard's registry the
+/// tokens when they changed. A file that cannot be read, or holds no token, changes
+/// nothing (it is logged and counted).
+pub fn reload_join_tokens(path: PathBuf, registries: Vec<Arc<Registry>>) -> anyhow::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    // Installed before returning, so a SIGHUP from now on never kills the process.
+    let mut hup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
+    let mut current = registries.first().map(|r| r.join_tokens()).unwrap_or_default().as_ref().clone();
+    metrics::gauge!("flotilla_join_tokens").set(current.len() as f64);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(JOIN_TOKEN_RELOAD);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await;
+        loop {
+            let why = tokio::select! {
+                _ = tick.tick() => "timer",
+                _ = hup.recv() => "SIGHUP",
+            };
+            let _span = tracing::info_span!("join_tokens_reload", file = %path.display(), why).entered();
+            let result = match crate::secrets::read_tokens(&path) {
+                Ok(tokens) if tokens.is_empty() => {
+                    tracing::error!(
+                        kept = current.len(),
+                        "the join-token file holds no token: keeping the ones accepted now"
+                    );
+                    "error"
+                }
+                Ok(tokens) if tokens == current => "unchanged",
+                Ok(tokens) => {
+                    for r in &registries {
+                        r.set_join_tokens(tokens.clone());
+                    }
+                    tracing::info!(before = current.len(), now = tokens.len(), "join tokens reloaded");
+                    metrics::gauge!("flotilla_join_tokens").set(tokens.len() as f64);
+                    current = tokens;
+                    "changed"
+                }
+                Err(e) => {
+                    tracing::error!(error = %format!("{e:#}"), kept = current.len(), "cannot read the join tokens: keeping the ones accepted now");
+                    "error"
+                }
+            };
+            metrics::counter!("flotilla_join_tokens_reloaded_total", "result" => result).increment(1);
+        }
+    });
+    Ok(())
+}
 
 /// Parses `1500ms`, `2s`, `1.5s`, `5m`, `1h`.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -78,9 +204,10 @@ impl LivenessArgs {
             shard,
             shards,
             data.shard_secret.as_bytes().to_vec(),
-            vec![data.join_token.clone()],
+            data.join_tokens.clone(),
             tls,
         );
+        c.grpc_tokens = data.grpc_tokens.clone();
         c.timeouts = self.timeouts()?;
         c.batch_window = self.batch_window;
         Ok(c)
@@ -111,6 +238,13 @@ pub struct AggregatorArgs {
     /// while agents come back and the ledger is rebuilt from what they run.
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     pub recovery_window: Duration,
+    /// Serve gRPC over TLS with this certificate chain (PEM); with --grpc-tls-key.
+    /// Callers then need --grpc-ca. (Tokens are in DATA/grpc-token either way.)
+    #[arg(long, requires = "grpc_tls_key")]
+    pub grpc_tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --grpc-tls-cert.
+    #[arg(long, requires = "grpc_tls_cert")]
+    pub grpc_tls_key: Option<PathBuf>,
 }
 
 pub async fn aggregator(a: AggregatorArgs) -> anyhow::Result<()> {
@@ -124,7 +258,12 @@ pub async fn aggregator(a: AggregatorArgs) -> anyhow::Result<()> {
     if ran_before.exists() {
         config.recovery_window = a.recovery_window;
     }
+    if let (Some(cert), Some(key)) = (&a.grpc_tls_cert, &a.grpc_tls_key) {
+        let read = |p: &PathBuf| std::fs::read(p).with_context(|| format!("reading {}", p.display()));
+        config.grpc_tls = Some(flotilla_aggregator::GrpcTls { cert_pem: read(cert)?, key_pem: read(key)? });
+    }
     let mut shard = flotilla_aggregator::start(config).await?;
+    reload_join_tokens(data.dir.join("join-token"), vec![shard.registry.clone()])?;
     std::fs::write(&ran_before, format!("{}\n", std::process::id()))?;
     if a.print_addrs {
         println!(
@@ -150,6 +289,10 @@ pub struct ControlArgs {
     /// File with the API token for mutating calls.
     #[arg(long)]
     pub api_token_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub http: HttpArgs,
+    #[command(flatten)]
+    pub shards: ShardClientArgs,
 }
 
 pub async fn control(a: ControlArgs) -> anyhow::Result<()> {
@@ -160,15 +303,19 @@ pub async fn control(a: ControlArgs) -> anyhow::Result<()> {
         None => None,
     };
     let cluster = flotilla_view::ClusterView::new(a.aggregators.len());
-    flotilla_control::follow_all(&cluster, &a.aggregators);
+    let dialer = a.shards.dialer()?;
+    flotilla_control::follow_all(&cluster, &a.aggregators, &dialer);
     let state = Arc::new(flotilla_control::ControlState {
         cluster,
         shards: a.aggregators.clone(),
         api_token,
         apps: Default::default(),
+        http: a.http.client()?,
+        dialer,
     });
+    let options = a.http.options()?;
     let listener = tokio::net::TcpListener::bind(a.listen).await.with_context(|| format!("binding {}", a.listen))?;
-    flotilla_control::serve(listener, state, async {
+    flotilla_control::serve(listener, state, options, async {
         shutdown_signal().await;
     })
     .await
@@ -207,6 +354,10 @@ pub struct SchedulerArgs {
     /// they count as lost and are replaced.
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     pub unknown_grace: Duration,
+    #[command(flatten)]
+    pub http: HttpArgs,
+    #[command(flatten)]
+    pub shards: ShardClientArgs,
 }
 
 /// `flotilla scheduler`: one app's scheduler as its own process.
@@ -216,10 +367,11 @@ pub async fn scheduler(a: SchedulerArgs) -> anyhow::Result<()> {
     let store: Arc<dyn flotilla_scheduler::Store> =
         Arc::new(flotilla_scheduler::RedbStore::open(std::path::Path::new(path))?);
     let cluster = flotilla_view::ClusterView::new(a.aggregators.len());
-    flotilla_control::follow_all(&cluster, &a.aggregators);
+    let dialer = a.shards.dialer()?;
+    flotilla_control::follow_all(&cluster, &a.aggregators, &dialer);
     let app = spec.name.clone();
-    let (mut scheduler, handle) =
-        flotilla_scheduler::Scheduler::new(spec, cluster.clone(), a.aggregators.clone(), store)?;
+    let (scheduler, handle) = flotilla_scheduler::Scheduler::new(spec, cluster.clone(), a.aggregators.clone(), store)?;
+    let mut scheduler = scheduler.with_dialer(dialer.clone());
     scheduler.unknown_grace_ms = a.unknown_grace.as_millis() as u64;
     let token = a.token.or_else(|| crate::client::token_from_data().ok());
     let state = Arc::new(flotilla_control::ControlState {
@@ -228,24 +380,32 @@ pub async fn scheduler(a: SchedulerArgs) -> anyhow::Result<()> {
         // Its own API takes mutating calls with the same token it registers with.
         api_token: token.clone(),
         apps: Default::default(),
+        http: a.http.client()?,
+        dialer,
     });
     state.apps.add_local(handle);
+    let options = a.http.options()?;
     let listener = tokio::net::TcpListener::bind(a.listen).await?;
-    let url = format!("http://{}", listener.local_addr()?);
+    let url = format!("{}://{}", options.scheme(), listener.local_addr()?);
     tracing::info!(%app, %url, "scheduler API");
     tokio::spawn(scheduler.run());
     if let Some(control) = a.control {
-        tokio::spawn(register_with_control(control, token, app, url));
+        tokio::spawn(register_with_control(state.http.clone(), control, token, app, url));
     }
-    flotilla_control::serve(listener, state, async {
+    flotilla_control::serve(listener, state, options, async {
         shutdown_signal().await;
     })
     .await
 }
 
 /// Registers (and keeps re-registering, as soft state) with the control plane.
-async fn register_with_control(control: String, token: Option<String>, app: String, url: String) {
-    let client = reqwest::Client::new();
+async fn register_with_control(
+    client: reqwest::Client,
+    control: String,
+    token: Option<String>,
+    app: String,
+    url: String,
+) {
     loop {
         let mut req = client
             .post(format!("{}/v1/schedulers", control.trim_end_matches('/')))

@@ -13,7 +13,7 @@ use anyhow::Context;
 use clap::Args;
 
 use crate::secrets::DataDir;
-use crate::servers::{LivenessArgs, shutdown_signal};
+use crate::servers::{HttpArgs, LivenessArgs, shutdown_signal};
 
 #[derive(Debug, Args)]
 pub struct UpArgs {
@@ -40,6 +40,8 @@ pub struct UpArgs {
     pub apps: Vec<PathBuf>,
     #[command(flatten)]
     pub liveness: LivenessArgs,
+    #[command(flatten)]
+    pub http: HttpArgs,
 }
 
 /// One local agent: the shape of a node of the demo pool.
@@ -144,15 +146,25 @@ pub async fn run(a: UpArgs) -> anyhow::Result<()> {
         shards.push(flotilla_aggregator::start(config).await?);
     }
     let addrs: Vec<String> = shards.iter().map(|s| s.addr.to_string()).collect();
+    crate::servers::reload_join_tokens(
+        data.dir.join("join-token"),
+        shards.iter().map(|s| s.registry.clone()).collect(),
+    )?;
 
     let cluster = flotilla_view::ClusterView::new(a.shards);
-    flotilla_control::follow_all(&cluster, &addrs);
+    let token = data.grpc_tokens.first().map(String::as_str).unwrap_or_default();
+    let dialer = flotilla_proto::dial::Dialer::network().with_token(token)?;
+    flotilla_control::follow_all(&cluster, &addrs, &dialer);
     let state = Arc::new(flotilla_control::ControlState {
         cluster: cluster.clone(),
         shards: addrs.clone(),
         api_token: Some(data.api_token.clone()),
         apps: Default::default(),
+        http: a.http.client()?,
+        dialer: dialer.clone(),
     });
+    let options = a.http.options()?;
+    let scheme = options.scheme();
     if !a.apps.is_empty() {
         let store: Arc<dyn flotilla_scheduler::Store> =
             Arc::new(flotilla_scheduler::RedbStore::open(&data.dir.join("state.redb"))?);
@@ -161,7 +173,7 @@ pub async fn run(a: UpArgs) -> anyhow::Result<()> {
             let (scheduler, handle) =
                 flotilla_scheduler::Scheduler::new(spec, cluster.clone(), addrs.clone(), store.clone())?;
             state.apps.add_local(handle);
-            tokio::spawn(scheduler.run());
+            tokio::spawn(scheduler.with_dialer(dialer.clone()).run());
         }
     }
     let listener = tokio::net::TcpListener::bind(a.listen)
@@ -169,9 +181,9 @@ pub async fn run(a: UpArgs) -> anyhow::Result<()> {
         .with_context(|| format!("binding the control API on {} (is another `flotilla up` running?)", a.listen))?;
     let listen = listener.local_addr()?;
     // For scripts and tests that started us on port 0.
-    std::fs::write(data.dir.join("control.addr"), format!("http://{listen}"))?;
+    std::fs::write(data.dir.join("control.addr"), format!("{scheme}://{listen}"))?;
     let (stop_api, api_stopped) = tokio::sync::oneshot::channel::<()>();
-    let api = tokio::spawn(flotilla_control::serve(listener, state, async {
+    let api = tokio::spawn(flotilla_control::serve(listener, state, options, async {
         let _ = api_stopped.await;
     }));
 
@@ -183,8 +195,11 @@ pub async fn run(a: UpArgs) -> anyhow::Result<()> {
         agents.push(Agent { spec, child: Some(child), pid_file, restart_at: None });
     }
     println!("flotilla is up: {} shard(s) at {joined}, {} agent(s)", a.shards, a.agents);
-    println!("  control API and /metrics: http://{listen}");
-    println!("  export FLOTILLA_ADDR=http://{listen} FLOTILLA_DATA={}", data.dir.display());
+    println!("  control API and /metrics: {scheme}://{listen}");
+    println!("  export FLOTILLA_ADDR={scheme}://{listen} FLOTILLA_DATA={}", data.dir.display());
+    if let Some(cert) = &a.http.tls_cert {
+        println!("  HTTPS with {}: clients need FLOTILLA_CA=<the CA that signed it>", cert.display());
+    }
     println!("  try: flotilla nodes");
 
     let mut poll = tokio::time::interval(Duration::from_millis(500));

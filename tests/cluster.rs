@@ -871,6 +871,7 @@ impl Standalone {
         std::fs::write(&spec, text).unwrap();
         let api = format!("http://127.0.0.1:{}", free_port());
         let store = format!("redb:{d}/scheduler.redb");
+        let grpc_token = format!("{d}/grpc-token");
         let mut args = vec![
             "scheduler",
             "--app",
@@ -883,6 +884,8 @@ impl Standalone {
             api.trim_start_matches("http://"),
             "--token",
             "t",
+            "--grpc-token-file",
+            &grpc_token,
         ];
         args.extend_from_slice(scheduler_flags);
         procs.spawn(&args, &dir.join("scheduler.err"));

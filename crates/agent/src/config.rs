@@ -33,6 +33,8 @@ pub struct AgentArgs {
     pub resources: Vec<String>,
     #[arg(long, env = "FLOTILLA_JOIN_TOKEN", hide_env_values = true)]
     pub join_token: Option<String>,
+    /// A file holding join tokens, one per line, newest first (`flotilla join-token
+    /// rotate`); the agent uses the first, and reads the file again whenever it registers.
     #[arg(long)]
     pub join_token_file: Option<PathBuf>,
     /// PEM file with the certificate(s) that sign the shards' TLS certificates
@@ -82,6 +84,8 @@ pub struct AgentConfig {
     pub labels: Labels,
     pub capacity: Resources,
     pub join_token: String,
+    /// Where `join_token` came from, read again at each registration (tokens rotate).
+    pub join_token_file: Option<PathBuf>,
     pub ca: PathBuf,
     pub data_dir: PathBuf,
     pub metrics: Option<std::net::SocketAddr>,
@@ -90,6 +94,23 @@ pub struct AgentConfig {
     pub preemption_notice_file: Option<PathBuf>,
     pub test_health_file: Option<PathBuf>,
     pub runtime: crate::runtime::RuntimeConfig,
+}
+
+/// The newest token of a join-token file: its first non-blank line.
+pub fn first_join_token(text: &str) -> Option<String> {
+    text.lines().map(str::trim).find(|l| !l.is_empty()).map(str::to_string)
+}
+
+impl AgentConfig {
+    /// The token to register with now: the first of the join-token file as it is
+    /// now, else (no file, or it cannot be read) the one read at start.
+    pub fn current_join_token(&self) -> String {
+        self.join_token_file
+            .as_ref()
+            .and_then(|f| std::fs::read_to_string(f).ok())
+            .and_then(|t| first_join_token(&t))
+            .unwrap_or_else(|| self.join_token.clone())
+    }
 }
 
 /// What the machine looks like; injected so tests do not depend on the host.
@@ -186,7 +207,13 @@ impl AgentArgs {
         let join_token = match (&self.join_token, &self.join_token_file) {
             (Some(t), _) => Some(t.trim().to_string()),
             (None, Some(f)) => match std::fs::read_to_string(f) {
-                Ok(t) => Some(t.trim().to_string()),
+                Ok(t) => {
+                    let first = first_join_token(&t);
+                    if first.is_none() {
+                        errors.push(format!("--join-token-file {}: holds no token", f.display()));
+                    }
+                    first
+                }
                 Err(e) => {
                     errors.push(format!("--join-token-file {}: {e}", f.display()));
                     None
@@ -238,6 +265,7 @@ impl AgentArgs {
                 labels,
                 capacity,
                 join_token,
+                join_token_file: if self.join_token.is_some() { None } else { self.join_token_file.clone() },
                 ca,
                 data_dir: self.data,
                 metrics: self.metrics,
@@ -306,6 +334,29 @@ mod tests {
         assert_eq!(c.capacity.gpu, 2);
         assert_eq!(c.capacity.custom.get("tpu"), Some(&4));
         assert_eq!(c.labels.domain(), "d2");
+    }
+
+    #[test]
+    fn a_join_token_file_gives_its_newest_token_and_is_read_again() {
+        let dir = std::env::temp_dir().join(format!("flotilla-agent-token-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("join-token");
+        std::fs::write(&file, "\n  new-token  \nold-token\n").unwrap();
+        let v = ["agent", "--aggregators", "127.0.0.1:1", "--join-token-file", file.to_str().unwrap()];
+        let c = Cli::try_parse_from(v).unwrap().a.into_config(&host()).unwrap();
+        assert_eq!(c.join_token, "new-token");
+        // Rotated once more while the agent runs: its next registration uses the newest.
+        std::fs::write(&file, "newer\nnew-token\nold-token\n").unwrap();
+        assert_eq!(c.current_join_token(), "newer");
+        // An unreadable file keeps the token it had.
+        std::fs::remove_file(&file).unwrap();
+        assert_eq!(c.current_join_token(), "new-token");
+        std::fs::write(&file, " \n\n").unwrap();
+        let errs = Cli::try_parse_from(v).unwrap().a.into_config(&host()).unwrap_err();
+        assert!(errs.iter().any(|e| e.contains("holds no token")), "{errs:?}");
+        // A token given on the command line is the one, always.
+        assert_eq!(parse(&[]).unwrap().current_join_token(), "t");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -268,7 +268,7 @@ async fn register(
     let conn = ShardConnection::connect(endpoint, addr, host).await?;
     let req = v1::RegisterRequest {
         protocol_version: PROTOCOL_VERSION,
-        join_token: config.join_token.clone(),
+        join_token: config.current_join_token(),
         node_id: config.node_id.to_string(),
         incarnation,
         labels: config.labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),

@@ -155,6 +155,7 @@ async fn stream(
                 Err(e) => {
                     ctx.stats.registrations_rejected.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     metrics::counter!("flotilla_registrations_total", "result" => e.code()).increment(1);
+                    metrics::counter!("flotilla_registrations_rejected_total", "reason" => e.code()).increment(1);
                     tracing::warn!(error = %e, "registration refused");
                     if e.closes_connection() {
                         conn.close(VarInt::from_u32(CLOSE_REJECTED), e.to_string().as_bytes());

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU16, AtomicU64, Ordering};
 
+use arc_swap::ArcSwap;
 use dashmap::DashMap;
 use flotilla_core::{HealthSample, Labels, NodeId, NodeStatus, PROTOCOL_VERSION, Resources, shard_for_domain};
 use flotilla_proto::seal::{SessionKey, derive_session_key};
@@ -108,7 +109,9 @@ pub struct Registry {
     pub shard: usize,
     pub shards: usize,
     master: Vec<u8>,
-    join_tokens: Vec<String>,
+    /// Every token a registration may carry (newest first while an old one is retired);
+    /// replaced at run time by [`Registry::set_join_tokens`].
+    join_tokens: ArcSwap<Vec<String>>,
     pub sessions: DashMap<u64, Arc<NodeLive>>,
     by_node: DashMap<NodeId, Arc<NodeLive>>,
     /// Most nodes of a pool share their label set: keep one copy of each.
@@ -141,7 +144,7 @@ impl Registry {
             shard,
             shards,
             master,
-            join_tokens,
+            join_tokens: ArcSwap::from_pointee(join_tokens),
             sessions: DashMap::new(),
             by_node: DashMap::new(),
             label_sets: DashMap::new(),
@@ -154,6 +157,16 @@ impl Registry {
     pub fn emit(&self, c: Change) {
         // The applier outlives the registry except during shutdown, when nothing matters.
         let _ = self.changes.send(c);
+    }
+
+    /// Replaces the accepted join tokens. Registrations from now on need one of these;
+    /// sessions opened with a removed token stay.
+    pub fn set_join_tokens(&self, tokens: Vec<String>) {
+        self.join_tokens.store(Arc::new(tokens));
+    }
+
+    pub fn join_tokens(&self) -> Arc<Vec<String>> {
+        self.join_tokens.load_full()
     }
 
     pub fn master(&self) -> &[u8] {
@@ -176,7 +189,7 @@ impl Registry {
         if req.protocol_version != PROTOCOL_VERSION {
             return Err(RegisterError::ProtocolVersion(req.protocol_version));
         }
-        if !self.join_tokens.iter().any(|t| constant_time_eq(t.as_bytes(), req.join_token.as_bytes())) {
+        if !self.join_tokens.load().iter().any(|t| constant_time_eq(t.as_bytes(), req.join_token.as_bytes())) {
             return Err(RegisterError::JoinToken);
         }
         let node_id = NodeId::new(&req.node_id).map_err(|e| RegisterError::NodeId(e.to_string()))?;
@@ -408,6 +421,48 @@ pub(crate) mod tests {
         let r = Registry::new(0, 4, b"m".to_vec(), vec!["tok".into()], tx);
         let foreign = (0..100).map(|i| format!("d{i}")).find(|d| shard_for_domain(d, 4) != 0).unwrap();
         assert!(matches!(r.register(request("n", 1, &foreign), 0), Err(RegisterError::WrongShard { .. })));
+    }
+
+    #[test]
+    fn join_tokens_rotate_at_run_time() {
+        let r = registry();
+        let with = |node: &str, token: &str| {
+            let mut req = request(node, 1, "a");
+            req.join_token = token.into();
+            req
+        };
+        assert!(r.register(with("n1", "tok"), 0).is_ok());
+        assert_eq!(r.register(with("n2", "new"), 0).err(), Some(RegisterError::JoinToken));
+        // Rotated: the new token first, the old one still accepted.
+        r.set_join_tokens(vec!["new".into(), "tok".into()]);
+        assert!(r.register(with("n2", "new"), 0).is_ok());
+        assert!(r.register(with("n3", "tok"), 0).is_ok());
+        // Retired: only the new one.
+        r.set_join_tokens(vec!["new".into()]);
+        assert_eq!(r.join_tokens().as_slice(), ["new".to_string()]);
+        assert_eq!(r.register(with("n4", "tok"), 0).err(), Some(RegisterError::JoinToken));
+        assert!(r.register(with("n4", "new"), 0).is_ok());
+        // Sessions opened with the retired token stay.
+        assert_eq!(r.len(), 4);
+        assert!(r.node(&NodeId::new("n1").unwrap()).is_some());
+        // A prefix or an empty token never matches.
+        assert_eq!(r.register(with("n5", "ne"), 0).err(), Some(RegisterError::JoinToken));
+        assert_eq!(r.register(with("n5", ""), 0).err(), Some(RegisterError::JoinToken));
+    }
+
+    #[test]
+    fn workload_reports_only_for_the_sessions_own_node() {
+        let r = registry();
+        let a = r.register(request("n1", 1, "a"), 0).unwrap();
+        let b = r.register(request("n2", 1, "a"), 0).unwrap();
+        let w = v1::WorkloadStatus { app: "echo".into(), unit: "u1".into(), member: "m1".into(), ..Default::default() };
+        let err = r.report_workloads(a.session_id, "n2", vec![w.clone()]).unwrap_err();
+        assert!(err.contains("only for its own node"), "{err}");
+        assert!(r.workloads(&b.node_id).is_empty(), "nothing was recorded for n2");
+        assert_eq!(r.report_workloads(9, "n1", vec![w.clone()]).unwrap_err(), "unknown session");
+        assert!(r.report_workloads(a.session_id, "n1", vec![w]).is_ok());
+        assert_eq!(r.workloads(&a.node_id).len(), 1);
+        assert!(r.workloads(&b.node_id).is_empty());
     }
 
     #[test]

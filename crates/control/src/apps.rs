@@ -101,9 +101,9 @@ pub fn unit_rows(s: &AppStatus) -> Value {
     Value::Array(rows)
 }
 
-async fn remote(url: &str, path: &str) -> Result<Value, ApiError> {
+async fn remote(http: &reqwest::Client, url: &str, path: &str) -> Result<Value, ApiError> {
     let bad = |m: String| ApiError { status: StatusCode::BAD_GATEWAY, code: "scheduler_unreachable", message: m };
-    let resp = reqwest::Client::new()
+    let resp = http
         .get(format!("{}{path}", url.trim_end_matches('/')))
         .timeout(Duration::from_secs(5))
         .send()
@@ -117,7 +117,7 @@ async fn list_apps(State(s): State<Arc<ControlState>>) -> Result<Json<Value>, Ap
     for app in s.apps.names() {
         match s.apps.get(&app) {
             Some(Ok(h)) => out.push(summary(&h.status())),
-            Some(Err(url)) => out.push(remote(&url, &format!("/v1/apps/{app}")).await?),
+            Some(Err(url)) => out.push(remote(&s.http, &url, &format!("/v1/apps/{app}")).await?),
             None => {}
         }
     }
@@ -130,7 +130,7 @@ async fn get_app(State(s): State<Arc<ControlState>>, Path(app): Path<String>) ->
     match s.apps.get(&app) {
         Some(Ok(h)) => Ok(Json(summary(&h.status()))),
         Some(Err(url)) => {
-            let mut v = remote(&url, &format!("/v1/apps/{app}")).await?;
+            let mut v = remote(&s.http, &url, &format!("/v1/apps/{app}")).await?;
             if v.get("scheduler_url").is_none_or(Value::is_null) {
                 v["scheduler_url"] = json!(url);
             }
@@ -144,7 +144,7 @@ async fn list_units(State(s): State<Arc<ControlState>>, Path(app): Path<String>)
     metrics::counter!("flotilla_api_requests_total", "route" => "/v1/apps/{app}/units").increment(1);
     match s.apps.get(&app) {
         Some(Ok(h)) => Ok(Json(unit_rows(&h.status()))),
-        Some(Err(url)) => Ok(Json(remote(&url, &format!("/v1/apps/{app}/units")).await?)),
+        Some(Err(url)) => Ok(Json(remote(&s.http, &url, &format!("/v1/apps/{app}/units")).await?)),
         None => Err(not_found(&app)),
     }
 }
@@ -164,7 +164,7 @@ async fn list_routes(State(s): State<Arc<ControlState>>, Path(app): Path<String>
     metrics::counter!("flotilla_api_requests_total", "route" => "/v1/apps/{app}/routes").increment(1);
     match s.apps.get(&app) {
         Some(Ok(h)) => Ok(Json(route_rows(&h.routes().borrow()))),
-        Some(Err(url)) => Ok(Json(remote(&url, &format!("/v1/apps/{app}/routes")).await?)),
+        Some(Err(url)) => Ok(Json(remote(&s.http, &url, &format!("/v1/apps/{app}/routes")).await?)),
         None => Err(not_found(&app)),
     }
 }
@@ -196,7 +196,7 @@ async fn scale(
             Err(m) => Err(ApiError { status: StatusCode::UNPROCESSABLE_ENTITY, code: "out_of_range", message: m }),
         },
         Some(Err(url)) => {
-            let req = reqwest::Client::new().put(format!("{}/v1/apps/{app}/scale", url.trim_end_matches('/')));
+            let req = s.http.put(format!("{}/v1/apps/{app}/scale", url.trim_end_matches('/')));
             forward(req.json(&json!({"units": b.units})), &url, &headers).await
         }
         None => Err(not_found(&app)),
@@ -225,7 +225,7 @@ async fn apply(
             Err(m) => Err(invalid(m)),
         },
         Some(Err(url)) => {
-            let req = reqwest::Client::new().put(format!("{}/v1/apps/{app}/spec", url.trim_end_matches('/')));
+            let req = s.http.put(format!("{}/v1/apps/{app}/spec", url.trim_end_matches('/')));
             forward(req.body(body), &url, &headers).await
         }
         None => Err(not_found(&app)),
@@ -266,7 +266,10 @@ struct Registration {
 pub fn authorize(s: &ControlState, headers: &HeaderMap) -> Result<(), ApiError> {
     let Some(want) = &s.api_token else { return Ok(()) };
     let got = headers.get(axum::http::header::AUTHORIZATION).and_then(|v| v.to_str().ok());
-    let unauthorized = |m: &str| ApiError { status: StatusCode::UNAUTHORIZED, code: "unauthorized", message: m.into() };
+    let unauthorized = |m: &str| {
+        crate::limits::rejected("unauthenticated");
+        ApiError { status: StatusCode::UNAUTHORIZED, code: "unauthorized", message: m.into() }
+    };
     match got.and_then(|v| v.strip_prefix("Bearer ")) {
         None => Err(unauthorized("this call needs Authorization: Bearer <API token> (see $FLOTILLA_DATA/api-token)")),
         Some(t) if t.len() == want.len() && t.bytes().zip(want.bytes()).fold(0, |a, (x, y)| a | (x ^ y)) == 0 => Ok(()),

@@ -3,7 +3,9 @@
 
 pub mod apps;
 mod json;
+pub mod limits;
 pub mod routes_grpc;
+mod serve;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -13,10 +15,12 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
+use flotilla_proto::dial::Dialer;
 use flotilla_proto::v1;
 use flotilla_view::ClusterView;
 
 pub use json::{NodeRow, node_rows};
+pub use serve::{HttpOptions, MAX_CONNECTIONS_PER_PEER, MAX_STREAMS_PER_CONNECTION, tls_config};
 
 pub struct ControlState {
     pub cluster: Arc<ClusterView>,
@@ -25,6 +29,10 @@ pub struct ControlState {
     /// Bearer token for mutating calls.
     pub api_token: Option<String>,
     pub apps: apps::Apps,
+    /// For calls to standalone schedulers' APIs (trusting the CA they may serve HTTPS with).
+    pub http: reqwest::Client,
+    /// How the shards' gRPC is reached (its token and TLS).
+    pub dialer: Dialer,
 }
 
 /// `{"error": {"code", "message"}}` with a fitting status.
@@ -115,10 +123,10 @@ async fn set_cordon(
     let shard = s.cluster.slots().iter().position(|slot| slot.view.get(&id).is_some()).ok_or_else(not_found)?;
     let addr = s.shards.get(shard).ok_or_else(not_found)?;
     let unreachable = |e: String| ApiError { status: StatusCode::BAD_GATEWAY, code: "shard_unreachable", message: e };
-    let endpoint = if addr.starts_with("http") { addr.clone() } else { format!("http://{addr}") };
-    let mut client = flotilla_proto::v1::node_admin_service_client::NodeAdminServiceClient::connect(endpoint)
-        .await
-        .map_err(|e| unreachable(format!("shard {shard}: {e}")))?;
+    let channel = s.dialer.connect(addr, Some(std::time::Duration::from_secs(10))).await;
+    let mut client = flotilla_proto::v1::node_admin_service_client::NodeAdminServiceClient::new(
+        channel.map_err(|e| unreachable(format!("shard {shard}: {e}")))?,
+    );
     let r = client
         .set_cordon(flotilla_proto::v1::CordonRequest { node_id: node.to_string(), cordoned, drain })
         .await
@@ -151,38 +159,24 @@ async fn list_shards(State(s): State<Arc<ControlState>>) -> Json<serde_json::Val
     Json(serde_json::Value::Array(rows))
 }
 
-/// How long open connections may finish after a shutdown signal.
-const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
-
-/// Follows every shard and serves the API on `listener` until `shutdown` resolves.
+/// Serves the API on `listener` (HTTPS when `options` carry TLS, with their per-peer
+/// rate limit and the body cap) until `shutdown` resolves.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: Arc<ControlState>,
+    options: HttpOptions,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let addr: SocketAddr = listener.local_addr()?;
-    tracing::info!(%addr, "control API listening");
-    let (fired, on_fire) = tokio::sync::oneshot::channel::<()>();
-    let server = axum::serve(listener, router(state)).with_graceful_shutdown(async move {
-        shutdown.await;
-        let _ = fired.send(());
-    });
-    // Route watchers hold their streams open forever: after the signal, in-flight calls
-    // get a grace, then the process goes regardless.
-    tokio::select! {
-        r = server => r?,
-        _ = async {
-            let _ = on_fire.await;
-            tokio::time::sleep(SHUTDOWN_GRACE).await;
-        } => tracing::info!("closing the connections still open after the shutdown grace"),
-    }
-    Ok(())
+    tracing::info!(%addr, scheme = options.scheme(), rate_limit = options.rate_limit, "control API listening");
+    let limiter = limits::RateLimiter::new(options.rate_limit).map(Arc::new);
+    let app = limits::apply(router(state), limiter);
+    serve::serve_router(listener, app, options.tls, shutdown).await
 }
 
 /// Starts one follower task per shard address (`host:port`).
-pub fn follow_all(cluster: &Arc<ClusterView>, shards: &[String]) {
+pub fn follow_all(cluster: &Arc<ClusterView>, shards: &[String], dialer: &Dialer) {
     for (i, a) in shards.iter().enumerate() {
-        let endpoint = if a.starts_with("http") { a.clone() } else { format!("http://{a}") };
-        tokio::spawn(flotilla_view::follow_shard(cluster.clone(), i, endpoint));
+        tokio::spawn(flotilla_view::follow_shard(cluster.clone(), i, a.clone(), dialer.clone()));
     }
 }

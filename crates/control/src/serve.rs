@@ -1,0 +1,231 @@
+//! The API's listener: plain HTTP, or HTTPS with the user's certificate (ALPN `h2` and
+//! `http/1.1`, so gRPC `WatchRoutes` keeps sharing the port). Each connection's peer
+//! address goes into its requests for the rate limit ([`crate::limits`]); a peer may hold
+//! a bounded number of connections, and an HTTP/2 connection a bounded number of streams.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context;
+use axum::Router;
+use axum::extract::ConnectInfo;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto::Builder;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+use tower::ServiceExt;
+
+use crate::limits::rejected;
+
+/// How the API is served.
+#[derive(Clone, Default)]
+pub struct HttpOptions {
+    /// HTTPS with this configuration; plain HTTP without.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// Requests per second one peer may make (bursts of twice that); 0: no limit.
+    pub rate_limit: u32,
+}
+
+impl HttpOptions {
+    pub fn scheme(&self) -> &'static str {
+        if self.tls.is_some() { "https" } else { "http" }
+    }
+}
+
+/// A TLS server configuration for the API from a certificate chain and its key.
+pub fn tls_config(
+    certs: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+) -> anyhow::Result<Arc<rustls::ServerConfig>> {
+    let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .context("the TLS certificate and key do not make a valid pair")?;
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// Connections one peer address may hold open at once.
+pub const MAX_CONNECTIONS_PER_PEER: u32 = 256;
+/// Concurrent streams on one HTTP/2 connection (route watchers hold one each).
+pub const MAX_STREAMS_PER_CONNECTION: u32 = 128;
+/// Time a client has to finish its TLS handshake, or to send a request's headers.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long open connections may finish after a shutdown signal.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+
+/// Open connections by peer address.
+#[derive(Default)]
+struct PeerConnections(Mutex<HashMap<IpAddr, u32>>);
+
+/// One admitted connection; gives its place back when dropped.
+struct PeerSlot {
+    peers: Arc<PeerConnections>,
+    ip: IpAddr,
+}
+
+impl PeerConnections {
+    fn admit(self: &Arc<Self>, ip: IpAddr) -> Option<PeerSlot> {
+        let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let n = m.entry(ip).or_insert(0);
+        if *n >= MAX_CONNECTIONS_PER_PEER {
+            return None;
+        }
+        *n += 1;
+        Some(PeerSlot { peers: self.clone(), ip })
+    }
+}
+
+impl Drop for PeerSlot {
+    fn drop(&mut self) {
+        let mut m = self.peers.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = m.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&self.ip);
+            }
+        }
+    }
+}
+
+/// Serves `app` on `listener` until `shutdown` resolves; then open calls get a short
+/// grace (route watchers hold their streams open forever) and the function returns.
+pub async fn serve_router(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let local = listener.local_addr()?;
+    let tls = tls.map(tokio_rustls::TlsAcceptor::from);
+    let mut builder = Builder::new(TokioExecutor::new());
+    builder.http1().timer(TokioTimer::new()).header_read_timeout(HANDSHAKE_TIMEOUT);
+    builder.http2().timer(TokioTimer::new()).max_concurrent_streams(MAX_STREAMS_PER_CONNECTION);
+    let builder = Arc::new(builder);
+    let peers = Arc::new(PeerConnections::default());
+    let (stop_tx, stop_rx) = watch::channel(false);
+    tokio::pin!(shutdown);
+    loop {
+        let (tcp, peer) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    // Out of file descriptors, most likely: let connections close.
+                    tracing::warn!(error = %e, "accepting a connection failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = &mut shutdown => break,
+        };
+        let Some(slot) = peers.admit(peer.ip()) else {
+            rejected("too_many_connections");
+            tracing::debug!(%peer, "refused a connection: too many from this peer");
+            continue;
+        };
+        let (app, builder, tls, stop) = (app.clone(), builder.clone(), tls.clone(), stop_rx.clone());
+        tokio::spawn(async move {
+            let _slot = slot;
+            connection(tcp, peer, local, tls, app, &builder, stop).await;
+        });
+    }
+    drop(listener);
+    drop(stop_rx);
+    let _ = stop_tx.send(true);
+    if tokio::time::timeout(SHUTDOWN_GRACE, stop_tx.closed()).await.is_err() {
+        tracing::info!("closing the connections still open after the shutdown grace");
+    }
+    Ok(())
+}
+
+async fn connection(
+    tcp: TcpStream,
+    peer: SocketAddr,
+    local: SocketAddr,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    app: Router,
+    builder: &Builder<TokioExecutor>,
+    stop: watch::Receiver<bool>,
+) {
+    let _ = tcp.set_nodelay(true);
+    let Some(acceptor) = tls else { return http(tcp, peer, app, builder, stop).await };
+    // A TLS connection starts with a handshake record (0x16); anything else is most
+    // likely plain HTTP sent to the HTTPS port, and gets an answer that says so.
+    let mut first = [0u8; 1];
+    match tokio::time::timeout(HANDSHAKE_TIMEOUT, tcp.peek(&mut first)).await {
+        Ok(Ok(1)) if first[0] != 0x16 => return refuse_plaintext(tcp, local).await,
+        Ok(Ok(1)) => {}
+        _ => return,
+    }
+    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+        Ok(Ok(stream)) => http(stream, peer, app, builder, stop).await,
+        Ok(Err(e)) => {
+            rejected("tls_handshake");
+            tracing::debug!(%peer, error = %e, "TLS handshake failed");
+        }
+        Err(_) => {
+            rejected("tls_handshake");
+            tracing::debug!(%peer, "TLS handshake timed out");
+        }
+    }
+}
+
+/// Serves HTTP/1.1 or HTTP/2 (by the connection's preface) until the connection ends,
+/// or shuts it down gracefully when told to stop.
+async fn http<I>(
+    io: I,
+    peer: SocketAddr,
+    app: Router,
+    builder: &Builder<TokioExecutor>,
+    mut stop: watch::Receiver<bool>,
+) where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let svc = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
+        req.extensions_mut().insert(ConnectInfo(peer));
+        app.clone().oneshot(req)
+    });
+    let conn = builder.serve_connection(TokioIo::new(io), svc);
+    tokio::pin!(conn);
+    tokio::select! {
+        r = conn.as_mut() => {
+            if let Err(e) = r {
+                tracing::debug!(%peer, error = %e, "HTTP connection ended with an error");
+            }
+        }
+        _ = stop.changed() => {
+            conn.as_mut().graceful_shutdown();
+            let _ = conn.await;
+        }
+    }
+}
+
+/// Answers a plain HTTP request on the HTTPS port with a JSON error naming the right URL.
+async fn refuse_plaintext(mut tcp: TcpStream, local: SocketAddr) {
+    rejected("plaintext_on_tls");
+    let mut buf = vec![0u8; 16 * 1024];
+    // Read the request first: closing with unread data would reset the connection
+    // before the client reads the answer.
+    let _ = tokio::time::timeout(Duration::from_secs(1), tcp.read(&mut buf)).await;
+    let body = serde_json::json!({"error": {
+        "code": "tls_required",
+        "message": format!("this address serves HTTPS: use https://{local} (with --ca or $FLOTILLA_CA naming the CA of its certificate)"),
+    }})
+    .to_string();
+    let resp = format!(
+        "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    if tcp.write_all(resp.as_bytes()).await.is_ok() && tcp.shutdown().await.is_ok() {
+        let _ = tokio::time::timeout(Duration::from_secs(1), async {
+            while matches!(tcp.read(&mut buf).await, Ok(n) if n > 0) {}
+        })
+        .await;
+    }
+}

@@ -1,0 +1,260 @@
+//! The control API's listener over real sockets on loopback: HTTPS with a user CA
+//! (HTTP/1.1 and HTTP/2 by ALPN), plain HTTP sent to it, per-peer rate limits,
+//! the body cap, the connection cap and unauthenticated calls, each refusal counted.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use flotilla_control::{ControlState, HttpOptions, MAX_CONNECTIONS_PER_PEER};
+use http_body_util::{BodyExt, Empty};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// A CA and a certificate it signed for 127.0.0.1, as PEM and DER.
+struct Pki {
+    ca_pem: String,
+    ca_der: CertificateDer<'static>,
+    leaf: CertificateDer<'static>,
+    key: PrivateKeyDer<'static>,
+}
+
+fn pki() -> Pki {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, KeyUsagePurpose};
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.distinguished_name.push(DnType::CommonName, "Flotilla test CA");
+    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::DigitalSignature];
+    let ca = ca.self_signed(&ca_key).unwrap();
+    let leaf_key = KeyPair::generate().unwrap();
+    let leaf =
+        CertificateParams::new(vec!["127.0.0.1".to_string()]).unwrap().signed_by(&leaf_key, &ca, &ca_key).unwrap();
+    Pki {
+        ca_pem: ca.pem(),
+        ca_der: ca.der().clone(),
+        leaf: leaf.der().clone(),
+        key: PrivateKeyDer::try_from(leaf_key.serialize_der()).unwrap(),
+    }
+}
+
+/// Serves a control API with no shards and no apps; the API token is `secret`.
+async fn start(options: HttpOptions) -> (SocketAddr, tokio::sync::oneshot::Sender<()>) {
+    flotilla_obs::metrics_handle();
+    let state = Arc::new(ControlState {
+        cluster: flotilla_view::ClusterView::new(0),
+        shards: vec![],
+        api_token: Some("secret".into()),
+        apps: Default::default(),
+        http: reqwest::Client::new(),
+        dialer: Default::default(),
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(flotilla_control::serve(listener, state, options, async {
+        let _ = stopped.await;
+    }));
+    (addr, stop)
+}
+
+/// A TLS client stream to `addr` that trusts only `ca` and offers `alpn`.
+async fn tls_connect(
+    addr: SocketAddr,
+    ca: &CertificateDer<'static>,
+    alpn: &[&[u8]],
+) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ca.clone()).unwrap();
+    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let name = ServerName::try_from("127.0.0.1").unwrap();
+    tokio_rustls::TlsConnector::from(Arc::new(config)).connect(name, tcp).await.unwrap()
+}
+
+/// One raw HTTP/1.1 exchange on a plain socket from 127.0.0.2 (loopback too, so a
+/// peer of its own): the status and what was read before the server closed.
+async fn raw(addr: SocketAddr, request: &[u8]) -> (u16, String) {
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+    let mut s = sock.connect(addr).await.unwrap();
+    // The server may answer (and close) before it read everything.
+    let _ = s.write_all(request).await;
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while let Ok(Ok(n)) = tokio::time::timeout_at(deadline, s.read(&mut buf)).await {
+        if n == 0 {
+            break;
+        }
+        out.extend_from_slice(&buf[..n]);
+    }
+    let out = String::from_utf8_lossy(&out).to_string();
+    (out.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0), out)
+}
+
+fn metric(text: &str, reason: &str) -> f64 {
+    let label = format!("reason=\"{reason}\"");
+    text.lines()
+        .filter(|l| l.starts_with("flotilla_http_requests_rejected_total") && l.contains(&label))
+        .find_map(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[tokio::test]
+async fn https_with_a_user_ca_serves_http1_and_h2_and_refuses_plain_http_clearly() {
+    let pki = pki();
+    let tls = flotilla_control::tls_config(vec![pki.leaf.clone()], pki.key.clone_key()).unwrap();
+    let (addr, _stop) = start(HttpOptions { tls: Some(tls), rate_limit: 0 }).await;
+
+    // HTTP/2, negotiated by ALPN (as gRPC clients do).
+    let stream = tls_connect(addr, &pki.ca_der, &[b"h2", b"http/1.1"]).await;
+    assert_eq!(stream.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    let (mut h2, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream)).await.unwrap();
+    tokio::spawn(conn);
+    let req = hyper::Request::get(format!("https://{addr}/healthz")).body(Empty::<axum::body::Bytes>::new()).unwrap();
+    let resp = h2.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.version(), hyper::Version::HTTP_2);
+    assert_eq!(resp.into_body().collect().await.unwrap().to_bytes(), "ok");
+
+    // HTTP/1.1 over TLS.
+    let stream = tls_connect(addr, &pki.ca_der, &[b"http/1.1"]).await;
+    assert_eq!(stream.get_ref().1.alpn_protocol(), Some(&b"http/1.1"[..]));
+    let (mut h1, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.unwrap();
+    tokio::spawn(conn);
+    let req = hyper::Request::get("/v1/shards").header("host", "x").body(Empty::<axum::body::Bytes>::new()).unwrap();
+    let resp = h1.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let body: Value = serde_json::from_slice(&resp.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    assert_eq!(body, serde_json::json!([]));
+
+    // reqwest (what the CLI uses) with the CA added trusts it; without, it does not.
+    let ca = reqwest::Certificate::from_pem(pki.ca_pem.as_bytes()).unwrap();
+    let client = reqwest::Client::builder().add_root_certificate(ca).build().unwrap();
+    let r = client.get(format!("https://{addr}/v1/nodes")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let err = reqwest::Client::new().get(format!("https://{addr}/v1/nodes")).send().await.unwrap_err();
+    assert!(format!("{:?}", err).contains("UnknownIssuer"), "{err:?}");
+
+    // Plain HTTP to the HTTPS port: an answer that says what to do.
+    let (status, out) = raw(addr, b"GET /v1/nodes HTTP/1.1\r\nHost: x\r\n\r\n").await;
+    assert_eq!(status, 400, "{out}");
+    assert!(out.contains("tls_required") && out.contains(&format!("https://{addr}")), "{out}");
+
+    let text = client.get(format!("https://{addr}/metrics")).send().await.unwrap().text().await.unwrap();
+    assert_eq!(metric(&text, "plaintext_on_tls"), 1.0, "{text}");
+    assert_eq!(metric(&text, "tls_handshake"), 1.0, "the untrusting client's handshake: {text}");
+}
+
+#[tokio::test]
+async fn rate_limits_body_caps_and_missing_tokens_are_refused_and_counted() {
+    let (addr, _stop) = start(HttpOptions { tls: None, rate_limit: 5 }).await;
+    let client = reqwest::Client::new();
+    let url = format!("http://{addr}");
+
+    // A burst of twice the rate passes, then 429 with a JSON error and Retry-After.
+    let mut codes = Vec::new();
+    let mut refusal = None;
+    for _ in 0..14 {
+        let r = client.get(format!("{url}/healthz")).send().await.unwrap();
+        codes.push(r.status().as_u16());
+        if r.status() == 429 && refusal.is_none() {
+            let retry = r.headers().get("retry-after").and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+            refusal = Some((retry, r.json::<Value>().await.unwrap()));
+        }
+    }
+    let ok = codes.iter().filter(|c| **c == 200).count();
+    assert!((10..=11).contains(&ok), "the burst is 10 (one more may refill): {codes:?}");
+    assert_eq!(codes.iter().filter(|c| **c == 429).count(), 14 - ok, "{codes:?}");
+    let (retry, body) = refusal.unwrap();
+    assert_eq!(retry, Some(1));
+    assert_eq!(body["error"]["code"], "rate_limited");
+    assert!(body["error"]["message"].as_str().unwrap().contains("more than 5 requests per second from 127.0.0.1"));
+
+    // Another peer address (127.0.0.2 is loopback too) has its own bucket.
+    let other =
+        reqwest::Client::builder().local_address("127.0.0.2".parse::<std::net::IpAddr>().unwrap()).build().unwrap();
+    let r = other.get(format!("{url}/healthz")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+
+    // A body over 1 MiB: refused from its declared length before it is sent, or once
+    // 1 MiB of a chunked one has been read.
+    let declared = format!(
+        "PUT /v1/apps/echo/spec HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer secret\r\nContent-Length: {}\r\n\r\n",
+        flotilla_control::limits::MAX_BODY_BYTES + 1
+    );
+    let (status, out) = raw(addr, declared.as_bytes()).await;
+    assert_eq!(status, 413, "{out}");
+    assert!(out.contains("\"too_large\""), "{out}");
+    let mut chunked =
+        b"PUT /v1/apps/echo/spec HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+            .to_vec();
+    for _ in 0..17 {
+        chunked.extend_from_slice(format!("{:x}\r\n", 64 * 1024).as_bytes());
+        chunked.extend(std::iter::repeat_n(b'y', 64 * 1024));
+        chunked.extend_from_slice(b"\r\n");
+    }
+    chunked.extend_from_slice(b"0\r\n\r\n");
+    let (status, out) = raw(addr, &chunked).await;
+    assert_eq!(status, 413, "{}", &out[..out.len().min(300)]);
+    assert!(out.contains("larger than 1048576 bytes"), "{out}");
+
+    // A mutating call without the token, or with a wrong one.
+    let r = other.put(format!("{url}/v1/apps/echo/scale")).json(&serde_json::json!({"units": 2})).send().await.unwrap();
+    assert_eq!(r.status(), 401);
+    assert!(r.json::<Value>().await.unwrap()["error"]["message"].as_str().unwrap().contains("Authorization: Bearer"));
+    let r = other.post(format!("{url}/v1/nodes/n1/cordon")).bearer_auth("wrong").send().await.unwrap();
+    assert_eq!(r.status(), 401);
+    // Within the limits and with the token, the call reaches the handler.
+    let r = other
+        .put(format!("{url}/v1/apps/echo/scale"))
+        .bearer_auth("secret")
+        .json(&serde_json::json!({"units": 2}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404, "no scheduler runs echo here");
+
+    let text = other.get(format!("{url}/metrics")).send().await.unwrap().text().await.unwrap();
+    assert_eq!(metric(&text, "rate_limited"), (14 - ok) as f64, "{text}");
+    assert_eq!(metric(&text, "too_large"), 2.0, "{text}");
+    assert_eq!(metric(&text, "unauthenticated"), 2.0, "{text}");
+}
+
+#[tokio::test]
+async fn one_peer_holds_a_bounded_number_of_connections() {
+    let (addr, _stop) = start(HttpOptions { tls: None, rate_limit: 0 }).await;
+    let mut held = Vec::new();
+    for _ in 0..MAX_CONNECTIONS_PER_PEER {
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+        let mut buf = [0u8; 512];
+        let n = s.read(&mut buf).await.unwrap();
+        assert!(buf[..n].starts_with(b"HTTP/1.1 200"));
+        held.push(s);
+    }
+    // One more is closed at once, unanswered.
+    let mut extra = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let _ = extra.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").await;
+    let mut buf = [0u8; 512];
+    let n = tokio::time::timeout(Duration::from_secs(5), extra.read(&mut buf)).await.unwrap().unwrap_or(0);
+    assert_eq!(n, 0, "the connection past the cap is closed");
+    // Closing one makes room again.
+    held.pop();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut again = tokio::net::TcpStream::connect(addr).await.unwrap();
+    again.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+    let n = again.read(&mut buf).await.unwrap();
+    assert!(buf[..n].starts_with(b"HTTP/1.1 200"));
+    let (_, text) = raw(addr, b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await;
+    assert_eq!(metric(&text, "too_many_connections"), 1.0, "{text}");
+}
