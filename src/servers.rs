@@ -155,7 +155,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(secs))
 }
 
-/// Liveness settings shared by `up` and `aggregator`.
+/// Shard settings shared by `up` and `aggregator`: liveness, batching, request rates.
 #[derive(Debug, Clone, Args)]
 pub struct LivenessArgs {
     /// Silence after which a node is Suspect.
@@ -170,6 +170,10 @@ pub struct LivenessArgs {
     /// Longest wait before a change is published as a new view version (at most 50ms).
     #[arg(long, default_value = "20ms", value_parser = parse_duration)]
     pub batch_window: Duration,
+    /// gRPC requests (commits, watches, releases) one peer address may make to a shard
+    /// per second, in bursts of twice that; 0 turns the limit off.
+    #[arg(long, default_value_t = 10_000)]
+    pub grpc_rate_limit: u32,
 }
 
 impl LivenessArgs {
@@ -208,6 +212,7 @@ impl LivenessArgs {
             tls,
         );
         c.grpc_tokens = data.grpc_tokens.clone();
+        c.grpc_rate_limit = self.grpc_rate_limit;
         c.timeouts = self.timeouts()?;
         c.batch_window = self.batch_window;
         Ok(c)

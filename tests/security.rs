@@ -1,7 +1,8 @@
 //! Security with real processes on loopback: the HTTP API over HTTPS with a user CA and
 //! the CLI reading it; per-peer rate limits, the body cap and missing tokens refused and
 //! counted; join tokens rotated and retired under a running shard; a session that tries
-//! to heartbeat or report for another node. Run one at a time (.config/nextest.toml).
+//! to heartbeat or report for another node; a shard's gRPC over TLS only for callers with
+//! its token. Run one at a time (.config/nextest.toml).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -42,9 +43,14 @@ impl Procs {
     }
 
     fn spawn(&mut self, args: &[&str], log: &str) -> &mut Child {
+        self.spawn_with_env(args, log, &[])
+    }
+
+    fn spawn_with_env(&mut self, args: &[&str], log: &str, env: &[(&str, &Path)]) -> &mut Child {
         use std::os::unix::process::CommandExt;
         let child = Command::new(BIN)
             .args(args)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(self.dir.join(log)).unwrap())
@@ -245,6 +251,65 @@ fn the_control_api_limits_each_peer_and_counts_every_refusal() {
     assert_eq!(count("rate_limited"), Some(limited.len() as f64), "{page}");
     assert_eq!(count("too_large"), Some(1.0), "{page}");
     assert_eq!(count("unauthenticated"), Some(2.0), "{page}");
+}
+
+#[test]
+fn a_shard_serves_grpc_over_tls_only_to_callers_with_its_token() {
+    use std::io::BufRead;
+    let dir = temp_dir("grpc");
+    let mut procs = Procs::new(&dir);
+    let (ca, cert, key) = user_pki(&dir);
+    let d = dir.to_str().unwrap().to_string();
+    let (cert, key, ca) = (cert.to_str().unwrap(), key.to_str().unwrap(), ca.to_str().unwrap());
+    let args = ["aggregator", "--listen", "127.0.0.1:0", "--data", &d, "--metrics", "127.0.0.1:0", "--print-addrs"];
+    let shard = procs.spawn(&[&args[..], &["--grpc-tls-cert", cert, "--grpc-tls-key", key]].concat(), "shard.err");
+    let mut line = String::new();
+    std::io::BufReader::new(shard.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let shard: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"));
+    let (addr, metrics) = (shard["addr"].as_str().unwrap(), shard["metrics"].as_str().unwrap());
+    std::fs::write(dir.join("wrong-token"), "guess\n").unwrap();
+    let no_data = dir.join("no-data");
+
+    // Control planes following the shard: with its token and CA; with a wrong token; with
+    // no token at all; with the token but in plain text.
+    let grpc_token = format!("{d}/grpc-token");
+    let wrong = format!("{d}/wrong-token");
+    let callers: [(&str, Vec<&str>); 4] = [
+        ("trusted", vec!["--grpc-token-file", &grpc_token, "--grpc-ca", ca]),
+        ("forged", vec!["--grpc-token-file", &wrong, "--grpc-ca", ca]),
+        ("anonymous", vec!["--grpc-ca", ca]),
+        ("plaintext", vec!["--grpc-token-file", &grpc_token]),
+    ];
+    let mut apis = Vec::new();
+    for (name, flags) in &callers {
+        let api =
+            format!("127.0.0.1:{}", std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port());
+        let args = ["control", "--listen", &api, "--aggregators", addr];
+        procs.spawn_with_env(&[&args[..], flags].concat(), &format!("{name}.err"), &[("FLOTILLA_DATA", &no_data)]);
+        apis.push(api);
+    }
+    for api in &apis {
+        wait_for("a control API", Duration::from_secs(20), || std::net::TcpStream::connect(api).ok());
+    }
+    let connected = |api: &str| {
+        let (status, _, shards) = http(api, "GET", "/v1/shards", "", "");
+        (status == 200).then(|| shards[0]["connected"].as_bool().unwrap_or(false))
+    };
+    wait_for("the trusted control plane to follow the shard", Duration::from_secs(20), || {
+        connected(&apis[0]).filter(|c| *c)
+    });
+    wait_for("refusals counted", Duration::from_secs(20), || {
+        let page = metrics_page(metrics);
+        let count =
+            |reason: &str| metric(&page, "flotilla_grpc_requests_rejected_total", &format!("reason=\"{reason}\""));
+        (count("forged").is_some() && count("unauthenticated").is_some()).then_some(())
+    });
+    // They have all tried by now (each follower retries within a second).
+    std::thread::sleep(Duration::from_millis(1500));
+    for (api, (name, _)) in apis.iter().zip(&callers).skip(1) {
+        assert_eq!(connected(api), Some(false), "the {name} control plane must not see the shard's view");
+    }
+    assert_eq!(connected(&apis[0]), Some(true));
 }
 
 #[test]

@@ -1,21 +1,34 @@
-//! Who may call the shard's gRPC services (WatchView, LedgerService, NodeAdmin): every
-//! request carries `authorization: Bearer <token>`, checked in one layer before any
-//! service sees it.
+//! Who may call the shard's gRPC services (WatchView, LedgerService, NodeAdmin), and how
+//! often: every request carries `authorization: Bearer <token>` and counts against its
+//! peer's rate, both checked in one layer before any service sees it.
 
 use std::sync::Arc;
+use std::time::Instant;
 
+use flotilla_core::RateLimiter;
 use tonic::{Request, Status};
 
-/// The accepted tokens (several while one is being rotated). With none, every caller
-/// is accepted: a shard that only trusted hosts can reach, as in tests.
+/// The accepted tokens (several while one is being rotated) and the per-peer rate. With
+/// no token, every caller is accepted: a shard that only trusted hosts can reach, as in
+/// tests.
 #[derive(Clone, Default)]
 pub struct GrpcAuth {
     tokens: Arc<Vec<String>>,
+    limiter: Option<Arc<RateLimiter>>,
+}
+
+fn refused(reason: &'static str) {
+    metrics::counter!("flotilla_grpc_requests_rejected_total", "reason" => reason).increment(1);
+    tracing::debug!(reason, "gRPC request refused");
 }
 
 impl GrpcAuth {
-    pub fn new(tokens: Vec<String>) -> Self {
-        GrpcAuth { tokens: Arc::new(tokens.into_iter().filter(|t| !t.is_empty()).collect()) }
+    /// `per_peer_per_second` 0: no rate limit.
+    pub fn new(tokens: Vec<String>, per_peer_per_second: u32) -> Self {
+        GrpcAuth {
+            tokens: Arc::new(tokens.into_iter().filter(|t| !t.is_empty()).collect()),
+            limiter: RateLimiter::new(per_peer_per_second).map(Arc::new),
+        }
     }
 
     pub fn is_open(&self) -> bool {
@@ -24,13 +37,23 @@ impl GrpcAuth {
 
     /// The check, as a tonic interceptor.
     pub fn check(&self, request: Request<()>) -> Result<Request<()>, Status> {
+        if let (Some(limiter), Some(peer)) = (&self.limiter, request.remote_addr())
+            && let Err(wait) = limiter.check(peer.ip(), Instant::now())
+        {
+            refused("rate_limited");
+            return Err(Status::resource_exhausted(format!(
+                "more than {} requests per second from {}: retry in {} ms",
+                limiter.per_second(),
+                peer.ip(),
+                wait.as_millis().max(1)
+            )));
+        }
         if self.is_open() {
             return Ok(request);
         }
         let presented = request.metadata().get("authorization").map(|v| v.to_str().map(|s| s.strip_prefix("Bearer ")));
         let refuse = |reason: &'static str, message: &str| {
-            metrics::counter!("flotilla_grpc_requests_rejected_total", "reason" => reason).increment(1);
-            tracing::debug!(reason, "gRPC request refused");
+            refused(reason);
             Err(Status::unauthenticated(message.to_string()))
         };
         match presented {
@@ -65,7 +88,7 @@ mod tests {
 
     #[test]
     fn only_a_listed_token_passes() {
-        let auth = GrpcAuth::new(vec!["old".into(), "new".into()]);
+        let auth = GrpcAuth::new(vec!["old".into(), "new".into()], 0);
         assert!(auth.check(with(Some("Bearer new"))).is_ok());
         assert!(auth.check(with(Some("Bearer old"))).is_ok());
         let missing = auth.check(with(None)).unwrap_err();
@@ -77,6 +100,25 @@ mod tests {
 
     #[test]
     fn without_tokens_everyone_passes() {
-        assert!(GrpcAuth::new(vec![String::new()]).check(with(None)).is_ok());
+        assert!(GrpcAuth::new(vec![String::new()], 0).check(with(None)).is_ok());
+    }
+
+    #[test]
+    fn a_peer_past_its_rate_is_told_when_to_retry() {
+        let auth = GrpcAuth::new(vec![], 1);
+        let from = |peer: &str| {
+            let mut r = Request::new(());
+            r.extensions_mut().insert(tonic::transport::server::TcpConnectInfo {
+                local_addr: None,
+                remote_addr: Some(peer.parse().unwrap()),
+            });
+            r
+        };
+        assert!(auth.check(from("10.0.0.1:5000")).is_ok());
+        assert!(auth.check(from("10.0.0.1:5001")).is_ok(), "a burst of twice the rate");
+        let e = auth.check(from("10.0.0.1:5002")).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::ResourceExhausted);
+        assert!(e.message().contains("retry in"), "{}", e.message());
+        assert!(auth.check(from("10.0.0.2:5000")).is_ok(), "another peer has its own bucket");
     }
 }

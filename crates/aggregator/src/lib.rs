@@ -53,6 +53,9 @@ pub struct ShardConfig {
     pub grpc_tokens: Vec<String>,
     /// PEM certificate chain and key: the gRPC port speaks TLS (`https://` for clients).
     pub grpc_tls: Option<GrpcTls>,
+    /// gRPC requests one peer address may make per second, in bursts of twice that (0: no
+    /// limit).
+    pub grpc_rate_limit: u32,
 }
 
 /// A user's certificate for the shard's gRPC port.
@@ -87,6 +90,7 @@ impl ShardConfig {
             tls,
             grpc_tokens: Vec::new(),
             grpc_tls: None,
+            grpc_rate_limit: 0,
         }
     }
 }
@@ -235,7 +239,7 @@ impl ShardCore {
             stats,
             ledger,
             recovering_until_ms,
-            auth: auth::GrpcAuth::new(config.grpc_tokens.clone()),
+            auth: auth::GrpcAuth::new(config.grpc_tokens.clone(), config.grpc_rate_limit),
             grpc_tls: config.grpc_tls.clone(),
         };
         (core, push_rx)
