@@ -26,6 +26,10 @@ pub struct RouteArgs {
     /// The control plane (with --app).
     #[arg(long, env = "FLOTILLA_ADDR", default_value = "http://127.0.0.1:7700")]
     pub addr: String,
+    /// PEM file with the CA to trust when the control plane (or the app's scheduler)
+    /// serves HTTPS.
+    #[arg(long, env = "FLOTILLA_CA")]
+    pub ca: Option<std::path::PathBuf>,
     /// `peak-ewma` (weighted P2C, the default) or `round-robin` (for comparison).
     #[arg(long, default_value = "peak-ewma")]
     pub policy: String,
@@ -53,7 +57,12 @@ pub async fn run(a: RouteArgs) -> anyhow::Result<()> {
     }
     let balancer = Arc::new(Balancer::new(Config { policy, slow_start: a.slow_start, ..Config::default() }));
     if let Some(app) = &a.app {
-        tokio::spawn(flotilla_router::follow::follow_app(a.addr.clone(), app.clone(), balancer.clone()));
+        let mut dialer = flotilla_proto::dial::Dialer::network();
+        if let Some(ca) = &a.ca {
+            dialer = dialer.with_ca(std::fs::read(ca).with_context(|| format!("reading --ca {}", ca.display()))?);
+        }
+        let upstream = flotilla_router::follow::Upstream { http: crate::client::http_client(a.ca.as_deref())?, dialer };
+        tokio::spawn(flotilla_router::follow::follow_app(a.addr.clone(), app.clone(), balancer.clone(), upstream));
     } else {
         let routes: Vec<(String, f64)> = a.backends.iter().map(|b| (b.clone(), 1.0)).collect();
         balancer.update(&routes, Instant::now());

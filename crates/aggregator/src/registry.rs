@@ -127,11 +127,6 @@ pub struct Registry {
 /// Distinct label sets kept for sharing; past this, new sets are simply not shared.
 const MAX_INTERNED_LABEL_SETS: usize = 65_536;
 
-/// Compares without leaking where the first difference is.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
 impl Registry {
     pub fn new(
         shard: usize,
@@ -189,7 +184,12 @@ impl Registry {
         if req.protocol_version != PROTOCOL_VERSION {
             return Err(RegisterError::ProtocolVersion(req.protocol_version));
         }
-        if !self.join_tokens.load().iter().any(|t| constant_time_eq(t.as_bytes(), req.join_token.as_bytes())) {
+        if !self
+            .join_tokens
+            .load()
+            .iter()
+            .any(|t| flotilla_core::constant_time_eq(t.as_bytes(), req.join_token.as_bytes()))
+        {
             return Err(RegisterError::JoinToken);
         }
         let node_id = NodeId::new(&req.node_id).map_err(|e| RegisterError::NodeId(e.to_string()))?;

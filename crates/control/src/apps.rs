@@ -272,7 +272,7 @@ pub fn authorize(s: &ControlState, headers: &HeaderMap) -> Result<(), ApiError> 
     };
     match got.and_then(|v| v.strip_prefix("Bearer ")) {
         None => Err(unauthorized("this call needs Authorization: Bearer <API token> (see $FLOTILLA_DATA/api-token)")),
-        Some(t) if t.len() == want.len() && t.bytes().zip(want.bytes()).fold(0, |a, (x, y)| a | (x ^ y)) == 0 => Ok(()),
+        Some(t) if flotilla_core::constant_time_eq(t.as_bytes(), want.as_bytes()) => Ok(()),
         Some(_) => Err(unauthorized("the bearer token is wrong")),
     }
 }

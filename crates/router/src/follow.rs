@@ -5,15 +5,23 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use flotilla_proto::dial::Dialer;
 use flotilla_proto::v1::{self, route_service_client::RouteServiceClient};
 
 use crate::Balancer;
 
+/// How the router reaches the control plane and the scheduler serving the routes: the
+/// HTTP client and the gRPC dialer, both trusting the CA of an HTTPS control API.
+#[derive(Clone)]
+pub struct Upstream {
+    pub http: reqwest::Client,
+    pub dialer: Dialer,
+}
+
 /// Where `app`'s route table is served: its standalone scheduler, or the control plane.
-async fn locate(control: &str, app: &str) -> anyhow::Result<String> {
+async fn locate(http: &reqwest::Client, control: &str, app: &str) -> anyhow::Result<String> {
     let control = control.trim_end_matches('/');
-    let resp =
-        reqwest::Client::new().get(format!("{control}/v1/apps/{app}")).timeout(Duration::from_secs(5)).send().await?;
+    let resp = http.get(format!("{control}/v1/apps/{app}")).timeout(Duration::from_secs(5)).send().await?;
     anyhow::ensure!(resp.status().is_success(), "the control plane answered {} for app {app}", resp.status());
     let v: serde_json::Value = resp.json().await?;
     Ok(v["scheduler_url"].as_str().unwrap_or(control).to_string())
@@ -36,10 +44,10 @@ pub fn apply(balancer: &Balancer, table: &v1::RouteTable, now: Instant) -> usize
 }
 
 /// Runs until the process stops.
-pub async fn follow_app(control: String, app: String, balancer: Arc<Balancer>) {
+pub async fn follow_app(control: String, app: String, balancer: Arc<Balancer>, upstream: Upstream) {
     let mut backoff = Duration::from_millis(200);
     loop {
-        match watch_once(&control, &app, &balancer).await {
+        match watch_once(&control, &app, &balancer, &upstream).await {
             Ok(()) => tracing::warn!(%app, "the route stream ended; reconnecting"),
             Err(e) => tracing::warn!(%app, error = %format!("{e:#}"), "following routes; retrying"),
         }
@@ -49,9 +57,9 @@ pub async fn follow_app(control: String, app: String, balancer: Arc<Balancer>) {
     }
 }
 
-async fn watch_once(control: &str, app: &str, balancer: &Balancer) -> anyhow::Result<()> {
-    let url = locate(control, app).await?;
-    let mut client = RouteServiceClient::connect(url.clone()).await?;
+async fn watch_once(control: &str, app: &str, balancer: &Balancer, upstream: &Upstream) -> anyhow::Result<()> {
+    let url = locate(&upstream.http, control, app).await?;
+    let mut client = RouteServiceClient::new(upstream.dialer.connect(&url, None).await?);
     let mut stream = client.watch_routes(v1::WatchRoutesRequest { app: app.to_string() }).await?.into_inner();
     tracing::info!(%app, %url, "following the route table");
     while let Some(table) = stream.message().await? {
