@@ -16,10 +16,11 @@ pub enum Fault {
     ShardCrash { shard: usize },
     /// The scheduler process dies and restarts from its store.
     SchedulerCrash,
-    /// Messages to and from a shard are held, the scheduler dies with its requests in
-    /// flight, then the held requests arrive: before it restarts, or (`late`) after the
-    /// new scheduler started.
-    CrashMidCommit { shard: usize, late: bool },
+    /// A node is lost, so that the scheduler commits replacements once the loss is
+    /// detected. The moment a shard's ledger takes a new allocation, the links are held
+    /// (its answer is still on the wire) and the scheduler dies; the held messages
+    /// arrive before it restarts, or (`late`) after the new scheduler started.
+    CrashMidCommit { node: usize, late: bool },
     /// The link to a shard becomes slow.
     SlowLink { shard: usize, max_latency: Duration },
     /// The link to a shard loses messages (turmoil breaks TCP connections on loss).
@@ -46,7 +47,6 @@ impl std::fmt::Display for Planned {
 pub enum Action {
     Partition(usize),
     Repair(usize),
-    Hold(usize),
     Release(usize),
     CrashShard(usize),
     BounceShard(usize),
@@ -56,6 +56,12 @@ pub enum Action {
     FailRate(usize, f64),
     LoseNode(usize),
     RestartNode(usize),
+    /// Crash the scheduler as soon as a ledger takes a new allocation (or at `until`).
+    CrashOnNextCommit {
+        lasts: Duration,
+        late: bool,
+        until: Duration,
+    },
 }
 
 /// Two to six faults inside the chaos window, each healed before it ends.
@@ -69,7 +75,7 @@ pub fn plan(rng: &mut StdRng, chaos: Duration) -> Vec<Planned> {
                 0 => Fault::Partition { shard },
                 1 => Fault::ShardCrash { shard },
                 2 => Fault::SchedulerCrash,
-                3 => Fault::CrashMidCommit { shard, late: rng.random_bool(0.5) },
+                3 => Fault::CrashMidCommit { node: rng.random_range(0..nodes), late: rng.random_bool(0.5) },
                 4 => Fault::SlowLink { shard, max_latency: Duration::from_millis(rng.random_range(100..1500)) },
                 5 => Fault::LossyLink { shard, fail_rate: rng.random_range(0.01..0.2) },
                 _ => Fault::NodeLoss { node: rng.random_range(0..nodes) },
@@ -101,15 +107,13 @@ pub fn schedule(plan: &[Planned]) -> Vec<(Duration, Action)> {
                 out.push((p.at, Action::CrashScheduler));
                 out.push((end, Action::BounceScheduler));
             }
-            Fault::CrashMidCommit { shard, late } => {
-                let crash = p.at + Duration::from_millis(300);
-                let restart = crash + p.lasts;
-                out.push((p.at, Action::Hold(shard)));
-                out.push((crash, Action::CrashScheduler));
-                out.push((restart, Action::BounceScheduler));
-                let release =
-                    if late { restart + Duration::from_millis(200) } else { crash + Duration::from_millis(50) };
-                out.push((release, Action::Release(shard)));
+            Fault::CrashMidCommit { node, late } => {
+                out.push((p.at, Action::LoseNode(node)));
+                out.push((
+                    p.at,
+                    Action::CrashOnNextCommit { lasts: p.lasts, late, until: p.at + Duration::from_secs(8) },
+                ));
+                out.push((p.at + Duration::from_secs(10) + p.lasts, Action::RestartNode(node)));
             }
             Fault::SlowLink { shard, max_latency } => {
                 out.push((p.at, Action::Latency(shard, max_latency)));
@@ -135,7 +139,6 @@ pub fn apply(sim: &mut turmoil::Sim<'_>, world: &Shared, action: &Action) {
     match *action {
         Action::Partition(s) => sim.partition(SCHEDULER, shard_host(s)),
         Action::Repair(s) => sim.repair(SCHEDULER, shard_host(s)),
-        Action::Hold(s) => sim.hold(SCHEDULER, shard_host(s)),
         Action::Release(s) => sim.release(SCHEDULER, shard_host(s)),
         Action::CrashShard(s) => {
             sim.crash(shard_host(s));
@@ -159,5 +162,26 @@ pub fn apply(sim: &mut turmoil::Sim<'_>, world: &Shared, action: &Action) {
                 a.restart();
             }
         }
+        // The driver watches the ledgers for it (see `crate::run`).
+        Action::CrashOnNextCommit { .. } => {}
     }
+}
+
+/// What a crash with a commit in flight sets off: the links held at once, the scheduler
+/// crashed, the held messages released and the scheduler restarted later.
+pub fn crash_mid_commit(
+    sim: &mut turmoil::Sim<'_>,
+    now: Duration,
+    lasts: Duration,
+    late: bool,
+) -> Vec<(Duration, Action)> {
+    for s in 0..SHARDS {
+        sim.hold(SCHEDULER, shard_host(s));
+    }
+    sim.crash(SCHEDULER);
+    let restart = now + lasts;
+    let release = if late { restart + Duration::from_millis(200) } else { now + Duration::from_millis(50) };
+    let mut out = vec![(restart, Action::BounceScheduler)];
+    out.extend((0..SHARDS).map(|s| (release, Action::Release(s))));
+    out
 }

@@ -30,6 +30,18 @@ fn allocations(w: &World) -> Result<BTreeMap<ClaimKey, (usize, NodeId)>, String>
     Ok(all)
 }
 
+/// How many allocations the running shards' ledgers hold.
+pub fn allocation_count(w: &World) -> usize {
+    w.ledgers
+        .iter()
+        .flatten()
+        .map(|l| {
+            let l = l.lock().unwrap_or_else(|p| p.into_inner());
+            w.agents.iter().filter_map(|a| l.book(&a.node)).map(|b| b.entries.len()).sum::<usize>()
+        })
+        .sum()
+}
+
 fn stored(w: &World) -> Result<Stored, String> {
     w.store.load("sim").map_err(|e| format!("store: {e}"))
 }

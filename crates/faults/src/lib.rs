@@ -153,13 +153,28 @@ pub fn run(seed: u64) -> Result<Outcome, Violation> {
     let mut checks = 0;
     let mut next_check = CHECK_EVERY;
     let end = CHAOS + SETTLE;
+    // A crash waiting for the next commit, and how many allocations the ledgers held.
+    let mut armed = None;
+    let mut allocated = invariants::allocation_count(&world.borrow());
     while sim.elapsed() < end {
         sim.step().map_err(|e| violation(sim.elapsed(), format!("a host failed: {e}")))?;
         let now = sim.elapsed();
         while actions.first().is_some_and(|(at, _)| *at <= now) {
             let (_, action) = actions.remove(0);
+            if let faults::Action::CrashOnNextCommit { lasts, late, until } = action {
+                armed = Some((lasts, late, until));
+            }
             faults::apply(&mut sim, &world, &action);
         }
+        let count = invariants::allocation_count(&world.borrow());
+        if let Some((lasts, late, until)) = armed
+            && (count > allocated || now >= until)
+        {
+            armed = None;
+            actions.extend(faults::crash_mid_commit(&mut sim, now, lasts, late));
+            actions.sort_by_key(|(at, _)| *at);
+        }
+        allocated = count;
         if now >= next_check {
             next_check += CHECK_EVERY;
             checks += 1;

@@ -31,6 +31,7 @@ const TRANSITIONS: &[(UnitState, UnitState)] = &[
     (Placing, Allocated),
     (Placing, Queued), // placement or commit failed: try again later
     (Placing, Failed),
+    (Placing, Terminated), // a restarted scheduler replaces what it may have placed
     (Allocated, Starting),
     (Allocated, Degraded),
     (Allocated, Draining),

@@ -317,12 +317,13 @@ impl Scheduler {
     #[tracing::instrument(skip_all, fields(app = %self.spec.name))]
     pub async fn reconcile(&mut self) -> anyhow::Result<()> {
         let slots = self.cluster.slots();
+        let mut writes = Vec::new();
         if !self.started {
             // Place nothing against a partial view: wait until every shard has answered once.
             if slots.iter().any(|s| !s.connected) {
                 return Ok(());
             }
-            self.adopt().await?;
+            self.adopt(&mut writes).await;
             self.started = true;
         }
         // Routes first: members of nodes that stopped being Alive leave the table before
@@ -333,7 +334,6 @@ impl Scheduler {
         });
 
         // Sync: what the agents report about the members (through the view).
-        let mut writes = Vec::new();
         self.observe(&slots, &mut writes);
         self.sweep_orphans(&slots).await;
 
@@ -859,19 +859,16 @@ impl Scheduler {
         }
     }
 
-    /// On start: units that were being placed when a previous run stopped may hold
-    /// ledger entries it never learned about. Release them (idempotent) and place
-    /// them again.
-    async fn adopt(&mut self) -> anyhow::Result<()> {
-        let unsure: Vec<UnitRecord> = self
-            .stored
-            .units
-            .values()
-            .filter(|u| matches!(u.state, UnitState::Queued | UnitState::Placing))
-            .cloned()
-            .collect();
+    /// On start: a unit a previous run was placing (written Placing before its commit
+    /// left) may hold ledger entries that run somewhere, or will once a late commit lands.
+    /// It is never placed again under the same keys, which could run a member twice: it
+    /// ends, a replacement with a new id is queued, and what it holds is released, now
+    /// (best effort) and by the orphan sweep after.
+    async fn adopt(&mut self, writes: &mut Vec<Write>) {
+        let unsure: Vec<UnitRecord> =
+            self.stored.units.values().filter(|u| u.state == UnitState::Placing).cloned().collect();
         if unsure.is_empty() {
-            return Ok(());
+            return;
         }
         let keys: Vec<v1::ClaimKey> = unsure
             .iter()
@@ -886,20 +883,25 @@ impl Scheduler {
             .collect();
         for shard in 0..self.shard_addrs.len() {
             let req = v1::ReleaseRequest {
-                txn_id: format!("{}-adopt-{}", self.spec.name, now_ms()),
+                txn_id: format!("{}-adopt-{:016x}", self.spec.name, self.rng.random::<u64>()),
                 fencing_token: self.fencing_token,
                 keys: keys.clone(),
             };
-            self.send_release(shard, req).await?;
+            if let Err(e) = self.send_release(shard, req).await {
+                tracing::warn!(error = %e, "releasing what a previous run was placing; the orphan sweep retries");
+            }
         }
         for u in unsure {
             if let Some(rec) = self.stored.units.get_mut(&u.unit_id) {
-                rec.state = UnitState::Queued;
+                if let Ok(to) = rec.state.to(UnitState::Terminated) {
+                    rec.state = to;
+                }
                 rec.members.clear();
+                rec.unplaced_reason = Some("a previous run was placing it when it stopped; replaced".into());
+                writes.push(Write::Unit(rec.clone()));
             }
         }
-        tracing::info!(units = keys.len(), "released members of units a previous run was placing");
-        Ok(())
+        tracing::info!(units = keys.len(), "replacing the units a previous run was placing");
     }
 
     /// A failed call drops the shard's channel: the next one connects afresh.

@@ -156,6 +156,10 @@ impl Performance {
 /// Most units an app may ask for, and most workers per unit.
 pub const MAX_UNITS: u32 = 10_000;
 pub const MAX_WORKERS: u32 = 256;
+/// Bounds of one member's workload, the same as the shard's for a claim.
+pub const MAX_ARGS: usize = 256;
+pub const MAX_ENV: usize = 256;
+pub const MAX_WORKLOAD_BYTES: usize = 64 * 1024;
 const MAX_SPEC_BYTES: usize = 256 * 1024;
 
 #[derive(Debug, thiserror::Error)]
@@ -223,16 +227,32 @@ impl MemberTemplate {
         }
         match parse_cpu(&self.cpu) {
             Ok(0) => errors.push(format!("{path}.cpu: must be above 0")),
+            Ok(m) if m > flotilla_core::MAX_NODE_CPU_MILLIS => {
+                errors.push(format!("{path}.cpu: {:?} is more than any node has", self.cpu))
+            }
             Ok(_) => {}
             Err(e) => errors.push(format!("{path}.cpu: {e}")),
+        }
+        if self.gpu > flotilla_core::MAX_NODE_GPUS {
+            errors.push(format!("{path}.gpu: {} is more than any node has", self.gpu));
         }
         match parse_memory(&self.memory) {
             Ok(0) => errors.push(format!("{path}.memory: must be above 0")),
             Ok(_) => {}
             Err(e) => errors.push(format!("{path}.memory: {e}")),
         }
-        if self.args.len() > 256 {
-            errors.push(format!("{path}.args: at most 256"));
+        if self.args.len() > MAX_ARGS {
+            errors.push(format!("{path}.args: at most {MAX_ARGS}"));
+        }
+        if self.env.len() > MAX_ENV {
+            errors.push(format!("{path}.env: at most {MAX_ENV} variables"));
+        }
+        // The shard refuses a claim whose workload is larger (see `claims_from_wire`).
+        let size = self.command.len()
+            + self.args.iter().map(String::len).sum::<usize>()
+            + self.env.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>();
+        if size > MAX_WORKLOAD_BYTES {
+            errors.push(format!("{path}: command, args and env are {size} bytes (at most {MAX_WORKLOAD_BYTES})"));
         }
         for k in self.env.keys() {
             if k.is_empty() || !k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
@@ -373,6 +393,41 @@ mod tests {
         assert_eq!(parse_memory("4096"), Ok(4096));
         assert!(parse_memory("3 parsecs").is_err());
         assert!(parse_memory("1000Ti").is_err());
+    }
+
+    #[test]
+    fn members_no_node_or_shard_could_take_are_refused() {
+        let err = AppSpec::parse(&ECHO.replacen("cpu = \"250m\"", "cpu = \"1e30\"\ngpu = 100000", 1))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("unit.head.cpu") && err.contains("unit.head.gpu"), "{err}");
+        let env: String = (0..300).map(|i| format!("V{i} = \"x\"\n")).collect();
+        let err =
+            AppSpec::parse(&ECHO.replacen("[unit.worker]", &format!("[unit.worker.env]\n{env}\n[unit.worker]"), 1))
+                .unwrap_err()
+                .to_string();
+        assert!(err.contains("unit.worker.env: at most 256"), "{err}");
+        let big = ECHO.replacen("args = [\"echo-server\"]", &format!("args = [\"{}\"]", "a".repeat(70_000)), 1);
+        let err = AppSpec::parse(&big).unwrap_err().to_string();
+        assert!(err.contains("unit.head: command, args and env are"), "{err}");
+    }
+
+    /// The `app_spec` fuzz target's seeds (`fuzz/corpus/app_spec`), replayed here too.
+    #[test]
+    fn the_fuzz_seeds_parse_or_fail_cleanly() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/app_spec");
+        let mut seen = 0;
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let bytes = std::fs::read(entry.unwrap().path()).unwrap();
+            if let Ok(text) = std::str::from_utf8(&bytes)
+                && let Ok(spec) = AppSpec::parse(text)
+            {
+                assert!(spec.members().iter().all(|(_, _, t)| t.resources().validate_node_capacity().is_ok()));
+                assert_eq!(AppSpec::parse(&toml::to_string(&spec).unwrap()).unwrap(), spec);
+            }
+            seen += 1;
+        }
+        assert!(seen >= 5, "{} holds {seen} seeds", dir.display());
     }
 
     #[test]

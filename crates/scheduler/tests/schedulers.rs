@@ -166,11 +166,11 @@ async fn a_restarted_scheduler_adopts_its_units_and_cleans_up_half_commits() {
     drop(s);
 
     // A third unit was being committed when the scheduler died: the shard holds its
-    // members but the store still says Queued.
+    // members and the store says Placing (written before the commit left).
     let mut lost = h.status().units[0].clone();
     lost.unit_id = "echo-9".into();
     lost.generation = 9;
-    lost.state = UnitState::Queued;
+    lost.state = UnitState::Placing;
     lost.members.clear();
     store.write("echo", &[Write::Unit(lost), Write::DesiredUnits(3), Write::NextGeneration(10)]).unwrap();
     let orphan = |member: &str| v1::Claim {
@@ -200,16 +200,27 @@ async fn a_restarted_scheduler_adopts_its_units_and_cleans_up_half_commits() {
         s2.reconcile().await.unwrap();
     }
     let after = h2.status();
-    assert_eq!(after.units.len(), 3, "no duplicate units: {:?}", after.units);
+    let active: Vec<_> = after.units.iter().filter(|u| u.state.is_active()).collect();
+    assert_eq!(active.len(), 3, "no duplicate units: {:?}", after.units);
     for (id, _, members) in &before {
         let u = after.units.iter().find(|u| &u.unit_id == id).unwrap();
         assert_eq!(u.state, UnitState::Allocated);
         assert_eq!(&u.members, members, "adopted as they were");
     }
-    assert_eq!(after.units.iter().find(|u| u.unit_id == "echo-9").unwrap().state, UnitState::Allocated);
+    // The half-committed unit is never placed again under its keys (a late commit could
+    // run a member twice): it ends, and a replacement with a new id takes its place.
+    assert_eq!(after.units.iter().find(|u| u.unit_id == "echo-9").unwrap().state, UnitState::Terminated);
+    assert_eq!(after.units.iter().find(|u| u.unit_id == "echo-10").unwrap().state, UnitState::Allocated);
     let total = {
         let ledger = c.shard.ledger.lock().unwrap();
         ledger.check_invariant(&capacity).unwrap();
+        let key = |member: &str| flotilla_aggregator::ledger::ClaimKey {
+            app: "echo".into(),
+            unit: "echo-9".into(),
+            member: member.into(),
+            generation: 9,
+        };
+        assert!(ledger.placement(&key("head")).is_none() && ledger.placement(&key("worker-0")).is_none());
         (0..4).map(|i| ledger.allocated(&NodeId::new(&format!("n{i}")).unwrap()).cpu_millis).sum::<u64>()
     };
     assert_eq!(total, 600, "three units of two 100m members, each held once");
