@@ -1,0 +1,472 @@
+//! The bodies of the fuzz targets (`fuzz_targets/NAME.rs` calls `NAME`), in a library so
+//! that `examples/make_seeds.rs` writes its seeds against the same constants and input
+//! formats. Each target hands the bytes to the project's real decoder and validation
+//! (never a copy), then checks what must hold of the result: a panic is a finding.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use flotilla_aggregator::ingest::Ingest;
+use flotilla_aggregator::ledger::{Ledger, NodeFacts};
+use flotilla_aggregator::ledger_grpc::claims_from_wire;
+use flotilla_aggregator::registry::{Change, NodeLive, Registry};
+use flotilla_aggregator::stats::{Reject, ShardStats};
+use flotilla_core::{MAX_LABELS, NodeId, NodeStatus, PROTOCOL_VERSION, Resources};
+use flotilla_proto::seal::{self, Direction, Header, MAGIC_HEARTBEAT, MAGIC_REPLY};
+use flotilla_proto::{convert, v1};
+use prost::Message;
+use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
+
+/// The shard's master secret in every target (session keys derive from it).
+pub const MASTER: &[u8] = b"fuzz-master-secret";
+/// The join token the fuzzed shard accepts.
+pub const JOIN_TOKEN: &str = "fuzz-join-token";
+/// The control API's bearer token.
+pub const API_TOKEN: &str = "fuzz-api-token";
+/// The node every heartbeat input speaks for (registered before the input is read).
+pub const NODE: &str = "n1";
+
+fn registry() -> (Arc<Registry>, UnboundedReceiver<Change>) {
+    let (tx, rx) = unbounded_channel();
+    (Arc::new(Registry::new(0, 1, MASTER.to_vec(), vec![JOIN_TOKEN.into()], tx)), rx)
+}
+
+/// A registration the fuzzed shard accepts: `node`, incarnation 1, the default domain.
+pub fn register_request(node: &str) -> v1::RegisterRequest {
+    v1::RegisterRequest {
+        protocol_version: PROTOCOL_VERSION,
+        join_token: JOIN_TOKEN.into(),
+        node_id: node.into(),
+        incarnation: 1,
+        labels: [("zone".to_string(), "z1".to_string())].into_iter().collect(),
+        capacity: Some(v1::Resources { cpu_millis: 4000, memory_bytes: 8 << 30, ..Default::default() }),
+        assignments: vec![],
+        health: None,
+        assignment_version: 0,
+    }
+}
+
+// ---- heartbeat -------------------------------------------------------------------
+
+/// Heartbeat input, first byte even: the rest is one datagram as it arrives on the UDP
+/// port (every byte the attacker's). Odd: the rest is a list of records
+/// `[flags, seq_delta as i8, tamper, body_len, body...]`, each sealed into a datagram for
+/// the registered session (so the body decoder and the liveness path are reached) and
+/// handed to `Ingest::handle` in order, 100 ms apart.
+pub mod hb {
+    /// The datagram says "FR" (a reply) instead of "FH".
+    pub const REPLY_MAGIC: u8 = 1 << 0;
+    /// A session id the shard does not hold.
+    pub const OTHER_SESSION: u8 = 1 << 1;
+    /// Sealed with the key the master secret derives for the header's fields rather than
+    /// the session's key (the same key for the real session; for another session, the
+    /// key a restarted shard recognises).
+    pub const DERIVED_KEY: u8 = 1 << 2;
+    pub const OTHER_INCARNATION: u8 = 1 << 3;
+    /// Speaks for node "n2" over n1's session.
+    pub const OTHER_NODE: u8 = 1 << 4;
+    /// Sealed in the shard-to-agent direction (a reflected reply).
+    pub const TO_AGENT: u8 = 1 << 5;
+    /// Bits 6-7: the node's status is moved first to 1 Suspect, 2 Dead, 3 Draining.
+    pub const STATUS_SHIFT: u8 = 6;
+    /// `tamper` 1..=127 flips the lowest bit of byte `(tamper - 1) % len`; 128..=255 cuts
+    /// `tamper - 127` bytes off the end.
+    pub const TAMPER_CUT: u8 = 128;
+}
+
+pub fn heartbeat(data: &[u8]) {
+    let Some((&mode, rest)) = data.split_first() else { return };
+    let (registry, _changes) = registry();
+    let live = registry.register(register_request(NODE), 0).expect("the fixed registration is valid");
+    let mut ingest = Ingest::new(registry.clone(), Arc::new(ShardStats::new(0)));
+    if mode % 2 == 0 {
+        raw_datagram(&mut ingest, rest);
+    } else {
+        sealed_records(&mut ingest, &live, rest);
+    }
+}
+
+fn raw_datagram(ingest: &mut Ingest, d: &[u8]) {
+    let mut scratch = Vec::new();
+    if let Ok(h) = seal::parse_header(d) {
+        assert!(d.len() <= seal::MAX_DATAGRAM_LEN && h.len() + seal::TAG_LEN <= d.len(), "header past the datagram");
+        assert_eq!(h.node_id.as_bytes(), &d[seal::HEADER_FIXED_LEN..h.len()]);
+        let key = seal::derive_session_key(MASTER, h.session_id, h.incarnation, h.node_id);
+        for dir in [Direction::ToShard, Direction::ToAgent] {
+            if let Ok(plain) = seal::open(&key, dir, d, &h, &mut scratch) {
+                if let Ok(body) = v1::HeartbeatBody::decode(plain) {
+                    let _ = convert::health(body.health);
+                }
+                let _ = v1::HeartbeatReply::decode(plain);
+            }
+        }
+    }
+    let mut reply = Vec::new();
+    let r = ingest.handle(d, 1_000, &mut reply);
+    // The registered session's id is random: no datagram of the input can speak for it.
+    assert_ne!(r, Ok(()), "an unauthenticated datagram was accepted");
+    if !reply.is_empty() {
+        assert_eq!(r, Err(Reject::Forgotten), "only a forgotten session is answered");
+        let h = seal::parse_header(d).expect("it was answered, so its header parsed");
+        let key = seal::derive_session_key(MASTER, h.session_id, h.incarnation, h.node_id);
+        check_reply(&reply, &key, &h);
+    }
+}
+
+/// A reply must be a sealed "FR" datagram for the heartbeat's session and sequence,
+/// asking the agent to register again.
+fn check_reply(reply: &[u8], key: &seal::SessionKey, to: &Header<'_>) {
+    let h = seal::parse_header(reply).expect("a reply parses");
+    assert_eq!((h.magic, h.session_id, h.seq, h.incarnation), (MAGIC_REPLY, to.session_id, to.seq, to.incarnation));
+    let mut scratch = Vec::new();
+    let body = seal::open(key, Direction::ToAgent, reply, &h, &mut scratch).expect("a reply opens with the key");
+    let r = v1::HeartbeatReply::decode(body).expect("a reply body decodes");
+    assert_eq!(r.action, v1::HeartbeatAction::Reregister as i32);
+}
+
+fn sealed_records(ingest: &mut Ingest, live: &Arc<NodeLive>, mut rest: &[u8]) {
+    let mut seq = 0u64;
+    let mut now = 1_000u64;
+    let mut dgram = Vec::new();
+    let mut reply = Vec::new();
+    while let [flags, delta, tamper, len, tail @ ..] = rest {
+        let (flags, tamper) = (*flags, *tamper);
+        let (body, tail) = tail.split_at(usize::from(*len).min(tail.len()));
+        rest = tail;
+        now += 100;
+        seq = seq.wrapping_add_signed(i64::from(*delta as i8));
+        let header = Header {
+            magic: if flags & hb::REPLY_MAGIC != 0 { MAGIC_REPLY } else { MAGIC_HEARTBEAT },
+            session_id: if flags & hb::OTHER_SESSION != 0 { live.session_id ^ 0x5a5a } else { live.session_id },
+            seq,
+            incarnation: live.incarnation + u64::from(flags & hb::OTHER_INCARNATION != 0),
+            node_id: if flags & hb::OTHER_NODE != 0 { "n2" } else { NODE },
+        };
+        let key = if flags & hb::DERIVED_KEY != 0 {
+            seal::derive_session_key(MASTER, header.session_id, header.incarnation, header.node_id)
+        } else {
+            live.key
+        };
+        let dir = if flags & hb::TO_AGENT != 0 { Direction::ToAgent } else { Direction::ToShard };
+        if seal::seal(&key, dir, &header, body, &mut dgram).is_err() {
+            continue; // larger than a datagram may be
+        }
+        match tamper {
+            0 => {}
+            1..hb::TAMPER_CUT => {
+                let i = usize::from(tamper - 1) % dgram.len();
+                dgram[i] ^= 1;
+            }
+            _ => dgram.truncate(dgram.len().saturating_sub(usize::from(tamper - 127))),
+        }
+        let target = match flags >> hb::STATUS_SHIFT {
+            1 => Some(NodeStatus::Suspect),
+            2 => Some(NodeStatus::Dead),
+            3 => Some(NodeStatus::Draining),
+            _ => None,
+        };
+        if let Some(to) = target {
+            live.transition(live.status(), to, now);
+        }
+        let last_seq = live.last_seq.load(Ordering::Acquire);
+        let status = live.status();
+        reply.clear();
+        let r = ingest.handle(&dgram, now, &mut reply);
+        let authentic = tamper == 0
+            && flags & (hb::REPLY_MAGIC | hb::OTHER_SESSION | hb::OTHER_INCARNATION | hb::OTHER_NODE | hb::TO_AGENT)
+                == 0;
+        match r {
+            Ok(()) => {
+                assert!(authentic, "accepted a datagram that is not the session's own: flags {flags:#x}");
+                assert!(seq > last_seq, "accepted sequence {seq} after {last_seq}");
+                assert_eq!(live.last_seq.load(Ordering::Acquire), seq);
+                assert_eq!(live.last_seen_ms.load(Ordering::Acquire), now);
+                assert!(matches!(live.status(), NodeStatus::Alive | NodeStatus::Draining), "{:?}", live.status());
+                assert!(reply.is_empty());
+            }
+            Err(Reject::DeadNode) => {
+                assert!(authentic && status == NodeStatus::Dead, "{status:?}, flags {flags:#x}");
+                check_reply(&reply, &live.key, &header);
+            }
+            Err(Reject::Forgotten) => {
+                assert!(flags & hb::OTHER_SESSION != 0 && flags & hb::DERIVED_KEY != 0 && tamper == 0);
+                check_reply(&reply, &key, &header);
+            }
+            Err(_) => assert!(reply.is_empty(), "{r:?} was answered"),
+        }
+        // Only an authenticated, newer datagram moves the sequence.
+        if !matches!(r, Ok(()) | Err(Reject::DeadNode)) {
+            assert_eq!(live.last_seq.load(Ordering::Acquire), last_seq, "{r:?} moved the sequence");
+        }
+    }
+}
+
+// ---- registration ----------------------------------------------------------------
+
+/// Registration input: one `AgentRequest` as a QUIC control stream carries it (a
+/// registration, a workload report or a drain), handled by a fresh shard's registry.
+pub fn registration(data: &[u8]) {
+    use v1::agent_request::Request;
+    let Ok(req) = v1::AgentRequest::decode(data) else { return };
+    let (registry, mut changes) = registry();
+    let now = 1_000;
+    match req.request {
+        None => {}
+        Some(Request::Register(r)) => register_and_check(&registry, &mut changes, r, now),
+        Some(Request::Workloads(w)) => {
+            let node = if NodeId::new(&w.node_id).is_ok() { w.node_id.as_str() } else { NODE };
+            let live = registry.register(register_request(node), now).expect("the fixed registration is valid");
+            // As sent (the session id is the agent's claim), then over the owning connection.
+            let _ = registry.report_workloads(w.session_id, &w.node_id, w.workloads.clone());
+            if registry.report_workloads(live.session_id, &w.node_id, w.workloads).is_ok() {
+                let kept = registry.workloads(&live.node_id);
+                assert!(kept.len() <= Registry::MAX_REPORTED_WORKLOADS);
+                for s in kept.iter() {
+                    assert!([&s.app, &s.unit, &s.member].iter().all(|n| (1..=128).contains(&n.len())));
+                    assert!(s.address.len() <= 256 && s.message.len() <= 1024, "an unbounded workload report");
+                }
+            }
+        }
+        Some(Request::Drain(d)) => {
+            let live = registry.register(register_request(NODE), now).expect("the fixed registration is valid");
+            let _ = registry.drain(d.session_id, &d.node_id, now);
+            let r = registry.drain(live.session_id, &d.node_id, now);
+            assert_eq!(r.is_some(), d.node_id == NODE, "a session drains its own node only");
+            if r.is_some() {
+                assert_eq!(live.status(), NodeStatus::Draining);
+            }
+        }
+    }
+}
+
+fn register_and_check(
+    registry: &Arc<Registry>,
+    changes: &mut UnboundedReceiver<Change>,
+    r: v1::RegisterRequest,
+    now: u64,
+) {
+    let (node_id, incarnation) = (r.node_id.clone(), r.incarnation);
+    let (protocol, token) = (r.protocol_version, r.join_token.clone());
+    let live = match registry.register(r, now) {
+        Ok(live) => live,
+        Err(e) => {
+            let _ = (e.to_string(), e.code(), e.closes_connection());
+            return;
+        }
+    };
+    assert_eq!((protocol, token.as_str()), (PROTOCOL_VERSION, JOIN_TOKEN), "registered without credentials");
+    assert_eq!((live.node_id.as_str(), live.incarnation), (node_id.as_str(), incarnation));
+    assert_eq!(live.key, seal::derive_session_key(MASTER, live.session_id, incarnation, &node_id));
+    assert!(registry.is_current(&live));
+    let Ok(Change::Registered(told, d)) = changes.try_recv() else { panic!("the applier was not told") };
+    assert!(Arc::ptr_eq(&told, &live));
+    d.capacity.validate_node_capacity().expect("an accepted capacity is sane");
+    assert!(d.labels.len() <= MAX_LABELS);
+    // What the applier does with it on a restarted shard: adopt what the agent runs.
+    let capacity = d.capacity.clone();
+    let running = d.running.len();
+    let mut ledger = Ledger::new();
+    let (adopted, left_out) = ledger.adopt(&live.node_id, incarnation, &capacity, d.running, d.running_version);
+    assert_eq!(adopted + left_out, running);
+    let cap = |n: &NodeId| (*n == live.node_id).then(|| capacity.clone());
+    ledger.check_invariant(&cap).unwrap_or_else(|e| panic!("ledger invariant after adopt: {e}"));
+    // The session it got authenticates its heartbeats.
+    let body = v1::HeartbeatBody::default().encode_to_vec();
+    let header = Header {
+        magic: MAGIC_HEARTBEAT,
+        session_id: live.session_id,
+        seq: 1,
+        incarnation,
+        node_id: live.node_id.as_str(),
+    };
+    let mut dgram = Vec::new();
+    seal::seal(&live.key, Direction::ToShard, &header, &body, &mut dgram).expect("a valid node id seals");
+    let mut ingest = Ingest::new(registry.clone(), Arc::new(ShardStats::new(0)));
+    assert_eq!(ingest.handle(&dgram, now + 1, &mut Vec::new()), Ok(()), "the new session's heartbeat");
+}
+
+// ---- commit request --------------------------------------------------------------
+
+/// The nodes the fuzzed ledger knows: `n0`..`n7`, each with its own reason to refuse.
+pub fn node_facts(id: &NodeId) -> Option<NodeFacts> {
+    let i: u8 = id.as_str().strip_prefix('n')?.parse().ok()?;
+    (i < 8).then(|| NodeFacts {
+        status: match i {
+            3 => NodeStatus::Suspect,
+            4 => NodeStatus::Unknown,
+            6 => NodeStatus::Draining,
+            _ => NodeStatus::Alive,
+        },
+        incarnation: if i == 7 { 2 } else { 1 },
+        capacity: Resources {
+            cpu_millis: 4000,
+            memory_bytes: 8 << 30,
+            gpu: u32::from(i == 1) * 2,
+            custom: if i == 0 { [("fpga".to_string(), 2)].into_iter().collect() } else { Default::default() },
+        },
+        low_priority: i == 2,
+        cordoned: i == 5,
+    })
+}
+
+/// Commit input: one `CommitRequest` as the gRPC `Commit` call receives it, validated
+/// by `claims_from_wire` and judged by a fresh ledger.
+pub fn commit_request(data: &[u8]) {
+    let Ok(req) = v1::CommitRequest::decode(data) else { return };
+    let sent = req.claims.len();
+    let Ok(claims) = claims_from_wire(&req.txn_id, req.claims) else { return };
+    assert_eq!(claims.len(), sent);
+    let txn = req.txn_id;
+    let cap = |n: &NodeId| node_facts(n).map(|f| f.capacity);
+    let invariant = |l: &Ledger, when: &str| {
+        l.check_invariant(&cap).unwrap_or_else(|e| panic!("ledger invariant {when}: {e}"));
+    };
+    let mut ledger = Ledger::new();
+    let (out, changed) = ledger.commit(&txn, &claims, &node_facts);
+    invariant(&ledger, "after a commit");
+    assert_eq!(out.len(), claims.len());
+    for (c, (k, r)) in claims.iter().zip(&out) {
+        assert_eq!(&c.key, k, "results are in request order");
+        if r.is_ok() {
+            assert_eq!(ledger.placement(k), Some(&c.node), "an accepted claim is placed where it asked");
+        }
+    }
+    assert!(changed.iter().all(|n| node_facts(n).is_some()), "a node it does not know changed");
+    // The same transaction again: the same answer, nothing changes.
+    let (again, changed) = ledger.commit(&txn, &claims, &node_facts);
+    assert_eq!(again, out, "a replayed transaction got another answer");
+    assert!(changed.is_empty());
+    // The same claims under a new transaction (a scheduler retrying): what was accepted
+    // stays accepted and nothing is allocated twice.
+    let unique = claims.iter().map(|c| &c.key).collect::<HashSet<_>>().len() == claims.len();
+    let (retried, _) = ledger.commit(&format!("{txn}/retry"), &claims, &node_facts);
+    invariant(&ledger, "after a retry");
+    if unique {
+        for ((k, first), (_, second)) in out.iter().zip(&retried) {
+            assert!(first.is_err() || second.is_ok(), "{k:?} was accepted, then refused on retry: {second:?}");
+        }
+    }
+    // Releasing every key frees every node.
+    let keys: Vec<_> = claims.iter().map(|c| c.key.clone()).collect();
+    ledger.release(&keys);
+    // Known: releasing a custom resource leaves `{name: 0}` in the node's `allocated`,
+    // which `check_invariant` (structural `Resources` equality) calls a mismatch with the
+    // empty sum of no entries; `is_zero` below still checks the real property.
+    if claims.iter().all(|c| c.resources.custom.is_empty()) {
+        invariant(&ledger, "after a release");
+    }
+    for c in &claims {
+        assert!(ledger.allocated(&c.node).is_zero(), "{} keeps an allocation after a release", c.node);
+        assert!(ledger.placement(&c.key).is_none());
+    }
+}
+
+// ---- app spec --------------------------------------------------------------------
+
+/// App spec input: the TOML text `flotilla apply` sends and `load_spec` reads.
+pub fn app_spec(data: &[u8]) {
+    // Both callers take text (a file read to a string, an HTTP body as a String).
+    let Ok(text) = std::str::from_utf8(data) else { return };
+    let spec = match flotilla_scheduler::AppSpec::parse(text) {
+        Ok(spec) => spec,
+        Err(e) => {
+            assert!(!e.0.is_empty(), "an error that names no problem");
+            let _ = e.to_string();
+            return;
+        }
+    };
+    let members = spec.members();
+    assert_eq!(members.len(), 1 + spec.unit.workers as usize);
+    for (name, _, t) in &members {
+        let r = t.resources();
+        assert!(!r.is_zero(), "{name}: a member that asks for nothing");
+        r.validate_node_capacity().unwrap_or_else(|e| panic!("{name}: a valid spec no node can hold: {e}"));
+    }
+    let fingerprint = spec.template_fingerprint();
+    // What the store and the API hand on is the canonical TOML: it must read back the same.
+    let canonical = toml::to_string(&spec).expect("a valid spec serialises");
+    let back = flotilla_scheduler::AppSpec::parse(&canonical)
+        .unwrap_or_else(|e| panic!("the canonical form of a valid spec is refused: {e}\n{canonical}"));
+    assert_eq!(back, spec, "the canonical form reads back differently:\n{canonical}");
+    assert_eq!(back.template_fingerprint(), fingerprint);
+}
+
+// ---- control API -----------------------------------------------------------------
+
+/// Control API input: `[selector, body...]`. Selector bits 0-1 pick the call (0 `PUT
+/// /v1/apps/echo/scale`, 1 `POST /v1/schedulers`, 2 `PUT /v1/apps/echo/spec`, 3 `POST
+/// /v1/nodes/{body}` where the body is `NODE/ACTION`); bits 2-3 the credential (0 the
+/// right bearer token, 1 none, 2 a wrong one); bit 4 leaves out the JSON content type.
+/// Each input gets a fresh control plane with no apps and no shards, so nothing is
+/// forwarded anywhere; the request goes through the real router and handlers.
+pub fn control_json(data: &[u8]) {
+    use axum::http::{Method, Request, StatusCode, header};
+    use tower::ServiceExt;
+
+    thread_local! {
+        static RUNTIME: tokio::runtime::Runtime =
+            tokio::runtime::Builder::new_current_thread().build().expect("a runtime");
+        // Never used (no standalone scheduler is registered when a request is handled).
+        static HTTP: reqwest::Client = reqwest::Client::new();
+    }
+    let Some((&sel, body)) = data.split_first() else { return };
+    let (call, auth, json) = (sel & 3, (sel >> 2) & 3, sel & 0x10 == 0);
+    let (method, uri) = match call {
+        0 => (Method::PUT, "/v1/apps/echo/scale".to_string()),
+        1 => (Method::POST, "/v1/schedulers".to_string()),
+        2 => (Method::PUT, "/v1/apps/echo/spec".to_string()),
+        _ => match std::str::from_utf8(body) {
+            Ok(path) => (Method::POST, format!("/v1/nodes/{path}")),
+            Err(_) => return,
+        },
+    };
+    let mut req = Request::builder().method(method).uri(uri);
+    if json {
+        req = req.header(header::CONTENT_TYPE, "application/json");
+    }
+    match auth {
+        0 => req = req.header(header::AUTHORIZATION, format!("Bearer {API_TOKEN}")),
+        1 => {}
+        _ => req = req.header(header::AUTHORIZATION, "Bearer not-the-token"),
+    }
+    let body = if call == 3 { Vec::new() } else { body.to_vec() };
+    let Ok(req) = req.body(axum::body::Body::from(body.clone())) else { return }; // not a valid URI
+    let state = Arc::new(flotilla_control::ControlState {
+        cluster: flotilla_view::ClusterView::new(1),
+        shards: vec![],
+        api_token: Some(API_TOKEN.into()),
+        apps: Default::default(),
+        http: HTTP.with(Clone::clone),
+        dialer: Default::default(),
+    });
+    let router = flotilla_control::router(state);
+    let (status, content_type, bytes) = RUNTIME.with(|rt| {
+        rt.block_on(async move {
+            let resp = router.oneshot(req).await.expect("the router is infallible");
+            let status = resp.status();
+            let ct = resp.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(str::to_string);
+            let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20).await.expect("a response body");
+            (status, ct, bytes)
+        })
+    });
+    let text = String::from_utf8_lossy(&bytes);
+    assert!(!status.is_server_error(), "{status} for {call}: {text}");
+    // No app runs and no shard holds a node: only a registration can succeed.
+    if call == 1 {
+        assert!(status == StatusCode::NO_CONTENT || status.is_client_error(), "{status}: {text}");
+    } else {
+        assert!(status.is_client_error(), "{status} for call {call}: {text}");
+    }
+    // The handlers read the body themselves (a spec's only once it is text), so a wrong
+    // credential is refused before anything is parsed.
+    if auth != 0 && (call < 2 || (call == 2 && std::str::from_utf8(&body).is_ok())) {
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{text}");
+    }
+    // Every refusal of ours is `{"error": {"code", "message"}}`.
+    if status.is_client_error() && (call < 2 || content_type.as_deref() == Some("application/json")) {
+        let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("{e}: {text}"));
+        let e = &v["error"];
+        assert!(e["code"].is_string() && e["message"].is_string(), "an error without code or message: {text}");
+    }
+}
