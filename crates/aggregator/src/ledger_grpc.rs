@@ -91,7 +91,7 @@ pub fn claims_from_wire(txn: &str, claims: Vec<v1::Claim>) -> Result<Vec<Claim>,
     if claims.is_empty() || claims.len() > MAX_CLAIMS {
         return Err(invalid("claims", format!("{} claims (1..={MAX_CLAIMS})", claims.len())));
     }
-    claims
+    let claims: Vec<Claim> = claims
         .into_iter()
         .enumerate()
         .map(|(i, c)| {
@@ -118,7 +118,15 @@ pub fn claims_from_wire(txn: &str, claims: Vec<v1::Claim>) -> Result<Vec<Claim>,
                 workload,
             })
         })
-        .collect()
+        .collect::<Result<_, _>>()?;
+    // A key twice in one request would be judged as a replay of itself.
+    let mut seen = std::collections::HashMap::with_capacity(claims.len());
+    for (i, c) in claims.iter().enumerate() {
+        if let Some(first) = seen.insert(&c.key, i) {
+            return Err(invalid(&format!("claims[{i}].key"), format!("repeats claims[{first}].key")));
+        }
+    }
+    Ok(claims)
 }
 
 fn reason_to_wire(r: Reject) -> v1::RejectReason {
@@ -250,5 +258,29 @@ impl v1::node_admin_service_server::NodeAdminService for AdminGrpc {
             metrics::counter!("flotilla_cordon_changes_total").increment(1);
         }
         Ok(Response::new(v1::CordonResponse { found }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn claim(unit: &str, node: &str) -> v1::Claim {
+        v1::Claim {
+            key: Some(v1::ClaimKey { app: "a".into(), unit: unit.into(), member: "head".into(), generation: 1 }),
+            node_id: node.into(),
+            incarnation: 1,
+            resources: Some(v1::Resources { cpu_millis: 100, ..Default::default() }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_request_naming_a_key_twice_is_refused_whole() {
+        assert_eq!(claims_from_wire("t", vec![claim("u1", "n1"), claim("u2", "n1")]).map(|c| c.len()).ok(), Some(2));
+        let e = claims_from_wire("t", vec![claim("u1", "n1"), claim("u2", "n1"), claim("u1", "n2")]).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+        assert_eq!(e.message(), "claims[2].key: repeats claims[0].key");
+        assert!(claims_from_wire("t", vec![]).is_err(), "no claims");
     }
 }

@@ -56,7 +56,8 @@ impl Resources {
         out.memory_bytes =
             out.memory_bytes.checked_add(other.memory_bytes).ok_or(ResourceError::Overflow("memory_bytes"))?;
         out.gpu = out.gpu.checked_add(other.gpu).ok_or(ResourceError::Overflow("gpu"))?;
-        for (k, v) in &other.custom {
+        // Custom maps hold no zero entries, so equal amounts compare equal.
+        for (k, v) in other.custom.iter().filter(|(_, v)| **v > 0) {
             let slot = out.custom.entry(k.clone()).or_insert(0);
             *slot = slot.checked_add(*v).ok_or(ResourceError::Overflow("custom"))?;
         }
@@ -76,6 +77,9 @@ impl Resources {
             }
             let slot = out.custom.get_mut(k).ok_or(ResourceError::Underflow("custom"))?;
             *slot = slot.checked_sub(*v).ok_or(ResourceError::Underflow("custom"))?;
+            if *slot == 0 {
+                out.custom.remove(k);
+            }
         }
         Ok(out)
     }
@@ -140,6 +144,18 @@ mod tests {
     }
 
     #[test]
+    fn custom_amounts_leave_no_zero_entries_behind() {
+        // A node's allocation after a claim with a custom resource comes and goes must
+        // equal the sum of what it holds (nothing): the ledger's invariant compares them.
+        let mut claim = r(1, 1, 0);
+        claim.custom.insert("fpga".into(), 2);
+        claim.custom.insert("none".into(), 0);
+        let held = r(0, 0, 0).checked_add(&claim).unwrap();
+        assert_eq!(held.custom.len(), 1, "a zero amount adds no entry: {held:?}");
+        assert_eq!(held.checked_sub(&claim), Ok(r(0, 0, 0)));
+    }
+
+    #[test]
     fn capacity_bounds_are_enforced() {
         assert!(r(8000, 1 << 34, 1).validate_node_capacity().is_ok());
         assert!(r(MAX_NODE_CPU_MILLIS + 1, 0, 0).validate_node_capacity().is_err());
@@ -150,9 +166,11 @@ mod tests {
 
     proptest! {
         #[test]
-        fn add_then_sub_round_trips(a in 0u64..1<<40, b in 0u64..1<<40, c in 0u32..1000, d in 0u64..1<<40, e in 0u64..1<<40, f in 0u32..1000) {
-            let x = r(a, b, c);
-            let y = r(d, e, f);
+        fn add_then_sub_round_trips(a in 0u64..1<<40, b in 0u64..1<<40, c in 0u32..1000, d in 0u64..1<<40, e in 0u64..1<<40, f in 0u32..1000, g in 0u64..3, h in 0u64..3) {
+            let mut x = r(a, b, c);
+            let mut y = r(d, e, f);
+            if g > 0 { x.custom.insert("fpga".into(), g); }
+            y.custom.insert("fpga".into(), h);
             let sum = x.checked_add(&y).unwrap();
             prop_assert!(y.fits_in(&sum));
             prop_assert_eq!(sum.checked_sub(&y).unwrap(), x);
