@@ -87,19 +87,54 @@ impl ShardClientArgs {
 }
 
 /// How often the join-token file is read again (SIGHUP reads it at once).
-const JOIN_TOKEN_RELOAD: Duration = Duration::from_secs(10);
+const TOKEN_RELOAD: Duration = Duration::from_secs(10);
 
-/// Reads `path` again on SIGHUP and every 10 s, and gives every shard's registry the
-/// tokens when they changed. A file that cannot be read, or holds no token, changes
-/// nothing (it is logged and counted).
-pub fn reload_join_tokens(path: PathBuf, registries: Vec<Arc<Registry>>) -> anyhow::Result<()> {
+/// Makes a new token list the accepted one.
+pub type ApplyTokens = Box<dyn Fn(&[String]) + Send>;
+
+/// A token-list file in the data dir that running shards follow.
+pub struct TokenFile {
+    /// `join` or `grpc`: the file is DATA/NAME-token, the metrics
+    /// `flotilla_NAME_tokens` and `flotilla_NAME_tokens_reloaded_total{result}`.
+    pub name: &'static str,
+    pub path: PathBuf,
+    /// What is accepted now.
+    pub current: Vec<String>,
+    pub apply: ApplyTokens,
+}
+
+/// The join tokens of `registries`, followed in DATA/join-token.
+pub fn join_token_file(data: &DataDir, registries: Vec<Arc<Registry>>) -> TokenFile {
+    TokenFile {
+        name: "join",
+        path: data.dir.join("join-token"),
+        current: data.join_tokens.clone(),
+        apply: Box::new(move |t| registries.iter().for_each(|r| r.set_join_tokens(t.to_vec()))),
+    }
+}
+
+/// The gRPC tokens of `auths` (the shards' token checks), followed in DATA/grpc-token.
+pub fn grpc_token_file(data: &DataDir, auths: Vec<flotilla_aggregator::auth::GrpcAuth>) -> TokenFile {
+    TokenFile {
+        name: "grpc",
+        path: data.dir.join("grpc-token"),
+        current: data.grpc_tokens.clone(),
+        apply: Box::new(move |t| auths.iter().for_each(|a| a.set_tokens(t.to_vec()))),
+    }
+}
+
+/// Reads the file again on SIGHUP and every 10 s, and applies the tokens when they
+/// changed. A file that cannot be read, or holds no token, changes nothing (it is logged
+/// and counted).
+pub fn reload_tokens(file: TokenFile) -> anyhow::Result<()> {
     use tokio::signal::unix::{SignalKind, signal};
     // Installed before returning, so a SIGHUP from now on never kills the process.
     let mut hup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
-    let mut current = registries.first().map(|r| r.join_tokens()).unwrap_or_default().as_ref().clone();
-    metrics::gauge!("flotilla_join_tokens").set(current.len() as f64);
+    let TokenFile { name, path, mut current, apply } = file;
+    let (gauge, reloads) = (format!("flotilla_{name}_tokens"), format!("flotilla_{name}_tokens_reloaded_total"));
+    metrics::gauge!(gauge.clone()).set(current.len() as f64);
     tokio::spawn(async move {
-        let mut tick = tokio::time::interval(JOIN_TOKEN_RELOAD);
+        let mut tick = tokio::time::interval(TOKEN_RELOAD);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tick.tick().await;
         loop {
@@ -107,31 +142,26 @@ pub fn reload_join_tokens(path: PathBuf, registries: Vec<Arc<Registry>>) -> anyh
                 _ = tick.tick() => "timer",
                 _ = hup.recv() => "SIGHUP",
             };
-            let _span = tracing::info_span!("join_tokens_reload", file = %path.display(), why).entered();
+            let _span = tracing::info_span!("tokens_reload", file = %path.display(), why).entered();
             let result = match crate::secrets::read_tokens(&path) {
                 Ok(tokens) if tokens.is_empty() => {
-                    tracing::error!(
-                        kept = current.len(),
-                        "the join-token file holds no token: keeping the ones accepted now"
-                    );
+                    tracing::error!(kept = current.len(), "the file holds no token: keeping the ones accepted now");
                     "error"
                 }
                 Ok(tokens) if tokens == current => "unchanged",
                 Ok(tokens) => {
-                    for r in &registries {
-                        r.set_join_tokens(tokens.clone());
-                    }
-                    tracing::info!(before = current.len(), now = tokens.len(), "join tokens reloaded");
-                    metrics::gauge!("flotilla_join_tokens").set(tokens.len() as f64);
+                    apply(&tokens);
+                    tracing::info!(before = current.len(), now = tokens.len(), "{name} tokens reloaded");
+                    metrics::gauge!(gauge.clone()).set(tokens.len() as f64);
                     current = tokens;
                     "changed"
                 }
                 Err(e) => {
-                    tracing::error!(error = %format!("{e:#}"), kept = current.len(), "cannot read the join tokens: keeping the ones accepted now");
+                    tracing::error!(error = %format!("{e:#}"), kept = current.len(), "cannot read the tokens: keeping the ones accepted now");
                     "error"
                 }
             };
-            metrics::counter!("flotilla_join_tokens_reloaded_total", "result" => result).increment(1);
+            metrics::counter!(reloads.clone(), "result" => result).increment(1);
         }
     });
     Ok(())
@@ -268,7 +298,8 @@ pub async fn aggregator(a: AggregatorArgs) -> anyhow::Result<()> {
         config.grpc_tls = Some(flotilla_aggregator::GrpcTls { cert_pem: read(cert)?, key_pem: read(key)? });
     }
     let mut shard = flotilla_aggregator::start(config).await?;
-    reload_join_tokens(data.dir.join("join-token"), vec![shard.registry.clone()])?;
+    reload_tokens(join_token_file(&data, vec![shard.registry.clone()]))?;
+    reload_tokens(grpc_token_file(&data, vec![shard.grpc_auth.clone()]))?;
     std::fs::write(&ran_before, format!("{}\n", std::process::id()))?;
     if a.print_addrs {
         println!(

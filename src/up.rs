@@ -146,10 +146,9 @@ pub async fn run(a: UpArgs) -> anyhow::Result<()> {
         shards.push(flotilla_aggregator::start(config).await?);
     }
     let addrs: Vec<String> = shards.iter().map(|s| s.addr.to_string()).collect();
-    crate::servers::reload_join_tokens(
-        data.dir.join("join-token"),
-        shards.iter().map(|s| s.registry.clone()).collect(),
-    )?;
+    use crate::servers::{grpc_token_file, join_token_file, reload_tokens};
+    reload_tokens(join_token_file(&data, shards.iter().map(|s| s.registry.clone()).collect()))?;
+    reload_tokens(grpc_token_file(&data, shards.iter().map(|s| s.grpc_auth.clone()).collect()))?;
 
     let cluster = flotilla_view::ClusterView::new(a.shards);
     let token = data.grpc_tokens.first().map(String::as_str).unwrap_or_default();

@@ -310,6 +310,20 @@ fn a_shard_serves_grpc_over_tls_only_to_callers_with_its_token() {
         assert_eq!(connected(api), Some(false), "the {name} control plane must not see the shard's view");
     }
     assert_eq!(connected(&apis[0]), Some(true));
+
+    // Rotated: the "wrong" token is put first in DATA/grpc-token; on SIGHUP the shard takes
+    // it, and the control plane holding it follows the view; the old token still works.
+    let old = std::fs::read_to_string(&grpc_token).unwrap();
+    std::fs::write(&grpc_token, format!("guess\n{old}")).unwrap();
+    // SAFETY: kill(2) of the shard process this test started.
+    unsafe {
+        libc::kill(procs.children[0].id() as i32, libc::SIGHUP);
+    }
+    wait_for("the rotated token to be accepted", Duration::from_secs(20), || connected(&apis[1]).filter(|c| *c));
+    assert_eq!(connected(&apis[0]), Some(true));
+    let page = metrics_page(metrics);
+    assert_eq!(metric(&page, "flotilla_grpc_tokens", ""), Some(2.0), "{page}");
+    assert!(metric(&page, "flotilla_grpc_tokens_reloaded_total", "result=\"changed\"").is_some(), "{page}");
 }
 
 #[test]

@@ -5,15 +5,16 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use arc_swap::ArcSwap;
 use flotilla_core::RateLimiter;
 use tonic::{Request, Status};
 
-/// The accepted tokens (several while one is being rotated) and the per-peer rate. With
-/// no token, every caller is accepted: a shard that only trusted hosts can reach, as in
-/// tests.
+/// The accepted tokens (several while one is being rotated; clones share them) and the
+/// per-peer rate. With no token, every caller is accepted: a shard that only trusted
+/// hosts can reach, as in tests.
 #[derive(Clone, Default)]
 pub struct GrpcAuth {
-    tokens: Arc<Vec<String>>,
+    tokens: Arc<ArcSwap<Vec<String>>>,
     limiter: Option<Arc<RateLimiter>>,
 }
 
@@ -25,14 +26,23 @@ fn refused(reason: &'static str) {
 impl GrpcAuth {
     /// `per_peer_per_second` 0: no rate limit.
     pub fn new(tokens: Vec<String>, per_peer_per_second: u32) -> Self {
-        GrpcAuth {
-            tokens: Arc::new(tokens.into_iter().filter(|t| !t.is_empty()).collect()),
-            limiter: RateLimiter::new(per_peer_per_second).map(Arc::new),
-        }
+        let auth =
+            GrpcAuth { tokens: Default::default(), limiter: RateLimiter::new(per_peer_per_second).map(Arc::new) };
+        auth.set_tokens(tokens);
+        auth
+    }
+
+    /// Replaces the accepted tokens (a rotation); calls in flight keep the old answer.
+    pub fn set_tokens(&self, tokens: Vec<String>) {
+        self.tokens.store(Arc::new(tokens.into_iter().filter(|t| !t.is_empty()).collect()));
+    }
+
+    pub fn tokens(&self) -> Arc<Vec<String>> {
+        self.tokens.load_full()
     }
 
     pub fn is_open(&self) -> bool {
-        self.tokens.is_empty()
+        self.tokens.load().is_empty()
     }
 
     /// The check, as a tonic interceptor.
@@ -59,7 +69,11 @@ impl GrpcAuth {
         match presented {
             None => refuse("unauthenticated", "this shard needs `authorization: Bearer <token>` on every call"),
             Some(Ok(Some(token)))
-                if self.tokens.iter().any(|t| flotilla_core::constant_time_eq(t.as_bytes(), token.as_bytes())) =>
+                if self
+                    .tokens
+                    .load()
+                    .iter()
+                    .any(|t| flotilla_core::constant_time_eq(t.as_bytes(), token.as_bytes())) =>
             {
                 Ok(request)
             }
@@ -96,6 +110,10 @@ mod tests {
         assert!(missing.message().contains("Bearer"), "{}", missing.message());
         assert!(auth.check(with(Some("Bearer nope"))).is_err());
         assert!(auth.check(with(Some("new"))).is_err(), "the scheme is required");
+        // Rotated: the old token is retired, a clone (the serving layer's) sees it at once.
+        auth.clone().set_tokens(vec!["new".into()]);
+        assert!(auth.check(with(Some("Bearer old"))).is_err());
+        assert!(auth.check(with(Some("Bearer new"))).is_ok());
     }
 
     #[test]

@@ -105,6 +105,7 @@ pub struct ShardHandle {
     pub registry: Arc<registry::Registry>,
     pub stats: Arc<stats::ShardStats>,
     pub ledger: Arc<std::sync::Mutex<ledger::Ledger>>,
+    pub grpc_auth: auth::GrpcAuth,
     shutdown: watch::Sender<bool>,
     endpoint: quinn::Endpoint,
     tasks: JoinSet<()>,
@@ -186,7 +187,8 @@ pub struct ShardCore {
     pub ledger: Arc<std::sync::Mutex<ledger::Ledger>>,
     /// Until then claims are refused (`shard_recovering`).
     pub recovering_until_ms: u64,
-    auth: auth::GrpcAuth,
+    /// The gRPC token check; `set_tokens` rotates them while the shard runs.
+    pub grpc_auth: auth::GrpcAuth,
     grpc_tls: Option<GrpcTls>,
 }
 
@@ -239,7 +241,7 @@ impl ShardCore {
             stats,
             ledger,
             recovering_until_ms,
-            auth: auth::GrpcAuth::new(config.grpc_tokens.clone(), config.grpc_rate_limit),
+            grpc_auth: auth::GrpcAuth::new(config.grpc_tokens.clone(), config.grpc_rate_limit),
             grpc_tls: config.grpc_tls.clone(),
         };
         (core, push_rx)
@@ -279,7 +281,7 @@ impl ShardCore {
                 .context("the gRPC TLS certificate or key")?;
         }
         let router = server
-            .layer(tonic::service::InterceptorLayer::new(self.auth.clone()))
+            .layer(tonic::service::InterceptorLayer::new(self.grpc_auth.clone()))
             .add_service(view)
             .add_service(ledger)
             .add_service(admin);
@@ -332,6 +334,18 @@ pub async fn start(config: ShardConfig) -> anyhow::Result<ShardHandle> {
         }
     });
     tracing::info!(shard = config.shard, %addr, heartbeats = %heartbeat_addr, epoch = core.epoch, "shard started");
-    let ShardCore { epoch, publisher, registry, stats, ledger, .. } = core;
-    Ok(ShardHandle { addr, heartbeat_addr, epoch, publisher, registry, stats, ledger, shutdown, endpoint, tasks })
+    let ShardCore { epoch, publisher, registry, stats, ledger, grpc_auth, .. } = core;
+    Ok(ShardHandle {
+        addr,
+        heartbeat_addr,
+        epoch,
+        publisher,
+        registry,
+        stats,
+        ledger,
+        grpc_auth,
+        shutdown,
+        endpoint,
+        tasks,
+    })
 }
