@@ -552,7 +552,7 @@ fn a_standalone_scheduler_registers_and_the_control_plane_forwards_to_it() {
     assert_eq!(status, 200, "scale is forwarded: {body}");
     wait_for("3 running units", Duration::from_secs(30), || (running(&up).len() == 3).then_some(()));
     // A router asks the control plane where the app is scheduled and follows its routes there.
-    let mut procs = Group(Vec::new());
+    let mut procs = Group(Vec::new(), Vec::new());
     let route = procs.spawn_with_env(
         &["route", "--app", "echo", "--listen", "127.0.0.1:0", "--print-addrs"],
         &up.data.join("route.err"),
@@ -764,8 +764,9 @@ fn a_rolling_apply_replaces_units_one_at_a_time() {
     eprintln!("rollout of 2 units took {:?}", t0.elapsed());
 }
 
-/// Processes a test started, each in its own process group; all killed on drop.
-struct Group(Vec<Child>);
+/// Processes a test started, each in its own process group (and where its stderr goes);
+/// all killed on drop.
+struct Group(Vec<Child>, Vec<PathBuf>);
 
 impl Group {
     fn spawn(&mut self, args: &[&str], log: &Path) -> u32 {
@@ -785,16 +786,20 @@ impl Group {
             .unwrap();
         let pid = child.id();
         self.0.push(child);
+        self.1.push(log.to_path_buf());
         pid
     }
 
     /// The JSON line a `--print-addrs` server writes first.
     fn addrs(&mut self, pid: u32) -> Value {
         use std::io::BufRead;
-        let child = self.0.iter_mut().find(|c| c.id() == pid).unwrap();
+        let i = self.0.iter().position(|c| c.id() == pid).unwrap();
         let mut line = String::new();
-        std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-        serde_json::from_str(&line).unwrap()
+        std::io::BufReader::new(self.0[i].stdout.take().unwrap()).read_line(&mut line).unwrap();
+        serde_json::from_str(&line).unwrap_or_else(|e| {
+            let log = std::fs::read_to_string(&self.1[i]).unwrap_or_default();
+            panic!("{e} in {line:?}; its stderr:\n{log}")
+        })
     }
 }
 
@@ -826,7 +831,7 @@ impl Standalone {
     fn start(name: &str, max_units_per_domain: u32, scheduler_flags: &[&str]) -> Standalone {
         let dir = temp_dir(name);
         let d = dir.to_str().unwrap().to_string();
-        let mut procs = Group(Vec::new());
+        let mut procs = Group(Vec::new(), Vec::new());
         // The first shard creates the secrets both use.
         let (mut shard_addrs, mut shard_pids) = (Vec::new(), Vec::new());
         for i in 0..2 {
@@ -979,7 +984,7 @@ fn the_route_proxy_follows_the_weights_and_drops_a_draining_node_before_its_work
         (routes().iter().filter(|r| r["weight"].as_f64() > Some(0.0)).count() == 2 && running(&up).len() == 2)
             .then_some(())
     });
-    let mut procs = Group(Vec::new());
+    let mut procs = Group(Vec::new(), Vec::new());
     let log = up.data.join("route.err");
     let pid = procs.spawn_with_env(
         &["route", "--app", "echo", "--listen", "127.0.0.1:0", "--print-addrs"],

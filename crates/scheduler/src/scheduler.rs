@@ -460,12 +460,7 @@ impl Scheduler {
             }
         }
         for (shard, keys) in by_shard {
-            let req = v1::ReleaseRequest {
-                txn_id: format!("{}-release-{:016x}", unit.unit_id, self.rng.random::<u64>()),
-                fencing_token: self.fencing_token,
-                keys,
-            };
-            self.send_release(shard as usize, req).await?;
+            self.send_release(shard as usize, &format!("{}-release", unit.unit_id), keys).await?;
         }
         Ok(())
     }
@@ -847,12 +842,8 @@ impl Scheduler {
             tracing::warn!(shard, orphans = keys.len(), "releasing members no unit accounts for");
             metrics::counter!("flotilla_orphans_released_total", "app" => self.spec.name.clone())
                 .increment(keys.len() as u64);
-            let req = v1::ReleaseRequest {
-                txn_id: format!("{}-sweep-{:016x}", self.spec.name, self.rng.random::<u64>()),
-                fencing_token: self.fencing_token,
-                keys,
-            };
-            if let Err(e) = self.send_release(shard, req).await {
+            let tag = format!("{}-sweep", self.spec.name);
+            if let Err(e) = self.send_release(shard, &tag, keys).await {
                 tracing::warn!(error = %e, "releasing orphans; will retry");
                 self.next_sweep_ms = now;
             }
@@ -881,13 +872,9 @@ impl Scheduler {
                 })
             })
             .collect();
+        let tag = format!("{}-adopt", self.spec.name);
         for shard in 0..self.shard_addrs.len() {
-            let req = v1::ReleaseRequest {
-                txn_id: format!("{}-adopt-{:016x}", self.spec.name, self.rng.random::<u64>()),
-                fencing_token: self.fencing_token,
-                keys: keys.clone(),
-            };
-            if let Err(e) = self.send_release(shard, req).await {
+            if let Err(e) = self.send_release(shard, &tag, keys.clone()).await {
                 tracing::warn!(error = %e, "releasing what a previous run was placing; the orphan sweep retries");
             }
         }
@@ -904,8 +891,14 @@ impl Scheduler {
         tracing::info!(units = keys.len(), "replacing the units a previous run was placing");
     }
 
-    /// A failed call drops the shard's channel: the next one connects afresh.
-    async fn send_release(&mut self, shard: usize, req: v1::ReleaseRequest) -> anyhow::Result<()> {
+    /// Releases `keys` on `shard` in one request (its transaction id is `tag` and a random
+    /// suffix). A failed call drops the shard's channel: the next one connects afresh.
+    async fn send_release(&mut self, shard: usize, tag: &str, keys: Vec<v1::ClaimKey>) -> anyhow::Result<()> {
+        let req = v1::ReleaseRequest {
+            txn_id: format!("{tag}-{:016x}", self.rng.random::<u64>()),
+            fencing_token: self.fencing_token,
+            keys,
+        };
         if let Err(e) = self.client(shard).await?.release(req).await {
             self.clients[shard] = None;
             return Err(anyhow::anyhow!("release on shard {shard}: {}", e.message()));
