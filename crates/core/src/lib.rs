@@ -4,6 +4,7 @@
 //! at the edges can turn untrusted input into these types or a clear error.
 
 mod clock;
+mod error;
 mod health;
 mod limits;
 mod node;
@@ -13,6 +14,7 @@ mod secret;
 mod shard;
 
 pub use clock::{install_clock, now_ms, system_ms};
+pub use error::{ErrorKind, ServiceError};
 pub use health::{HealthSample, Hysteresis, health_score};
 pub use limits::*;
 pub use node::{Incarnation, LabelError, Labels, NodeId, NodeIdError, NodeStatus};

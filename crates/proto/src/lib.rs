@@ -12,6 +12,7 @@ pub mod convert;
 pub mod dial;
 
 pub mod seal;
+pub mod status;
 
 /// Largest QUIC control message (one request or response per stream), in bytes.
 pub const MAX_CONTROL_MESSAGE: usize = 256 * 1024;

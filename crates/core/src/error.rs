@@ -1,0 +1,56 @@
+//! What kind of failure an error is, independent of the protocol that carries it.
+//!
+//! Every service error (a refused registration, a claim, an API call) implements
+//! [`ServiceError`]: its [`ErrorKind`] decides the gRPC code (in `flotilla-proto`) and the
+//! HTTP status (in `flotilla-control`), each mapped in one place, and its `code()` is the
+//! stable machine-readable name clients branch on. Nobody decides anything by reading an
+//! error's message.
+
+/// The protocol-independent class of a failure: what the caller should do about it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorKind {
+    /// The request itself is wrong (a bad spec, a value out of range): fix it, do not retry.
+    InvalidInput,
+    /// No credential, or a credential that is not valid.
+    Unauthenticated,
+    /// The named thing does not exist.
+    NotFound,
+    /// The request is valid but conflicts with the current state (wrong shard, stale
+    /// incarnation, already placed).
+    Conflict,
+    /// A body, message or count past its limit.
+    TooLarge,
+    /// The caller sent too much too fast: retry after a while.
+    RateLimited,
+    /// A dependency (a shard, a scheduler) cannot be reached or is not ready: retry.
+    Unavailable,
+    /// Something failed on our side (a store write): not the caller's fault.
+    Internal,
+}
+
+impl ErrorKind {
+    /// Whether the same request may succeed later without change.
+    pub fn is_retryable(self) -> bool {
+        matches!(self, ErrorKind::RateLimited | ErrorKind::Unavailable | ErrorKind::Internal)
+    }
+}
+
+/// An error that crosses a service boundary.
+pub trait ServiceError: std::error::Error {
+    fn kind(&self) -> ErrorKind;
+    /// A stable snake_case name for the exact failure (`join_token`, `no_such_app`).
+    fn code(&self) -> &'static str;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_transient_kinds_are_retryable() {
+        assert!(ErrorKind::Unavailable.is_retryable());
+        assert!(ErrorKind::RateLimited.is_retryable());
+        assert!(!ErrorKind::InvalidInput.is_retryable());
+        assert!(!ErrorKind::Unauthenticated.is_retryable());
+    }
+}
