@@ -12,6 +12,6 @@ pub mod store;
 #[cfg(test)]
 mod testing;
 
-pub use scheduler::{AppHandle, AppStatus, Scheduler};
+pub use scheduler::{AppHandle, AppStatus, CommandError, Scheduler};
 pub use spec::AppSpec;
 pub use store::{MemStore, RedbStore, Store};

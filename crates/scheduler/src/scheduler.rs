@@ -66,11 +66,50 @@ impl Stats {
     }
 }
 
+/// Why the scheduler refused or could not carry out a request of the control plane.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CommandError {
+    #[error("units must be within {min}..={max} for app {app} (asked for {asked})")]
+    OutOfRange { app: String, min: u32, max: u32, asked: u32 },
+    #[error("the spec names app {got:?}, not {app:?}")]
+    WrongApp { app: String, got: String },
+    #[error("{0}")]
+    InvalidSpec(String),
+    /// The store refused the write: nothing changed, and it is not the caller's fault.
+    #[error("cannot record the change: {0}")]
+    Store(String),
+    #[error("the scheduler stopped")]
+    Stopped,
+}
+
+impl flotilla_core::ServiceError for CommandError {
+    fn kind(&self) -> flotilla_core::ErrorKind {
+        use flotilla_core::ErrorKind;
+        match self {
+            CommandError::OutOfRange { .. } | CommandError::WrongApp { .. } | CommandError::InvalidSpec(_) => {
+                ErrorKind::InvalidInput
+            }
+            CommandError::Store(_) => ErrorKind::Internal,
+            CommandError::Stopped => ErrorKind::Unavailable,
+        }
+    }
+
+    fn code(&self) -> &'static str {
+        match self {
+            CommandError::OutOfRange { .. } => "out_of_range",
+            CommandError::WrongApp { .. } => "wrong_app",
+            CommandError::InvalidSpec(_) => "invalid_spec",
+            CommandError::Store(_) => "store_failed",
+            CommandError::Stopped => "scheduler_stopped",
+        }
+    }
+}
+
 /// Requests from the control plane.
 pub enum Command {
-    Scale(u32, tokio::sync::oneshot::Sender<Result<u32, String>>),
+    Scale(u32, tokio::sync::oneshot::Sender<Result<u32, CommandError>>),
     /// A new spec for the app (`flotilla apply`): units whose template changed roll.
-    Apply(Box<AppSpec>, tokio::sync::oneshot::Sender<Result<String, String>>),
+    Apply(Box<AppSpec>, tokio::sync::oneshot::Sender<Result<String, CommandError>>),
 }
 
 /// A handle on a running scheduler, for the control plane and tests.
@@ -86,21 +125,18 @@ pub struct AppHandle {
 impl AppHandle {
     /// Sets the desired number of units (within the spec's min and max); the
     /// scheduler persists it and acts on it at once.
-    pub async fn scale(&self, units: u32) -> Result<u32, String> {
+    pub async fn scale(&self, units: u32) -> Result<u32, CommandError> {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        self.commands.send(Command::Scale(units, tx)).await.map_err(|_| "the scheduler stopped".to_string())?;
-        rx.await.map_err(|_| "the scheduler stopped".to_string())?
+        self.commands.send(Command::Scale(units, tx)).await.map_err(|_| CommandError::Stopped)?;
+        rx.await.map_err(|_| CommandError::Stopped)?
     }
 
     /// Replaces the app's spec; units whose template changed are rolled, `max_unavailable`
     /// at a time. Answers with what will happen.
-    pub async fn apply(&self, spec: AppSpec) -> Result<String, String> {
+    pub async fn apply(&self, spec: AppSpec) -> Result<String, CommandError> {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        self.commands
-            .send(Command::Apply(Box::new(spec), tx))
-            .await
-            .map_err(|_| "the scheduler stopped".to_string())?;
-        rx.await.map_err(|_| "the scheduler stopped".to_string())?
+        self.commands.send(Command::Apply(Box::new(spec), tx)).await.map_err(|_| CommandError::Stopped)?;
+        rx.await.map_err(|_| CommandError::Stopped)?
     }
 
     /// The current route table; `changed()` on the receiver wakes on every new version.
@@ -266,7 +302,7 @@ impl Scheduler {
             Command::Scale(n, reply) => {
                 let (min, max) = (self.spec.units.min, self.spec.units.max);
                 let r = if n < min || n > max {
-                    Err(format!("units must be within {min}..={max} for app {} (asked for {n})", self.spec.name))
+                    Err(CommandError::OutOfRange { app: self.spec.name.clone(), min, max, asked: n })
                 } else {
                     self.store
                         .write(&self.spec.name, &[Write::DesiredUnits(n)])
@@ -275,7 +311,7 @@ impl Scheduler {
                             tracing::info!(app = %self.spec.name, units = n, "desired units set");
                             n
                         })
-                        .map_err(|e| e.to_string())
+                        .map_err(|e| CommandError::Store(e.to_string()))
                 };
                 let _ = reply.send(r);
             }
@@ -285,13 +321,13 @@ impl Scheduler {
         }
     }
 
-    fn apply(&mut self, spec: AppSpec) -> Result<String, String> {
+    fn apply(&mut self, spec: AppSpec) -> Result<String, CommandError> {
         if spec.name != self.spec.name {
-            return Err(format!("the spec names app {:?}, not {:?}", spec.name, self.spec.name));
+            return Err(CommandError::WrongApp { app: self.spec.name.clone(), got: spec.name });
         }
-        spec.validate().map_err(|e| e.to_string())?;
-        let text = toml::to_string(&spec).map_err(|e| e.to_string())?;
-        self.store.write(&self.spec.name, &[Write::Spec(text.clone())]).map_err(|e| e.to_string())?;
+        spec.validate().map_err(|e| CommandError::InvalidSpec(e.to_string()))?;
+        let text = toml::to_string(&spec).map_err(|e| CommandError::InvalidSpec(e.to_string()))?;
+        self.store.write(&self.spec.name, &[Write::Spec(text.clone())]).map_err(|e| CommandError::Store(e.to_string()))?;
         self.stored.spec = Some(text);
         let fingerprint = spec.template_fingerprint();
         let stale = self
