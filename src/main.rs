@@ -1,5 +1,5 @@
 //! `flotilla`: the one binary. Servers (`up`, `aggregator`, `control`, `agent`) and
-//! client commands (`nodes`) — see DESIGN §13 for the contract.
+//! client commands (`nodes`) — see docs/architecture.md §13 for the contract.
 
 mod client;
 mod echo;

@@ -1,4 +1,4 @@
-//! `flotilla-loadtest`: measures Flotilla against the targets of DESIGN §14. With
+//! `flotilla-loadtest`: measures Flotilla against the targets of docs/architecture.md §14. With
 //! `--json`, the last line of stdout is one compact JSON object.
 
 mod common;

@@ -10,7 +10,7 @@
 //!   `backends × slots × 1000 / service_ms`; the default rate is 60 % of it.
 //! - The first `--warmup-s` seconds of each phase are sent but not measured.
 //! - When `haproxy` is installed, a fourth phase runs HAProxy with `balance leastconn` over
-//!   the same slow backends (DESIGN §14 asks flotilla to beat it in the same run).
+//!   the same slow backends (docs/architecture.md §14 asks flotilla to beat it in the same run).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;

@@ -73,7 +73,7 @@ fn summary(s: &AppStatus) -> Value {
     json!({"app": s.app, "desired_units": s.desired_units, "min_units": s.min_units, "max_units": s.max_units, "units": by_state, "scheduler_url": null})
 }
 
-/// DESIGN §13's unit row.
+/// The unit row of docs/architecture.md §13.
 pub fn unit_rows(s: &AppStatus) -> Value {
     let rows: Vec<Value> = s
         .units

@@ -1,4 +1,4 @@
-//! The JSON shapes of DESIGN §13, built from the merged view.
+//! The JSON shapes of docs/architecture.md §13, built from the merged view.
 
 use std::collections::BTreeMap;
 

@@ -1,4 +1,4 @@
-//! Deterministic fault simulation (DESIGN §11).
+//! Deterministic fault simulation (docs/architecture.md §15).
 //!
 //! The real shard core (registry, heartbeat ingest, applier, ledger) with its real gRPC
 //! services, and the real app scheduler with its real view followers, run on turmoil's

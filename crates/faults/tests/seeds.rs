@@ -1,4 +1,4 @@
-//! The deterministic fault simulation over many seeds (DESIGN §11). CI runs 1,000;
+//! The deterministic fault simulation over many seeds (docs/architecture.md §15). CI runs 1,000;
 //! `FLOTILLA_SIM_SEEDS=N` runs N, `FLOTILLA_SIM_SEED=S` replays one seed.
 
 use std::time::Instant;

@@ -1,4 +1,4 @@
-//! The endpoint choice (DESIGN §6): weighted power of two choices on peak-EWMA latency.
+//! The endpoint choice (docs/architecture.md §10): weighted power of two choices on peak-EWMA latency.
 //!
 //! Two endpoints are sampled with probability proportional to their effective weight (the
 //! route weight the scheduler publishes, ramped up during slow start) times a speed factor

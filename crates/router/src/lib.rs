@@ -1,4 +1,4 @@
-//! Health-weighted routing for the clients of an app (DESIGN §6): a `tower` balancer
+//! Health-weighted routing for the clients of an app (docs/architecture.md §10): a `tower` balancer
 //! (weighted P2C on peak-EWMA latency, error penalty, passive ejection, slow start) fed
 //! by the scheduler's route table, and the `flotilla route` reverse proxy built on it.
 

@@ -1,4 +1,4 @@
-//! The app's route table and its weights (DESIGN §6). Pure: the view, the unit records and
+//! The app's route table and its weights (docs/architecture.md §10). Pure: the view, the unit records and
 //! the time go in, the table comes out.
 //!
 //! ```text
