@@ -193,7 +193,9 @@ async fn scale(
     match s.apps.get(&app) {
         Some(Ok(h)) => match h.scale(b.units).await {
             Ok(n) => Ok(Json(json!({"app": app, "desired_units": n}))),
-            Err(m) => Err(ApiError { status: StatusCode::UNPROCESSABLE_ENTITY, code: "out_of_range", message: m.to_string() }),
+            Err(m) => {
+                Err(ApiError { status: StatusCode::UNPROCESSABLE_ENTITY, code: "out_of_range", message: m.to_string() })
+            }
         },
         Some(Err(url)) => {
             let req = s.http.put(format!("{}/v1/apps/{app}/scale", url.trim_end_matches('/')));

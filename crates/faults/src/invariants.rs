@@ -5,8 +5,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use flotilla_aggregator::ledger::ClaimKey;
 use flotilla_core::NodeId;
 use flotilla_scheduler::Store;
-use flotilla_scheduler::lifecycle::UnitState;
-use flotilla_scheduler::store::Stored;
+use flotilla_scheduler::Stored;
+use flotilla_scheduler::UnitState;
 
 use crate::World;
 use crate::agents::capacity_of;
@@ -62,7 +62,7 @@ pub fn always(w: &World) -> Result<(), String> {
         }
     }
     let s = stored(w)?;
-    let counted = s.units.values().filter(|u| flotilla_scheduler::rollout::counts(u)).count();
+    let counted = s.units.values().filter(|u| flotilla_scheduler::counts_toward_desired(u)).count();
     if counted > desired(&s) {
         return Err(format!("the scheduler counts {counted} units, {} desired", desired(&s)));
     }

@@ -1,17 +1,25 @@
 //! One scheduler per app: it plans against its lock-free copy of the cluster view and
 //! commits optimistically to the shards that own the chosen nodes.
+//!
+//! - the app's data: [`spec`] (the TOML spec, validated) and [`store`] (redb or memory);
+//! - pure deciders, no I/O: `lifecycle` (the unit state table), `planner` (placement),
+//!   `repair` (lost heads and workers, scale-in order), `rollout` (make-before-break
+//!   replacements), `routes` (route weights); autoscaling policies belong beside them;
+//! - `reconcile`: the loop that carries their decisions out, one file per step.
 
-pub mod lifecycle;
-pub mod planner;
-pub mod repair;
-pub mod rollout;
-pub mod routes;
-pub mod scheduler;
-pub mod spec;
-pub mod store;
+mod lifecycle;
+mod planner;
+mod reconcile;
+mod repair;
+mod rollout;
+mod routes;
+mod spec;
+mod store;
 #[cfg(test)]
 mod testing;
 
-pub use scheduler::{AppHandle, AppStatus, CommandError, Scheduler};
-pub use spec::AppSpec;
-pub use store::{MemStore, RedbStore, Store};
+pub use lifecycle::UnitState;
+pub use reconcile::{AppHandle, AppStatus, Command, CommandError, Scheduler, Stats};
+pub use rollout::counts_toward_desired;
+pub use spec::{AppSpec, MAX_UNITS};
+pub use store::{MemStore, MemberRecord, RedbStore, Store, Stored, UnitRecord, Write};

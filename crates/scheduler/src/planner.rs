@@ -24,29 +24,6 @@ pub const MAX_SCAN: usize = 1024;
 /// Domains tried per unit at most.
 pub const MAX_DOMAINS: usize = 16;
 
-/// Node ids by domain, rebuilt by the caller when the view's membership changes.
-#[derive(Debug, Default, Clone)]
-pub struct DomainIndex {
-    pub domains: BTreeMap<String, (usize, Vec<NodeId>)>,
-    pub built_from: Vec<Version>,
-}
-
-impl DomainIndex {
-    pub fn build(slots: &[Arc<ShardSlot>]) -> Self {
-        let mut domains: BTreeMap<String, (usize, Vec<NodeId>)> = BTreeMap::new();
-        for (shard, slot) in slots.iter().enumerate() {
-            for r in slot.view.nodes.values() {
-                domains
-                    .entry(r.labels.domain().to_string())
-                    .or_insert_with(|| (shard, Vec::new()))
-                    .1
-                    .push(r.node_id.clone());
-            }
-        }
-        DomainIndex { domains, built_from: slots.iter().map(|s| s.view.version).collect() }
-    }
-}
-
 /// One member to place.
 #[derive(Debug, Clone)]
 pub struct MemberRequest {

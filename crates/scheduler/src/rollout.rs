@@ -33,7 +33,7 @@ pub struct RolloutPlan {
 
 /// Does this unit count toward the app's desired number of units? A unit being replaced
 /// does not: its replacement does.
-pub fn counts(u: &UnitRecord) -> bool {
+pub fn counts_toward_desired(u: &UnitRecord) -> bool {
     u.state.is_active() && u.replaced_by.is_none()
 }
 
@@ -67,7 +67,7 @@ pub fn plan(
             _ => p.orphaned.push(u.unit_id.clone()),
         }
     }
-    let counted = units.values().filter(|u| counts(u) || p.orphaned.contains(&u.unit_id)).count();
+    let counted = units.values().filter(|u| counts_toward_desired(u) || p.orphaned.contains(&u.unit_id)).count();
     if counted > desired as usize {
         return p;
     }

@@ -7,9 +7,9 @@ use flotilla_agent::client::{ShardConnection, client_endpoint};
 use flotilla_aggregator::{ShardConfig, ShardHandle, Timeouts, TlsMaterial};
 use flotilla_core::{NodeId, PROTOCOL_VERSION, Resources};
 use flotilla_proto::v1;
-use flotilla_scheduler::lifecycle::UnitState;
-use flotilla_scheduler::store::Write;
+use flotilla_scheduler::Write;
 use flotilla_scheduler::{AppSpec, MemStore, Scheduler, Store};
+use flotilla_scheduler::{CommandError, UnitState};
 use flotilla_view::ClusterView;
 
 struct Cluster {
@@ -275,7 +275,7 @@ async fn a_lost_worker_is_replaced_in_place_and_a_lost_head_replaces_the_unit() 
     settle(&mut s, &c, 3).await;
     let unit = h.status().units[0].clone();
     assert_eq!(unit.state, UnitState::Allocated);
-    let node_of = |u: &flotilla_scheduler::store::UnitRecord, member: &str| {
+    let node_of = |u: &flotilla_scheduler::UnitRecord, member: &str| {
         u.members.iter().find(|m| m.member == member).and_then(|m| m.node_id.clone()).unwrap()
     };
     let (head, worker) = (node_of(&unit, "head"), node_of(&unit, "worker-0"));
@@ -335,10 +335,14 @@ async fn scaling_in_drains_the_youngest_then_terminates_them() {
     assert_eq!(h.status().units.iter().filter(|u| u.state == UnitState::Allocated).count(), 3);
     let scale = |s: &mut Scheduler, n: u32| {
         let (tx, mut rx) = tokio::sync::oneshot::channel();
-        s.command(flotilla_scheduler::scheduler::Command::Scale(n, tx));
+        s.command(flotilla_scheduler::Command::Scale(n, tx));
         rx.try_recv().unwrap()
     };
-    assert!(scale(&mut s, 21).unwrap_err().contains("0..=20"), "out of range is refused");
+    let refused = scale(&mut s, 21).unwrap_err();
+    assert!(
+        matches!(refused, CommandError::OutOfRange { max: 20, asked: 21, .. }),
+        "out of range is refused: {refused}"
+    );
     assert_eq!(scale(&mut s, 1), Ok(1));
     assert_eq!(store.load("sc").unwrap().desired_units, Some(1), "persisted");
     s.reconcile().await.unwrap();

@@ -1,0 +1,203 @@
+//! What the world sees of a running scheduler: its handle (status, stats, routes) and
+//! the commands the control plane sends it (scale, apply).
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use flotilla_core::{ErrorKind, ServiceError};
+use flotilla_proto::v1;
+use serde::Serialize;
+
+use super::Scheduler;
+use crate::planner::ClassCache;
+use crate::spec::AppSpec;
+use crate::store::{UnitRecord, Write};
+
+/// What the API shows about an app.
+#[derive(Debug, Clone, Serialize)]
+pub struct AppStatus {
+    pub app: String,
+    /// Roles whose members receive traffic (the spec's `routing.roles`).
+    pub serving_roles: Vec<String>,
+    pub desired_units: u32,
+    pub min_units: u32,
+    pub max_units: u32,
+    pub units: Vec<UnitRecord>,
+}
+
+type Histogram = std::sync::Mutex<hdrhistogram::Histogram<u64>>;
+
+/// What the scheduler measured about itself (also exported as metrics), for the
+/// loadtest and the status page.
+pub struct Stats {
+    pub claims_accepted: AtomicU64,
+    /// Claims the ledger refused although the plan thought they fit: Omega's conflicts.
+    pub claims_rejected: AtomicU64,
+    /// Commit round trip, microseconds.
+    pub commit_us: Histogram,
+    /// Time to place one unit against the view, microseconds.
+    pub decision_us: Histogram,
+}
+
+impl Stats {
+    pub(super) fn new() -> Self {
+        let h =
+            || std::sync::Mutex::new(hdrhistogram::Histogram::new(3).unwrap_or_else(|_| unreachable!("3 is valid")));
+        Stats {
+            claims_accepted: Default::default(),
+            claims_rejected: Default::default(),
+            commit_us: h(),
+            decision_us: h(),
+        }
+    }
+
+    pub(super) fn record(h: &Histogram, d: Duration) {
+        let _ = h.lock().unwrap_or_else(|p| p.into_inner()).record((d.as_micros() as u64).max(1));
+    }
+}
+
+/// Why the scheduler refused or could not carry out a request of the control plane.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CommandError {
+    #[error("units must be within {min}..={max} for app {app} (asked for {asked})")]
+    OutOfRange { app: String, min: u32, max: u32, asked: u32 },
+    #[error("the spec names app {got:?}, not {app:?}")]
+    WrongApp { app: String, got: String },
+    #[error("{0}")]
+    InvalidSpec(String),
+    /// The store refused the write: nothing changed, and it is not the caller's fault.
+    #[error("cannot record the change: {0}")]
+    Store(String),
+    #[error("the scheduler stopped")]
+    Stopped,
+}
+
+impl ServiceError for CommandError {
+    fn kind(&self) -> ErrorKind {
+        match self {
+            CommandError::OutOfRange { .. } | CommandError::WrongApp { .. } | CommandError::InvalidSpec(_) => {
+                ErrorKind::InvalidInput
+            }
+            CommandError::Store(_) => ErrorKind::Internal,
+            CommandError::Stopped => ErrorKind::Unavailable,
+        }
+    }
+
+    fn code(&self) -> &'static str {
+        match self {
+            CommandError::OutOfRange { .. } => "out_of_range",
+            CommandError::WrongApp { .. } => "wrong_app",
+            CommandError::InvalidSpec(_) => "invalid_spec",
+            CommandError::Store(_) => "store_failed",
+            CommandError::Stopped => "scheduler_stopped",
+        }
+    }
+}
+
+/// Requests from the control plane.
+pub enum Command {
+    Scale(u32, tokio::sync::oneshot::Sender<Result<u32, CommandError>>),
+    /// A new spec for the app (`flotilla apply`): units whose template changed roll.
+    Apply(Box<AppSpec>, tokio::sync::oneshot::Sender<Result<String, CommandError>>),
+}
+
+/// A handle on a running scheduler, for the control plane and tests.
+#[derive(Clone)]
+pub struct AppHandle {
+    pub app: String,
+    pub(super) status: Arc<ArcSwap<AppStatus>>,
+    pub(super) stats: Arc<Stats>,
+    pub(super) commands: tokio::sync::mpsc::Sender<Command>,
+    pub(super) routes: tokio::sync::watch::Receiver<Arc<v1::RouteTable>>,
+}
+
+impl AppHandle {
+    /// Sets the desired number of units (within the spec's min and max); the
+    /// scheduler persists it and acts on it at once.
+    pub async fn scale(&self, units: u32) -> Result<u32, CommandError> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.commands.send(Command::Scale(units, tx)).await.map_err(|_| CommandError::Stopped)?;
+        rx.await.map_err(|_| CommandError::Stopped)?
+    }
+
+    /// Replaces the app's spec; units whose template changed are rolled, `max_unavailable`
+    /// at a time. Answers with what will happen.
+    pub async fn apply(&self, spec: AppSpec) -> Result<String, CommandError> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.commands.send(Command::Apply(Box::new(spec), tx)).await.map_err(|_| CommandError::Stopped)?;
+        rx.await.map_err(|_| CommandError::Stopped)?
+    }
+
+    /// The current route table; `changed()` on the receiver wakes on every new version.
+    pub fn routes(&self) -> tokio::sync::watch::Receiver<Arc<v1::RouteTable>> {
+        self.routes.clone()
+    }
+
+    pub fn status(&self) -> Arc<AppStatus> {
+        self.status.load_full()
+    }
+
+    pub fn stats(&self) -> Arc<Stats> {
+        self.stats.clone()
+    }
+}
+
+impl Scheduler {
+    /// Carries out a command of the control plane; its answer goes back on the command's
+    /// channel.
+    pub fn command(&mut self, cmd: Command) {
+        match cmd {
+            Command::Scale(n, reply) => {
+                let _ = reply.send(self.scale(n));
+            }
+            Command::Apply(spec, reply) => {
+                let _ = reply.send(self.apply(*spec));
+            }
+        }
+    }
+
+    fn scale(&mut self, n: u32) -> Result<u32, CommandError> {
+        let (min, max) = (self.spec.units.min, self.spec.units.max);
+        if n < min || n > max {
+            return Err(CommandError::OutOfRange { app: self.spec.name.clone(), min, max, asked: n });
+        }
+        self.store.write(&self.spec.name, &[Write::DesiredUnits(n)]).map_err(|e| CommandError::Store(e.to_string()))?;
+        self.stored.desired_units = Some(n);
+        tracing::info!(app = %self.spec.name, units = n, "desired units set");
+        Ok(n)
+    }
+
+    fn apply(&mut self, spec: AppSpec) -> Result<String, CommandError> {
+        if spec.name != self.spec.name {
+            return Err(CommandError::WrongApp { app: self.spec.name.clone(), got: spec.name });
+        }
+        spec.validate().map_err(|e| CommandError::InvalidSpec(e.to_string()))?;
+        let text = toml::to_string(&spec).map_err(|e| CommandError::InvalidSpec(e.to_string()))?;
+        self.store
+            .write(&self.spec.name, &[Write::Spec(text.clone())])
+            .map_err(|e| CommandError::Store(e.to_string()))?;
+        self.stored.spec = Some(text);
+        let fingerprint = spec.template_fingerprint();
+        let stale = self
+            .stored
+            .units
+            .values()
+            .filter(|u| {
+                crate::rollout::counts_toward_desired(u) && u.template.as_deref().is_some_and(|t| t != fingerprint)
+            })
+            .count();
+        let message = if stale == 0 {
+            "no unit's template changed".to_string()
+        } else {
+            format!("{stale} unit(s) will roll, {} at a time", spec.rollout.max_unavailable)
+        };
+        tracing::info!(app = %spec.name, %fingerprint, stale, "spec applied");
+        metrics::counter!("flotilla_spec_applied_total", "app" => spec.name.clone()).increment(1);
+        self.spec = spec;
+        self.fingerprint = fingerprint;
+        self.classes = ClassCache::default();
+        Ok(message)
+    }
+}

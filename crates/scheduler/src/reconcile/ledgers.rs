@@ -1,0 +1,204 @@
+//! Talking to the shards' ledgers: one gRPC client per shard, commit and release, and
+//! the scheduler's one place that builds wire claims and keys.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use flotilla_proto::dial::{Dialer, GrpcChannel};
+use flotilla_proto::status::RemoteError;
+use flotilla_proto::v1::{self, ledger_service_client::LedgerServiceClient};
+
+use crate::planner::Placement;
+use crate::spec::AppSpec;
+use crate::store::{MemberRecord, UnitRecord};
+
+/// How long a shard may take to accept a connection.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why a commit did not come back with verdicts.
+#[derive(Debug, thiserror::Error)]
+pub enum CommitError {
+    /// The shard refused the request before acting on it: nothing was applied.
+    #[error("commit to shard {shard}: {error}")]
+    Refused { shard: usize, error: RemoteError },
+    /// The claims may or may not hold on the shard (the call failed in flight).
+    #[error("commit to shard {shard}: {message}")]
+    Unknown { shard: usize, message: String },
+}
+
+/// The scheduler's connections to every shard, by shard index. A call that fails drops
+/// its shard's channel, so the next one connects afresh.
+pub struct Ledgers {
+    addrs: Vec<String>,
+    clients: Vec<Option<LedgerServiceClient<GrpcChannel>>>,
+    pub(super) dialer: Dialer,
+    /// Carried on every request, so a deposed scheduler can be refused once leases exist.
+    fencing_token: u64,
+}
+
+impl Ledgers {
+    pub fn new(addrs: Vec<String>) -> Self {
+        Ledgers { clients: vec![None; addrs.len()], addrs, dialer: Dialer::network(), fencing_token: 1 }
+    }
+
+    pub fn shards(&self) -> usize {
+        self.addrs.len()
+    }
+
+    async fn client(&mut self, shard: usize) -> anyhow::Result<LedgerServiceClient<GrpcChannel>> {
+        let addr = self.addrs.get(shard).ok_or_else(|| anyhow::anyhow!("no shard {shard}"))?;
+        if self.clients[shard].is_none() {
+            let channel = self.dialer.connect(addr, Some(CONNECT_TIMEOUT)).await?;
+            self.clients[shard] = Some(LedgerServiceClient::new(channel));
+        }
+        self.clients[shard].clone().ok_or_else(|| anyhow::anyhow!("no client for shard {shard}"))
+    }
+
+    /// Commits `claims` on `shard` in one transaction and returns the shard's verdicts.
+    pub async fn commit(
+        &mut self,
+        shard: usize,
+        txn_id: String,
+        claims: Vec<v1::Claim>,
+    ) -> Result<v1::CommitResponse, CommitError> {
+        let mut client = self
+            .client(shard)
+            .await
+            .map_err(|e| CommitError::Refused { shard, error: unreachable(format!("{e:#}")) })?;
+        let req = v1::CommitRequest { txn_id, fencing_token: self.fencing_token, claims };
+        match client.commit(req).await {
+            Ok(r) => Ok(r.into_inner()),
+            Err(status) => {
+                self.clients[shard] = None;
+                let error = RemoteError::from(status);
+                if error.certainly_not_applied() {
+                    Err(CommitError::Refused { shard, error })
+                } else {
+                    Err(CommitError::Unknown { shard, message: error.message })
+                }
+            }
+        }
+    }
+
+    /// Releases `keys` on `shard` in one request. Release is idempotent, so a retry is
+    /// harmless.
+    pub async fn release(&mut self, shard: usize, txn_id: String, keys: Vec<v1::ClaimKey>) -> anyhow::Result<()> {
+        let req = v1::ReleaseRequest { txn_id, fencing_token: self.fencing_token, keys };
+        if let Err(e) = self.client(shard).await?.release(req).await {
+            self.clients[shard] = None;
+            return Err(anyhow::anyhow!("release on shard {shard}: {}", e.message()));
+        }
+        Ok(())
+    }
+}
+
+/// A connection that could not be made: nothing was sent, so nothing was applied.
+fn unreachable(message: String) -> RemoteError {
+    RemoteError { kind: flotilla_core::ErrorKind::Unavailable, code: "unreachable".into(), message }
+}
+
+/// The ledger key of one member of a unit.
+pub fn claim_key(app: &str, unit: &str, member: &str, generation: u64) -> v1::ClaimKey {
+    v1::ClaimKey { app: app.to_string(), unit: unit.to_string(), member: member.to_string(), generation }
+}
+
+/// The keys of `members` of `unit` (all of them when empty), grouped by the shard that
+/// holds each.
+pub fn keys_by_shard(unit: &UnitRecord, members: &[String]) -> BTreeMap<usize, Vec<v1::ClaimKey>> {
+    let mut by_shard: BTreeMap<usize, Vec<v1::ClaimKey>> = BTreeMap::new();
+    for m in unit.members.iter().filter(|m| members.is_empty() || members.contains(&m.member)) {
+        if let Some(shard) = m.shard {
+            by_shard.entry(shard as usize).or_default().push(claim_key(
+                &unit.app,
+                &unit.unit_id,
+                &m.member,
+                unit.generation,
+            ));
+        }
+    }
+    by_shard
+}
+
+/// The claims that place unit `unit_id` (of `generation`) as `p` says.
+pub fn claims(spec: &AppSpec, unit_id: &str, generation: u64, p: &Placement) -> Vec<v1::Claim> {
+    let templates = spec.members();
+    p.members
+        .iter()
+        .filter_map(|m| {
+            templates.iter().find(|(name, _, _)| *name == m.member).map(|(member, role, t)| (m, member, role, t))
+        })
+        .map(|(m, member, role, t)| v1::Claim {
+            key: Some(claim_key(&spec.name, unit_id, member, generation)),
+            node_id: m.node.to_string(),
+            incarnation: m.incarnation,
+            resources: Some((&t.resources()).into()),
+            allow_low_priority: spec.constraints.allow_low_priority,
+            group: unit_id.to_string(),
+            workload: Some(v1::Workload {
+                role: role.to_string(),
+                command: t.command.clone(),
+                args: t.args.clone(),
+                env: t.env.clone().into_iter().collect(),
+                readiness_path: t.readiness_path.clone().unwrap_or_default(),
+                restart: t.restart.clone().unwrap_or_default(),
+            }),
+        })
+        .collect()
+}
+
+/// The members of a unit as placed by `p` on `shard`.
+pub fn member_records(spec: &AppSpec, p: &Placement, shard: usize) -> Vec<MemberRecord> {
+    let templates = spec.members();
+    let role_of = |member: &str| templates.iter().find(|(n, _, _)| n == member).map(|(_, r, _)| *r).unwrap_or("worker");
+    p.members
+        .iter()
+        .map(|m| MemberRecord {
+            member: m.member.clone(),
+            role: role_of(&m.member).to_string(),
+            node_id: Some(m.node.to_string()),
+            incarnation: m.incarnation,
+            shard: Some(shard as u32),
+            address: None,
+            state: None,
+        })
+        .collect()
+}
+
+/// What an agent reports about a member, as the member's state in the unit record.
+pub fn workload_state(w: &v1::WorkloadStatus) -> &'static str {
+    match v1::WorkloadState::try_from(w.state).unwrap_or(v1::WorkloadState::Unspecified) {
+        v1::WorkloadState::Starting => "starting",
+        v1::WorkloadState::Running => "running",
+        v1::WorkloadState::Exited => "exited",
+        v1::WorkloadState::Failed => "failed",
+        v1::WorkloadState::Unspecified => "unknown",
+    }
+}
+
+impl super::Scheduler {
+    /// A transaction id: `tag` and a random suffix (from the scheduler's seeded rng).
+    pub(super) fn txn_id(&mut self, tag: &str) -> String {
+        use rand::Rng;
+        format!("{tag}-{:016x}", self.rng.random::<u64>())
+    }
+
+    /// Releases the ledger entries of `members` of a unit (all of them when empty), on
+    /// every shard that holds one.
+    pub(super) async fn release_unit(&mut self, unit: &UnitRecord, members: &[String]) -> anyhow::Result<()> {
+        for (shard, keys) in keys_by_shard(unit, members) {
+            self.release_keys(shard, &format!("{}-release", unit.unit_id), keys).await?;
+        }
+        Ok(())
+    }
+
+    /// Releases `keys` on `shard` in one request tagged `tag`.
+    pub(super) async fn release_keys(
+        &mut self,
+        shard: usize,
+        tag: &str,
+        keys: Vec<v1::ClaimKey>,
+    ) -> anyhow::Result<()> {
+        let txn_id = self.txn_id(tag);
+        self.ledgers.release(shard, txn_id, keys).await
+    }
+}

@@ -1,0 +1,312 @@
+//! The reconcile loop of one app (docs/architecture.md §6), driven by view changes and
+//! a 1 s tick. A pass runs its steps in order, one file each:
+//!
+//! 1. sync ([`observe`]): member states from the view, the orphan sweep, adopt on start;
+//! 2. heal ([`heal`]) and [`scale_in`]: failed units, lost workers, units past the count;
+//! 3. [`roll`]: replacements for units on leaving nodes or with a stale template;
+//! 4. queue units up to the desired count;
+//! 5. place and commit the queued ones ([`place`]), re-planning what was rejected;
+//! 6. persist every write of the pass at once, and publish status and routes.
+//!
+//! The pure deciders are beside this module (`planner`, `repair`, `rollout`, `routes`,
+//! `lifecycle`); [`ledgers`] is the one place that speaks to the shards. Side effects
+//! never drive transitions directly: their results are observed in the next pass.
+
+mod handle;
+mod heal;
+mod ledgers;
+mod observe;
+mod place;
+mod roll;
+mod scale_in;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+use flotilla_core::{NodeId, Resources, now_ms};
+use flotilla_proto::dial::Dialer;
+use flotilla_proto::v1;
+use flotilla_view::{ClusterView, Version};
+use rand::Rng;
+
+pub use handle::{AppHandle, AppStatus, Command, CommandError, Stats};
+use ledgers::Ledgers;
+
+use crate::lifecycle::UnitState;
+use crate::planner::ClassCache;
+use crate::spec::AppSpec;
+use crate::store::{Store, Stored, UnitRecord, Write};
+
+/// Commit attempts per unit in one pass before it waits for the next pass.
+const ATTEMPTS: usize = 3;
+/// Units placed per pass at most (the rest wait for the next pass).
+const UNITS_PER_PASS: usize = 1024;
+
+/// Resources this scheduler committed on a node that the view did not show yet when it
+/// answered, so the next plans do not count them free.
+struct PendingAlloc {
+    shard: usize,
+    shown_in: Version,
+    node: NodeId,
+    resources: Resources,
+}
+
+pub struct Scheduler {
+    spec: AppSpec,
+    /// `spec.template_fingerprint()`, kept with the spec.
+    fingerprint: String,
+    cluster: Arc<ClusterView>,
+    ledgers: Ledgers,
+    store: Arc<dyn Store>,
+    stored: Stored,
+    status: Arc<ArcSwap<AppStatus>>,
+    stats: Arc<Stats>,
+    commands: tokio::sync::mpsc::Receiver<Command>,
+    routes: tokio::sync::watch::Sender<Arc<v1::RouteTable>>,
+    weights: crate::routes::Weights,
+    /// Since when each unit has had members whose shard cannot be heard.
+    unknown_since: HashMap<String, u64>,
+    /// How long Unknown members are waited for before they count as lost.
+    pub unknown_grace_ms: u64,
+    classes: ClassCache,
+    pending: Vec<PendingAlloc>,
+    started: bool,
+    /// When the next orphan sweep is due (Unix ms).
+    next_sweep_ms: u64,
+    /// Since when each (unit, member) has been absent from the live node it is placed on.
+    absent_since: HashMap<(String, String), u64>,
+    rng: rand::rngs::StdRng,
+}
+
+impl Scheduler {
+    /// Loads the app's state from `store` (adopting what a previous run left) and
+    /// returns the scheduler with its handle.
+    pub fn new(
+        spec: AppSpec,
+        cluster: Arc<ClusterView>,
+        shard_addrs: Vec<String>,
+        store: Arc<dyn Store>,
+    ) -> anyhow::Result<(Scheduler, AppHandle)> {
+        let mut stored = store.load(&spec.name)?;
+        let spec_text = toml::to_string(&spec)?;
+        if stored.spec.as_deref() != Some(spec_text.as_str()) {
+            store.write(&spec.name, &[Write::Spec(spec_text.clone())])?;
+            stored.spec = Some(spec_text);
+        }
+        let status = Arc::new(ArcSwap::from_pointee(AppStatus {
+            app: spec.name.clone(),
+            serving_roles: spec.routing.roles.clone(),
+            desired_units: spec.units.initial,
+            min_units: spec.units.min,
+            max_units: spec.units.max,
+            units: stored.units.values().cloned().collect(),
+        }));
+        let stats = Arc::new(Stats::new());
+        let (tx, commands) = tokio::sync::mpsc::channel(16);
+        let (routes, routes_rx) =
+            tokio::sync::watch::channel(Arc::new(v1::RouteTable { app: spec.name.clone(), ..Default::default() }));
+        let handle = AppHandle {
+            app: spec.name.clone(),
+            status: status.clone(),
+            stats: stats.clone(),
+            commands: tx,
+            routes: routes_rx,
+        };
+        let scheduler = Scheduler {
+            fingerprint: spec.template_fingerprint(),
+            spec,
+            cluster,
+            ledgers: Ledgers::new(shard_addrs),
+            store,
+            stored,
+            status,
+            stats,
+            commands,
+            routes,
+            weights: Default::default(),
+            unknown_since: HashMap::new(),
+            unknown_grace_ms: 60_000,
+            classes: ClassCache::default(),
+            pending: Vec::new(),
+            started: false,
+            next_sweep_ms: 0,
+            absent_since: HashMap::new(),
+            rng: rand::SeedableRng::seed_from_u64(rand::random()),
+        };
+        Ok((scheduler, handle))
+    }
+
+    /// Reaches the shards through `dialer` (a token, TLS, or a simulated network).
+    pub fn with_dialer(mut self, dialer: Dialer) -> Self {
+        self.ledgers.dialer = dialer;
+        self
+    }
+
+    /// Seeds the scheduler's choices (sampling, back-off, transaction ids), so a
+    /// simulation replays them.
+    pub fn with_seed(mut self, seed: u64) -> Self {
+        self.rng = rand::SeedableRng::seed_from_u64(seed);
+        self
+    }
+
+    fn desired(&self) -> u32 {
+        self.stored.desired_units.unwrap_or(self.spec.units.initial).clamp(self.spec.units.min, self.spec.units.max)
+    }
+
+    /// Runs until the process stops: a pass on every view change (at most every 50 ms)
+    /// and at least once a second.
+    pub async fn run(mut self) {
+        let mut changes = self.cluster.changes();
+        loop {
+            let started = Instant::now();
+            if let Err(e) = self.reconcile().await {
+                tracing::warn!(app = %self.spec.name, error = %format!("{e:#}"), "reconcile failed");
+            }
+            metrics::histogram!("flotilla_reconcile_seconds").record(started.elapsed().as_secs_f64());
+            self.publish_routes();
+            let tick = tokio::time::sleep(Duration::from_secs(1));
+            tokio::select! {
+                _ = tick => {}
+                r = changes.changed() => {
+                    if r.is_err() { return; }
+                    // Routes follow the view at once (a node that stops being Alive gets
+                    // weight 0 in this batch); the reconcile pass may wait a little.
+                    self.publish_routes();
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Some(cmd) = self.commands.recv() => self.command(cmd),
+            }
+        }
+    }
+
+    /// One pass of the loop.
+    #[tracing::instrument(skip_all, fields(app = %self.spec.name))]
+    pub async fn reconcile(&mut self) -> anyhow::Result<()> {
+        let slots = self.cluster.slots();
+        let mut writes = Vec::new();
+        if !self.started {
+            // Place nothing against a partial view: wait until every shard has answered once.
+            if slots.iter().any(|s| !s.connected) {
+                return Ok(());
+            }
+            self.adopt(&mut writes).await;
+            self.started = true;
+        }
+        // Routes first: members of nodes that stopped being Alive leave the table before
+        // this pass releases or stops anything.
+        self.publish_routes();
+        self.pending.retain(|p| {
+            slots.get(p.shard).is_none_or(|s| s.view.version.epoch == p.shown_in.epoch && s.view.version < p.shown_in)
+        });
+
+        self.observe(&slots, &mut writes);
+        self.sweep_orphans(&slots).await;
+        self.heal(&slots, &mut writes).await;
+        self.scale_in(&slots, &mut writes).await;
+        self.roll(&slots, &mut writes);
+
+        let counted = self.stored.units.values().filter(|u| crate::rollout::counts_toward_desired(u)).count() as u32;
+        for _ in counted..self.desired() {
+            self.queue_unit(&mut writes);
+        }
+        self.place_queued(&mut writes).await;
+
+        self.store.write(&self.spec.name, &writes)?;
+        self.publish();
+        Ok(())
+    }
+
+    /// Places the queued units, re-planning only what was rejected against a fresher
+    /// view, up to `ATTEMPTS` times with jittered back-off.
+    async fn place_queued(&mut self, writes: &mut Vec<Write>) {
+        let mut queued: Vec<String> = self
+            .stored
+            .units
+            .values()
+            .filter(|u| u.state == UnitState::Queued)
+            .map(|u| u.unit_id.clone())
+            .take(UNITS_PER_PASS)
+            .collect();
+        for attempt in 0..ATTEMPTS {
+            if queued.is_empty() {
+                break;
+            }
+            if attempt > 0 {
+                let ms = self.rng.random_range(5..25) * attempt as u64;
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+            }
+            let slots = self.cluster.slots();
+            queued = self.place_and_commit(&slots, &queued, writes).await;
+        }
+        for id in &queued {
+            if let Some(u) = self.stored.units.get(id) {
+                writes.push(Write::Unit(u.clone()));
+            }
+        }
+    }
+
+    /// Queues a new unit (next generation, current template) and returns its id.
+    fn queue_unit(&mut self, writes: &mut Vec<Write>) -> String {
+        let generation = self.stored.next_generation.max(1);
+        self.stored.next_generation = generation + 1;
+        let unit = UnitRecord {
+            unit_id: format!("{}-{generation}", self.spec.name),
+            app: self.spec.name.clone(),
+            domain: None,
+            generation,
+            state: UnitState::Queued,
+            members: Vec::new(),
+            created_unix_ms: now_ms(),
+            unplaced_reason: None,
+            draining_since_unix_ms: None,
+            template: Some(self.fingerprint.clone()),
+            replaced_by: None,
+        };
+        tracing::info!(unit = %unit.unit_id, "unit queued");
+        writes.push(Write::Unit(unit.clone()));
+        writes.push(Write::NextGeneration(self.stored.next_generation));
+        let id = unit.unit_id.clone();
+        self.stored.units.insert(id.clone(), unit);
+        id
+    }
+
+    /// Recomputes the route table and publishes it under a new version if it changed.
+    pub fn publish_routes(&mut self) {
+        let slots = self.cluster.slots();
+        let units: Vec<&UnitRecord> = self.stored.units.values().collect();
+        let routes =
+            self.weights.table(&units, &self.spec.routing.roles, &slots, &self.spec.routing.performance, now_ms());
+        let current = self.routes.borrow().clone();
+        if current.routes != routes {
+            let changed = routes.iter().filter(|r| !current.routes.contains(r)).count();
+            metrics::counter!("flotilla_route_weight_changes_total", "app" => self.spec.name.clone())
+                .increment(changed as u64);
+            self.routes.send_replace(Arc::new(v1::RouteTable {
+                app: self.spec.name.clone(),
+                version: current.version + 1,
+                routes,
+            }));
+        }
+    }
+
+    /// Publishes the unit counts by state (metrics) and the status the API shows.
+    fn publish(&self) {
+        let mut counts = [0i64; UnitState::ALL.len()];
+        for u in self.stored.units.values() {
+            counts[UnitState::ALL.iter().position(|s| *s == u.state).unwrap_or(0)] += 1;
+        }
+        for (s, c) in UnitState::ALL.iter().zip(counts) {
+            metrics::gauge!("flotilla_units", "app" => self.spec.name.clone(), "state" => s.as_str()).set(c as f64);
+        }
+        self.status.store(Arc::new(AppStatus {
+            app: self.spec.name.clone(),
+            serving_roles: self.spec.routing.roles.clone(),
+            desired_units: self.desired(),
+            min_units: self.spec.units.min,
+            max_units: self.spec.units.max,
+            units: self.stored.units.values().cloned().collect(),
+        }));
+    }
+}

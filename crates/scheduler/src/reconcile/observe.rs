@@ -1,0 +1,171 @@
+//! Sync: what the agents report about the members (through the view) moves the units
+//! along; what no unit accounts for is released; on start, what a previous run was
+//! placing is replaced.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use flotilla_core::{NodeId, now_ms};
+use flotilla_proto::v1;
+use flotilla_view::ShardSlot;
+
+use super::Scheduler;
+use super::ledgers::{claim_key, workload_state};
+use crate::lifecycle::UnitState;
+use crate::repair::{MISSING, MISSING_AFTER_MS, runs_nowhere};
+use crate::store::{UnitRecord, Write};
+
+/// How often the view is swept for members no unit accounts for (it reads every node).
+const SWEEP_EVERY_MS: u64 = 5_000;
+
+impl Scheduler {
+    /// Moves units along with what their members' agents report: Allocated → Starting
+    /// once a member started, Starting → Running once every member is ready.
+    pub(super) fn observe(&mut self, slots: &[Arc<ShardSlot>], writes: &mut Vec<Write>) {
+        let now = now_ms();
+        let mut absent = HashMap::new();
+        for unit in self.stored.units.values_mut() {
+            if !matches!(
+                unit.state,
+                UnitState::Allocated | UnitState::Starting | UnitState::Running | UnitState::Degraded
+            ) {
+                continue;
+            }
+            let mut changed = false;
+            let mut all_running = !unit.members.is_empty();
+            let mut any_reported = false;
+            for m in &mut unit.members {
+                let status = m.node_id.as_deref().and_then(|n| {
+                    let slot = slots.get(m.shard? as usize)?;
+                    let rec = slot.view.get(&NodeId::new(n).ok()?)?;
+                    rec.workloads
+                        .iter()
+                        .find(|w| w.unit == unit.unit_id && w.member == m.member && w.generation == unit.generation)
+                        .cloned()
+                });
+                let (state, address) = match &status {
+                    Some(w) => {
+                        (Some(workload_state(w).to_string()), (!w.address.is_empty()).then(|| w.address.clone()))
+                    }
+                    // A live node that does not run the member although it should: after
+                    // the grace the member is missing (a shard that restarted before the
+                    // agent took the push forgot it), and repair replaces it.
+                    None if runs_nowhere(&unit.unit_id, unit.generation, m, slots, now) => {
+                        let key = (unit.unit_id.clone(), m.member.clone());
+                        let since = self.absent_since.get(&key).copied().unwrap_or(now);
+                        absent.insert(key, since);
+                        let state = if now.saturating_sub(since) >= MISSING_AFTER_MS {
+                            Some(MISSING.to_string())
+                        } else {
+                            m.state.clone()
+                        };
+                        (state, m.address.clone())
+                    }
+                    None => (m.state.clone(), m.address.clone()),
+                };
+                any_reported |= status.is_some();
+                all_running &= state.as_deref() == Some("running");
+                if m.state != state || m.address != address {
+                    m.state = state;
+                    m.address = address;
+                    changed = true;
+                }
+            }
+            let next = match unit.state {
+                UnitState::Allocated if all_running || any_reported => Some(UnitState::Starting),
+                UnitState::Starting | UnitState::Degraded if all_running => Some(UnitState::Running),
+                _ => None,
+            };
+            if let Some(to) = next
+                && let Ok(to) = unit.state.to(to)
+            {
+                tracing::info!(unit = %unit.unit_id, from = unit.state.as_str(), to = to.as_str(), "unit state");
+                unit.state = to;
+                changed = true;
+            }
+            if changed {
+                writes.push(Write::Unit(unit.clone()));
+            }
+        }
+        self.absent_since = absent;
+    }
+
+    /// Releases what agents run for this app that no unit record accounts for: a commit
+    /// that timed out but landed, or a member a restarted shard took back from its agent
+    /// after it had been released. Runs every `SWEEP_EVERY_MS`, between two passes'
+    /// commits, so nothing it sees is still in flight.
+    pub(super) async fn sweep_orphans(&mut self, slots: &[Arc<ShardSlot>]) {
+        let now = now_ms();
+        if now < self.next_sweep_ms {
+            return;
+        }
+        self.next_sweep_ms = now + SWEEP_EVERY_MS;
+        let mut orphans: BTreeMap<usize, Vec<v1::ClaimKey>> = BTreeMap::new();
+        for (shard, slot) in slots.iter().enumerate().filter(|(_, s)| s.connected) {
+            for rec in slot.view.nodes.values() {
+                for w in rec.workloads.iter().filter(|w| w.app == self.spec.name) {
+                    let owned = self.stored.units.get(&w.unit).is_some_and(|u| {
+                        u.generation == w.generation
+                            && u.state != UnitState::Terminated
+                            && (u.state == UnitState::Placing
+                                || u.members.iter().any(|m| {
+                                    m.member == w.member && m.node_id.as_deref() == Some(rec.node_id.as_str())
+                                }))
+                    });
+                    if !owned {
+                        orphans.entry(shard).or_default().push(claim_key(&w.app, &w.unit, &w.member, w.generation));
+                    }
+                }
+            }
+        }
+        for (shard, keys) in orphans {
+            tracing::warn!(shard, orphans = keys.len(), "releasing members no unit accounts for");
+            metrics::counter!("flotilla_orphans_released_total", "app" => self.spec.name.clone())
+                .increment(keys.len() as u64);
+            let tag = format!("{}-sweep", self.spec.name);
+            if let Err(e) = self.release_keys(shard, &tag, keys).await {
+                tracing::warn!(error = %e, "releasing orphans; will retry");
+                self.next_sweep_ms = now;
+            }
+        }
+    }
+
+    /// On start: a unit a previous run was placing (written Placing before its commit
+    /// left) may hold ledger entries that run somewhere, or will once a late commit lands.
+    /// It is never placed again under the same keys, which could run a member twice: it
+    /// ends, a replacement with a new id is queued, and what it holds is released, now
+    /// (best effort) and by the orphan sweep after.
+    pub(super) async fn adopt(&mut self, writes: &mut Vec<Write>) {
+        let unsure: Vec<UnitRecord> =
+            self.stored.units.values().filter(|u| u.state == UnitState::Placing).cloned().collect();
+        if unsure.is_empty() {
+            return;
+        }
+        let keys: Vec<v1::ClaimKey> = unsure
+            .iter()
+            .flat_map(|u| {
+                self.spec
+                    .members()
+                    .into_iter()
+                    .map(move |(member, _, _)| claim_key(&u.app, &u.unit_id, &member, u.generation))
+            })
+            .collect();
+        let tag = format!("{}-adopt", self.spec.name);
+        for shard in 0..self.ledgers.shards() {
+            if let Err(e) = self.release_keys(shard, &tag, keys.clone()).await {
+                tracing::warn!(error = %e, "releasing what a previous run was placing; the orphan sweep retries");
+            }
+        }
+        for u in unsure {
+            if let Some(rec) = self.stored.units.get_mut(&u.unit_id) {
+                if let Ok(to) = rec.state.to(UnitState::Terminated) {
+                    rec.state = to;
+                }
+                rec.members.clear();
+                rec.unplaced_reason = Some("a previous run was placing it when it stopped; replaced".into());
+                writes.push(Write::Unit(rec.clone()));
+            }
+        }
+        tracing::info!(units = keys.len(), "replacing the units a previous run was placing");
+    }
+}

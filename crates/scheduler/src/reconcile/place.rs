@@ -1,0 +1,248 @@
+//! Place and commit: queued units are planned against the view, written ahead as
+//! Placing, committed grouped by shard, and settled by the ledgers' verdicts. What was
+//! rejected stays queued for the next attempt against a fresher view.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use flotilla_core::{NodeId, Resources, now_ms};
+use flotilla_proto::v1;
+use flotilla_view::{ShardSlot, Version};
+
+use super::handle::Stats;
+use super::ledgers::{CommitError, claims, member_records};
+use super::{PendingAlloc, Scheduler};
+use crate::lifecycle::UnitState;
+use crate::planner::{MemberRequest, Placement, PlanInput, place_unit};
+use crate::store::{StoreError, Write};
+
+/// Placements of one pass, by the shard that must accept them.
+type ByShard = BTreeMap<usize, Vec<(String, Placement)>>;
+
+impl Scheduler {
+    /// Plans every unit in `ids`, commits them grouped by shard, and returns the ids
+    /// still queued (rejected or unplaceable).
+    pub(super) async fn place_and_commit(
+        &mut self,
+        slots: &[Arc<ShardSlot>],
+        ids: &[String],
+        writes: &mut Vec<Write>,
+    ) -> Vec<String> {
+        let (by_shard, mut still) = self.plan(slots, ids);
+        if by_shard.is_empty() {
+            return still;
+        }
+        if let Err(e) = self.write_ahead(&by_shard, writes) {
+            tracing::warn!(error = %e, "cannot record the units being placed; committing nothing");
+            for (id, _) in by_shard.into_values().flatten() {
+                if let Some(u) = self.stored.units.get_mut(&id) {
+                    u.state = UnitState::Queued;
+                }
+                still.push(id);
+            }
+            return still;
+        }
+        for (shard, units) in by_shard {
+            let claims = units.iter().flat_map(|(id, p)| self.claims_of(id, p)).collect();
+            let txn_id = self.txn_id(&format!("{}-{}", self.spec.name, now_ms()));
+            let started = Instant::now();
+            let result = self.ledgers.commit(shard, txn_id, claims).await;
+            metrics::histogram!("flotilla_commit_latency_seconds").record(started.elapsed().as_secs_f64());
+            Stats::record(&self.stats.commit_us, started.elapsed());
+            match result {
+                Ok(resp) => still.extend(self.settle(shard, units, resp, writes)),
+                Err(e @ CommitError::Unknown { .. }) => self.fail_unknown(shard, units, &e, writes),
+                Err(e @ CommitError::Refused { .. }) => {
+                    tracing::warn!(error = %e, "commit failed; will retry");
+                    for (id, _) in units {
+                        if let Some(unit) = self.stored.units.get_mut(&id) {
+                            unit.state = UnitState::Queued;
+                            unit.unplaced_reason = Some(e.to_string());
+                        }
+                        still.push(id);
+                    }
+                }
+            }
+        }
+        still
+    }
+
+    /// Plans each unit against the view and what this scheduler committed but the view
+    /// does not show yet. Planned units become Placing; the rest say why not.
+    fn plan(&mut self, slots: &[Arc<ShardSlot>], ids: &[String]) -> (ByShard, Vec<String>) {
+        let requests: Vec<MemberRequest> = self
+            .spec
+            .members()
+            .iter()
+            .map(|(member, _, t)| MemberRequest { member: member.clone(), resources: t.resources() })
+            .collect();
+        let mut pending: HashMap<NodeId, Resources> = HashMap::new();
+        for p in &self.pending {
+            add_pending(&mut pending, &p.node, &p.resources);
+        }
+        let mut per_domain = self.units_per_domain();
+        let mut by_shard = ByShard::new();
+        let mut still = Vec::new();
+        for id in ids {
+            let started = Instant::now();
+            let input = PlanInput {
+                slots,
+                constraints: &self.spec.constraints,
+                max_units_per_domain: self.spec.spread.max_units_per_domain,
+                units_per_domain: &per_domain,
+                pending: &pending,
+                only_domain: None,
+            };
+            let plan = place_unit(&input, &requests, &mut self.classes, &mut self.rng);
+            metrics::histogram!("flotilla_plan_seconds").record(started.elapsed().as_secs_f64());
+            Stats::record(&self.stats.decision_us, started.elapsed());
+            let Some(unit) = self.stored.units.get_mut(id) else { continue };
+            match plan {
+                Err(why) => {
+                    // A pass that only hit the class cache examined nothing new: keep the
+                    // reason the last real examination gave.
+                    if why.domains_tried > 0 || unit.unplaced_reason.is_none() {
+                        let reason = why.to_string();
+                        if unit.unplaced_reason.as_deref() != Some(reason.as_str()) {
+                            tracing::info!(unit = %id, %reason, "unit cannot be placed yet");
+                        }
+                        unit.unplaced_reason = Some(reason);
+                    }
+                    still.push(id.clone());
+                }
+                Ok(p) => {
+                    for (m, r) in p.members.iter().zip(&requests) {
+                        add_pending(&mut pending, &m.node, &r.resources);
+                    }
+                    *per_domain.entry(p.domain.clone()).or_insert(0) += 1;
+                    unit.state = UnitState::Placing;
+                    by_shard.entry(p.shard).or_default().push((id.clone(), p));
+                }
+            }
+        }
+        (by_shard, still)
+    }
+
+    /// Write ahead: a scheduler that dies with a commit in flight must find its units
+    /// Placing when it restarts (adopt releases what they may hold) and must never reuse
+    /// their ids for other units.
+    fn write_ahead(&mut self, by_shard: &ByShard, writes: &mut Vec<Write>) -> Result<(), StoreError> {
+        for (id, _) in by_shard.values().flatten() {
+            if let Some(u) = self.stored.units.get(id) {
+                writes.push(Write::Unit(u.clone()));
+            }
+        }
+        self.store.write(&self.spec.name, &std::mem::take(writes))
+    }
+
+    /// Applies a shard's verdicts: a unit all of whose claims were accepted is Allocated,
+    /// any other goes back to the queue. Returns the ids queued again.
+    fn settle(
+        &mut self,
+        shard: usize,
+        units: Vec<(String, Placement)>,
+        resp: v1::CommitResponse,
+        writes: &mut Vec<Write>,
+    ) -> Vec<String> {
+        let shown_in: Version = resp.applied_in.unwrap_or_default().into();
+        self.count_verdicts(&resp);
+        let verdicts: HashMap<(String, String), (bool, String)> = resp
+            .results
+            .into_iter()
+            .filter_map(|r| {
+                let k = r.key?;
+                Some(((k.unit, k.member), (r.accepted, r.detail)))
+            })
+            .collect();
+        let mut requeued = Vec::new();
+        for (id, p) in units {
+            let rejected: Vec<String> = p
+                .members
+                .iter()
+                .filter_map(|m| match verdicts.get(&(id.clone(), m.member.clone())) {
+                    Some((true, _)) => None,
+                    Some((false, why)) => Some(format!("{} on {}: {why}", m.member, m.node)),
+                    None => Some(format!("{}: no answer", m.member)),
+                })
+                .collect();
+            let Some(unit) = self.stored.units.get_mut(&id) else { continue };
+            if !rejected.is_empty() {
+                metrics::counter!("flotilla_placements_total", "result" => "conflict").increment(1);
+                unit.state = UnitState::Queued;
+                unit.unplaced_reason = Some(format!("commit rejected: {}", rejected.join("; ")));
+                requeued.push(id);
+                continue;
+            }
+            metrics::counter!("flotilla_placements_total", "result" => "committed").increment(1);
+            unit.state = UnitState::Allocated;
+            unit.domain = Some(p.domain.clone());
+            unit.unplaced_reason = None;
+            unit.members = member_records(&self.spec, &p, shard);
+            for (m, (_, _, t)) in p.members.iter().zip(self.spec.members()) {
+                self.pending.push(PendingAlloc { shard, shown_in, node: m.node.clone(), resources: t.resources() });
+            }
+            tracing::info!(unit = %id, domain = %p.domain, "unit allocated");
+            writes.push(Write::Unit(unit.clone()));
+        }
+        requeued
+    }
+
+    /// Counts accepted and conflicting claims, and Omega's conflict fraction (conflicts
+    /// per successful claim, since start).
+    fn count_verdicts(&self, resp: &v1::CommitResponse) {
+        let accepted = resp.results.iter().filter(|r| r.accepted).count() as u64;
+        let rejected = resp.results.len() as u64 - accepted;
+        let ok = self.stats.claims_accepted.fetch_add(accepted, Ordering::Relaxed) + accepted;
+        let conflicts = self.stats.claims_rejected.fetch_add(rejected, Ordering::Relaxed) + rejected;
+        metrics::counter!("flotilla_scheduler_claims_total", "result" => "accepted").increment(accepted);
+        metrics::counter!("flotilla_scheduler_claims_total", "result" => "conflict").increment(rejected);
+        metrics::gauge!("flotilla_conflict_fraction", "app" => self.spec.name.clone())
+            .set(conflicts as f64 / ok.max(1) as f64);
+    }
+
+    /// The claims may hold on the shard: placing the units again elsewhere under the same
+    /// keys could run a member twice. They fail instead (their release is retried until
+    /// it goes through) and replacements with new ids are queued.
+    fn fail_unknown(
+        &mut self,
+        shard: usize,
+        units: Vec<(String, Placement)>,
+        e: &CommitError,
+        writes: &mut Vec<Write>,
+    ) {
+        tracing::warn!(error = %e, "commit outcome unknown: failing its units");
+        for (id, p) in units {
+            if let Some(unit) = self.stored.units.get_mut(&id) {
+                metrics::counter!("flotilla_placements_total", "result" => "unknown").increment(1);
+                unit.state = UnitState::Failed;
+                unit.domain = Some(p.domain.clone());
+                unit.members = member_records(&self.spec, &p, shard);
+                unit.unplaced_reason = Some(format!("commit outcome unknown: {e}"));
+                writes.push(Write::Unit(unit.clone()));
+            }
+        }
+    }
+
+    fn claims_of(&self, unit_id: &str, p: &Placement) -> Vec<v1::Claim> {
+        let generation = self.stored.units.get(unit_id).map(|u| u.generation).unwrap_or(0);
+        claims(&self.spec, unit_id, generation, p)
+    }
+
+    /// Active units of the app in each domain, for the spread limit.
+    fn units_per_domain(&self) -> HashMap<String, u32> {
+        let mut m = HashMap::new();
+        for u in self.stored.units.values().filter(|u| u.state.is_active()) {
+            if let Some(d) = &u.domain {
+                *m.entry(d.clone()).or_insert(0) += 1;
+            }
+        }
+        m
+    }
+}
+
+fn add_pending(pending: &mut HashMap<NodeId, Resources>, node: &NodeId, r: &Resources) {
+    let e = pending.entry(node.clone()).or_default();
+    *e = e.checked_add(r).unwrap_or_else(|_| e.clone());
+}
