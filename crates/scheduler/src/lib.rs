@@ -1,6 +1,7 @@
 //! One scheduler per app: it plans against its lock-free copy of the cluster view and
 //! commits optimistically to the shards that own the chosen nodes.
 
+pub mod autoscale;
 pub mod lifecycle;
 pub mod planner;
 pub mod repair;
@@ -12,6 +13,7 @@ pub mod store;
 #[cfg(test)]
 mod testing;
 
+pub use autoscale::{AutoscalingConfig, Decision, Policy};
 pub use scheduler::{AppHandle, AppStatus, CommandError, Scheduler};
 pub use spec::AppSpec;
 pub use store::{MemStore, RedbStore, Store};
