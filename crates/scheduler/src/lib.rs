@@ -4,9 +4,10 @@
 //! - the app's data: [`spec`] (the TOML spec, validated) and [`store`] (redb or memory);
 //! - pure deciders, no I/O: `lifecycle` (the unit state table), `planner` (placement),
 //!   `repair` (lost heads and workers, scale-in order), `rollout` (make-before-break
-//!   replacements), `routes` (route weights); autoscaling policies belong beside them;
+//!   replacements), `routes` (route weights), [`autoscale`] (Dataproc's and MR3's policies);
 //! - `reconcile`: the loop that carries their decisions out, one file per step.
 
+pub mod autoscale;
 mod lifecycle;
 mod planner;
 mod reconcile;
