@@ -399,6 +399,7 @@ impl Runtime {
                 exit_code: m.exit_code,
                 message: m.message.chars().take(1024).collect(),
                 restarts: m.restarts,
+                usage: None,
             })
             .collect()
     }

@@ -20,7 +20,10 @@ mod store;
 mod testing;
 
 pub use lifecycle::UnitState;
-pub use reconcile::{AppHandle, AppStatus, Command, CommandError, Scheduler, Stats};
+pub use reconcile::{
+    AppHandle, AppStatus, AutoscalingStatus, Command, CommandError, Demand, DemandRequest, MAX_DEMAND_COUNT,
+    MAX_DEMAND_ENTRIES, PolicyBook, Scheduler, Stats,
+};
 pub use rollout::counts_toward_desired;
 pub use spec::{AppSpec, MAX_UNITS};
-pub use store::{MemStore, MemberRecord, RedbStore, Store, Stored, UnitRecord, Write};
+pub use store::{MemStore, MemberRecord, Override, RedbStore, Store, Stored, UnitRecord, Usage, Write};

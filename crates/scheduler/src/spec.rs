@@ -20,6 +20,14 @@ pub struct AppSpec {
     pub routing: Routing,
     #[serde(default)]
     pub rollout: Rollout,
+    /// The app's own autoscaling policy (`[autoscaling]`); without one (and without
+    /// `autoscaling_policy`) the app's size changes only by `flotilla scale`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autoscaling: Option<crate::autoscale::AutoscalingConfig>,
+    /// A named policy (`flotilla policy apply`) shared with other apps, as Dataproc
+    /// clusters name their autoscaling policy: changing it changes every app using it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autoscaling_policy: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -340,7 +348,33 @@ impl AppSpec {
                 e.push(format!("routing.roles: {r:?} is not a role (head or worker)"));
             }
         }
+        if let Some(a) = &self.autoscaling {
+            if a.name.is_some() {
+                e.push("autoscaling.name: an app's own policy has no name (name it in a policy file for `flotilla policy apply`)".into());
+            }
+            if let Err(problems) = a.validate() {
+                e.extend(problems.0.iter().map(ToString::to_string));
+            }
+        }
+        if let Some(name) = &self.autoscaling_policy {
+            if self.autoscaling.is_some() {
+                e.push("autoscaling_policy: an app has its own [autoscaling] or a named policy, not both".into());
+            }
+            if !is_name(name) {
+                e.push(format!("autoscaling_policy: {name:?} must be 1-63 of [a-z0-9-], not starting with '-'"));
+            }
+        }
         if e.is_empty() { Ok(()) } else { Err(SpecError(e)) }
+    }
+
+    /// Does the app follow a policy (its own or a named one)?
+    pub fn is_autoscaled(&self) -> bool {
+        self.autoscaling.is_some() || self.autoscaling_policy.is_some()
+    }
+
+    /// The app's own policy, validated (`validate` refused the spec if it is not valid).
+    pub fn own_policy(&self) -> Option<crate::autoscale::Policy> {
+        self.autoscaling.as_ref().and_then(|a| a.validate().ok())
     }
 
     /// Identifies what a unit runs (its template and placement constraints): a unit

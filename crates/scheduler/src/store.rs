@@ -23,6 +23,18 @@ pub struct MemberRecord {
     /// The workload state its agent last reported (`starting`, `running`, `exited`, `failed`).
     #[serde(default)]
     pub state: Option<String>,
+    /// What the member uses, as its agent last measured it (cgroup or /proc); shown by
+    /// `units APP --json` and read by the autoscaling policies. Not a reason to write the
+    /// record: it changes all the time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+/// Resources a member uses now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Usage {
+    pub cpu_millis: u64,
+    pub memory_bytes: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -47,6 +59,14 @@ pub struct UnitRecord {
     /// that one is Running.
     #[serde(default)]
     pub replaced_by: Option<String>,
+    /// In the autoscaling policy's secondary group (Dataproc's secondary workers): placed
+    /// on low-priority nodes as well as high-priority ones.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub secondary: bool,
+    /// How long this unit drains when it was removed by a scale-in that set its own
+    /// timeout (`graceful_decommission_timeout`); else the spec's drain timeout.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain_timeout_ms: Option<u64>,
 }
 
 /// Written before a reserve leaves, so a restarted scheduler can release it.
@@ -58,19 +78,40 @@ pub struct Intent {
     pub created_unix_ms: u64,
 }
 
+/// Bounds the operator set with `flotilla scale` on an autoscaled app: the policy's
+/// decision is clamped to them, and the record says so.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Override {
+    pub floor: u32,
+    pub ceiling: u32,
+}
+
+/// Autoscaling decision records kept per app (the newest).
+pub const DECISIONS_KEPT: usize = 100;
+
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Stored {
     pub spec: Option<String>,
     pub desired_units: Option<u32>,
+    /// Of the desired units, how many are in the secondary group (autoscaling).
+    pub desired_secondary: Option<u32>,
+    pub override_bounds: Option<Override>,
     pub next_generation: u64,
     pub units: BTreeMap<String, UnitRecord>,
     pub intents: BTreeMap<String, Intent>,
+    /// The last autoscaling decisions (JSON records), oldest first, by sequence number.
+    pub decisions: BTreeMap<u64, String>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Write {
     Spec(String),
     DesiredUnits(u32),
+    DesiredSecondary(u32),
+    Override(Option<Override>),
+    /// An autoscaling decision record (JSON) under its sequence number; the one
+    /// `DECISIONS_KEPT` older is dropped.
+    Decision(u64, String),
     NextGeneration(u64),
     Unit(UnitRecord),
     DeleteUnit(String),
@@ -92,6 +133,12 @@ fn apply(s: &mut Stored, w: &Write) {
     match w {
         Write::Spec(t) => s.spec = Some(t.clone()),
         Write::DesiredUnits(n) => s.desired_units = Some(*n),
+        Write::DesiredSecondary(n) => s.desired_secondary = Some(*n),
+        Write::Override(o) => s.override_bounds = *o,
+        Write::Decision(seq, json) => {
+            s.decisions.insert(*seq, json.clone());
+            s.decisions.remove(&seq.wrapping_sub(DECISIONS_KEPT as u64));
+        }
         Write::NextGeneration(g) => s.next_generation = *g,
         Write::Unit(u) => {
             s.units.insert(u.unit_id.clone(), u.clone());
@@ -132,6 +179,12 @@ impl Store for MemStore {
 const META: TableDefinition<&str, &str> = TableDefinition::new("meta");
 const UNITS: TableDefinition<&str, &str> = TableDefinition::new("units");
 const INTENTS: TableDefinition<&str, &str> = TableDefinition::new("intents");
+const DECISIONS: TableDefinition<&str, &str> = TableDefinition::new("decisions");
+
+/// A decision's key: sequence numbers zero-padded, so keys sort by age.
+fn decision_key(app: &str, seq: u64) -> String {
+    format!("{app}/{seq:020}")
+}
 
 /// The embedded store: one redb file.
 pub struct RedbStore {
@@ -153,6 +206,7 @@ impl RedbStore {
             w.open_table(META).map_err(err)?;
             w.open_table(UNITS).map_err(err)?;
             w.open_table(INTENTS).map_err(err)?;
+            w.open_table(DECISIONS).map_err(err)?;
         }
         w.commit().map_err(err)?;
         Ok(RedbStore { db })
@@ -176,6 +230,12 @@ impl Store for RedbStore {
         if let Some(v) = meta.get(format!("{app}/desired").as_str()).map_err(err)? {
             s.desired_units = v.value().parse().ok();
         }
+        if let Some(v) = meta.get(format!("{app}/desired_secondary").as_str()).map_err(err)? {
+            s.desired_secondary = v.value().parse().ok();
+        }
+        if let Some(v) = meta.get(format!("{app}/override").as_str()).map_err(err)? {
+            s.override_bounds = serde_json::from_str(v.value()).map_err(err)?;
+        }
         if let Some(v) = meta.get(format!("{app}/next_generation").as_str()).map_err(err)? {
             s.next_generation = v.value().parse().unwrap_or(0);
         }
@@ -191,6 +251,13 @@ impl Store for RedbStore {
             let i: Intent = serde_json::from_str(v.value()).map_err(err)?;
             s.intents.insert(i.txn_id.clone(), i);
         }
+        let decisions = r.open_table(DECISIONS).map_err(err)?;
+        for row in decisions.range(lo.as_str()..hi.as_str()).map_err(err)? {
+            let (k, v) = row.map_err(err)?;
+            if let Some(seq) = k.value().rsplit('/').next().and_then(|n| n.parse().ok()) {
+                s.decisions.insert(seq, v.value().to_string());
+            }
+        }
         Ok(s)
     }
 
@@ -203,6 +270,7 @@ impl Store for RedbStore {
             let mut meta = w.open_table(META).map_err(err)?;
             let mut units = w.open_table(UNITS).map_err(err)?;
             let mut intents = w.open_table(INTENTS).map_err(err)?;
+            let mut decisions = w.open_table(DECISIONS).map_err(err)?;
             for op in batch {
                 match op {
                     Write::Spec(t) => {
@@ -210,6 +278,19 @@ impl Store for RedbStore {
                     }
                     Write::DesiredUnits(n) => {
                         meta.insert(format!("{app}/desired").as_str(), n.to_string().as_str()).map_err(err)?;
+                    }
+                    Write::DesiredSecondary(n) => {
+                        meta.insert(format!("{app}/desired_secondary").as_str(), n.to_string().as_str())
+                            .map_err(err)?;
+                    }
+                    Write::Override(o) => {
+                        let v = serde_json::to_string(o).map_err(err)?;
+                        meta.insert(format!("{app}/override").as_str(), v.as_str()).map_err(err)?;
+                    }
+                    Write::Decision(seq, json) => {
+                        decisions.insert(decision_key(app, *seq).as_str(), json.as_str()).map_err(err)?;
+                        let old = decision_key(app, seq.wrapping_sub(DECISIONS_KEPT as u64));
+                        decisions.remove(old.as_str()).map_err(err)?;
                     }
                     Write::NextGeneration(g) => {
                         meta.insert(format!("{app}/next_generation").as_str(), g.to_string().as_str()).map_err(err)?;
@@ -256,12 +337,15 @@ mod tests {
                 shard: Some(0),
                 address: None,
                 state: None,
+                usage: None,
             }],
             created_unix_ms: 5,
             unplaced_reason: None,
             draining_since_unix_ms: None,
             template: None,
             replaced_by: None,
+            secondary: false,
+            drain_timeout_ms: None,
         }
     }
 
@@ -293,6 +377,21 @@ mod tests {
         assert_eq!(got.units["echo-1"], unit("echo-1"));
         assert!(got.intents.is_empty());
         assert_eq!(s.load("nothing").unwrap(), Stored::default());
+        // Decisions: the newest DECISIONS_KEPT survive, in order.
+        let n = DECISIONS_KEPT as u64 + 5;
+        for seq in 1..=n {
+            s.write("echo", &[Write::Decision(seq, format!("{{\"seq\":{seq}}}")), Write::DesiredSecondary(1)]).unwrap();
+        }
+        let got = s.load("echo").unwrap();
+        assert_eq!(got.decisions.len(), DECISIONS_KEPT);
+        assert_eq!(got.decisions.keys().next(), Some(&6));
+        assert_eq!(got.decisions.get(&n).map(String::as_str), Some(format!("{{\"seq\":{n}}}").as_str()));
+        assert_eq!(got.desired_secondary, Some(1));
+        let pin = Override { floor: 2, ceiling: 4 };
+        s.write("echo", &[Write::Override(Some(pin))]).unwrap();
+        assert_eq!(s.load("echo").unwrap().override_bounds, Some(pin));
+        s.write("echo", &[Write::Override(None)]).unwrap();
+        assert_eq!(s.load("echo").unwrap().override_bounds, None);
     }
 
     #[test]

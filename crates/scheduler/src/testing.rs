@@ -43,6 +43,7 @@ pub fn unit(id: &str, generation: u64, state: UnitState, members: &[(&str, &str)
                 shard: Some(0),
                 address: Some(format!("{node}:80")),
                 state: Some("running".into()),
+                usage: None,
             })
             .collect(),
         created_unix_ms: 0,
@@ -50,5 +51,7 @@ pub fn unit(id: &str, generation: u64, state: UnitState, members: &[(&str, &str)
         draining_since_unix_ms: None,
         template: None,
         replaced_by: None,
+        secondary: false,
+        drain_timeout_ms: None,
     }
 }

@@ -362,3 +362,94 @@ async fn scaling_in_drains_the_youngest_then_terminates_them() {
     assert_eq!(total, 200, "the drained units' members were released");
     c.shard.shutdown().await;
 }
+
+/// Runs passes until `done` holds (or panics after `secs`).
+async fn until(s: &mut Scheduler, secs: u64, what: &str, done: impl Fn(&Scheduler) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !done(s) {
+        assert!(Instant::now() < deadline, "{what}: not within {secs} s");
+        s.reconcile().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_basic_policy_follows_consumer_demand_and_the_operators_override() {
+    let c = cluster("autoscale", 4).await;
+    let store: Arc<dyn Store> = Arc::new(MemStore::default());
+    let mut sp = spec("auto", 1, "100m");
+    sp.autoscaling = Some(
+        flotilla_scheduler::autoscale::AutoscalingConfig::from_toml(
+            r#"
+            [autoscaling]
+            policy = "basic"
+            interval = "1s"
+            [autoscaling.basic]
+            cooldown_period = "1s"
+            allow_short_cooldown_for_tests = true
+            graceful_decommission_timeout = "0s"
+            scale_up_factor = 1.0
+            scale_down_factor = 1.0
+            [autoscaling.basic.worker_config]
+            min_instances = 1
+            max_instances = 6
+            "#,
+        )
+        .unwrap(),
+    );
+    sp.validate().unwrap();
+    let (mut s, h) = Scheduler::new(sp.clone(), c.view.clone(), vec![c.shard.addr.to_string()], store.clone()).unwrap();
+    settle(&mut s, &c, 3).await;
+    let command = |s: &mut Scheduler, cmd: fn(_) -> flotilla_scheduler::Command| {
+        let (tx, mut rx) = tokio::sync::oneshot::channel();
+        s.command(cmd(tx));
+        rx.try_recv().unwrap()
+    };
+
+    // Four units' worth of demand (a unit is a head and a worker of 100m and 1Mi each).
+    let per_unit = Resources::new(200, 2 << 20, 0);
+    let demanded = command(&mut s, |tx| {
+        let req = flotilla_scheduler::DemandRequest { resources: Resources::new(200, 2 << 20, 0), count: 4 };
+        flotilla_scheduler::Command::Demand(vec![req], 60_000, tx)
+    });
+    assert_eq!(demanded.unwrap().requests[0].resources, per_unit);
+    until(&mut s, 15, "the app grows to the demand", |_| {
+        h.status().units.iter().filter(|u| u.state == UnitState::Allocated).count() == 4
+    })
+    .await;
+    let decisions = h.decisions();
+    let up = decisions.iter().find(|d| d["action"] == "scale_up").expect("a scale_up record");
+    for field in ["at", "policy", "action", "inputs", "explanation"] {
+        assert!(up.get(field).is_some(), "{field} in {up}");
+    }
+    assert!(up["explanation"].as_str().unwrap().contains("ROUND_UP"), "{up}");
+    assert_eq!(h.status().autoscaling.as_ref().unwrap().policy, Some("basic"));
+
+    // The operator pins it at 2: the policy still decides, within the override.
+    let (tx, mut rx) = tokio::sync::oneshot::channel();
+    s.command(flotilla_scheduler::Command::Scale(2, tx));
+    assert_eq!(rx.try_recv().unwrap(), Ok(2));
+    until(&mut s, 15, "the override holds the app at 2", |_| {
+        h.status().units.iter().filter(|u| u.state.is_active()).count() == 2
+    })
+    .await;
+    let last = h.decisions()[0].clone();
+    assert_eq!(last["override"]["ceiling"], 2, "{last}");
+    assert!(last["explanation"].as_str().unwrap().contains("override"), "{last}");
+
+    // A bad demand is refused with every problem named, and nothing changes.
+    let refused = command(&mut s, |tx| {
+        let req = flotilla_scheduler::DemandRequest { resources: Resources::default(), count: 100_000 };
+        flotilla_scheduler::Command::Demand(vec![req], 0, tx)
+    })
+    .unwrap_err();
+    assert!(matches!(refused, CommandError::InvalidDemand(_)), "{refused}");
+
+    // The records survive a restart.
+    let before = h.decisions().len();
+    drop(s);
+    let (_s2, h2) = Scheduler::new(sp, c.view.clone(), vec![c.shard.addr.to_string()], store).unwrap();
+    assert_eq!(h2.decisions().len(), before);
+    assert_eq!(h2.decisions()[0], h.decisions()[0]);
+    c.shard.shutdown().await;
+}

@@ -390,6 +390,16 @@ pub enum Algorithm {
     Utilization(UtilizationPolicy),
 }
 
+impl Algorithm {
+    /// The name a spec gives it (`policy = "..."`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Algorithm::Basic(_) => "basic",
+            Algorithm::Utilization(_) => "utilization",
+        }
+    }
+}
+
 /// Bounds and weight of one group of units, resolved.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Group {

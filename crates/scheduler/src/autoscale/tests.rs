@@ -395,35 +395,6 @@ max_units = 10
     assert_eq!(ps[0].to_string(), "autoscaling.basic.worker_config.weight: -1 is negative");
 }
 
-#[test]
-fn ten_thousand_evaluations_are_cheap() {
-    let b = basic_policy("");
-    let u = util_policy("");
-    let m = members(8, 40 * GIB);
-    let mut states: Vec<(Policy, State)> = (0..10_000)
-        .map(|i| {
-            let p = if i % 2 == 0 { b.clone() } else { u.clone() };
-            let s = State::new(&p);
-            (p, s)
-        })
-        .collect();
-    let sig_b = sig(8, Some(load(4 * GIB, 2 * GIB, 14 * GIB)));
-    let sig_u = util_sig(&m, 0);
-    let mut best = std::time::Duration::MAX;
-    for round in 0..5u64 {
-        let start = std::time::Instant::now();
-        for (p, s) in &mut states {
-            let sg = if matches!(p.algorithm, Algorithm::Basic(_)) { &sig_b } else { &sig_u };
-            std::hint::black_box(evaluate(p, s, sg, round * 10_000));
-        }
-        best = best.min(start.elapsed());
-    }
-    eprintln!("10,000 evaluations: {best:?}");
-    if !cfg!(debug_assertions) {
-        assert!(best <= std::time::Duration::from_millis(10), "{best:?}");
-    }
-}
-
 mod props {
     use super::*;
     use proptest::prelude::*;

@@ -11,9 +11,10 @@ use flotilla_proto::v1;
 use serde::Serialize;
 
 use super::Scheduler;
+use super::autoscale::{Demand, DemandRequest};
 use crate::planner::ClassCache;
 use crate::spec::AppSpec;
-use crate::store::{UnitRecord, Write};
+use crate::store::{Override, UnitRecord, Write};
 
 /// What the API shows about an app.
 #[derive(Debug, Clone, Serialize)]
@@ -25,6 +26,22 @@ pub struct AppStatus {
     pub min_units: u32,
     pub max_units: u32,
     pub units: Vec<UnitRecord>,
+    /// Set when the app follows an autoscaling policy.
+    pub autoscaling: Option<AutoscalingStatus>,
+}
+
+/// What `apps` shows about an autoscaled app.
+#[derive(Debug, Clone, Serialize)]
+pub struct AutoscalingStatus {
+    /// `basic` or `utilization`; absent while the named policy is unknown.
+    pub policy: Option<&'static str>,
+    /// The named policy the app uses, if any.
+    pub policy_name: Option<String>,
+    /// Floor and ceiling the operator set with `flotilla scale`.
+    #[serde(rename = "override")]
+    pub override_bounds: Option<Override>,
+    pub demand: Option<Demand>,
+    pub last_decision: Option<serde_json::Value>,
 }
 
 type Histogram = std::sync::Mutex<hdrhistogram::Histogram<u64>>;
@@ -67,6 +84,11 @@ pub enum CommandError {
     WrongApp { app: String, got: String },
     #[error("{0}")]
     InvalidSpec(String),
+    #[error("{0}")]
+    InvalidDemand(String),
+    /// Floor and ceiling of an override must be within the spec's bounds, floor ≤ ceiling.
+    #[error("{0}")]
+    InvalidOverride(String),
     /// The store refused the write: nothing changed, and it is not the caller's fault.
     #[error("cannot record the change: {0}")]
     Store(String),
@@ -77,9 +99,11 @@ pub enum CommandError {
 impl ServiceError for CommandError {
     fn kind(&self) -> ErrorKind {
         match self {
-            CommandError::OutOfRange { .. } | CommandError::WrongApp { .. } | CommandError::InvalidSpec(_) => {
-                ErrorKind::InvalidInput
-            }
+            CommandError::OutOfRange { .. }
+            | CommandError::WrongApp { .. }
+            | CommandError::InvalidSpec(_)
+            | CommandError::InvalidDemand(_)
+            | CommandError::InvalidOverride(_) => ErrorKind::InvalidInput,
             CommandError::Store(_) => ErrorKind::Internal,
             CommandError::Stopped => ErrorKind::Unavailable,
         }
@@ -90,17 +114,26 @@ impl ServiceError for CommandError {
             CommandError::OutOfRange { .. } => "out_of_range",
             CommandError::WrongApp { .. } => "wrong_app",
             CommandError::InvalidSpec(_) => "invalid_spec",
+            CommandError::InvalidDemand(_) => "invalid_demand",
+            CommandError::InvalidOverride(_) => "invalid_override",
             CommandError::Store(_) => "store_failed",
             CommandError::Stopped => "scheduler_stopped",
         }
     }
 }
 
+type Reply<T> = tokio::sync::oneshot::Sender<Result<T, CommandError>>;
+
 /// Requests from the control plane.
 pub enum Command {
-    Scale(u32, tokio::sync::oneshot::Sender<Result<u32, CommandError>>),
+    /// Desired units; on an autoscaled app, a floor and ceiling of that many.
+    Scale(u32, Reply<u32>),
     /// A new spec for the app (`flotilla apply`): units whose template changed roll.
-    Apply(Box<AppSpec>, tokio::sync::oneshot::Sender<Result<String, CommandError>>),
+    Apply(Box<AppSpec>, Reply<String>),
+    /// Bounds on an autoscaled app's decisions (`None` lifts them).
+    Override(Option<Override>, Reply<Option<Override>>),
+    /// A consumer's demand (requests, TTL in ms), replacing the last one.
+    Demand(Vec<DemandRequest>, u64, Reply<Demand>),
 }
 
 /// A handle on a running scheduler, for the control plane and tests.
@@ -111,6 +144,7 @@ pub struct AppHandle {
     pub(super) stats: Arc<Stats>,
     pub(super) commands: tokio::sync::mpsc::Sender<Command>,
     pub(super) routes: tokio::sync::watch::Receiver<Arc<v1::RouteTable>>,
+    pub(super) decisions: Arc<ArcSwap<Vec<Arc<serde_json::Value>>>>,
 }
 
 impl AppHandle {
@@ -128,6 +162,25 @@ impl AppHandle {
         let (tx, rx) = tokio::sync::oneshot::channel();
         self.commands.send(Command::Apply(Box::new(spec), tx)).await.map_err(|_| CommandError::Stopped)?;
         rx.await.map_err(|_| CommandError::Stopped)?
+    }
+
+    /// Sets (or lifts, with `None`) the floor and ceiling of an autoscaled app.
+    pub async fn set_override(&self, bounds: Option<Override>) -> Result<Option<Override>, CommandError> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.commands.send(Command::Override(bounds, tx)).await.map_err(|_| CommandError::Stopped)?;
+        rx.await.map_err(|_| CommandError::Stopped)?
+    }
+
+    /// Replaces the consumer demand the app's policy reads, for `ttl_ms`.
+    pub async fn demand(&self, requests: Vec<DemandRequest>, ttl_ms: u64) -> Result<Demand, CommandError> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.commands.send(Command::Demand(requests, ttl_ms, tx)).await.map_err(|_| CommandError::Stopped)?;
+        rx.await.map_err(|_| CommandError::Stopped)?
+    }
+
+    /// The last autoscaling decision records, newest first.
+    pub fn decisions(&self) -> Arc<Vec<Arc<serde_json::Value>>> {
+        self.decisions.load_full()
     }
 
     /// The current route table; `changed()` on the receiver wakes on every new version.
@@ -155,6 +208,16 @@ impl Scheduler {
             Command::Apply(spec, reply) => {
                 let _ = reply.send(self.apply(*spec));
             }
+            Command::Override(bounds, reply) => {
+                let _ = reply.send(self.set_override(bounds));
+            }
+            Command::Demand(requests, ttl_ms, reply) => {
+                let r = Demand::new(requests, ttl_ms, flotilla_core::now_ms()).inspect(|d| {
+                    tracing::info!(app = %self.spec.name, requests = d.requests.len(), "consumer demand set");
+                    self.autoscaler.demand = Some(d.clone());
+                });
+                let _ = reply.send(r);
+            }
         }
     }
 
@@ -163,10 +226,34 @@ impl Scheduler {
         if n < min || n > max {
             return Err(CommandError::OutOfRange { app: self.spec.name.clone(), min, max, asked: n });
         }
+        if self.spec.is_autoscaled() {
+            // An autoscaled app keeps deciding, within a floor and ceiling of n.
+            return self.set_override(Some(Override { floor: n, ceiling: n })).map(|_| n);
+        }
         self.store.write(&self.spec.name, &[Write::DesiredUnits(n)]).map_err(|e| CommandError::Store(e.to_string()))?;
         self.stored.desired_units = Some(n);
         tracing::info!(app = %self.spec.name, units = n, "desired units set");
         Ok(n)
+    }
+
+    fn set_override(&mut self, bounds: Option<Override>) -> Result<Option<Override>, CommandError> {
+        let (min, max) = (self.spec.units.min, self.spec.units.max);
+        if let Some(o) = bounds
+            && (o.floor > o.ceiling || o.floor < min || o.ceiling > max)
+        {
+            return Err(CommandError::InvalidOverride(format!(
+                "override {}..={} must be within the spec's units {min}..={max}, floor at most ceiling",
+                o.floor, o.ceiling
+            )));
+        }
+        self.store
+            .write(&self.spec.name, &[Write::Override(bounds)])
+            .map_err(|e| CommandError::Store(e.to_string()))?;
+        self.stored.override_bounds = bounds;
+        // The next pass re-evaluates with the new bounds.
+        self.autoscaler.force_evaluation();
+        tracing::info!(app = %self.spec.name, ?bounds, "autoscaling override set");
+        Ok(bounds)
     }
 
     fn apply(&mut self, spec: AppSpec) -> Result<String, CommandError> {
@@ -198,6 +285,8 @@ impl Scheduler {
         self.spec = spec;
         self.fingerprint = fingerprint;
         self.classes = ClassCache::default();
+        self.classes_secondary = ClassCache::default();
+        self.autoscaler.force_evaluation();
         Ok(message)
     }
 }

@@ -162,15 +162,17 @@ impl Scheduler {
         }
         let pending: HashMap<NodeId, Resources> = HashMap::new();
         let per_domain = HashMap::new();
+        let constraints = self.constraints(unit.secondary);
         let input = PlanInput {
             slots,
-            constraints: &self.spec.constraints,
+            constraints: &constraints,
             max_units_per_domain: None,
             units_per_domain: &per_domain,
             pending: &pending,
             only_domain: unit.domain.as_deref(),
         };
-        let p = match place_unit(&input, &missing, &mut self.classes, &mut self.rng) {
+        let classes = if unit.secondary { &mut self.classes_secondary } else { &mut self.classes };
+        let p = match place_unit(&input, &missing, classes, &mut self.rng) {
             Ok(p) => p,
             Err(why) => {
                 if let Some(u) = self.stored.units.get_mut(id) {
@@ -179,7 +181,7 @@ impl Scheduler {
                 return;
             }
         };
-        let claims = claims(&self.spec, id, unit.generation, &p);
+        let claims = claims(&self.spec, id, unit.generation, unit.secondary, &p);
         let txn_id = self.txn_id(&format!("{id}-replace"));
         let Ok(resp) = self.ledgers.commit(p.shard, txn_id, claims).await else { return };
         let Some(u) = self.stored.units.get_mut(id) else { return };

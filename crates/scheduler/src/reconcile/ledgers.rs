@@ -119,8 +119,9 @@ pub fn keys_by_shard(unit: &UnitRecord, members: &[String]) -> BTreeMap<usize, V
     by_shard
 }
 
-/// The claims that place unit `unit_id` (of `generation`) as `p` says.
-pub fn claims(spec: &AppSpec, unit_id: &str, generation: u64, p: &Placement) -> Vec<v1::Claim> {
+/// The claims that place unit `unit_id` (of `generation`) as `p` says; a secondary
+/// unit may take low-priority nodes.
+pub fn claims(spec: &AppSpec, unit_id: &str, generation: u64, secondary: bool, p: &Placement) -> Vec<v1::Claim> {
     let templates = spec.members();
     p.members
         .iter()
@@ -132,7 +133,7 @@ pub fn claims(spec: &AppSpec, unit_id: &str, generation: u64, p: &Placement) -> 
             node_id: m.node.to_string(),
             incarnation: m.incarnation,
             resources: Some((&t.resources()).into()),
-            allow_low_priority: spec.constraints.allow_low_priority,
+            allow_low_priority: spec.constraints.allow_low_priority || secondary,
             group: unit_id.to_string(),
             workload: Some(v1::Workload {
                 role: role.to_string(),
@@ -160,6 +161,7 @@ pub fn member_records(spec: &AppSpec, p: &Placement, shard: usize) -> Vec<Member
             shard: Some(shard as u32),
             address: None,
             state: None,
+            usage: None,
         })
         .collect()
 }

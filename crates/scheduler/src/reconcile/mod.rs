@@ -2,16 +2,19 @@
 //! a 1 s tick. A pass runs its steps in order, one file each:
 //!
 //! 1. sync ([`observe`]): member states from the view, the orphan sweep, adopt on start;
-//! 2. heal ([`heal`]) and [`scale_in`]: failed units, lost workers, units past the count;
-//! 3. [`roll`]: replacements for units on leaving nodes or with a stale template;
-//! 4. queue units up to the desired count;
-//! 5. place and commit the queued ones ([`place`]), re-planning what was rejected;
-//! 6. persist every write of the pass at once, and publish status and routes.
+//! 2. heal ([`heal`]): failed units, lost workers;
+//! 3. [`autoscale`]: every interval, the app's policy sets the desired units;
+//! 4. [`scale_in`] past the desired count, and [`roll`]: replacements for units on
+//!    leaving nodes or with a stale template;
+//! 5. queue units up to the desired count, per group;
+//! 6. place and commit the queued ones ([`place`]), re-planning what was rejected;
+//! 7. persist every write of the pass at once, and publish status and routes.
 //!
 //! The pure deciders are beside this module (`planner`, `repair`, `rollout`, `routes`,
 //! `lifecycle`); [`ledgers`] is the one place that speaks to the shards. Side effects
 //! never drive transitions directly: their results are observed in the next pass.
 
+mod autoscale;
 mod handle;
 mod heal;
 mod ledgers;
@@ -31,7 +34,9 @@ use flotilla_proto::v1;
 use flotilla_view::{ClusterView, Version};
 use rand::Rng;
 
-pub use handle::{AppHandle, AppStatus, Command, CommandError, Stats};
+use autoscale::Autoscaler;
+pub use autoscale::{Demand, DemandRequest, MAX_DEMAND_COUNT, MAX_DEMAND_ENTRIES, PolicyBook};
+pub use handle::{AppHandle, AppStatus, AutoscalingStatus, Command, CommandError, Stats};
 use ledgers::Ledgers;
 
 use crate::lifecycle::UnitState;
@@ -71,6 +76,8 @@ pub struct Scheduler {
     /// How long Unknown members are waited for before they count as lost.
     pub unknown_grace_ms: u64,
     classes: ClassCache,
+    /// Secondary units may take low-priority nodes: what is infeasible differs.
+    classes_secondary: ClassCache,
     pending: Vec<PendingAlloc>,
     started: bool,
     /// When the next orphan sweep is due (Unix ms).
@@ -78,6 +85,8 @@ pub struct Scheduler {
     /// Since when each (unit, member) has been absent from the live node it is placed on.
     absent_since: HashMap<(String, String), u64>,
     rng: rand::rngs::StdRng,
+    autoscaler: Autoscaler,
+    decisions: Arc<ArcSwap<Vec<Arc<serde_json::Value>>>>,
 }
 
 impl Scheduler {
@@ -102,17 +111,21 @@ impl Scheduler {
             min_units: spec.units.min,
             max_units: spec.units.max,
             units: stored.units.values().cloned().collect(),
+            autoscaling: None,
         }));
         let stats = Arc::new(Stats::new());
         let (tx, commands) = tokio::sync::mpsc::channel(16);
         let (routes, routes_rx) =
             tokio::sync::watch::channel(Arc::new(v1::RouteTable { app: spec.name.clone(), ..Default::default() }));
+        let autoscaler = Autoscaler::new(&stored.decisions);
+        let decisions = Arc::new(ArcSwap::from_pointee(autoscaler.decisions.iter().rev().cloned().collect()));
         let handle = AppHandle {
             app: spec.name.clone(),
             status: status.clone(),
             stats: stats.clone(),
             commands: tx,
             routes: routes_rx,
+            decisions: decisions.clone(),
         };
         let scheduler = Scheduler {
             fingerprint: spec.template_fingerprint(),
@@ -129,11 +142,14 @@ impl Scheduler {
             unknown_since: HashMap::new(),
             unknown_grace_ms: 60_000,
             classes: ClassCache::default(),
+            classes_secondary: ClassCache::default(),
             pending: Vec::new(),
             started: false,
             next_sweep_ms: 0,
             absent_since: HashMap::new(),
             rng: rand::SeedableRng::seed_from_u64(rand::random()),
+            autoscaler,
+            decisions,
         };
         Ok((scheduler, handle))
     }
@@ -141,6 +157,12 @@ impl Scheduler {
     /// Reaches the shards through `dialer` (a token, TLS, or a simulated network).
     pub fn with_dialer(mut self, dialer: Dialer) -> Self {
         self.ledgers.dialer = dialer;
+        self
+    }
+
+    /// Reads named autoscaling policies from `book` (the control plane's).
+    pub fn with_policies(mut self, book: PolicyBook) -> Self {
+        self.autoscaler.book = book;
         self
     }
 
@@ -153,6 +175,23 @@ impl Scheduler {
 
     fn desired(&self) -> u32 {
         self.stored.desired_units.unwrap_or(self.spec.units.initial).clamp(self.spec.units.min, self.spec.units.max)
+    }
+
+    /// Desired units of each group: (primary, secondary). Without autoscaling every
+    /// unit is primary.
+    fn desired_groups(&self) -> [u32; 2] {
+        let total = self.desired();
+        let secondary = self.stored.desired_secondary.unwrap_or(0).min(total);
+        [total - secondary, secondary]
+    }
+
+    /// Units counting toward the desired number, by group.
+    fn counted_groups(&self) -> [u32; 2] {
+        let mut n = [0, 0];
+        for u in self.stored.units.values().filter(|u| crate::rollout::counts_toward_desired(u)) {
+            n[usize::from(u.secondary)] += 1;
+        }
+        n
     }
 
     /// Runs until the process stops: a pass on every view change (at most every 50 ms)
@@ -204,12 +243,15 @@ impl Scheduler {
         self.observe(&slots, &mut writes);
         self.sweep_orphans(&slots).await;
         self.heal(&slots, &mut writes).await;
+        self.autoscale(&mut writes);
         self.scale_in(&slots, &mut writes).await;
         self.roll(&slots, &mut writes);
 
-        let counted = self.stored.units.values().filter(|u| crate::rollout::counts_toward_desired(u)).count() as u32;
-        for _ in counted..self.desired() {
-            self.queue_unit(&mut writes);
+        let (desired, counted) = (self.desired_groups(), self.counted_groups());
+        for (group, (want, have)) in desired.into_iter().zip(counted).enumerate() {
+            for _ in have..want {
+                self.queue_unit(group == 1, &mut writes);
+            }
         }
         self.place_queued(&mut writes).await;
 
@@ -247,8 +289,9 @@ impl Scheduler {
         }
     }
 
-    /// Queues a new unit (next generation, current template) and returns its id.
-    fn queue_unit(&mut self, writes: &mut Vec<Write>) -> String {
+    /// Queues a new unit (next generation, current template) in the primary or secondary
+    /// group, and returns its id.
+    fn queue_unit(&mut self, secondary: bool, writes: &mut Vec<Write>) -> String {
         let generation = self.stored.next_generation.max(1);
         self.stored.next_generation = generation + 1;
         let unit = UnitRecord {
@@ -263,6 +306,8 @@ impl Scheduler {
             draining_since_unix_ms: None,
             template: Some(self.fingerprint.clone()),
             replaced_by: None,
+            secondary,
+            drain_timeout_ms: None,
         };
         tracing::info!(unit = %unit.unit_id, "unit queued");
         writes.push(Write::Unit(unit.clone()));
@@ -307,6 +352,16 @@ impl Scheduler {
             min_units: self.spec.units.min,
             max_units: self.spec.units.max,
             units: self.stored.units.values().cloned().collect(),
+            autoscaling: self.spec.is_autoscaled().then(|| AutoscalingStatus {
+                policy: self.policy().map(|p| p.algorithm.name()),
+                policy_name: self.spec.autoscaling_policy.clone(),
+                override_bounds: self.stored.override_bounds,
+                demand: self.autoscaler.demand.clone(),
+                last_decision: self.autoscaler.decisions.back().map(|d| d.as_ref().clone()),
+            }),
         }));
+        if self.decisions.load().first() != self.autoscaler.decisions.back() {
+            self.decisions.store(Arc::new(self.autoscaler.decisions.iter().rev().cloned().collect()));
+        }
     }
 }

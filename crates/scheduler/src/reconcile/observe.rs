@@ -13,7 +13,7 @@ use super::Scheduler;
 use super::ledgers::{claim_key, workload_state};
 use crate::lifecycle::UnitState;
 use crate::repair::{MISSING, MISSING_AFTER_MS, runs_nowhere};
-use crate::store::{UnitRecord, Write};
+use crate::store::{UnitRecord, Usage, Write};
 
 /// How often the view is swept for members no unit accounts for (it reads every node).
 const SWEEP_EVERY_MS: u64 = 5_000;
@@ -63,6 +63,12 @@ impl Scheduler {
                     }
                     None => (m.state.clone(), m.address.clone()),
                 };
+                let usage = status
+                    .as_ref()
+                    .and_then(|w| w.usage)
+                    .map(|u| Usage { cpu_millis: u.cpu_millis, memory_bytes: u.memory_bytes });
+                // Usage changes all the time: it is kept, not a reason to write the record.
+                m.usage = usage;
                 any_reported |= status.is_some();
                 all_running &= state.as_deref() == Some("running");
                 if m.state != state || m.address != address {

@@ -85,17 +85,20 @@ impl Scheduler {
         let mut per_domain = self.units_per_domain();
         let mut by_shard = ByShard::new();
         let mut still = Vec::new();
+        let constraints = [self.constraints(false), self.constraints(true)];
         for id in ids {
             let started = Instant::now();
+            let secondary = self.stored.units.get(id).is_some_and(|u| u.secondary);
             let input = PlanInput {
                 slots,
-                constraints: &self.spec.constraints,
+                constraints: &constraints[usize::from(secondary)],
                 max_units_per_domain: self.spec.spread.max_units_per_domain,
                 units_per_domain: &per_domain,
                 pending: &pending,
                 only_domain: None,
             };
-            let plan = place_unit(&input, &requests, &mut self.classes, &mut self.rng);
+            let classes = if secondary { &mut self.classes_secondary } else { &mut self.classes };
+            let plan = place_unit(&input, &requests, classes, &mut self.rng);
             metrics::histogram!("flotilla_plan_seconds").record(started.elapsed().as_secs_f64());
             Stats::record(&self.stats.decision_us, started.elapsed());
             let Some(unit) = self.stored.units.get_mut(id) else { continue };
@@ -226,8 +229,17 @@ impl Scheduler {
     }
 
     fn claims_of(&self, unit_id: &str, p: &Placement) -> Vec<v1::Claim> {
-        let generation = self.stored.units.get(unit_id).map(|u| u.generation).unwrap_or(0);
-        claims(&self.spec, unit_id, generation, p)
+        let unit = self.stored.units.get(unit_id);
+        let generation = unit.map_or(0, |u| u.generation);
+        claims(&self.spec, unit_id, generation, unit.is_some_and(|u| u.secondary), p)
+    }
+
+    /// Where units of a group may go: secondary units also on low-priority nodes
+    /// (Dataproc's secondary workers are its preemptible ones).
+    pub(super) fn constraints(&self, secondary: bool) -> crate::spec::Constraints {
+        let mut c = self.spec.constraints.clone();
+        c.allow_low_priority |= secondary;
+        c
     }
 
     /// Active units of the app in each domain, for the spread limit.

@@ -39,7 +39,8 @@ impl Scheduler {
             }
         }
         for (id, why) in plan.replace {
-            let new = self.queue_unit(writes);
+            let secondary = self.stored.units.get(&id).is_some_and(|u| u.secondary);
+            let new = self.queue_unit(secondary, writes);
             if let Some(u) = self.stored.units.get_mut(&id) {
                 tracing::info!(unit = %id, replacement = %new, %why, "replacing the unit, make before break");
                 metrics::counter!("flotilla_units_replaced_total", "app" => self.spec.name.clone(), "why" => why)

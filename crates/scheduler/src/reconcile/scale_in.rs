@@ -20,12 +20,15 @@ impl Scheduler {
     pub(super) async fn scale_in(&mut self, slots: &[Arc<ShardSlot>], writes: &mut Vec<Write>) {
         let now = now_ms();
         self.choose_victims(slots, now, writes);
-        let drain_ms = self.spec.units.drain_timeout_ms;
+        let spec_drain_ms = self.spec.units.drain_timeout_ms;
+        let drain_ms = |u: &UnitRecord| u.drain_timeout_ms.unwrap_or(spec_drain_ms);
         let due: Vec<UnitRecord> = self
             .stored
             .units
             .values()
-            .filter(|u| u.state == UnitState::Draining && u.draining_since_unix_ms.is_some_and(|t| now >= t + drain_ms))
+            .filter(|u| {
+                u.state == UnitState::Draining && u.draining_since_unix_ms.is_some_and(|t| now >= t + drain_ms(u))
+            })
             .cloned()
             .collect();
         for u in due {
@@ -38,7 +41,7 @@ impl Scheduler {
         }
         // Stopping → Terminated once no agent reports its members any more.
         for u in self.stored.units.values_mut().filter(|u| u.state == UnitState::Stopping) {
-            let waited = u.draining_since_unix_ms.is_some_and(|t| now >= t + drain_ms + STOP_WAIT_MS);
+            let waited = u.draining_since_unix_ms.is_some_and(|t| now >= t + drain_ms(u) + STOP_WAIT_MS);
             if waited || !still_runs(u, slots) {
                 u.state = UnitState::Terminated;
                 writes.push(Write::Unit(u.clone()));
@@ -46,11 +49,24 @@ impl Scheduler {
         }
     }
 
-    /// Past the desired count: ends queued units and starts draining the placed ones
-    /// `crate::repair::scale_in_order` picks.
+    /// Past the desired count of a group: ends its queued units and starts draining the
+    /// placed ones `crate::repair::scale_in_order` picks.
     fn choose_victims(&mut self, slots: &[Arc<ShardSlot>], now: u64, writes: &mut Vec<Write>) {
-        let desired = self.desired() as usize;
-        let active: Vec<&UnitRecord> = self.stored.units.values().filter(|u| counts_toward_desired(u)).collect();
+        for (group, desired) in self.desired_groups().into_iter().enumerate() {
+            self.choose_victims_in(group == 1, desired as usize, slots, now, writes);
+        }
+    }
+
+    fn choose_victims_in(
+        &mut self,
+        secondary: bool,
+        desired: usize,
+        slots: &[Arc<ShardSlot>],
+        now: u64,
+        writes: &mut Vec<Write>,
+    ) {
+        let active: Vec<&UnitRecord> =
+            self.stored.units.values().filter(|u| counts_toward_desired(u) && u.secondary == secondary).collect();
         if active.len() <= desired {
             return;
         }
@@ -73,6 +89,7 @@ impl Scheduler {
                 tracing::info!(unit = %id, "scale-in: draining");
                 u.state = to;
                 u.draining_since_unix_ms = Some(now);
+                u.drain_timeout_ms = self.autoscaler.drain_ms;
                 writes.push(Write::Unit(u.clone()));
             }
         }
