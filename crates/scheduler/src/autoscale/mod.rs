@@ -10,6 +10,7 @@ pub mod basic;
 pub mod config;
 pub mod decision;
 pub mod signals;
+mod span;
 pub mod utilization;
 mod window;
 
