@@ -1,12 +1,17 @@
 //! `flotilla echo-server`: a tiny HTTP workload that answers with who it is (node,
 //! app, unit, role), for demos and tests. It listens on `$FLOTILLA_PORT` by default.
+//! `PUT /load?memory_mib=N` makes it hold N MiB (0 lets go), so a test can load a member
+//! and watch the autoscaler react.
 
 use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context;
 use axum::Json;
-use axum::routing::get;
+use axum::extract::Query;
+use axum::http::StatusCode;
+use axum::routing::{get, put};
 use clap::Args;
 
 #[derive(Debug, Args)]
@@ -37,15 +42,41 @@ pub async fn run(a: EchoArgs) -> anyhow::Result<()> {
         "pid": std::process::id(),
     });
     let delay = Duration::from_millis(a.delay_ms);
-    let app = axum::Router::new().route("/healthz", get(|| async { "ok" })).fallback(get(move || {
-        let body = identity.clone();
-        async move {
-            tokio::time::sleep(delay).await;
-            Json(body)
-        }
-    }));
+    let held: Arc<Mutex<Vec<u8>>> = Arc::default();
+    let app = axum::Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/load", put(move |q: Query<Load>| hold(held.clone(), q.0)))
+        .fallback(get(move || {
+            let body = identity.clone();
+            async move {
+                tokio::time::sleep(delay).await;
+                Json(body)
+            }
+        }));
     let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
     tracing::info!(addr = %listener.local_addr()?, "echo-server listening");
     axum::serve(listener, app).with_graceful_shutdown(crate::servers::shutdown_signal()).await?;
     Ok(())
+}
+
+/// Most memory `PUT /load` may hold.
+const MAX_LOAD_MIB: u64 = 4096;
+
+#[derive(serde::Deserialize)]
+struct Load {
+    memory_mib: u64,
+}
+
+/// Holds `memory_mib` MiB, every page written so it counts as used, in place of what was
+/// held before.
+async fn hold(held: Arc<Mutex<Vec<u8>>>, load: Load) -> Result<Json<serde_json::Value>, (StatusCode, String)> {
+    if load.memory_mib > MAX_LOAD_MIB {
+        return Err((StatusCode::UNPROCESSABLE_ENTITY, format!("memory_mib: at most {MAX_LOAD_MIB}")));
+    }
+    let bytes = (load.memory_mib << 20) as usize;
+    let mut h = held.lock().unwrap_or_else(|p| p.into_inner());
+    *h = Vec::new();
+    *h = vec![1u8; bytes];
+    tracing::info!(memory_mib = load.memory_mib, "holding memory");
+    Ok(Json(serde_json::json!({"memory_mib": load.memory_mib})))
 }
