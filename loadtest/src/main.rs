@@ -4,6 +4,7 @@
 mod common;
 mod failover;
 mod heartbeats;
+mod policies;
 mod routing;
 mod schedule;
 mod soak;
@@ -29,6 +30,8 @@ enum Cmd {
     Routing(routing::RoutingArgs),
     /// Real agents and an app under churn, with the invariants checked all along.
     Soak(soak::SoakArgs),
+    /// One autoscaling evaluation for each of many apps (both policies).
+    Policies(policies::PoliciesArgs),
 }
 
 #[tokio::main]
@@ -40,6 +43,7 @@ async fn main() -> std::process::ExitCode {
         Cmd::Failover(a) => failover::run(a).await,
         Cmd::Routing(a) => routing::run(a).await,
         Cmd::Soak(a) => soak::run(a).await,
+        Cmd::Policies(a) => policies::run(a),
     };
     match r {
         Ok(()) => std::process::ExitCode::SUCCESS,
