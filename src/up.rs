@@ -263,3 +263,31 @@ pub async fn run(a: UpArgs, log_format: LogFormat) -> anyhow::Result<()> {
     println!("stopped");
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[test]
+    fn agents_log_in_the_format_up_was_given() {
+        let dir = PathBuf::from("/nonexistent/flotilla-up-test");
+        let data = DataDir {
+            dir: dir.clone(),
+            join_tokens: vec![],
+            api_token: String::new(),
+            grpc_tokens: vec![],
+            shard_secret: String::new(),
+            tls_cert: dir.join("tls.crt"),
+            tls_key: dir.join("tls.key"),
+        };
+        for format in [LogFormat::Text, LogFormat::Json] {
+            let spec = agent_specs(1, "127.0.0.1:7000", &data, format).remove(0);
+            // The child's command line, as `flotilla` itself will parse it.
+            let cli = crate::Cli::try_parse_from(std::iter::once("flotilla".to_string()).chain(spec.args))
+                .unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(cli.log.format(), format);
+            assert!(matches!(cli.cmd, crate::Cmd::Agent(_)));
+        }
+    }
+}
