@@ -16,9 +16,8 @@ static ALLOC: flotilla_obs::alloc::Metered = flotilla_obs::alloc::Metered;
 #[derive(Parser)]
 #[command(name = "flotilla", version, about = "A federated multi-cluster scheduler")]
 struct Cli {
-    /// Log as JSON lines instead of human-readable text.
-    #[arg(long, global = true)]
-    log_json: bool,
+    #[command(flatten)]
+    log: flotilla_obs::LogArgs,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -59,7 +58,8 @@ enum Cmd {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    flotilla_obs::init_tracing(cli.log_json);
+    let log_format = cli.log.format();
+    flotilla_obs::init_tracing(log_format);
     // Before any component registers its metrics.
     flotilla_obs::metrics_handle();
     let result = match cli.cmd {
@@ -70,7 +70,7 @@ fn main() -> std::process::ExitCode {
                 |rt| {
                     rt.block_on(async move {
                         match other {
-                            Cmd::Up(a) => up::run(a).await,
+                            Cmd::Up(a) => up::run(a, log_format).await,
                             Cmd::Aggregator(a) => servers::aggregator(a).await,
                             Cmd::Control(a) => servers::control(a).await,
                             Cmd::Scheduler(a) => servers::scheduler(a).await,

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Args;
+use flotilla_obs::LogFormat;
 
 use crate::secrets::DataDir;
 use crate::servers::{HttpArgs, LivenessArgs, shutdown_signal};
@@ -51,8 +52,8 @@ struct AgentSpec {
 }
 
 /// Distinct nodes of different sizes, over two domains and three zones, every third
-/// one low priority.
-fn agent_specs(n: usize, aggregators: &str, data: &DataDir) -> Vec<AgentSpec> {
+/// one low priority. They log in `log_format`, like `up` itself.
+fn agent_specs(n: usize, aggregators: &str, data: &DataDir, log_format: LogFormat) -> Vec<AgentSpec> {
     (0..n)
         .map(|i| {
             let node_id = format!("node-{}", i + 1);
@@ -60,6 +61,8 @@ fn agent_specs(n: usize, aggregators: &str, data: &DataDir) -> Vec<AgentSpec> {
             let priority = if i % 3 == 2 { "low" } else { "high" };
             let (cores, mem_gib) = [(4, 8u64), (8, 16), (16, 32)][i % 3];
             let args = vec![
+                "--log-format".into(),
+                log_format.as_arg().into(),
                 "agent".into(),
                 "--aggregators".into(),
                 aggregators.into(),
@@ -133,7 +136,7 @@ fn signal_group(pid: u32, sig: i32) {
     }
 }
 
-pub async fn run(a: UpArgs) -> anyhow::Result<()> {
+pub async fn run(a: UpArgs, log_format: LogFormat) -> anyhow::Result<()> {
     anyhow::ensure!(a.shards >= 1 && a.shards <= 64, "--shards must be within 1..=64");
     anyhow::ensure!(a.agents <= 1000, "--agents must be at most 1000");
     let data = DataDir::prepare(&a.data)?;
@@ -188,7 +191,7 @@ pub async fn run(a: UpArgs) -> anyhow::Result<()> {
 
     let joined = addrs.join(",");
     let mut agents: Vec<Agent> = Vec::new();
-    for spec in agent_specs(a.agents, &joined, &data) {
+    for spec in agent_specs(a.agents, &joined, &data, log_format) {
         let child = spawn(&spec, &agents_dir)?;
         let pid_file = agents_dir.join(format!("{}.pid", spec.node_id));
         agents.push(Agent { spec, child: Some(child), pid_file, restart_at: None });
@@ -259,4 +262,32 @@ pub async fn run(a: UpArgs) -> anyhow::Result<()> {
     }
     println!("stopped");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[test]
+    fn agents_log_in_the_format_up_was_given() {
+        let dir = PathBuf::from("/nonexistent/flotilla-up-test");
+        let data = DataDir {
+            dir: dir.clone(),
+            join_tokens: vec![],
+            api_token: String::new(),
+            grpc_tokens: vec![],
+            shard_secret: String::new(),
+            tls_cert: dir.join("tls.crt"),
+            tls_key: dir.join("tls.key"),
+        };
+        for format in [LogFormat::Text, LogFormat::Json] {
+            let spec = agent_specs(1, "127.0.0.1:7000", &data, format).remove(0);
+            // The child's command line, as `flotilla` itself will parse it.
+            let cli = crate::Cli::try_parse_from(std::iter::once("flotilla".to_string()).chain(spec.args))
+                .unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(cli.log.format(), format);
+            assert!(matches!(cli.cmd, crate::Cmd::Agent(_)));
+        }
+    }
 }

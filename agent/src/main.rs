@@ -5,15 +5,15 @@ use clap::Parser;
 #[derive(Parser)]
 #[command(name = "flotilla-agent", version, about = "Flotilla node agent")]
 struct Cli {
-    #[arg(long, global = true)]
-    log_json: bool,
+    #[command(flatten)]
+    log: flotilla_obs::LogArgs,
     #[command(flatten)]
     cmd: flotilla_agent::config::AgentCommand,
 }
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    flotilla_obs::init_tracing(cli.log_json);
+    flotilla_obs::init_tracing(cli.log.format());
     flotilla_obs::metrics_handle();
     match flotilla_agent::main_with(cli.cmd) {
         Ok(()) => std::process::ExitCode::SUCCESS,

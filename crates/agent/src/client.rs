@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context, anyhow, bail};
+use anyhow::{Context, bail};
 use flotilla_proto::{MAX_CONTROL_MESSAGE, v1};
 use prost::Message;
 
@@ -43,6 +43,47 @@ pub fn server_name(host: &str) -> &str {
     host.trim_start_matches('[').trim_end_matches(']')
 }
 
+/// The QUIC close code with which a shard ends a connection whose credentials it
+/// refused (a wrong join token, an unsupported protocol version); the shard's
+/// `quic::CLOSE_REJECTED`. Shutting down closes with 0.
+pub const CLOSE_REJECTED: u64 = 1;
+
+/// The shard's refusal codes (`ErrorReply.code`) that no retry with the same
+/// configuration can overcome.
+const FATAL_CODES: &[&str] = &["join_token", "protocol_version"];
+
+/// Why a request to a shard failed. Callers decide on the variant and the shard's
+/// stable code, never on the message (which is for people).
+#[derive(Debug, thiserror::Error)]
+pub enum ShardError {
+    /// The shard answered with a refusal: `code` is its stable name (`join_token`,
+    /// `protocol_version`, `node_id`, `invalid`, `wrong_shard`, `stale_incarnation`,
+    /// `malformed`, …).
+    #[error("shard refused: {message} ({code})")]
+    Refused { code: String, message: String },
+    /// The shard closed the connection, with its QUIC application close code.
+    #[error("shard closed the connection: {reason}")]
+    Closed { close_code: u64, reason: String },
+    /// The request or its answer did not get through (handshake, stream, timeout).
+    #[error("{0}")]
+    Transport(String),
+    /// An answer the protocol does not allow.
+    #[error("{0}")]
+    Protocol(String),
+}
+
+impl ShardError {
+    /// Whether the shard refused this agent for good (its credentials or protocol), so
+    /// retrying cannot help; anything else may succeed later.
+    pub fn is_fatal(&self) -> bool {
+        match self {
+            ShardError::Refused { code, .. } => FATAL_CODES.contains(&code.as_str()),
+            ShardError::Closed { close_code, .. } => *close_code == CLOSE_REJECTED,
+            ShardError::Transport(_) | ShardError::Protocol(_) => false,
+        }
+    }
+}
+
 /// One QUIC connection to one shard.
 #[derive(Clone)]
 pub struct ShardConnection {
@@ -50,50 +91,79 @@ pub struct ShardConnection {
 }
 
 impl ShardConnection {
-    pub async fn connect(endpoint: &quinn::Endpoint, addr: SocketAddr, name: &str) -> anyhow::Result<Self> {
-        let connecting = endpoint.connect(addr, server_name(name))?;
+    pub async fn connect(endpoint: &quinn::Endpoint, addr: SocketAddr, name: &str) -> Result<Self, ShardError> {
+        let connecting = endpoint
+            .connect(addr, server_name(name))
+            .map_err(|e| ShardError::Transport(format!("connecting to {addr}: {e}")))?;
         let conn = tokio::time::timeout(Duration::from_secs(5), connecting)
             .await
-            .map_err(|_| anyhow!("QUIC handshake with {addr} timed out"))??;
+            .map_err(|_| ShardError::Transport(format!("QUIC handshake with {addr} timed out")))?
+            .map_err(|e| ShardError::Transport(e.to_string()))?;
         Ok(ShardConnection { conn })
     }
 
     /// Sends one request on its own stream and waits for the answer.
-    pub async fn request(&self, req: v1::AgentRequest) -> anyhow::Result<v1::agent_response::Response> {
-        let (mut send, mut recv) = self.conn.open_bi().await.map_err(|e| self.explain(e.into()))?;
-        send.write_all(&req.encode_to_vec()).await.map_err(|e| self.explain(e.into()))?;
-        send.finish().map_err(|e| anyhow!("finishing request: {e}"))?;
-        let bytes = recv.read_to_end(MAX_CONTROL_MESSAGE).await.map_err(|e| self.explain(e.into()))?;
-        let resp = v1::AgentResponse::decode(bytes.as_slice()).context("decoding the shard's answer")?;
+    pub async fn request(&self, req: v1::AgentRequest) -> Result<v1::agent_response::Response, ShardError> {
+        let (mut send, mut recv) = self.conn.open_bi().await.map_err(|e| self.explain(e))?;
+        send.write_all(&req.encode_to_vec()).await.map_err(|e| self.explain(e))?;
+        send.finish().map_err(|e| ShardError::Transport(format!("finishing request: {e}")))?;
+        let bytes = recv.read_to_end(MAX_CONTROL_MESSAGE).await.map_err(|e| self.explain(e))?;
+        let resp = v1::AgentResponse::decode(bytes.as_slice())
+            .map_err(|e| ShardError::Protocol(format!("decoding the shard's answer: {e}")))?;
         match resp.response {
-            Some(v1::agent_response::Response::Error(e)) => bail!("shard refused: {} ({})", e.message, e.code),
-            Some(r) => Ok(r),
-            None => bail!("empty answer from the shard"),
-        }
-    }
-
-    /// Prefers the shard's close reason (a refused credential) over a stream error.
-    fn explain(&self, e: anyhow::Error) -> anyhow::Error {
-        match self.conn.close_reason() {
-            Some(quinn::ConnectionError::ApplicationClosed(c)) => {
-                anyhow!("shard closed the connection: {}", String::from_utf8_lossy(&c.reason))
+            Some(v1::agent_response::Response::Error(e)) => {
+                Err(ShardError::Refused { code: e.code, message: e.message })
             }
-            _ => e,
+            Some(r) => Ok(r),
+            None => Err(ShardError::Protocol("empty answer from the shard".into())),
         }
     }
 
-    pub async fn register(&self, req: v1::RegisterRequest) -> anyhow::Result<v1::Session> {
+    /// Prefers the shard's close (a refused credential) over the stream error it caused.
+    fn explain(&self, e: impl std::fmt::Display) -> ShardError {
+        match self.conn.close_reason() {
+            Some(quinn::ConnectionError::ApplicationClosed(c)) => ShardError::Closed {
+                close_code: c.error_code.into_inner(),
+                reason: String::from_utf8_lossy(&c.reason).into_owned(),
+            },
+            _ => ShardError::Transport(e.to_string()),
+        }
+    }
+
+    pub async fn register(&self, req: v1::RegisterRequest) -> Result<v1::Session, ShardError> {
         match self.request(v1::AgentRequest { request: Some(v1::agent_request::Request::Register(req)) }).await? {
             v1::agent_response::Response::Session(s) => Ok(s),
-            other => bail!("unexpected answer to register: {other:?}"),
+            other => Err(ShardError::Protocol(format!("unexpected answer to register: {other:?}"))),
         }
     }
 
-    pub async fn drain(&self, node_id: &str, session_id: u64) -> anyhow::Result<v1::DrainAck> {
+    pub async fn drain(&self, node_id: &str, session_id: u64) -> Result<v1::DrainAck, ShardError> {
         let req = v1::DrainRequest { node_id: node_id.to_string(), session_id };
         match self.request(v1::AgentRequest { request: Some(v1::agent_request::Request::Drain(req)) }).await? {
             v1::agent_response::Response::Drain(a) => Ok(a),
-            other => bail!("unexpected answer to drain: {other:?}"),
+            other => Err(ShardError::Protocol(format!("unexpected answer to drain: {other:?}"))),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_refused_credentials_are_fatal() {
+        let refused = |code: &str| ShardError::Refused { code: code.into(), message: "whatever it says".into() };
+        assert!(refused("join_token").is_fatal());
+        assert!(refused("protocol_version").is_fatal());
+        for code in ["node_id", "invalid", "wrong_shard", "stale_incarnation", "malformed"] {
+            assert!(!refused(code).is_fatal(), "{code}");
+        }
+        // The message never decides: a retryable code that mentions a join token stays retryable.
+        let wordy = ShardError::Refused { code: "invalid".into(), message: "join token protocol version".into() };
+        assert!(!wordy.is_fatal());
+        let closed = |close_code| ShardError::Closed { close_code, reason: "join token is not valid".into() };
+        assert!(closed(CLOSE_REJECTED).is_fatal());
+        assert!(!closed(0).is_fatal(), "a shard shutting down is waited for");
+        assert!(!ShardError::Transport("join token".into()).is_fatal());
     }
 }

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, anyhow};
-use flotilla_core::{PROTOCOL_VERSION, shard_for_domain};
+use flotilla_core::{Backoff, PROTOCOL_VERSION, shard_for_domain};
 use flotilla_proto::seal::{self, Direction, Header, MAGIC_HEARTBEAT, SessionKey};
 use flotilla_proto::v1;
 use prost::Message;
@@ -81,7 +81,8 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     tracing::info!(%addr, capacity = ?config.capacity, labels = ?config.labels, "agent starting");
     let endpoint = client::client_endpoint(&config.ca, unspecified(&addr))?;
     let mut probe = probe::HealthProbe::new(config.preemption_notice_file.clone(), config.test_health_file.clone());
-    let mut backoff = Duration::from_millis(200);
+    // Jittered, so the agents of a restarted shard do not all come back at once.
+    let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10)).with_jitter(0.5);
     let sent = metrics::counter!("flotilla_agent_heartbeats_sent_total");
     // The version of the assignment set this agent holds (reported in heartbeats).
     let assignments = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
@@ -95,19 +96,17 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
         };
         let (conn, session) = match registered {
             Ok(x) => {
-                backoff = Duration::from_millis(200);
+                backoff.reset();
                 metrics::counter!("flotilla_agent_registrations_total", "result" => "ok").increment(1);
                 x
             }
             Err(e) => {
                 metrics::counter!("flotilla_agent_registrations_total", "result" => "error").increment(1);
-                let msg = format!("{e:#}");
-                if msg.contains("join token") || msg.contains("protocol version") {
-                    return Err(e.context("the shard refused this agent"));
+                if e.is_fatal() {
+                    return Err(anyhow::Error::from(e).context("the shard refused this agent"));
                 }
-                let wait = backoff.mul_f64(rand::rng().random_range(0.5..1.5));
-                tracing::warn!(error = %msg, retry_in = ?wait, "registration failed");
-                backoff = (backoff * 2).min(Duration::from_secs(10));
+                let wait = backoff.next_wait();
+                tracing::warn!(error = %e, retry_in = ?wait, "registration failed");
                 tokio::select! {
                     _ = tokio::time::sleep(wait) => continue,
                     stop = stop_rx.recv() => return finish(stop, None, &config, &runtime).await,
@@ -161,8 +160,13 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
                     let list = workloads.borrow_and_update().0.clone();
                     let report = v1::ReportWorkloads { node_id: config.node_id.to_string(), session_id: session.session_id, workloads: list };
                     let req = v1::AgentRequest { request: Some(v1::agent_request::Request::Workloads(report)) };
-                    if let Err(e) = tokio::time::timeout(Duration::from_secs(3), conn.request(req)).await.map_err(anyhow::Error::from).and_then(|r| r) {
-                        tracing::warn!(error = %format!("{e:#}"), "workload report failed; will resend");
+                    let failed = match tokio::time::timeout(Duration::from_secs(3), conn.request(req)).await {
+                        Ok(Ok(_)) => None,
+                        Ok(Err(e)) => Some(e.to_string()),
+                        Err(_) => Some("no answer in 3 s".to_string()),
+                    };
+                    if let Some(error) = failed {
+                        tracing::warn!(%error, "workload report failed; will resend");
                         workloads.mark_changed();
                     }
                 }
@@ -264,7 +268,7 @@ async fn register(
     incarnation: u64,
     probe: &mut probe::HealthProbe,
     running: (Vec<v1::Assignment>, u64),
-) -> anyhow::Result<(ShardConnection, v1::Session)> {
+) -> Result<(ShardConnection, v1::Session), client::ShardError> {
     let conn = ShardConnection::connect(endpoint, addr, host).await?;
     let req = v1::RegisterRequest {
         protocol_version: PROTOCOL_VERSION,
@@ -357,7 +361,7 @@ async fn finish(
                     tokio::time::sleep(config.drain_delay).await;
                     format!("ok {} {status}", config.node_id)
                 }
-                Ok(Err(e)) => format!("error {e:#}"),
+                Ok(Err(e)) => format!("error {e}"),
                 Err(_) => "error the shard did not answer the drain in 3 s".into(),
             }
         }

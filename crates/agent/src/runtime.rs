@@ -14,6 +14,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use flotilla_core::Backoff;
 use flotilla_proto::v1::{self, WorkloadState};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::time::Instant;
@@ -55,7 +56,8 @@ struct Member {
     exit_code: i32,
     message: String,
     restarts: u32,
-    failures_in_row: u32,
+    /// Waits between restarts; reset by a long enough run.
+    restart: Backoff,
     next_start: Instant,
     started_at: Instant,
     cgroup: Cgroup,
@@ -76,9 +78,10 @@ pub struct Runtime {
     http: reqwest::Client,
 }
 
-/// Crash-loop back-off: 0.5 s doubling to 30 s.
-pub fn backoff(failures_in_row: u32) -> Duration {
-    Duration::from_millis(500u64.saturating_mul(1 << failures_in_row.min(6))).min(Duration::from_secs(30))
+/// Crash-loop back-off: 0.5 s doubling to 30 s. No jitter: the restarts of one node's
+/// members are no thundering herd.
+fn restart_backoff() -> Backoff {
+    Backoff::new(Duration::from_millis(500), Duration::from_secs(30))
 }
 
 /// A run this long resets the back-off.
@@ -177,7 +180,7 @@ impl Runtime {
                     exit_code: 0,
                     message: String::new(),
                     restarts: 0,
-                    failures_in_row: 0,
+                    restart: restart_backoff(),
                     next_start: now,
                     started_at: now,
                     cgroup: Cgroup::default(),
@@ -300,8 +303,7 @@ impl Runtime {
             m.state = WorkloadState::Failed;
             m.exit_code = -1;
             m.message = why;
-            m.next_start = Instant::now() + backoff(m.failures_in_row);
-            m.failures_in_row += 1;
+            m.next_start = Instant::now() + m.restart.next_wait();
             self.dirty = true;
         }
     }
@@ -321,8 +323,10 @@ impl Runtime {
                             .to_string();
                         let code = status.code().unwrap_or(-1);
                         let ran = now.duration_since(m.started_at);
-                        m.failures_in_row = if ran >= HEALTHY_RUN { 0 } else { m.failures_in_row + 1 };
-                        m.next_start = now + backoff(m.failures_in_row.saturating_sub(1));
+                        if ran >= HEALTHY_RUN {
+                            m.restart.reset();
+                        }
+                        m.next_start = now + m.restart.next_wait();
                         m.state = WorkloadState::Exited;
                         m.exit_code = code;
                         m.message = tail
@@ -487,10 +491,14 @@ mod tests {
 
     #[test]
     fn back_off_doubles_and_caps() {
-        assert_eq!(backoff(0), Duration::from_millis(500));
-        assert_eq!(backoff(1), Duration::from_secs(1));
-        assert_eq!(backoff(3), Duration::from_secs(4));
-        assert_eq!(backoff(40), Duration::from_secs(30));
+        let mut b = restart_backoff();
+        let waits: Vec<Duration> = (0..8).map(|_| b.next_wait()).collect();
+        assert_eq!(waits[0], Duration::from_millis(500));
+        assert_eq!(waits[1], Duration::from_secs(1));
+        assert_eq!(waits[3], Duration::from_secs(4));
+        assert_eq!(waits[7], Duration::from_secs(30));
+        b.reset();
+        assert_eq!(b.next_wait(), Duration::from_millis(500), "a healthy run starts the back-off over");
     }
 
     fn config(name: &str) -> RuntimeConfig {
@@ -564,7 +572,7 @@ mod tests {
         let s = &rt.statuses()[0];
         assert_eq!(s.state, WorkloadState::Failed as i32);
         assert!(s.message.contains("/no/such/binary"), "{}", s.message);
-        assert!(rt.members.values().next().unwrap().failures_in_row <= 3, "no busy loop");
+        assert!(rt.members.values().next().unwrap().restart.failures() <= 3, "no busy loop");
     }
 
     #[tokio::test]

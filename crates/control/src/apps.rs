@@ -13,7 +13,7 @@ use flotilla_scheduler::{AppHandle, AppStatus};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::{ApiError, ControlState};
+use crate::{ControlError, ControlState};
 
 pub enum AppEndpoint {
     Local(AppHandle),
@@ -61,8 +61,8 @@ pub fn routes() -> Router<Arc<ControlState>> {
         .route("/v1/schedulers", axum::routing::post(register_scheduler))
 }
 
-fn not_found(app: &str) -> ApiError {
-    ApiError { status: StatusCode::NOT_FOUND, code: "no_such_app", message: format!("no scheduler runs app {app:?}") }
+fn not_found(app: &str) -> ControlError {
+    ControlError::NoSuchApp(app.to_string())
 }
 
 fn summary(s: &AppStatus) -> Value {
@@ -101,18 +101,21 @@ pub fn unit_rows(s: &AppStatus) -> Value {
     Value::Array(rows)
 }
 
-async fn remote(http: &reqwest::Client, url: &str, path: &str) -> Result<Value, ApiError> {
-    let bad = |m: String| ApiError { status: StatusCode::BAD_GATEWAY, code: "scheduler_unreachable", message: m };
+fn unreachable(url: &str, e: reqwest::Error) -> ControlError {
+    ControlError::SchedulerUnreachable { url: url.to_string(), message: e.to_string() }
+}
+
+async fn remote(http: &reqwest::Client, url: &str, path: &str) -> Result<Value, ControlError> {
     let resp = http
         .get(format!("{}{path}", url.trim_end_matches('/')))
         .timeout(Duration::from_secs(5))
         .send()
         .await
-        .map_err(|e| bad(format!("{url}: {e}")))?;
-    resp.json().await.map_err(|e| bad(format!("{url}: {e}")))
+        .map_err(|e| unreachable(url, e))?;
+    resp.json().await.map_err(|e| unreachable(url, e))
 }
 
-async fn list_apps(State(s): State<Arc<ControlState>>) -> Result<Json<Value>, ApiError> {
+async fn list_apps(State(s): State<Arc<ControlState>>) -> Result<Json<Value>, ControlError> {
     let mut out = Vec::new();
     for app in s.apps.names() {
         match s.apps.get(&app) {
@@ -126,7 +129,7 @@ async fn list_apps(State(s): State<Arc<ControlState>>) -> Result<Json<Value>, Ap
 
 /// The app's summary; `scheduler_url` names the standalone scheduler serving it (watch its
 /// routes there), or is null when this process runs it.
-async fn get_app(State(s): State<Arc<ControlState>>, Path(app): Path<String>) -> Result<Json<Value>, ApiError> {
+async fn get_app(State(s): State<Arc<ControlState>>, Path(app): Path<String>) -> Result<Json<Value>, ControlError> {
     match s.apps.get(&app) {
         Some(Ok(h)) => Ok(Json(summary(&h.status()))),
         Some(Err(url)) => {
@@ -140,7 +143,7 @@ async fn get_app(State(s): State<Arc<ControlState>>, Path(app): Path<String>) ->
     }
 }
 
-async fn list_units(State(s): State<Arc<ControlState>>, Path(app): Path<String>) -> Result<Json<Value>, ApiError> {
+async fn list_units(State(s): State<Arc<ControlState>>, Path(app): Path<String>) -> Result<Json<Value>, ControlError> {
     metrics::counter!("flotilla_api_requests_total", "route" => "/v1/apps/{app}/units").increment(1);
     match s.apps.get(&app) {
         Some(Ok(h)) => Ok(Json(unit_rows(&h.status()))),
@@ -160,7 +163,7 @@ pub fn route_rows(t: &flotilla_proto::v1::RouteTable) -> Value {
     json!({"app": t.app, "version": t.version, "routes": rows})
 }
 
-async fn list_routes(State(s): State<Arc<ControlState>>, Path(app): Path<String>) -> Result<Json<Value>, ApiError> {
+async fn list_routes(State(s): State<Arc<ControlState>>, Path(app): Path<String>) -> Result<Json<Value>, ControlError> {
     metrics::counter!("flotilla_api_requests_total", "route" => "/v1/apps/{app}/routes").increment(1);
     match s.apps.get(&app) {
         Some(Ok(h)) => Ok(Json(route_rows(&h.routes().borrow()))),
@@ -182,21 +185,16 @@ async fn scale(
     Path(app): Path<String>,
     headers: HeaderMap,
     body: Result<Json<ScaleBody>, axum::extract::rejection::JsonRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Value>, ControlError> {
     metrics::counter!("flotilla_api_requests_total", "route" => "/v1/apps/{app}/scale").increment(1);
     authorize(&s, &headers)?;
-    let Json(b) = body.map_err(|e| ApiError {
-        status: StatusCode::BAD_REQUEST,
-        code: "bad_request",
-        message: format!("expected {{\"units\": N}}: {}", e.body_text()),
-    })?;
+    let Json(b) =
+        body.map_err(|e| ControlError::BadRequest(format!("expected {{\"units\": N}}: {}", e.body_text())))?;
     match s.apps.get(&app) {
-        Some(Ok(h)) => match h.scale(b.units).await {
-            Ok(n) => Ok(Json(json!({"app": app, "desired_units": n}))),
-            Err(m) => {
-                Err(ApiError { status: StatusCode::UNPROCESSABLE_ENTITY, code: "out_of_range", message: m.to_string() })
-            }
-        },
+        Some(Ok(h)) => {
+            let n = h.scale(b.units).await?;
+            Ok(Json(json!({"app": app, "desired_units": n})))
+        }
         Some(Err(url)) => {
             let req = s.http.put(format!("{}/v1/apps/{app}/scale", url.trim_end_matches('/')));
             forward(req.json(&json!({"units": b.units})), &url, &headers).await
@@ -212,20 +210,18 @@ async fn apply(
     Path(app): Path<String>,
     headers: HeaderMap,
     body: String,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Value>, ControlError> {
     metrics::counter!("flotilla_api_requests_total", "route" => "/v1/apps/{app}/spec").increment(1);
     authorize(&s, &headers)?;
-    let invalid =
-        |message: String| ApiError { status: StatusCode::UNPROCESSABLE_ENTITY, code: "invalid_spec", message };
-    let spec = flotilla_scheduler::AppSpec::parse(&body).map_err(|e| invalid(e.to_string()))?;
+    let spec = flotilla_scheduler::AppSpec::parse(&body).map_err(|e| ControlError::InvalidSpec(e.to_string()))?;
     if spec.name != app {
-        return Err(invalid(format!("the spec names app {:?}, not {app:?}", spec.name)));
+        return Err(ControlError::InvalidSpec(format!("the spec names app {:?}, not {app:?}", spec.name)));
     }
     match s.apps.get(&app) {
-        Some(Ok(h)) => match h.apply(spec).await {
-            Ok(m) => Ok(Json(json!({"app": app, "result": m}))),
-            Err(m) => Err(invalid(m.to_string())),
-        },
+        Some(Ok(h)) => {
+            let m = h.apply(spec).await?;
+            Ok(Json(json!({"app": app, "result": m})))
+        }
         Some(Err(url)) => {
             let req = s.http.put(format!("{}/v1/apps/{app}/spec", url.trim_end_matches('/')));
             forward(req.body(body), &url, &headers).await
@@ -236,24 +232,19 @@ async fn apply(
 
 /// Sends a mutating call on to a standalone scheduler with the caller's token, and
 /// passes its answer (or its error) back.
-async fn forward(req: reqwest::RequestBuilder, url: &str, headers: &HeaderMap) -> Result<Json<Value>, ApiError> {
-    let bad = |m: String| ApiError { status: StatusCode::BAD_GATEWAY, code: "scheduler_unreachable", message: m };
+async fn forward(req: reqwest::RequestBuilder, url: &str, headers: &HeaderMap) -> Result<Json<Value>, ControlError> {
     let mut req = req.timeout(Duration::from_secs(5));
     if let Some(v) = headers.get(axum::http::header::AUTHORIZATION).and_then(|v| v.to_str().ok()) {
         req = req.header("authorization", v);
     }
-    let resp = req.send().await.map_err(|e| bad(format!("{url}: {e}")))?;
+    let resp = req.send().await.map_err(|e| unreachable(url, e))?;
     let status = resp.status();
-    let v: Value = resp.json().await.map_err(|e| bad(format!("{url}: {e}")))?;
+    let v: Value = resp.json().await.map_err(|e| unreachable(url, e))?;
     if status.is_success() {
         Ok(Json(v))
     } else {
         let msg = v.pointer("/error/message").and_then(Value::as_str).unwrap_or("refused").to_string();
-        Err(ApiError {
-            status: StatusCode::from_u16(status.as_u16()).unwrap_or(StatusCode::BAD_GATEWAY),
-            code: "refused",
-            message: msg,
-        })
+        Err(ControlError::Forwarded { status, message: msg })
     }
 }
 
@@ -265,12 +256,12 @@ struct Registration {
 }
 
 /// Checks `Authorization: Bearer <token>` for mutating calls.
-pub fn authorize(s: &ControlState, headers: &HeaderMap) -> Result<(), ApiError> {
+pub fn authorize(s: &ControlState, headers: &HeaderMap) -> Result<(), ControlError> {
     let Some(want) = &s.api_token else { return Ok(()) };
     let got = headers.get(axum::http::header::AUTHORIZATION).and_then(|v| v.to_str().ok());
-    let unauthorized = |m: &str| {
+    let unauthorized = |m: &'static str| {
         crate::limits::rejected("unauthenticated");
-        ApiError { status: StatusCode::UNAUTHORIZED, code: "unauthorized", message: m.into() }
+        ControlError::Unauthorized(m)
     };
     match got.and_then(|v| v.strip_prefix("Bearer ")) {
         None => Err(unauthorized("this call needs Authorization: Bearer <API token> (see $FLOTILLA_DATA/api-token)")),
@@ -283,24 +274,18 @@ async fn register_scheduler(
     State(s): State<Arc<ControlState>>,
     headers: HeaderMap,
     body: Result<Json<Registration>, axum::extract::rejection::JsonRejection>,
-) -> Result<StatusCode, ApiError> {
+) -> Result<StatusCode, ControlError> {
     authorize(&s, &headers)?;
-    let Json(r) =
-        body.map_err(|e| ApiError { status: StatusCode::BAD_REQUEST, code: "bad_request", message: e.body_text() })?;
-    let bad = |m: String| ApiError { status: StatusCode::BAD_REQUEST, code: "bad_request", message: m };
+    let Json(r) = body.map_err(|e| ControlError::BadRequest(e.body_text()))?;
     if r.app.is_empty() || r.app.len() > 63 {
-        return Err(bad("app: 1..=63 bytes".into()));
+        return Err(ControlError::BadRequest("app: 1..=63 bytes".into()));
     }
     if !(r.url.starts_with("http://") || r.url.starts_with("https://")) || r.url.len() > 256 {
-        return Err(bad("url: an http(s) URL of at most 256 bytes".into()));
+        return Err(ControlError::BadRequest("url: an http(s) URL of at most 256 bytes".into()));
     }
     let mut g = s.apps.0.write().unwrap_or_else(|p| p.into_inner());
     if matches!(g.get(&r.app), Some(AppEndpoint::Local(_))) {
-        return Err(ApiError {
-            status: StatusCode::CONFLICT,
-            code: "conflict",
-            message: format!("{} runs in this process", r.app),
-        });
+        return Err(ControlError::AppRunsHere(r.app));
     }
     g.insert(r.app, AppEndpoint::Remote { url: r.url, seen: Instant::now() });
     Ok(StatusCode::NO_CONTENT)

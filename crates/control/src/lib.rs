@@ -2,6 +2,7 @@
 //! shows comes from the shards' views, followed over `WatchView`.
 
 pub mod apps;
+mod error;
 mod json;
 pub mod limits;
 pub mod routes_grpc;
@@ -11,14 +12,13 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use flotilla_proto::dial::Dialer;
 use flotilla_proto::v1;
 use flotilla_view::ClusterView;
 
+pub use error::{ApiError, ControlError, http_status};
 pub use json::{NodeRow, node_rows};
 pub use serve::{HttpOptions, MAX_CONNECTIONS_PER_PEER, MAX_STREAMS_PER_CONNECTION, tls_config};
 
@@ -35,21 +35,6 @@ pub struct ControlState {
     pub dialer: Dialer,
 }
 
-/// `{"error": {"code", "message"}}` with a fitting status.
-pub struct ApiError {
-    pub status: StatusCode,
-    pub code: &'static str,
-    pub message: String,
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        metrics::counter!("flotilla_api_errors_total", "code" => self.code).increment(1);
-        let body = serde_json::json!({"error": {"code": self.code, "message": self.message}});
-        (self.status, Json(body)).into_response()
-    }
-}
-
 pub fn router(state: Arc<ControlState>) -> Router {
     Router::new()
         .route("/v1/nodes", get(list_nodes))
@@ -57,9 +42,7 @@ pub fn router(state: Arc<ControlState>) -> Router {
         .route("/v1/nodes/{node}/{action}", axum::routing::post(node_action))
         .route("/healthz", get(|| async { "ok" }))
         .merge(apps::routes())
-        .fallback(|| async {
-            ApiError { status: StatusCode::NOT_FOUND, code: "not_found", message: "no such endpoint".into() }
-        })
+        .fallback(|| async { ControlError::NoSuchEndpoint })
         // gRPC shares the port (HTTP/2); its paths name the service.
         .route_service(
             "/flotilla.v1.RouteService/{*method}",
@@ -81,18 +64,12 @@ async fn node_action(
     State(s): State<Arc<ControlState>>,
     axum::extract::Path((node, action)): axum::extract::Path<(String, String)>,
     headers: axum::http::HeaderMap,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<serde_json::Value>, ControlError> {
     let what = match action.as_str() {
         "cordon" => NodeAction::Cordon,
         "drain" => NodeAction::Drain,
         "uncordon" => NodeAction::Uncordon,
-        _ => {
-            return Err(ApiError {
-                status: StatusCode::NOT_FOUND,
-                code: "not_found",
-                message: format!("no node action {action:?} (cordon, drain or uncordon)"),
-            });
-        }
+        _ => return Err(ControlError::NoSuchAction(action)),
     };
     set_cordon(&s, &node, &headers, what).await
 }
@@ -111,26 +88,22 @@ async fn set_cordon(
     node: &str,
     headers: &axum::http::HeaderMap,
     what: NodeAction,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<serde_json::Value>, ControlError> {
     let (cordoned, drain) = (what != NodeAction::Uncordon, what == NodeAction::Drain);
     apps::authorize(s, headers)?;
-    let not_found = || ApiError {
-        status: StatusCode::NOT_FOUND,
-        code: "no_such_node",
-        message: format!("no shard holds node {node:?}"),
-    };
+    let not_found = || ControlError::NoSuchNode(node.to_string());
     let id = flotilla_core::NodeId::new(node).map_err(|_| not_found())?;
     let shard = s.cluster.slots().iter().position(|slot| slot.view.get(&id).is_some()).ok_or_else(not_found)?;
     let addr = s.shards.get(shard).ok_or_else(not_found)?;
-    let unreachable = |e: String| ApiError { status: StatusCode::BAD_GATEWAY, code: "shard_unreachable", message: e };
+    let unreachable = |message: String| ControlError::ShardUnreachable { shard, message };
     let channel = s.dialer.connect(addr, Some(std::time::Duration::from_secs(10))).await;
     let mut client = flotilla_proto::v1::node_admin_service_client::NodeAdminServiceClient::new(
-        channel.map_err(|e| unreachable(format!("shard {shard}: {e}")))?,
+        channel.map_err(|e| unreachable(e.to_string()))?,
     );
     let r = client
         .set_cordon(flotilla_proto::v1::CordonRequest { node_id: node.to_string(), cordoned, drain })
         .await
-        .map_err(|e| unreachable(format!("shard {shard}: {}", e.message())))?
+        .map_err(|e| unreachable(e.message().to_string()))?
         .into_inner();
     if !r.found {
         return Err(not_found());

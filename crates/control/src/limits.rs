@@ -9,12 +9,12 @@ use std::time::Instant;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{ConnectInfo, Request, State};
-use axum::http::{StatusCode, header};
+use axum::http::header;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use http_body_util::BodyExt;
 
-use crate::ApiError;
+use crate::ControlError;
 pub use flotilla_core::RateLimiter;
 
 /// The largest request body the API reads (a spec applied with `flotilla apply` too).
@@ -40,12 +40,7 @@ fn is_grpc(req: &Request) -> bool {
 
 fn too_large() -> Response {
     rejected("too_large");
-    ApiError {
-        status: StatusCode::PAYLOAD_TOO_LARGE,
-        code: "too_large",
-        message: format!("the request body is larger than {MAX_BODY_BYTES} bytes"),
-    }
-    .into_response()
+    ControlError::TooLarge { max: MAX_BODY_BYTES }.into_response()
 }
 
 #[tracing::instrument(name = "http_limits", skip_all, fields(method = %req.method(), path = %req.uri().path()))]
@@ -56,19 +51,7 @@ async fn guard(State(limiter): State<Option<Arc<RateLimiter>>>, req: Request, ne
     {
         rejected("rate_limited");
         tracing::debug!(%peer, "rate limited");
-        let mut resp = ApiError {
-            status: StatusCode::TOO_MANY_REQUESTS,
-            code: "rate_limited",
-            message: format!(
-                "more than {} requests per second from {peer}: retry in {} ms",
-                limiter.per_second(),
-                wait.as_millis().max(1)
-            ),
-        }
-        .into_response();
-        let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
-        resp.headers_mut().insert(header::RETRY_AFTER, secs.max(1).into());
-        return resp;
+        return ControlError::RateLimited { per_second: limiter.per_second(), peer, retry_in: wait }.into_response();
     }
     // gRPC streams are bounded by their own message size limit, never buffered here.
     if is_grpc(&req) {
@@ -84,12 +67,7 @@ async fn guard(State(limiter): State<Option<Arc<RateLimiter>>>, req: Request, ne
         Err(e) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => return too_large(),
         Err(e) => {
             rejected("bad_body");
-            return ApiError {
-                status: StatusCode::BAD_REQUEST,
-                code: "bad_request",
-                message: format!("reading the request body: {e}"),
-            }
-            .into_response();
+            return ControlError::BadRequest(format!("reading the request body: {e}")).into_response();
         }
     };
     next.run(Request::from_parts(parts, Body::from(bytes))).await

@@ -9,7 +9,7 @@ use flotilla_proto::v1;
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status};
 
-use crate::ControlState;
+use crate::{ControlError, ControlState};
 
 pub struct RoutesGrpc(pub Arc<ControlState>);
 
@@ -25,8 +25,9 @@ impl v1::route_service_server::RouteService for RoutesGrpc {
         request: Request<v1::WatchRoutesRequest>,
     ) -> Result<Response<Self::WatchRoutesStream>, Status> {
         let app = request.into_inner().app;
+        let refuse = |e: ControlError| flotilla_proto::status::status(&e);
         if app.is_empty() || app.len() > 63 {
-            return Err(Status::invalid_argument("app: 1..=63 bytes"));
+            return Err(refuse(ControlError::BadRequest("app: 1..=63 bytes".into())));
         }
         match self.0.apps.get(&app) {
             Some(Ok(h)) => {
@@ -35,10 +36,8 @@ impl v1::route_service_server::RouteService for RoutesGrpc {
                 let stream = tokio_stream::wrappers::WatchStream::new(rx).map(|t| Ok(t.as_ref().clone()));
                 Ok(Response::new(Box::pin(stream)))
             }
-            Some(Err(url)) => {
-                Err(Status::failed_precondition(format!("app {app} is scheduled at {url}: watch it there")))
-            }
-            None => Err(Status::not_found(format!("no app named {app:?}"))),
+            Some(Err(url)) => Err(refuse(ControlError::ScheduledElsewhere { app, url })),
+            None => Err(refuse(ControlError::NoSuchApp(app))),
         }
     }
 }

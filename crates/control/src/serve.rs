@@ -21,6 +21,7 @@ use tokio::sync::watch;
 use tower::ServiceExt;
 
 use crate::limits::rejected;
+use crate::{ApiError, ControlError};
 
 /// How the API is served.
 #[derive(Clone, Default)]
@@ -213,13 +214,13 @@ async fn refuse_plaintext(mut tcp: TcpStream, local: SocketAddr) {
     // Read the request first: closing with unread data would reset the connection
     // before the client reads the answer.
     let _ = tokio::time::timeout(Duration::from_secs(1), tcp.read(&mut buf)).await;
-    let body = serde_json::json!({"error": {
-        "code": "tls_required",
-        "message": format!("this address serves HTTPS: use https://{local} (with --ca or $FLOTILLA_CA naming the CA of its certificate)"),
-    }})
-    .to_string();
+    let refusal = ApiError::from(&ControlError::TlsRequired { url: format!("https://{local}") });
+    let body = refusal.body().to_string();
+    let status = refusal.status();
     let resp = format!(
-        "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        "HTTP/1.1 {} {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        status.as_u16(),
+        status.canonical_reason().unwrap_or(""),
         body.len()
     );
     if tcp.write_all(resp.as_bytes()).await.is_ok() && tcp.shutdown().await.is_ok() {

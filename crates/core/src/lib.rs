@@ -3,6 +3,7 @@
 //! Nothing here does I/O; every type validates its own bounds so that decoders
 //! at the edges can turn untrusted input into these types or a clear error.
 
+mod backoff;
 mod clock;
 mod error;
 mod health;
@@ -13,6 +14,7 @@ mod resources;
 mod secret;
 mod shard;
 
+pub use backoff::{Backoff, Jitter, ThreadJitter};
 pub use clock::{install_clock, now_ms, system_ms};
 pub use error::{ErrorKind, ServiceError};
 pub use health::{HealthSample, Hysteresis, health_score};

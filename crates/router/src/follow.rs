@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use flotilla_core::Backoff;
 use flotilla_proto::dial::Dialer;
 use flotilla_proto::v1::{self, route_service_client::RouteServiceClient};
 
@@ -43,26 +44,35 @@ pub fn apply(balancer: &Balancer, table: &v1::RouteTable, now: Instant) -> usize
     changed
 }
 
-/// Runs until the process stops.
+/// Runs until the process stops. Every stream that delivered a table resets the
+/// back-off: a router whose scheduler moved reconnects at once, not after the wait the
+/// last bad spell built up (the stale routes serve meanwhile).
 pub async fn follow_app(control: String, app: String, balancer: Arc<Balancer>, upstream: Upstream) {
-    let mut backoff = Duration::from_millis(200);
+    // Jittered, so the routers of a restarted scheduler do not all come back at once.
+    let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(5)).with_jitter(0.5);
     loop {
-        match watch_once(&control, &app, &balancer, &upstream).await {
+        match watch_once(&control, &app, &balancer, &upstream, &mut backoff).await {
             Ok(()) => tracing::warn!(%app, "the route stream ended; reconnecting"),
             Err(e) => tracing::warn!(%app, error = %format!("{e:#}"), "following routes; retrying"),
         }
         metrics::counter!("flotilla_route_stream_reconnects_total").increment(1);
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(Duration::from_secs(5));
+        tokio::time::sleep(backoff.next_wait()).await;
     }
 }
 
-async fn watch_once(control: &str, app: &str, balancer: &Balancer, upstream: &Upstream) -> anyhow::Result<()> {
+async fn watch_once(
+    control: &str,
+    app: &str,
+    balancer: &Balancer,
+    upstream: &Upstream,
+    backoff: &mut Backoff,
+) -> anyhow::Result<()> {
     let url = locate(&upstream.http, control, app).await?;
     let mut client = RouteServiceClient::new(upstream.dialer.connect(&url, None).await?);
     let mut stream = client.watch_routes(v1::WatchRoutesRequest { app: app.to_string() }).await?.into_inner();
     tracing::info!(%app, %url, "following the route table");
     while let Some(table) = stream.message().await? {
+        backoff.reset();
         let changed = apply(balancer, &table, Instant::now());
         tracing::debug!(%app, version = table.version, changed, "route table");
     }

@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
+use flotilla_core::Backoff;
 use flotilla_proto::dial::Dialer;
 use flotilla_proto::v1::{self, view_service_client::ViewServiceClient, view_update::Update};
 use imbl::OrdMap;
@@ -70,21 +71,21 @@ impl ClusterView {
 /// Keeps `cluster`'s slot `shard` current from the shard at `endpoint`
 /// (`host:port` or a URL), reconnecting with jittered back-off. Runs until dropped.
 pub async fn follow_shard(cluster: Arc<ClusterView>, shard: usize, endpoint: String, dialer: Dialer) {
-    let mut backoff = Duration::from_millis(100);
+    // Jitter from the clock rather than a thread RNG, so a simulation replays exactly.
+    let clock_jitter =
+        move || ((flotilla_core::now_ms() ^ (shard as u64).wrapping_mul(0x9E37_79B9)) % 1000) as f64 / 1000.0;
+    let mut backoff =
+        Backoff::new(Duration::from_millis(100), Duration::from_secs(2)).with_jitter(0.5).jitter_from(clock_jitter);
     loop {
         match follow_once(&cluster, shard, &endpoint, &dialer).await {
-            Ok(()) => backoff = Duration::from_millis(100),
+            Ok(()) => backoff.reset(),
             Err(e) => tracing::debug!(shard, %endpoint, error = %e, "view stream failed"),
         }
         let cur = cluster.slot(shard);
         if cur.connected {
             cluster.store(shard, ShardSlot { view: cur.view.clone(), connected: false, domains: cur.domains.clone() });
         }
-        // Jitter from the clock rather than a thread RNG, so a simulation replays exactly.
-        let jitter =
-            0.5 + ((flotilla_core::now_ms() ^ (shard as u64).wrapping_mul(0x9E37_79B9)) % 1000) as f64 / 1000.0;
-        tokio::time::sleep(backoff.mul_f64(jitter)).await;
-        backoff = (backoff * 2).min(Duration::from_secs(2));
+        tokio::time::sleep(backoff.next_wait()).await;
     }
 }
 

@@ -1,0 +1,261 @@
+//! Every HTTP error of the API, mapped in one place: a [`ServiceError`]'s kind decides
+//! the status ([`http_status`]), its code is the stable `error.code` clients branch on,
+//! and the body is always `{"error": {"code", "message"}}`.
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use axum::Json;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use flotilla_core::{ErrorKind, ServiceError};
+use flotilla_scheduler::CommandError;
+
+/// The code of a request the API could not read at all (not the JSON it expects, or
+/// a body that broke off): a 400, where a request read and refused is a 422.
+const BAD_REQUEST: &str = "bad_request";
+/// The code of plain HTTP sent to the HTTPS port: a 400 too.
+const TLS_REQUIRED: &str = "tls_required";
+
+/// The HTTP status of each kind of failure. `InvalidInput` splits by whether the
+/// request could be read: unreadable ([`BAD_REQUEST`], [`TLS_REQUIRED`]) is 400 Bad
+/// Request, readable but refused for what it asks (a count out of range, an invalid
+/// spec) is 422 Unprocessable Entity. Every dependency the API may miss (a shard, a
+/// scheduler) sits behind it, so `Unavailable` is 502 Bad Gateway.
+pub fn http_status(kind: ErrorKind, code: &str) -> StatusCode {
+    match kind {
+        ErrorKind::InvalidInput if code == BAD_REQUEST || code == TLS_REQUIRED => StatusCode::BAD_REQUEST,
+        ErrorKind::InvalidInput => StatusCode::UNPROCESSABLE_ENTITY,
+        ErrorKind::Unauthenticated => StatusCode::UNAUTHORIZED,
+        ErrorKind::NotFound => StatusCode::NOT_FOUND,
+        ErrorKind::Conflict => StatusCode::CONFLICT,
+        ErrorKind::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+        ErrorKind::RateLimited => StatusCode::TOO_MANY_REQUESTS,
+        ErrorKind::Unavailable => StatusCode::BAD_GATEWAY,
+        ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+/// The control plane's own failures (and the scheduler's, which it passes on).
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    #[error("no such endpoint")]
+    NoSuchEndpoint,
+    #[error("no node action {0:?} (cordon, drain or uncordon)")]
+    NoSuchAction(String),
+    #[error("no shard holds node {0:?}")]
+    NoSuchNode(String),
+    #[error("no scheduler runs app {0:?}")]
+    NoSuchApp(String),
+    /// A request that cannot be read, or whose fields are malformed.
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("{0}")]
+    InvalidSpec(String),
+    #[error("{0}")]
+    Unauthorized(&'static str),
+    /// A standalone scheduler registering for an app this process schedules itself.
+    #[error("{0} runs in this process")]
+    AppRunsHere(String),
+    /// `WatchRoutes` for an app whose standalone scheduler serves its routes.
+    #[error("app {app} is scheduled at {url}: watch it there")]
+    ScheduledElsewhere { app: String, url: String },
+    #[error("shard {shard}: {message}")]
+    ShardUnreachable { shard: usize, message: String },
+    #[error("{url}: {message}")]
+    SchedulerUnreachable { url: String, message: String },
+    /// A standalone scheduler's refusal of a forwarded call, with its status, which is
+    /// passed on as it is.
+    #[error("{message}")]
+    Forwarded { status: StatusCode, message: String },
+    #[error("the request body is larger than {max} bytes")]
+    TooLarge { max: usize },
+    #[error("more than {per_second} requests per second from {peer}: retry in {} ms", retry_in.as_millis().max(1))]
+    RateLimited { per_second: u32, peer: IpAddr, retry_in: Duration },
+    #[error("this address serves HTTPS: use {url} (with --ca or $FLOTILLA_CA naming the CA of its certificate)")]
+    TlsRequired { url: String },
+    #[error(transparent)]
+    Command(#[from] CommandError),
+}
+
+impl ServiceError for ControlError {
+    fn kind(&self) -> ErrorKind {
+        use ControlError::*;
+        match self {
+            NoSuchEndpoint | NoSuchAction(_) | NoSuchNode(_) | NoSuchApp(_) => ErrorKind::NotFound,
+            BadRequest(_) | InvalidSpec(_) | TlsRequired { .. } => ErrorKind::InvalidInput,
+            Unauthorized(_) => ErrorKind::Unauthenticated,
+            AppRunsHere(_) | ScheduledElsewhere { .. } => ErrorKind::Conflict,
+            ShardUnreachable { .. } | SchedulerUnreachable { .. } => ErrorKind::Unavailable,
+            Forwarded { status, .. } => kind_of_status(*status),
+            TooLarge { .. } => ErrorKind::TooLarge,
+            RateLimited { .. } => ErrorKind::RateLimited,
+            Command(e) => e.kind(),
+        }
+    }
+
+    fn code(&self) -> &'static str {
+        use ControlError::*;
+        match self {
+            NoSuchEndpoint | NoSuchAction(_) => "not_found",
+            NoSuchNode(_) => "no_such_node",
+            NoSuchApp(_) => "no_such_app",
+            BadRequest(_) => BAD_REQUEST,
+            InvalidSpec(_) => "invalid_spec",
+            Unauthorized(_) => "unauthorized",
+            AppRunsHere(_) => "conflict",
+            ScheduledElsewhere { .. } => "scheduled_elsewhere",
+            ShardUnreachable { .. } => "shard_unreachable",
+            SchedulerUnreachable { .. } => "scheduler_unreachable",
+            Forwarded { .. } => "refused",
+            TooLarge { .. } => "too_large",
+            RateLimited { .. } => "rate_limited",
+            TlsRequired { .. } => TLS_REQUIRED,
+            Command(e) => e.code(),
+        }
+    }
+}
+
+/// The kind a standalone scheduler's status stands for (it mapped its error with
+/// [`http_status`] too), for the metrics and logs of a forwarded refusal.
+fn kind_of_status(status: StatusCode) -> ErrorKind {
+    match status {
+        StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => ErrorKind::Unauthenticated,
+        StatusCode::NOT_FOUND => ErrorKind::NotFound,
+        StatusCode::CONFLICT => ErrorKind::Conflict,
+        StatusCode::PAYLOAD_TOO_LARGE => ErrorKind::TooLarge,
+        StatusCode::TOO_MANY_REQUESTS => ErrorKind::RateLimited,
+        StatusCode::BAD_GATEWAY | StatusCode::SERVICE_UNAVAILABLE | StatusCode::GATEWAY_TIMEOUT => {
+            ErrorKind::Unavailable
+        }
+        s if s.is_client_error() => ErrorKind::InvalidInput,
+        _ => ErrorKind::Internal,
+    }
+}
+
+/// `{"error": {"code", "message"}}` with its status: what every refusal of the API looks
+/// like on the wire. Built only from a [`ServiceError`].
+pub struct ApiError {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+impl ApiError {
+    pub fn from_service<E: ServiceError + ?Sized>(e: &E) -> Self {
+        ApiError { status: http_status(e.kind(), e.code()), code: e.code(), message: e.to_string() }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    pub fn code(&self) -> &'static str {
+        self.code
+    }
+
+    /// The JSON body.
+    pub fn body(&self) -> serde_json::Value {
+        serde_json::json!({"error": {"code": self.code, "message": self.message}})
+    }
+}
+
+impl From<&ControlError> for ApiError {
+    fn from(e: &ControlError) -> Self {
+        let mut api = ApiError::from_service(e);
+        // A proxy passes its upstream's answer on unchanged.
+        if let ControlError::Forwarded { status, .. } = e {
+            api.status = *status;
+        }
+        api
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        metrics::counter!("flotilla_api_errors_total", "code" => self.code).increment(1);
+        (self.status, Json(self.body())).into_response()
+    }
+}
+
+impl IntoResponse for ControlError {
+    fn into_response(self) -> Response {
+        let mut resp = ApiError::from(&self).into_response();
+        if let ControlError::RateLimited { retry_in, .. } = self {
+            // Whole seconds, rounded up, at least 1.
+            let secs = retry_in.as_secs() + u64::from(retry_in.subsec_nanos() > 0);
+            resp.headers_mut().insert(header::RETRY_AFTER, secs.max(1).into());
+        }
+        resp
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(e: ControlError) -> (u16, &'static str) {
+        let api = ApiError::from(&e);
+        (api.status().as_u16(), api.code())
+    }
+
+    #[test]
+    fn every_refusal_keeps_its_status_and_code() {
+        use ControlError::*;
+        assert_eq!(answer(NoSuchEndpoint), (404, "not_found"));
+        assert_eq!(answer(NoSuchAction("x".into())), (404, "not_found"));
+        assert_eq!(answer(NoSuchNode("n".into())), (404, "no_such_node"));
+        assert_eq!(answer(NoSuchApp("a".into())), (404, "no_such_app"));
+        assert_eq!(answer(BadRequest("b".into())), (400, "bad_request"));
+        assert_eq!(answer(InvalidSpec("s".into())), (422, "invalid_spec"));
+        assert_eq!(answer(Unauthorized("u")), (401, "unauthorized"));
+        assert_eq!(answer(AppRunsHere("a".into())), (409, "conflict"));
+        assert_eq!(answer(ShardUnreachable { shard: 0, message: "m".into() }), (502, "shard_unreachable"));
+        assert_eq!(
+            answer(SchedulerUnreachable { url: "u".into(), message: "m".into() }),
+            (502, "scheduler_unreachable")
+        );
+        assert_eq!(answer(TooLarge { max: 1 }), (413, "too_large"));
+        let peer = IpAddr::from([127, 0, 0, 1]);
+        assert_eq!(answer(RateLimited { per_second: 1, peer, retry_in: Duration::ZERO }), (429, "rate_limited"));
+        assert_eq!(answer(TlsRequired { url: "https://x".into() }), (400, "tls_required"));
+    }
+
+    #[test]
+    fn scheduler_refusals_map_through_the_same_path() {
+        let out_of_range = CommandError::OutOfRange { app: "a".into(), min: 1, max: 6, asked: 9 };
+        assert_eq!(answer(out_of_range.into()), (422, "out_of_range"));
+        assert_eq!(answer(CommandError::InvalidSpec("bad".into()).into()), (422, "invalid_spec"));
+        let wrong = CommandError::WrongApp { app: "a".into(), got: "b".into() };
+        assert_eq!(answer(wrong.into()), (422, "wrong_app"));
+        // A failed store write is the server's fault, not the caller's.
+        assert_eq!(answer(CommandError::Store("disk full".into()).into()), (500, "store_failed"));
+        assert_eq!(answer(CommandError::Stopped.into()), (502, "scheduler_stopped"));
+    }
+
+    #[test]
+    fn a_forwarded_refusal_keeps_the_upstream_status() {
+        for status in [StatusCode::BAD_REQUEST, StatusCode::UNPROCESSABLE_ENTITY, StatusCode::INTERNAL_SERVER_ERROR] {
+            assert_eq!(answer(ControlError::Forwarded { status, message: "m".into() }), (status.as_u16(), "refused"));
+        }
+    }
+
+    #[test]
+    fn a_rate_limited_answer_says_when_to_retry() {
+        let peer = IpAddr::from([127, 0, 0, 1]);
+        let resp =
+            ControlError::RateLimited { per_second: 5, peer, retry_in: Duration::from_millis(1200) }.into_response();
+        assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(resp.headers()[header::RETRY_AFTER], "2");
+    }
+
+    #[test]
+    fn every_kind_has_a_status() {
+        use ErrorKind::*;
+        for k in [InvalidInput, Unauthenticated, NotFound, Conflict, TooLarge, RateLimited, Unavailable, Internal] {
+            let s = http_status(k, "any");
+            assert!(s.is_client_error() || s.is_server_error(), "{k:?}: {s}");
+            assert_eq!(s.is_server_error(), k.is_retryable() && k != RateLimited, "{k:?}: {s}");
+        }
+    }
+}
