@@ -3,6 +3,10 @@
 //! whichever the host mounts, under the agent's own cgroup. Without a writable
 //! hierarchy (not root, or a read-only mount) limits are not enforced, and the agent
 //! says so once.
+//!
+//! The same directories tell what a workload uses: CPU time (v2 `cpu.stat` `usage_usec`,
+//! v1 `cpuacct.usage` where cpuacct shares the cpu hierarchy) and its working set (memory
+//! in use less inactive file cache, as the kubelet counts it). Without them, `/proc`.
 
 use std::path::{Path, PathBuf};
 
@@ -121,7 +125,86 @@ impl Cgroups {
     }
 }
 
+/// What a workload has used: CPU time so far (cumulative) and memory in use now. Either
+/// may be unknown.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counters {
+    pub cpu_ns: Option<u64>,
+    pub memory_bytes: Option<u64>,
+}
+
+impl Counters {
+    fn or(self, other: impl FnOnce() -> Counters) -> Counters {
+        if self.cpu_ns.is_some() && self.memory_bytes.is_some() {
+            return self;
+        }
+        let o = other();
+        Counters { cpu_ns: self.cpu_ns.or(o.cpu_ns), memory_bytes: self.memory_bytes.or(o.memory_bytes) }
+    }
+}
+
+/// `key value` lines (cpu.stat, memory.stat): the value of `key`.
+fn stat_value(text: &str, key: &str) -> Option<u64> {
+    text.lines().find_map(|l| {
+        let (k, v) = l.split_once(' ')?;
+        (k == key).then(|| v.trim().parse().ok()).flatten()
+    })
+}
+
+/// Memory in use less inactive file cache (the kubelet's working set).
+fn working_set(usage: u64, memory_stat: &str, inactive_key: &str) -> u64 {
+    usage.saturating_sub(stat_value(memory_stat, inactive_key).unwrap_or(0))
+}
+
+/// CPU time (user + system, children included) and resident memory of one process, from
+/// `/proc/PID/stat` and `/proc/PID/status`.
+fn proc_counters(stat: &str, status: &str, ticks_per_second: u64) -> Counters {
+    // Fields after the command name (which may hold spaces and parentheses).
+    let fields: Vec<&str> =
+        stat.rsplit_once(')').map(|(_, rest)| rest.split_whitespace().collect()).unwrap_or_default();
+    // utime, stime, cutime, cstime are fields 14..=17 of the line, 12..=15 after the name.
+    let ticks: Option<u64> = fields.get(11..15).map(|f| f.iter().filter_map(|v| v.parse::<u64>().ok()).sum());
+    let rss_kib =
+        status.lines().find_map(|l| l.strip_prefix("VmRSS:")?.trim().strip_suffix("kB")?.trim().parse::<u64>().ok());
+    Counters {
+        cpu_ns: ticks.map(|t| t.saturating_mul(1_000_000_000) / ticks_per_second.max(1)),
+        memory_bytes: rss_kib.map(|k| k << 10),
+    }
+}
+
+/// What process `pid` has used, from `/proc` (no cgroup to ask).
+pub fn process_counters(pid: u32) -> Counters {
+    let read = |f: &str| std::fs::read_to_string(format!("/proc/{pid}/{f}")).unwrap_or_default();
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    proc_counters(&read("stat"), &read("status"), u64::try_from(hz).unwrap_or(100))
+}
+
 impl Cgroup {
+    /// What the workload's cgroup says it used, falling back to `/proc` for `pid`.
+    pub fn counters(&self, pid: Option<u32>) -> Counters {
+        let read = |d: &Path, f: &str| std::fs::read_to_string(d.join(f)).ok();
+        let mut c = Counters::default();
+        for d in &self.dirs {
+            if let Some(usec) = read(d, "cpu.stat").and_then(|t| stat_value(&t, "usage_usec")) {
+                c.cpu_ns = Some(usec.saturating_mul(1000));
+            } else if let Some(ns) = read(d, "cpuacct.usage").and_then(|t| t.trim().parse().ok()) {
+                c.cpu_ns = Some(ns);
+            }
+            if let Some(current) = read(d, "memory.current").and_then(|t| t.trim().parse().ok()) {
+                c.memory_bytes =
+                    Some(working_set(current, &read(d, "memory.stat").unwrap_or_default(), "inactive_file"));
+            } else if let Some(usage) = read(d, "memory.usage_in_bytes").and_then(|t| t.trim().parse().ok()) {
+                let stat = read(d, "memory.stat").unwrap_or_default();
+                c.memory_bytes = Some(working_set(usage, &stat, "total_inactive_file"));
+            }
+        }
+        match pid {
+            Some(pid) => c.or(|| process_counters(pid)),
+            None => c,
+        }
+    }
+
     pub fn attach(&self, pid: u32) -> std::io::Result<()> {
         for d in &self.dirs {
             std::fs::write(d.join("cgroup.procs"), pid.to_string())?;
@@ -171,6 +254,41 @@ mod tests {
         assert_eq!(read(&w.dirs[0].join("cpu.cfs_quota_us")), "50000");
         assert_eq!(read(&w.dirs[1].join("memory.limit_in_bytes")), (64u64 << 20).to_string());
         std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn usage_from_v1_and_v2_files() {
+        let root = std::env::temp_dir().join(format!("flotilla-cgusage-{}", std::process::id()));
+        let (v1c, v1m, v2) = (root.join("v1cpu"), root.join("v1mem"), root.join("v2"));
+        for d in [&v1c, &v1m, &v2] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        std::fs::write(v1c.join("cpuacct.usage"), "2500000000\n").unwrap();
+        std::fs::write(v1m.join("memory.usage_in_bytes"), "104857600\n").unwrap();
+        std::fs::write(v1m.join("memory.stat"), "cache 1\ntotal_inactive_file 4194304\n").unwrap();
+        let v1 = Cgroup { dirs: vec![v1c, v1m] }.counters(None);
+        assert_eq!(v1, Counters { cpu_ns: Some(2_500_000_000), memory_bytes: Some(96 << 20) });
+        std::fs::write(v2.join("cpu.stat"), "usage_usec 1500\nuser_usec 1000\n").unwrap();
+        std::fs::write(v2.join("memory.current"), "8388608").unwrap();
+        std::fs::write(v2.join("memory.stat"), "anon 1\ninactive_file 1048576\n").unwrap();
+        let v2 = Cgroup { dirs: vec![v2] }.counters(None);
+        assert_eq!(v2, Counters { cpu_ns: Some(1_500_000), memory_bytes: Some(7 << 20) });
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn usage_from_proc_without_cgroups() {
+        let stat = "42 (my (odd) cmd) S 1 42 42 0 -1 4194560 10 0 0 0 150 50 20 30 20 0 1 0 5 1000 200";
+        let status = "Name:\tx\nVmRSS:\t   2048 kB\nThreads:\t1\n";
+        assert_eq!(
+            proc_counters(stat, status, 100),
+            Counters { cpu_ns: Some(2_500_000_000), memory_bytes: Some(2 << 20) }
+        );
+        assert_eq!(proc_counters("garbage", "", 100), Counters::default());
+        let me = process_counters(std::process::id());
+        assert!(me.cpu_ns.is_some() && me.memory_bytes.is_some_and(|m| m > 0), "{me:?}");
+        // A workload without a cgroup is measured through its process.
+        assert!(Cgroup::default().counters(Some(std::process::id())).memory_bytes.is_some());
     }
 
     #[test]

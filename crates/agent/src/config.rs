@@ -62,6 +62,9 @@ pub struct AgentArgs {
     /// so routers take the node out of their tables before anything stops.
     #[arg(long, default_value_t = 1000)]
     pub drain_delay_ms: u64,
+    /// How often each workload's CPU and memory use is measured, in milliseconds.
+    #[arg(long, default_value_t = 2000)]
+    pub usage_interval_ms: u64,
     /// Size at which a workload's stdout or stderr file is rotated, in bytes.
     #[arg(long, default_value_t = 1 << 20)]
     pub log_cap_bytes: u64,
@@ -243,6 +246,9 @@ impl AgentArgs {
         if !(1..=3_600_000).contains(&self.stop_grace_ms) {
             errors.push("--stop-grace-ms: must be within 1..=3600000".into());
         }
+        if !(100..=600_000).contains(&self.usage_interval_ms) {
+            errors.push("--usage-interval-ms: must be within 100..=600000".into());
+        }
         if self.log_cap_bytes < 1024 {
             errors.push("--log-cap-bytes: at least 1024".into());
         }
@@ -259,6 +265,7 @@ impl AgentArgs {
                     stop_grace: Duration::from_millis(self.stop_grace_ms),
                     log_cap_bytes: self.log_cap_bytes,
                     cgroup_root: PathBuf::from("/sys/fs/cgroup"),
+                    usage_interval: Duration::from_millis(self.usage_interval_ms),
                 },
                 aggregators: self.aggregators,
                 node_id,

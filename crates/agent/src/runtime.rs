@@ -19,7 +19,7 @@ use flotilla_proto::v1::{self, WorkloadState};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::time::Instant;
 
-use crate::cgroup::{Cgroup, Cgroups};
+use crate::cgroup::{Cgroup, Cgroups, Counters};
 
 #[derive(Debug, Clone)]
 pub struct RuntimeConfig {
@@ -33,6 +33,9 @@ pub struct RuntimeConfig {
     /// Each log file is rotated (one old file kept) past this size.
     pub log_cap_bytes: u64,
     pub cgroup_root: PathBuf,
+    /// How often each running member's CPU and memory use is measured (and reported when
+    /// it moved enough to matter to an autoscaler).
+    pub usage_interval: Duration,
 }
 
 /// (app, unit, member, generation)
@@ -61,6 +64,9 @@ struct Member {
     next_start: Instant,
     started_at: Instant,
     cgroup: Cgroup,
+    /// The last measurement reported, and the CPU time it was computed from.
+    usage: Option<v1::WorkloadUsage>,
+    cpu_sample: Option<(Instant, u64)>,
 }
 
 struct Stopping {
@@ -76,6 +82,14 @@ pub struct Runtime {
     stopping: Vec<Stopping>,
     dirty: bool,
     http: reqwest::Client,
+    next_usage: Instant,
+}
+
+/// Whether a member's use moved enough to report: 5 % (and at least 1 MiB or 10
+/// millicores), so a steady workload costs no reports.
+fn moved(old: &v1::WorkloadUsage, new: &v1::WorkloadUsage) -> bool {
+    let far = |a: u64, b: u64, floor: u64| a.abs_diff(b) >= floor.max(a.max(b) / 20);
+    far(old.memory_bytes, new.memory_bytes, 1 << 20) || far(old.cpu_millis, new.cpu_millis, 10)
 }
 
 /// Crash-loop back-off: 0.5 s doubling to 30 s. No jitter: the restarts of one node's
@@ -141,7 +155,15 @@ impl Runtime {
             c => tracing::info!(cgroups = ?c, "workload limits enforced with cgroups"),
         }
         let http = reqwest::Client::builder().timeout(Duration::from_millis(500)).build().unwrap_or_default();
-        Runtime { cfg, cgroups, members: BTreeMap::new(), stopping: Vec::new(), dirty: false, http }
+        Runtime {
+            cfg,
+            cgroups,
+            members: BTreeMap::new(),
+            stopping: Vec::new(),
+            dirty: false,
+            http,
+            next_usage: Instant::now(),
+        }
     }
 
     pub fn limits_enforced(&self) -> bool {
@@ -184,6 +206,8 @@ impl Runtime {
                     next_start: now,
                     started_at: now,
                     cgroup: Cgroup::default(),
+                    usage: None,
+                    cpu_sample: None,
                 }
             });
         }
@@ -370,6 +394,10 @@ impl Runtime {
                 }
             }
         }
+        if now >= self.next_usage {
+            self.next_usage = now + self.cfg.usage_interval;
+            self.measure_usage(now);
+        }
         let mut still = Vec::new();
         for mut s in self.stopping.drain(..) {
             match s.proc.child.try_wait() {
@@ -383,6 +411,32 @@ impl Runtime {
             }
         }
         self.stopping = still;
+    }
+
+    /// Measures every running member; a member whose use moved enough is reported.
+    fn measure_usage(&mut self, now: Instant) {
+        for m in self.members.values_mut() {
+            let Some(pid) = m.proc.as_ref().and_then(|p| p.child.id()) else {
+                m.cpu_sample = None;
+                continue;
+            };
+            let Counters { cpu_ns, memory_bytes } = m.cgroup.counters(Some(pid));
+            // CPU is a rate: it needs two samples of the cumulative time.
+            let cpu_millis = match (cpu_ns, m.cpu_sample) {
+                (Some(ns), Some((then, before))) if now > then => {
+                    let elapsed = now.duration_since(then).as_nanos().max(1) as u64;
+                    Some(ns.saturating_sub(before).saturating_mul(1000) / elapsed)
+                }
+                _ => None,
+            };
+            m.cpu_sample = cpu_ns.map(|ns| (now, ns));
+            let (Some(cpu_millis), Some(memory_bytes)) = (cpu_millis, memory_bytes) else { continue };
+            let fresh = v1::WorkloadUsage { cpu_millis, memory_bytes };
+            if m.usage.as_ref().is_none_or(|old| moved(old, &fresh)) {
+                m.usage = Some(fresh);
+                self.dirty = true;
+            }
+        }
     }
 
     /// True once after any member's state changed.
@@ -403,7 +457,7 @@ impl Runtime {
                 exit_code: m.exit_code,
                 message: m.message.chars().take(1024).collect(),
                 restarts: m.restarts,
-                usage: None,
+                usage: m.usage,
             })
             .collect()
     }
@@ -512,6 +566,7 @@ mod tests {
             stop_grace: Duration::from_millis(300),
             log_cap_bytes: 64,
             cgroup_root: PathBuf::from("/nonexistent"),
+            usage_interval: Duration::from_millis(100),
         }
     }
 
@@ -531,6 +586,44 @@ mod tests {
                 restart: String::new(),
             }),
         }
+    }
+
+    /// Each member's use is measured and reported: from its cgroup as root, else /proc.
+    #[tokio::test]
+    async fn members_report_what_they_use() {
+        let mut cfg = config("usage");
+        cfg.ports = (41501, 41600);
+        cfg.cgroup_root = PathBuf::from("/sys/fs/cgroup");
+        cfg.node_id = format!("usage-{}", std::process::id());
+        let mut rt = Runtime::new(cfg.clone());
+        let mut hog = assignment("mem", "sh", &["-c", "x=$(head -c 60000000 /dev/zero | tr '\\0' a); sleep 30"]);
+        hog.resources = Some(v1::Resources { cpu_millis: 1000, memory_bytes: 512 << 20, ..Default::default() });
+        let mut spin = assignment("cpu", "sh", &["-c", "while :; do :; done"]);
+        spin.resources = Some(v1::Resources { cpu_millis: 1000, memory_bytes: 64 << 20, ..Default::default() });
+        rt.assign(vec![hog, spin]);
+        let usage = |rt: &Runtime, unit: &str| rt.statuses().into_iter().find(|s| s.unit == unit).and_then(|s| s.usage);
+        let end = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < end
+            && !(usage(&rt, "mem").is_some_and(|u| u.memory_bytes >= 50 << 20)
+                && usage(&rt, "cpu").is_some_and(|u| u.cpu_millis >= 50))
+        {
+            rt.tick().await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let (mem, cpu) = (usage(&rt, "mem"), usage(&rt, "cpu"));
+        rt.stop_all().await;
+        let _ = std::fs::remove_dir_all(&cfg.data_dir);
+        assert!(mem.is_some_and(|u| u.memory_bytes >= 50 << 20), "the memory hog's use: {mem:?}");
+        assert!(cpu.is_some_and(|u| u.cpu_millis >= 50), "the spinner's use: {cpu:?}");
+    }
+
+    #[test]
+    fn only_a_real_change_in_use_is_reported() {
+        let u = |cpu_millis, mib: u64| v1::WorkloadUsage { cpu_millis, memory_bytes: mib << 20 };
+        assert!(!moved(&u(100, 100), &u(104, 103)), "jitter");
+        assert!(moved(&u(100, 100), &u(100, 110)), "10 % more memory");
+        assert!(moved(&u(100, 100), &u(200, 100)), "twice the CPU");
+        assert!(!moved(&u(0, 0), &u(5, 0)), "5 millicores of nothing");
     }
 
     #[tokio::test]
