@@ -38,7 +38,7 @@ pub fn http_client(ca: Option<&Path>) -> anyhow::Result<reqwest::Client> {
     b.build().context("building the HTTP client")
 }
 
-async fn get(a: &ListArgs, path: &str) -> anyhow::Result<Value> {
+pub async fn get(a: &ListArgs, path: &str) -> anyhow::Result<Value> {
     let url = format!("{}{path}", a.addr.trim_end_matches('/'));
     send(http_client(a.ca.as_deref())?.get(&url), &a.addr).await.with_context(|| url.clone())
 }
@@ -126,21 +126,33 @@ pub async fn apps(a: ListArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
-    println!("{:<24} {:>8} {:>5} {:>5}  UNITS BY STATE", "APP", "DESIRED", "MIN", "MAX");
+    println!("{:<24} {:>8} {:>5} {:>5}  {:<14} UNITS BY STATE", "APP", "DESIRED", "MIN", "MAX", "POLICY");
     for r in v.as_array().cloned().unwrap_or_default() {
         let n = |p: &str| r.pointer(p).and_then(Value::as_u64).unwrap_or(0);
         let states = r["units"]
             .as_object()
             .map(|m| m.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" "))
             .unwrap_or_default();
+        let a = &r["autoscaling"];
+        let policy = match (a["policy_name"].as_str(), a["policy"].as_str()) {
+            (Some(name), _) => name.to_string(),
+            (None, Some(p)) => p.to_string(),
+            (None, None) if a.is_null() => "-".to_string(),
+            (None, None) => "(unknown)".to_string(),
+        };
         println!(
-            "{:<24} {:>8} {:>5} {:>5}  {}",
+            "{:<24} {:>8} {:>5} {:>5}  {:<14} {}",
             r["app"].as_str().unwrap_or("-"),
             n("/desired_units"),
             n("/min_units"),
             n("/max_units"),
+            policy,
             states
         );
+        if let Some(d) = a.get("last_decision").filter(|d| !d.is_null()) {
+            let action = d["action"].as_str().unwrap_or("-");
+            println!("{:<24} last decision: {action}: {}", "", d["explanation"].as_str().unwrap_or(""));
+        }
     }
     Ok(())
 }
@@ -217,13 +229,9 @@ pub async fn node(a: NodeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Where a mutating command sends its request, and with which token.
 #[derive(Debug, Args)]
-pub struct ScaleArgs {
-    /// The app.
-    pub app: String,
-    /// The desired number of units.
-    #[arg(long)]
-    pub units: u32,
+pub struct WriteArgs {
     #[arg(long, env = "FLOTILLA_ADDR", default_value = "http://127.0.0.1:7700")]
     pub addr: String,
     /// The API token (default: $FLOTILLA_TOKEN, else $FLOTILLA_DATA/api-token).
@@ -234,12 +242,58 @@ pub struct ScaleArgs {
     pub ca: Option<PathBuf>,
 }
 
+impl WriteArgs {
+    /// `PUT path` with the token and `body` (JSON or TOML text); the control plane's answer.
+    pub async fn put(self, path: &str, body: Body) -> anyhow::Result<Value> {
+        let url = format!("{}{path}", self.addr.trim_end_matches('/'));
+        let req = http_client(self.ca.as_deref())?.put(&url).bearer_auth(token(self.token)?);
+        let req = match body {
+            Body::Json(v) => req.json(&v),
+            Body::Text(t) => req.body(t),
+        };
+        send(req, &self.addr).await
+    }
+}
+
+pub enum Body {
+    Json(Value),
+    Text(String),
+}
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("size").required(true).args(["units", "min", "auto"])))]
+pub struct ScaleArgs {
+    /// The app.
+    pub app: String,
+    /// The desired number of units (on an autoscaled app: its floor and ceiling).
+    #[arg(long)]
+    pub units: Option<u32>,
+    /// On an autoscaled app: the fewest units its policy may choose (with --max).
+    #[arg(long, requires = "max")]
+    pub min: Option<u32>,
+    /// On an autoscaled app: the most units its policy may choose (with --min).
+    #[arg(long, requires = "min")]
+    pub max: Option<u32>,
+    /// On an autoscaled app: lift the floor and ceiling set before.
+    #[arg(long)]
+    pub auto: bool,
+    #[command(flatten)]
+    pub write: WriteArgs,
+}
+
 pub async fn scale(a: ScaleArgs) -> anyhow::Result<()> {
-    let token = token(a.token)?;
-    let url = format!("{}/v1/apps/{}/scale", a.addr.trim_end_matches('/'), a.app);
-    let req = http_client(a.ca.as_deref())?.put(&url).bearer_auth(token).json(&serde_json::json!({"units": a.units}));
-    let body = send(req, &a.addr).await?;
-    println!("{}: desired units {}", a.app, body["desired_units"]);
+    let body = match (a.units, a.min, a.max) {
+        (Some(n), _, _) => serde_json::json!({"units": n}),
+        (None, Some(min), Some(max)) => serde_json::json!({"min": min, "max": max}),
+        _ => serde_json::json!({"auto": true}),
+    };
+    let answer = a.write.put(&format!("/v1/apps/{}/scale", a.app), Body::Json(body)).await?;
+    match (answer.get("desired_units"), answer.get("override")) {
+        (Some(n), _) => println!("{}: desired units {n}", a.app),
+        (None, Some(Value::Null)) => println!("{}: the autoscaling policy decides alone again", a.app),
+        (None, Some(o)) => println!("{}: the policy decides within {}..={}", a.app, o["floor"], o["ceiling"]),
+        (None, None) => println!("{}: {answer}", a.app),
+    }
     Ok(())
 }
 
@@ -247,14 +301,8 @@ pub async fn scale(a: ScaleArgs) -> anyhow::Result<()> {
 pub struct ApplyArgs {
     /// The app's spec (TOML); the app it names is updated.
     pub file: std::path::PathBuf,
-    #[arg(long, env = "FLOTILLA_ADDR", default_value = "http://127.0.0.1:7700")]
-    pub addr: String,
-    /// The API token (default: $FLOTILLA_TOKEN, else $FLOTILLA_DATA/api-token).
-    #[arg(long, env = "FLOTILLA_TOKEN", hide_env_values = true)]
-    pub token: Option<String>,
-    /// PEM file with the CA certificate(s) that signed an HTTPS control plane's certificate.
-    #[arg(long, env = "FLOTILLA_CA")]
-    pub ca: Option<PathBuf>,
+    #[command(flatten)]
+    pub write: WriteArgs,
 }
 
 /// Checks the spec here (every problem at once), then hands it to the app's scheduler,
@@ -262,9 +310,7 @@ pub struct ApplyArgs {
 pub async fn apply(a: ApplyArgs) -> anyhow::Result<()> {
     let text = std::fs::read_to_string(&a.file).with_context(|| format!("reading {}", a.file.display()))?;
     let spec = flotilla_scheduler::AppSpec::parse(&text).with_context(|| a.file.display().to_string())?;
-    let url = format!("{}/v1/apps/{}/spec", a.addr.trim_end_matches('/'), spec.name);
-    let req = http_client(a.ca.as_deref())?.put(&url).bearer_auth(token(a.token)?).body(text);
-    let body = send(req, &a.addr).await?;
+    let body = a.write.put(&format!("/v1/apps/{}/spec", spec.name), Body::Text(text)).await?;
     println!("{}: {}", spec.name, body["result"].as_str().unwrap_or("applied"));
     Ok(())
 }

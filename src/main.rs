@@ -1,6 +1,7 @@
 //! `flotilla`: the one binary. Servers (`up`, `aggregator`, `control`, `agent`) and
 //! client commands (`nodes`) — see docs/architecture.md §13 for the contract.
 
+mod autoscaling;
 mod client;
 mod echo;
 mod route;
@@ -50,6 +51,12 @@ enum Cmd {
     Scale(client::ScaleArgs),
     /// Update a running app from its spec file: changed units roll through.
     Apply(client::ApplyArgs),
+    /// An app's autoscaling decisions, newest first, with the numbers behind each.
+    Decisions(client::UnitsArgs),
+    /// Named autoscaling policies that many apps share.
+    Policy(autoscaling::PolicyArgs),
+    /// What consumers need an app to be able to run (its policy sizes the app to it).
+    Demand(autoscaling::DemandArgs),
     /// The health-weighted reverse proxy for an app (or a fixed list of backends).
     Route(route::RouteArgs),
     /// Rotate the agents' join token: add a new one, later retire the old ones.
@@ -80,6 +87,9 @@ fn main() -> std::process::ExitCode {
                             Cmd::Units(a) => client::units(a).await,
                             Cmd::Scale(a) => client::scale(a).await,
                             Cmd::Apply(a) => client::apply(a).await,
+                            Cmd::Decisions(a) => autoscaling::decisions(a).await,
+                            Cmd::Policy(a) => autoscaling::policy(a).await,
+                            Cmd::Demand(a) => autoscaling::demand(a).await,
                             Cmd::Route(a) => route::run(a).await,
                             Cmd::Node(a) => client::node(a).await,
                             Cmd::Routes(a) => client::routes(a).await,

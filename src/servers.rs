@@ -325,6 +325,9 @@ pub struct ControlArgs {
     /// File with the API token for mutating calls.
     #[arg(long)]
     pub api_token_file: Option<PathBuf>,
+    /// Where named autoscaling policies are kept (without it, in memory only).
+    #[arg(long)]
+    pub policies_dir: Option<PathBuf>,
     #[command(flatten)]
     pub http: HttpArgs,
     #[command(flatten)]
@@ -348,6 +351,10 @@ pub async fn control(a: ControlArgs) -> anyhow::Result<()> {
         apps: Default::default(),
         http: a.http.client()?,
         dialer,
+        policies: match a.policies_dir {
+            Some(dir) => flotilla_control::Policies::open(dir)?,
+            None => Default::default(),
+        },
     });
     let options = a.http.options()?;
     let listener = tokio::net::TcpListener::bind(a.listen).await.with_context(|| format!("binding {}", a.listen))?;
@@ -418,7 +425,9 @@ pub async fn scheduler(a: SchedulerArgs) -> anyhow::Result<()> {
         apps: Default::default(),
         http: a.http.client()?,
         dialer,
+        policies: Default::default(),
     });
+    let scheduler = scheduler.with_policies(state.policies.book());
     state.apps.add_local(handle);
     let options = a.http.options()?;
     let listener = tokio::net::TcpListener::bind(a.listen).await?;
@@ -426,6 +435,7 @@ pub async fn scheduler(a: SchedulerArgs) -> anyhow::Result<()> {
     tracing::info!(%app, %url, "scheduler API");
     tokio::spawn(scheduler.run());
     if let Some(control) = a.control {
+        tokio::spawn(follow_policies(state.clone(), control.clone()));
         tokio::spawn(register_with_control(state.http.clone(), control, token, app, url));
     }
     flotilla_control::serve(listener, state, options, async {
@@ -455,6 +465,25 @@ async fn register_with_control(
             Err(e) => tracing::warn!(error = %e, "cannot reach the control plane"),
         }
         tokio::time::sleep(Duration::from_secs(5)).await;
+    }
+}
+
+/// Keeps a standalone scheduler's named policies those of its control plane (every
+/// 10 s), so `flotilla policy apply` reaches it too.
+async fn follow_policies(state: Arc<flotilla_control::ControlState>, control: String) {
+    let url = format!("{}/v1/policies", control.trim_end_matches('/'));
+    loop {
+        let got = async { state.http.get(&url).timeout(Duration::from_secs(5)).send().await?.json().await };
+        match got.await {
+            Ok(serde_json::Value::Array(rows)) => {
+                let files: Vec<String> =
+                    rows.iter().filter_map(|r| r.get("toml").and_then(|t| t.as_str()).map(str::to_string)).collect();
+                state.policies.replace_all(&files);
+            }
+            Ok(other) => tracing::warn!(answer = %other, "the control plane's policies are not a list"),
+            Err(e) => tracing::warn!(error = %e, "cannot read the control plane's policies"),
+        }
+        tokio::time::sleep(Duration::from_secs(10)).await;
     }
 }
 

@@ -164,6 +164,7 @@ pub async fn run(a: UpArgs, log_format: LogFormat) -> anyhow::Result<()> {
         apps: Default::default(),
         http: a.http.client()?,
         dialer: dialer.clone(),
+        policies: flotilla_control::Policies::open(data.dir.join("policies"))?,
     });
     let options = a.http.options()?;
     let scheme = options.scheme();
@@ -175,7 +176,7 @@ pub async fn run(a: UpArgs, log_format: LogFormat) -> anyhow::Result<()> {
             let (scheduler, handle) =
                 flotilla_scheduler::Scheduler::new(spec, cluster.clone(), addrs.clone(), store.clone())?;
             state.apps.add_local(handle);
-            tokio::spawn(scheduler.with_dialer(dialer.clone()).run());
+            tokio::spawn(scheduler.with_dialer(dialer.clone()).with_policies(state.policies.book()).run());
         }
     }
     let listener = tokio::net::TcpListener::bind(a.listen)

@@ -51,10 +51,7 @@ pub fn run(a: PoliciesArgs) -> anyhow::Result<()> {
         })
         .collect();
     let members: Vec<MemberUsage> = (0..a.members)
-        .map(|i| MemberUsage {
-            used: Res::new(500, (4 + i as u64 % 4) * GIB),
-            allocated: Res::new(1000, 8 * GIB),
-        })
+        .map(|i| MemberUsage { used: Res::new(500, (4 + i as u64 % 4) * GIB), allocated: Res::new(1000, 8 * GIB) })
         .collect();
     let units = GroupUnits { active: a.members as u32, decommissioning: 0 };
     let per_unit = Res::new(1000, 8 * GIB);

@@ -61,7 +61,7 @@ pub fn routes() -> Router<Arc<ControlState>> {
         .route("/v1/schedulers", axum::routing::post(register_scheduler))
 }
 
-fn not_found(app: &str) -> ControlError {
+pub(crate) fn not_found(app: &str) -> ControlError {
     ControlError::NoSuchApp(app.to_string())
 }
 
@@ -70,7 +70,15 @@ fn summary(s: &AppStatus) -> Value {
     for u in &s.units {
         *by_state.entry(u.state.as_str()).or_default() += 1;
     }
-    json!({"app": s.app, "desired_units": s.desired_units, "min_units": s.min_units, "max_units": s.max_units, "units": by_state, "scheduler_url": null})
+    json!({
+        "app": s.app,
+        "desired_units": s.desired_units,
+        "min_units": s.min_units,
+        "max_units": s.max_units,
+        "units": by_state,
+        "scheduler_url": null,
+        "autoscaling": s.autoscaling,
+    })
 }
 
 /// The unit row of docs/architecture.md §13.
@@ -88,12 +96,14 @@ pub fn unit_rows(s: &AppStatus) -> Value {
                 "unplaced_reason": u.unplaced_reason,
                 "replaced_by": u.replaced_by,
                 "template": u.template,
+                "secondary": u.secondary,
                 "members": u.members.iter().map(|m| json!({
                     "member": m.member,
                     "role": m.role,
                     "node_id": m.node_id,
                     "state": m.state.clone().unwrap_or_else(|| if m.node_id.is_some() { "allocated".into() } else { "pending".into() }),
                     "address": m.address,
+                    "usage": m.usage,
                 })).collect::<Vec<_>>(),
             })
         })
@@ -105,7 +115,7 @@ fn unreachable(url: &str, e: reqwest::Error) -> ControlError {
     ControlError::SchedulerUnreachable { url: url.to_string(), message: e.to_string() }
 }
 
-async fn remote(http: &reqwest::Client, url: &str, path: &str) -> Result<Value, ControlError> {
+pub(crate) async fn remote(http: &reqwest::Client, url: &str, path: &str) -> Result<Value, ControlError> {
     let resp = http
         .get(format!("{}{path}", url.trim_end_matches('/')))
         .timeout(Duration::from_secs(5))
@@ -172,14 +182,24 @@ async fn list_routes(State(s): State<Arc<ControlState>>, Path(app): Path<String>
     }
 }
 
-#[derive(Deserialize)]
+/// `{"units": N}`; on an autoscaled app also `{"min": A, "max": B}` (the policy decides
+/// within them) or `{"auto": true}` (lifts them).
+#[derive(Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 struct ScaleBody {
-    units: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    units: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    min: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    max: Option<u32>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    auto: bool,
 }
 
 /// `PUT /v1/apps/{app}/scale {"units": N}`: validated by the app's scheduler against the
-/// spec's min and max, persisted in its store, acted on within a second.
+/// spec's min and max, persisted in its store, acted on within a second. On an
+/// autoscaled app it sets a floor and ceiling for the policy (`units` pins both).
 async fn scale(
     State(s): State<Arc<ControlState>>,
     Path(app): Path<String>,
@@ -188,16 +208,27 @@ async fn scale(
 ) -> Result<Json<Value>, ControlError> {
     metrics::counter!("flotilla_api_requests_total", "route" => "/v1/apps/{app}/scale").increment(1);
     authorize(&s, &headers)?;
-    let Json(b) =
-        body.map_err(|e| ControlError::BadRequest(format!("expected {{\"units\": N}}: {}", e.body_text())))?;
+    let expected = "expected {\"units\": N}, {\"min\": A, \"max\": B} or {\"auto\": true}";
+    let Json(b) = body.map_err(|e| ControlError::BadRequest(format!("{expected}: {}", e.body_text())))?;
     match s.apps.get(&app) {
-        Some(Ok(h)) => {
-            let n = h.scale(b.units).await?;
-            Ok(Json(json!({"app": app, "desired_units": n})))
-        }
+        Some(Ok(h)) => match (b.units, b.min, b.max, b.auto) {
+            (Some(n), None, None, false) => {
+                let n = h.scale(n).await?;
+                Ok(Json(json!({"app": app, "desired_units": n})))
+            }
+            (None, Some(floor), Some(ceiling), false) => {
+                let o = h.set_override(Some(flotilla_scheduler::Override { floor, ceiling })).await?;
+                Ok(Json(json!({"app": app, "override": o})))
+            }
+            (None, None, None, true) => {
+                h.set_override(None).await?;
+                Ok(Json(json!({"app": app, "override": null})))
+            }
+            _ => Err(ControlError::BadRequest(expected.into())),
+        },
         Some(Err(url)) => {
             let req = s.http.put(format!("{}/v1/apps/{app}/scale", url.trim_end_matches('/')));
-            forward(req.json(&json!({"units": b.units})), &url, &headers).await
+            forward(req.json(&b), &url, &headers).await
         }
         None => Err(not_found(&app)),
     }
@@ -232,7 +263,11 @@ async fn apply(
 
 /// Sends a mutating call on to a standalone scheduler with the caller's token, and
 /// passes its answer (or its error) back.
-async fn forward(req: reqwest::RequestBuilder, url: &str, headers: &HeaderMap) -> Result<Json<Value>, ControlError> {
+pub(crate) async fn forward(
+    req: reqwest::RequestBuilder,
+    url: &str,
+    headers: &HeaderMap,
+) -> Result<Json<Value>, ControlError> {
     let mut req = req.timeout(Duration::from_secs(5));
     if let Some(v) = headers.get(axum::http::header::AUTHORIZATION).and_then(|v| v.to_str().ok()) {
         req = req.header("authorization", v);

@@ -53,6 +53,11 @@ pub enum ControlError {
     #[error("{0}")]
     InvalidSpec(String),
     #[error("{0}")]
+    InvalidPolicy(String),
+    /// The control plane could not keep what it was given (its data dir).
+    #[error("cannot store it: {0}")]
+    Storage(String),
+    #[error("{0}")]
     Unauthorized(&'static str),
     /// A standalone scheduler registering for an app this process schedules itself.
     #[error("{0} runs in this process")]
@@ -83,7 +88,8 @@ impl ServiceError for ControlError {
         use ControlError::*;
         match self {
             NoSuchEndpoint | NoSuchAction(_) | NoSuchNode(_) | NoSuchApp(_) => ErrorKind::NotFound,
-            BadRequest(_) | InvalidSpec(_) | TlsRequired { .. } => ErrorKind::InvalidInput,
+            BadRequest(_) | InvalidSpec(_) | InvalidPolicy(_) | TlsRequired { .. } => ErrorKind::InvalidInput,
+            Storage(_) => ErrorKind::Internal,
             Unauthorized(_) => ErrorKind::Unauthenticated,
             AppRunsHere(_) | ScheduledElsewhere { .. } => ErrorKind::Conflict,
             ShardUnreachable { .. } | SchedulerUnreachable { .. } => ErrorKind::Unavailable,
@@ -102,6 +108,8 @@ impl ServiceError for ControlError {
             NoSuchApp(_) => "no_such_app",
             BadRequest(_) => BAD_REQUEST,
             InvalidSpec(_) => "invalid_spec",
+            InvalidPolicy(_) => "invalid_policy",
+            Storage(_) => "storage_failed",
             Unauthorized(_) => "unauthorized",
             AppRunsHere(_) => "conflict",
             ScheduledElsewhere { .. } => "scheduled_elsewhere",

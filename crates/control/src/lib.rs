@@ -2,9 +2,11 @@
 //! shows comes from the shards' views, followed over `WatchView`.
 
 pub mod apps;
+mod autoscaling;
 mod error;
 mod json;
 pub mod limits;
+mod policies;
 pub mod routes_grpc;
 mod serve;
 
@@ -18,8 +20,10 @@ use flotilla_proto::dial::Dialer;
 use flotilla_proto::v1;
 use flotilla_view::ClusterView;
 
+pub use autoscaling::capacity_row;
 pub use error::{ApiError, ControlError, http_status};
 pub use json::{NodeRow, node_rows};
+pub use policies::Policies;
 pub use serve::{HttpOptions, MAX_CONNECTIONS_PER_PEER, MAX_STREAMS_PER_CONNECTION, tls_config};
 
 pub struct ControlState {
@@ -33,6 +37,8 @@ pub struct ControlState {
     pub http: reqwest::Client,
     /// How the shards' gRPC is reached (its token and TLS).
     pub dialer: Dialer,
+    /// Named autoscaling policies.
+    pub policies: Policies,
 }
 
 pub fn router(state: Arc<ControlState>) -> Router {
@@ -42,6 +48,7 @@ pub fn router(state: Arc<ControlState>) -> Router {
         .route("/v1/nodes/{node}/{action}", axum::routing::post(node_action))
         .route("/healthz", get(|| async { "ok" }))
         .merge(apps::routes())
+        .merge(autoscaling::routes())
         .fallback(|| async { ControlError::NoSuchEndpoint })
         // gRPC shares the port (HTTP/2); its paths name the service.
         .route_service(

@@ -14,30 +14,46 @@ use crate::{ControlError, ControlState};
 pub struct RoutesGrpc(pub Arc<ControlState>);
 
 type TableStream = Pin<Box<dyn Stream<Item = Result<v1::RouteTable, Status>> + Send>>;
+type CapacityStream = Pin<Box<dyn Stream<Item = Result<v1::Capacity, Status>> + Send>>;
+
+/// The in-process scheduler of `app`, or why the stream is refused.
+fn local_app(s: &ControlState, app: String) -> Result<flotilla_scheduler::AppHandle, Status> {
+    let refuse = |e: ControlError| flotilla_proto::status::status(&e);
+    if app.is_empty() || app.len() > 63 {
+        return Err(refuse(ControlError::BadRequest("app: 1..=63 bytes".into())));
+    }
+    match s.apps.get(&app) {
+        Some(Ok(h)) => Ok(h),
+        Some(Err(url)) => Err(refuse(ControlError::ScheduledElsewhere { app, url })),
+        None => Err(refuse(ControlError::NoSuchApp(app))),
+    }
+}
 
 #[tonic::async_trait]
 impl v1::route_service_server::RouteService for RoutesGrpc {
     type WatchRoutesStream = TableStream;
+    type WatchCapacityStream = CapacityStream;
 
     #[tracing::instrument(skip_all, fields(app = %request.get_ref().app))]
     async fn watch_routes(
         &self,
         request: Request<v1::WatchRoutesRequest>,
     ) -> Result<Response<Self::WatchRoutesStream>, Status> {
-        let app = request.into_inner().app;
-        let refuse = |e: ControlError| flotilla_proto::status::status(&e);
-        if app.is_empty() || app.len() > 63 {
-            return Err(refuse(ControlError::BadRequest("app: 1..=63 bytes".into())));
-        }
-        match self.0.apps.get(&app) {
-            Some(Ok(h)) => {
-                metrics::counter!("flotilla_watchroutes_streams_total").increment(1);
-                let rx = h.routes();
-                let stream = tokio_stream::wrappers::WatchStream::new(rx).map(|t| Ok(t.as_ref().clone()));
-                Ok(Response::new(Box::pin(stream)))
-            }
-            Some(Err(url)) => Err(refuse(ControlError::ScheduledElsewhere { app, url })),
-            None => Err(refuse(ControlError::NoSuchApp(app))),
-        }
+        let h = local_app(&self.0, request.into_inner().app)?;
+        metrics::counter!("flotilla_watchroutes_streams_total").increment(1);
+        let stream = tokio_stream::wrappers::WatchStream::new(h.routes()).map(|t| Ok(t.as_ref().clone()));
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    /// The app's capacity at once, then on every change: consumers pace themselves by it.
+    #[tracing::instrument(skip_all, fields(app = %request.get_ref().app))]
+    async fn watch_capacity(
+        &self,
+        request: Request<v1::WatchRoutesRequest>,
+    ) -> Result<Response<Self::WatchCapacityStream>, Status> {
+        let h = local_app(&self.0, request.into_inner().app)?;
+        metrics::counter!("flotilla_watchcapacity_streams_total").increment(1);
+        let stream = tokio_stream::wrappers::WatchStream::new(h.capacity()).map(|c| Ok(c.as_ref().clone()));
+        Ok(Response::new(Box::pin(stream)))
     }
 }

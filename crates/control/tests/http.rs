@@ -50,6 +50,7 @@ async fn start(options: HttpOptions) -> (SocketAddr, tokio::sync::oneshot::Sende
         apps: Default::default(),
         http: reqwest::Client::new(),
         dialer: Default::default(),
+        policies: Default::default(),
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

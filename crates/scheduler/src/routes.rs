@@ -112,6 +112,50 @@ impl Weights {
     }
 }
 
+/// The app's serving capacity: route weights summed by the priority of each member's
+/// node (`high` unless labelled `priority=low`), with each member's resources scaled by its
+/// weight. A consumer that paces itself by it slows down as low-priority capacity is
+/// taken back, and speeds up as units come.
+pub fn capacity(
+    table: &v1::RouteTable,
+    resources_of: impl Fn(&str) -> Option<flotilla_core::Resources>,
+    slots: &[Arc<ShardSlot>],
+) -> v1::Capacity {
+    let mut by: [(f64, [f64; 3]); 2] = Default::default();
+    for r in table.routes.iter().filter(|r| r.weight > 0.0) {
+        let low = NodeId::new(&r.node_id).ok().is_some_and(|id| {
+            slots.iter().find_map(|s| s.view.get(&id)).is_some_and(|n| n.labels.get("priority") == Some("low"))
+        });
+        let (weight, res) = &mut by[usize::from(low)];
+        *weight += r.weight;
+        if let Some(m) = resources_of(&r.member) {
+            for (acc, v) in res.iter_mut().zip([m.cpu_millis as f64, m.memory_bytes as f64, f64::from(m.gpu)]) {
+                *acc += r.weight * v;
+            }
+        }
+    }
+    let by_priority = ["high", "low"]
+        .into_iter()
+        .zip(by)
+        .map(|(priority, (weight, [cpu, memory, gpu]))| v1::PriorityCapacity {
+            priority: priority.into(),
+            weight,
+            resources: Some(v1::Resources {
+                cpu_millis: cpu.round() as u64,
+                memory_bytes: memory.round() as u64,
+                gpu: gpu.round() as u32,
+                ..Default::default()
+            }),
+        })
+        .collect::<Vec<_>>();
+    v1::Capacity {
+        app: table.app.clone(),
+        version: table.version,
+        total_weight: by_priority.iter().map(|p| p.weight).sum(),
+        by_priority,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -201,5 +245,32 @@ mod tests {
         let u = unit("u1", UnitState::Running, "n1", "running");
         let t = Weights::default().table(&[&u], &["head".into()], &s, &p, 0);
         assert_eq!(t[0].weight, 2.0, "4 × 0.5");
+    }
+
+    #[test]
+    fn capacity_sums_weights_by_node_priority() {
+        // n2 is a low-priority node.
+        let mut labels = Labels::new();
+        labels.insert("priority", "low").unwrap();
+        let n2 = NodeRecord { labels: Arc::new(labels), ..crate::testing::node("n2") };
+        let s = crate::testing::slots([crate::testing::node("n1"), n2], true);
+        let route = |node: &str, weight| v1::Route {
+            endpoint: format!("{node}:1"),
+            node_id: node.into(),
+            unit_id: "u".into(),
+            member: "head".into(),
+            weight,
+        };
+        let t = v1::RouteTable {
+            app: "a".into(),
+            version: 7,
+            routes: vec![route("n1", 1.0), route("n2", 0.5), route("n1", 0.0)],
+        };
+        let c = capacity(&t, |_| Some(Resources::new(1000, 1 << 30, 0)), &s);
+        assert_eq!((c.app.as_str(), c.version, c.total_weight), ("a", 7, 1.5));
+        let [high, low] = [&c.by_priority[0], &c.by_priority[1]];
+        assert_eq!((high.priority.as_str(), high.weight), ("high", 1.0));
+        assert_eq!((low.priority.as_str(), low.weight), ("low", 0.5));
+        assert_eq!(low.resources.as_ref().map(|r| (r.cpu_millis, r.memory_bytes)), Some((500, 1 << 29)));
     }
 }

@@ -144,6 +144,7 @@ pub struct AppHandle {
     pub(super) stats: Arc<Stats>,
     pub(super) commands: tokio::sync::mpsc::Sender<Command>,
     pub(super) routes: tokio::sync::watch::Receiver<Arc<v1::RouteTable>>,
+    pub(super) capacity: tokio::sync::watch::Receiver<Arc<v1::Capacity>>,
     pub(super) decisions: Arc<ArcSwap<Vec<Arc<serde_json::Value>>>>,
 }
 
@@ -181,6 +182,11 @@ impl AppHandle {
     /// The last autoscaling decision records, newest first.
     pub fn decisions(&self) -> Arc<Vec<Arc<serde_json::Value>>> {
         self.decisions.load_full()
+    }
+
+    /// The app's serving capacity; `changed()` wakes when it changes.
+    pub fn capacity(&self) -> tokio::sync::watch::Receiver<Arc<v1::Capacity>> {
+        self.capacity.clone()
     }
 
     /// The current route table; `changed()` on the receiver wakes on every new version.

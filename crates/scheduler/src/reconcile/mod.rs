@@ -70,6 +70,7 @@ pub struct Scheduler {
     stats: Arc<Stats>,
     commands: tokio::sync::mpsc::Receiver<Command>,
     routes: tokio::sync::watch::Sender<Arc<v1::RouteTable>>,
+    capacity: tokio::sync::watch::Sender<Arc<v1::Capacity>>,
     weights: crate::routes::Weights,
     /// Since when each unit has had members whose shard cannot be heard.
     unknown_since: HashMap<String, u64>,
@@ -117,6 +118,8 @@ impl Scheduler {
         let (tx, commands) = tokio::sync::mpsc::channel(16);
         let (routes, routes_rx) =
             tokio::sync::watch::channel(Arc::new(v1::RouteTable { app: spec.name.clone(), ..Default::default() }));
+        let (capacity, capacity_rx) =
+            tokio::sync::watch::channel(Arc::new(v1::Capacity { app: spec.name.clone(), ..Default::default() }));
         let autoscaler = Autoscaler::new(&stored.decisions);
         let decisions = Arc::new(ArcSwap::from_pointee(autoscaler.decisions.iter().rev().cloned().collect()));
         let handle = AppHandle {
@@ -125,6 +128,7 @@ impl Scheduler {
             stats: stats.clone(),
             commands: tx,
             routes: routes_rx,
+            capacity: capacity_rx,
             decisions: decisions.clone(),
         };
         let scheduler = Scheduler {
@@ -138,6 +142,7 @@ impl Scheduler {
             stats,
             commands,
             routes,
+            capacity,
             weights: Default::default(),
             unknown_since: HashMap::new(),
             unknown_grace_ms: 60_000,
@@ -328,11 +333,18 @@ impl Scheduler {
             let changed = routes.iter().filter(|r| !current.routes.contains(r)).count();
             metrics::counter!("flotilla_route_weight_changes_total", "app" => self.spec.name.clone())
                 .increment(changed as u64);
-            self.routes.send_replace(Arc::new(v1::RouteTable {
-                app: self.spec.name.clone(),
-                version: current.version + 1,
-                routes,
-            }));
+            let table = v1::RouteTable { app: self.spec.name.clone(), version: current.version + 1, routes };
+            let templates = self.spec.members();
+            let resources_of =
+                |member: &str| templates.iter().find(|(n, _, _)| n == member).map(|(_, _, t)| t.resources());
+            let capacity = crate::routes::capacity(&table, resources_of, &slots);
+            let old = self.capacity.borrow().clone();
+            if (old.total_weight, &old.by_priority) != (capacity.total_weight, &capacity.by_priority) {
+                metrics::gauge!("flotilla_app_capacity_weight", "app" => self.spec.name.clone())
+                    .set(capacity.total_weight);
+                self.capacity.send_replace(Arc::new(capacity));
+            }
+            self.routes.send_replace(Arc::new(table));
         }
     }
 

@@ -1,0 +1,122 @@
+//! The autoscaling API: an app's decisions, its consumers' demand, its serving capacity,
+//! and the named policies. Apps whose scheduler runs elsewhere are asked there.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, State};
+use axum::http::HeaderMap;
+use axum::routing::{get, put};
+use axum::{Json, Router};
+use flotilla_proto::v1;
+use flotilla_scheduler::DemandRequest;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::apps::{authorize, forward, not_found, remote};
+use crate::{ControlError, ControlState};
+
+/// Longest a decisions listing is (the store keeps this many).
+const MAX_DECISIONS: usize = flotilla_scheduler::DECISIONS_KEPT;
+
+pub fn routes() -> Router<Arc<ControlState>> {
+    Router::new()
+        .route("/v1/apps/{app}/decisions", get(decisions))
+        .route("/v1/apps/{app}/demand", put(demand))
+        .route("/v1/apps/{app}/capacity", get(capacity))
+        .route("/v1/policies", get(list_policies))
+        .route("/v1/policies/{name}", put(apply_policy))
+}
+
+/// `GET /v1/apps/{app}/decisions`: the app's autoscaling decisions, newest first.
+async fn decisions(State(s): State<Arc<ControlState>>, Path(app): Path<String>) -> Result<Json<Value>, ControlError> {
+    metrics::counter!("flotilla_api_requests_total", "route" => "/v1/apps/{app}/decisions").increment(1);
+    match s.apps.get(&app) {
+        Some(Ok(h)) => {
+            let d = h.decisions();
+            Ok(Json(Value::Array(d.iter().take(MAX_DECISIONS).map(|r| r.as_ref().clone()).collect())))
+        }
+        Some(Err(url)) => Ok(Json(remote(&s.http, &url, &format!("/v1/apps/{app}/decisions")).await?)),
+        None => Err(not_found(&app)),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DemandBody {
+    requests: Vec<DemandRequest>,
+    ttl_seconds: u64,
+}
+
+/// `PUT /v1/apps/{app}/demand {"requests": [{"resources": {...}, "count": N}], "ttl_seconds": T}`:
+/// what consumers need the app to be able to run (like Ray's `request_resources`),
+/// replacing the last demand, for `ttl_seconds`.
+async fn demand(
+    State(s): State<Arc<ControlState>>,
+    Path(app): Path<String>,
+    headers: HeaderMap,
+    body: Result<Json<DemandBody>, axum::extract::rejection::JsonRejection>,
+) -> Result<Json<Value>, ControlError> {
+    metrics::counter!("flotilla_api_requests_total", "route" => "/v1/apps/{app}/demand").increment(1);
+    authorize(&s, &headers)?;
+    let Json(b) = body.map_err(|e| {
+        ControlError::BadRequest(format!(
+            "expected {{\"requests\": [{{\"resources\": {{\"cpu_millis\": N, \"memory_bytes\": N}}, \"count\": N}}], \
+             \"ttl_seconds\": N}}: {}",
+            e.body_text()
+        ))
+    })?;
+    match s.apps.get(&app) {
+        Some(Ok(h)) => {
+            let d = h.demand(b.requests, b.ttl_seconds.saturating_mul(1000)).await?;
+            Ok(Json(json!({"app": app, "demand": d})))
+        }
+        Some(Err(url)) => {
+            let req = s.http.put(format!("{}/v1/apps/{app}/demand", url.trim_end_matches('/')));
+            forward(req.json(&json!({"requests": b.requests, "ttl_seconds": b.ttl_seconds})), &url, &headers).await
+        }
+        None => Err(not_found(&app)),
+    }
+}
+
+/// The capacity row: total weight, and weight and weighted resources by priority.
+pub fn capacity_row(c: &v1::Capacity) -> Value {
+    let by: serde_json::Map<String, Value> = c
+        .by_priority
+        .iter()
+        .map(|p| {
+            let r = p.resources.clone().unwrap_or_default();
+            let row =
+                json!({"weight": p.weight, "cpu_millis": r.cpu_millis, "memory_bytes": r.memory_bytes, "gpu": r.gpu});
+            (p.priority.clone(), row)
+        })
+        .collect();
+    json!({"app": c.app, "version": c.version, "total_weight": c.total_weight, "by_priority": by})
+}
+
+/// `GET /v1/apps/{app}/capacity`: what the app can serve now (`WatchCapacity` streams it).
+async fn capacity(State(s): State<Arc<ControlState>>, Path(app): Path<String>) -> Result<Json<Value>, ControlError> {
+    metrics::counter!("flotilla_api_requests_total", "route" => "/v1/apps/{app}/capacity").increment(1);
+    match s.apps.get(&app) {
+        Some(Ok(h)) => Ok(Json(capacity_row(&h.capacity().borrow()))),
+        Some(Err(url)) => Ok(Json(remote(&s.http, &url, &format!("/v1/apps/{app}/capacity")).await?)),
+        None => Err(not_found(&app)),
+    }
+}
+
+async fn list_policies(State(s): State<Arc<ControlState>>) -> Json<Value> {
+    Json(s.policies.list())
+}
+
+/// `PUT /v1/policies/{name}` with the policy file (TOML): validated in full, then every
+/// app that names it follows it from its next evaluation.
+async fn apply_policy(
+    State(s): State<Arc<ControlState>>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: String,
+) -> Result<Json<Value>, ControlError> {
+    metrics::counter!("flotilla_api_requests_total", "route" => "/v1/policies/{name}").increment(1);
+    authorize(&s, &headers)?;
+    s.policies.apply(&name, &body)?;
+    Ok(Json(json!({"name": name, "result": "applied"})))
+}

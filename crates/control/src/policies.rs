@@ -1,0 +1,187 @@
+//! Named autoscaling policies (`flotilla policy apply FILE`), as Dataproc keeps them: an
+//! app names one (`autoscaling_policy = "NAME"`), and changing it changes every app that
+//! uses it at its next evaluation. The control plane holds them (in `DATA/policies/` when
+//! it has a data dir); the schedulers it hosts read the same book, and standalone
+//! schedulers refresh theirs from `GET /v1/policies`.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
+
+use flotilla_scheduler::PolicyBook;
+use flotilla_scheduler::autoscale::{AutoscalingConfig, Policy};
+use serde_json::{Value, json};
+
+use crate::ControlError;
+
+/// Most named policies one control plane holds.
+pub const MAX_POLICIES: usize = 1024;
+
+#[derive(Default)]
+pub struct Policies {
+    book: PolicyBook,
+    /// Each policy's file as applied (TOML), for `GET /v1/policies`.
+    texts: RwLock<BTreeMap<String, String>>,
+    dir: Option<PathBuf>,
+}
+
+/// A policy file: its `[autoscaling]` table (with `name`), and optionally the `[sim]`
+/// table `flotilla sim` reads, which is ignored here.
+fn parse(text: &str) -> Result<(String, Policy), ControlError> {
+    let invalid = |m: String| ControlError::InvalidPolicy(m);
+    let doc: toml::Table = toml::from_str(text).map_err(|e| invalid(e.to_string().trim().to_string()))?;
+    if let Some(k) = doc.keys().find(|k| !matches!(k.as_str(), "autoscaling" | "sim")) {
+        return Err(invalid(format!("{k}: unknown table (a policy file has [autoscaling] and optionally [sim])")));
+    }
+    let table = doc.get("autoscaling").cloned().ok_or_else(|| invalid("[autoscaling]: missing".into()))?;
+    let config: AutoscalingConfig = table.try_into().map_err(|e: toml::de::Error| invalid(e.to_string()))?;
+    let name = config.name.clone().ok_or_else(|| invalid("autoscaling.name: a named policy needs a name".into()))?;
+    let valid_name = !name.is_empty()
+        && name.len() <= 63
+        && !name.starts_with('-')
+        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+    let policy = config.validate();
+    let mut problems: Vec<String> = match &policy {
+        Ok(_) => Vec::new(),
+        Err(p) => p.0.iter().map(ToString::to_string).collect(),
+    };
+    if !valid_name {
+        problems.insert(0, format!("autoscaling.name: {name:?} must be 1-63 of [a-z0-9-], not starting with '-'"));
+    }
+    match policy {
+        Ok(p) if problems.is_empty() => Ok((name, p)),
+        _ => Err(invalid(problems.join("; "))),
+    }
+}
+
+impl Policies {
+    /// The policies kept in `dir` (created if missing); every file must be valid.
+    pub fn open(dir: PathBuf) -> anyhow::Result<Policies> {
+        std::fs::create_dir_all(&dir)?;
+        let p = Policies { dir: Some(dir.clone()), ..Default::default() };
+        let mut entries: Vec<_> = std::fs::read_dir(&dir)?.filter_map(Result::ok).map(|e| e.path()).collect();
+        entries.sort();
+        for path in entries.into_iter().filter(|p| p.extension().is_some_and(|e| e == "toml")) {
+            let text = std::fs::read_to_string(&path)?;
+            let (name, policy) = parse(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+            p.insert(name, policy, text);
+        }
+        Ok(p)
+    }
+
+    /// The book the schedulers of this process read.
+    pub fn book(&self) -> PolicyBook {
+        self.book.clone()
+    }
+
+    fn insert(&self, name: String, policy: Policy, text: String) {
+        let mut book = BTreeMap::clone(&self.book.load());
+        book.insert(name.clone(), policy);
+        self.book.store(Arc::new(book));
+        self.texts.write().unwrap_or_else(|p| p.into_inner()).insert(name, text);
+    }
+
+    /// Validates and stores a policy file, under the name it gives (which must be `name`).
+    pub fn apply(&self, name: &str, text: &str) -> Result<(), ControlError> {
+        let (named, policy) = parse(text)?;
+        if named != name {
+            return Err(ControlError::InvalidPolicy(format!(
+                "autoscaling.name: the file names {named:?}, not {name:?}"
+            )));
+        }
+        let known = self.texts.read().unwrap_or_else(|p| p.into_inner()).contains_key(name);
+        if !known && self.book.load().len() >= MAX_POLICIES {
+            return Err(ControlError::InvalidPolicy(format!("at most {MAX_POLICIES} named policies")));
+        }
+        if let Some(dir) = &self.dir {
+            let tmp = dir.join(format!(".{name}.toml.tmp"));
+            std::fs::write(&tmp, text)
+                .and_then(|()| std::fs::rename(&tmp, dir.join(format!("{name}.toml"))))
+                .map_err(|e| ControlError::Storage(format!("{}: {e}", dir.display())))?;
+        }
+        tracing::info!(policy = name, "named autoscaling policy applied");
+        metrics::counter!("flotilla_policies_applied_total").increment(1);
+        self.insert(name.to_string(), policy, text.to_string());
+        Ok(())
+    }
+
+    /// Replaces every policy with `files` (a standalone scheduler following its control
+    /// plane); a file that does not validate is skipped and logged.
+    pub fn replace_all(&self, files: &[String]) {
+        let mut book = BTreeMap::new();
+        let mut texts = BTreeMap::new();
+        for text in files {
+            match parse(text) {
+                Ok((name, policy)) => {
+                    book.insert(name.clone(), policy);
+                    texts.insert(name, text.clone());
+                }
+                Err(e) => tracing::warn!(error = %e, "skipping a named policy the control plane sent"),
+            }
+        }
+        if *self.book.load_full() != book {
+            self.book.store(Arc::new(book));
+        }
+        *self.texts.write().unwrap_or_else(|p| p.into_inner()) = texts;
+    }
+
+    /// `GET /v1/policies`: each policy's name, algorithm, interval and file.
+    pub fn list(&self) -> Value {
+        let book = self.book.load();
+        let texts = self.texts.read().unwrap_or_else(|p| p.into_inner());
+        let rows: Vec<Value> = book
+            .iter()
+            .map(|(name, p)| {
+                json!({
+                    "name": name,
+                    "policy": p.algorithm.name(),
+                    "interval_ms": p.interval_ms,
+                    "toml": texts.get(name),
+                })
+            })
+            .collect();
+        Value::Array(rows)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SHARED: &str = r#"
+[autoscaling]
+name = "shared"
+policy = "utilization"
+[autoscaling.utilization]
+scale_in_threshold_percent = 30
+max_units = 10
+
+[sim]
+startup_seconds = 30
+"#;
+
+    #[test]
+    fn a_policy_is_kept_on_disk_and_read_back() {
+        let dir = std::env::temp_dir().join(format!("flotilla-policies-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let p = Policies::open(dir.clone()).unwrap();
+        p.apply("shared", SHARED).unwrap();
+        assert!(p.book().load().contains_key("shared"));
+        let again = Policies::open(dir.clone()).unwrap();
+        assert_eq!(again.list()[0]["policy"], "utilization");
+        assert_eq!(again.list()[0]["toml"], SHARED);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_bad_policy_names_every_problem_and_changes_nothing() {
+        let p = Policies::default();
+        let bad =
+            SHARED.replace("scale_in_threshold_percent = 30", "scale_in_threshold_percent = 300\nscheme = \"median\"");
+        let e = p.apply("shared", &bad).unwrap_err().to_string();
+        assert!(e.contains("scale_in_threshold_percent") && e.contains("scheme"), "{e}");
+        assert!(p.apply("other", SHARED).unwrap_err().to_string().contains("not \"other\""));
+        assert!(p.apply("x", "[nope]\n").is_err());
+        assert!(p.book().load().is_empty());
+    }
+}

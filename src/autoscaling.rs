@@ -1,0 +1,120 @@
+//! Client commands for autoscaling: an app's decisions, named policies, and consumer
+//! demand.
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+use serde_json::{Value, json};
+
+use crate::client::{Body, ListArgs, UnitsArgs, WriteArgs, get};
+
+/// `flotilla decisions APP`: the app's autoscaling decisions, newest first, each with the
+/// formula its policy computed.
+pub async fn decisions(a: UnitsArgs) -> anyhow::Result<()> {
+    let v = get(&a.list, &format!("/v1/apps/{}/decisions", a.app)).await?;
+    if a.list.json {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    let rows = v.as_array().cloned().unwrap_or_default();
+    println!("{:<14} {:<12} {:<18} {:>6}  EXPLANATION", "AT (unix ms)", "POLICY", "ACTION", "UNITS");
+    for d in &rows {
+        println!(
+            "{:<14} {:<12} {:<18} {:>6}  {}",
+            d["at"].as_u64().unwrap_or(0),
+            d["policy"].as_str().unwrap_or("-"),
+            d["action"].as_str().unwrap_or("-"),
+            d["applied_units"].as_u64().unwrap_or(0),
+            d["explanation"].as_str().unwrap_or("")
+        );
+    }
+    println!("{} decisions", rows.len());
+    Ok(())
+}
+
+#[derive(Debug, Args)]
+pub struct PolicyArgs {
+    #[command(subcommand)]
+    pub action: PolicyAction,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PolicyAction {
+    /// Create or replace the named policy a file defines (`[autoscaling]` with `name`).
+    Apply {
+        file: std::path::PathBuf,
+        #[command(flatten)]
+        write: WriteArgs,
+    },
+    /// The named policies.
+    List(ListArgs),
+}
+
+pub async fn policy(a: PolicyArgs) -> anyhow::Result<()> {
+    match a.action {
+        PolicyAction::Apply { file, write } => {
+            let text = std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
+            let doc: toml::Table = toml::from_str(&text).with_context(|| file.display().to_string())?;
+            let name = doc
+                .get("autoscaling")
+                .and_then(|t| t.get("name"))
+                .and_then(|n| n.as_str())
+                .with_context(|| format!("{}: autoscaling.name: a named policy needs a name", file.display()))?
+                .to_string();
+            write.put(&format!("/v1/policies/{name}"), Body::Text(text)).await?;
+            println!("policy {name}: applied (apps that name it follow it from their next evaluation)");
+        }
+        PolicyAction::List(l) => {
+            let v = get(&l, "/v1/policies").await?;
+            if l.json {
+                println!("{}", serde_json::to_string_pretty(&v)?);
+                return Ok(());
+            }
+            println!("{:<24} {:<12} {:>10}", "NAME", "POLICY", "INTERVAL");
+            for p in v.as_array().cloned().unwrap_or_default() {
+                println!(
+                    "{:<24} {:<12} {:>9}s",
+                    p["name"].as_str().unwrap_or("-"),
+                    p["policy"].as_str().unwrap_or("-"),
+                    p["interval_ms"].as_u64().unwrap_or(0) / 1000
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+#[derive(Debug, Args)]
+pub struct DemandArgs {
+    /// The app.
+    pub app: String,
+    /// CPU of one request, as in a spec (`500m`, `2`).
+    #[arg(long, default_value = "0")]
+    pub cpu: String,
+    /// Memory of one request, as in a spec (`512Mi`, `2Gi`).
+    #[arg(long, default_value = "0")]
+    pub memory: String,
+    /// How many such requests.
+    #[arg(long, default_value_t = 1)]
+    pub count: u32,
+    /// How long the demand stands unless renewed, in seconds.
+    #[arg(long, default_value_t = 300)]
+    pub ttl: u64,
+    #[command(flatten)]
+    pub write: WriteArgs,
+}
+
+/// `flotilla demand APP`: what consumers need the app to run (it replaces the last
+/// demand; `--count 0` withdraws it).
+pub async fn demand(a: DemandArgs) -> anyhow::Result<()> {
+    let cpu_millis = flotilla_scheduler::parse_cpu(&a.cpu).map_err(|e| anyhow::anyhow!("--cpu: {e}"))?;
+    let memory_bytes = flotilla_scheduler::parse_memory(&a.memory).map_err(|e| anyhow::anyhow!("--memory: {e}"))?;
+    let requests: Vec<Value> = if a.count == 0 {
+        Vec::new()
+    } else {
+        vec![json!({"resources": {"cpu_millis": cpu_millis, "memory_bytes": memory_bytes}, "count": a.count})]
+    };
+    let body = json!({"requests": requests, "ttl_seconds": a.ttl});
+    let answer = a.write.put(&format!("/v1/apps/{}/demand", a.app), Body::Json(body)).await?;
+    println!("{}: demand set, until {} (unix ms)", a.app, answer["demand"]["expires_unix_ms"]);
+    Ok(())
+}
