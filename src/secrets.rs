@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
-use flotilla_aggregator::tls::{TlsMaterial, write_private};
+use flotilla_aggregator::{TlsMaterial, write_private};
 
 /// A random token of 32 hex characters... times two.
 pub fn random_token() -> String {

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::Args;
-use flotilla_aggregator::registry::Registry;
+use flotilla_aggregator::Registry;
 use flotilla_aggregator::{ShardConfig, Timeouts, TlsMaterial};
 use flotilla_proto::dial::Dialer;
 
@@ -114,7 +114,7 @@ pub fn join_token_file(data: &DataDir, registries: Vec<Arc<Registry>>) -> TokenF
 }
 
 /// The gRPC tokens of `auths` (the shards' token checks), followed in DATA/grpc-token.
-pub fn grpc_token_file(data: &DataDir, auths: Vec<flotilla_aggregator::auth::GrpcAuth>) -> TokenFile {
+pub fn grpc_token_file(data: &DataDir, auths: Vec<flotilla_aggregator::GrpcAuth>) -> TokenFile {
     TokenFile {
         name: "grpc",
         path: data.dir.join("grpc-token"),

@@ -7,12 +7,10 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use flotilla_aggregator::ingest::Ingest;
-use flotilla_aggregator::ledger::{Ledger, NodeFacts};
-use flotilla_aggregator::ledger_grpc::claims_from_wire;
-use flotilla_aggregator::registry::{Change, NodeLive, Registry};
-use flotilla_aggregator::stats::{Reject, ShardStats};
-use flotilla_core::{MAX_LABELS, NodeId, NodeStatus, PROTOCOL_VERSION, Resources};
+use flotilla_aggregator::{
+    Change, HeartbeatDrop, Ingest, Ledger, NodeFacts, NodeLive, Registry, ShardStats, claims_from_wire,
+};
+use flotilla_core::{MAX_LABELS, NodeId, NodeStatus, PROTOCOL_VERSION, Resources, ServiceError};
 use flotilla_proto::seal::{self, Direction, Header, MAGIC_HEARTBEAT, MAGIC_REPLY};
 use flotilla_proto::{convert, v1};
 use prost::Message;
@@ -107,7 +105,7 @@ fn raw_datagram(ingest: &mut Ingest, d: &[u8]) {
     // The registered session's id is random: no datagram of the input can speak for it.
     assert_ne!(r, Ok(()), "an unauthenticated datagram was accepted");
     if !reply.is_empty() {
-        assert_eq!(r, Err(Reject::Forgotten), "only a forgotten session is answered");
+        assert_eq!(r, Err(HeartbeatDrop::Forgotten), "only a forgotten session is answered");
         let h = seal::parse_header(d).expect("it was answered, so its header parsed");
         let key = seal::derive_session_key(MASTER, h.session_id, h.incarnation, h.node_id);
         check_reply(&reply, &key, &h);
@@ -185,18 +183,18 @@ fn sealed_records(ingest: &mut Ingest, live: &Arc<NodeLive>, mut rest: &[u8]) {
                 assert!(matches!(live.status(), NodeStatus::Alive | NodeStatus::Draining), "{:?}", live.status());
                 assert!(reply.is_empty());
             }
-            Err(Reject::DeadNode) => {
+            Err(HeartbeatDrop::DeadNode) => {
                 assert!(authentic && status == NodeStatus::Dead, "{status:?}, flags {flags:#x}");
                 check_reply(&reply, &live.key, &header);
             }
-            Err(Reject::Forgotten) => {
+            Err(HeartbeatDrop::Forgotten) => {
                 assert!(flags & hb::OTHER_SESSION != 0 && flags & hb::DERIVED_KEY != 0 && tamper == 0);
                 check_reply(&reply, &key, &header);
             }
             Err(_) => assert!(reply.is_empty(), "{r:?} was answered"),
         }
         // Only an authenticated, newer datagram moves the sequence.
-        if !matches!(r, Ok(()) | Err(Reject::DeadNode)) {
+        if !matches!(r, Ok(()) | Err(HeartbeatDrop::DeadNode)) {
             assert_eq!(live.last_seq.load(Ordering::Acquire), last_seq, "{r:?} moved the sequence");
         }
     }

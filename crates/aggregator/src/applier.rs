@@ -12,7 +12,7 @@ use flotilla_view::{NodeRecord, ViewPublisher};
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::time::Instant;
 
-use crate::ledger::Ledger;
+use crate::ledger::{Claim, Ledger};
 use crate::liveness::{Timeouts, Verdict, Wheel, evaluate};
 use crate::registry::{Change, NodeLive, Registry};
 
@@ -39,7 +39,7 @@ pub struct Applier {
     /// Descriptors of nodes registered since the last flush.
     fresh: HashMap<NodeId, (Arc<flotilla_core::Labels>, flotilla_core::Resources)>,
     /// What newly registered agents run, for the ledger to adopt (see `Ledger::adopt`).
-    adopt: HashMap<NodeId, (Vec<crate::ledger::Claim>, u64)>,
+    adopt: HashMap<NodeId, (Vec<Claim>, u64)>,
     removed: Vec<Arc<NodeLive>>,
     counts: [i64; 5],
     metrics: Metrics,
@@ -89,7 +89,7 @@ impl Applier {
             publisher,
             timeouts,
             batch_window,
-            wheel: Wheel::new(WHEEL_SLOT_MS, slots, crate::now_ms()),
+            wheel: Wheel::new(WHEEL_SLOT_MS, slots, flotilla_core::now_ms()),
             dirty: HashMap::new(),
             samples: HashMap::new(),
             fresh: HashMap::new(),
@@ -103,7 +103,7 @@ impl Applier {
     fn absorb(&mut self, c: Change) {
         match c {
             Change::Registered(live, d) => {
-                self.wheel.schedule(live.session_id, crate::now_ms() + self.timeouts.suspect_after_ms);
+                self.wheel.schedule(live.session_id, flotilla_core::now_ms() + self.timeouts.suspect_after_ms);
                 self.samples.insert(live.node_id.clone(), d.health);
                 if !d.running.is_empty() {
                     self.adopt.insert(live.node_id.clone(), (d.running, d.running_version));
@@ -287,7 +287,7 @@ impl Applier {
                     Some(c) => self.absorb(c),
                     None => return,
                 },
-                _ = tick.tick() => self.tick(crate::now_ms()),
+                _ = tick.tick() => self.tick(flotilla_core::now_ms()),
                 _ = tokio::time::sleep_until(deadline), if flush_at.is_some() => {}
                 _ = shutdown.changed() => return,
             }

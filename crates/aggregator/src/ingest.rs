@@ -12,7 +12,7 @@ use flotilla_proto::{convert, v1};
 use prost::Message;
 
 use crate::registry::{Change, Registry};
-use crate::stats::{Reject, ShardStats};
+use crate::stats::{HeartbeatDrop, ShardStats};
 
 /// The state one ingest loop needs; `handle` is the whole per-datagram logic.
 pub struct Ingest {
@@ -41,7 +41,7 @@ impl Ingest {
 
     /// Processes one datagram. On success returns the reply to send, if the agent
     /// must act; every drop is counted with its reason.
-    pub fn handle(&mut self, datagram: &[u8], now_ms: u64, reply: &mut Vec<u8>) -> Result<(), Reject> {
+    pub fn handle(&mut self, datagram: &[u8], now_ms: u64, reply: &mut Vec<u8>) -> Result<(), HeartbeatDrop> {
         let r = self.handle_inner(datagram, now_ms, reply);
         match r {
             Ok(_) => self.stats.accept(1),
@@ -50,29 +50,29 @@ impl Ingest {
         r
     }
 
-    fn handle_inner(&mut self, datagram: &[u8], now_ms: u64, reply: &mut Vec<u8>) -> Result<(), Reject> {
-        let header = seal::parse_header(datagram).map_err(Reject::Datagram)?;
+    fn handle_inner(&mut self, datagram: &[u8], now_ms: u64, reply: &mut Vec<u8>) -> Result<(), HeartbeatDrop> {
+        let header = seal::parse_header(datagram).map_err(HeartbeatDrop::Datagram)?;
         if header.magic != MAGIC_HEARTBEAT {
-            return Err(Reject::Datagram(DatagramError::BadMagic));
+            return Err(HeartbeatDrop::Datagram(DatagramError::BadMagic));
         }
         let Some(live) = self.registry.sessions.get(&header.session_id).map(|e| e.value().clone()) else {
             return self.unknown_session(datagram, &header, now_ms, reply);
         };
         if live.node_id.as_str() != header.node_id || live.incarnation != header.incarnation {
-            return Err(Reject::WrongNode);
+            return Err(HeartbeatDrop::WrongNode);
         }
         let plain = seal::open(&live.key, Direction::ToShard, datagram, &header, &mut self.scratch)
-            .map_err(Reject::Datagram)?;
-        let body = v1::HeartbeatBody::decode(plain).map_err(|_| Reject::Datagram(DatagramError::BadBody))?;
-        let sample = convert::health(body.health).map_err(|_| Reject::Datagram(DatagramError::BadBody))?;
+            .map_err(HeartbeatDrop::Datagram)?;
+        let body = v1::HeartbeatBody::decode(plain).map_err(|_| HeartbeatDrop::Datagram(DatagramError::BadBody))?;
+        let sample = convert::health(body.health).map_err(|_| HeartbeatDrop::Datagram(DatagramError::BadBody))?;
         // Only an authenticated datagram may advance the sequence.
         if live.last_seq.fetch_max(header.seq, Ordering::AcqRel) >= header.seq {
-            return Err(Reject::Replayed);
+            return Err(HeartbeatDrop::Replayed);
         }
         match live.status() {
             NodeStatus::Dead => {
                 self.reply(&live.key, &header, v1::HeartbeatAction::Reregister, "declared dead", reply);
-                return Err(Reject::DeadNode);
+                return Err(HeartbeatDrop::DeadNode);
             }
             NodeStatus::Suspect | NodeStatus::Unknown => {
                 live.last_seen_ms.store(now_ms, Ordering::Release);
@@ -99,22 +99,22 @@ impl Ingest {
         header: &Header<'_>,
         now_ms: u64,
         reply: &mut Vec<u8>,
-    ) -> Result<(), Reject> {
+    ) -> Result<(), HeartbeatDrop> {
         let second = now_ms / 1000;
         if self.unknown_budget.0 != second {
             self.unknown_budget = (second, 0);
         }
         if self.unknown_budget.1 >= UNKNOWN_SESSIONS_PER_SECOND {
-            return Err(Reject::UnknownSession);
+            return Err(HeartbeatDrop::UnknownSession);
         }
         self.unknown_budget.1 += 1;
         let key =
             seal::derive_session_key(self.registry.master(), header.session_id, header.incarnation, header.node_id);
         if seal::open(&key, Direction::ToShard, datagram, header, &mut self.scratch).is_err() {
-            return Err(Reject::UnknownSession);
+            return Err(HeartbeatDrop::UnknownSession);
         }
         self.reply(&key, header, v1::HeartbeatAction::Reregister, "unknown session", reply);
-        Err(Reject::Forgotten)
+        Err(HeartbeatDrop::Forgotten)
     }
 
     fn reply(
@@ -172,7 +172,7 @@ pub async fn run(
                     break;
                 }
             };
-            let now = crate::now_ms();
+            let now = flotilla_core::now_ms();
             let mut datagrams = 0u64;
             for (meta, buf) in metas.iter().zip(bufs.iter()).take(n) {
                 let stride = meta.stride.max(1);
@@ -249,32 +249,32 @@ mod tests {
         let good = beat(&live.key, live.session_id, 1, "n1", 10, 0.0);
         assert!(ing.handle(&good, 1, &mut reply).is_ok());
         // Replay, and an older sequence number.
-        assert_eq!(ing.handle(&good, 2, &mut reply), Err(Reject::Replayed));
+        assert_eq!(ing.handle(&good, 2, &mut reply), Err(HeartbeatDrop::Replayed));
         let old = beat(&live.key, live.session_id, 1, "n1", 9, 0.0);
-        assert_eq!(ing.handle(&old, 2, &mut reply), Err(Reject::Replayed));
+        assert_eq!(ing.handle(&old, 2, &mut reply), Err(HeartbeatDrop::Replayed));
         // Forged: right header, wrong key; a forgery must not advance the sequence.
         let forged = beat(&[7u8; 32], live.session_id, 1, "n1", 1000, 0.0);
-        assert_eq!(ing.handle(&forged, 3, &mut reply), Err(Reject::Datagram(DatagramError::BadSeal)));
+        assert_eq!(ing.handle(&forged, 3, &mut reply), Err(HeartbeatDrop::Datagram(DatagramError::BadSeal)));
         assert!(ing.handle(&beat(&live.key, live.session_id, 1, "n1", 11, 0.0), 3, &mut reply).is_ok());
         // A session speaking for another node id.
         let spoof = beat(&live.key, live.session_id, 1, "n2", 12, 0.0);
-        assert_eq!(ing.handle(&spoof, 4, &mut reply), Err(Reject::WrongNode));
+        assert_eq!(ing.handle(&spoof, 4, &mut reply), Err(HeartbeatDrop::WrongNode));
         let spoof = beat(&other.key, live.session_id, 1, "n1", 13, 0.0);
-        assert_eq!(ing.handle(&spoof, 4, &mut reply), Err(Reject::Datagram(DatagramError::BadSeal)));
+        assert_eq!(ing.handle(&spoof, 4, &mut reply), Err(HeartbeatDrop::Datagram(DatagramError::BadSeal)));
         // Malformed and oversized.
-        assert_eq!(ing.handle(b"garbage", 5, &mut reply), Err(Reject::Datagram(DatagramError::Truncated)));
-        assert_eq!(ing.handle(&vec![0u8; 5000], 5, &mut reply), Err(Reject::Datagram(DatagramError::Oversized)));
+        assert_eq!(ing.handle(b"garbage", 5, &mut reply), Err(HeartbeatDrop::Datagram(DatagramError::Truncated)));
+        assert_eq!(ing.handle(&vec![0u8; 5000], 5, &mut reply), Err(HeartbeatDrop::Datagram(DatagramError::Oversized)));
         let mut truncated = beat(&live.key, live.session_id, 1, "n1", 14, 0.5);
         truncated.truncate(truncated.len() - 3);
-        assert_eq!(ing.handle(&truncated, 5, &mut reply), Err(Reject::Datagram(DatagramError::BadSeal)));
+        assert_eq!(ing.handle(&truncated, 5, &mut reply), Err(HeartbeatDrop::Datagram(DatagramError::BadSeal)));
         // A body that is sealed correctly but does not decode.
         let h = Header { magic: MAGIC_HEARTBEAT, session_id: live.session_id, seq: 15, incarnation: 1, node_id: "n1" };
         let mut junk = Vec::new();
         seal::seal(&live.key, Direction::ToShard, &h, &[0xff, 0xff, 0xff], &mut junk).unwrap();
-        assert_eq!(ing.handle(&junk, 6, &mut reply), Err(Reject::Datagram(DatagramError::BadBody)));
-        assert_eq!(stats.rejected(Reject::Replayed), 2);
-        assert_eq!(stats.rejected(Reject::WrongNode), 1);
-        assert_eq!(stats.rejected(Reject::Datagram(DatagramError::BadSeal)), 3);
+        assert_eq!(ing.handle(&junk, 6, &mut reply), Err(HeartbeatDrop::Datagram(DatagramError::BadBody)));
+        assert_eq!(stats.rejected(HeartbeatDrop::Replayed), 2);
+        assert_eq!(stats.rejected(HeartbeatDrop::WrongNode), 1);
+        assert_eq!(stats.rejected(HeartbeatDrop::Datagram(DatagramError::BadSeal)), 3);
         assert_eq!(stats.accepted(), 2);
     }
 
@@ -286,21 +286,21 @@ mod tests {
         let (mut fresh, _reg2, stats2, _rx2) = setup();
         let mut reply = Vec::new();
         let d = beat(&live.key, live.session_id, 1, "n1", 1, 0.0);
-        assert_eq!(fresh.handle(&d, 1, &mut reply), Err(Reject::Forgotten));
+        assert_eq!(fresh.handle(&d, 1, &mut reply), Err(HeartbeatDrop::Forgotten));
         assert!(!reply.is_empty(), "the agent is told to register again");
         let h = seal::parse_header(&reply).unwrap();
         let mut scratch = Vec::new();
         let body = seal::open(&live.key, Direction::ToAgent, &reply, &h, &mut scratch).unwrap();
         let r = v1::HeartbeatReply::decode(body).unwrap();
         assert_eq!(r.action, v1::HeartbeatAction::Reregister as i32);
-        assert_eq!(stats2.rejected(Reject::Forgotten), 1);
+        assert_eq!(stats2.rejected(HeartbeatDrop::Forgotten), 1);
         // A session of a different secret is a plain unknown session.
         let alien = seal::derive_session_key(b"other", 5, 1, "x");
         let d = beat(&alien, 5, 1, "x", 1, 0.0);
         reply.clear();
-        assert_eq!(ing.handle(&d, 1, &mut reply), Err(Reject::UnknownSession));
+        assert_eq!(ing.handle(&d, 1, &mut reply), Err(HeartbeatDrop::UnknownSession));
         assert!(reply.is_empty());
-        assert_eq!(stats.rejected(Reject::UnknownSession), 1);
+        assert_eq!(stats.rejected(HeartbeatDrop::UnknownSession), 1);
     }
 
     #[test]
@@ -316,7 +316,7 @@ mod tests {
         assert!(live.transition(NodeStatus::Alive, NodeStatus::Dead, 5000));
         assert_eq!(
             ing.handle(&beat(&live.key, live.session_id, 1, "n1", 2, 0.0), 5100, &mut reply),
-            Err(Reject::DeadNode)
+            Err(HeartbeatDrop::DeadNode)
         );
         assert!(!reply.is_empty());
         assert_eq!(live.status(), NodeStatus::Dead);

@@ -29,8 +29,10 @@ pub struct Claim {
     pub workload: v1::Workload,
 }
 
+/// Why the ledger refused one claim (a verdict in the answer, not a failed request: the
+/// request's other claims are judged on their own).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Reject {
+pub enum ClaimReject {
     NoFit,
     NodeNotAlive(NodeStatus),
     IncarnationMismatch,
@@ -42,18 +44,19 @@ pub enum Reject {
     Cordoned,
 }
 
-impl Reject {
+impl ClaimReject {
+    /// Its stable name: the claim result's detail and the `flotilla_claims_total` label.
     pub fn as_str(self) -> &'static str {
         match self {
-            Reject::NoFit => "no_fit",
-            Reject::NodeNotAlive(_) => "node_not_alive",
-            Reject::IncarnationMismatch => "incarnation_mismatch",
-            Reject::UnknownNode => "unknown_node",
-            Reject::Recovering => "shard_recovering",
-            Reject::Priority => "priority",
-            Reject::Group => "group",
-            Reject::AlreadyPlaced => "already_placed",
-            Reject::Cordoned => "cordoned",
+            ClaimReject::NoFit => "no_fit",
+            ClaimReject::NodeNotAlive(_) => "node_not_alive",
+            ClaimReject::IncarnationMismatch => "incarnation_mismatch",
+            ClaimReject::UnknownNode => "unknown_node",
+            ClaimReject::Recovering => "shard_recovering",
+            ClaimReject::Priority => "priority",
+            ClaimReject::Group => "group",
+            ClaimReject::AlreadyPlaced => "already_placed",
+            ClaimReject::Cordoned => "cordoned",
         }
     }
 }
@@ -84,7 +87,7 @@ pub struct NodeBook {
     pub version: u64,
 }
 
-pub type Outcome = Vec<(ClaimKey, Result<(), Reject>)>;
+pub type Outcome = Vec<(ClaimKey, Result<(), ClaimReject>)>;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ConfirmStatus {
@@ -186,7 +189,7 @@ impl Ledger {
                 order.push(vec![i]);
             }
         }
-        let mut results: Vec<Option<Result<(), Reject>>> = vec![None; claims.len()];
+        let mut results: Vec<Option<Result<(), ClaimReject>>> = vec![None; claims.len()];
         let mut changed = Vec::new();
         // A key claimed twice in one request is one member: the second claim is a replay.
         let mut in_request: HashMap<&ClaimKey, &NodeId> = HashMap::new();
@@ -199,7 +202,7 @@ impl Ledger {
                 let c = &claims[i];
                 let v = match in_request.get(&c.key).or_else(|| unit_keys.get(&c.key)) {
                     Some(n) if **n == c.node => Ok(false),
-                    Some(_) => Err(Reject::AlreadyPlaced),
+                    Some(_) => Err(ClaimReject::AlreadyPlaced),
                     None => self.check(c, extra.get(&c.node), facts),
                 };
                 if v == Ok(true) {
@@ -219,7 +222,7 @@ impl Ledger {
             for (&i, v) in unit.iter().zip(verdicts) {
                 results[i] = Some(match v {
                     Err(r) => Err(r),
-                    Ok(_) if !all_ok => Err(Reject::Group),
+                    Ok(_) if !all_ok => Err(ClaimReject::Group),
                     Ok(false) => Ok(()), // already held: a replay
                     Ok(true) => {
                         let c = &claims[i];
@@ -234,7 +237,7 @@ impl Ledger {
             }
         }
         let outcome: Outcome =
-            claims.iter().zip(results).map(|(c, r)| (c.key.clone(), r.unwrap_or(Err(Reject::Group)))).collect();
+            claims.iter().zip(results).map(|(c, r)| (c.key.clone(), r.unwrap_or(Err(ClaimReject::Group)))).collect();
         if let Some(until) = reserve_until {
             let keys =
                 claims.iter().zip(&outcome).filter(|(_, (_, r))| r.is_ok()).map(|(c, _)| c.key.clone()).collect();
@@ -251,39 +254,39 @@ impl Ledger {
         c: &Claim,
         extra: Option<&Resources>,
         facts: &dyn Fn(&NodeId) -> Option<NodeFacts>,
-    ) -> Result<bool, Reject> {
-        let f = facts(&c.node).ok_or(Reject::UnknownNode)?;
+    ) -> Result<bool, ClaimReject> {
+        let f = facts(&c.node).ok_or(ClaimReject::UnknownNode)?;
         if let Some(on) = self.placed.get(&c.key) {
             return if *on == c.node && self.nodes.get(on).is_some_and(|b| b.incarnation == c.incarnation) {
                 Ok(false)
             } else {
-                Err(Reject::AlreadyPlaced)
+                Err(ClaimReject::AlreadyPlaced)
             };
         }
         match f.status {
             NodeStatus::Alive => {}
-            NodeStatus::Unknown => return Err(Reject::Recovering),
-            s => return Err(Reject::NodeNotAlive(s)),
+            NodeStatus::Unknown => return Err(ClaimReject::Recovering),
+            s => return Err(ClaimReject::NodeNotAlive(s)),
         }
         if f.incarnation != c.incarnation {
-            return Err(Reject::IncarnationMismatch);
+            return Err(ClaimReject::IncarnationMismatch);
         }
         if f.low_priority && !c.allow_low_priority {
-            return Err(Reject::Priority);
+            return Err(ClaimReject::Priority);
         }
         if f.cordoned {
-            return Err(Reject::Cordoned);
+            return Err(ClaimReject::Cordoned);
         }
         let held = match self.nodes.get(&c.node) {
             Some(b) if b.incarnation == f.incarnation => b.allocated.clone(),
             _ => Resources::default(),
         };
         let held = match extra {
-            Some(e) => held.checked_add(e).map_err(|_| Reject::NoFit)?,
+            Some(e) => held.checked_add(e).map_err(|_| ClaimReject::NoFit)?,
             None => held,
         };
-        let wanted = held.checked_add(&c.resources).map_err(|_| Reject::NoFit)?;
-        if wanted.fits_in(&f.capacity) { Ok(true) } else { Err(Reject::NoFit) }
+        let wanted = held.checked_add(&c.resources).map_err(|_| ClaimReject::NoFit)?;
+        if wanted.fits_in(&f.capacity) { Ok(true) } else { Err(ClaimReject::NoFit) }
     }
 
     fn insert(&mut self, claim: Claim, incarnation: u64, reserved_until_ms: Option<u64>) {
@@ -530,7 +533,7 @@ mod tests {
         assert_eq!(l.adopt(&node(3), 1, &c, vec![claim("u9", "head", 3, 100, "")], 1), (0, 1));
         // Adopted entries are ordinary entries: a replayed commit finds them placed.
         let (out, _) = l.commit("t", &[claim("u1", "head", 2, 100, "")], &facts);
-        assert_eq!(out[0].1, Err(Reject::AlreadyPlaced));
+        assert_eq!(out[0].1, Err(ClaimReject::AlreadyPlaced));
     }
 
     #[test]
@@ -550,11 +553,11 @@ mod tests {
             r,
             vec![
                 Ok(()),
-                Err(Reject::NoFit),
+                Err(ClaimReject::NoFit),
                 Ok(()),
-                Err(Reject::Priority),
-                Err(Reject::NodeNotAlive(NodeStatus::Suspect)),
-                Err(Reject::UnknownNode)
+                Err(ClaimReject::Priority),
+                Err(ClaimReject::NodeNotAlive(NodeStatus::Suspect)),
+                Err(ClaimReject::UnknownNode)
             ]
         );
         assert_eq!(changed, vec![node(0), node(1)]);
@@ -567,9 +570,9 @@ mod tests {
         let mut l = Ledger::new();
         let cs = [claim("u1", "head", 0, 500, "u1"), claim("u1", "w0", 1, 500, "u1"), claim("u1", "w1", 0, 600, "u1")];
         let (out, changed) = l.commit("t1", &cs, &facts);
-        assert_eq!(out[0].1, Err(Reject::Group));
-        assert_eq!(out[1].1, Err(Reject::Group));
-        assert_eq!(out[2].1, Err(Reject::NoFit), "head + w1 exceed n0 together");
+        assert_eq!(out[0].1, Err(ClaimReject::Group));
+        assert_eq!(out[1].1, Err(ClaimReject::Group));
+        assert_eq!(out[2].1, Err(ClaimReject::NoFit), "head + w1 exceed n0 together");
         assert!(changed.is_empty());
         assert!(l.allocated(&node(0)).is_zero());
         let cs = [claim("u1", "head", 0, 500, "u1"), claim("u1", "w0", 1, 500, "u1")];
@@ -588,14 +591,14 @@ mod tests {
         assert_eq!(l.allocated(&node(0)).cpu_millis, 400);
         // The same member on another node is a conflict, not a second placement.
         let elsewhere = [claim("u1", "head", 1, 400, "")];
-        assert_eq!(l.commit("t3", &elsewhere, &facts).0[0].1, Err(Reject::AlreadyPlaced));
+        assert_eq!(l.commit("t3", &elsewhere, &facts).0[0].1, Err(ClaimReject::AlreadyPlaced));
         l.check_invariant(&cap).unwrap();
     }
 
     #[test]
     fn a_cordoned_node_takes_nothing_new() {
         let mut l = Ledger::new();
-        assert_eq!(l.commit("t1", &[claim("u1", "head", 5, 10, "")], &facts).0[0].1, Err(Reject::Cordoned));
+        assert_eq!(l.commit("t1", &[claim("u1", "head", 5, 10, "")], &facts).0[0].1, Err(ClaimReject::Cordoned));
     }
 
     #[test]
@@ -603,7 +606,7 @@ mod tests {
         let mut l = Ledger::new();
         let mut c = claim("u1", "head", 0, 400, "");
         c.incarnation = 2;
-        assert_eq!(l.commit("t1", &[c], &facts).0[0].1, Err(Reject::IncarnationMismatch));
+        assert_eq!(l.commit("t1", &[c], &facts).0[0].1, Err(ClaimReject::IncarnationMismatch));
     }
 
     #[test]

@@ -1,25 +1,21 @@
-//! The commit path over gRPC: a thin adapter over [`Ledger`]. Requests are validated
-//! here (sizes, counts, names); the ledger decides; the applier folds accepted claims
-//! into the next view version, which the answer names.
+//! The commit path and node administration over gRPC: thin adapters. Requests decode
+//! through [`crate::wire`] (sizes, counts, names); the ledger decides; the applier folds
+//! accepted claims into the next view version, which the answer names. A request that
+//! does not decode is answered through `flotilla_proto::status`, the one error mapping.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use flotilla_core::{NodeId, Resources};
+use flotilla_core::{NodeId, ServiceError, now_ms};
+use flotilla_proto::status::status;
 use flotilla_proto::v1::{self, ledger_service_server::LedgerService};
 use flotilla_view::ViewPublisher;
 use tokio::sync::oneshot;
 use tonic::{Request, Response, Status};
 
-use crate::ledger::{Claim, ClaimKey, ConfirmStatus, Ledger, NodeFacts, Outcome, Reject};
+use crate::ledger::{Ledger, NodeFacts, Outcome};
 use crate::registry::{Change, Registry};
-
-/// Most claims in one request.
-pub const MAX_CLAIMS: usize = 4096;
-/// Longest app, unit, member or transaction name, in bytes.
-pub const MAX_NAME: usize = 128;
-/// Longest reservation.
-pub const MAX_TTL_MS: u32 = 600_000;
+use crate::wire::{self, InvalidRequest};
 
 pub struct LedgerGrpc {
     pub ledger: Arc<Mutex<Ledger>>,
@@ -38,7 +34,7 @@ impl LedgerGrpc {
     /// Facts about a node from the current view (lock-free).
     fn facts(&self) -> impl Fn(&NodeId) -> Option<NodeFacts> + use<> {
         let view = self.publisher.load();
-        let recovering = crate::now_ms() < self.recovering_until_ms;
+        let recovering = now_ms() < self.recovering_until_ms;
         move |id: &NodeId| {
             view.get(id).map(|r| NodeFacts {
                 status: if recovering { flotilla_core::NodeStatus::Unknown } else { r.status },
@@ -61,119 +57,20 @@ impl LedgerGrpc {
     }
 }
 
-fn invalid(field: &str, why: impl std::fmt::Display) -> Status {
-    metrics::counter!("flotilla_commit_requests_rejected_total", "reason" => "invalid").increment(1);
-    Status::invalid_argument(format!("{field}: {why}"))
+/// A request that does not decode: counted, and answered through the one mapping.
+fn refuse(e: InvalidRequest) -> Status {
+    metrics::counter!("flotilla_commit_requests_rejected_total", "reason" => e.code()).increment(1);
+    status(&e)
 }
 
-fn name(field: &str, s: &str) -> Result<(), Status> {
-    if s.is_empty() || s.len() > MAX_NAME || s.chars().any(char::is_control) {
-        return Err(invalid(field, format!("must be 1..={MAX_NAME} bytes without control characters")));
-    }
-    Ok(())
-}
-
-fn key_from_wire(k: Option<v1::ClaimKey>) -> Result<ClaimKey, Status> {
-    let k = k.ok_or_else(|| invalid("key", "missing"))?;
-    name("key.app", &k.app)?;
-    name("key.unit", &k.unit)?;
-    name("key.member", &k.member)?;
-    Ok(ClaimKey { app: k.app, unit: k.unit, member: k.member, generation: k.generation })
-}
-
-fn key_to_wire(k: &ClaimKey) -> v1::ClaimKey {
-    v1::ClaimKey { app: k.app.clone(), unit: k.unit.clone(), member: k.member.clone(), generation: k.generation }
-}
-
-/// Validates and converts a request's claims; every claim must be sane before any is judged.
-pub fn claims_from_wire(txn: &str, claims: Vec<v1::Claim>) -> Result<Vec<Claim>, Status> {
-    name("txn_id", txn)?;
-    if claims.is_empty() || claims.len() > MAX_CLAIMS {
-        return Err(invalid("claims", format!("{} claims (1..={MAX_CLAIMS})", claims.len())));
-    }
-    let claims: Vec<Claim> = claims
-        .into_iter()
-        .enumerate()
-        .map(|(i, c)| {
-            let node = NodeId::new(&c.node_id).map_err(|e| invalid(&format!("claims[{i}].node_id"), e))?;
-            let resources: Resources = c.resources.unwrap_or_default().into();
-            resources.validate_node_capacity().map_err(|e| invalid(&format!("claims[{i}].resources"), e))?;
-            if c.group.len() > MAX_NAME {
-                return Err(invalid(&format!("claims[{i}].group"), "too long"));
-            }
-            let workload = c.workload.unwrap_or_default();
-            let size = workload.command.len()
-                + workload.args.iter().map(String::len).sum::<usize>()
-                + workload.env.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>();
-            if size > 64 * 1024 || workload.args.len() > 256 || workload.env.len() > 256 {
-                return Err(invalid(&format!("claims[{i}].workload"), "larger than 64 KiB, 256 args or 256 variables"));
-            }
-            Ok(Claim {
-                key: key_from_wire(c.key).map_err(|e| invalid(&format!("claims[{i}]"), e.message()))?,
-                node,
-                incarnation: c.incarnation,
-                resources,
-                allow_low_priority: c.allow_low_priority,
-                group: c.group,
-                workload,
-            })
-        })
-        .collect::<Result<_, _>>()?;
-    // A key twice in one request would be judged as a replay of itself.
-    let mut seen = std::collections::HashMap::with_capacity(claims.len());
-    for (i, c) in claims.iter().enumerate() {
-        if let Some(first) = seen.insert(&c.key, i) {
-            return Err(invalid(&format!("claims[{i}].key"), format!("repeats claims[{first}].key")));
-        }
-    }
-    Ok(claims)
-}
-
-fn reason_to_wire(r: Reject) -> v1::RejectReason {
-    match r {
-        Reject::NoFit => v1::RejectReason::NoFit,
-        Reject::NodeNotAlive(_) => v1::RejectReason::NodeNotAlive,
-        Reject::IncarnationMismatch => v1::RejectReason::IncarnationMismatch,
-        Reject::UnknownNode => v1::RejectReason::UnknownNode,
-        Reject::Recovering => v1::RejectReason::ShardRecovering,
-        Reject::Priority => v1::RejectReason::Priority,
-        Reject::Group => v1::RejectReason::Group,
-        Reject::AlreadyPlaced => v1::RejectReason::AlreadyPlaced,
-        Reject::Cordoned => v1::RejectReason::Cordoned,
-    }
-}
-
-fn results_to_wire(out: &Outcome) -> Vec<v1::ClaimResult> {
-    out.iter()
-        .map(|(k, r)| {
-            let label = match r {
-                Ok(()) => "accepted",
-                Err(e) => e.as_str(),
-            };
-            metrics::counter!("flotilla_claims_total", "result" => label).increment(1);
-            v1::ClaimResult {
-                key: Some(key_to_wire(k)),
-                accepted: r.is_ok(),
-                reason: r.err().map(reason_to_wire).unwrap_or(v1::RejectReason::Unspecified) as i32,
-                detail: match r {
-                    Err(Reject::NodeNotAlive(s)) => format!("node is {s}"),
-                    Err(e) => e.as_str().to_string(),
-                    Ok(()) => String::new(),
-                },
-            }
-        })
-        .collect()
-}
-
-/// The assignment an agent receives for one claim.
-pub fn assignment(c: &Claim) -> v1::Assignment {
-    v1::Assignment {
-        app: c.key.app.clone(),
-        unit: c.key.unit.clone(),
-        member: c.key.member.clone(),
-        generation: c.key.generation,
-        resources: Some((&c.resources).into()),
-        workload: Some(c.workload.clone()),
+/// Counts each claim's verdict.
+fn count(out: &Outcome) {
+    for (_, r) in out {
+        let label = match r {
+            Ok(()) => "accepted",
+            Err(e) => e.as_str(),
+        };
+        metrics::counter!("flotilla_claims_total", "result" => label).increment(1);
     }
 }
 
@@ -187,50 +84,42 @@ impl LedgerService for LedgerGrpc {
     async fn commit(&self, request: Request<v1::CommitRequest>) -> Result<Response<v1::CommitResponse>, Status> {
         let started = Instant::now();
         let req = request.into_inner();
-        let claims = claims_from_wire(&req.txn_id, req.claims)?;
+        let claims = wire::claims_from_wire(&req.txn_id, req.claims).map_err(refuse)?;
         let facts = self.facts();
         let (out, changed) = lock(&self.ledger).commit(&req.txn_id, &claims, &facts);
         let applied_in = self.fold(changed).await;
+        count(&out);
         metrics::histogram!("flotilla_commit_seconds").record(started.elapsed().as_secs_f64());
-        Ok(Response::new(v1::CommitResponse { results: results_to_wire(&out), applied_in }))
+        Ok(Response::new(v1::CommitResponse { results: wire::results_to_wire(&out), applied_in }))
     }
 
     #[tracing::instrument(skip_all, fields(txn = %request.get_ref().txn_id))]
     async fn reserve(&self, request: Request<v1::ReserveRequest>) -> Result<Response<v1::ReserveResponse>, Status> {
         let req = request.into_inner();
-        if req.ttl_ms == 0 || req.ttl_ms > MAX_TTL_MS {
-            return Err(invalid("ttl_ms", format!("must be within 1..={MAX_TTL_MS}")));
-        }
-        let claims = claims_from_wire(&req.txn_id, req.claims)?;
+        let ttl_ms = wire::ttl_from_wire(req.ttl_ms).map_err(refuse)?;
+        let claims = wire::claims_from_wire(&req.txn_id, req.claims).map_err(refuse)?;
         let facts = self.facts();
-        let until = crate::now_ms() + u64::from(req.ttl_ms);
+        let until = now_ms() + ttl_ms;
         let (out, changed) = lock(&self.ledger).reserve(&req.txn_id, &claims, until, &facts);
         self.fold(changed).await;
-        Ok(Response::new(v1::ReserveResponse { results: results_to_wire(&out), expires_at_unix_ms: until }))
+        count(&out);
+        Ok(Response::new(v1::ReserveResponse { results: wire::results_to_wire(&out), expires_at_unix_ms: until }))
     }
 
     #[tracing::instrument(skip_all, fields(txn = %request.get_ref().txn_id))]
     async fn confirm(&self, request: Request<v1::ConfirmRequest>) -> Result<Response<v1::ConfirmResponse>, Status> {
         let req = request.into_inner();
-        name("txn_id", &req.txn_id)?;
-        let (status, changed) = lock(&self.ledger).confirm(&req.txn_id, crate::now_ms());
+        wire::txn_from_wire(&req.txn_id).map_err(refuse)?;
+        let (confirmed, changed) = lock(&self.ledger).confirm(&req.txn_id, now_ms());
         self.fold(changed).await;
-        let status = match status {
-            ConfirmStatus::Confirmed => v1::ConfirmStatus::Confirmed,
-            ConfirmStatus::Expired => v1::ConfirmStatus::Expired,
-            ConfirmStatus::UnknownReservation => v1::ConfirmStatus::UnknownReservation,
-        };
-        Ok(Response::new(v1::ConfirmResponse { status: status as i32 }))
+        Ok(Response::new(v1::ConfirmResponse { status: wire::confirm_status_to_wire(confirmed) as i32 }))
     }
 
     #[tracing::instrument(skip_all, fields(txn = %request.get_ref().txn_id, keys = request.get_ref().keys.len()))]
     async fn release(&self, request: Request<v1::ReleaseRequest>) -> Result<Response<v1::ReleaseResponse>, Status> {
         let req = request.into_inner();
-        name("txn_id", &req.txn_id)?;
-        if req.keys.len() > MAX_CLAIMS {
-            return Err(invalid("keys", format!("at most {MAX_CLAIMS}")));
-        }
-        let keys = req.keys.into_iter().map(|k| key_from_wire(Some(k))).collect::<Result<Vec<_>, _>>()?;
+        wire::txn_from_wire(&req.txn_id).map_err(refuse)?;
+        let keys = wire::keys_from_wire(req.keys).map_err(refuse)?;
         let (released, changed) = {
             let mut ledger = lock(&self.ledger);
             let released = keys.iter().filter(|k| ledger.placement(k).is_some()).count() as u32;
@@ -251,36 +140,12 @@ impl v1::node_admin_service_server::NodeAdminService for AdminGrpc {
     #[tracing::instrument(skip_all, fields(node = %request.get_ref().node_id, cordoned = request.get_ref().cordoned, drain = request.get_ref().drain))]
     async fn set_cordon(&self, request: Request<v1::CordonRequest>) -> Result<Response<v1::CordonResponse>, Status> {
         let req = request.into_inner();
-        let node = NodeId::new(&req.node_id).map_err(|e| invalid("node_id", e))?;
+        let node = wire::node_id_from_wire("node_id", &req.node_id).map_err(refuse)?;
         let found = self.registry.set_cordon(&node, req.cordoned || req.drain, req.drain);
         if found {
             tracing::info!("node cordon changed");
             metrics::counter!("flotilla_cordon_changes_total").increment(1);
         }
         Ok(Response::new(v1::CordonResponse { found }))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn claim(unit: &str, node: &str) -> v1::Claim {
-        v1::Claim {
-            key: Some(v1::ClaimKey { app: "a".into(), unit: unit.into(), member: "head".into(), generation: 1 }),
-            node_id: node.into(),
-            incarnation: 1,
-            resources: Some(v1::Resources { cpu_millis: 100, ..Default::default() }),
-            ..Default::default()
-        }
-    }
-
-    #[test]
-    fn a_request_naming_a_key_twice_is_refused_whole() {
-        assert_eq!(claims_from_wire("t", vec![claim("u1", "n1"), claim("u2", "n1")]).map(|c| c.len()).ok(), Some(2));
-        let e = claims_from_wire("t", vec![claim("u1", "n1"), claim("u2", "n1"), claim("u1", "n2")]).unwrap_err();
-        assert_eq!(e.code(), tonic::Code::InvalidArgument);
-        assert_eq!(e.message(), "claims[2].key: repeats claims[0].key");
-        assert!(claims_from_wire("t", vec![]).is_err(), "no claims");
     }
 }

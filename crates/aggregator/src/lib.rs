@@ -1,35 +1,47 @@
 //! A resource aggregator shard.
 //!
-//! - heartbeat path: [`ingest`] (sealed UDP on port P+1) → [`registry::NodeLive`] atomics;
-//! - control path: [`quic`] (register, drain on UDP port P) → [`registry::Registry`];
-//! - view: [`applier`] batches changes and runs the timing wheel ([`liveness`]),
-//!   publishing versions that [`grpc`] streams as `WatchView` on TCP port P.
+//! - heartbeat path: `ingest` (sealed UDP on port P+1) → [`NodeLive`] atomics;
+//! - control path: `quic` (register, drain on UDP port P) → [`Registry`];
+//! - view: `applier` batches changes and runs the timing wheel (`liveness`),
+//!   publishing versions that `grpc` streams as `WatchView` on TCP port P;
+//! - commit path: `ledger_grpc` → [`Ledger`].
+//!
+//! The adapters (`grpc`, `ledger_grpc`, `quic`) convert with `wire` and answer errors
+//! through `flotilla_proto::status`; the logic (`registry`, `ledger`, `applier`) knows
+//! nothing of them.
 
-pub mod applier;
-pub mod auth;
-pub mod grpc;
-pub mod ingest;
-pub mod ledger;
-pub mod ledger_grpc;
-pub mod liveness;
-pub mod quic;
-pub mod registry;
-pub mod stats;
-pub mod tls;
+mod applier;
+mod auth;
+mod grpc;
+mod ingest;
+mod ledger;
+mod ledger_grpc;
+mod liveness;
+mod quic;
+mod registry;
+mod stats;
+mod tls;
+mod wire;
 
 use std::net::{SocketAddr, TcpListener, UdpSocket};
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use flotilla_core::now_ms;
 use flotilla_view::ViewPublisher;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
+pub use applier::Push;
+pub use auth::{GrpcAuth, GrpcRefusal};
+pub use ingest::Ingest;
+pub use ledger::{Claim, ClaimKey, ClaimReject, Ledger, NodeFacts};
 pub use liveness::Timeouts;
-pub use tls::TlsMaterial;
-
-pub use flotilla_core::now_ms;
+pub use registry::{Change, NodeLive, RegisterError, Registry, ReportError};
+pub use stats::{HeartbeatDrop, ShardStats};
+pub use tls::{TlsMaterial, write_private};
+pub use wire::{InvalidRequest, MAX_CLAIMS, assignment_to_wire, claims_from_wire};
 
 pub struct ShardConfig {
     /// `host:port`; port 0 picks a free port P such that UDP P, UDP P+1 and TCP P are free.
@@ -102,10 +114,10 @@ pub struct ShardHandle {
     pub heartbeat_addr: SocketAddr,
     pub epoch: u64,
     pub publisher: Arc<ViewPublisher>,
-    pub registry: Arc<registry::Registry>,
-    pub stats: Arc<stats::ShardStats>,
-    pub ledger: Arc<std::sync::Mutex<ledger::Ledger>>,
-    pub grpc_auth: auth::GrpcAuth,
+    pub registry: Arc<Registry>,
+    pub stats: Arc<ShardStats>,
+    pub ledger: Arc<std::sync::Mutex<Ledger>>,
+    pub grpc_auth: GrpcAuth,
     shutdown: watch::Sender<bool>,
     endpoint: quinn::Endpoint,
     tasks: JoinSet<()>,
@@ -182,13 +194,13 @@ pub struct ShardCore {
     pub shard: usize,
     pub epoch: u64,
     pub publisher: Arc<ViewPublisher>,
-    pub registry: Arc<registry::Registry>,
-    pub stats: Arc<stats::ShardStats>,
-    pub ledger: Arc<std::sync::Mutex<ledger::Ledger>>,
+    pub registry: Arc<Registry>,
+    pub stats: Arc<ShardStats>,
+    pub ledger: Arc<std::sync::Mutex<Ledger>>,
     /// Until then claims are refused (`shard_recovering`).
     pub recovering_until_ms: u64,
     /// The gRPC token check; `set_tokens` rotates them while the shard runs.
-    pub grpc_auth: auth::GrpcAuth,
+    pub grpc_auth: GrpcAuth,
     grpc_tls: Option<GrpcTls>,
 }
 
@@ -199,19 +211,19 @@ impl ShardCore {
         config: &ShardConfig,
         shutdown: watch::Receiver<bool>,
         tasks: &mut JoinSet<()>,
-    ) -> (ShardCore, tokio::sync::mpsc::UnboundedReceiver<applier::Push>) {
+    ) -> (ShardCore, tokio::sync::mpsc::UnboundedReceiver<Push>) {
         let epoch = now_ms().max(1);
         let (changes_tx, changes_rx) = tokio::sync::mpsc::unbounded_channel();
-        let registry = Arc::new(registry::Registry::new(
+        let registry = Arc::new(Registry::new(
             config.shard,
             config.shards,
             config.master_secret.clone(),
             config.join_tokens.clone(),
             changes_tx,
         ));
-        let stats = Arc::new(stats::ShardStats::new(config.shard));
+        let stats = Arc::new(ShardStats::new(config.shard));
         let publisher = Arc::new(ViewPublisher::new(config.shard as u32, epoch, config.ring_capacity));
-        let ledger = Arc::new(std::sync::Mutex::new(ledger::Ledger::new()));
+        let ledger = Arc::new(std::sync::Mutex::new(Ledger::new()));
         let (push_tx, push_rx) = tokio::sync::mpsc::unbounded_channel();
         let applier = applier::Applier::new(
             registry.clone(),
@@ -241,7 +253,7 @@ impl ShardCore {
             stats,
             ledger,
             recovering_until_ms,
-            grpc_auth: auth::GrpcAuth::new(config.grpc_tokens.clone(), config.grpc_rate_limit),
+            grpc_auth: GrpcAuth::new(config.grpc_tokens.clone(), config.grpc_rate_limit),
             grpc_tls: config.grpc_tls.clone(),
         };
         (core, push_rx)
@@ -300,7 +312,7 @@ pub async fn start(config: ShardConfig) -> anyhow::Result<ShardHandle> {
     let mut tasks = JoinSet::new();
     let (core, push_rx) = ShardCore::spawn(&config, shutdown_rx.clone(), &mut tasks);
 
-    let ingest = ingest::Ingest::new(core.registry.clone(), core.stats.clone());
+    let ingest = Ingest::new(core.registry.clone(), core.stats.clone());
     let rx = shutdown_rx.clone();
     tasks.spawn(async move {
         if let Err(e) = ingest::run(hb_sock, ingest, rx).await {

@@ -5,12 +5,16 @@
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
+use flotilla_core::{ErrorKind, NodeId, ServiceError, now_ms};
 use flotilla_proto::{MAX_CONTROL_MESSAGE, v1};
 use prost::Message;
 use quinn::VarInt;
 
-use crate::registry::Registry;
+use crate::applier::Push;
+use crate::ledger::Ledger;
+use crate::registry::{RegisterError, Registry, ReportError};
 use crate::stats::ShardStats;
+use crate::wire;
 
 /// Application close codes.
 pub const CLOSE_REJECTED: u32 = 1;
@@ -21,18 +25,15 @@ pub struct QuicContext {
     pub heartbeat_port: u16,
     pub epoch: u64,
     /// The connection each node registered over: assignment pushes travel on it.
-    pub agents: dashmap::DashMap<flotilla_core::NodeId, quinn::Connection>,
-    pub ledger: Arc<Mutex<crate::ledger::Ledger>>,
+    pub agents: dashmap::DashMap<NodeId, quinn::Connection>,
+    pub ledger: Arc<Mutex<Ledger>>,
 }
 
 /// Sends each changed node's assignment set to its agent on a unidirectional stream.
 /// Changes queued for the same node are coalesced into one push, and the set is built
 /// here, off the applier, only for nodes with a connection. Pushes carry a version, so
 /// the agent keeps the newest whatever order they arrive in.
-pub async fn push_assignments(
-    mut rx: tokio::sync::mpsc::UnboundedReceiver<crate::applier::Push>,
-    ctx: Arc<QuicContext>,
-) {
+pub async fn push_assignments(mut rx: tokio::sync::mpsc::UnboundedReceiver<Push>, ctx: Arc<QuicContext>) {
     let pushed = metrics::counter!("flotilla_assignment_pushes_total", "result" => "sent");
     let unreachable = metrics::counter!("flotilla_assignment_pushes_total", "result" => "no_connection");
     let mut batch = HashSet::new();
@@ -51,7 +52,7 @@ pub async fn push_assignments(
                 let (version, claims) = ledger.assignments(&node);
                 v1::AssignmentPush {
                     assignment_version: version,
-                    assignments: claims.into_iter().map(crate::ledger_grpc::assignment).collect(),
+                    assignments: claims.into_iter().map(wire::assignment_to_wire).collect(),
                     node_id: node.to_string(),
                 }
             };
@@ -100,10 +101,51 @@ async fn connection(conn: quinn::Connection, ctx: Arc<QuicContext>) {
     }
 }
 
-fn error_reply(code: &str, message: String) -> v1::AgentResponse {
-    v1::AgentResponse {
-        response: Some(v1::agent_response::Response::Error(v1::ErrorReply { code: code.into(), message })),
+/// Why a control request was refused (a registration answers its [`RegisterError`], a
+/// workload report its [`ReportError`]).
+#[derive(Debug, thiserror::Error)]
+enum ControlError {
+    #[error("request does not decode: {0}")]
+    Malformed(#[from] prost::DecodeError),
+    #[error("empty request")]
+    Empty,
+    #[error("this connection holds no session for that node")]
+    NotOwner,
+}
+
+impl ServiceError for ControlError {
+    fn kind(&self) -> ErrorKind {
+        match self {
+            ControlError::Malformed(_) | ControlError::Empty => ErrorKind::InvalidInput,
+            ControlError::NotOwner => ErrorKind::Unauthenticated,
+        }
     }
+
+    fn code(&self) -> &'static str {
+        match self {
+            ControlError::Malformed(_) | ControlError::Empty => "malformed",
+            ControlError::NotOwner => "not_owner",
+        }
+    }
+}
+
+fn answer(response: v1::agent_response::Response) -> v1::AgentResponse {
+    v1::AgentResponse { response: Some(response) }
+}
+
+/// A refusal's answer: its stable code and its message.
+fn error_reply<E: ServiceError>(e: &E) -> v1::AgentResponse {
+    answer(v1::agent_response::Response::Error(v1::ErrorReply { code: e.code().into(), message: e.to_string() }))
+}
+
+/// Counts a refused request (other than a registration) and answers it.
+fn refuse<E: ServiceError>(e: &E) -> v1::AgentResponse {
+    metrics::counter!("flotilla_control_requests_rejected_total", "reason" => e.code()).increment(1);
+    error_reply(e)
+}
+
+fn owns(owned: &Mutex<HashSet<u64>>, session_id: u64) -> bool {
+    owned.lock().unwrap_or_else(|p| p.into_inner()).contains(&session_id)
 }
 
 async fn stream(
@@ -123,81 +165,93 @@ async fn stream(
             return;
         }
     };
-    let now = crate::now_ms();
+    let now = now_ms();
     let response = match v1::AgentRequest::decode(bytes.as_slice()) {
-        Err(e) => {
-            metrics::counter!("flotilla_control_requests_rejected_total", "reason" => "malformed").increment(1);
-            error_reply("malformed", format!("request does not decode: {e}"))
-        }
-        Ok(v1::AgentRequest { request: None }) => error_reply("malformed", "empty request".into()),
+        Err(e) => refuse(&ControlError::Malformed(e)),
+        Ok(v1::AgentRequest { request: None }) => refuse(&ControlError::Empty),
         Ok(v1::AgentRequest { request: Some(Request::Register(req)) }) => {
-            let span = tracing::info_span!("register", node = %req.node_id, incarnation = req.incarnation);
-            let _g = span.enter();
-            match ctx.registry.register(req, now) {
-                Ok(live) => {
-                    ctx.stats.registrations.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    metrics::counter!("flotilla_registrations_total", "result" => "accepted").increment(1);
-                    owned.lock().unwrap_or_else(|p| p.into_inner()).insert(live.session_id);
-                    ctx.agents.insert(live.node_id.clone(), conn.clone());
-                    tracing::debug!(session = live.session_id, "registered");
-                    v1::AgentResponse {
-                        response: Some(Response::Session(v1::Session {
-                            session_id: live.session_id,
-                            incarnation: live.incarnation,
-                            key: live.key.to_vec(),
-                            heartbeat_port: u32::from(ctx.heartbeat_port),
-                            heartbeat_interval_ms: 1000,
-                            shard: ctx.registry.shard as u32,
-                            shard_epoch: ctx.epoch,
-                        })),
-                    }
+            let _g = tracing::info_span!("register", node = %req.node_id, incarnation = req.incarnation).entered();
+            match register(ctx, conn, owned, req, now) {
+                Ok(session) => answer(Response::Session(session)),
+                Err(e) if e.closes_connection() => {
+                    conn.close(VarInt::from_u32(CLOSE_REJECTED), e.to_string().as_bytes());
+                    return;
                 }
-                Err(e) => {
-                    ctx.stats.registrations_rejected.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    metrics::counter!("flotilla_registrations_total", "result" => e.code()).increment(1);
-                    metrics::counter!("flotilla_registrations_rejected_total", "reason" => e.code()).increment(1);
-                    tracing::warn!(error = %e, "registration refused");
-                    if e.closes_connection() {
-                        conn.close(VarInt::from_u32(CLOSE_REJECTED), e.to_string().as_bytes());
-                        return;
-                    }
-                    error_reply(e.code(), e.to_string())
-                }
+                Err(e) => error_reply(&e),
             }
         }
-        Ok(v1::AgentRequest { request: Some(Request::Workloads(req)) }) => {
-            let mine = owned.lock().unwrap_or_else(|p| p.into_inner()).contains(&req.session_id);
-            let r = if mine {
-                ctx.registry.report_workloads(req.session_id, &req.node_id, req.workloads)
-            } else {
-                Err("this connection holds no session for that node".into())
-            };
-            match r {
-                Ok(()) => v1::AgentResponse { response: Some(Response::Workloads(v1::WorkloadsAck {})) },
-                Err(e) => {
-                    metrics::counter!("flotilla_control_requests_rejected_total", "reason" => "workloads").increment(1);
-                    error_reply("workloads", e)
-                }
-            }
-        }
+        Ok(v1::AgentRequest { request: Some(Request::Workloads(req)) }) => match report(ctx, owned, req) {
+            Ok(()) => answer(Response::Workloads(v1::WorkloadsAck {})),
+            Err(e) => refuse(&e),
+        },
         Ok(v1::AgentRequest { request: Some(Request::Drain(req)) }) => {
             let _g = tracing::info_span!("drain", node = %req.node_id).entered();
-            let mine = owned.lock().unwrap_or_else(|p| p.into_inner()).contains(&req.session_id);
-            match mine.then(|| ctx.registry.drain(req.session_id, &req.node_id, now)).flatten() {
-                Some(status) => {
-                    tracing::info!(status = %status, "node draining");
-                    metrics::counter!("flotilla_drains_total").increment(1);
-                    v1::AgentResponse {
-                        response: Some(Response::Drain(v1::DrainAck { status: v1::NodeStatus::from(status) as i32 })),
-                    }
-                }
-                None => {
-                    metrics::counter!("flotilla_control_requests_rejected_total", "reason" => "not_owner").increment(1);
-                    error_reply("not_owner", "this connection holds no session for that node".into())
-                }
+            match drain(ctx, owned, req, now) {
+                Ok(ack) => answer(Response::Drain(ack)),
+                Err(e) => refuse(&e),
             }
         }
     };
     let _ = send.write_all(&response.encode_to_vec()).await;
     let _ = send.finish();
+}
+
+/// Opens a session over this connection; a refusal is counted here.
+fn register(
+    ctx: &QuicContext,
+    conn: &quinn::Connection,
+    owned: &Mutex<HashSet<u64>>,
+    req: v1::RegisterRequest,
+    now: u64,
+) -> Result<v1::Session, RegisterError> {
+    use std::sync::atomic::Ordering::Relaxed;
+    match ctx.registry.register(req, now) {
+        Ok(live) => {
+            ctx.stats.registrations.fetch_add(1, Relaxed);
+            metrics::counter!("flotilla_registrations_total", "result" => "accepted").increment(1);
+            owned.lock().unwrap_or_else(|p| p.into_inner()).insert(live.session_id);
+            ctx.agents.insert(live.node_id.clone(), conn.clone());
+            tracing::debug!(session = live.session_id, "registered");
+            Ok(v1::Session {
+                session_id: live.session_id,
+                incarnation: live.incarnation,
+                key: live.key.to_vec(),
+                heartbeat_port: u32::from(ctx.heartbeat_port),
+                heartbeat_interval_ms: 1000,
+                shard: ctx.registry.shard as u32,
+                shard_epoch: ctx.epoch,
+            })
+        }
+        Err(e) => {
+            ctx.stats.registrations_rejected.fetch_add(1, Relaxed);
+            metrics::counter!("flotilla_registrations_total", "result" => e.code()).increment(1);
+            metrics::counter!("flotilla_registrations_rejected_total", "reason" => e.code()).increment(1);
+            tracing::warn!(error = %e, "registration refused");
+            Err(e)
+        }
+    }
+}
+
+/// Takes a workload report for a session this connection registered.
+fn report(ctx: &QuicContext, owned: &Mutex<HashSet<u64>>, req: v1::ReportWorkloads) -> Result<(), ReportError> {
+    if !owns(owned, req.session_id) {
+        return Err(ReportError::NotOwner);
+    }
+    ctx.registry.report_workloads(req.session_id, &req.node_id, req.workloads)
+}
+
+/// Drains the node of a session this connection registered.
+fn drain(
+    ctx: &QuicContext,
+    owned: &Mutex<HashSet<u64>>,
+    req: v1::DrainRequest,
+    now: u64,
+) -> Result<v1::DrainAck, ControlError> {
+    let status = owns(owned, req.session_id)
+        .then(|| ctx.registry.drain(req.session_id, &req.node_id, now))
+        .flatten()
+        .ok_or(ControlError::NotOwner)?;
+    tracing::info!(status = %status, "node draining");
+    metrics::counter!("flotilla_drains_total").increment(1);
+    Ok(v1::DrainAck { status: v1::NodeStatus::from(status) as i32 })
 }

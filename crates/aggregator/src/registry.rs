@@ -6,10 +6,15 @@ use std::sync::atomic::{AtomicU8, AtomicU16, AtomicU64, Ordering};
 
 use arc_swap::ArcSwap;
 use dashmap::DashMap;
-use flotilla_core::{HealthSample, Labels, NodeId, NodeStatus, PROTOCOL_VERSION, Resources, shard_for_domain};
+use flotilla_core::{
+    ErrorKind, HealthSample, Labels, NodeId, NodeStatus, PROTOCOL_VERSION, Resources, ServiceError, shard_for_domain,
+};
 use flotilla_proto::seal::{SessionKey, derive_session_key};
 use flotilla_proto::{convert, v1};
 use tokio::sync::mpsc::UnboundedSender;
+
+use crate::ledger::Claim;
+use crate::wire::{self, InvalidRequest};
 
 /// One registered node (one session). Immutable identity, atomic liveness.
 pub struct NodeLive {
@@ -66,7 +71,7 @@ pub struct Descriptor {
     pub health: HealthSample,
     /// What the agent runs (validated), for a ledger that holds nothing for the node
     /// (a restarted shard), and the version of that set.
-    pub running: Vec<crate::ledger::Claim>,
+    pub running: Vec<Claim>,
     pub running_version: u64,
 }
 
@@ -89,7 +94,23 @@ pub enum RegisterError {
 }
 
 impl RegisterError {
-    pub fn code(&self) -> &'static str {
+    pub fn closes_connection(&self) -> bool {
+        matches!(self, RegisterError::ProtocolVersion(_) | RegisterError::JoinToken)
+    }
+}
+
+impl ServiceError for RegisterError {
+    fn kind(&self) -> ErrorKind {
+        match self {
+            RegisterError::ProtocolVersion(_) | RegisterError::NodeId(_) | RegisterError::Invalid(_) => {
+                ErrorKind::InvalidInput
+            }
+            RegisterError::JoinToken => ErrorKind::Unauthenticated,
+            RegisterError::WrongShard { .. } | RegisterError::StaleIncarnation(..) => ErrorKind::Conflict,
+        }
+    }
+
+    fn code(&self) -> &'static str {
         match self {
             RegisterError::ProtocolVersion(_) => "protocol_version",
             RegisterError::JoinToken => "join_token",
@@ -99,9 +120,34 @@ impl RegisterError {
             RegisterError::StaleIncarnation(..) => "stale_incarnation",
         }
     }
+}
 
-    pub fn closes_connection(&self) -> bool {
-        matches!(self, RegisterError::ProtocolVersion(_) | RegisterError::JoinToken)
+/// Why a workload report was refused. Every refusal has the one code `workloads`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReportError {
+    #[error("unknown session")]
+    UnknownSession,
+    #[error("a session reports only for its own node")]
+    OtherNode,
+    /// The session was not registered over the connection that reports for it (the
+    /// QUIC layer checks this before the registry sees the report).
+    #[error("this connection holds no session for that node")]
+    NotOwner,
+    #[error(transparent)]
+    Invalid(#[from] InvalidRequest),
+}
+
+impl ServiceError for ReportError {
+    fn kind(&self) -> ErrorKind {
+        match self {
+            ReportError::UnknownSession => ErrorKind::NotFound,
+            ReportError::OtherNode | ReportError::NotOwner => ErrorKind::Unauthenticated,
+            ReportError::Invalid(e) => e.kind(),
+        }
+    }
+
+    fn code(&self) -> &'static str {
+        "workloads"
     }
 }
 
@@ -196,25 +242,8 @@ impl Registry {
         let labels = convert::labels(req.labels).map_err(|e| RegisterError::Invalid(e.to_string()))?;
         let capacity = convert::node_capacity(req.capacity).map_err(|e| RegisterError::Invalid(e.to_string()))?;
         let health = convert::health(req.health).map_err(|e| RegisterError::Invalid(e.to_string()))?;
-        let running = if req.assignments.is_empty() {
-            Vec::new()
-        } else {
-            let claims = req
-                .assignments
-                .into_iter()
-                .map(|a| v1::Claim {
-                    key: Some(v1::ClaimKey { app: a.app, unit: a.unit, member: a.member, generation: a.generation }),
-                    node_id: req.node_id.clone(),
-                    incarnation: req.incarnation,
-                    resources: a.resources,
-                    allow_low_priority: true,
-                    group: String::new(),
-                    workload: a.workload,
-                })
-                .collect();
-            crate::ledger_grpc::claims_from_wire("register", claims)
-                .map_err(|e| RegisterError::Invalid(format!("assignments: {}", e.message())))?
-        };
+        let running = wire::running_from_wire(&node_id, req.incarnation, req.assignments)
+            .map_err(|e| RegisterError::Invalid(format!("assignments: {e}")))?;
         let owner = shard_for_domain(labels.domain(), self.shards);
         if owner != self.shard {
             return Err(RegisterError::WrongShard { domain: labels.domain().to_string(), owner, this: self.shard });
@@ -281,7 +310,7 @@ impl Registry {
     }
 
     /// Most members one report may carry.
-    pub const MAX_REPORTED_WORKLOADS: usize = 1024;
+    pub const MAX_REPORTED_WORKLOADS: usize = wire::MAX_REPORTED_WORKLOADS;
 
     /// Takes an agent's workload report (the caller checked the session is the
     /// connection's own). Oversized or malformed reports are refused whole.
@@ -290,28 +319,12 @@ impl Registry {
         session_id: u64,
         node_id: &str,
         list: Vec<v1::WorkloadStatus>,
-    ) -> Result<(), String> {
-        let live = self.sessions.get(&session_id).map(|e| e.value().clone()).ok_or("unknown session")?;
+    ) -> Result<(), ReportError> {
+        let live = self.sessions.get(&session_id).map(|e| e.value().clone()).ok_or(ReportError::UnknownSession)?;
         if live.node_id.as_str() != node_id {
-            return Err("a session reports only for its own node".into());
+            return Err(ReportError::OtherNode);
         }
-        if list.len() > Self::MAX_REPORTED_WORKLOADS {
-            return Err(format!("{} workloads (at most {})", list.len(), Self::MAX_REPORTED_WORKLOADS));
-        }
-        let mut list = list;
-        for w in &mut list {
-            let names_ok = [&w.app, &w.unit, &w.member].iter().all(|s| !s.is_empty() && s.len() <= 128);
-            if !names_ok || w.address.len() > 256 {
-                return Err("workload names must be 1..=128 bytes and addresses at most 256".into());
-            }
-            if w.message.len() > 1024 {
-                let mut end = 1024;
-                while !w.message.is_char_boundary(end) {
-                    end -= 1;
-                }
-                w.message.truncate(end);
-            }
-        }
+        let list = wire::workload_report_from_wire(list)?;
         self.workloads.insert(live.node_id.clone(), Arc::new(list));
         self.emit(Change::Workloads(live.node_id.clone()));
         Ok(())
@@ -397,7 +410,23 @@ pub(crate) mod tests {
         let mut bad = request("n1", 1, "a");
         bad.capacity = Some(v1::Resources { cpu_millis: u64::MAX, ..Default::default() });
         assert!(matches!(r.register(bad, 0), Err(RegisterError::Invalid(_))));
+        let mut bad = request("n1", 1, "a");
+        bad.assignments = vec![v1::Assignment { app: "echo".into(), member: "m1".into(), ..Default::default() }];
+        let err = r.register(bad, 0).err().unwrap();
+        assert_eq!(
+            err.to_string(),
+            "assignments: claims[0]: key.unit: must be 1..=128 bytes without control characters"
+        );
+        assert_eq!((err.kind(), err.code()), (ErrorKind::InvalidInput, "invalid"));
         assert!(r.is_empty());
+    }
+
+    #[test]
+    fn a_wrong_credential_is_unauthenticated_and_closes_the_connection() {
+        let e = RegisterError::JoinToken;
+        assert_eq!((e.kind(), e.code(), e.closes_connection()), (ErrorKind::Unauthenticated, "join_token", true));
+        let e = RegisterError::StaleIncarnation(1, 2);
+        assert_eq!((e.kind(), e.code(), e.closes_connection()), (ErrorKind::Conflict, "stale_incarnation", false));
     }
 
     #[test]
@@ -457,9 +486,14 @@ pub(crate) mod tests {
         let b = r.register(request("n2", 1, "a"), 0).unwrap();
         let w = v1::WorkloadStatus { app: "echo".into(), unit: "u1".into(), member: "m1".into(), ..Default::default() };
         let err = r.report_workloads(a.session_id, "n2", vec![w.clone()]).unwrap_err();
-        assert!(err.contains("only for its own node"), "{err}");
+        assert_eq!(err, ReportError::OtherNode);
+        assert_eq!(err.to_string(), "a session reports only for its own node");
         assert!(r.workloads(&b.node_id).is_empty(), "nothing was recorded for n2");
-        assert_eq!(r.report_workloads(9, "n1", vec![w.clone()]).unwrap_err(), "unknown session");
+        assert_eq!(r.report_workloads(9, "n1", vec![w.clone()]).unwrap_err(), ReportError::UnknownSession);
+        let nameless = v1::WorkloadStatus { member: String::new(), ..w.clone() };
+        let err = r.report_workloads(a.session_id, "n1", vec![nameless]).unwrap_err();
+        assert!(matches!(err, ReportError::Invalid(_)), "{err}");
+        assert_eq!(err.code(), "workloads");
         assert!(r.report_workloads(a.session_id, "n1", vec![w]).is_ok());
         assert_eq!(r.workloads(&a.node_id).len(), 1);
         assert!(r.workloads(&b.node_id).is_empty());

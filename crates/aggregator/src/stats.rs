@@ -8,7 +8,7 @@ use metrics::Counter;
 
 /// Why a heartbeat was dropped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reject {
+pub enum HeartbeatDrop {
     Datagram(DatagramError),
     /// Sequence number not above the last one seen: an old or replayed datagram.
     Replayed,
@@ -22,41 +22,41 @@ pub enum Reject {
     Forgotten,
 }
 
-impl Reject {
-    pub const ALL: [Reject; REASONS] = [
-        Reject::Datagram(DatagramError::Truncated),
-        Reject::Datagram(DatagramError::Oversized),
-        Reject::Datagram(DatagramError::BadMagic),
-        Reject::Datagram(DatagramError::BadVersion),
-        Reject::Datagram(DatagramError::BadNodeId),
-        Reject::Datagram(DatagramError::BadSeal),
-        Reject::Datagram(DatagramError::BadBody),
-        Reject::Replayed,
-        Reject::UnknownSession,
-        Reject::WrongNode,
-        Reject::DeadNode,
-        Reject::Forgotten,
+impl HeartbeatDrop {
+    pub const ALL: [HeartbeatDrop; REASONS] = [
+        HeartbeatDrop::Datagram(DatagramError::Truncated),
+        HeartbeatDrop::Datagram(DatagramError::Oversized),
+        HeartbeatDrop::Datagram(DatagramError::BadMagic),
+        HeartbeatDrop::Datagram(DatagramError::BadVersion),
+        HeartbeatDrop::Datagram(DatagramError::BadNodeId),
+        HeartbeatDrop::Datagram(DatagramError::BadSeal),
+        HeartbeatDrop::Datagram(DatagramError::BadBody),
+        HeartbeatDrop::Replayed,
+        HeartbeatDrop::UnknownSession,
+        HeartbeatDrop::WrongNode,
+        HeartbeatDrop::DeadNode,
+        HeartbeatDrop::Forgotten,
     ];
 
     pub fn as_str(self) -> &'static str {
         match self {
-            Reject::Datagram(e) => e.as_str(),
-            Reject::Replayed => "replayed",
-            Reject::UnknownSession => "unknown_session",
-            Reject::WrongNode => "wrong_node",
-            Reject::DeadNode => "dead_node",
-            Reject::Forgotten => "forgotten_session",
+            HeartbeatDrop::Datagram(e) => e.as_str(),
+            HeartbeatDrop::Replayed => "replayed",
+            HeartbeatDrop::UnknownSession => "unknown_session",
+            HeartbeatDrop::WrongNode => "wrong_node",
+            HeartbeatDrop::DeadNode => "dead_node",
+            HeartbeatDrop::Forgotten => "forgotten_session",
         }
     }
 
     fn index(self) -> usize {
         match self {
-            Reject::Datagram(e) => e as usize,
-            Reject::Replayed => 7,
-            Reject::UnknownSession => 8,
-            Reject::WrongNode => 9,
-            Reject::DeadNode => 10,
-            Reject::Forgotten => 11,
+            HeartbeatDrop::Datagram(e) => e as usize,
+            HeartbeatDrop::Replayed => 7,
+            HeartbeatDrop::UnknownSession => 8,
+            HeartbeatDrop::WrongNode => 9,
+            HeartbeatDrop::DeadNode => 10,
+            HeartbeatDrop::Forgotten => 11,
         }
     }
 }
@@ -76,7 +76,7 @@ impl ShardStats {
     pub fn new(shard: usize) -> Self {
         let s = shard.to_string();
         let mut rejected_metric = vec![Counter::noop(); REASONS];
-        for r in Reject::ALL {
+        for r in HeartbeatDrop::ALL {
             rejected_metric[r.index()] =
                 metrics::counter!("flotilla_heartbeats_rejected_total", "shard" => s.clone(), "reason" => r.as_str());
         }
@@ -95,7 +95,7 @@ impl ShardStats {
         self.accepted_metric.increment(n);
     }
 
-    pub fn reject(&self, r: Reject) {
+    pub fn reject(&self, r: HeartbeatDrop) {
         self.rejected[r.index()].fetch_add(1, Ordering::Relaxed);
         self.rejected_metric[r.index()].increment(1);
     }
@@ -104,7 +104,7 @@ impl ShardStats {
         self.accepted.load(Ordering::Relaxed)
     }
 
-    pub fn rejected(&self, r: Reject) -> u64 {
+    pub fn rejected(&self, r: HeartbeatDrop) -> u64 {
         self.rejected[r.index()].load(Ordering::Relaxed)
     }
 }

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use flotilla_agent::client::{ShardConnection, client_endpoint};
-use flotilla_aggregator::stats::Reject;
+use flotilla_aggregator::HeartbeatDrop;
 use flotilla_aggregator::{ShardConfig, ShardHandle, TlsMaterial};
 use flotilla_core::PROTOCOL_VERSION;
 use flotilla_proto::seal::{self, DatagramError, Direction, Header, MAGIC_HEARTBEAT, SessionKey};
@@ -94,7 +94,7 @@ async fn wrong_credentials_close_the_connection_with_a_reason() {
     let mut req = register_req("n1", "join");
     req.labels.insert("bad key!".into(), "v".into());
     let err = conn.register(req).await.unwrap_err().to_string();
-    assert!(err.contains("label key"), "{err}");
+    assert!(err.contains("label key") && err.contains("(invalid)"), "the reply carries the error's code: {err}");
     assert!(conn.register(register_req("n1", "join")).await.is_ok());
     assert_eq!(f.shard.stats.registrations_rejected.load(std::sync::atomic::Ordering::Relaxed), 3);
     f.shard.shutdown().await;
@@ -155,11 +155,11 @@ async fn bad_heartbeats_over_udp_are_dropped_and_counted() {
     loop {
         let seen = st.accepted()
             + [
-                Reject::Replayed,
-                Reject::Datagram(DatagramError::BadSeal),
-                Reject::WrongNode,
-                Reject::Datagram(DatagramError::BadMagic),
-                Reject::Datagram(DatagramError::Oversized),
+                HeartbeatDrop::Replayed,
+                HeartbeatDrop::Datagram(DatagramError::BadSeal),
+                HeartbeatDrop::WrongNode,
+                HeartbeatDrop::Datagram(DatagramError::BadMagic),
+                HeartbeatDrop::Datagram(DatagramError::Oversized),
             ]
             .iter()
             .map(|r| st.rejected(*r))
@@ -171,11 +171,11 @@ async fn bad_heartbeats_over_udp_are_dropped_and_counted() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert_eq!(st.accepted(), 2);
-    assert_eq!(st.rejected(Reject::Replayed), 1);
-    assert_eq!(st.rejected(Reject::Datagram(DatagramError::BadSeal)), 1);
-    assert_eq!(st.rejected(Reject::WrongNode), 1);
-    assert_eq!(st.rejected(Reject::Datagram(DatagramError::BadMagic)), 1);
-    assert_eq!(st.rejected(Reject::Datagram(DatagramError::Oversized)), 1);
+    assert_eq!(st.rejected(HeartbeatDrop::Replayed), 1);
+    assert_eq!(st.rejected(HeartbeatDrop::Datagram(DatagramError::BadSeal)), 1);
+    assert_eq!(st.rejected(HeartbeatDrop::WrongNode), 1);
+    assert_eq!(st.rejected(HeartbeatDrop::Datagram(DatagramError::BadMagic)), 1);
+    assert_eq!(st.rejected(HeartbeatDrop::Datagram(DatagramError::Oversized)), 1);
     f.shard.shutdown().await;
 }
 
@@ -447,7 +447,7 @@ async fn grpc_needs_tls_and_a_token_when_configured() {
     let dialer = tls.with_token("new-token").unwrap();
     let mut c = LedgerServiceClient::new(dialer.connect(&addr, None).await.unwrap());
     let mut big = commit.clone();
-    big.claims = vec![commit_claim("n1", 7, "u1", 10); flotilla_aggregator::ledger_grpc::MAX_CLAIMS + 1];
+    big.claims = vec![commit_claim("n1", 7, "u1", 10); flotilla_aggregator::MAX_CLAIMS + 1];
     let e = c.commit(big).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::InvalidArgument);
     assert!(e.message().contains("claims"), "{}", e.message());

@@ -2,9 +2,9 @@
 //! process (turmoil has no QUIC): register with what they run, send sealed heartbeats
 //! once a second, report their workloads, and run whatever the ledger pushes them.
 
-use flotilla_aggregator::ingest::Ingest;
-use flotilla_aggregator::ledger::Ledger;
-use flotilla_aggregator::registry::Registry;
+use flotilla_aggregator::Ingest;
+use flotilla_aggregator::Ledger;
+use flotilla_aggregator::Registry;
 use flotilla_core::{NodeId, PROTOCOL_VERSION, Resources, shard_for_domain};
 use flotilla_proto::seal::{self, Direction, Header, MAGIC_HEARTBEAT, MAGIC_REPLY, SessionKey};
 use flotilla_proto::v1;
@@ -169,7 +169,7 @@ impl Agent {
             return;
         }
         let (version, claims) = ledger.assignments(&self.node);
-        self.running = claims.into_iter().map(flotilla_aggregator::ledger_grpc::assignment).collect();
+        self.running = claims.into_iter().map(flotilla_aggregator::assignment_to_wire).collect();
         self.version = version;
         self.report = true;
     }

@@ -59,7 +59,7 @@ pub async fn shard(shard: usize, world: Shared) -> turmoil::Result {
     });
     tokio::spawn(core.serve_grpc(tokio_stream::wrappers::ReceiverStream::new(incoming), stop)?);
 
-    let mut ingest = flotilla_aggregator::ingest::Ingest::new(core.registry.clone(), core.stats.clone());
+    let mut ingest = flotilla_aggregator::Ingest::new(core.registry.clone(), core.stats.clone());
     let mut tick = tokio::time::interval(AGENT_STEP);
     loop {
         tick.tick().await;

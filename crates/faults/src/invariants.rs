@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use flotilla_aggregator::ledger::ClaimKey;
+use flotilla_aggregator::ClaimKey;
 use flotilla_core::NodeId;
 use flotilla_scheduler::Store;
 use flotilla_scheduler::Stored;

@@ -105,7 +105,7 @@ pub(crate) struct World {
     pub agents: Vec<agents::Agent>,
     pub store: Arc<flotilla_scheduler::MemStore>,
     /// Each running shard's ledger; `None` while the shard is down.
-    pub ledgers: [Option<Arc<std::sync::Mutex<flotilla_aggregator::ledger::Ledger>>>; SHARDS],
+    pub ledgers: [Option<Arc<std::sync::Mutex<flotilla_aggregator::Ledger>>>; SHARDS],
     pub shard_starts: [u32; SHARDS],
     pub scheduler_starts: u32,
     pub seed: u64,

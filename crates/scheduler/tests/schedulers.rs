@@ -128,7 +128,7 @@ fn check_units(shard: &ShardHandle, handles: &[flotilla_scheduler::AppHandle]) {
                 allocated_units += 1;
                 for m in &u.members {
                     let node = NodeId::new(m.node_id.as_deref().unwrap()).unwrap();
-                    let key = flotilla_aggregator::ledger::ClaimKey {
+                    let key = flotilla_aggregator::ClaimKey {
                         app: u.app.clone(),
                         unit: u.unit_id.clone(),
                         member: m.member.clone(),
@@ -214,7 +214,7 @@ async fn a_restarted_scheduler_adopts_its_units_and_cleans_up_half_commits() {
     let total = {
         let ledger = c.shard.ledger.lock().unwrap();
         ledger.check_invariant(&capacity).unwrap();
-        let key = |member: &str| flotilla_aggregator::ledger::ClaimKey {
+        let key = |member: &str| flotilla_aggregator::ClaimKey {
             app: "echo".into(),
             unit: "echo-9".into(),
             member: member.into(),

@@ -20,7 +20,7 @@ pub struct ShardSlot {
     /// False while the stream to the shard is down: its nodes are then `Unknown`.
     pub connected: bool,
     /// The view's node ids by domain.
-    pub domains: crate::Domains,
+    pub domains: crate::domains::Domains,
 }
 
 /// The merged view: one slot per shard, in `--aggregators` order. Readers load a
@@ -131,7 +131,7 @@ async fn follow_once(cluster: &ClusterView, shard: usize, endpoint: &str, dialer
                 }
                 if chunk.last {
                     view = Arc::new(building.take().unwrap_or_else(|| ShardView::empty(shard as u32, 0)));
-                    domains = crate::Domains::of(&view);
+                    domains = crate::domains::Domains::of(&view);
                     connected = true;
                     cluster.store(shard, ShardSlot { view: view.clone(), connected, domains: domains.clone() });
                     metrics::counter!("flotilla_view_snapshots_received_total").increment(1);
