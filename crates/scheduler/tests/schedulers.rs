@@ -338,7 +338,7 @@ async fn scaling_in_drains_the_youngest_then_terminates_them() {
         s.command(flotilla_scheduler::scheduler::Command::Scale(n, tx));
         rx.try_recv().unwrap()
     };
-    assert!(scale(&mut s, 21).unwrap_err().contains("0..=20"), "out of range is refused");
+    assert!(scale(&mut s, 21).unwrap_err().to_string().contains("0..=20"), "out of range is refused");
     assert_eq!(scale(&mut s, 1), Ok(1));
     assert_eq!(store.load("sc").unwrap().desired_units, Some(1), "persisted");
     s.reconcile().await.unwrap();
