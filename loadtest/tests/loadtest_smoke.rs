@@ -1,14 +1,7 @@
 //! The loadtest itself must keep working: tiny runs, checking the shape of each
 //! report (never its speed).
 
-use std::path::PathBuf;
 use std::process::Command;
-
-fn bin_dir() -> PathBuf {
-    // target/<profile>/deps/this-test → target/<profile>
-    let exe = std::env::current_exe().unwrap();
-    exe.parent().and_then(|p| p.parent()).unwrap().to_path_buf()
-}
 
 /// Runs a scenario with `--json` and returns its last stdout line, checking `keys` are numbers.
 fn run(args: &[&str], keys: &[&str]) -> serde_json::Value {
@@ -16,7 +9,7 @@ fn run(args: &[&str], keys: &[&str]) -> serde_json::Value {
         .args(args)
         .arg("--json")
         .arg("--flotilla")
-        .arg(bin_dir().join("flotilla"))
+        .arg(flotilla_testkit::bin("flotilla"))
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);

@@ -3,76 +3,20 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use flotilla_agent::client::{ShardConnection, client_endpoint};
 use flotilla_aggregator::HeartbeatDrop;
-use flotilla_aggregator::{ShardConfig, ShardHandle, TlsMaterial};
-use flotilla_core::PROTOCOL_VERSION;
+use flotilla_aggregator::TlsMaterial;
 use flotilla_proto::seal::{self, DatagramError, Direction, Header, MAGIC_HEARTBEAT, SessionKey};
 use flotilla_proto::v1::{self, view_service_client::ViewServiceClient, view_update::Update};
+use flotilla_testkit::shard::{LocalShard, registration};
+use flotilla_testkit::wait_for_async;
 use prost::Message;
 
-struct Fixture {
-    shard: ShardHandle,
-    endpoint: quinn::Endpoint,
-    _dir: TempDir,
-}
-
-struct TempDir(std::path::PathBuf);
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// These tests are mostly not about liveness: nodes that do not heartbeat stay Alive.
-const PATIENT: flotilla_aggregator::Timeouts =
-    flotilla_aggregator::Timeouts { suspect_after_ms: 60_000, dead_after_ms: 120_000, retention_ms: 60_000 };
-
-async fn fixture(name: &str, ring: usize) -> Fixture {
-    fixture_with(name, ring, PATIENT).await
-}
-
-async fn fixture_with(name: &str, ring: usize, timeouts: flotilla_aggregator::Timeouts) -> Fixture {
-    let dir = std::env::temp_dir().join(format!("flotilla-shard-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let (tls, cert_pem, _) = TlsMaterial::self_signed(&["localhost", "127.0.0.1"]).unwrap();
-    std::fs::write(dir.join("ca.crt"), cert_pem).unwrap();
-    let mut config =
-        ShardConfig::new("127.0.0.1:0".parse().unwrap(), 0, 1, b"master-secret".to_vec(), vec!["join".into()], tls);
-    config.ring_capacity = ring;
-    config.timeouts = timeouts;
-    config.batch_window = Duration::from_millis(5);
-    let shard = flotilla_aggregator::start(config).await.unwrap();
-    let endpoint = client_endpoint(&dir.join("ca.crt"), "127.0.0.1:0".parse().unwrap()).unwrap();
-    Fixture { shard, endpoint, _dir: TempDir(dir) }
+async fn fixture(name: &str, ring: usize) -> LocalShard {
+    LocalShard::start(name, |c| c.ring_capacity = ring).await
 }
 
 fn register_req(node: &str, token: &str) -> v1::RegisterRequest {
-    v1::RegisterRequest {
-        protocol_version: PROTOCOL_VERSION,
-        join_token: token.into(),
-        node_id: node.into(),
-        incarnation: 7,
-        labels: [("domain".to_string(), "d".to_string())].into_iter().collect(),
-        capacity: Some(v1::Resources { cpu_millis: 2000, memory_bytes: 1 << 30, ..Default::default() }),
-        assignments: vec![],
-        health: None,
-        assignment_version: 0,
-    }
-}
-
-impl Fixture {
-    async fn connect(&self) -> ShardConnection {
-        ShardConnection::connect(&self.endpoint, self.shard.addr, "127.0.0.1").await.unwrap()
-    }
-
-    async fn wait_version(&self, seq: u64) {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while self.shard.publisher.load().version.seq < seq {
-            assert!(Instant::now() < deadline, "view never reached seq {seq}");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    }
+    v1::RegisterRequest { incarnation: 7, ..registration(node, token, "d", 2000) }
 }
 
 #[tokio::test]
@@ -110,15 +54,11 @@ async fn drain_only_through_the_owning_connection() {
     assert!(a.drain("n2", s.session_id).await.is_err(), "a session cannot drain another node");
     let ack = a.drain("n1", s.session_id).await.unwrap();
     assert_eq!(ack.status, v1::NodeStatus::Draining as i32);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
+    wait_for_async("n1 to show as Draining", Duration::from_secs(5), || {
         let view = f.shard.publisher.load();
-        if view.nodes.values().next().is_some_and(|n| n.status == flotilla_core::NodeStatus::Draining) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "n1 never showed as Draining");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+        view.nodes.values().next().is_some_and(|n| n.status == flotilla_core::NodeStatus::Draining).then_some(())
+    })
+    .await;
     f.shard.shutdown().await;
 }
 
@@ -179,7 +119,7 @@ async fn bad_heartbeats_over_udp_are_dropped_and_counted() {
     f.shard.shutdown().await;
 }
 
-async fn watch(f: &Fixture, from: Option<v1::ViewVersion>) -> tonic::Streaming<v1::ViewUpdate> {
+async fn watch(f: &LocalShard, from: Option<v1::ViewVersion>) -> tonic::Streaming<v1::ViewUpdate> {
     let mut c = ViewServiceClient::connect(format!("http://{}", f.shard.addr)).await.unwrap();
     c.watch_view(v1::WatchViewRequest { from_version: from }).await.unwrap().into_inner()
 }
@@ -243,22 +183,20 @@ async fn a_cluster_view_follows_the_shard() {
     for i in 0..5 {
         conn.register(register_req(&format!("n{i}"), "join")).await.unwrap();
     }
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while cluster.slot(0).view.len() < 5 || !cluster.slot(0).connected {
-        assert!(Instant::now() < deadline, "follower never caught up");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_for_async("the follower to catch up", Duration::from_secs(5), || {
+        (cluster.slot(0).view.len() >= 5 && cluster.slot(0).connected).then_some(())
+    })
+    .await;
     let mine = cluster.slot(0).view.clone();
     let theirs = f.shard.publisher.load();
     assert_eq!(mine.version, theirs.version);
     assert_eq!(mine.nodes, theirs.nodes);
     // The shard goes away: its nodes turn Unknown for this follower.
     f.shard.shutdown().await;
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while cluster.slot(0).connected {
-        assert!(Instant::now() < deadline, "a lost shard is noticed");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_for_async("the lost shard to be noticed", Duration::from_secs(5), || {
+        (!cluster.slot(0).connected).then_some(())
+    })
+    .await;
     task.abort();
     let _: Arc<flotilla_view::ClusterView> = cluster;
 }
@@ -266,7 +204,11 @@ async fn a_cluster_view_follows_the_shard() {
 #[tokio::test]
 async fn silent_nodes_go_suspect_then_dead_then_leave_the_view() {
     let t = flotilla_aggregator::Timeouts { suspect_after_ms: 300, dead_after_ms: 600, retention_ms: 600 };
-    let f = fixture_with("silence", 64, t).await;
+    let f = LocalShard::start("silence", |c| {
+        c.ring_capacity = 64;
+        c.timeouts = t;
+    })
+    .await;
     let conn = f.connect().await;
     conn.register(register_req("quiet", "join")).await.unwrap();
     let start = Instant::now();
@@ -399,14 +341,13 @@ async fn grpc_needs_tls_and_a_token_when_configured() {
     use flotilla_proto::dial::Dialer;
     use flotilla_proto::v1::ledger_service_client::LedgerServiceClient;
     let metrics = flotilla_obs::metrics_handle();
-    let (tls, _, _) = TlsMaterial::self_signed(&["localhost"]).unwrap();
     let (_, grpc_cert, grpc_key) = TlsMaterial::self_signed(&["127.0.0.1", "localhost"]).unwrap();
-    let mut config =
-        ShardConfig::new("127.0.0.1:0".parse().unwrap(), 0, 1, b"master-secret".to_vec(), vec!["join".into()], tls);
-    config.grpc_tokens = vec!["old-token".into(), "new-token".into()];
-    config.grpc_tls =
-        Some(flotilla_aggregator::GrpcTls { cert_pem: grpc_cert.clone().into(), key_pem: grpc_key.into() });
-    let shard = flotilla_aggregator::start(config).await.unwrap();
+    let grpc_tls = flotilla_aggregator::GrpcTls { cert_pem: grpc_cert.clone().into(), key_pem: grpc_key.into() };
+    let LocalShard { shard, .. } = LocalShard::start("grpc", |c| {
+        c.grpc_tokens = vec!["old-token".into(), "new-token".into()];
+        c.grpc_tls = Some(grpc_tls);
+    })
+    .await;
     let addr = shard.addr.to_string();
     let commit =
         v1::CommitRequest { txn_id: "t1".into(), fencing_token: 1, claims: vec![commit_claim("n1", 7, "u1", 10)] };

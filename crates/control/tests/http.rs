@@ -7,38 +7,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use flotilla_control::{ControlState, HttpOptions, MAX_CONNECTIONS_PER_PEER};
+use flotilla_testkit::Pki;
 use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::pki_types::{CertificateDer, ServerName};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-/// A CA and a certificate it signed for 127.0.0.1, as PEM and DER.
-struct Pki {
-    ca_pem: String,
-    ca_der: CertificateDer<'static>,
-    leaf: CertificateDer<'static>,
-    key: PrivateKeyDer<'static>,
-}
-
-fn pki() -> Pki {
-    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, KeyUsagePurpose};
-    let ca_key = KeyPair::generate().unwrap();
-    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca.distinguished_name.push(DnType::CommonName, "Flotilla test CA");
-    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::DigitalSignature];
-    let ca = ca.self_signed(&ca_key).unwrap();
-    let leaf_key = KeyPair::generate().unwrap();
-    let leaf =
-        CertificateParams::new(vec!["127.0.0.1".to_string()]).unwrap().signed_by(&leaf_key, &ca, &ca_key).unwrap();
-    Pki {
-        ca_pem: ca.pem(),
-        ca_der: ca.der().clone(),
-        leaf: leaf.der().clone(),
-        key: PrivateKeyDer::try_from(leaf_key.serialize_der()).unwrap(),
-    }
-}
 
 /// Serves a control API with no shards and no apps; the API token is `secret`.
 async fn start(options: HttpOptions) -> (SocketAddr, tokio::sync::oneshot::Sender<()>) {
@@ -102,17 +76,14 @@ async fn raw(addr: SocketAddr, request: &[u8]) -> (u16, String) {
 }
 
 fn metric(text: &str, reason: &str) -> f64 {
-    let label = format!("reason=\"{reason}\"");
-    text.lines()
-        .filter(|l| l.starts_with("flotilla_http_requests_rejected_total") && l.contains(&label))
-        .find_map(|l| l.rsplit(' ').next()?.parse().ok())
+    flotilla_testkit::metric(text, "flotilla_http_requests_rejected_total", &format!("reason=\"{reason}\""))
         .unwrap_or(0.0)
 }
 
 #[tokio::test]
 async fn https_with_a_user_ca_serves_http1_and_h2_and_refuses_plain_http_clearly() {
-    let pki = pki();
-    let tls = flotilla_control::tls_config(vec![pki.leaf.clone()], pki.key.clone_key()).unwrap();
+    let pki = Pki::new();
+    let tls = flotilla_control::tls_config(vec![pki.cert_der.clone()], pki.key_der.clone_key()).unwrap();
     let (addr, _stop) = start(HttpOptions { tls: Some(tls), rate_limit: 0 }).await;
 
     // HTTP/2, negotiated by ALPN (as gRPC clients do).

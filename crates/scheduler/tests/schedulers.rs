@@ -3,13 +3,15 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use flotilla_agent::client::{ShardConnection, client_endpoint};
-use flotilla_aggregator::{ShardConfig, ShardHandle, Timeouts, TlsMaterial};
-use flotilla_core::{NodeId, PROTOCOL_VERSION, Resources};
+use flotilla_agent::client::ShardConnection;
+use flotilla_aggregator::ShardHandle;
+use flotilla_core::{NodeId, Resources};
 use flotilla_proto::v1;
 use flotilla_scheduler::Write;
 use flotilla_scheduler::{AppSpec, MemStore, Scheduler, Store};
 use flotilla_scheduler::{CommandError, UnitState};
+use flotilla_testkit::shard::{JOIN_TOKEN, LocalShard, registration};
+use flotilla_testkit::{TempDir, wait_for_async};
 use flotilla_view::ClusterView;
 
 struct Cluster {
@@ -20,50 +22,21 @@ struct Cluster {
     _dir: TempDir,
 }
 
-struct TempDir(std::path::PathBuf);
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// A shard with `nodes` nodes of 1000m over two domains, and a view following it.
 async fn cluster(name: &str, nodes: usize) -> Cluster {
-    let dir = std::env::temp_dir().join(format!("flotilla-sched-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let (tls, pem, _) = TlsMaterial::self_signed(&["127.0.0.1"]).unwrap();
-    std::fs::write(dir.join("ca.crt"), pem).unwrap();
-    let mut config = ShardConfig::new("127.0.0.1:0".parse().unwrap(), 0, 1, b"secret".to_vec(), vec!["j".into()], tls);
-    config.timeouts = Timeouts { suspect_after_ms: 60_000, dead_after_ms: 120_000, retention_ms: 60_000 };
-    config.batch_window = Duration::from_millis(5);
-    let shard = flotilla_aggregator::start(config).await.unwrap();
-    let endpoint = client_endpoint(&dir.join("ca.crt"), "127.0.0.1:0".parse().unwrap()).unwrap();
+    let LocalShard { shard, endpoint, dir } = LocalShard::start(name, |_| {}).await;
     let conn = ShardConnection::connect(&endpoint, shard.addr, "127.0.0.1").await.unwrap();
     for i in 0..nodes {
         let domain = if i % 2 == 0 { "da" } else { "db" };
-        conn.register(v1::RegisterRequest {
-            protocol_version: PROTOCOL_VERSION,
-            join_token: "j".into(),
-            node_id: format!("n{i}"),
-            incarnation: 1,
-            labels: [("domain".to_string(), domain.to_string())].into_iter().collect(),
-            capacity: Some(v1::Resources { cpu_millis: 1000, memory_bytes: 1 << 30, ..Default::default() }),
-            assignments: vec![],
-            health: None,
-            assignment_version: 0,
-        })
-        .await
-        .unwrap();
+        conn.register(registration(&format!("n{i}"), JOIN_TOKEN, domain, 1000)).await.unwrap();
     }
     let view = ClusterView::new(1);
     tokio::spawn(flotilla_view::follow_shard(view.clone(), 0, shard.addr.to_string(), Default::default()));
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while view.slot(0).view.len() < nodes {
-        assert!(Instant::now() < deadline, "view never showed the nodes");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    Cluster { shard, view, _endpoint: endpoint, _conn: conn, _dir: TempDir(dir) }
+    wait_for_async("the view to show the nodes", Duration::from_secs(5), || {
+        (view.slot(0).view.len() >= nodes).then_some(())
+    })
+    .await;
+    Cluster { shard, view, _endpoint: endpoint, _conn: conn, _dir: dir }
 }
 
 fn spec(name: &str, units: u32, cpu: &str) -> AppSpec {
@@ -230,20 +203,7 @@ async fn a_restarted_scheduler_adopts_its_units_and_cleans_up_half_commits() {
 /// Registers one more node over its own connection, so the test can drain it.
 async fn node(c: &Cluster, id: &str, domain: &str, cpu: u64) -> (ShardConnection, u64) {
     let conn = ShardConnection::connect(&c._endpoint, c.shard.addr, "127.0.0.1").await.unwrap();
-    let s = conn
-        .register(v1::RegisterRequest {
-            protocol_version: PROTOCOL_VERSION,
-            join_token: "j".into(),
-            node_id: id.into(),
-            incarnation: 1,
-            labels: [("domain".to_string(), domain.to_string())].into_iter().collect(),
-            capacity: Some(v1::Resources { cpu_millis: cpu, memory_bytes: 1 << 30, ..Default::default() }),
-            assignments: vec![],
-            health: None,
-            assignment_version: 0,
-        })
-        .await
-        .unwrap();
+    let s = conn.register(registration(id, JOIN_TOKEN, domain, cpu)).await.unwrap();
     (conn, s.session_id)
 }
 
@@ -263,11 +223,10 @@ async fn a_lost_worker_is_replaced_in_place_and_a_lost_head_replaces_the_unit() 
     for i in 0..4 {
         conns.push(node(&c, &format!("r{i}"), "dr", 1000).await);
     }
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while c.view.slot(0).view.len() < 4 {
-        assert!(Instant::now() < deadline);
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_for_async("the view to show the 4 nodes", Duration::from_secs(5), || {
+        (c.view.slot(0).view.len() >= 4).then_some(())
+    })
+    .await;
     // Head and worker need 600m each: they land on different nodes.
     let store: Arc<dyn Store> = Arc::new(MemStore::default());
     let (mut s, h) =

@@ -1,0 +1,24 @@
+//! What Flotilla's integration tests share: the `flotilla` binary and its commands,
+//! `flotilla up` as a cluster a test drives ([`Up`]), processes a test starts itself
+//! ([`Group`]), waiting with a deadline, temp dirs, raw HTTP and `/metrics`, a user
+//! PKI, and a shard started in the test's own process ([`shard`]).
+//!
+//! Plain blocking code, so process tests need no runtime; only [`shard`] and
+//! [`wait_for_async`] are for `#[tokio::test]`s.
+
+mod cli;
+mod dir;
+mod http;
+mod pki;
+mod process;
+pub mod shard;
+mod up;
+mod wait;
+
+pub use cli::{bin, flotilla, run, run_ok, stderr};
+pub use dir::{TempDir, fresh_dir};
+pub use http::{Response, exchange, get_text, http, metric, metrics_page, request, who};
+pub use pki::Pki;
+pub use process::{Group, alive, free_port, signal};
+pub use up::Up;
+pub use wait::{wait_for, wait_for_async};

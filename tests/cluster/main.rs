@@ -1,0 +1,14 @@
+//! End-to-end tests with real processes over loopback: `flotilla up` with real agent
+//! child processes, or shards, agents, schedulers, control planes and routers a test
+//! starts itself. One test binary, one module per topic; its tests run one at a time
+//! (see .config/nextest.toml), because on 2 cores parallel clusters starve each other's
+//! heartbeats.
+
+mod common;
+mod nodes;
+mod routing;
+mod scaling;
+mod security;
+mod shards;
+mod standalone;
+mod units;
