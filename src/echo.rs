@@ -3,6 +3,7 @@
 //! `PUT /load?memory_mib=N` makes it hold N MiB (0 lets go), so a test can load a member
 //! and watch the autoscaler react.
 
+use flotilla_core::LockExt;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -74,7 +75,7 @@ async fn hold(held: Arc<Mutex<Vec<u8>>>, load: Load) -> Result<Json<serde_json::
         return Err((StatusCode::UNPROCESSABLE_ENTITY, format!("memory_mib: at most {MAX_LOAD_MIB}")));
     }
     let bytes = (load.memory_mib << 20) as usize;
-    let mut h = held.lock().unwrap_or_else(|p| p.into_inner());
+    let mut h = held.lock_or_recover();
     *h = Vec::new();
     *h = vec![1u8; bytes];
     tracing::info!(memory_mib = load.memory_mib, "holding memory");

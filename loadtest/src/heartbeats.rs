@@ -2,6 +2,7 @@
 //! shard processes, then send one sealed heartbeat per node per second over real UDP,
 //! one heartbeat per datagram (as real agents send), many nodes sharing a socket.
 
+use flotilla_core::LockExt;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -84,14 +85,14 @@ pub async fn run(a: HeartbeatArgs) -> anyhow::Result<()> {
                 for r in d.upserts {
                     let Some(i) = node_index(&r.node_id) else { continue };
                     let score = r.health.map(|h| h.score).unwrap_or(1.0);
-                    let mut p = pending.lock().unwrap_or_else(|e| e.into_inner());
+                    let mut p = pending.lock_or_recover();
                     if let Some(&(sent, high)) = p.get(&i)
                         && ((high && score <= 0.3) || (!high && score >= 0.9))
                     {
                         p.remove(&i);
                         if measuring.load(Ordering::Relaxed) {
                             let us = now.duration_since(sent).as_micros() as u64;
-                            let _ = lag.lock().unwrap_or_else(|e| e.into_inner()).record(us.max(1));
+                            let _ = lag.lock_or_recover().record(us.max(1));
                         }
                     }
                 }
@@ -146,7 +147,7 @@ pub async fn run(a: HeartbeatArgs) -> anyhow::Result<()> {
 
     let absorbed = acc1 - acc0;
     let cpu: f64 = cpu1.iter().zip(&cpu0).map(|(b, a)| b - a).sum();
-    let lag = lag.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let lag = lag.lock_or_recover().clone();
     let rss_per_node = rss_full.iter().zip(&rss_empty).map(|(f, e)| f.saturating_sub(*e)).sum::<u64>() as f64
         / nodes.len().max(1) as f64;
     let versions = (versions1 - versions0).max(1.0);
@@ -254,7 +255,7 @@ fn send_loop(
                 };
                 if seal::seal(&n.key, Direction::ToShard, &h, &body, &mut out).is_ok() {
                     if flip {
-                        pending.lock().unwrap_or_else(|e| e.into_inner()).insert(i, (Instant::now(), high[i]));
+                        pending.lock_or_recover().insert(i, (Instant::now(), high[i]));
                     }
                     batches[i % sockets.len()].push((out.clone(), dests[n.shard]));
                 }

@@ -12,6 +12,7 @@
 //! - When `haproxy` is installed, a fourth phase runs HAProxy with `balance leastconn` over
 //!   the same slow backends (docs/architecture.md §14 asks flotilla to beat it in the same run).
 
+use flotilla_core::LockExt;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -221,7 +222,7 @@ async fn run_phase(target: &str, rate: f64, seconds: u64, warmup_s: u64, backend
                 }
                 if intended >= measure_from {
                     let us = intended.elapsed().as_micros() as u64;
-                    if let Some(h) = hist.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+                    if let Some(h) = hist.lock_or_recover().as_mut() {
                         let _ = h.record(us.clamp(1, 120_000_000));
                     }
                 }
@@ -236,8 +237,7 @@ async fn run_phase(target: &str, rate: f64, seconds: u64, warmup_s: u64, backend
     let all: u64 = served.iter().sum();
     let slow_served: u64 = served.iter().take(slow).sum();
     let latency_us = hist
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
+        .lock_or_recover()
         .take()
         .unwrap_or_else(|| Histogram::new(3).unwrap_or_else(|_| unreachable!("3 significant figures is valid")));
     Phase {

@@ -3,6 +3,7 @@
 //! nodes, competing for the same nodes so conflicts are real. The same workload then
 //! runs through a pessimistic baseline: one global lock around plan + commit.
 
+use flotilla_core::LockExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -132,8 +133,8 @@ async fn run(
         let st = h.stats();
         out.accepted += st.claims_accepted.load(Ordering::Relaxed);
         out.rejected += st.claims_rejected.load(Ordering::Relaxed);
-        out.commit_us.add(&*st.commit_us.lock().unwrap_or_else(|p| p.into_inner()))?;
-        out.decision_us.add(&*st.decision_us.lock().unwrap_or_else(|p| p.into_inner()))?;
+        out.commit_us.add(&*st.commit_us.lock_or_recover())?;
+        out.decision_us.add(&*st.decision_us.lock_or_recover())?;
     }
     Ok(out)
 }

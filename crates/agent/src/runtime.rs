@@ -9,6 +9,7 @@
 //! when it is no longer assigned. Workloads die with the agent, even a killed one
 //! (PR_SET_PDEATHSIG).
 
+use flotilla_core::LockExt;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -127,7 +128,7 @@ async fn pump(mut from: impl AsyncRead + Unpin, path: PathBuf, cap: u64, tail: O
             break;
         }
         if let Some(t) = &tail {
-            let mut t = t.lock().unwrap_or_else(|p| p.into_inner());
+            let mut t = t.lock_or_recover();
             t.extend_from_slice(&buf[..n]);
             let excess = t.len().saturating_sub(2048);
             t.drain(..excess);
@@ -343,8 +344,7 @@ impl Runtime {
                 None => {}
                 Some(p) => {
                     if let Ok(Some(status)) = p.child.try_wait() {
-                        let tail = String::from_utf8_lossy(&p.stderr_tail.lock().unwrap_or_else(|e| e.into_inner()))
-                            .to_string();
+                        let tail = String::from_utf8_lossy(&p.stderr_tail.lock_or_recover()).to_string();
                         let code = status.code().unwrap_or(-1);
                         let ran = now.duration_since(m.started_at);
                         if ran >= HEALTHY_RUN {

@@ -2,6 +2,7 @@
 //! window, then publishes a single new version; it also owns the timing wheel that
 //! turns silence into Suspect, Dead and, after retention, removal.
 
+use flotilla_core::LockExt;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -139,7 +140,7 @@ impl Applier {
     /// Fires due deadlines: each due node is evaluated once and rescheduled.
     pub fn tick(&mut self, now: u64) {
         self.metrics.heap.set(flotilla_obs::alloc::live_bytes() as f64);
-        let expired = self.ledger.lock().unwrap_or_else(|p| p.into_inner()).expire(now);
+        let expired = self.ledger.lock_or_recover().expire(now);
         if !expired.is_empty() {
             self.absorb(Change::Ledger(expired, None));
         }
@@ -182,7 +183,7 @@ impl Applier {
         let view = self.publisher.load();
         let mut upserts = Vec::with_capacity(self.dirty.len());
         let ledger = self.ledger.clone();
-        let mut ledger = ledger.lock().unwrap_or_else(|p| p.into_inner());
+        let mut ledger = ledger.lock_or_recover();
         for (id, live) in self.dirty.drain() {
             if !self.registry.is_current(&live) {
                 continue;

@@ -3,6 +3,7 @@
 //! accepted claims into the next view version, which the answer names. A request that
 //! does not decode is answered through `flotilla_proto::status`, the one error mapping.
 
+use flotilla_core::LockExt;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -75,7 +76,7 @@ fn count(out: &Outcome) {
 }
 
 fn lock(l: &Mutex<Ledger>) -> std::sync::MutexGuard<'_, Ledger> {
-    l.lock().unwrap_or_else(|p| p.into_inner())
+    l.lock_or_recover()
 }
 
 #[tonic::async_trait]

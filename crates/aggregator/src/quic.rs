@@ -2,6 +2,7 @@
 //! One request per bidirectional stream; a wrong credential closes the connection
 //! with its reason.
 
+use flotilla_core::LockExt;
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
@@ -48,7 +49,7 @@ pub async fn push_assignments(mut rx: tokio::sync::mpsc::UnboundedReceiver<Push>
                 continue;
             };
             let message = {
-                let ledger = ctx.ledger.lock().unwrap_or_else(|p| p.into_inner());
+                let ledger = ctx.ledger.lock_or_recover();
                 let (version, claims) = ledger.assignments(&node);
                 v1::AssignmentPush {
                     assignment_version: version,
@@ -145,7 +146,7 @@ fn refuse<E: ServiceError>(e: &E) -> v1::AgentResponse {
 }
 
 fn owns(owned: &Mutex<HashSet<u64>>, session_id: u64) -> bool {
-    owned.lock().unwrap_or_else(|p| p.into_inner()).contains(&session_id)
+    owned.lock_or_recover().contains(&session_id)
 }
 
 async fn stream(
@@ -209,7 +210,7 @@ fn register(
         Ok(live) => {
             ctx.stats.registrations.fetch_add(1, Relaxed);
             metrics::counter!("flotilla_registrations_total", "result" => "accepted").increment(1);
-            owned.lock().unwrap_or_else(|p| p.into_inner()).insert(live.session_id);
+            owned.lock_or_recover().insert(live.session_id);
             ctx.agents.insert(live.node_id.clone(), conn.clone());
             tracing::debug!(session = live.session_id, "registered");
             Ok(v1::Session {

@@ -2,6 +2,7 @@
 //! schedulers (`flotilla up --app`) are asked directly, standalone ones (`flotilla
 //! scheduler --control URL`) register their address and are asked over HTTP.
 
+use flotilla_core::RwLockExt;
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
@@ -32,12 +33,12 @@ pub struct Apps(RwLock<BTreeMap<String, AppEndpoint>>);
 
 impl Apps {
     pub fn add_local(&self, h: AppHandle) {
-        self.0.write().unwrap_or_else(|p| p.into_inner()).insert(h.app.clone(), AppEndpoint::Local(h));
+        self.0.write_or_recover().insert(h.app.clone(), AppEndpoint::Local(h));
     }
 
     /// The app's in-process scheduler, or the URL of its live standalone one.
     pub(crate) fn get(&self, app: &str) -> Option<Result<AppHandle, String>> {
-        let g = self.0.read().unwrap_or_else(|p| p.into_inner());
+        let g = self.0.read_or_recover();
         match g.get(app)? {
             AppEndpoint::Local(h) => Some(Ok(h.clone())),
             AppEndpoint::Remote { url, seen } if seen.elapsed() < REMOTE_TTL => Some(Err(url.clone())),
@@ -46,7 +47,7 @@ impl Apps {
     }
 
     fn names(&self) -> Vec<String> {
-        self.0.read().unwrap_or_else(|p| p.into_inner()).keys().cloned().collect()
+        self.0.read_or_recover().keys().cloned().collect()
     }
 }
 
@@ -318,7 +319,7 @@ async fn register_scheduler(
     if !(r.url.starts_with("http://") || r.url.starts_with("https://")) || r.url.len() > 256 {
         return Err(ControlError::BadRequest("url: an http(s) URL of at most 256 bytes".into()));
     }
-    let mut g = s.apps.0.write().unwrap_or_else(|p| p.into_inner());
+    let mut g = s.apps.0.write_or_recover();
     if matches!(g.get(&r.app), Some(AppEndpoint::Local(_))) {
         return Err(ControlError::AppRunsHere(r.app));
     }

@@ -4,6 +4,7 @@
 //! it has a data dir); the schedulers it hosts read the same book, and standalone
 //! schedulers refresh theirs from `GET /v1/policies`.
 
+use flotilla_core::RwLockExt;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
@@ -78,7 +79,7 @@ impl Policies {
         let mut book = BTreeMap::clone(&self.book.load());
         book.insert(name.clone(), policy);
         self.book.store(Arc::new(book));
-        self.texts.write().unwrap_or_else(|p| p.into_inner()).insert(name, text);
+        self.texts.write_or_recover().insert(name, text);
     }
 
     /// Validates and stores a policy file, under the name it gives (which must be `name`).
@@ -89,7 +90,7 @@ impl Policies {
                 "autoscaling.name: the file names {named:?}, not {name:?}"
             )));
         }
-        let known = self.texts.read().unwrap_or_else(|p| p.into_inner()).contains_key(name);
+        let known = self.texts.read_or_recover().contains_key(name);
         if !known && self.book.load().len() >= MAX_POLICIES {
             return Err(ControlError::InvalidPolicy(format!("at most {MAX_POLICIES} named policies")));
         }
@@ -122,13 +123,13 @@ impl Policies {
         if *self.book.load_full() != book {
             self.book.store(Arc::new(book));
         }
-        *self.texts.write().unwrap_or_else(|p| p.into_inner()) = texts;
+        *self.texts.write_or_recover() = texts;
     }
 
     /// `GET /v1/policies`: each policy's name, algorithm, interval and file.
     pub fn list(&self) -> Value {
         let book = self.book.load();
-        let texts = self.texts.read().unwrap_or_else(|p| p.into_inner());
+        let texts = self.texts.read_or_recover();
         let rows: Vec<Value> = book
             .iter()
             .map(|(name, p)| {

@@ -3,6 +3,7 @@
 //! address goes into its requests for the rate limit ([`crate::limits`]); a peer may hold
 //! a bounded number of connections, and an HTTP/2 connection a bounded number of streams.
 
+use flotilla_core::LockExt;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
@@ -73,7 +74,7 @@ struct PeerSlot {
 
 impl PeerConnections {
     fn admit(self: &Arc<Self>, ip: IpAddr) -> Option<PeerSlot> {
-        let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut m = self.0.lock_or_recover();
         let n = m.entry(ip).or_insert(0);
         if *n >= MAX_CONNECTIONS_PER_PEER {
             return None;
@@ -85,7 +86,7 @@ impl PeerConnections {
 
 impl Drop for PeerSlot {
     fn drop(&mut self) {
-        let mut m = self.peers.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut m = self.peers.0.lock_or_recover();
         if let Some(n) = m.get_mut(&self.ip) {
             *n -= 1;
             if *n == 0 {

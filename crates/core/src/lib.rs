@@ -13,6 +13,7 @@ mod rate;
 mod resources;
 mod secret;
 mod shard;
+mod sync;
 
 pub use backoff::{Backoff, Jitter, ThreadJitter};
 pub use clock::{install_clock, now_ms, system_ms};
@@ -24,3 +25,4 @@ pub use rate::RateLimiter;
 pub use resources::{ResourceError, Resources};
 pub use secret::constant_time_eq;
 pub use shard::{DEFAULT_DOMAIN, shard_for_domain};
+pub use sync::{LockExt, RwLockExt};

@@ -1,6 +1,7 @@
 //! A token bucket per peer address: what one peer may ask of an API. Pure; the clock is
 //! passed in. The HTTP API and the shards' gRPC both put one in front of every request.
 
+use crate::LockExt;
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::Mutex;
@@ -74,7 +75,7 @@ impl RateLimiter {
     /// Admits one request from `peer` at `now`, or says how long it should wait.
     pub fn check(&self, peer: IpAddr, now: Instant) -> Result<(), Duration> {
         let key = peer_key(peer);
-        let mut buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
+        let mut buckets = self.buckets.lock_or_recover();
         if !buckets.contains_key(&key) && buckets.len() >= MAX_TRACKED_PEERS {
             let (rate, burst) = (self.rate, self.burst);
             buckets.retain(|_, b| b.refilled(rate, burst, now) < burst);
@@ -87,7 +88,7 @@ impl RateLimiter {
     }
 
     pub fn tracked_peers(&self) -> usize {
-        self.buckets.lock().unwrap_or_else(|p| p.into_inner()).len()
+        self.buckets.lock_or_recover().len()
     }
 }
 

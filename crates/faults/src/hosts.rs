@@ -2,6 +2,7 @@
 //! code on turmoil's TCP. A crash drops everything a host's software holds; a bounce
 //! starts it again from what survives (the agents, the scheduler's store).
 
+use flotilla_core::LockExt;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -66,7 +67,7 @@ pub async fn shard(shard: usize, world: Shared) -> turmoil::Result {
         let now = flotilla_core::now_ms();
         let mut w = world.borrow_mut();
         while let Ok(push) = pushes.try_recv() {
-            let ledger = core.ledger.lock().unwrap_or_else(|p| p.into_inner());
+            let ledger = core.ledger.lock_or_recover();
             if let Some(agent) = w.agents.iter_mut().find(|a| a.node == push.node) {
                 agent.take_push(&ledger);
             }

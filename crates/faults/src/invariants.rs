@@ -1,5 +1,6 @@
 //! What must hold in every run: safety at every check, convergence at the end.
 
+use flotilla_core::LockExt;
 use std::collections::{BTreeMap, BTreeSet};
 
 use flotilla_aggregator::ClaimKey;
@@ -16,7 +17,7 @@ fn allocations(w: &World) -> Result<BTreeMap<ClaimKey, (usize, NodeId)>, String>
     let mut all = BTreeMap::new();
     for (shard, ledger) in w.ledgers.iter().enumerate() {
         let Some(ledger) = ledger else { continue };
-        let ledger = ledger.lock().unwrap_or_else(|p| p.into_inner());
+        let ledger = ledger.lock_or_recover();
         ledger.check_invariant(&|n| capacity_of(&w.agents, n)).map_err(|e| format!("shard {shard}'s ledger: {e}"))?;
         for agent in w.agents.iter().filter(|a| a.shard == shard) {
             let Some(book) = ledger.book(&agent.node) else { continue };
@@ -36,7 +37,7 @@ pub fn allocation_count(w: &World) -> usize {
         .iter()
         .flatten()
         .map(|l| {
-            let l = l.lock().unwrap_or_else(|p| p.into_inner());
+            let l = l.lock_or_recover();
             w.agents.iter().filter_map(|a| l.book(&a.node)).map(|b| b.entries.len()).sum::<usize>()
         })
         .sum()

@@ -27,6 +27,7 @@
 //!
 //! The balancer is a plain data structure: callers pass the time, so tests are exact.
 
+use flotilla_core::LockExt;
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -116,21 +117,21 @@ impl Endpoint {
     }
 
     pub fn weight(&self) -> f64 {
-        *self.weight.lock().unwrap_or_else(|p| p.into_inner())
+        *self.weight.lock_or_recover()
     }
 
     pub fn rtt_ewma(&self) -> Duration {
-        Duration::from_secs_f64(self.stats.lock().unwrap_or_else(|p| p.into_inner()).rtt_ewma_s)
+        Duration::from_secs_f64(self.stats.lock_or_recover().rtt_ewma_s)
     }
 
     fn ejected(&self, now: Instant) -> bool {
-        self.stats.lock().unwrap_or_else(|p| p.into_inner()).ejected_until.is_some_and(|t| now < t)
+        self.stats.lock_or_recover().ejected_until.is_some_and(|t| now < t)
     }
 
     /// Route weight × slow-start ramp; 0 while ejected.
     fn effective_weight(&self, now: Instant, slow_start: Duration) -> f64 {
         let w = self.weight();
-        let s = self.stats.lock().unwrap_or_else(|p| p.into_inner());
+        let s = self.stats.lock_or_recover();
         if s.ejected_until.is_some_and(|t| now < t) {
             return 0.0;
         }
@@ -142,7 +143,7 @@ impl Endpoint {
 
     fn cost(&self, now: Instant, slow_start: Duration) -> f64 {
         let weight = self.effective_weight(now, slow_start);
-        let s = self.stats.lock().unwrap_or_else(|p| p.into_inner());
+        let s = self.stats.lock_or_recover();
         let errors = decayed(s.error_ewma, now.saturating_duration_since(s.error_at), ERROR_DECAY);
         let load = f64::from(self.in_flight()) + 1.0;
         s.rtt_ewma_s * load * (1.0 + ERROR_PENALTY * errors) / weight.max(1e-9)
@@ -206,7 +207,7 @@ impl Balancer {
             let weight = if weight.is_finite() { weight.max(0.0) } else { 0.0 };
             match old.iter().find(|e| &e.addr == addr) {
                 Some(e) => {
-                    let mut w = e.weight.lock().unwrap_or_else(|p| p.into_inner());
+                    let mut w = e.weight.lock_or_recover();
                     if *w != weight {
                         *w = weight;
                         changed += 1;
@@ -300,7 +301,7 @@ impl Balancer {
         let mut out = Finished::default();
         let live = self.endpoints.load();
         let ejected_now = live.iter().filter(|x| x.ejected(now)).count();
-        let mut s = e.stats.lock().unwrap_or_else(|p| p.into_inner());
+        let mut s = e.stats.lock_or_recover();
         // Peak EWMA: a slower sample replaces the estimate at once.
         let prev = s.rtt_ewma_s;
         let w =

@@ -20,7 +20,7 @@ pub struct Upstream {
 }
 
 /// Where `app`'s route table is served: its standalone scheduler, or the control plane.
-async fn locate(http: &reqwest::Client, control: &str, app: &str) -> anyhow::Result<String> {
+pub(crate) async fn locate(http: &reqwest::Client, control: &str, app: &str) -> anyhow::Result<String> {
     let control = control.trim_end_matches('/');
     let resp = http.get(format!("{control}/v1/apps/{app}")).timeout(Duration::from_secs(5)).send().await?;
     anyhow::ensure!(resp.status().is_success(), "the control plane answered {} for app {app}", resp.status());

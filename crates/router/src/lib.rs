@@ -4,8 +4,10 @@
 
 pub mod balancer;
 pub mod follow;
+pub mod pace;
 pub mod proxy;
 pub mod service;
 
 pub use balancer::{Balancer, Config, Outcome, Policy};
+pub use pace::{Pace, follow_capacity};
 pub use service::{Balance, HttpClassify};

@@ -1,6 +1,7 @@
 //! The balancer as a `tower::Service`: each call goes to the endpoint the balancer picks,
 //! through that endpoint's own service, and its latency and outcome feed the balancer.
 
+use flotilla_core::LockExt;
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
@@ -100,7 +101,7 @@ impl<S: Clone, C> Balance<S, C> {
     }
 
     fn service_for(&self, addr: &str) -> S {
-        let mut g = self.services.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = self.services.lock_or_recover();
         if g.len() > 4 * self.balancer.endpoints().len() + 16 {
             // Forget services of endpoints that left.
             let live = self.balancer.endpoints();

@@ -2,6 +2,7 @@
 //! before it is sent. Behind a trait so the distributed (etcd) store can follow; the
 //! embedded backend is redb. Writes are grouped: one transaction per reconcile pass.
 
+use flotilla_core::LockExt;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Mutex;
@@ -163,11 +164,11 @@ pub struct MemStore {
 
 impl Store for MemStore {
     fn load(&self, app: &str) -> Result<Stored, StoreError> {
-        Ok(self.apps.lock().unwrap_or_else(|p| p.into_inner()).get(app).cloned().unwrap_or_default())
+        Ok(self.apps.lock_or_recover().get(app).cloned().unwrap_or_default())
     }
 
     fn write(&self, app: &str, batch: &[Write]) -> Result<(), StoreError> {
-        let mut apps = self.apps.lock().unwrap_or_else(|p| p.into_inner());
+        let mut apps = self.apps.lock_or_recover();
         let s = apps.entry(app.to_string()).or_default();
         for w in batch {
             apply(s, w);

@@ -1,3 +1,4 @@
+use flotilla_core::LockExt;
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
@@ -62,7 +63,7 @@ impl ViewPublisher {
             unreachable!("a delta built from the current version applies to it")
         };
         let delta = Arc::new(delta);
-        let mut ring = self.ring.lock().unwrap_or_else(|p| p.into_inner());
+        let mut ring = self.ring.lock_or_recover();
         self.current.store(Arc::new(next));
         if ring.len() == self.ring_capacity {
             ring.pop_front();
@@ -77,7 +78,7 @@ impl ViewPublisher {
     /// then, otherwise starting with a snapshot. No delta is lost or repeated between
     /// `start` and `rx`.
     pub fn subscribe(&self, from: Option<Version>) -> Subscription {
-        let ring = self.ring.lock().unwrap_or_else(|p| p.into_inner());
+        let ring = self.ring.lock_or_recover();
         let rx = self.tx.subscribe();
         let current = self.current.load_full();
         let start = match from {

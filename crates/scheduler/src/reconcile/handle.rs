@@ -1,6 +1,7 @@
 //! What the world sees of a running scheduler: its handle (status, stats, routes) and
 //! the commands the control plane sends it (scale, apply).
 
+use flotilla_core::LockExt;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
@@ -71,7 +72,7 @@ impl Stats {
     }
 
     pub(super) fn record(h: &Histogram, d: Duration) {
-        let _ = h.lock().unwrap_or_else(|p| p.into_inner()).record((d.as_micros() as u64).max(1));
+        let _ = h.lock_or_recover().record((d.as_micros() as u64).max(1));
     }
 }
 
