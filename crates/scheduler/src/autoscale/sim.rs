@@ -272,6 +272,19 @@ pub fn policy_file_from_toml(doc: &str) -> Result<(Policy, Model), PolicyFileErr
         if !(lo..=hi).contains(&initial_units) {
             push("initial_units", format!("{initial_units} is not within the policy's bounds [{lo}, {hi}]"));
         }
+        if hi > crate::spec::MAX_UNITS {
+            // An app's spec allows no more, and the simulation holds one member per running unit.
+            let (field, what) = match &p.algorithm {
+                Algorithm::Basic(_) => {
+                    ("autoscaling.basic.worker_config.max_instances", " (with the secondary group's)")
+                }
+                Algorithm::Utilization(_) => ("autoscaling.utilization.max_units", ""),
+            };
+            problems.push(Problem {
+                field: field.into(),
+                message: format!("{hi} units{what} is more than an app may have ({})", crate::spec::MAX_UNITS),
+            });
+        }
     }
     match policy {
         Ok(policy) if problems.is_empty() => {
@@ -404,7 +417,8 @@ fn scale(unit: Res, n: u32) -> Res {
 /// nothing once the queues have grown to their working size.
 pub fn simulate(policy: &Policy, model: &Model, trace: &Trace) -> SimReport {
     let step_ms = policy.interval_ms.max(1);
-    let steps = trace.end_ms.div_ceil(step_ms);
+    // A trace built by hand may lack rows; without demand there is nothing to step through.
+    let steps = if trace.rows.is_empty() { 0 } else { trace.end_ms.div_ceil(step_ms) };
     let mut state = State::new(policy);
     let (lo, hi) = bounds(policy);
     let initial = model.initial_units.clamp(lo, hi);
@@ -419,7 +433,7 @@ pub fn simulate(policy: &Policy, model: &Model, trace: &Trace) -> SimReport {
     let mut draining: PerGroup = [0; 2];
     let mut starts: VecDeque<Batch> = VecDeque::new();
     let mut drains: VecDeque<Batch> = VecDeque::new();
-    let mut members: Vec<MemberUsage> = Vec::with_capacity(hi as usize);
+    let mut members: Vec<MemberUsage> = Vec::new();
     let mut waits = Waits {
         queue: VecDeque::new(),
         histogram: hdrhistogram::Histogram::new(3).unwrap_or_else(|_| unreachable!("3 significant digits is valid")),
@@ -797,5 +811,12 @@ startup_seconds = "2d"
         assert!(e.contains("sim.initial_units: 99 is not within the policy's bounds [2, 40]"), "{e}");
         let e = policy_file_from_toml(&basic_policy().replace("[sim]", "[sim]\nspeed = 1")).expect_err("unknown");
         assert!(e.to_string().contains("speed"), "{e}");
+        let e = policy_file_from_toml(&basic_policy().replace("max_instances = 40", "max_instances = 100000"))
+            .expect_err("too many units")
+            .to_string();
+        assert!(
+            e.contains("max_instances: 100000 units (with the secondary group's) is more than an app may have (10000)"),
+            "{e}"
+        );
     }
 }
