@@ -373,12 +373,13 @@ struct Waits {
 }
 
 impl Waits {
-    /// Amounts are recorded in thousandths of a unit, waits in milliseconds.
+    /// Amounts are recorded in thousandths of a unit, waits in whole seconds: a wait is a whole
+    /// number of steps, and a step is whole seconds, so values under 2048 s are kept exactly.
     fn record(&mut self, wait_ms: u64, amount: f64) {
         let weight = (amount * 1000.0).round() as u64;
         if weight > 0 {
             // Auto-resizing histograms only refuse values past u64's range; none here.
-            let _ = self.histogram.record_n(wait_ms, weight);
+            let _ = self.histogram.record_n(wait_ms.saturating_add(500) / 1000, weight);
         }
     }
     fn push(&mut self, now_ms: u64, amount: f64) {
@@ -399,7 +400,11 @@ impl Waits {
         }
     }
     fn quantile_s(&self, q: f64) -> f64 {
-        if self.histogram.is_empty() { 0.0 } else { self.histogram.value_at_quantile(q) as f64 / 1000.0 }
+        if self.histogram.is_empty() {
+            return 0.0;
+        }
+        let h = &self.histogram;
+        h.lowest_equivalent(h.value_at_quantile(q)) as f64
     }
 }
 
@@ -610,13 +615,13 @@ pub fn simulate(policy: &Policy, model: &Model, trace: &Trace) -> SimReport {
     }
     // Demand still waiting at the end has waited at least this long.
     let end = trace.end_ms;
-    report.pending_at_end = waits.queue.iter().map(|q| q.1).sum();
+    report.pending_at_end = waits.queue.iter().fold(0.0, |sum, q| sum + q.1);
     while let Some((at, amount)) = waits.queue.pop_front() {
         waits.record(end.saturating_sub(at), amount);
     }
     report.pending_p50_seconds = waits.quantile_s(0.5);
     report.pending_p99_seconds = waits.quantile_s(0.99);
-    report.pending_max_seconds = if waits.histogram.is_empty() { 0.0 } else { waits.histogram.max() as f64 / 1000.0 };
+    report.pending_max_seconds = waits.quantile_s(1.0);
     report.waited_fraction = if waits.arrived > EPS { (waits.waited / waits.arrived).min(1.0) } else { 0.0 };
     report.final_units = running[0] + running[1] + starting[0] + starting[1] + draining[0] + draining[1];
     report.series = series;
