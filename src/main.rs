@@ -7,6 +7,7 @@ mod echo;
 mod route;
 mod secrets;
 mod servers;
+mod sim;
 mod up;
 
 use clap::{Parser, Subcommand};
@@ -61,6 +62,8 @@ enum Cmd {
     Route(route::RouteArgs),
     /// Rotate the agents' join token: add a new one, later retire the old ones.
     JoinToken(secrets::JoinTokenArgs),
+    /// Replay a load trace through an autoscaling policy in simulated time.
+    Sim(sim::SimArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -72,6 +75,7 @@ fn main() -> std::process::ExitCode {
     let result = match cli.cmd {
         Cmd::Agent(a) => flotilla_agent::main_with(*a),
         Cmd::JoinToken(a) => secrets::join_token(a),
+        Cmd::Sim(a) => sim::run(a),
         other => {
             tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(anyhow::Error::from).and_then(
                 |rt| {
@@ -93,7 +97,7 @@ fn main() -> std::process::ExitCode {
                             Cmd::Route(a) => route::run(a).await,
                             Cmd::Node(a) => client::node(a).await,
                             Cmd::Routes(a) => client::routes(a).await,
-                            Cmd::Agent(_) | Cmd::JoinToken(_) => Ok(()),
+                            Cmd::Agent(_) | Cmd::JoinToken(_) | Cmd::Sim(_) => Ok(()),
                         }
                     })
                 },

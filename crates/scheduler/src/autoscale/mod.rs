@@ -10,6 +10,7 @@ pub mod basic;
 pub mod config;
 pub mod decision;
 pub mod signals;
+pub mod sim;
 mod span;
 pub mod utilization;
 mod window;
@@ -24,6 +25,7 @@ pub use config::{
 };
 pub use decision::{Action, Decision, Inputs, Phase, Reason, Units};
 pub use signals::{GroupUnits, Load, MemberUsage, Res, Signals};
+pub use sim::{Model, PolicyFileError, Row, Sample, SimReport, Trace, TraceError, policy_file_from_toml, simulate};
 pub use utilization::UtilizationState;
 
 /// A policy's memory between evaluations: bounded sample history, last action, MR3 state.
