@@ -127,12 +127,13 @@ fn a_named_basic_policy_follows_consumer_demand() {
     wait_for("one running unit", Duration::from_secs(30), || (live(&up, "batch").len() == 1).then_some(()));
 
     // A bad policy and a bad demand are refused with every problem named; nothing changes.
-    let bad = BY_DEMAND.replace("scale_up_factor = 1.0", "scale_up_factor = 1.5").replace("\"2s\"", "\"10s\"");
+    let bad = BY_DEMAND.replace("scale_up_factor = 1.0", "scale_up_factor = 1.5").replace("\"2s\"", "\"0s\"");
     let (status, body) = http(&up.addr, "PUT", "/v1/policies/by-demand", Some(&token), &bad);
     assert_eq!(status, 422, "{body}");
     let msg = body["error"]["message"].as_str().unwrap();
     assert!(msg.contains("scale_up_factor") && msg.contains("cooldown_period"), "{msg}");
-    let huge = r#"{"requests": [{"resources": {"cpu_millis": 500, "unicorns": 1}, "count": 100000}], "ttl_seconds": 60}"#;
+    let huge =
+        r#"{"requests": [{"resources": {"cpu_millis": 500, "unicorns": 1}, "count": 100000}], "ttl_seconds": 60}"#;
     let (status, body) = http(&up.addr, "PUT", "/v1/apps/batch/demand", Some(&token), huge);
     assert_eq!(status, 422, "{body}");
     assert_eq!(body["error"]["code"], "invalid_demand");

@@ -4,6 +4,7 @@
 //! (see .config/nextest.toml), because on 2 cores parallel clusters starve each other's
 //! heartbeats.
 
+mod autoscaling;
 mod common;
 mod nodes;
 mod routing;

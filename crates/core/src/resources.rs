@@ -10,12 +10,15 @@ use crate::limits::{
 /// A small dense resource vector. The three common dimensions are fields so that a
 /// fit test is a handful of comparisons; rare custom resources live in a sorted map
 /// that is empty (and allocation-free) on most nodes.
+///
+/// In JSON a dimension left out is zero (`{"cpu_millis": 500}` asks for CPU only).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Resources {
     pub cpu_millis: u64,
     pub memory_bytes: u64,
     pub gpu: u32,
-    #[serde(default, flatten)]
+    #[serde(flatten)]
     pub custom: BTreeMap<String, u64>,
 }
 

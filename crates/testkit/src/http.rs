@@ -46,7 +46,7 @@ pub fn http(addr: &str, method: &str, path: &str, token: Option<&str>, body: &st
 /// GET `path`, allowing `timeout` for the answer: the whole answer; `None` for any
 /// failure, so it can be polled while a server starts or stops.
 fn get(addr: &str, path: &str, timeout: Duration) -> Option<String> {
-    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    let mut s = std::net::TcpStream::connect(addr.trim_start_matches("http://")).ok()?;
     s.set_read_timeout(Some(timeout)).ok()?;
     s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes()).ok()?;
     let mut out = String::new();
