@@ -29,6 +29,7 @@ fn main() -> std::io::Result<()> {
         ("commit_request", commit_request()),
         ("app_spec", app_spec()),
         ("control_json", control_json()),
+        ("autoscaling", autoscaling()),
     ] {
         let dir = root.join(target);
         std::fs::create_dir_all(&dir)?;
@@ -424,5 +425,31 @@ fn control_json() -> Seeds {
         ("node-cordon", control(node, b"node-1/cordon")),
         ("node-unknown-action", control(node, b"node-1/explode")),
         ("node-bad-id", control(node, b"bad%20id/drain")),
+    ]
+}
+
+fn autoscaling() -> Seeds {
+    let with = |selector: u8, text: &str| [&[selector][..], text.as_bytes()].concat();
+    let policy = |name: &str| {
+        let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/policies").join(name);
+        std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+    };
+    vec![
+        ("policy-basic", with(0, &policy("basic.toml"))),
+        ("policy-utilization", with(0, &policy("utilization.toml"))),
+        (
+            "policy-bad",
+            with(0, "[autoscaling]\npolicy = \"median\"\ninterval = \"0s\"\n[autoscaling.basic]\nscale_up_factor = 1.5\n"),
+        ),
+        ("trace-step", with(1, "time_s,cpu_millis,memory_bytes,utilization\n0,1000,1073741824,\n60,4000,4294967296,0.9\n120,0,0\n")),
+        ("trace-bad", with(1, "time_s,cpu_millis,memory_bytes\n5,x,1\n")),
+        (
+            "demand",
+            with(2, r#"{"requests": [{"resources": {"cpu_millis": 500, "memory_bytes": 67108864}, "count": 4}], "ttl_seconds": 60}"#),
+        ),
+        (
+            "demand-bad",
+            with(2, r#"{"requests": [{"resources": {"unicorns": 1}, "count": 4294967295}], "ttl_seconds": 0}"#),
+        ),
     ]
 }

@@ -384,6 +384,68 @@ pub fn app_spec(data: &[u8]) {
     assert_eq!(back.template_fingerprint(), fingerprint);
 }
 
+// ---- autoscaling ---------------------------------------------------------------
+
+/// Autoscaling input: `[selector, text...]`. Selector 0: a policy file (`flotilla policy
+/// apply`, `flotilla sim --policy`); 1: a load trace (`flotilla sim --trace`); 2: a demand
+/// body (`PUT /v1/apps/{app}/demand`).
+pub fn autoscaling(data: &[u8]) {
+    use flotilla_scheduler::autoscale::{AutoscalingConfig, Trace, policy_file_from_toml};
+    let Some((&selector, rest)) = data.split_first() else { return };
+    let Ok(text) = std::str::from_utf8(rest) else { return };
+    match selector % 3 {
+        0 => {
+            match policy_file_from_toml(text) {
+                Ok((policy, model)) => {
+                    assert!(policy.interval_ms >= 1000, "an interval under a second");
+                    assert!(model.unit.cpu_millis > 0 || model.unit.memory_bytes > 0, "a unit of nothing");
+                }
+                Err(e) => assert!(!e.to_string().is_empty()),
+            }
+            // A valid `[autoscaling]` table reads back the same from its canonical form.
+            if let Ok(config) = AutoscalingConfig::from_toml(text)
+                && let Ok(policy) = config.validate()
+            {
+                let canonical = toml::to_string(&toml::Table::from_iter([(
+                    "autoscaling".to_string(),
+                    toml::Value::try_from(&config).expect("a config serialises"),
+                )]))
+                .expect("a table serialises");
+                let again = AutoscalingConfig::policy_from_toml(&canonical)
+                    .unwrap_or_else(|e| panic!("the canonical form is refused: {e}\n{canonical}"));
+                assert_eq!(again, policy, "the canonical form reads back differently:\n{canonical}");
+            }
+        }
+        1 => match Trace::parse_csv(text) {
+            Ok(t) => {
+                assert!(t.rows.len() >= 2 && t.rows[0].at_ms == 0, "a trace must start at 0 with two rows");
+                assert!(t.rows.windows(2).all(|w| w[0].at_ms < w[1].at_ms), "rows out of order");
+                assert!(t.end_ms >= t.rows[t.rows.len() - 1].at_ms);
+            }
+            Err(e) => assert!(e.line > 0 || !e.message.is_empty(), "an error that names nothing"),
+        },
+        _ => {
+            #[derive(serde::Deserialize)]
+            struct Body {
+                requests: Vec<flotilla_scheduler::DemandRequest>,
+                ttl_seconds: u64,
+            }
+            let Ok(b) = serde_json::from_str::<Body>(text) else { return };
+            match flotilla_scheduler::Demand::new(b.requests, b.ttl_seconds.saturating_mul(1000), 0) {
+                Ok(d) => {
+                    assert!(d.requests.len() <= flotilla_scheduler::MAX_DEMAND_ENTRIES);
+                    for r in &d.requests {
+                        assert!(r.count <= flotilla_scheduler::MAX_DEMAND_COUNT);
+                        assert!(r.resources.custom.is_empty(), "an unknown resource accepted");
+                        r.resources.validate_node_capacity().expect("an absurd request accepted");
+                    }
+                }
+                Err(e) => assert!(!e.to_string().is_empty()),
+            }
+        }
+    }
+}
+
 // ---- control API -----------------------------------------------------------------
 
 /// Control API input: `[selector, body...]`. Selector bits 0-1 pick the call (0 `PUT
@@ -431,6 +493,7 @@ pub fn control_json(data: &[u8]) {
         apps: Default::default(),
         http: HTTP.with(Clone::clone),
         dialer: Default::default(),
+        policies: Default::default(),
     });
     let router = flotilla_control::router(state);
     let (status, content_type, bytes) = RUNTIME.with(|rt| {

@@ -43,3 +43,8 @@ fn app_spec() {
 fn control_json() {
     replay("control_json", flotilla_fuzz::control_json);
 }
+
+#[test]
+fn autoscaling() {
+    replay("autoscaling", flotilla_fuzz::autoscaling);
+}

@@ -77,3 +77,19 @@ fn failover_scenario_reports_every_figure() {
     assert!(v["route_removal_kill_p99_ms"].as_f64().unwrap() > 0.0);
     assert!(v["route_removal_drain_p99_ms"].as_f64().unwrap() > 0.0);
 }
+
+#[test]
+fn policies_scenario_reports_every_figure() {
+    let out = Command::new(env!("CARGO_BIN_EXE_flotilla-loadtest"))
+        .args(["policies", "--apps", "100", "--rounds", "3", "--json"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    for key in ["apps", "rounds", "round_p50_ms", "round_p99_ms", "actions"] {
+        assert!(v.get(key).is_some_and(|x| x.is_number()), "{key} missing in {v}");
+    }
+    assert_eq!(v["apps"], 100);
+    assert!(v["actions"].as_u64().unwrap() > 0, "the moving signals scale some apps");
+}

@@ -417,7 +417,9 @@ impl Runtime {
     fn measure_usage(&mut self, now: Instant) {
         for m in self.members.values_mut() {
             let Some(pid) = m.proc.as_ref().and_then(|p| p.child.id()) else {
+                // Not running (restarting, exited): no data, so nothing scales on it.
                 m.cpu_sample = None;
+                self.dirty |= m.usage.take().is_some();
                 continue;
             };
             let Counters { cpu_ns, memory_bytes } = m.cgroup.counters(Some(pid));
