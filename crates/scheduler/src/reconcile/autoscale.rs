@@ -11,7 +11,7 @@ use flotilla_core::{Resources, now_ms};
 use serde::Serialize;
 
 use super::Scheduler;
-use super::handle::CommandError;
+use super::error::CommandError;
 use crate::autoscale::{Action, GroupUnits, Load, MemberUsage, Policy, Res, Signals, State, evaluate};
 use crate::lifecycle::UnitState;
 use crate::rollout::counts_toward_desired;

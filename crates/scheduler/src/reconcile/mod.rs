@@ -15,6 +15,7 @@
 //! never drive transitions directly: their results are observed in the next pass.
 
 mod autoscale;
+mod error;
 mod handle;
 mod heal;
 mod ledgers;
@@ -36,7 +37,8 @@ use rand::Rng;
 
 use autoscale::Autoscaler;
 pub use autoscale::{Demand, DemandRequest, MAX_DEMAND_COUNT, MAX_DEMAND_ENTRIES, PolicyBook};
-pub use handle::{AppHandle, AppStatus, AutoscalingStatus, Command, CommandError, Stats};
+pub use error::CommandError;
+pub use handle::{AppHandle, AppStatus, AutoscalingStatus, Command, Stats};
 use ledgers::Ledgers;
 
 use crate::lifecycle::UnitState;

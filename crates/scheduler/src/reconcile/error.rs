@@ -1,0 +1,50 @@
+//! The scheduler's answers to the control plane when it cannot do what was asked.
+
+use flotilla_core::{ErrorKind, ServiceError};
+
+/// Why the scheduler refused or could not carry out a request of the control plane.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CommandError {
+    #[error("units must be within {min}..={max} for app {app} (asked for {asked})")]
+    OutOfRange { app: String, min: u32, max: u32, asked: u32 },
+    #[error("the spec names app {got:?}, not {app:?}")]
+    WrongApp { app: String, got: String },
+    #[error("{0}")]
+    InvalidSpec(String),
+    #[error("{0}")]
+    InvalidDemand(String),
+    /// Floor and ceiling of an override must be within the spec's bounds, floor ≤ ceiling.
+    #[error("{0}")]
+    InvalidOverride(String),
+    /// The store refused the write: nothing changed, and it is not the caller's fault.
+    #[error("cannot record the change: {0}")]
+    Store(String),
+    #[error("the scheduler stopped")]
+    Stopped,
+}
+
+impl ServiceError for CommandError {
+    fn kind(&self) -> ErrorKind {
+        match self {
+            CommandError::OutOfRange { .. }
+            | CommandError::WrongApp { .. }
+            | CommandError::InvalidSpec(_)
+            | CommandError::InvalidDemand(_)
+            | CommandError::InvalidOverride(_) => ErrorKind::InvalidInput,
+            CommandError::Store(_) => ErrorKind::Internal,
+            CommandError::Stopped => ErrorKind::Unavailable,
+        }
+    }
+
+    fn code(&self) -> &'static str {
+        match self {
+            CommandError::OutOfRange { .. } => "out_of_range",
+            CommandError::WrongApp { .. } => "wrong_app",
+            CommandError::InvalidSpec(_) => "invalid_spec",
+            CommandError::InvalidDemand(_) => "invalid_demand",
+            CommandError::InvalidOverride(_) => "invalid_override",
+            CommandError::Store(_) => "store_failed",
+            CommandError::Stopped => "scheduler_stopped",
+        }
+    }
+}
