@@ -439,13 +439,25 @@ fn autoscaling() -> Seeds {
         ("policy-utilization", with(0, &policy("utilization.toml"))),
         (
             "policy-bad",
-            with(0, "[autoscaling]\npolicy = \"median\"\ninterval = \"0s\"\n[autoscaling.basic]\nscale_up_factor = 1.5\n"),
+            with(
+                0,
+                "[autoscaling]\npolicy = \"median\"\ninterval = \"0s\"\n[autoscaling.basic]\nscale_up_factor = 1.5\n",
+            ),
         ),
-        ("trace-step", with(1, "time_s,cpu_millis,memory_bytes,utilization\n0,1000,1073741824,\n60,4000,4294967296,0.9\n120,0,0\n")),
+        (
+            "trace-step",
+            with(
+                1,
+                "time_s,cpu_millis,memory_bytes,utilization\n0,1000,1073741824,\n60,4000,4294967296,0.9\n120,0,0\n",
+            ),
+        ),
         ("trace-bad", with(1, "time_s,cpu_millis,memory_bytes\n5,x,1\n")),
         (
             "demand",
-            with(2, r#"{"requests": [{"resources": {"cpu_millis": 500, "memory_bytes": 67108864}, "count": 4}], "ttl_seconds": 60}"#),
+            with(
+                2,
+                r#"{"requests": [{"resources": {"cpu_millis": 500, "memory_bytes": 67108864}, "count": 4}], "ttl_seconds": 60}"#,
+            ),
         ),
         (
             "demand-bad",

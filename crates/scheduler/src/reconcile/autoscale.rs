@@ -88,6 +88,8 @@ impl Demand {
 /// The autoscaler's memory between passes (not persisted but its decisions).
 pub(super) struct Autoscaler {
     pub(super) book: PolicyBook,
+    /// The spec's own `[autoscaling]`, validated once per spec.
+    pub(super) own: Option<Policy>,
     state: Option<State>,
     next_eval_ms: u64,
     pub(super) demand: Option<Demand>,
@@ -104,10 +106,11 @@ impl Autoscaler {
         self.next_eval_ms = 0;
     }
 
-    pub(super) fn new(stored: &BTreeMap<u64, String>) -> Self {
+    pub(super) fn new(spec: &crate::spec::AppSpec, stored: &BTreeMap<u64, String>) -> Self {
         let decisions = stored.values().filter_map(|j| serde_json::from_str(j).ok().map(Arc::new)).collect();
         Autoscaler {
             book: Default::default(),
+            own: spec.own_policy(),
             state: None,
             next_eval_ms: 0,
             demand: None,
@@ -133,7 +136,7 @@ impl Scheduler {
     pub(super) fn policy(&self) -> Option<Policy> {
         match &self.spec.autoscaling_policy {
             Some(name) => self.autoscaler.book.load().get(name).cloned(),
-            None => self.spec.own_policy(),
+            None => self.autoscaler.own.clone(),
         }
     }
 

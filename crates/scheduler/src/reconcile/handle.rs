@@ -246,6 +246,7 @@ impl Scheduler {
         self.fingerprint = fingerprint;
         self.classes = ClassCache::default();
         self.classes_secondary = ClassCache::default();
+        self.autoscaler.own = self.spec.own_policy();
         self.autoscaler.force_evaluation();
         Ok(message)
     }

@@ -122,7 +122,7 @@ impl Scheduler {
             tokio::sync::watch::channel(Arc::new(v1::RouteTable { app: spec.name.clone(), ..Default::default() }));
         let (capacity, capacity_rx) =
             tokio::sync::watch::channel(Arc::new(v1::Capacity { app: spec.name.clone(), ..Default::default() }));
-        let autoscaler = Autoscaler::new(&stored.decisions);
+        let autoscaler = Autoscaler::new(&spec, &stored.decisions);
         let decisions = Arc::new(ArcSwap::from_pointee(autoscaler.decisions.iter().rev().cloned().collect()));
         let handle = AppHandle {
             app: spec.name.clone(),
