@@ -414,8 +414,7 @@ pub async fn scheduler(a: SchedulerArgs) -> anyhow::Result<()> {
     flotilla_control::follow_all(&cluster, &a.aggregators, &dialer);
     let app = spec.name.clone();
     let (scheduler, handle) = flotilla_scheduler::Scheduler::new(spec, cluster.clone(), a.aggregators.clone(), store)?;
-    let mut scheduler = scheduler.with_dialer(dialer.clone());
-    scheduler.unknown_grace_ms = a.unknown_grace.as_millis() as u64;
+    let scheduler = scheduler.with_dialer(dialer.clone()).with_unknown_grace(a.unknown_grace);
     let token = a.token.or_else(|| crate::client::token_from_data().ok());
     let state = Arc::new(flotilla_control::ControlState {
         cluster,

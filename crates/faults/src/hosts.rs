@@ -98,9 +98,9 @@ pub async fn scheduler(world: Shared) -> turmoil::Result {
     }
     let spec = flotilla_scheduler::AppSpec::parse(crate::SPEC).map_err(|e| e.to_string())?;
     let addrs = (0..SHARDS).map(shard_addr).collect();
-    let (mut scheduler, _handle) = flotilla_scheduler::Scheduler::new(spec, cluster, addrs, store)?;
-    scheduler.unknown_grace_ms = UNKNOWN_GRACE_MS;
-    scheduler.with_seed(seed).with_dialer(dialer).run().await;
+    let (scheduler, _handle) = flotilla_scheduler::Scheduler::new(spec, cluster, addrs, store)?;
+    let grace = std::time::Duration::from_millis(UNKNOWN_GRACE_MS);
+    scheduler.with_unknown_grace(grace).with_seed(seed).with_dialer(dialer).run().await;
     Ok(())
 }
 

@@ -140,6 +140,14 @@ impl Scheduler {
         }
     }
 
+    /// The name of the algorithm the app follows now (`basic`, `utilization`).
+    pub(super) fn policy_algorithm(&self) -> Option<&'static str> {
+        match &self.spec.autoscaling_policy {
+            Some(name) => self.autoscaler.book.load().get(name).map(|p| p.algorithm.name()),
+            None => self.autoscaler.own.as_ref().map(|p| p.algorithm.name()),
+        }
+    }
+
     /// Evaluates the policy once its interval has passed, and applies its decision.
     pub(super) fn autoscale(&mut self, writes: &mut Vec<Write>) {
         let now = now_ms();

@@ -77,7 +77,7 @@ pub struct Scheduler {
     /// Since when each unit has had members whose shard cannot be heard.
     unknown_since: HashMap<String, u64>,
     /// How long Unknown members are waited for before they count as lost.
-    pub unknown_grace_ms: u64,
+    unknown_grace_ms: u64,
     classes: ClassCache,
     /// Secondary units may take low-priority nodes: what is infeasible differs.
     classes_secondary: ClassCache,
@@ -164,6 +164,13 @@ impl Scheduler {
     /// Reaches the shards through `dialer` (a token, TLS, or a simulated network).
     pub fn with_dialer(mut self, dialer: Dialer) -> Self {
         self.ledgers.dialer = dialer;
+        self
+    }
+
+    /// Waits this long for members whose shard cannot be heard (Unknown) before they count
+    /// as lost: a partition must not look like a mass failure (default 60 s).
+    pub fn with_unknown_grace(mut self, grace: Duration) -> Self {
+        self.unknown_grace_ms = grace.as_millis().try_into().unwrap_or(u64::MAX);
         self
     }
 
@@ -367,7 +374,7 @@ impl Scheduler {
             max_units: self.spec.units.max,
             units: self.stored.units.values().cloned().collect(),
             autoscaling: self.spec.is_autoscaled().then(|| AutoscalingStatus {
-                policy: self.policy().map(|p| p.algorithm.name()),
+                policy: self.policy_algorithm(),
                 policy_name: self.spec.autoscaling_policy.clone(),
                 override_bounds: self.stored.override_bounds,
                 demand: self.autoscaler.demand.clone(),
