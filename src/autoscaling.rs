@@ -53,11 +53,11 @@ pub async fn policy(a: PolicyArgs) -> anyhow::Result<()> {
     match a.action {
         PolicyAction::Apply { file, write } => {
             let text = std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
-            let doc: toml::Table = toml::from_str(&text).with_context(|| file.display().to_string())?;
-            let name = doc
-                .get("autoscaling")
-                .and_then(|t| t.get("name"))
-                .and_then(|n| n.as_str())
+            // Checked here first, every problem named, as the control plane checks it.
+            let (policy, _model) = flotilla_scheduler::autoscale::policy_file_from_toml(&text)
+                .with_context(|| file.display().to_string())?;
+            let name = policy
+                .name
                 .with_context(|| format!("{}: autoscaling.name: a named policy needs a name", file.display()))?
                 .to_string();
             write.put(&format!("/v1/policies/{name}"), Body::Text(text)).await?;

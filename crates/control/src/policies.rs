@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 
 use flotilla_scheduler::PolicyBook;
-use flotilla_scheduler::autoscale::{AutoscalingConfig, Policy};
+use flotilla_scheduler::autoscale::{Policy, policy_file_from_toml};
 use serde_json::{Value, json};
 
 use crate::ControlError;
@@ -26,33 +26,16 @@ pub struct Policies {
     dir: Option<PathBuf>,
 }
 
-/// A policy file: its `[autoscaling]` table (with `name`), and optionally the `[sim]`
-/// table `flotilla sim` reads, which is ignored here.
+/// A policy file (`[autoscaling]` with its `name`, and optionally the `[sim]` model
+/// `flotilla sim` reads), validated in full as `flotilla sim` validates it.
 fn parse(text: &str) -> Result<(String, Policy), ControlError> {
-    let invalid = |m: String| ControlError::InvalidPolicy(m);
-    let doc: toml::Table = toml::from_str(text).map_err(|e| invalid(e.to_string().trim().to_string()))?;
-    if let Some(k) = doc.keys().find(|k| !matches!(k.as_str(), "autoscaling" | "sim")) {
-        return Err(invalid(format!("{k}: unknown table (a policy file has [autoscaling] and optionally [sim])")));
-    }
-    let table = doc.get("autoscaling").cloned().ok_or_else(|| invalid("[autoscaling]: missing".into()))?;
-    let config: AutoscalingConfig = table.try_into().map_err(|e: toml::de::Error| invalid(e.to_string()))?;
-    let name = config.name.clone().ok_or_else(|| invalid("autoscaling.name: a named policy needs a name".into()))?;
-    let valid_name = !name.is_empty()
-        && name.len() <= 63
-        && !name.starts_with('-')
-        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
-    let policy = config.validate();
-    let mut problems: Vec<String> = match &policy {
-        Ok(_) => Vec::new(),
-        Err(p) => p.0.iter().map(ToString::to_string).collect(),
-    };
-    if !valid_name {
-        problems.insert(0, format!("autoscaling.name: {name:?} must be 1-63 of [a-z0-9-], not starting with '-'"));
-    }
-    match policy {
-        Ok(p) if problems.is_empty() => Ok((name, p)),
-        _ => Err(invalid(problems.join("; "))),
-    }
+    let (policy, _model) = policy_file_from_toml(text).map_err(|e| ControlError::InvalidPolicy(e.to_string()))?;
+    let name = policy
+        .name
+        .as_deref()
+        .ok_or_else(|| ControlError::InvalidPolicy("autoscaling.name: a named policy needs a name".into()))?
+        .to_string();
+    Ok((name, policy))
 }
 
 impl Policies {

@@ -217,7 +217,7 @@ pub fn parse_memory(s: &str) -> Result<u64, String> {
     Ok(bytes.round() as u64)
 }
 
-fn is_name(s: &str) -> bool {
+pub(crate) fn is_name(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 63
         && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')

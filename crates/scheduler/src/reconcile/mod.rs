@@ -381,7 +381,8 @@ impl Scheduler {
                 last_decision: self.autoscaler.decisions.back().map(|d| d.as_ref().clone()),
             }),
         }));
-        if self.decisions.load().first() != self.autoscaler.decisions.back() {
+        let newest = self.autoscaler.decisions.back();
+        if !self.decisions.load().first().zip(newest).is_some_and(|(a, b)| Arc::ptr_eq(a, b)) && newest.is_some() {
             self.decisions.store(Arc::new(self.autoscaler.decisions.iter().rev().cloned().collect()));
         }
     }
