@@ -1,0 +1,1 @@
+//! The offline plan input (being written).

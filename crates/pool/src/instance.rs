@@ -1,0 +1,1 @@
+//! The instance lifecycle (being written).

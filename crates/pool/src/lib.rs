@@ -1,0 +1,15 @@
+//! Pool autoscaling: the node pool grows when units cannot be placed and shrinks when
+//! nodes sit idle, the way Ray autoscaler v2 does it.
+//!
+//! - [`pack`]: Ray v2's `ResourceDemandScheduler`: pending demand is fitted onto free
+//!   capacity, then onto new nodes chosen by its score tuple (pure);
+//! - [`demand`]: the offline input of `flotilla autoscale plan`, in the shape of Ray's
+//!   scheduling request;
+//! - [`instance`]: the instance lifecycle as one transition table (pure);
+//! - [`provider`]: where instances come from (`local` agent processes, `exec` user commands).
+
+pub mod demand;
+pub mod instance;
+pub mod pack;
+pub mod provider;
+pub mod shape;

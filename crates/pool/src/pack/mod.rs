@@ -1,0 +1,1 @@
+//! Ray v2 demand packing (being written).

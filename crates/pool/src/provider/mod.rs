@@ -1,0 +1,1 @@
+//! Instance providers (being written).
