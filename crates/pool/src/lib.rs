@@ -6,6 +6,8 @@
 //! - [`demand`]: the offline input of `flotilla autoscale plan`, in the shape of Ray's
 //!   scheduling request;
 //! - [`instance`]: the instance lifecycle as one transition table (pure);
+//! - [`store`]: the instance records in redb, saved before every launch (no leaks or
+//!   double launches across restarts);
 //! - [`provider`]: where instances come from (`local` agent processes, `exec` user commands).
 
 pub mod demand;
@@ -13,3 +15,4 @@ pub mod instance;
 pub mod pack;
 pub mod provider;
 pub mod shape;
+pub mod store;
