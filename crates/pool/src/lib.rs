@@ -10,9 +10,13 @@
 //!   double launches across restarts);
 //! - [`provider`]: where instances come from (`local` agent processes, `exec` user commands).
 
+pub mod autoscaler;
+pub mod cluster;
+pub mod config;
 pub mod demand;
 pub mod instance;
 pub mod pack;
 pub mod provider;
+pub mod reconciler;
 pub mod shape;
 pub mod store;

@@ -1,0 +1,309 @@
+//! One pass of the pool autoscaler, pure: what the sync saw (nodes, queued units of
+//! every app, the pool's instances and floor) becomes a packing [`Problem`], and its
+//! [`Plan`] a decision record. The driver ([`crate::autoscaler`]) does the I/O.
+
+use std::collections::{BTreeMap, HashMap};
+
+use flotilla_core::Resources;
+use flotilla_scheduler::UnitShape;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::config::PoolConfig;
+use crate::pack::{self, Gang, Labels, Node, Plan, Problem, Request, Selector, Strategy};
+use crate::shape::{ResourceNames, Shape};
+
+/// A node as `GET /v1/nodes` lists it (the fields the pool reads).
+#[derive(Debug, Clone, Deserialize)]
+pub struct NodeRow {
+    pub node_id: String,
+    pub status: String,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default)]
+    pub capacity: Resources,
+    #[serde(default)]
+    pub allocated: Resources,
+    #[serde(default)]
+    pub cordoned: bool,
+    #[serde(default)]
+    pub drain_requested: bool,
+}
+
+/// Queued units of one group of an app.
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize)]
+pub struct Queued {
+    #[serde(default)]
+    pub primary: u32,
+    #[serde(default)]
+    pub secondary: u32,
+}
+
+/// An app as `GET /v1/apps` lists it (the fields the pool reads): its queued units are
+/// the pool's pending demand.
+#[derive(Debug, Clone, Deserialize)]
+pub struct AppRow {
+    pub app: String,
+    #[serde(default)]
+    pub queued: Queued,
+    #[serde(default)]
+    pub unit_shape: UnitShape,
+}
+
+/// `request_resources`: capacity the pool must hold (`PUT /v1/pools/{pool}/constraints`).
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Constraints {
+    #[serde(default)]
+    pub resource_requests: Vec<FloorRequest>,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct FloorRequest {
+    pub resources: Resources,
+    #[serde(default = "one")]
+    pub count: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// Bounds on a floor: beyond them it is a mistake.
+pub const MAX_FLOOR_REQUESTS: usize = 256;
+pub const MAX_FLOOR_COUNT: u32 = 100_000;
+
+impl Constraints {
+    pub fn validate(&self) -> Result<(), String> {
+        if self.resource_requests.len() > MAX_FLOOR_REQUESTS {
+            return Err(format!("{} resource_requests, at most {MAX_FLOOR_REQUESTS}", self.resource_requests.len()));
+        }
+        for (i, r) in self.resource_requests.iter().enumerate() {
+            if r.count > MAX_FLOOR_COUNT {
+                return Err(format!("resource_requests[{i}].count: {} is more than {MAX_FLOOR_COUNT}", r.count));
+            }
+            r.resources.validate_node_capacity().map_err(|e| format!("resource_requests[{i}].resources: {e}"))?;
+        }
+        Ok(())
+    }
+}
+
+/// Where a pool instance is in its life, as packing cares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Queued or launching: capacity to come.
+    Pending,
+    /// Its agent is registered.
+    Running,
+    /// Being drained or terminated: no longer capacity.
+    Leaving,
+}
+
+#[derive(Debug, Clone)]
+pub struct PoolInstance {
+    pub id: String,
+    pub node_type: String,
+    pub phase: Phase,
+}
+
+/// Since when each node has held nothing; a node is idle from when it is first seen
+/// alive with nothing allocated.
+#[derive(Debug, Default, Clone)]
+pub struct IdleClock(HashMap<String, u64>);
+
+impl IdleClock {
+    pub fn update(&mut self, nodes: &[NodeRow], now_ms: u64) {
+        let mut next = HashMap::with_capacity(nodes.len());
+        for n in nodes {
+            if n.status == "alive" && n.allocated.is_zero() {
+                next.insert(n.node_id.clone(), self.0.get(&n.node_id).copied().unwrap_or(now_ms));
+            }
+        }
+        self.0 = next;
+    }
+
+    pub fn idle_ms(&self, node: &str, now_ms: u64) -> u64 {
+        self.0.get(node).map(|since| now_ms.saturating_sub(*since)).unwrap_or(0)
+    }
+}
+
+/// What one sync saw.
+pub struct Observation<'a> {
+    pub nodes: &'a [NodeRow],
+    pub apps: &'a [AppRow],
+    pub instances: &'a [PoolInstance],
+    pub floor: &'a Constraints,
+    pub idle: &'a IdleClock,
+    pub now_ms: u64,
+}
+
+fn shape(r: &Resources, names: &mut ResourceNames) -> Shape {
+    // Every resource vector here was validated as a node capacity or a spec member.
+    Shape::from_resources(r, names).unwrap_or_default()
+}
+
+/// The packing problem of one pass.
+pub fn problem(cfg: &PoolConfig, obs: &Observation) -> Problem {
+    let mut names = ResourceNames::default();
+    // A node without a domain label is in the default domain, as the schedulers see it.
+    let with_domain = |l: &Labels| {
+        let mut l = l.clone();
+        l.entry("domain".into()).or_insert_with(|| flotilla_core::DEFAULT_DOMAIN.into());
+        l
+    };
+    let mut node_types = cfg.pack_types(&mut names);
+    for t in &mut node_types {
+        t.labels = with_domain(&t.labels);
+    }
+    let by_id: HashMap<&str, &PoolInstance> = obs.instances.iter().map(|i| (i.id.as_str(), i)).collect();
+    let mut nodes = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for n in obs.nodes {
+        let inst = by_id.get(n.node_id.as_str());
+        if n.status == "dead" || inst.is_some_and(|i| i.phase == Phase::Leaving) {
+            continue;
+        }
+        seen.insert(n.node_id.as_str());
+        let total = shape(&n.capacity, &mut names);
+        // A node that is not plainly alive and schedulable holds its place (it still
+        // counts against its type's max) but takes no demand and is never idle.
+        let usable = n.status == "alive" && !n.cordoned && !n.drain_requested;
+        let available = if usable {
+            let mut a = total.clone();
+            a.sub_times(&shape(&n.allocated, &mut names), 1);
+            a
+        } else {
+            Shape::default()
+        };
+        nodes.push(Node {
+            id: n.node_id.clone(),
+            node_type: inst.map(|i| i.node_type.clone()),
+            total,
+            available,
+            labels: with_domain(&n.labels),
+            idle_ms: if usable { obs.idle.idle_ms(&n.node_id, obs.now_ms) } else { 0 },
+            pending: false,
+        });
+    }
+    // Instances whose agent has not joined yet: capacity to come.
+    for i in obs.instances {
+        if i.phase == Phase::Leaving || seen.contains(i.id.as_str()) {
+            continue;
+        }
+        let Some(t) = cfg.node_type(&i.node_type) else { continue };
+        let total = shape(&t.resources, &mut names);
+        nodes.push(Node {
+            id: i.id.clone(),
+            node_type: Some(i.node_type.clone()),
+            available: total.clone(),
+            total,
+            labels: with_domain(&t.labels),
+            idle_ms: 0,
+            pending: true,
+        });
+    }
+    let mut requests = Vec::new();
+    let mut gangs = Vec::new();
+    for a in obs.apps {
+        let s = &a.unit_shape;
+        if s.members.is_empty() {
+            continue;
+        }
+        let bundles: Vec<Shape> = s.members.iter().map(|m| shape(m, &mut names)).collect();
+        for (secondary, count) in [(false, a.queued.primary), (true, a.queued.secondary)] {
+            if count == 0 {
+                continue;
+            }
+            let mut selector = Selector { require: s.labels.clone(), forbid: Labels::new() };
+            if !(s.allow_low_priority || secondary) {
+                selector.forbid.insert("priority".into(), "low".into());
+            }
+            if let [one] = bundles.as_slice() {
+                // A one-member unit has no domain to share: a plain request.
+                requests.push(Request { shape: one.clone(), count: u64::from(count), selector });
+                continue;
+            }
+            for k in 0..count {
+                gangs.push(Gang {
+                    id: format!("{}/{}{k}", a.app, if secondary { "secondary-" } else { "" }),
+                    strategy: Strategy::Pack,
+                    bundles: bundles.clone(),
+                    selector: selector.clone(),
+                    same: Some("domain".into()),
+                });
+            }
+        }
+    }
+    let floor = obs
+        .floor
+        .resource_requests
+        .iter()
+        .map(|r| Request {
+            shape: shape(&r.resources, &mut names),
+            count: u64::from(r.count),
+            selector: Selector::default(),
+        })
+        .collect();
+    Problem { names, node_types, max_nodes: cfg.max_nodes, nodes, requests, gangs, floor }
+}
+
+/// The pass's decision record: the demand, the packing result and why each launch or
+/// termination happens.
+pub fn record(cfg: &PoolConfig, obs: &Observation, p: &Problem, plan: &Plan, decision_seconds: f64) -> Value {
+    let report = crate::demand::report(p, plan.clone(), decision_seconds);
+    let demand: Vec<Value> = obs
+        .apps
+        .iter()
+        .filter(|a| a.queued.primary + a.queued.secondary > 0)
+        .map(|a| json!({"app": a.app, "queued": a.queued, "members": a.unit_shape.members}))
+        .collect();
+    let pending = obs.instances.iter().filter(|i| i.phase == Phase::Pending).count();
+    let running = obs.instances.iter().filter(|i| i.phase == Phase::Running).count();
+    let mut why = Vec::new();
+    for (t, n) in &plan.launch {
+        let reasons = plan.launch_reasons.get(t).map(|r| r.join(", ")).unwrap_or_default();
+        why.push(format!("launch {n} × {t} ({reasons})"));
+    }
+    for t in &plan.terminate {
+        why.push(format!(
+            "terminate {} ({}: {})",
+            t.node_id,
+            serde_json::to_value(t.cause).unwrap_or_default().as_str().unwrap_or(""),
+            t.detail
+        ));
+    }
+    for i in &plan.infeasible {
+        why.push(format!("cannot place {} × {}: {}", i.count, i.request, i.reason));
+    }
+    if why.is_empty() {
+        why.push("no change: the pool holds the demand".into());
+    }
+    json!({
+        "at_ms": obs.now_ms,
+        "pool": cfg.name,
+        "demand": {"units": demand, "floor": obs.floor.resource_requests},
+        "instances": {"pending": pending, "running": running},
+        "launch": plan.launch,
+        "terminate": plan.terminate,
+        "infeasible": plan.infeasible,
+        "packing": {
+            "placed_on_existing": plan.needed,
+            "launched": report.launched,
+            "waste": report.waste,
+            "reasons": plan.launch_reasons,
+        },
+        "decision_seconds": decision_seconds,
+        "explanation": why.join("; "),
+    })
+}
+
+/// One pass: the problem, the plan, the record.
+pub fn decide(cfg: &PoolConfig, obs: &Observation) -> (Plan, Value) {
+    let p = problem(cfg, obs);
+    let start = std::time::Instant::now();
+    let plan = pack::plan(&p);
+    let secs = start.elapsed().as_secs_f64();
+    let rec = record(cfg, obs, &p, &plan, secs);
+    (plan, rec)
+}
