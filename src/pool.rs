@@ -114,7 +114,8 @@ pub async fn pool(a: ListArgs) -> anyhow::Result<()> {
                 .as_object()
                 .map(|m| m.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" "))
                 .unwrap_or_default();
-            println!("  {:<16} {:>4} {:>4}  {states}", name, t["min"], t["max"]);
+            let n = |k: &str| t[k].as_u64().map(|v| v.to_string()).unwrap_or_else(|| "-".into());
+            println!("  {:<16} {:>4} {:>4}  {states}", name, n("min"), n("max"));
         }
         println!("  {:<22} {:<16} {:<17} REASON", "INSTANCE", "TYPE", "STATE");
         for i in p["instances"].as_array().into_iter().flatten() {

@@ -307,3 +307,76 @@ pub fn decide(cfg: &PoolConfig, obs: &Observation) -> (Plan, Value) {
     let rec = record(cfg, obs, &p, &plan, secs);
     (plan, rec)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const POOL: &str = r#"
+        [node_types.small-a]
+        cpu = 1
+        memory = "1Gi"
+        labels = { domain = "domain-a", priority = "high" }
+        min = 1
+        max = 4
+        [node_types.low]
+        cpu = 1
+        memory = "1Gi"
+        labels = { domain = "domain-a", priority = "low" }
+        max = 4
+    "#;
+
+    fn row(id: &str, labels: &[(&str, &str)], allocated_cpu: u64) -> NodeRow {
+        NodeRow {
+            node_id: id.into(),
+            status: "alive".into(),
+            labels: labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            capacity: Resources::new(1000, 1 << 30, 0),
+            allocated: Resources::new(allocated_cpu, 0, 0),
+            cordoned: false,
+            drain_requested: false,
+        }
+    }
+
+    fn echo(primary: u32, secondary: u32) -> AppRow {
+        let m = Resources::new(400, 64 << 20, 0);
+        AppRow {
+            app: "echo".into(),
+            queued: Queued { primary, secondary },
+            unit_shape: UnitShape { members: vec![m.clone(), m], ..Default::default() },
+        }
+    }
+
+    #[test]
+    fn queued_units_use_free_nodes_first_and_count_pending_instances_as_capacity() {
+        let cfg = PoolConfig::parse(POOL).unwrap();
+        let nodes = vec![row("pool-small-a-1", &[("domain", "domain-a"), ("priority", "high")], 0)];
+        let instances = vec![
+            PoolInstance { id: "pool-small-a-1".into(), node_type: "small-a".into(), phase: Phase::Running },
+            PoolInstance { id: "pool-small-a-2".into(), node_type: "small-a".into(), phase: Phase::Pending },
+        ];
+        let apps = vec![echo(3, 0)];
+        let obs = Observation {
+            nodes: &nodes,
+            apps: &apps,
+            instances: &instances,
+            floor: &Constraints::default(),
+            idle: &IdleClock::default(),
+            now_ms: 0,
+        };
+        let (plan, record) = decide(&cfg, &obs);
+        // One unit on the free node, one on the node coming up, one new node; a primary
+        // unit never goes to a low-priority type.
+        assert_eq!(plan.launch.get("small-a"), Some(&1), "{record}");
+        assert!(!plan.launch.contains_key("low"));
+        assert_eq!(plan.needed.len(), 2, "{record}");
+        assert!(record["explanation"].as_str().unwrap().contains("launch 1 × small-a"), "{record}");
+
+        // Secondary units may take low-priority nodes, and with costs unset the order of
+        // types decides: still a node of some type per unit.
+        let apps = vec![echo(0, 2)];
+        let obs = Observation { apps: &apps, ..obs };
+        let (plan, _) = decide(&cfg, &obs);
+        assert_eq!(plan.launch.values().sum::<u32>(), 0, "two units fit on the two nodes: {:?}", plan.launch);
+    }
+}
