@@ -14,6 +14,7 @@ use tracing::Instrument;
 use crate::cluster::{Cluster, ClusterError};
 use crate::config::PoolConfig;
 use crate::instance::{Change, InstanceState, Instances, NodeSeen};
+use crate::policy::PolicyState;
 use crate::provider::{InstanceProvider, LaunchSpec, ProviderError};
 use crate::reconciler::{self, Constraints, IdleClock, Observation, Phase, PoolInstance};
 use crate::store::{PoolStore, StoreError};
@@ -41,6 +42,7 @@ pub struct Autoscaler {
     instances: Instances,
     idle: IdleClock,
     constraints: Constraints,
+    policy: PolicyState,
     decisions: VecDeque<Arc<Value>>,
 }
 
@@ -78,6 +80,7 @@ impl Autoscaler {
             instances,
             idle: IdleClock::default(),
             constraints: Constraints::default(),
+            policy: PolicyState::default(),
             decisions: VecDeque::new(),
         })
     }
@@ -146,7 +149,7 @@ impl Autoscaler {
             idle: &self.idle,
             now_ms: now,
         };
-        let (plan, record) = reconciler::decide(&self.cfg, &obs);
+        let (plan, record) = reconciler::decide(&self.cfg, &obs, &mut self.policy);
         metrics::histogram!("flotilla_pool_decision_seconds", "pool" => self.cfg.name.clone())
             .record(record["decision_seconds"].as_f64().unwrap_or(0.0));
 

@@ -5,12 +5,13 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use flotilla_core::Resources;
-use flotilla_scheduler::autoscale::Span;
+use flotilla_scheduler::autoscale::{AutoscalingConfig, Span};
 use flotilla_scheduler::{parse_cpu, parse_memory};
 use serde::Deserialize;
 
 use crate::instance::Timeouts;
 use crate::pack::{Labels, NodeType};
+use crate::policy::PoolPolicy;
 use crate::shape::{ResourceNames, Shape};
 
 const MAX_POOL_BYTES: usize = 256 * 1024;
@@ -40,6 +41,20 @@ struct RawPool {
     provider: ProviderConfig,
     #[serde(default)]
     node_types: BTreeMap<String, RawNodeType>,
+    /// A Dataproc/MR3 policy sizing two types by load instead of demand packing.
+    #[serde(default)]
+    policy: Option<RawPolicy>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPolicy {
+    /// The high-priority type (Dataproc's primary workers).
+    primary: String,
+    /// The low-priority type (its secondary, preemptible workers).
+    secondary: Option<String>,
+    /// The same table as an app spec's `[autoscaling]`.
+    autoscaling: AutoscalingConfig,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -145,6 +160,7 @@ pub struct PoolConfig {
     pub interval: Duration,
     pub timeouts: Timeouts,
     pub provider: ProviderConfig,
+    pub policy: Option<PoolPolicy>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -243,6 +259,25 @@ impl PoolConfig {
         {
             errors.push(format!("the node types' min add up to {min_sum}, more than max_nodes {m}"));
         }
+        let policy = raw.policy.and_then(|p| {
+            let priority = |t: &str| raw.node_types.get(t).and_then(|t| t.labels.get("priority")).map(String::as_str);
+            for (group, t, want) in [("primary", Some(&p.primary), "high"), ("secondary", p.secondary.as_ref(), "low")]
+            {
+                let Some(t) = t else { continue };
+                if !raw.node_types.contains_key(t) {
+                    errors.push(format!("policy.{group}: no node type {t:?}"));
+                } else if priority(t).unwrap_or("high") != want {
+                    errors.push(format!("policy.{group}: node type {t:?} must have priority = {want:?}"));
+                }
+            }
+            match p.autoscaling.validate() {
+                Ok(policy) => Some(PoolPolicy { primary: p.primary, secondary: p.secondary, policy }),
+                Err(problems) => {
+                    errors.extend(problems.0.iter().map(|e| format!("policy.autoscaling: {e}")));
+                    None
+                }
+            }
+        });
         if let ProviderConfig::Exec { launch, terminate, list, timeout, .. } = &raw.provider {
             for (op, cmd) in [("launch", launch), ("terminate", terminate), ("list", list)] {
                 if cmd.is_empty() || cmd[0].trim().is_empty() {
@@ -274,6 +309,7 @@ impl PoolConfig {
             interval: Duration::from_secs(raw.interval.as_secs()),
             timeouts,
             provider: raw.provider,
+            policy,
         })
     }
 
@@ -309,6 +345,17 @@ mod tests {
         assert!(!p.node_types.is_empty());
         assert!(p.node_types.iter().any(|t| t.labels.get("priority").map(String::as_str) == Some("low")));
         assert_eq!(p.interval, Duration::from_secs(5));
+    }
+
+    #[test]
+    fn the_commented_policy_of_the_example_is_valid() {
+        let text = include_str!("../../../examples/pool.toml");
+        let (head, tail) = text.split_once("# Instead of packing demand").expect("the policy example");
+        let tail: Vec<&str> = tail.lines().map(|l| l.strip_prefix("#   ").unwrap_or(l)).collect();
+        let uncommented = format!("{head}\n{}", tail[1..].join("\n"));
+        let p = PoolConfig::parse(&uncommented).unwrap_or_else(|e| panic!("{e}"));
+        let policy = p.policy.expect("a policy");
+        assert_eq!((policy.primary.as_str(), policy.secondary.as_deref()), ("cpu-a", Some("spot-a")));
     }
 
     #[test]

@@ -10,7 +10,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::config::PoolConfig;
-use crate::pack::{self, Gang, Labels, Node, Plan, Problem, Request, Selector, Strategy};
+use crate::pack::{self, Cause, Gang, Labels, Node, Plan, Problem, Request, Selector, Strategy, Termination};
+use crate::policy::{PolicyState, Sizing, size};
 use crate::shape::{ResourceNames, Shape};
 
 /// A node as `GET /v1/nodes` lists it (the fields the pool reads).
@@ -298,14 +299,78 @@ pub fn record(cfg: &PoolConfig, obs: &Observation, p: &Problem, plan: &Plan, dec
     })
 }
 
-/// One pass: the problem, the plan, the record.
-pub fn decide(cfg: &PoolConfig, obs: &Observation) -> (Plan, Value) {
-    let p = problem(cfg, obs);
+/// One pass: the problem, the plan, the record. With a pool policy, the two types it
+/// sizes are left out of packing (never launched for demand, never idle-terminated) and
+/// grown or shrunk to what the policy wants.
+pub fn decide(cfg: &PoolConfig, obs: &Observation, policy: &mut PolicyState) -> (Plan, Value) {
+    let mut p = problem(cfg, obs);
+    let sizing = cfg.policy.as_ref().and_then(|pp| size(cfg, pp, policy, obs));
+    if let Some(pp) = &cfg.policy {
+        for t in p.node_types.iter_mut().filter(|t| pp.types().any(|s| s == t.name)) {
+            t.max = live_of(obs, &t.name).min(t.max as usize) as u32;
+            t.idle_timeout_ms = None;
+        }
+    }
     let start = std::time::Instant::now();
-    let plan = pack::plan(&p);
+    let mut plan = pack::plan(&p);
+    if let Some(s) = &sizing {
+        apply_sizing(obs, s, &mut plan);
+    }
     let secs = start.elapsed().as_secs_f64();
-    let rec = record(cfg, obs, &p, &plan, secs);
+    let mut rec = record(cfg, obs, &p, &plan, secs);
+    if let Some(s) = &sizing {
+        rec["policy"] = serde_json::to_value(&s.decision).unwrap_or(Value::Null);
+        rec["policy_desired"] = json!(s.desired);
+    }
     (plan, rec)
+}
+
+/// Pending and running instances of a type.
+fn live_of(obs: &Observation, node_type: &str) -> usize {
+    obs.instances.iter().filter(|i| i.node_type == node_type && i.phase != Phase::Leaving).count()
+}
+
+/// Grows or shrinks each sized type to the policy's count: launches what is missing;
+/// cancels launches first, then drains the nodes that hold least (idle longest first).
+fn apply_sizing(obs: &Observation, s: &Sizing, plan: &mut Plan) {
+    let why = format!("policy {}: {}", s.decision.policy, s.decision.explanation());
+    for (t, want) in &s.desired {
+        let have = live_of(obs, t) as u32;
+        if *want > have {
+            *plan.launch.entry(t.clone()).or_default() += want - have;
+            plan.launch_reasons.entry(t.clone()).or_default().push(format!("{} for {why}", want - have));
+            continue;
+        }
+        let mut extra = (have - want) as usize;
+        if extra == 0 {
+            continue;
+        }
+        let rows: HashMap<&str, &NodeRow> = obs.nodes.iter().map(|n| (n.node_id.as_str(), n)).collect();
+        let mut candidates: Vec<(u8, u64, u64, &str)> = obs
+            .instances
+            .iter()
+            .filter(|i| &i.node_type == t && i.phase != Phase::Leaving && !plan.needed.contains(&i.id))
+            .map(|i| match rows.get(i.id.as_str()) {
+                Some(n) if i.phase == Phase::Running => {
+                    (1, n.allocated.cpu_millis, u64::MAX - obs.idle.idle_ms(&i.id, obs.now_ms), i.id.as_str())
+                }
+                _ => (0, 0, 0, i.id.as_str()),
+            })
+            .collect();
+        candidates.sort();
+        for (_, _, _, id) in candidates {
+            if extra == 0 {
+                break;
+            }
+            extra -= 1;
+            plan.terminate.push(Termination {
+                node_id: id.to_string(),
+                node_type: t.clone(),
+                cause: Cause::Policy,
+                detail: why.clone(),
+            });
+        }
+    }
 }
 
 #[cfg(test)]
@@ -364,7 +429,7 @@ mod tests {
             idle: &IdleClock::default(),
             now_ms: 0,
         };
-        let (plan, record) = decide(&cfg, &obs);
+        let (plan, record) = decide(&cfg, &obs, &mut PolicyState::default());
         // One unit on the free node, one on the node coming up, one new node; a primary
         // unit never goes to a low-priority type.
         assert_eq!(plan.launch.get("small-a"), Some(&1), "{record}");
@@ -376,7 +441,7 @@ mod tests {
         // types decides: still a node of some type per unit.
         let apps = vec![echo(0, 2)];
         let obs = Observation { apps: &apps, ..obs };
-        let (plan, _) = decide(&cfg, &obs);
+        let (plan, _) = decide(&cfg, &obs, &mut PolicyState::default());
         assert_eq!(plan.launch.values().sum::<u32>(), 0, "two units fit on the two nodes: {:?}", plan.launch);
     }
 }
