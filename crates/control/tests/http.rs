@@ -231,3 +231,49 @@ async fn one_peer_holds_a_bounded_number_of_connections() {
     let (_, text) = raw(addr, b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await;
     assert_eq!(metric(&text, "too_many_connections"), 1.0, "{text}");
 }
+
+#[tokio::test]
+async fn pool_floors_and_reports_are_checked_and_kept() {
+    let (addr, _stop) = start(HttpOptions { tls: None, rate_limit: 0 }).await;
+    let addr = addr.to_string();
+    let call = |method: &'static str, path: &'static str, token: Option<&'static str>, body: &'static str| {
+        let addr = addr.clone();
+        tokio::task::spawn_blocking(move || flotilla_testkit::http(&addr, method, path, token, body))
+    };
+    let floor = r#"{"resource_requests": [{"resources": {"cpu_millis": 4000}, "count": 2}]}"#;
+    let (status, _) = call("PUT", "/v1/pools/default/constraints", None, floor).await.unwrap();
+    assert_eq!(status, 401, "a floor needs the API token");
+    let (status, body) = call(
+        "PUT",
+        "/v1/pools/default/constraints",
+        Some("secret"),
+        r#"{"resource_requests": [{"resources": {"cpu_millis": 1}, "count": 1000000}]}"#,
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, 400, "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("count"), "{body}");
+    let (status, body) = call("PUT", "/v1/pools/bad name/constraints", Some("secret"), floor).await.unwrap();
+    assert!(status == 400 || status == 404, "{status} {body}");
+    let (status, _) = call("PUT", "/v1/pools/default/constraints", Some("secret"), floor).await.unwrap();
+    assert_eq!(status, 200);
+    let (_, got) = call("GET", "/v1/pools/default/constraints", None, "").await.unwrap();
+    assert_eq!(got["resource_requests"][0]["count"], 2);
+
+    // An autoscaler's report is answered with the floor and shown.
+    let (status, _) = call("POST", "/v1/pools/default/report", Some("secret"), r#"{"no": "instances"}"#).await.unwrap();
+    assert_eq!(status, 400);
+    let (status, answer) =
+        call("POST", "/v1/pools/default/report", Some("secret"), r#"{"instances": [], "provider": "local"}"#)
+            .await
+            .unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(answer["constraints"]["resource_requests"][0]["resources"]["cpu_millis"], 4000);
+    let (_, pools) = call("GET", "/v1/pools", None, "").await.unwrap();
+    assert_eq!(pools[0]["pool"], "default");
+    assert_eq!(pools[0]["provider"], "local");
+    assert_eq!(pools[0]["stale"], false);
+    let (status, body) = call("GET", "/v1/pools/nope", None, "").await.unwrap();
+    assert_eq!(status, 404);
+    assert_eq!(body["error"]["code"], "no_such_pool");
+}
