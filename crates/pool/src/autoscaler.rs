@@ -4,7 +4,7 @@
 //! the next tick retries it. Side effects are observed at the next sync, never
 //! assumed: a launch is a REQUESTED record until the provider lists it.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -21,6 +21,9 @@ use crate::store::{PoolStore, StoreError};
 
 /// Decisions kept for `GET /v1/pools/{pool}` (newest first there).
 pub const DECISIONS_KEPT: usize = 50;
+/// A provider's list that takes longer aborts the pass (the exec provider also has its
+/// own command timeout).
+const LIST_TIMEOUT: Duration = Duration::from_secs(60);
 
 #[derive(Debug, thiserror::Error)]
 pub enum PassError {
@@ -112,10 +115,9 @@ impl Autoscaler {
     /// One pass: sync, decide, act, persist, report.
     pub async fn pass(&mut self) -> Result<(), PassError> {
         let now = flotilla_core::now_ms();
-        let list_timeout = Duration::from_secs(60);
-        let cloud = tokio::time::timeout(list_timeout, self.provider.list())
+        let cloud = tokio::time::timeout(LIST_TIMEOUT, self.provider.list())
             .await
-            .map_err(|_| PassError::ListTimeout(list_timeout))??;
+            .map_err(|_| PassError::ListTimeout(LIST_TIMEOUT))??;
         let nodes = self.cluster.nodes().await?;
         let apps = self.cluster.apps().await?;
         self.idle.update(&nodes, now);
@@ -162,8 +164,7 @@ impl Autoscaler {
         }
         for term in &plan.terminate {
             let Some(state) = self.instances.get(&term.node_id).map(|i| i.state) else { continue };
-            let cause =
-                serde_json::to_value(term.cause).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default();
+            let cause = term.cause.as_str();
             let reason = format!("{cause}: {}", term.detail);
             let r = if state == InstanceState::Running {
                 self.instances.request_drain(&term.node_id, now, &reason)
@@ -232,6 +233,7 @@ impl Autoscaler {
                 _ => {}
             }
         }
+        ids.sort();
         ids.dedup();
         for id in ids {
             if let Err(e) = self.provider.terminate(&id).await {
@@ -292,10 +294,9 @@ impl Autoscaler {
 
     /// What the control plane shows of the pool: its types, instances and decisions.
     pub fn report(&self) -> Value {
-        let mut by_type: HashMap<&str, HashMap<&str, usize>> = HashMap::new();
+        let mut by_type: BTreeMap<String, BTreeMap<&str, usize>> = BTreeMap::new();
         for ((t, s), n) in self.instances.by_type_state() {
-            let name = self.cfg.node_type(&t).map(|nt| nt.name.as_str()).unwrap_or("?");
-            *by_type.entry(name).or_default().entry(s.as_str()).or_default() += n;
+            by_type.entry(t).or_default().insert(s.as_str(), n);
         }
         let types: Vec<Value> = self
             .cfg

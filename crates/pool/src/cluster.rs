@@ -49,6 +49,9 @@ impl HttpCluster {
             None => req,
         };
         let resp = req.timeout(CALL_TIMEOUT).send().await.map_err(|e| err(e.to_string()))?;
+        if resp.content_length().is_some_and(|n| n > MAX_ANSWER as u64) {
+            return Err(err(format!("answer of more than {MAX_ANSWER} bytes")));
+        }
         let status = resp.status();
         let body = resp.bytes().await.map_err(|e| err(e.to_string()))?;
         if body.len() > MAX_ANSWER {

@@ -267,12 +267,7 @@ pub fn record(cfg: &PoolConfig, obs: &Observation, p: &Problem, plan: &Plan, dec
         why.push(format!("launch {n} × {t} ({reasons})"));
     }
     for t in &plan.terminate {
-        why.push(format!(
-            "terminate {} ({}: {})",
-            t.node_id,
-            serde_json::to_value(t.cause).unwrap_or_default().as_str().unwrap_or(""),
-            t.detail
-        ));
+        why.push(format!("terminate {} ({}: {})", t.node_id, t.cause.as_str(), t.detail));
     }
     for i in &plan.infeasible {
         why.push(format!("cannot place {} × {}: {}", i.count, i.request, i.reason));

@@ -137,6 +137,17 @@ pub enum Cause {
     Policy,
 }
 
+impl Cause {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Cause::MaxPerType => "max_per_type",
+            Cause::MaxNodes => "max_nodes",
+            Cause::Idle => "idle",
+            Cause::Policy => "policy",
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct Termination {
     pub node_id: String,
