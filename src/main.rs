@@ -4,6 +4,7 @@
 mod autoscaling;
 mod client;
 mod echo;
+mod pool;
 mod route;
 mod secrets;
 mod servers;
@@ -64,6 +65,12 @@ enum Cmd {
     JoinToken(secrets::JoinTokenArgs),
     /// Replay a load trace through an autoscaling policy in simulated time.
     Sim(sim::SimArgs),
+    /// Pool autoscaling offline: `autoscale plan --demand FILE.json`.
+    Autoscale(pool::AutoscaleArgs),
+    /// Node pools: instances by type and state, and the last decision.
+    Pool(client::ListArgs),
+    /// The pool autoscaler as its own process (in `up`, `--autoscale` runs it).
+    Autoscaler(pool::AutoscalerArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -76,6 +83,7 @@ fn main() -> std::process::ExitCode {
         Cmd::Agent(a) => flotilla_agent::main_with(*a),
         Cmd::JoinToken(a) => secrets::join_token(a),
         Cmd::Sim(a) => sim::run(a),
+        Cmd::Autoscale(a) => pool::autoscale(a),
         other => {
             tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(anyhow::Error::from).and_then(
                 |rt| {
@@ -97,7 +105,9 @@ fn main() -> std::process::ExitCode {
                             Cmd::Route(a) => route::run(a).await,
                             Cmd::Node(a) => client::node(a).await,
                             Cmd::Routes(a) => client::routes(a).await,
-                            Cmd::Agent(_) | Cmd::JoinToken(_) | Cmd::Sim(_) => Ok(()),
+                            Cmd::Pool(a) => pool::pool(a).await,
+                            Cmd::Autoscaler(a) => pool::run_standalone(a, log_format).await,
+                            Cmd::Agent(_) | Cmd::JoinToken(_) | Cmd::Sim(_) | Cmd::Autoscale(_) => Ok(()),
                         }
                     })
                 },

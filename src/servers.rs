@@ -328,6 +328,10 @@ pub struct ControlArgs {
     /// Where named autoscaling policies are kept (without it, in memory only).
     #[arg(long)]
     pub policies_dir: Option<PathBuf>,
+    /// Where pool floors (`PUT /v1/pools/{pool}/constraints`) are kept (without it, in
+    /// memory only).
+    #[arg(long)]
+    pub pools_dir: Option<PathBuf>,
     #[command(flatten)]
     pub http: HttpArgs,
     #[command(flatten)]
@@ -353,6 +357,10 @@ pub async fn control(a: ControlArgs) -> anyhow::Result<()> {
         dialer,
         policies: match a.policies_dir {
             Some(dir) => flotilla_control::Policies::open(dir)?,
+            None => Default::default(),
+        },
+        pools: match &a.pools_dir {
+            Some(dir) => flotilla_control::Pools::open(dir.clone())?,
             None => Default::default(),
         },
     });
@@ -425,6 +433,7 @@ pub async fn scheduler(a: SchedulerArgs) -> anyhow::Result<()> {
         http: a.http.client()?,
         dialer,
         policies: Default::default(),
+        pools: Default::default(),
     });
     let scheduler = scheduler.with_policies(state.policies.book());
     state.apps.add_local(handle);

@@ -18,9 +18,17 @@ use crate::servers::{HttpArgs, LivenessArgs, shutdown_signal};
 
 #[derive(Debug, Args)]
 pub struct UpArgs {
-    /// Local agents to start (each a distinct node).
-    #[arg(long, default_value_t = 4)]
-    pub agents: usize,
+    /// Local agents to start (each a distinct node); default 4, or 0 with --autoscale
+    /// (the pool starts each node type's min).
+    #[arg(long)]
+    pub agents: Option<usize>,
+    /// Run the pool autoscaler: the pool grows when units are pending and shrinks when
+    /// nodes sit idle (Ray autoscaler v2's model; provider `local` by default).
+    #[arg(long)]
+    pub autoscale: bool,
+    /// The pool file for --autoscale.
+    #[arg(long, default_value = "examples/pool.toml", requires = "autoscale")]
+    pub pool: PathBuf,
     /// Aggregator shards to run in this process.
     #[arg(long, default_value_t = 2)]
     pub shards: usize,
@@ -138,7 +146,10 @@ fn signal_group(pid: u32, sig: i32) {
 
 pub async fn run(a: UpArgs, log_format: LogFormat) -> anyhow::Result<()> {
     anyhow::ensure!(a.shards >= 1 && a.shards <= 64, "--shards must be within 1..=64");
-    anyhow::ensure!(a.agents <= 1000, "--agents must be at most 1000");
+    let n_agents = a.agents.unwrap_or(if a.autoscale { 0 } else { 4 });
+    anyhow::ensure!(n_agents <= 1000, "--agents must be at most 1000");
+    // Read before anything starts, so a bad pool file stops `up` at once.
+    let pool = if a.autoscale { Some(crate::pool::load_pool(&a.pool)?) } else { None };
     let data = DataDir::prepare(&a.data)?;
     let agents_dir = data.dir.join("agents");
     std::fs::create_dir_all(&agents_dir)?;
@@ -165,6 +176,7 @@ pub async fn run(a: UpArgs, log_format: LogFormat) -> anyhow::Result<()> {
         http: a.http.client()?,
         dialer: dialer.clone(),
         policies: flotilla_control::Policies::open(data.dir.join("policies"))?,
+        pools: flotilla_control::Pools::open(data.dir.join("pools"))?,
     });
     let options = a.http.options()?;
     let scheme = options.scheme();
@@ -191,13 +203,42 @@ pub async fn run(a: UpArgs, log_format: LogFormat) -> anyhow::Result<()> {
     }));
 
     let joined = addrs.join(",");
+    let (stop_pool, pool_stopped) = tokio::sync::oneshot::channel::<()>();
+    let pool_task = match pool {
+        Some(cfg) => {
+            let join = crate::pool::AgentJoin {
+                aggregators: joined.clone(),
+                join_token_file: data.dir.join("join-token"),
+                ca: data.tls_cert.clone(),
+                log_format,
+            };
+            let provider = crate::pool::provider(&cfg, &data.dir, &join, true)?;
+            let url = format!("{scheme}://{listen}");
+            let scaler = crate::pool::autoscaler(
+                cfg,
+                &data.dir,
+                provider.clone(),
+                &url,
+                a.http.client()?,
+                Some(data.api_token.clone()),
+            )?;
+            println!("  pool autoscaler: {} (flotilla pool)", a.pool.display());
+            Some((
+                tokio::spawn(scaler.run(async {
+                    let _ = pool_stopped.await;
+                })),
+                provider,
+            ))
+        }
+        None => None,
+    };
     let mut agents: Vec<Agent> = Vec::new();
-    for spec in agent_specs(a.agents, &joined, &data, log_format) {
+    for spec in agent_specs(n_agents, &joined, &data, log_format) {
         let child = spawn(&spec, &agents_dir)?;
         let pid_file = agents_dir.join(format!("{}.pid", spec.node_id));
         agents.push(Agent { spec, child: Some(child), pid_file, restart_at: None });
     }
-    println!("flotilla is up: {} shard(s) at {joined}, {} agent(s)", a.shards, a.agents);
+    println!("flotilla is up: {} shard(s) at {joined}, {n_agents} agent(s)", a.shards);
     println!("  control API and /metrics: {scheme}://{listen}");
     println!("  export FLOTILLA_ADDR={scheme}://{listen} FLOTILLA_DATA={}", data.dir.display());
     if let Some(cert) = &a.http.tls_cert {
@@ -234,6 +275,22 @@ pub async fn run(a: UpArgs, log_format: LogFormat) -> anyhow::Result<()> {
         }
     }
 
+    if let Some((task, provider)) = pool_task {
+        let _ = stop_pool.send(());
+        let _ = task.await;
+        // The pool's agents stop with `up`, as the static ones do.
+        match provider.list().await {
+            Ok(instances) => {
+                println!("stopping: {} pool instance(s)", instances.len());
+                for i in instances {
+                    if let Err(e) = provider.terminate(&i.id).await {
+                        tracing::warn!(instance = %i.id, error = %e, "stopping a pool instance");
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "listing the pool's instances to stop them"),
+        }
+    }
     println!("stopping: draining {} agent(s)", agents.iter().filter(|a| a.child.is_some()).count());
     for agent in &agents {
         if let Some(c) = &agent.child {

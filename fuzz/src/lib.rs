@@ -494,6 +494,7 @@ pub fn control_json(data: &[u8]) {
         http: HTTP.with(Clone::clone),
         dialer: Default::default(),
         policies: Default::default(),
+        pools: Default::default(),
     });
     let router = flotilla_control::router(state);
     let (status, content_type, bytes) = RUNTIME.with(|rt| {

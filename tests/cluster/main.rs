@@ -7,6 +7,7 @@
 mod autoscaling;
 mod common;
 mod nodes;
+mod pool;
 mod routing;
 mod scaling;
 mod security;

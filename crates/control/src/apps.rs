@@ -68,8 +68,13 @@ pub(crate) fn not_found(app: &str) -> ControlError {
 
 fn summary(s: &AppStatus) -> Value {
     let mut by_state: BTreeMap<&str, u32> = BTreeMap::new();
+    // Queued units by group: the pool autoscaler's demand.
+    let mut queued = [0u32; 2];
     for u in &s.units {
         *by_state.entry(u.state.as_str()).or_default() += 1;
+        if u.state == flotilla_scheduler::UnitState::Queued {
+            queued[usize::from(u.secondary)] += 1;
+        }
     }
     json!({
         "app": s.app,
@@ -77,6 +82,8 @@ fn summary(s: &AppStatus) -> Value {
         "min_units": s.min_units,
         "max_units": s.max_units,
         "units": by_state,
+        "queued": {"primary": queued[0], "secondary": queued[1]},
+        "unit_shape": s.unit_shape,
         "scheduler_url": null,
         "autoscaling": s.autoscaling,
     })

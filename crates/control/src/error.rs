@@ -47,6 +47,8 @@ pub enum ControlError {
     NoSuchNode(String),
     #[error("no scheduler runs app {0:?}")]
     NoSuchApp(String),
+    #[error("no autoscaler has reported pool {0:?}")]
+    NoSuchPool(String),
     /// A request that cannot be read, or whose fields are malformed.
     #[error("{0}")]
     BadRequest(String),
@@ -87,7 +89,7 @@ impl ServiceError for ControlError {
     fn kind(&self) -> ErrorKind {
         use ControlError::*;
         match self {
-            NoSuchEndpoint | NoSuchAction(_) | NoSuchNode(_) | NoSuchApp(_) => ErrorKind::NotFound,
+            NoSuchEndpoint | NoSuchAction(_) | NoSuchNode(_) | NoSuchApp(_) | NoSuchPool(_) => ErrorKind::NotFound,
             BadRequest(_) | InvalidSpec(_) | InvalidPolicy(_) | TlsRequired { .. } => ErrorKind::InvalidInput,
             Storage(_) => ErrorKind::Internal,
             Unauthorized(_) => ErrorKind::Unauthenticated,
@@ -106,6 +108,7 @@ impl ServiceError for ControlError {
             NoSuchEndpoint | NoSuchAction(_) => "not_found",
             NoSuchNode(_) => "no_such_node",
             NoSuchApp(_) => "no_such_app",
+            NoSuchPool(_) => "no_such_pool",
             BadRequest(_) => BAD_REQUEST,
             InvalidSpec(_) => "invalid_spec",
             InvalidPolicy(_) => "invalid_policy",

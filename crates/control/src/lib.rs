@@ -7,6 +7,7 @@ mod error;
 mod json;
 pub mod limits;
 mod policies;
+mod pools;
 pub mod routes_grpc;
 mod serve;
 
@@ -24,6 +25,7 @@ pub use autoscaling::capacity_row;
 pub use error::{ApiError, ControlError, http_status};
 pub use json::{NodeRow, node_rows};
 pub use policies::Policies;
+pub use pools::Pools;
 pub use serve::{HttpOptions, MAX_CONNECTIONS_PER_PEER, MAX_STREAMS_PER_CONNECTION, tls_config};
 
 pub struct ControlState {
@@ -39,6 +41,8 @@ pub struct ControlState {
     pub dialer: Dialer,
     /// Named autoscaling policies.
     pub policies: Policies,
+    /// Node pools as their autoscalers report them, and their floors.
+    pub pools: Pools,
 }
 
 pub fn router(state: Arc<ControlState>) -> Router {
@@ -49,6 +53,7 @@ pub fn router(state: Arc<ControlState>) -> Router {
         .route("/healthz", get(|| async { "ok" }))
         .merge(apps::routes())
         .merge(autoscaling::routes())
+        .merge(pools::routes())
         .fallback(|| async { ControlError::NoSuchEndpoint })
         // gRPC shares the port (HTTP/2); its paths name the service.
         .route_service(

@@ -338,6 +338,10 @@ pub struct Instances {
     rng: u64,
 }
 
+/// The per-type floor of launches pending at once (Ray v1's
+/// `AUTOSCALER_UPSCALING_INITIAL_NUM_NODES`).
+pub const UPSCALING_INITIAL_NODES: usize = 5;
+
 /// Room for `pool-` and an 8-hex suffix within a node id's 128 bytes.
 pub const MAX_NODE_TYPE_LEN: usize = 100;
 
@@ -422,20 +426,23 @@ impl Instances {
         ids
     }
 
-    /// Which QUEUED records to launch now, oldest first. Two limits, both from Ray v2's
-    /// reconciler (`_compute_to_launch`):
+    /// Which QUEUED records to launch now, oldest first. Two limits, from Ray's
+    /// autoscalers:
     ///
     /// - globally, at most `max_concurrent_launches` in flight (REQUESTED, ALLOCATED and
-    ///   AGENT_STARTING; Ray counts only REQUESTED, but here an agent that has not
-    ///   registered is still a launch under way);
-    /// - per node type, at most `max(1, ceil(upscaling_speed × max(running, 1)))` in flight,
-    ///   where `running` counts that type's RUNNING records: a pool grows geometrically
-    ///   (speed 1.0 at most doubles it per round of launches) and starts one at a time.
-    ///   Ray v2 applies that number per reconcile round; here the type's own in-flight
-    ///   launches are subtracted from it, so it bounds what is pending at once (Ray v1's
-    ///   reading) and does not depend on how often the driver runs.
+    ///   AGENT_STARTING). Ray v2's reconciler (`_compute_to_launch`) counts only REQUESTED;
+    ///   here an agent that has not registered is still a launch under way;
+    /// - per node type, at most `max(5, ceil(upscaling_speed × max(running, 1)))` in
+    ///   flight at once, where `running` counts that type's RUNNING records: a pool grows
+    ///   geometrically (speed 1.0 at most doubles it per round of launches). Ray v2 applies
+    ///   `max(1, …)` per reconcile round (every 5 s) without counting what is already
+    ///   pending; bounding what is pending at once (Ray v1's reading, with v1's floor
+    ///   `AUTOSCALER_UPSCALING_INITIAL_NUM_NODES = 5`) makes the limit independent of
+    ///   how often the driver runs, and the floor keeps a pool that starts from zero from
+    ///   growing one node at a time.
     ///
     /// Types are served in name order, so the global limit is shared deterministically.
+    /// `now_ms` is unused today (a backoff between launch attempts would use it).
     pub fn to_launch(&self, max_concurrent_launches: usize, upscaling_speed: f64, now_ms: u64) -> Vec<String> {
         let _ = now_ms;
         let mut in_flight_total = 0usize;
@@ -462,7 +469,7 @@ impl Instances {
             if queued.is_empty() {
                 continue;
             }
-            let allowed_pending = ((speed * running.max(1) as f64).ceil() as usize).max(1);
+            let allowed_pending = ((speed * running.max(1) as f64).ceil() as usize).max(UPSCALING_INITIAL_NODES);
             let n = allowed_pending.saturating_sub(in_flight).min(budget).min(queued.len());
             queued.sort_by(|a, b| a.since_ms.cmp(&b.since_ms).then_with(|| a.id.cmp(&b.id)));
             out.extend(queued.iter().take(n).map(|i| i.id.clone()));
@@ -1019,32 +1026,41 @@ mod tests {
     fn launches_are_limited_globally_and_by_upscaling_speed() {
         let mut im = manager();
         im.queue("cpu", 20, 0, "demand");
-        // Nothing running: one at a time per type.
-        assert_eq!(im.to_launch(10, 1.0, 0).len(), 1);
-        // Four running: speed 1.0 allows four pending, 0.5 two, 10 forty (capped by the global limit).
-        for id in im.queue("cpu", 4, 0, "t") {
+        // Nothing running: the initial five.
+        assert_eq!(im.to_launch(10, 1.0, 0).len(), UPSCALING_INITIAL_NODES);
+        assert_eq!(im.to_launch(2, 1.0, 0).len(), 2, "the global limit");
+        // Eight running: speed 1.0 allows eight pending, 0.5 the floor of five, 10 eighty
+        // (capped by the global limit).
+        for id in im.queue("cpu", 8, 0, "t") {
             if let Some(i) = im.map.get_mut(&id) {
                 i.state = Running;
             }
         }
-        assert_eq!(im.to_launch(10, 1.0, 0).len(), 4);
-        assert_eq!(im.to_launch(10, 0.5, 0).len(), 2);
+        assert_eq!(im.to_launch(100, 1.0, 0).len(), 8);
+        assert_eq!(im.to_launch(100, 0.5, 0).len(), 5);
         assert_eq!(im.to_launch(10, 10.0, 0).len(), 10);
-        assert_eq!(im.to_launch(3, 10.0, 0).len(), 3);
         // In-flight ones count against both limits.
-        let picked = im.to_launch(10, 1.0, 0);
+        let picked = im.to_launch(100, 1.0, 0);
         for id in &picked[..3] {
             im.begin_launch(id, 1).ok();
         }
-        assert_eq!(im.to_launch(10, 1.0, 2).len(), 1, "4 allowed pending, 3 in flight");
+        assert_eq!(im.to_launch(100, 1.0, 2).len(), 5, "8 allowed pending, 3 in flight");
         assert_eq!(im.to_launch(4, 10.0, 2).len(), 1, "4 concurrent, 3 in flight");
-        // Oldest first.
-        let old = im.queue("gpu", 1, 0, "t").remove(0);
-        let _new = im.queue("gpu", 1, 100, "t");
-        assert!(im.to_launch(100, 1.0, 200).contains(&old));
-        assert_eq!(im.to_launch(100, 1.0, 200).iter().filter(|i| i.starts_with("pool-gpu-")).count(), 1);
-        // A nonsense speed is zero: one pending per type, never a stall.
-        assert_eq!(im.to_launch(100, f64::NAN, 200).len(), 1);
+        // A nonsense speed is zero: the floor, never a stall.
+        assert_eq!(im.to_launch(100, f64::NAN, 2).len(), 2);
+    }
+
+    #[test]
+    fn launches_go_oldest_first() {
+        let mut im = manager();
+        let mut ids = Vec::new();
+        for t in (0..6).rev() {
+            ids.push((t, im.queue("gpu", 1, t * 10, "t").remove(0)));
+        }
+        let picked = im.to_launch(100, 1.0, 100);
+        assert_eq!(picked.len(), 5);
+        let newest = ids.iter().find(|(t, _)| *t == 5).map(|(_, id)| id.clone()).unwrap_or_default();
+        assert!(!picked.contains(&newest));
     }
 
     #[test]

@@ -8,11 +8,17 @@
 //! - [`instance`]: the instance lifecycle as one transition table (pure);
 //! - [`store`]: the instance records in redb, saved before every launch (no leaks or
 //!   double launches across restarts);
+//! - [`policy`]: a Dataproc or MR3 policy sizing two node types by load instead;
 //! - [`provider`]: where instances come from (`local` agent processes, `exec` user commands).
 
+pub mod autoscaler;
+pub mod cluster;
+pub mod config;
 pub mod demand;
 pub mod instance;
 pub mod pack;
+pub mod policy;
 pub mod provider;
+pub mod reconciler;
 pub mod shape;
 pub mod store;

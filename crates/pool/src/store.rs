@@ -144,7 +144,7 @@ mod tests {
 
         // Upsert replaces.
         let rec = im2.get(&ids[0]).cloned().ok_or("missing")?;
-        store.save(&[rec.clone()])?;
+        store.save(std::slice::from_ref(&rec))?;
         assert!(store.load()?.contains(&rec));
         drop(store);
         let _ = std::fs::remove_dir_all(&dir);

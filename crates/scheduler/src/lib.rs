@@ -25,5 +25,5 @@ pub use reconcile::{
     MAX_DEMAND_ENTRIES, PolicyBook, Scheduler, Stats,
 };
 pub use rollout::counts_toward_desired;
-pub use spec::{AppSpec, MAX_UNITS, parse_cpu, parse_memory};
+pub use spec::{AppSpec, MAX_UNITS, UnitShape, parse_cpu, parse_memory};
 pub use store::{DECISIONS_KEPT, MemStore, MemberRecord, Override, RedbStore, Store, Stored, UnitRecord, Usage, Write};

@@ -162,6 +162,18 @@ impl Performance {
 }
 
 /// Most units an app may ask for, and most workers per unit.
+/// One unit's members and where they may run: the pool autoscaler packs the queued
+/// units of every app by it (all members of a unit in one domain).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct UnitShape {
+    /// Each member's resources, the head first.
+    pub members: Vec<Resources>,
+    /// Labels a node must carry.
+    pub labels: BTreeMap<String, String>,
+    /// Whether primary units may use low-priority nodes (secondary ones always may).
+    pub allow_low_priority: bool,
+}
+
 pub const MAX_UNITS: u32 = 10_000;
 pub const MAX_WORKERS: u32 = 256;
 /// Bounds of one member's workload, the same as the shard's for a claim.
@@ -388,6 +400,15 @@ impl AppSpec {
         );
         let h = text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
         format!("{h:016x}")
+    }
+
+    /// What one unit asks of the node pool, for the pool autoscaler.
+    pub fn unit_shape(&self) -> UnitShape {
+        UnitShape {
+            members: self.members().iter().map(|(_, _, t)| t.resources()).collect(),
+            labels: self.constraints.labels.clone(),
+            allow_low_priority: self.constraints.allow_low_priority,
+        }
     }
 
     /// The members of one unit: the head, then `workers` workers.

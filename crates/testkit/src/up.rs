@@ -42,10 +42,11 @@ impl Up {
         Up { child: None, data: data.to_path_buf(), addr: addr.to_string() }
     }
 
-    /// A `flotilla` command aimed at this cluster's API.
+    /// A `flotilla` command aimed at this cluster's API, with its data dir (and so its
+    /// API token).
     pub fn cli(&self) -> Command {
         let mut cmd = crate::flotilla();
-        cmd.env("FLOTILLA_ADDR", &self.addr);
+        cmd.env("FLOTILLA_ADDR", &self.addr).env("FLOTILLA_DATA", &self.data);
         cmd
     }
 
@@ -77,13 +78,21 @@ impl Up {
         std::fs::read_to_string(self.data.join("agents").join(format!("{id}.pid"))).unwrap().trim().parse().unwrap()
     }
 
+    /// Every agent's pid: `up`'s own agents, and those pool providers launched
+    /// (`DATA/pool/POOL/ID.pid`).
     pub fn agent_pids(&self) -> Vec<i32> {
-        let Ok(dir) = std::fs::read_dir(self.data.join("agents")) else { return vec![] };
-        dir.filter_map(|e| {
-            let p = e.ok()?.path();
-            (p.extension()? == "pid").then(|| std::fs::read_to_string(&p).ok()?.trim().parse().ok())?
-        })
-        .collect()
+        let mut dirs = vec![self.data.join("agents")];
+        if let Ok(pools) = std::fs::read_dir(self.data.join("pool")) {
+            dirs.extend(pools.filter_map(|e| Some(e.ok()?.path())).filter(|p| p.is_dir()));
+        }
+        dirs.iter()
+            .filter_map(|d| std::fs::read_dir(d).ok())
+            .flatten()
+            .filter_map(|e| {
+                let p = e.ok()?.path();
+                (p.extension()? == "pid").then(|| std::fs::read_to_string(&p).ok()?.trim().parse().ok())?
+            })
+            .collect()
     }
 
     /// SIGTERM, as Ctrl-C would; returns whether `up` exited cleanly.

@@ -133,6 +133,8 @@ pub enum Cause {
     MaxPerType,
     MaxNodes,
     Idle,
+    /// A pool policy wants fewer nodes of the type.
+    Policy,
 }
 
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]

@@ -9,7 +9,10 @@
 //!   `FLOTILLA_NODE_RESOURCES` (JSON, Flotilla's resource form:
 //!   `{"cpu_millis":4000,"memory_bytes":8589934592,"gpu":0,"my_res":2}`),
 //!   `FLOTILLA_NODE_LABELS` (JSON object), and for scripts without a JSON parser
-//!   `FLOTILLA_NODE_CPU_MILLIS`, `FLOTILLA_NODE_MEMORY_BYTES`, `FLOTILLA_NODE_GPU`.
+//!   `FLOTILLA_NODE_CPU_MILLIS`, `FLOTILLA_NODE_MEMORY_BYTES`, `FLOTILLA_NODE_GPU`,
+//!   `FLOTILLA_NODE_RESOURCE_LINES` (the custom resources, one `name=quantity` a line)
+//!   and `FLOTILLA_NODE_LABEL_LINES` (one `key=value` a line; control characters in
+//!   labels are refused, so a line is a label).
 //!   Its stdin is the whole [`LaunchSpec`] as one JSON object
 //!   (`{"id","node_type","resources","labels"}`). Exit 0 means the launch was accepted;
 //!   the node must register with the instance id as its node id (`--node-id`), and the
@@ -214,6 +217,22 @@ impl InstanceProvider for ExecProvider {
     fn launch<'a>(&'a self, spec: &'a LaunchSpec) -> BoxFuture<'a, Result<(), ProviderError>> {
         Box::pin(observed("exec", "launch", Some(&spec.id), async move {
             check_id(&spec.id)?;
+            let lines = |pairs: Vec<(&str, String)>| -> Result<String, ProviderError> {
+                let mut out = String::new();
+                for (k, v) in pairs {
+                    if k.contains('=') || k.chars().chain(v.chars()).any(char::is_control) {
+                        return Err(ProviderError::BadSpec {
+                            id: spec.id.clone(),
+                            detail: format!("{k:?}: '=' in a name or a control character"),
+                        });
+                    }
+                    out.push_str(&format!("{k}={v}\n"));
+                }
+                Ok(out)
+            };
+            let resource_lines =
+                lines(spec.resources.custom.iter().map(|(k, v)| (k.as_str(), v.to_string())).collect())?;
+            let label_lines = lines(spec.labels.iter().map(|(k, v)| (k.as_str(), v.clone())).collect())?;
             let env = [
                 ("FLOTILLA_INSTANCE_ID", spec.id.clone()),
                 ("FLOTILLA_NODE_TYPE", spec.node_type.clone()),
@@ -222,6 +241,8 @@ impl InstanceProvider for ExecProvider {
                 ("FLOTILLA_NODE_CPU_MILLIS", spec.resources.cpu_millis.to_string()),
                 ("FLOTILLA_NODE_MEMORY_BYTES", spec.resources.memory_bytes.to_string()),
                 ("FLOTILLA_NODE_GPU", spec.resources.gpu.to_string()),
+                ("FLOTILLA_NODE_RESOURCE_LINES", resource_lines),
+                ("FLOTILLA_NODE_LABEL_LINES", label_lines),
             ];
             let stdin = to_json(&spec.id, spec)?.into_bytes();
             self.run(&self.config.launch, &env, Some(stdin)).await.map(drop)

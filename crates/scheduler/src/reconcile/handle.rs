@@ -27,6 +27,8 @@ pub struct AppStatus {
     pub min_units: u32,
     pub max_units: u32,
     pub units: Vec<UnitRecord>,
+    /// What each unit asks of the node pool.
+    pub unit_shape: crate::spec::UnitShape,
     /// Set when the app follows an autoscaling policy.
     pub autoscaling: Option<AutoscalingStatus>,
 }

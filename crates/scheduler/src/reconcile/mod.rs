@@ -114,6 +114,7 @@ impl Scheduler {
             min_units: spec.units.min,
             max_units: spec.units.max,
             units: stored.units.values().cloned().collect(),
+            unit_shape: spec.unit_shape(),
             autoscaling: None,
         }));
         let stats = Arc::new(Stats::new());
@@ -373,6 +374,7 @@ impl Scheduler {
             min_units: self.spec.units.min,
             max_units: self.spec.units.max,
             units: self.stored.units.values().cloned().collect(),
+            unit_shape: self.spec.unit_shape(),
             autoscaling: self.spec.is_autoscaled().then(|| AutoscalingStatus {
                 policy: self.policy_algorithm(),
                 policy_name: self.spec.autoscaling_policy.clone(),

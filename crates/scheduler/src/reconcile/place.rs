@@ -44,6 +44,9 @@ impl Scheduler {
             }
             return still;
         }
+        // Shown Placing before any claim lands: a pool autoscaler that sees a node's
+        // new allocation must not still count the unit as queued demand.
+        self.publish();
         for (shard, units) in by_shard {
             let claims = units.iter().flat_map(|(id, p)| self.claims_of(id, p)).collect();
             let txn_id = self.txn_id(&format!("{}-{}", self.spec.name, now_ms()));

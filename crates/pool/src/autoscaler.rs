@@ -1,0 +1,471 @@
+//! The pool autoscaler's loop (Ray v2's `Autoscaler.update_autoscaling_state`): every
+//! `interval`, sync, decide in memory ([`crate::reconciler`]), then act through the
+//! instance manager's records and the provider. Any error in the sync aborts the pass;
+//! the next tick retries it. Side effects are observed at the next sync, never
+//! assumed: a launch is a REQUESTED record until the provider lists it.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use tracing::Instrument;
+
+use crate::cluster::{Cluster, ClusterError};
+use crate::config::PoolConfig;
+use crate::instance::{Change, InstanceState, Instances, NodeSeen};
+use crate::policy::PolicyState;
+use crate::provider::{InstanceProvider, LaunchSpec, ProviderError};
+use crate::reconciler::{self, Constraints, IdleClock, Observation, Phase, PoolInstance};
+use crate::store::{PoolStore, StoreError};
+
+/// Decisions kept for `GET /v1/pools/{pool}` (newest first there).
+pub const DECISIONS_KEPT: usize = 50;
+
+#[derive(Debug, thiserror::Error)]
+pub enum PassError {
+    #[error("listing instances: {0}")]
+    List(#[from] ProviderError),
+    #[error("listing instances: the provider did not answer within {0:?}")]
+    ListTimeout(Duration),
+    #[error("reading the cluster: {0}")]
+    Cluster(#[from] ClusterError),
+    #[error("persisting instances: {0}")]
+    Store(#[from] StoreError),
+}
+
+pub struct Autoscaler {
+    cfg: PoolConfig,
+    provider: Arc<dyn InstanceProvider>,
+    cluster: Arc<dyn Cluster>,
+    store: PoolStore,
+    instances: Instances,
+    idle: IdleClock,
+    constraints: Constraints,
+    policy: PolicyState,
+    decisions: VecDeque<Arc<Value>>,
+}
+
+fn phase(s: InstanceState) -> Option<Phase> {
+    use InstanceState::*;
+    match s {
+        Queued | Requested | Allocated | AgentStarting => Some(Phase::Pending),
+        Running => Some(Phase::Running),
+        DrainRequested | Draining | Drained | Terminating | TerminationFailed | AgentStartFailed => {
+            Some(Phase::Leaving)
+        }
+        Terminated | AllocationFailed => None,
+    }
+}
+
+impl Autoscaler {
+    /// An autoscaler resuming from the records in `store`: what it launched before a
+    /// restart is matched to the provider's list by id, neither leaked nor launched twice.
+    pub fn new(
+        cfg: PoolConfig,
+        provider: Arc<dyn InstanceProvider>,
+        cluster: Arc<dyn Cluster>,
+        store: PoolStore,
+    ) -> Result<Self, StoreError> {
+        let seed = flotilla_core::now_ms() ^ u64::from(std::process::id()).rotate_left(32);
+        let mut instances = Instances::new(cfg.node_types.iter().map(|t| t.name.clone()), seed);
+        let records = store.load()?;
+        tracing::info!(pool = %cfg.name, records = records.len(), "pool autoscaler resuming");
+        instances.restore(records);
+        Ok(Autoscaler {
+            cfg,
+            provider,
+            cluster,
+            store,
+            instances,
+            idle: IdleClock::default(),
+            constraints: Constraints::default(),
+            policy: PolicyState::default(),
+            decisions: VecDeque::new(),
+        })
+    }
+
+    /// Runs passes every `interval` until `stop` resolves.
+    pub async fn run(mut self, stop: impl std::future::Future<Output = ()>) {
+        let mut tick = tokio::time::interval(self.cfg.interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tokio::pin!(stop);
+        loop {
+            tokio::select! {
+                _ = &mut stop => break,
+                _ = tick.tick() => {}
+            }
+            let pool = self.cfg.name.clone();
+            let start = Instant::now();
+            let outcome = match self.pass().instrument(tracing::info_span!("pool_pass", pool = %pool)).await {
+                Ok(()) => "ok",
+                Err(e) => {
+                    tracing::warn!(pool = %pool, error = %e, "pool pass aborted; retrying at the next tick");
+                    "error"
+                }
+            };
+            metrics::counter!("flotilla_pool_passes_total", "pool" => pool.clone(), "outcome" => outcome).increment(1);
+            metrics::histogram!("flotilla_pool_pass_seconds", "pool" => pool).record(start.elapsed().as_secs_f64());
+        }
+    }
+
+    /// One pass: sync, decide, act, persist, report.
+    pub async fn pass(&mut self) -> Result<(), PassError> {
+        let now = flotilla_core::now_ms();
+        let list_timeout = Duration::from_secs(60);
+        let cloud = tokio::time::timeout(list_timeout, self.provider.list())
+            .await
+            .map_err(|_| PassError::ListTimeout(list_timeout))??;
+        let nodes = self.cluster.nodes().await?;
+        let apps = self.cluster.apps().await?;
+        self.idle.update(&nodes, now);
+        let seen: HashMap<String, NodeSeen> = nodes
+            .iter()
+            .map(|n| {
+                let s = NodeSeen {
+                    alive: n.status == "alive",
+                    dead: n.status == "dead",
+                    draining: n.drain_requested,
+                    allocated_nothing: n.allocated.is_zero(),
+                };
+                (n.node_id.clone(), s)
+            })
+            .collect();
+        let t = self.cfg.timeouts;
+        let mut changes = self.instances.observe(&cloud, &seen, now, &t);
+
+        let pool_instances: Vec<PoolInstance> = self
+            .instances
+            .iter()
+            .filter_map(|i| {
+                phase(i.state).map(|phase| PoolInstance { id: i.id.clone(), node_type: i.node_type.clone(), phase })
+            })
+            .collect();
+        let obs = Observation {
+            nodes: &nodes,
+            apps: &apps,
+            instances: &pool_instances,
+            floor: &self.constraints,
+            idle: &self.idle,
+            now_ms: now,
+        };
+        let (plan, record) = reconciler::decide(&self.cfg, &obs, &mut self.policy);
+        metrics::histogram!("flotilla_pool_decision_seconds", "pool" => self.cfg.name.clone())
+            .record(record["decision_seconds"].as_f64().unwrap_or(0.0));
+
+        for (node_type, n) in &plan.launch {
+            let why = plan.launch_reasons.get(node_type).map(|r| r.join(", ")).unwrap_or_default();
+            let ids = self.instances.queue(node_type, *n as usize, now, &why);
+            tracing::info!(pool = %self.cfg.name, %node_type, count = ids.len(), reason = %why, "queueing instances");
+            metrics::counter!("flotilla_pool_launches_total", "pool" => self.cfg.name.clone(), "node_type" => node_type.clone())
+                .increment(ids.len() as u64);
+        }
+        for term in &plan.terminate {
+            let Some(state) = self.instances.get(&term.node_id).map(|i| i.state) else { continue };
+            let cause =
+                serde_json::to_value(term.cause).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default();
+            let reason = format!("{cause}: {}", term.detail);
+            let r = if state == InstanceState::Running {
+                self.instances.request_drain(&term.node_id, now, &reason)
+            } else {
+                self.instances.request_terminate(&term.node_id, now, &reason)
+            };
+            match r {
+                Ok(c) => changes.push(c),
+                Err(e) => tracing::warn!(error = %e, "terminating an instance"),
+            }
+            metrics::counter!("flotilla_pool_terminations_total", "pool" => self.cfg.name.clone(),
+                "node_type" => term.node_type.clone(), "cause" => cause)
+            .increment(1);
+        }
+
+        self.drain(&seen, now, &mut changes).await;
+        self.terminate(&changes, now).await;
+        self.launch(now).await?;
+
+        let records: Vec<_> = self.instances.iter().cloned().collect();
+        self.store.save(&records)?;
+        let pruned = self.instances.prune(now, &t);
+        if !pruned.is_empty() {
+            self.store.remove(&pruned)?;
+        }
+        self.export_gauges();
+        self.decisions.push_back(Arc::new(record));
+        while self.decisions.len() > DECISIONS_KEPT {
+            self.decisions.pop_front();
+        }
+        let report = self.report();
+        match self.cluster.report(&self.cfg.name, &report).await {
+            Ok(c) => self.constraints = c,
+            Err(e) => tracing::warn!(error = %e, "reporting the pool to the control plane"),
+        }
+        Ok(())
+    }
+
+    /// DRAIN_REQUESTED: a node still idle is drained (cordoned; what it runs moves
+    /// make-before-break); one that took work since goes back to RUNNING.
+    async fn drain(&mut self, seen: &HashMap<String, NodeSeen>, now: u64, changes: &mut Vec<Change>) {
+        let asked: Vec<String> =
+            self.instances.iter().filter(|i| i.state == InstanceState::DrainRequested).map(|i| i.id.clone()).collect();
+        for id in asked {
+            if !seen.get(&id).is_some_and(|s| s.allocated_nothing) {
+                if let Ok(c) = self.instances.drain_refused(&id, now, "no longer idle as the drain arrived") {
+                    changes.push(c);
+                }
+                continue;
+            }
+            // DRAINING follows when the next sync sees the node draining.
+            if let Err(e) = self.cluster.drain(&id).await {
+                tracing::warn!(instance = %id, error = %e, "draining a node failed; retrying next pass");
+            }
+        }
+    }
+
+    /// Calls the provider for every instance that just entered TERMINATING, and for
+    /// listed instances whose records are finished (a late launch, a lost terminate).
+    async fn terminate(&mut self, changes: &[Change], now: u64) {
+        let mut ids: Vec<String> = Vec::new();
+        for c in changes {
+            match c {
+                Change::Transition { id, to: InstanceState::Terminating, .. } => ids.push(id.clone()),
+                Change::Leaked { id, .. } => ids.push(id.clone()),
+                _ => {}
+            }
+        }
+        ids.dedup();
+        for id in ids {
+            if let Err(e) = self.provider.terminate(&id).await {
+                tracing::warn!(instance = %id, error = %e, "terminating an instance failed");
+                let _ = self.instances.terminate_failed(&id, now, &e.to_string());
+            }
+        }
+    }
+
+    /// QUEUED → REQUESTED within `max_concurrent_launches` and `upscaling_speed`. The
+    /// record is persisted REQUESTED before the provider is called, so a crash between
+    /// the two never launches twice: the next sync finds the instance listed by its id.
+    async fn launch(&mut self, now: u64) -> Result<(), PassError> {
+        let ids = self.instances.to_launch(self.cfg.max_concurrent_launches as usize, self.cfg.upscaling_speed, now);
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let mut specs = Vec::new();
+        for id in &ids {
+            if self.instances.begin_launch(id, now).is_err() {
+                continue;
+            }
+            let Some(inst) = self.instances.get(id) else { continue };
+            let Some(t) = self.cfg.node_type(&inst.node_type) else { continue };
+            specs.push(LaunchSpec {
+                id: id.clone(),
+                node_type: t.name.clone(),
+                resources: t.resources.clone(),
+                labels: t.labels.clone(),
+            });
+        }
+        let records: Vec<_> = specs.iter().filter_map(|s| self.instances.get(&s.id).cloned()).collect();
+        self.store.save(&records)?;
+        for spec in specs {
+            tracing::info!(instance = %spec.id, node_type = %spec.node_type, "launching an instance");
+            if let Err(e) = self.provider.launch(&spec).await {
+                tracing::warn!(instance = %spec.id, error = %e, "launch failed");
+                metrics::counter!("flotilla_pool_launch_failures_total", "pool" => self.cfg.name.clone(),
+                    "node_type" => spec.node_type.clone())
+                .increment(1);
+                let _ = self.instances.launch_failed(&spec.id, now, &e.to_string(), &self.cfg.timeouts);
+            }
+        }
+        Ok(())
+    }
+
+    fn export_gauges(&self) {
+        let counts = self.instances.by_type_state();
+        for t in &self.cfg.node_types {
+            for s in InstanceState::ALL {
+                let n = counts.get(&(t.name.clone(), s)).copied().unwrap_or(0);
+                metrics::gauge!("flotilla_pool_instances", "pool" => self.cfg.name.clone(),
+                    "node_type" => t.name.clone(), "state" => s.as_str())
+                .set(n as f64);
+            }
+        }
+    }
+
+    /// What the control plane shows of the pool: its types, instances and decisions.
+    pub fn report(&self) -> Value {
+        let mut by_type: HashMap<&str, HashMap<&str, usize>> = HashMap::new();
+        for ((t, s), n) in self.instances.by_type_state() {
+            let name = self.cfg.node_type(&t).map(|nt| nt.name.as_str()).unwrap_or("?");
+            *by_type.entry(name).or_default().entry(s.as_str()).or_default() += n;
+        }
+        let types: Vec<Value> = self
+            .cfg
+            .node_types
+            .iter()
+            .map(|t| {
+                json!({"name": t.name, "resources": t.resources, "labels": t.labels, "min": t.min, "max": t.max,
+                       "cost": t.cost, "idle_timeout_s": t.idle_timeout.map(|d| d.as_secs())})
+            })
+            .collect();
+        let instances: Vec<&crate::instance::Instance> = self.instances.iter().collect();
+        json!({
+            "provider": self.provider.name(),
+            "interval_s": self.cfg.interval.as_secs(),
+            "max_nodes": self.cfg.max_nodes,
+            "node_types": types,
+            "by_type": by_type,
+            "instances": instances,
+            "decisions": self.decisions.iter().rev().map(|d| d.as_ref()).collect::<Vec<_>>(),
+        })
+    }
+
+    /// The instance records (for tests and status).
+    pub fn instances(&self) -> &Instances {
+        &self.instances
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::sync::Mutex;
+
+    use flotilla_core::Resources;
+    use flotilla_scheduler::UnitShape;
+
+    use super::*;
+    use crate::provider::{BoxFuture, CloudInstance};
+    use crate::reconciler::{AppRow, NodeRow, Queued};
+
+    #[derive(Default)]
+    struct FakeProvider {
+        running: Mutex<BTreeMap<String, String>>,
+        launches: Mutex<Vec<String>>,
+    }
+
+    impl InstanceProvider for FakeProvider {
+        fn name(&self) -> &'static str {
+            "fake"
+        }
+        fn list(&self) -> BoxFuture<'_, Result<Vec<CloudInstance>, ProviderError>> {
+            let l = self
+                .running
+                .lock()
+                .unwrap()
+                .iter()
+                .map(|(id, t)| CloudInstance { id: id.clone(), node_type: t.clone() })
+                .collect();
+            Box::pin(async move { Ok(l) })
+        }
+        fn launch<'a>(&'a self, spec: &'a LaunchSpec) -> BoxFuture<'a, Result<(), ProviderError>> {
+            self.launches.lock().unwrap().push(spec.id.clone());
+            self.running.lock().unwrap().insert(spec.id.clone(), spec.node_type.clone());
+            Box::pin(async { Ok(()) })
+        }
+        fn terminate<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), ProviderError>> {
+            self.running.lock().unwrap().remove(id);
+            Box::pin(async { Ok(()) })
+        }
+    }
+
+    /// A control plane whose nodes are the provider's instances, all Alive and idle.
+    struct FakeCluster {
+        provider: Arc<FakeProvider>,
+        apps: Mutex<Vec<AppRow>>,
+        drains: Mutex<Vec<String>>,
+    }
+
+    impl Cluster for FakeCluster {
+        fn nodes(&self) -> BoxFuture<'_, Result<Vec<NodeRow>, ClusterError>> {
+            let drains = self.drains.lock().unwrap().clone();
+            let rows = self
+                .provider
+                .running
+                .lock()
+                .unwrap()
+                .keys()
+                .map(|id| NodeRow {
+                    node_id: id.clone(),
+                    status: "alive".into(),
+                    labels: BTreeMap::new(),
+                    capacity: Resources::new(2000, 4 << 30, 0),
+                    allocated: Resources::default(),
+                    cordoned: drains.contains(id),
+                    drain_requested: drains.contains(id),
+                })
+                .collect();
+            Box::pin(async move { Ok(rows) })
+        }
+        fn apps(&self) -> BoxFuture<'_, Result<Vec<AppRow>, ClusterError>> {
+            let a = self.apps.lock().unwrap().clone();
+            Box::pin(async move { Ok(a) })
+        }
+        fn drain<'a>(&'a self, node: &'a str) -> BoxFuture<'a, Result<(), ClusterError>> {
+            self.drains.lock().unwrap().push(node.to_string());
+            Box::pin(async { Ok(()) })
+        }
+        fn report<'a>(&'a self, _: &'a str, r: &'a Value) -> BoxFuture<'a, Result<Constraints, ClusterError>> {
+            assert!(r["instances"].is_array());
+            Box::pin(async { Ok(Constraints::default()) })
+        }
+    }
+
+    const POOL: &str = r#"
+        max_concurrent_launches = 10
+        upscaling_speed = 10.0
+        idle_timeout = "1s"
+        [node_types.t]
+        cpu = 2
+        memory = "4Gi"
+        max = 5
+    "#;
+
+    fn scaler(dir: &std::path::Path, p: &Arc<FakeProvider>, c: &Arc<FakeCluster>) -> Autoscaler {
+        let store = PoolStore::open(dir.join("pool.redb")).unwrap();
+        Autoscaler::new(PoolConfig::parse(POOL).unwrap(), p.clone(), c.clone(), store).unwrap()
+    }
+
+    #[tokio::test]
+    async fn queued_units_launch_nodes_once_across_a_restart_and_idle_ones_go() {
+        let dir = std::env::temp_dir().join(format!("flotilla-pool-driver-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let provider = Arc::new(FakeProvider::default());
+        let member = Resources::new(1000, 1 << 30, 0);
+        let cluster = Arc::new(FakeCluster {
+            provider: provider.clone(),
+            apps: Mutex::new(vec![AppRow {
+                app: "echo".into(),
+                queued: Queued { primary: 3, secondary: 0 },
+                unit_shape: UnitShape { members: vec![member.clone(), member], ..Default::default() },
+            }]),
+            drains: Mutex::new(vec![]),
+        });
+        let mut a = scaler(&dir, &provider, &cluster);
+        a.pass().await.unwrap();
+        // Each unit (2 × 1 CPU) fills one 2-CPU node.
+        assert_eq!(provider.launches.lock().unwrap().len(), 3);
+        let record = a.report();
+        assert!(record["decisions"][0]["explanation"].as_str().unwrap().contains("launch 3 × t"), "{record}");
+        drop(a);
+
+        // A restarted autoscaler finds its instances by id: the pending demand is already
+        // covered by the nodes coming up, so nothing is launched twice.
+        let mut a = scaler(&dir, &provider, &cluster);
+        a.pass().await.unwrap();
+        assert_eq!(provider.launches.lock().unwrap().len(), 3, "no double launch after a restart");
+        assert_eq!(a.instances().iter().filter(|i| i.state == InstanceState::Running).count(), 3);
+
+        // The units are placed (no longer queued); the nodes idle past the timeout are
+        // drained, then terminated once the view shows them drained.
+        cluster.apps.lock().unwrap()[0].queued = Queued::default();
+        a.pass().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        a.pass().await.unwrap();
+        assert_eq!(cluster.drains.lock().unwrap().len(), 3, "every idle node is drained");
+        a.pass().await.unwrap();
+        a.pass().await.unwrap();
+        assert!(provider.running.lock().unwrap().is_empty(), "drained nodes are terminated");
+        assert!(a.instances().iter().all(|i| i.state == InstanceState::Terminated));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,447 @@
+//! One pass of the pool autoscaler, pure: what the sync saw (nodes, queued units of
+//! every app, the pool's instances and floor) becomes a packing [`Problem`], and its
+//! [`Plan`] a decision record. The driver ([`crate::autoscaler`]) does the I/O.
+
+use std::collections::{BTreeMap, HashMap};
+
+use flotilla_core::Resources;
+use flotilla_scheduler::UnitShape;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::config::PoolConfig;
+use crate::pack::{self, Cause, Gang, Labels, Node, Plan, Problem, Request, Selector, Strategy, Termination};
+use crate::policy::{PolicyState, Sizing, size};
+use crate::shape::{ResourceNames, Shape};
+
+/// A node as `GET /v1/nodes` lists it (the fields the pool reads).
+#[derive(Debug, Clone, Deserialize)]
+pub struct NodeRow {
+    pub node_id: String,
+    pub status: String,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default)]
+    pub capacity: Resources,
+    #[serde(default)]
+    pub allocated: Resources,
+    #[serde(default)]
+    pub cordoned: bool,
+    #[serde(default)]
+    pub drain_requested: bool,
+}
+
+/// Queued units of one group of an app.
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize)]
+pub struct Queued {
+    #[serde(default)]
+    pub primary: u32,
+    #[serde(default)]
+    pub secondary: u32,
+}
+
+/// An app as `GET /v1/apps` lists it (the fields the pool reads): its queued units are
+/// the pool's pending demand.
+#[derive(Debug, Clone, Deserialize)]
+pub struct AppRow {
+    pub app: String,
+    #[serde(default)]
+    pub queued: Queued,
+    #[serde(default)]
+    pub unit_shape: UnitShape,
+}
+
+/// `request_resources`: capacity the pool must hold (`PUT /v1/pools/{pool}/constraints`).
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Constraints {
+    #[serde(default)]
+    pub resource_requests: Vec<FloorRequest>,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct FloorRequest {
+    pub resources: Resources,
+    #[serde(default = "one")]
+    pub count: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// Bounds on a floor: beyond them it is a mistake.
+pub const MAX_FLOOR_REQUESTS: usize = 256;
+pub const MAX_FLOOR_COUNT: u32 = 100_000;
+
+impl Constraints {
+    pub fn validate(&self) -> Result<(), String> {
+        if self.resource_requests.len() > MAX_FLOOR_REQUESTS {
+            return Err(format!("{} resource_requests, at most {MAX_FLOOR_REQUESTS}", self.resource_requests.len()));
+        }
+        for (i, r) in self.resource_requests.iter().enumerate() {
+            if r.count > MAX_FLOOR_COUNT {
+                return Err(format!("resource_requests[{i}].count: {} is more than {MAX_FLOOR_COUNT}", r.count));
+            }
+            r.resources.validate_node_capacity().map_err(|e| format!("resource_requests[{i}].resources: {e}"))?;
+        }
+        Ok(())
+    }
+}
+
+/// Where a pool instance is in its life, as packing cares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Queued or launching: capacity to come.
+    Pending,
+    /// Its agent is registered.
+    Running,
+    /// Being drained or terminated: no longer capacity.
+    Leaving,
+}
+
+#[derive(Debug, Clone)]
+pub struct PoolInstance {
+    pub id: String,
+    pub node_type: String,
+    pub phase: Phase,
+}
+
+/// Since when each node has held nothing; a node is idle from when it is first seen
+/// alive with nothing allocated.
+#[derive(Debug, Default, Clone)]
+pub struct IdleClock(HashMap<String, u64>);
+
+impl IdleClock {
+    pub fn update(&mut self, nodes: &[NodeRow], now_ms: u64) {
+        let mut next = HashMap::with_capacity(nodes.len());
+        for n in nodes {
+            if n.status == "alive" && n.allocated.is_zero() {
+                next.insert(n.node_id.clone(), self.0.get(&n.node_id).copied().unwrap_or(now_ms));
+            }
+        }
+        self.0 = next;
+    }
+
+    pub fn idle_ms(&self, node: &str, now_ms: u64) -> u64 {
+        self.0.get(node).map(|since| now_ms.saturating_sub(*since)).unwrap_or(0)
+    }
+}
+
+/// What one sync saw.
+pub struct Observation<'a> {
+    pub nodes: &'a [NodeRow],
+    pub apps: &'a [AppRow],
+    pub instances: &'a [PoolInstance],
+    pub floor: &'a Constraints,
+    pub idle: &'a IdleClock,
+    pub now_ms: u64,
+}
+
+fn shape(r: &Resources, names: &mut ResourceNames) -> Shape {
+    // Every resource vector here was validated as a node capacity or a spec member.
+    Shape::from_resources(r, names).unwrap_or_default()
+}
+
+/// The packing problem of one pass.
+pub fn problem(cfg: &PoolConfig, obs: &Observation) -> Problem {
+    let mut names = ResourceNames::default();
+    // A node without a domain label is in the default domain, as the schedulers see it.
+    let with_domain = |l: &Labels| {
+        let mut l = l.clone();
+        l.entry("domain".into()).or_insert_with(|| flotilla_core::DEFAULT_DOMAIN.into());
+        l
+    };
+    let mut node_types = cfg.pack_types(&mut names);
+    for t in &mut node_types {
+        t.labels = with_domain(&t.labels);
+    }
+    let by_id: HashMap<&str, &PoolInstance> = obs.instances.iter().map(|i| (i.id.as_str(), i)).collect();
+    let mut nodes = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for n in obs.nodes {
+        let inst = by_id.get(n.node_id.as_str());
+        if n.status == "dead" || inst.is_some_and(|i| i.phase == Phase::Leaving) {
+            continue;
+        }
+        seen.insert(n.node_id.as_str());
+        let total = shape(&n.capacity, &mut names);
+        // A node that is not plainly alive and schedulable holds its place (it still
+        // counts against its type's max) but takes no demand and is never idle.
+        let usable = n.status == "alive" && !n.cordoned && !n.drain_requested;
+        let available = if usable {
+            let mut a = total.clone();
+            a.sub_times(&shape(&n.allocated, &mut names), 1);
+            a
+        } else {
+            Shape::default()
+        };
+        nodes.push(Node {
+            id: n.node_id.clone(),
+            node_type: inst.map(|i| i.node_type.clone()),
+            total,
+            available,
+            labels: with_domain(&n.labels),
+            idle_ms: if usable { obs.idle.idle_ms(&n.node_id, obs.now_ms) } else { 0 },
+            pending: false,
+        });
+    }
+    // Instances whose agent has not joined yet: capacity to come.
+    for i in obs.instances {
+        if i.phase == Phase::Leaving || seen.contains(i.id.as_str()) {
+            continue;
+        }
+        let Some(t) = cfg.node_type(&i.node_type) else { continue };
+        let total = shape(&t.resources, &mut names);
+        nodes.push(Node {
+            id: i.id.clone(),
+            node_type: Some(i.node_type.clone()),
+            available: total.clone(),
+            total,
+            labels: with_domain(&t.labels),
+            idle_ms: 0,
+            pending: true,
+        });
+    }
+    let mut requests = Vec::new();
+    let mut gangs = Vec::new();
+    for a in obs.apps {
+        let s = &a.unit_shape;
+        if s.members.is_empty() {
+            continue;
+        }
+        let bundles: Vec<Shape> = s.members.iter().map(|m| shape(m, &mut names)).collect();
+        for (secondary, count) in [(false, a.queued.primary), (true, a.queued.secondary)] {
+            if count == 0 {
+                continue;
+            }
+            let mut selector = Selector { require: s.labels.clone(), forbid: Labels::new() };
+            if !(s.allow_low_priority || secondary) {
+                selector.forbid.insert("priority".into(), "low".into());
+            }
+            if let [one] = bundles.as_slice() {
+                // A one-member unit has no domain to share: a plain request.
+                requests.push(Request { shape: one.clone(), count: u64::from(count), selector });
+                continue;
+            }
+            for k in 0..count {
+                gangs.push(Gang {
+                    id: format!("{}/{}{k}", a.app, if secondary { "secondary-" } else { "" }),
+                    strategy: Strategy::Pack,
+                    bundles: bundles.clone(),
+                    selector: selector.clone(),
+                    same: Some("domain".into()),
+                });
+            }
+        }
+    }
+    let floor = obs
+        .floor
+        .resource_requests
+        .iter()
+        .map(|r| Request {
+            shape: shape(&r.resources, &mut names),
+            count: u64::from(r.count),
+            selector: Selector::default(),
+        })
+        .collect();
+    Problem { names, node_types, max_nodes: cfg.max_nodes, nodes, requests, gangs, floor }
+}
+
+/// The pass's decision record: the demand, the packing result and why each launch or
+/// termination happens.
+pub fn record(cfg: &PoolConfig, obs: &Observation, p: &Problem, plan: &Plan, decision_seconds: f64) -> Value {
+    let report = crate::demand::report(p, plan.clone(), decision_seconds);
+    let demand: Vec<Value> = obs
+        .apps
+        .iter()
+        .filter(|a| a.queued.primary + a.queued.secondary > 0)
+        .map(|a| json!({"app": a.app, "queued": a.queued, "members": a.unit_shape.members}))
+        .collect();
+    let pending = obs.instances.iter().filter(|i| i.phase == Phase::Pending).count();
+    let running = obs.instances.iter().filter(|i| i.phase == Phase::Running).count();
+    let mut why = Vec::new();
+    for (t, n) in &plan.launch {
+        let reasons = plan.launch_reasons.get(t).map(|r| r.join(", ")).unwrap_or_default();
+        why.push(format!("launch {n} × {t} ({reasons})"));
+    }
+    for t in &plan.terminate {
+        why.push(format!(
+            "terminate {} ({}: {})",
+            t.node_id,
+            serde_json::to_value(t.cause).unwrap_or_default().as_str().unwrap_or(""),
+            t.detail
+        ));
+    }
+    for i in &plan.infeasible {
+        why.push(format!("cannot place {} × {}: {}", i.count, i.request, i.reason));
+    }
+    if why.is_empty() {
+        why.push("no change: the pool holds the demand".into());
+    }
+    json!({
+        "at_ms": obs.now_ms,
+        "pool": cfg.name,
+        "demand": {"units": demand, "floor": obs.floor.resource_requests},
+        "instances": {"pending": pending, "running": running},
+        "launch": plan.launch,
+        "terminate": plan.terminate,
+        "infeasible": plan.infeasible,
+        "packing": {
+            "placed_on_existing": plan.needed,
+            "launched": report.launched,
+            "waste": report.waste,
+            "reasons": plan.launch_reasons,
+        },
+        "decision_seconds": decision_seconds,
+        "explanation": why.join("; "),
+    })
+}
+
+/// One pass: the problem, the plan, the record. With a pool policy, the two types it
+/// sizes are left out of packing (never launched for demand, never idle-terminated) and
+/// grown or shrunk to what the policy wants.
+pub fn decide(cfg: &PoolConfig, obs: &Observation, policy: &mut PolicyState) -> (Plan, Value) {
+    let mut p = problem(cfg, obs);
+    let sizing = cfg.policy.as_ref().and_then(|pp| size(cfg, pp, policy, obs));
+    if let Some(pp) = &cfg.policy {
+        for t in p.node_types.iter_mut().filter(|t| pp.types().any(|s| s == t.name)) {
+            t.max = live_of(obs, &t.name).min(t.max as usize) as u32;
+            t.idle_timeout_ms = None;
+        }
+    }
+    let start = std::time::Instant::now();
+    let mut plan = pack::plan(&p);
+    if let Some(s) = &sizing {
+        apply_sizing(obs, s, &mut plan);
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let mut rec = record(cfg, obs, &p, &plan, secs);
+    if let Some(s) = &sizing {
+        rec["policy"] = serde_json::to_value(&s.decision).unwrap_or(Value::Null);
+        rec["policy_desired"] = json!(s.desired);
+    }
+    (plan, rec)
+}
+
+/// Pending and running instances of a type.
+fn live_of(obs: &Observation, node_type: &str) -> usize {
+    obs.instances.iter().filter(|i| i.node_type == node_type && i.phase != Phase::Leaving).count()
+}
+
+/// Grows or shrinks each sized type to the policy's count: launches what is missing;
+/// cancels launches first, then drains the nodes that hold least (idle longest first).
+fn apply_sizing(obs: &Observation, s: &Sizing, plan: &mut Plan) {
+    let why = format!("policy {}: {}", s.decision.policy, s.decision.explanation());
+    for (t, want) in &s.desired {
+        let have = live_of(obs, t) as u32;
+        if *want > have {
+            *plan.launch.entry(t.clone()).or_default() += want - have;
+            plan.launch_reasons.entry(t.clone()).or_default().push(format!("{} for {why}", want - have));
+            continue;
+        }
+        let mut extra = (have - want) as usize;
+        if extra == 0 {
+            continue;
+        }
+        let rows: HashMap<&str, &NodeRow> = obs.nodes.iter().map(|n| (n.node_id.as_str(), n)).collect();
+        let mut candidates: Vec<(u8, u64, u64, &str)> = obs
+            .instances
+            .iter()
+            .filter(|i| &i.node_type == t && i.phase != Phase::Leaving && !plan.needed.contains(&i.id))
+            .map(|i| match rows.get(i.id.as_str()) {
+                Some(n) if i.phase == Phase::Running => {
+                    (1, n.allocated.cpu_millis, u64::MAX - obs.idle.idle_ms(&i.id, obs.now_ms), i.id.as_str())
+                }
+                _ => (0, 0, 0, i.id.as_str()),
+            })
+            .collect();
+        candidates.sort();
+        for (_, _, _, id) in candidates {
+            if extra == 0 {
+                break;
+            }
+            extra -= 1;
+            plan.terminate.push(Termination {
+                node_id: id.to_string(),
+                node_type: t.clone(),
+                cause: Cause::Policy,
+                detail: why.clone(),
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const POOL: &str = r#"
+        [node_types.small-a]
+        cpu = 1
+        memory = "1Gi"
+        labels = { domain = "domain-a", priority = "high" }
+        min = 1
+        max = 4
+        [node_types.low]
+        cpu = 1
+        memory = "1Gi"
+        labels = { domain = "domain-a", priority = "low" }
+        max = 4
+    "#;
+
+    fn row(id: &str, labels: &[(&str, &str)], allocated_cpu: u64) -> NodeRow {
+        NodeRow {
+            node_id: id.into(),
+            status: "alive".into(),
+            labels: labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            capacity: Resources::new(1000, 1 << 30, 0),
+            allocated: Resources::new(allocated_cpu, 0, 0),
+            cordoned: false,
+            drain_requested: false,
+        }
+    }
+
+    fn echo(primary: u32, secondary: u32) -> AppRow {
+        let m = Resources::new(400, 64 << 20, 0);
+        AppRow {
+            app: "echo".into(),
+            queued: Queued { primary, secondary },
+            unit_shape: UnitShape { members: vec![m.clone(), m], ..Default::default() },
+        }
+    }
+
+    #[test]
+    fn queued_units_use_free_nodes_first_and_count_pending_instances_as_capacity() {
+        let cfg = PoolConfig::parse(POOL).unwrap();
+        let nodes = vec![row("pool-small-a-1", &[("domain", "domain-a"), ("priority", "high")], 0)];
+        let instances = vec![
+            PoolInstance { id: "pool-small-a-1".into(), node_type: "small-a".into(), phase: Phase::Running },
+            PoolInstance { id: "pool-small-a-2".into(), node_type: "small-a".into(), phase: Phase::Pending },
+        ];
+        let apps = vec![echo(3, 0)];
+        let obs = Observation {
+            nodes: &nodes,
+            apps: &apps,
+            instances: &instances,
+            floor: &Constraints::default(),
+            idle: &IdleClock::default(),
+            now_ms: 0,
+        };
+        let (plan, record) = decide(&cfg, &obs, &mut PolicyState::default());
+        // One unit on the free node, one on the node coming up, one new node; a primary
+        // unit never goes to a low-priority type.
+        assert_eq!(plan.launch.get("small-a"), Some(&1), "{record}");
+        assert!(!plan.launch.contains_key("low"));
+        assert_eq!(plan.needed.len(), 2, "{record}");
+        assert!(record["explanation"].as_str().unwrap().contains("launch 1 × small-a"), "{record}");
+
+        // Secondary units may take low-priority nodes, and with costs unset the order of
+        // types decides: still a node of some type per unit.
+        let apps = vec![echo(0, 2)];
+        let obs = Observation { apps: &apps, ..obs };
+        let (plan, _) = decide(&cfg, &obs, &mut PolicyState::default());
+        assert_eq!(plan.launch.values().sum::<u32>(), 0, "two units fit on the two nodes: {:?}", plan.launch);
+    }
+}

@@ -1,0 +1,259 @@
+//! Pool autoscaling from the command line: `flotilla autoscale plan` (one packing
+//! decision, offline), `flotilla pool` (instances by type and state), and the pool
+//! autoscaler itself (in `flotilla up --autoscale`, or `flotilla autoscaler`).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+use flotilla_obs::LogFormat;
+use flotilla_pool::autoscaler::Autoscaler;
+use flotilla_pool::cluster::HttpCluster;
+use flotilla_pool::config::{PoolConfig, ProviderConfig};
+use flotilla_pool::demand::DemandFile;
+use flotilla_pool::provider::InstanceProvider;
+use flotilla_pool::provider::exec::{ExecConfig, ExecProvider};
+use flotilla_pool::provider::local::{LocalConfig, LocalProvider};
+use flotilla_pool::store::PoolStore;
+use serde_json::Value;
+
+use crate::client::ListArgs;
+
+/// The largest demand file `plan` reads.
+const MAX_DEMAND_BYTES: u64 = 256 << 20;
+
+#[derive(Debug, Args)]
+pub struct AutoscaleArgs {
+    #[command(subcommand)]
+    pub cmd: AutoscaleCmd,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AutoscaleCmd {
+    /// One Ray-v2-style packing decision, offline: which nodes to launch for a demand.
+    Plan(PlanArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct PlanArgs {
+    /// The demand: Ray autoscaler v2's scheduling request as JSON (examples/demand.json).
+    #[arg(long)]
+    pub demand: PathBuf,
+    /// Print one compact JSON object as the last line of stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn autoscale(a: AutoscaleArgs) -> anyhow::Result<()> {
+    match a.cmd {
+        AutoscaleCmd::Plan(p) => plan(p),
+    }
+}
+
+fn read_bounded(path: &Path, max: u64) -> anyhow::Result<String> {
+    let len = std::fs::metadata(path).with_context(|| format!("reading {}", path.display()))?.len();
+    anyhow::ensure!(len <= max, "{}: {len} bytes, more than {max}", path.display());
+    std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
+}
+
+fn plan(a: PlanArgs) -> anyhow::Result<()> {
+    let text = read_bounded(&a.demand, MAX_DEMAND_BYTES)?;
+    let file = DemandFile::parse(&text).with_context(|| format!("{} is not a valid demand", a.demand.display()))?;
+    let r = file.plan();
+    if a.json {
+        println!("{}", serde_json::to_string(&r)?);
+        return Ok(());
+    }
+    println!("launch {} node(s), decided in {:.3} ms", r.nodes_total, r.decision_seconds * 1e3);
+    if !r.nodes_by_type.is_empty() {
+        println!("  {:<20} {:>6}  WHY", "TYPE", "COUNT");
+        for (t, n) in &r.nodes_by_type {
+            let why = r.reasons.get(t).map(|w| w.join(", ")).unwrap_or_default();
+            println!("  {t:<20} {n:>6}  {why}");
+        }
+        let fmt = |name: &str, v: f64| {
+            if name == "memory" { format!("{name} {:.1}Gi", v / (1u64 << 30) as f64) } else { format!("{name} {v}") }
+        };
+        let launched: Vec<String> = r.launched.iter().map(|(k, v)| fmt(k, *v)).collect();
+        println!("launched capacity: {}", launched.join(", "));
+        let waste: Vec<String> = r.waste.iter().map(|(k, v)| format!("{k} {:.0}%", v * 100.0)).collect();
+        println!("left unused: {}", waste.join(", "));
+    }
+    for t in &r.terminate {
+        println!("terminate {} ({}): {}", t.node_id, t.node_type, t.detail);
+    }
+    if !r.infeasible.is_empty() {
+        println!("infeasible:");
+        for i in &r.infeasible {
+            println!("  {} × {}: {}", i.request, i.count, i.reason);
+        }
+    }
+    Ok(())
+}
+
+/// `flotilla pool`: each pool's instances by type and state.
+pub async fn pool(a: ListArgs) -> anyhow::Result<()> {
+    let v = crate::client::get(&a, "/v1/pools").await?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    let pools = v.as_array().cloned().unwrap_or_default();
+    if pools.is_empty() {
+        println!("no pool autoscaler has reported (start one with `flotilla up --autoscale`)");
+    }
+    for p in &pools {
+        let s = |v: &Value, k: &str| v.get(k).and_then(Value::as_str).unwrap_or("-").to_string();
+        let stale = if p["stale"].as_bool() == Some(true) { " (stale: its autoscaler stopped reporting)" } else { "" };
+        println!("pool {} (provider {}){stale}", s(p, "pool"), s(p, "provider"));
+        println!("  {:<16} {:>4} {:>4}  STATES", "TYPE", "MIN", "MAX");
+        for t in p["node_types"].as_array().into_iter().flatten() {
+            let name = s(t, "name");
+            let states = p["by_type"][&name]
+                .as_object()
+                .map(|m| m.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" "))
+                .unwrap_or_default();
+            let n = |k: &str| t[k].as_u64().map(|v| v.to_string()).unwrap_or_else(|| "-".into());
+            println!("  {:<16} {:>4} {:>4}  {states}", name, n("min"), n("max"));
+        }
+        println!("  {:<22} {:<16} {:<17} REASON", "INSTANCE", "TYPE", "STATE");
+        for i in p["instances"].as_array().into_iter().flatten() {
+            println!("  {:<22} {:<16} {:<17} {}", s(i, "id"), s(i, "node_type"), s(i, "state"), s(i, "reason"));
+        }
+        if let Some(d) = p["decisions"].as_array().and_then(|d| d.first()) {
+            println!("  last decision: {}", s(d, "explanation"));
+        }
+    }
+    Ok(())
+}
+
+/// What the local provider's agents need to join the cluster.
+pub struct AgentJoin {
+    pub aggregators: String,
+    pub join_token_file: PathBuf,
+    pub ca: PathBuf,
+    pub log_format: LogFormat,
+}
+
+/// The provider a pool file names. Local agents are tied to this process when `tied`
+/// (`up`: they stop with it), else they outlive it as cloud VMs outlive a crashed
+/// autoscaler.
+pub fn provider(
+    cfg: &PoolConfig,
+    data: &Path,
+    join: &AgentJoin,
+    tied: bool,
+) -> anyhow::Result<Arc<dyn InstanceProvider>> {
+    Ok(match &cfg.provider {
+        ProviderConfig::Local => Arc::new(LocalProvider::new(LocalConfig {
+            program: std::env::current_exe().context("finding this binary")?,
+            args_before: vec![
+                "--log-format".into(),
+                join.log_format.as_arg().into(),
+                "agent".into(),
+                "--aggregators".into(),
+                join.aggregators.clone(),
+                "--join-token-file".into(),
+                join.join_token_file.display().to_string(),
+                "--ca".into(),
+                join.ca.display().to_string(),
+                "--stop-grace-ms".into(),
+                "2000".into(),
+            ],
+            dir: data.join("pool").join(&cfg.name),
+            port_base: 30_000,
+            tied_to_parent: tied,
+            stop_grace: std::time::Duration::from_secs(10),
+        })),
+        ProviderConfig::Exec { launch, terminate, list, timeout, env } => {
+            let mut env = env.clone();
+            env.insert("FLOTILLA_AGGREGATORS".into(), join.aggregators.clone());
+            env.insert("FLOTILLA_JOIN_TOKEN_FILE".into(), join.join_token_file.display().to_string());
+            env.insert("FLOTILLA_CA".into(), join.ca.display().to_string());
+            env.insert("FLOTILLA_POOL_DIR".into(), data.join("pool").join(&cfg.name).display().to_string());
+            if let Ok(exe) = std::env::current_exe() {
+                env.entry("FLOTILLA_BIN".into()).or_insert(exe.display().to_string());
+            }
+            Arc::new(ExecProvider::new(ExecConfig {
+                launch: launch.clone(),
+                terminate: terminate.clone(),
+                list: list.clone(),
+                timeout: std::time::Duration::from_secs(timeout.as_secs()),
+                env,
+            })?)
+        }
+    })
+}
+
+pub fn load_pool(path: &Path) -> anyhow::Result<PoolConfig> {
+    let text = read_bounded(path, 1 << 20)?;
+    PoolConfig::parse(&text).with_context(|| format!("{}", path.display()))
+}
+
+/// A pool autoscaler for `cfg`, resuming from `DATA/pool/NAME.redb`.
+pub fn autoscaler(
+    cfg: PoolConfig,
+    data: &Path,
+    provider: Arc<dyn InstanceProvider>,
+    control: &str,
+    http: reqwest::Client,
+    token: Option<String>,
+) -> anyhow::Result<Autoscaler> {
+    let dir = data.join("pool");
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let store = PoolStore::open(dir.join(format!("{}.redb", cfg.name)))?;
+    let cluster = Arc::new(HttpCluster::new(http, control, token));
+    Ok(Autoscaler::new(cfg, provider, cluster, store)?)
+}
+
+#[derive(Debug, Args)]
+pub struct AutoscalerArgs {
+    /// The pool file (examples/pool.toml documents it).
+    #[arg(long, default_value = "examples/pool.toml")]
+    pub pool: PathBuf,
+    /// The control plane.
+    #[arg(long, env = "FLOTILLA_ADDR", default_value = "http://127.0.0.1:7700")]
+    pub control: String,
+    /// The data dir of the cluster (join token, CA, API token); the pool's records are
+    /// kept in DATA/pool/.
+    #[arg(long, env = "FLOTILLA_DATA", default_value = "./.flotilla")]
+    pub data: PathBuf,
+    /// PEM file with the CA that signed an HTTPS control plane's certificate.
+    #[arg(long, env = "FLOTILLA_CA")]
+    pub ca: Option<PathBuf>,
+}
+
+/// `flotilla autoscaler`: the pool autoscaler as its own process. Its local agents
+/// outlive it: killed and restarted, it finds them by their ids.
+pub async fn run_standalone(a: AutoscalerArgs, log_format: LogFormat) -> anyhow::Result<()> {
+    let cfg = load_pool(&a.pool)?;
+    let http = crate::client::http_client(a.ca.as_deref())?;
+    let token = std::fs::read_to_string(a.data.join("api-token")).ok().map(|t| t.trim().to_string());
+    let shards: Value = http
+        .get(format!("{}/v1/shards", a.control.trim_end_matches('/')))
+        .send()
+        .await
+        .and_then(|r| r.error_for_status())
+        .with_context(|| format!("reaching the control plane at {}", a.control))?
+        .json()
+        .await?;
+    let aggregators: Vec<String> = shards
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|s| s.get("address").and_then(Value::as_str).map(String::from))
+        .collect();
+    anyhow::ensure!(!aggregators.is_empty(), "the control plane at {} lists no shards", a.control);
+    let join = AgentJoin {
+        aggregators: aggregators.join(","),
+        join_token_file: a.data.join("join-token"),
+        ca: a.data.join("tls.crt"),
+        log_format,
+    };
+    let provider = provider(&cfg, &a.data, &join, false)?;
+    let scaler = autoscaler(cfg, &a.data, provider, &a.control, http, token)?;
+    println!("pool autoscaler running against {}", a.control);
+    scaler.run(crate::servers::shutdown_signal()).await;
+    Ok(())
+}

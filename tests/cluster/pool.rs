@@ -1,0 +1,178 @@
+//! Pool autoscaling with real agents: `flotilla up --autoscale` grows the pool when an app
+//! is scaled past it and drains and terminates nodes that sit idle; a pool autoscaler
+//! killed between a launch and its next sync restarts without leaking or doubling an
+//! instance.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use flotilla_testkit::{Group, Up, alive, fresh_dir, http, run_ok, signal, wait_for};
+use serde_json::Value;
+
+/// Two one-CPU node types, one per domain, with timings in seconds.
+const POOL: &str = r#"
+name = "default"
+interval = "1s"
+upscaling_speed = 4.0
+max_concurrent_launches = 4
+idle_timeout = "3s"
+
+[timeouts]
+request = "30s"
+agent_start = "60s"
+drain = "30s"
+
+[node_types.small-a]
+cpu = 1
+memory = "1Gi"
+labels = { domain = "domain-a", priority = "high" }
+min = 1
+max = 4
+
+[node_types.small-b]
+cpu = 1
+memory = "1Gi"
+labels = { domain = "domain-b", priority = "high" }
+min = 0
+max = 2
+"#;
+
+/// The echo example with members of 400m: one unit (head and worker) fills a node.
+fn files(dir: &Path) -> (PathBuf, PathBuf) {
+    let spec = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/echo.toml"))
+        .unwrap()
+        .replace("cpu = \"250m\"", "cpu = \"400m\"")
+        .replace("max_units_per_domain = 3", "max_units_per_domain = 10")
+        .replace("initial = 2", "initial = 1")
+        .replace("max = 6", "max = 8");
+    let (pool, app) = (dir.join("pool.toml"), dir.join("echo.toml"));
+    std::fs::write(&pool, POOL).unwrap();
+    std::fs::write(&app, spec).unwrap();
+    (pool, app)
+}
+
+fn running_units(up: &Up) -> usize {
+    up.units("echo").iter().filter(|u| u["state"] == "running").count()
+}
+
+fn pool(up: &Up) -> Option<Value> {
+    let (status, body) = http(&up.addr, "GET", "/v1/pools/default", None, "");
+    (status == 200).then_some(body)
+}
+
+fn instances_in(p: &Value, state: &str) -> Vec<String> {
+    p["instances"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|i| i["state"] == state)
+        .map(|i| i["id"].as_str().unwrap_or_default().to_string())
+        .collect()
+}
+
+/// Pids of the pool's agents that are still running.
+fn live_pool_agents(data: &Path) -> Vec<i32> {
+    let dir = data.join("pool").join("default");
+    let Ok(entries) = std::fs::read_dir(dir) else { return vec![] };
+    entries
+        .filter_map(|e| {
+            let p = e.ok()?.path();
+            (p.extension()? == "pid").then(|| std::fs::read_to_string(&p).ok()?.trim().parse::<i32>().ok())?
+        })
+        .filter(|pid| alive(*pid))
+        .collect()
+}
+
+#[test]
+fn up_autoscale_grows_the_pool_for_pending_units_and_shrinks_it_when_idle() {
+    let dir = fresh_dir("pool-files");
+    let (pool_file, app) = files(&dir);
+    let mut up =
+        Up::start("pool-up", &["--autoscale", "--pool", pool_file.to_str().unwrap(), "--app", app.to_str().unwrap()]);
+    // The pool starts with small-a's min: one node, which takes the one unit.
+    wait_for("the first unit on the min node", Duration::from_secs(60), || (running_units(&up) == 1).then_some(()));
+    let nodes = up.nodes();
+    assert_eq!(nodes.len(), 1, "only the min node: {nodes:?}");
+    assert!(nodes[0]["node_id"].as_str().unwrap().starts_with("pool-small-a-"), "{nodes:?}");
+
+    // Scaled past what the pool holds, the pool grows: each new unit needs a node.
+    run_ok(up.cli().args(["scale", "echo", "--units", "4"]));
+    wait_for("four running units", Duration::from_secs(120), || (running_units(&up) == 4).then_some(()));
+    let p = wait_for("four running instances", Duration::from_secs(10), || {
+        pool(&up).filter(|p| instances_in(p, "running").len() == 4)
+    });
+    assert_eq!(up.nodes().len(), 4);
+    let launched = p["decisions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["launch"].as_object().is_some_and(|l| !l.is_empty()))
+        .cloned()
+        .expect("a decision that launched");
+    assert!(launched["explanation"].as_str().unwrap().contains("for gang echo/"), "{launched}");
+    let text = String::from_utf8(up.cli().args(["pool"]).output().unwrap().stdout).unwrap();
+    assert!(text.contains("small-a") && text.contains("running"), "{text}");
+
+    // Scaled back, the idle nodes are drained and terminated after their idle timeout;
+    // the min node and the one still running a unit stay.
+    run_ok(up.cli().args(["scale", "echo", "--units", "1"]));
+    let p = wait_for("idle nodes terminated", Duration::from_secs(120), || {
+        let p = pool(&up)?;
+        (instances_in(&p, "running").len() <= 2 && instances_in(&p, "terminated").len() >= 2).then_some(p)
+    });
+    let idle =
+        p["decisions"].as_array().unwrap().iter().flat_map(|d| d["terminate"].as_array().cloned().unwrap_or_default());
+    assert!(idle.into_iter().any(|t| t["cause"] == "idle"), "{p}");
+    assert_eq!(running_units(&up), 1);
+    wait_for("terminated agents gone", Duration::from_secs(30), || {
+        let p = pool(&up)?;
+        (live_pool_agents(&up.data).len() == instances_in(&p, "running").len()).then_some(())
+    });
+
+    let pids = up.agent_pids();
+    assert!(up.stop(), "up stops cleanly");
+    wait_for("every pool agent stopped with up", Duration::from_secs(15), || {
+        pids.iter().all(|p| !alive(*p)).then_some(())
+    });
+}
+
+#[test]
+fn a_pool_autoscaler_killed_mid_launch_restarts_without_leaking_or_doubling_instances() {
+    let dir = fresh_dir("pool-restart-files");
+    let (pool_file, app) = files(&dir);
+    // No nodes at all: the app's units wait, and a standalone autoscaler grows the pool.
+    let up = Up::start("pool-restart", &["--agents", "0", "--app", app.to_str().unwrap()]);
+    run_ok(up.cli().args(["scale", "echo", "--units", "3"]));
+    let mut g = Group::new();
+    let args = [
+        "autoscaler",
+        "--pool",
+        pool_file.to_str().unwrap(),
+        "--control",
+        &up.addr,
+        "--data",
+        up.data.to_str().unwrap(),
+    ];
+    let first = g.spawn(&args, &dir.join("autoscaler-1.log"));
+    // Killed as soon as its first agent exists: launched, not yet seen by a sync.
+    wait_for("a launched agent", Duration::from_secs(30), || (!live_pool_agents(&up.data).is_empty()).then_some(()));
+    signal(first as i32, libc::SIGKILL);
+    let _ = g.try_wait(first);
+
+    let _second = g.spawn(&args, &dir.join("autoscaler-2.log"));
+    wait_for("three running units", Duration::from_secs(120), || (running_units(&up) == 3).then_some(()));
+    // Let a few more passes run: nothing more may be launched.
+    std::thread::sleep(Duration::from_secs(4));
+    let p = pool(&up).expect("the pool reports");
+    let mut ids: Vec<String> =
+        p["instances"].as_array().unwrap().iter().map(|i| i["id"].as_str().unwrap().to_string()).collect();
+    ids.sort();
+    ids.dedup();
+    let running = instances_in(&p, "running");
+    // min 1 of small-a plus one node per unit beyond it: three nodes, each launched once.
+    assert_eq!(running.len(), 3, "{p}");
+    assert_eq!(ids.len(), 3, "no instance beyond the three it needs: {p}");
+    let nodes: Vec<String> = up.nodes().iter().map(|n| n["node_id"].as_str().unwrap().to_string()).collect();
+    assert_eq!(nodes.len(), 3, "{nodes:?}");
+    assert_eq!(live_pool_agents(&up.data).len(), 3, "one agent process per instance, none leaked");
+}
