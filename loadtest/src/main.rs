@@ -1,6 +1,7 @@
 //! `flotilla-loadtest`: measures Flotilla against the targets of docs/architecture.md §14. With
 //! `--json`, the last line of stdout is one compact JSON object.
 
+mod autoscale;
 mod common;
 mod failover;
 mod heartbeats;
@@ -32,6 +33,8 @@ enum Cmd {
     Soak(soak::SoakArgs),
     /// One autoscaling evaluation for each of many apps (both policies).
     Policies(policies::PoliciesArgs),
+    /// One pool scale-up decision for a seeded demand, against Ray 2.60's own scheduler.
+    Autoscale(autoscale::AutoscaleArgs),
 }
 
 #[tokio::main]
@@ -44,6 +47,7 @@ async fn main() -> std::process::ExitCode {
         Cmd::Routing(a) => routing::run(a).await,
         Cmd::Soak(a) => soak::run(a).await,
         Cmd::Policies(a) => policies::run(a),
+        Cmd::Autoscale(a) => autoscale::run(a),
     };
     match r {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -93,3 +93,25 @@ fn policies_scenario_reports_every_figure() {
     assert_eq!(v["apps"], 100);
     assert!(v["actions"].as_u64().unwrap() > 0, "the moving signals scale some apps");
 }
+
+#[test]
+fn autoscale_scenario_reports_every_figure() {
+    let out = Command::new(env!("CARGO_BIN_EXE_flotilla-loadtest"))
+        .args(["autoscale", "--requests", "1000", "--no-ray", "--json"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    for key in ["requests", "flotilla_decision_seconds", "flotilla_nodes", "flotilla_memory_waste"] {
+        assert!(v.get(key).is_some_and(|x| x.is_number()), "{key} missing in {v}");
+    }
+    for key in ["ray_decision_seconds", "speedup_vs_ray", "ray_nodes", "ray_memory_waste"] {
+        assert!(v.get(key).is_some_and(|x| x.is_null()), "{key} should be null with --no-ray in {v}");
+    }
+    assert_eq!(v["requests"], 1000);
+    assert!(v["flotilla_nodes"].as_u64().unwrap() > 0);
+    assert_eq!(v["flotilla_infeasible"], 0, "the generated demand is all feasible");
+    let w = v["flotilla_memory_waste"].as_f64().unwrap();
+    assert!((0.0..1.0).contains(&w), "waste is a fraction: {w}");
+}
