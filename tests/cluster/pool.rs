@@ -176,3 +176,24 @@ fn a_pool_autoscaler_killed_mid_launch_restarts_without_leaking_or_doubling_inst
     assert_eq!(nodes.len(), 3, "{nodes:?}");
     assert_eq!(live_pool_agents(&up.data).len(), 3, "one agent process per instance, none leaked");
 }
+
+#[test]
+fn autoscale_plan_makes_the_documented_example_decision() {
+    let demand = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/demand.json");
+    let out = run_ok(flotilla_testkit::flotilla().args(["autoscale", "plan", "--demand", demand, "--json"]));
+    let last: Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+    assert_eq!(last["nodes_total"], 3, "{last}");
+    assert_eq!(last["nodes_by_type"]["gpu-6"], 1, "the 2-GPU request takes the 6-GPU type: {last}");
+    assert_eq!(last["nodes_by_type"]["cpu-16"], 2, "{last}");
+    assert!(last["infeasible"].as_array().unwrap().is_empty());
+    assert!(last["decision_seconds"].as_f64().unwrap() >= 0.0);
+    let text = run_ok(flotilla_testkit::flotilla().args(["autoscale", "plan", "--demand", demand]));
+    assert!(text.contains("gpu-6") && text.contains("left unused"), "{text}");
+    // A bad demand names what is wrong.
+    let dir = fresh_dir("plan-bad");
+    let bad = dir.join("bad.json");
+    std::fs::write(&bad, r#"{"node_types": [{"name": "a", "resources": {"CPU": -2}}]}"#).unwrap();
+    let o = flotilla_testkit::run(&["autoscale", "plan", "--demand", bad.to_str().unwrap()], &[]);
+    assert!(!o.status.success());
+    assert!(flotilla_testkit::stderr(&o).contains("node_types[0].resources.CPU"), "{}", flotilla_testkit::stderr(&o));
+}
