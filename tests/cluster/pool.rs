@@ -113,6 +113,22 @@ fn up_autoscale_grows_the_pool_for_pending_units_and_shrinks_it_when_idle() {
     let text = String::from_utf8(up.cli().args(["pool"]).output().unwrap().stdout).unwrap();
     assert!(text.contains("small-a") && text.contains("running"), "{text}");
 
+    // A node that leaves on its own (preempted, killed) is a failed instance; its unit
+    // comes back as demand and the pool replaces the node.
+    let victim = instances_in(&p, "running").pop().unwrap();
+    let pid: i32 = std::fs::read_to_string(up.data.join("pool/default").join(format!("{victim}.pid")))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    signal(-pid, libc::SIGKILL);
+    let p = wait_for("the lost node replaced", Duration::from_secs(120), || {
+        let p = pool(&up)?;
+        let lost = p["instances"].as_array()?.iter().any(|i| i["id"] == victim.as_str() && i["state"] == "terminated");
+        (lost && instances_in(&p, "running").len() == 4 && running_units(&up) == 4).then_some(p)
+    });
+    assert!(!instances_in(&p, "running").contains(&victim));
+
     // Scaled back, the idle nodes are drained and terminated after their idle timeout;
     // the min node and the one still running a unit stay.
     run_ok(up.cli().args(["scale", "echo", "--units", "1"]));

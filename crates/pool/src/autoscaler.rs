@@ -14,6 +14,7 @@ use tracing::Instrument;
 use crate::cluster::{Cluster, ClusterError};
 use crate::config::PoolConfig;
 use crate::instance::{Change, InstanceState, Instances, NodeSeen};
+use crate::pack::Cause;
 use crate::policy::PolicyState;
 use crate::provider::{InstanceProvider, LaunchSpec, ProviderError};
 use crate::reconciler::{self, Constraints, IdleClock, Observation, Phase, PoolInstance};
@@ -203,13 +204,19 @@ impl Autoscaler {
         Ok(())
     }
 
-    /// DRAIN_REQUESTED: a node still idle is drained (cordoned; what it runs moves
-    /// make-before-break); one that took work since goes back to RUNNING.
+    /// DRAIN_REQUESTED: the node is drained (cordoned; what it runs moves make-before-break).
+    /// A node asked to go for being idle that took work since goes back to RUNNING
+    /// instead; one asked to go for a limit or a policy is drained whatever it runs.
     async fn drain(&mut self, seen: &HashMap<String, NodeSeen>, now: u64, changes: &mut Vec<Change>) {
-        let asked: Vec<String> =
-            self.instances.iter().filter(|i| i.state == InstanceState::DrainRequested).map(|i| i.id.clone()).collect();
-        for id in asked {
-            if !seen.get(&id).is_some_and(|s| s.allocated_nothing) {
+        let idle_prefix = format!("{}:", Cause::Idle.as_str());
+        let asked: Vec<(String, bool)> = self
+            .instances
+            .iter()
+            .filter(|i| i.state == InstanceState::DrainRequested)
+            .map(|i| (i.id.clone(), i.reason.as_deref().is_some_and(|r| r.starts_with(&idle_prefix))))
+            .collect();
+        for (id, for_idleness) in asked {
+            if for_idleness && !seen.get(&id).is_some_and(|s| s.allocated_nothing) {
                 if let Ok(c) = self.instances.drain_refused(&id, now, "no longer idle as the drain arrived") {
                     changes.push(c);
                 }
