@@ -8,6 +8,7 @@ mod autoscaling;
 mod common;
 mod nodes;
 mod pool;
+mod pool_exec;
 mod routing;
 mod scaling;
 mod security;

@@ -173,7 +173,8 @@ fn a_pool_autoscaler_killed_mid_launch_restarts_without_leaking_or_doubling_inst
     // Killed as soon as its first agent exists: launched, not yet seen by a sync.
     wait_for("a launched agent", Duration::from_secs(30), || (!live_pool_agents(&up.data).is_empty()).then_some(()));
     signal(first as i32, libc::SIGKILL);
-    let _ = g.try_wait(first);
+    // Gone (and so its lock on the pool store released) before the second one starts.
+    wait_for("the first autoscaler gone", Duration::from_secs(10), || g.try_wait(first));
 
     let _second = g.spawn(&args, &dir.join("autoscaler-2.log"));
     wait_for("three running units", Duration::from_secs(120), || (running_units(&up) == 3).then_some(()));
