@@ -156,6 +156,25 @@ async fn a_restarted_provider_finds_its_agents() -> R {
 }
 
 #[tokio::test]
+async fn an_agent_whose_pid_file_was_never_written_is_found_by_its_id() -> R {
+    // An autoscaler killed between starting an agent and writing its pid file.
+    let dir = Dir::new("local-no-pid");
+    let p = LocalProvider::new(config(&dir.0, 34_000));
+    p.launch(&spec("pool-cpu-0000000c")).await?;
+    let pid = std::fs::read_to_string(dir.0.join("pool-cpu-0000000c.pid"))?;
+    std::fs::remove_file(dir.0.join("pool-cpu-0000000c.pid"))?;
+    let restarted = LocalProvider::new(config(&dir.0, 34_000));
+    wait_listed(&restarted, &["pool-cpu-0000000c"]).await?;
+    assert_eq!(std::fs::read_to_string(dir.0.join("pool-cpu-0000000c.pid"))?, pid, "the pid is recorded again");
+    // Launching it again is a no-op, not a second agent.
+    restarted.launch(&spec("pool-cpu-0000000c")).await?;
+    assert_eq!(std::fs::read_to_string(dir.0.join("pool-cpu-0000000c.pid"))?, pid);
+    restarted.terminate("pool-cpu-0000000c").await?;
+    wait_listed(&restarted, &[]).await?;
+    Ok(())
+}
+
+#[tokio::test]
 async fn a_reused_pid_is_not_an_agent() -> R {
     let dir = Dir::new("local-pid-reuse");
     // A record whose pid is alive but is some other process (this test).

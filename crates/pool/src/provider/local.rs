@@ -92,10 +92,20 @@ impl LocalProvider {
         self.config.dir.join(format!("{id}.{ext}"))
     }
 
-    /// The pid of `id`'s live process, if there is one.
+    /// The pid of `id`'s live process, if there is one. The meta file is written before
+    /// the agent starts and the pid file after: an autoscaler killed in between leaves a
+    /// running agent without a pid file, which is found by its command line and recorded,
+    /// so it is listed (not leaked, not launched twice).
     fn live_pid(&self, id: &str) -> Option<i32> {
-        let pid = std::fs::read_to_string(self.path(id, "pid")).ok()?.trim().parse::<i32>().ok()?;
-        (pid > 0 && runs_with_arg(pid, id)).then_some(pid)
+        let recorded = std::fs::read_to_string(self.path(id, "pid")).ok().and_then(|p| p.trim().parse::<i32>().ok());
+        if let Some(pid) = recorded.filter(|p| *p > 0 && runs_with_arg(*p, id)) {
+            return Some(pid);
+        }
+        let pid = find_by_arg(id)?;
+        if let Err(e) = write_atomic(&self.path(id, "pid"), pid.to_string().as_bytes()) {
+            tracing::warn!(instance = %id, error = %e, "local provider: recording a found agent's pid");
+        }
+        Some(pid)
     }
 
     /// Every meta file in the directory (unreadable ones are skipped with a warning).
@@ -310,6 +320,17 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ProviderError> {
 }
 
 /// True when `pid` is a live (not zombie) process with `arg` among its arguments.
+/// The process group leader whose command line has `arg` as one argument (an agent is
+/// its own group's leader, so its members, which carry other arguments, never match).
+fn find_by_arg(arg: &str) -> Option<i32> {
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+        // SAFETY: getpgid(2) only reads the process table.
+        let leader = unsafe { libc::getpgid(pid) } == pid;
+        (leader && runs_with_arg(pid, arg)).then_some(pid)
+    })
+}
+
 pub(crate) fn runs_with_arg(pid: i32, arg: &str) -> bool {
     match std::fs::read(format!("/proc/{pid}/cmdline")) {
         // A zombie's cmdline is empty, so it never matches.
