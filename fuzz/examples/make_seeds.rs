@@ -16,6 +16,7 @@ use flotilla_proto::v1;
 use prost::Message;
 
 const ECHO: &str = include_str!("../../examples/echo.toml");
+const POOL: &str = include_str!("../../examples/pool.toml");
 
 fn main() -> std::io::Result<()> {
     let root = std::env::args()
@@ -30,6 +31,7 @@ fn main() -> std::io::Result<()> {
         ("app_spec", app_spec()),
         ("control_json", control_json()),
         ("autoscaling", autoscaling()),
+        ("pool", pool()),
     ] {
         let dir = root.join(target);
         std::fs::create_dir_all(&dir)?;
@@ -403,6 +405,8 @@ fn control_json() -> Seeds {
     // bit 4 without the JSON content type (see `flotilla_fuzz::control_json`).
     let (scale, register, spec, node) = (0u8, 1u8, 2u8, 3u8);
     let (none, wrong, no_json) = (1u8 << 2, 2u8 << 2, 1u8 << 4);
+    // Bit 5: a pool call, bit 0 which, bit 1 an invalid pool name.
+    let (constraints, report, bad_pool) = (1u8 << 5, 1u8 << 5 | 1, 1u8 << 1);
     vec![
         ("scale", control(scale, br#"{"units": 3}"#)),
         ("scale-negative", control(scale, br#"{"units": -1}"#)),
@@ -425,6 +429,22 @@ fn control_json() -> Seeds {
         ("node-cordon", control(node, b"node-1/cordon")),
         ("node-unknown-action", control(node, b"node-1/explode")),
         ("node-bad-id", control(node, b"bad%20id/drain")),
+        ("pool-constraints", control(constraints, FLOOR)),
+        ("pool-constraints-empty", control(constraints, br#"{"resource_requests": []}"#)),
+        (
+            "pool-constraints-too-many",
+            control(constraints, br#"{"resource_requests": [{"resources": {"cpu_millis": 1000}, "count": 100001}]}"#),
+        ),
+        ("pool-constraints-unknown-field", control(constraints, br#"{"resource_requests": [], "min": 1}"#)),
+        ("pool-constraints-bad-pool", control(constraints | bad_pool, FLOOR)),
+        ("pool-constraints-no-token", control(constraints | none, FLOOR)),
+        ("pool-constraints-no-content-type", control(constraints | no_json, FLOOR)),
+        (
+            "pool-report",
+            control(report, br#"{"instances": [{"id": "pool-a-1", "state": "running"}], "decisions": []}"#),
+        ),
+        ("pool-report-no-instances", control(report, br#"{"decisions": []}"#)),
+        ("pool-report-wrong-token", control(report | wrong, br#"{"instances": []}"#)),
     ]
 }
 
@@ -463,5 +483,146 @@ fn autoscaling() -> Seeds {
             "demand-bad",
             with(2, r#"{"requests": [{"resources": {"unicorns": 1}, "count": 4294967295}], "ttl_seconds": 0}"#),
         ),
+    ]
+}
+
+/// A floor as `PUT /v1/pools/{pool}/constraints` takes it.
+const FLOOR: &[u8] =
+    br#"{"resource_requests": [{"resources": {"cpu_millis": 2000, "memory_bytes": 4294967296}, "count": 3}]}"#;
+
+fn pool() -> Seeds {
+    // Selector % 4: 0 a pool file, 1 a demand file, 2 constraints, 3 a provider's list
+    // output (see `flotilla_fuzz::pool`).
+    let with = |selector: u8, text: &str| [&[selector][..], text.as_bytes()].concat();
+    let small = r#"name = "default"
+interval = "1s"
+idle_timeout = "3s"
+[timeouts]
+request = "30s"
+[node_types.small-a]
+cpu = 1
+memory = "1Gi"
+labels = { domain = "domain-a", priority = "high" }
+min = 1
+max = 4
+[node_types.gpu]
+cpu = "500m"
+memory = 1073741824
+gpu = 2
+custom = { fpga = 1 }
+max = 2
+cost = 0.5
+"#;
+    let exec = r#"interval = "1s"
+[provider]
+kind = "exec"
+launch = ["bash", "local-exec.sh", "launch"]
+terminate = ["bash", "local-exec.sh", "terminate"]
+list = ["bash", "local-exec.sh", "list"]
+timeout = "10s"
+env = { FLOTILLA_STOP_GRACE = "2" }
+[node_types.a]
+cpu = 2
+memory = "2Gi"
+min = 1
+max = 3
+"#;
+    let every_problem = r#"name = "bad name"
+max_nodes = 1
+upscaling_speed = -1
+max_concurrent_launches = 0
+interval = "0s"
+[provider]
+kind = "exec"
+launch = []
+terminate = [""]
+list = ["x"]
+[node_types.a]
+cpu = "-4"
+memory = "8Gi"
+max = 1
+[node_types.b]
+cpu = 4
+memory = "1Ei"
+min = 3
+max = 2
+labels = { priority = "medium" }
+"#;
+    let demand = r#"{
+  "node_types": [
+    {"name": "gpu2-tpu1", "resources": {"GPU": 2, "TPU": 1}, "max_workers": 4},
+    {"name": "gpu6", "resources": {"GPU": 6}, "max_workers": 4, "cost": 3.0},
+    {"name": "cpu16", "resources": {"CPU": 16, "memory": 68719476736}, "min_workers": 1, "idle_timeout_s": 60,
+     "labels": {"zone": "z1"}}
+  ],
+  "max_total_workers": 20,
+  "current_instances": [{"node_type": "cpu16", "count": 2, "available": {"CPU": 4}, "idle_s": 120},
+                        {"node_type": "gpu6", "idle_s": 3}],
+  "resource_requests": [{"resources": {"GPU": 2}, "count": 1}, {"resources": {"CPU": 0.5, "memory": 1e9}, "count": 40}],
+  "gang_requests": [{"id": "pg", "strategy": "STRICT_SPREAD", "bundles": [{"CPU": 4}, {"CPU": 4}]},
+                    {"id": "packed", "strategy": "STRICT_PACK", "bundles": [{"CPU": 8}, {"CPU": 8}]},
+                    {"strategy": "PACK", "bundles": [{"GPU": 1}, {"CPU": 1}]},
+                    {"id": "huge", "strategy": "SPREAD", "bundles": [{"CPU": 64}]}],
+  "cluster_resource_constraints": [{"resource_requests": [{"resources": {"CPU": 4}, "count": 8}]}]
+}"#;
+    vec![
+        ("pool-example", with(0, POOL)),
+        ("pool-small", with(0, small)),
+        ("pool-exec", with(0, exec)),
+        ("pool-every-problem", with(0, every_problem)),
+        ("pool-min-past-max-nodes", with(0, &format!("max_nodes = 0\n{small}"))),
+        ("pool-unknown-field", with(0, &small.replace("[node_types.gpu]", "[node_types.gpu]\nspot = true"))),
+        ("pool-empty", with(0, "")),
+        ("pool-not-utf8", vec![0, b'n', 0xff]),
+        ("demand", with(1, demand)),
+        (
+            "demand-huge-counts",
+            with(
+                1,
+                r#"{"node_types": [{"name": "a", "resources": {"CPU": 1}, "min_workers": 10000000},
+                    {"name": "b", "resources": {"CPU": 0.001, "x": 1}}],
+                    "resource_requests": [{"resources": {"CPU": 0.001}, "count": 10000000}]}"#,
+            ),
+        ),
+        (
+            "demand-many-instances",
+            with(
+                1,
+                r#"{"node_types": [{"name": "a", "resources": {"CPU": 1}}], "current_instances": [{"node_type": "a", "count": 1000000}]}"#,
+            ),
+        ),
+        (
+            "demand-over-max",
+            with(
+                1,
+                r#"{"node_types": [{"name": "a", "resources": {"CPU": 2}, "max_workers": 1, "idle_timeout_s": 0}],
+                    "max_total_workers": 1,
+                    "current_instances": [{"node_type": "a", "count": 3, "idle_s": 10}]}"#,
+            ),
+        ),
+        ("demand-bad", with(1, r#"{"node_types": [{"name": "a", "resources": {"CPU": -1}}]}"#)),
+        ("demand-not-json", with(1, "not json")),
+        ("constraints", with(2, std::str::from_utf8(FLOOR).unwrap())),
+        (
+            "constraints-custom",
+            with(2, r#"{"resource_requests": [{"resources": {"cpu_millis": 100, "gpu": 1, "custom": {"fpga": 2}}}]}"#),
+        ),
+        (
+            "constraints-too-many",
+            with(2, r#"{"resource_requests": [{"resources": {"cpu_millis": 1}, "count": 100001}]}"#),
+        ),
+        (
+            "constraints-huge",
+            with(2, r#"{"resource_requests": [{"resources": {"memory_bytes": 18446744073709551615}}]}"#),
+        ),
+        ("constraints-unknown-field", with(2, r#"{"resource_requests": [], "min": 1}"#)),
+        (
+            "list",
+            with(3, r#"[{"id": "pool-a-1", "node_type": "a", "zone": "z1"}, {"id": "pool-b.2", "node_type": "b"}]"#),
+        ),
+        ("list-empty", with(3, "[]")),
+        ("list-bad-id", with(3, r#"[{"id": "../etc", "node_type": "a"}]"#)),
+        ("list-no-type", with(3, r#"[{"id": "pool-a-1"}]"#)),
+        ("list-not-json", with(3, "instances: none")),
     ]
 }

@@ -452,6 +452,8 @@ pub fn autoscaling(data: &[u8]) {
 /// /v1/apps/echo/scale`, 1 `POST /v1/schedulers`, 2 `PUT /v1/apps/echo/spec`, 3 `POST
 /// /v1/nodes/{body}` where the body is `NODE/ACTION`); bits 2-3 the credential (0 the
 /// right bearer token, 1 none, 2 a wrong one); bit 4 leaves out the JSON content type.
+/// With bit 5 set, bit 0 picks a pool call instead (4 `PUT /v1/pools/default/constraints`,
+/// 5 `POST /v1/pools/default/report`) and bit 1 names an invalid pool (`bad.pool`).
 /// Each input gets a fresh control plane with no apps and no shards, so nothing is
 /// forwarded anywhere; the request goes through the real router and handlers.
 pub fn control_json(data: &[u8]) {
@@ -465,15 +467,19 @@ pub fn control_json(data: &[u8]) {
         static HTTP: reqwest::Client = reqwest::Client::new();
     }
     let Some((&sel, body)) = data.split_first() else { return };
-    let (call, auth, json) = (sel & 3, (sel >> 2) & 3, sel & 0x10 == 0);
+    let (auth, json, pool_call) = ((sel >> 2) & 3, sel & 0x10 == 0, sel & 0x20 != 0);
+    let call = if pool_call { 4 + (sel & 1) } else { sel & 3 };
+    let pool = if pool_call && sel & 2 != 0 { "bad.pool" } else { "default" };
     let (method, uri) = match call {
         0 => (Method::PUT, "/v1/apps/echo/scale".to_string()),
         1 => (Method::POST, "/v1/schedulers".to_string()),
         2 => (Method::PUT, "/v1/apps/echo/spec".to_string()),
-        _ => match std::str::from_utf8(body) {
+        3 => match std::str::from_utf8(body) {
             Ok(path) => (Method::POST, format!("/v1/nodes/{path}")),
             Err(_) => return,
         },
+        4 => (Method::PUT, format!("/v1/pools/{pool}/constraints")),
+        _ => (Method::POST, format!("/v1/pools/{pool}/report")),
     };
     let mut req = Request::builder().method(method).uri(uri);
     if json {
@@ -508,21 +514,274 @@ pub fn control_json(data: &[u8]) {
     });
     let text = String::from_utf8_lossy(&bytes);
     assert!(!status.is_server_error(), "{status} for {call}: {text}");
-    // No app runs and no shard holds a node: only a registration can succeed.
-    if call == 1 {
+    // No app runs and no shard holds a node: only a registration and the pool calls can
+    // succeed.
+    if call >= 4 {
+        check_pool_call(call, auth == 0 && json && pool == "default", &body, status, &bytes);
+    } else if call == 1 {
         assert!(status == StatusCode::NO_CONTENT || status.is_client_error(), "{status}: {text}");
     } else {
         assert!(status.is_client_error(), "{status} for call {call}: {text}");
     }
     // The handlers read the body themselves (a spec's only once it is text), so a wrong
     // credential is refused before anything is parsed.
-    if auth != 0 && (call < 2 || (call == 2 && std::str::from_utf8(&body).is_ok())) {
+    if auth != 0 && (call < 2 || call >= 4 || (call == 2 && std::str::from_utf8(&body).is_ok())) {
         assert_eq!(status, StatusCode::UNAUTHORIZED, "{text}");
     }
     // Every refusal of ours is `{"error": {"code", "message"}}`.
-    if status.is_client_error() && (call < 2 || content_type.as_deref() == Some("application/json")) {
+    if status.is_client_error() && (call < 2 || call >= 4 || content_type.as_deref() == Some("application/json")) {
         let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("{e}: {text}"));
         let e = &v["error"];
         assert!(e["code"].is_string() && e["message"].is_string(), "an error without code or message: {text}");
+    }
+}
+
+/// A pool call (4 constraints, 5 report) with the right token, the JSON content type
+/// and a valid pool name (`may`) succeeds exactly when its body is valid, and answers
+/// with the floor; anything else is refused.
+fn check_pool_call(call: u8, may: bool, body: &[u8], status: axum::http::StatusCode, answer: &[u8]) {
+    use flotilla_pool::reconciler::Constraints;
+    let text = String::from_utf8_lossy(answer);
+    let valid = if call == 4 {
+        serde_json::from_slice::<Constraints>(body).is_ok_and(|c| c.validate().is_ok())
+    } else {
+        serde_json::from_slice::<serde_json::Value>(body)
+            .is_ok_and(|v| v.is_object() && v.get("instances").is_some_and(serde_json::Value::is_array))
+    };
+    if !(may && valid) {
+        assert!(status.is_client_error(), "{status} for pool call {call}: {text}");
+        return;
+    }
+    assert_eq!(status, axum::http::StatusCode::OK, "{text}");
+    let v: serde_json::Value = serde_json::from_slice(answer).unwrap_or_else(|e| panic!("{e}: {text}"));
+    if call == 4 {
+        // The floor set is the floor answered.
+        let sent: Constraints = serde_json::from_slice(body).expect("it was valid");
+        let got: Constraints = serde_json::from_value(v).unwrap_or_else(|e| panic!("{e}: {text}"));
+        assert_eq!(got, sent);
+    } else {
+        // A fresh control plane has no floor for the pool.
+        let got: Constraints =
+            serde_json::from_value(v["constraints"].clone()).unwrap_or_else(|e| panic!("{e}: {text}"));
+        assert_eq!(got, Constraints::default(), "{text}");
+    }
+}
+
+// ---- pool ----------------------------------------------------------------------
+
+/// The most bytes of one pool input: the pool file and a demand file are read whole, so a
+/// larger input only measures the parser's speed.
+pub const POOL_MAX_INPUT: usize = 64 * 1024;
+
+/// Bounds on a problem the fuzzed packer is given: past them a plan is slow by design
+/// (Ray's greedy tries every candidate node per request group), not wrong, so a bigger
+/// problem is skipped and a type's `min`/`max` and `max_nodes` are clamped, which bounds
+/// how many nodes one plan can launch.
+pub mod plan_bounds {
+    pub const NODE_TYPES: usize = 32;
+    pub const NODES: usize = 256;
+    /// Request and floor entries together.
+    pub const REQUESTS: usize = 128;
+    pub const GANGS: usize = 64;
+    pub const BUNDLES: usize = 512;
+    /// Most new nodes of one type.
+    pub const PER_TYPE: u32 = 32;
+    pub const MAX_NODES: u32 = 512;
+    /// Most current instances a demand file may expand to before it is even parsed (each
+    /// `count` is a node the parser builds).
+    pub const INSTANCES: f64 = 4096.0;
+}
+
+/// `p` within [`plan_bounds`], or None when it is too big to plan quickly.
+pub fn bounded_problem(p: &flotilla_pool::pack::Problem) -> Option<flotilla_pool::pack::Problem> {
+    use plan_bounds as b;
+    let bundles: usize = p.gangs.iter().map(|g| g.bundles.len()).sum();
+    if p.node_types.len() > b::NODE_TYPES
+        || p.nodes.len() > b::NODES
+        || p.requests.len() + p.floor.len() > b::REQUESTS
+        || p.gangs.len() > b::GANGS
+        || bundles > b::BUNDLES
+    {
+        return None;
+    }
+    let mut p = p.clone();
+    for t in &mut p.node_types {
+        t.max = t.max.min(b::PER_TYPE);
+        t.min = t.min.min(t.max);
+    }
+    p.max_nodes = p.max_nodes.map(|m| m.min(b::MAX_NODES));
+    Some(p)
+}
+
+/// What must hold of any plan of `p`: the report's arithmetic, no type (nor the pool)
+/// past its max, terminations of nodes that exist, and every refusal explained.
+pub fn check_plan(p: &flotilla_pool::pack::Problem, r: &flotilla_pool::demand::PlanReport) {
+    use std::collections::HashMap;
+    for (name, w) in &r.waste {
+        assert!((0.0..=1.0).contains(w), "waste of {name} is {w}: {r:?}");
+        assert!(r.launched.contains_key(name), "waste of {name}, which no new node has");
+    }
+    for (name, v) in &r.launched {
+        assert!(v.is_finite() && *v > 0.0, "launched {v} of {name}");
+    }
+    assert_eq!(r.nodes_total, r.nodes_by_type.values().sum::<u32>(), "{r:?}");
+    assert_eq!(r.nodes_total == 0, r.launched.is_empty(), "launched capacity without nodes (or nodes without it)");
+    let terminated: HashSet<&str> = r.terminate.iter().map(|t| t.node_id.as_str()).collect();
+    assert_eq!(terminated.len(), r.terminate.len(), "a node terminated twice: {:?}", r.terminate);
+    for t in &r.terminate {
+        let n = p.nodes.iter().find(|n| n.id == t.node_id);
+        let n = n.unwrap_or_else(|| panic!("terminating {}, which does not exist", t.node_id));
+        assert_eq!(n.node_type.as_deref(), Some(t.node_type.as_str()), "terminating a node the pool does not manage");
+        assert!(!t.detail.is_empty());
+    }
+    let mut live: HashMap<&str, u64> = HashMap::new();
+    for n in &p.nodes {
+        if let Some(t) = &n.node_type
+            && !terminated.contains(n.id.as_str())
+        {
+            *live.entry(t.as_str()).or_default() += 1;
+        }
+    }
+    for (name, n) in &r.nodes_by_type {
+        let t = p.node_types.iter().find(|t| &t.name == name);
+        let t = t.unwrap_or_else(|| panic!("launching {n} of {name}, which is no node type"));
+        assert!(*n > 0, "an entry for no node of {name}");
+        let total = u64::from(*n) + live.get(name.as_str()).copied().unwrap_or(0);
+        assert!(total <= u64::from(t.max), "{name}: {n} launched, {total} in all, max {}", t.max);
+        assert!(r.reasons.get(name).is_some_and(|v| !v.is_empty()), "{name} launched for no reason: {r:?}");
+    }
+    if let Some(m) = p.max_nodes {
+        let all = u64::from(r.nodes_total) + live.values().sum::<u64>();
+        assert!(all <= u64::from(m), "{all} managed nodes, max_nodes {m}");
+    }
+    for i in &r.infeasible {
+        assert!(!i.reason.is_empty() && !i.request.is_empty(), "an unexplained infeasible entry: {i:?}");
+        assert!(i.count > 0, "nothing is infeasible: {i:?}");
+    }
+}
+
+fn plan_and_check(p: &flotilla_pool::pack::Problem) {
+    let Some(p) = bounded_problem(p) else { return };
+    let plan = flotilla_pool::pack::plan(&p);
+    let report = flotilla_pool::demand::report(&p, plan, 0.0);
+    check_plan(&p, &report);
+    serde_json::to_string(&report).expect("a report serialises");
+}
+
+/// The pool file every constraints input is planned against (`examples/pool.toml`).
+pub const EXAMPLE_POOL: &str = include_str!("../../examples/pool.toml");
+
+/// Pool input: `[selector, bytes...]`. Selector % 4: 0 a pool file (`--pool`), planned
+/// from empty; 1 a demand file (`flotilla autoscale plan`), parsed and planned; 2 the body
+/// of `PUT /v1/pools/{pool}/constraints`, validated and planned as the floor of the
+/// example pool; 3 an exec provider's `list` output.
+pub fn pool(data: &[u8]) {
+    use flotilla_pool::config::{MAX_POOL_NODES, PoolConfig};
+    use flotilla_pool::reconciler::{self, Constraints, IdleClock, Observation};
+    let Some((&selector, rest)) = data.split_first() else { return };
+    if rest.len() > POOL_MAX_INPUT {
+        return;
+    }
+    let empty = |cfg: &PoolConfig, floor: &Constraints| {
+        let obs = Observation { nodes: &[], apps: &[], instances: &[], floor, idle: &IdleClock::default(), now_ms: 0 };
+        reconciler::problem(cfg, &obs)
+    };
+    match selector % 4 {
+        0 => {
+            let Ok(text) = std::str::from_utf8(rest) else { return };
+            let cfg = match PoolConfig::parse(text) {
+                Ok(cfg) => cfg,
+                Err(e) => {
+                    assert!(!e.0.is_empty() && e.0.iter().all(|m| !m.is_empty()), "an error naming nothing");
+                    return;
+                }
+            };
+            assert!(!cfg.node_types.is_empty());
+            assert!((1..=3600).contains(&cfg.interval.as_secs()));
+            assert!(cfg.upscaling_speed.is_finite() && cfg.upscaling_speed >= 0.0);
+            let mut names = HashSet::new();
+            for t in &cfg.node_types {
+                assert!(names.insert(&t.name), "{} twice", t.name);
+                assert!(t.min <= t.max && t.max <= MAX_POOL_NODES, "{t:?}");
+                assert!(!t.resources.is_zero());
+                t.resources.validate_node_capacity().expect("an accepted node type is a sane capacity");
+                assert!(cfg.node_type(&t.name).is_some());
+            }
+            if let Some(m) = cfg.max_nodes {
+                assert!(cfg.node_types.iter().map(|t| u64::from(t.min)).sum::<u64>() <= u64::from(m));
+            }
+            let p = empty(&cfg, &Constraints::default());
+            assert_eq!(p.node_types.len(), cfg.node_types.len());
+            for t in &p.node_types {
+                assert!(!t.resources.is_zero(), "{} packs as nothing", t.name);
+            }
+            plan_and_check(&p);
+        }
+        1 => {
+            let Ok(text) = std::str::from_utf8(rest) else { return };
+            // Each current instance is a node the parser builds: a short file can ask for
+            // a million; count them first.
+            if let Ok(v) = serde_json::from_str::<serde_json::Value>(text) {
+                let instances: f64 = v["current_instances"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|i| i.get("count").map_or(Some(1.0), serde_json::Value::as_f64).unwrap_or(0.0))
+                    .filter(|c| c.is_finite() && *c > 0.0)
+                    .sum();
+                if instances > plan_bounds::INSTANCES {
+                    return;
+                }
+            }
+            match flotilla_pool::demand::DemandFile::parse(text) {
+                Ok(d) => {
+                    let p = &d.problem;
+                    assert!(p.node_types.len() <= flotilla_pool::demand::MAX_NODE_TYPES);
+                    for t in &p.node_types {
+                        assert!(t.min <= t.max && !t.resources.is_zero(), "{t:?}");
+                    }
+                    for n in &p.nodes {
+                        assert!(n.available.fits_in(&n.total), "{n:?}");
+                    }
+                    let Some(bounded) = bounded_problem(p) else { return };
+                    // Bounded, the problem is planned through the demand file's own path.
+                    let d = flotilla_pool::demand::DemandFile { problem: bounded };
+                    let report = d.plan();
+                    assert!(report.decision_seconds >= 0.0);
+                    check_plan(&d.problem, &report);
+                    serde_json::to_string(&report).expect("a report serialises");
+                }
+                Err(e) => assert!(!e.path.is_empty() && !e.message.is_empty(), "an error naming nothing: {e:?}"),
+            }
+        }
+        2 => {
+            let Ok(c) = serde_json::from_slice::<Constraints>(rest) else { return };
+            if let Err(e) = c.validate() {
+                assert!(!e.is_empty());
+                return;
+            }
+            assert!(c.resource_requests.len() <= reconciler::MAX_FLOOR_REQUESTS);
+            for r in &c.resource_requests {
+                assert!(r.count <= reconciler::MAX_FLOOR_COUNT);
+                r.resources.validate_node_capacity().expect("an accepted floor request is sane");
+            }
+            // The control plane keeps the floor as JSON and hands it back: the same.
+            let text = serde_json::to_string(&c).expect("constraints serialise");
+            let back: Constraints = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+            assert_eq!(back, c);
+            let cfg = PoolConfig::parse(EXAMPLE_POOL).expect("the example pool is valid");
+            let p = empty(&cfg, &c);
+            assert_eq!(p.floor.len(), c.resource_requests.len());
+            plan_and_check(&p);
+        }
+        _ => match flotilla_pool::provider::exec::parse_list("list", rest) {
+            Ok(items) => {
+                for i in &items {
+                    assert!(!i.id.is_empty() && i.id.len() <= 128 && i.id != "." && i.id != "..", "{i:?}");
+                    assert!(i.id.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b)), "{i:?}");
+                }
+            }
+            Err(e) => assert!(e.to_string().starts_with("list: "), "{e}"),
+        },
     }
 }

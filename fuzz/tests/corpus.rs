@@ -48,3 +48,8 @@ fn control_json() {
 fn autoscaling() {
     replay("autoscaling", flotilla_fuzz::autoscaling);
 }
+
+#[test]
+fn pool() {
+    replay("pool", flotilla_fuzz::pool);
+}
