@@ -1,0 +1,1 @@
+// The dashboard (placeholder: the page is written in its own branch).
