@@ -4,7 +4,7 @@
 // An action never changes the page's state: on success the stream brings the change, on
 // refusal the server's error message is shown and nothing else happens.
 
-import { h, setChildren } from './util.js';
+import { h } from './util.js';
 
 const TOKEN_KEY = 'flotilla.api-token';
 
@@ -23,18 +23,22 @@ export function onTokenChange(fn) { tokenListeners.push(fn); }
 // ---- toast -----------------------------------------------------------------------------
 
 let toastTimer = null;
-/** Shows `text` in the toast; errors stay until dismissed, successes fade after 5 s. */
+/**
+ * Shows `text` in the toast; errors stay until dismissed, successes fade after 5 s. The
+ * text element keeps the last message (and its kind) even once hidden.
+ */
 export function toast(text, kind = 'ok') {
+  const wrap = document.getElementById('toast-wrap');
   const el = document.getElementById('toast');
   clearTimeout(toastTimer);
   el.dataset.kind = kind;
-  setChildren(el,
-    h('span', { class: 'toast-text', text }),
-    h('button', { type: 'button', class: 'toast-close', 'aria-label': 'dismiss', text: '×', on: { click: () => { el.hidden = true; } } }));
-  el.hidden = false;
-  el.setAttribute('role', kind === 'error' ? 'alert' : 'status');
-  if (kind !== 'error') toastTimer = setTimeout(() => { el.hidden = true; }, 5000);
+  wrap.dataset.kind = kind;
+  el.textContent = text;
+  wrap.hidden = false;
+  wrap.setAttribute('role', kind === 'error' ? 'alert' : 'status');
+  if (kind !== 'error') toastTimer = setTimeout(() => { wrap.hidden = true; }, 5000);
 }
+document.getElementById('toast-close').addEventListener('click', () => { document.getElementById('toast-wrap').hidden = true; });
 
 // ---- token modal -------------------------------------------------------------------------
 

@@ -30,7 +30,6 @@ export function federationPage() {
     },
     update(d) {
       if (d.all || d.federation || d.nodeSet) { renderSummary(summaryEl); renderCards(cardsEl); renderShards(shardsEl); }
-      else if (d.nodes.size) renderSummary(summaryEl);
       if (!state.loading) heatmap.render(d.all ? null : d.nodes, d.all || d.nodeSet);
     },
   };
@@ -38,8 +37,14 @@ export function federationPage() {
 
 /** Totals over every node, counted from the live rows (cheap: one pass, only on change). */
 function renderSummary(el) {
+  // The federation event already counts nodes by status per domain; only without it (an
+  // older server, or before it arrives) count the rows.
   const counts = {};
-  for (const row of state.nodes.values()) counts[row[N.STATUS]] = (counts[row[N.STATUS]] || 0) + 1;
+  if (state.federation.domains.length) {
+    for (const d of state.federation.domains) for (const [s, n] of Object.entries(d.nodes || {})) counts[s] = (counts[s] || 0) + n;
+  } else {
+    for (const row of state.nodes.values()) counts[row[N.STATUS]] = (counts[row[N.STATUS]] || 0) + 1;
+  }
   const shards = state.federation.shards;
   const connected = shards.filter((s) => s.connected).length;
   setChildren(el,
@@ -66,12 +71,13 @@ function domainCard(d) {
   const cap = d.capacity || {}, alloc = d.allocated || {};
   return h('article', { class: 'card domain-card', 'data-testid': 'domain-card', 'data-domain': d.domain },
     h('header', { class: 'card-head' },
-      h('h3', { text: d.domain }),
+      h('h3', {}, h('a', { href: `#/nodes?domain=${encodeURIComponent(d.domain)}`, text: d.domain, title: 'list its nodes' })),
       h('span', { class: 'muted', text: `shard ${d.shard}` }),
       h('span', { class: 'spacer' }),
       h('span', { class: 'num strong', text: num(total, 0) }), h('span', { class: 'muted', text: ' nodes' })),
     h('div', { class: 'card-row' },
-      statuses.length ? statuses.map((s) => h('span', { class: 'count' }, pill(s), h('span', { class: 'num', text: num(nodes[s], 0) }))) : h('span', { class: 'muted', text: 'no nodes' })),
+      statuses.length ? statuses.map((s) => h('a', { class: 'count', href: `#/nodes?domain=${encodeURIComponent(d.domain)}&status=${encodeURIComponent(s)}`, title: `list the ${s} nodes of ${d.domain}` },
+        pill(s), h('span', { class: 'num', text: num(nodes[s], 0) }))) : h('span', { class: 'muted', text: 'no nodes' })),
     h('div', { class: 'card-row muted' },
       `priority high ${num(d.priority?.high || 0, 0)} · low ${num(d.priority?.low || 0, 0)}`,
       h('span', { class: 'spacer' }),

@@ -49,8 +49,18 @@ export class Heatmap {
   render(changed, nodeSetChanged) {
     if (nodeSetChanged) this.needsLayout = true;
     if (!this.el.isConnected) return;
-    if (this.needsLayout) { this.layout(); this.paintAll(); return; }
-    if (changed && changed.size) this.paintSome(changed);
+    if (this.needsLayout) {
+      // Nodes joining one by one must not relayout 100,000 cells every frame: at most
+      // once a second; meanwhile changed cells that already have a place are repainted.
+      const wait = 1000 - (performance.now() - (this.laidOutAt || 0));
+      if (wait <= 0 || !this.order.length) {
+        clearTimeout(this.layoutTimer); this.layoutTimer = null;
+        this.layout(); this.paintAll(); this.laidOutAt = performance.now();
+        return;
+      }
+      this.layoutTimer ||= setTimeout(() => { this.layoutTimer = null; this.render(null, false); }, wait);
+    }
+    if (changed && changed.size && this.buf) this.paintSome(changed);
   }
 
   layout() {

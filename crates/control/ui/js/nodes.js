@@ -7,7 +7,7 @@ import { act, readJson, toast } from './api.js';
 import { bar } from './federation.js';
 
 const ROW_H = 26;      // px, fixed so the visible range is arithmetic
-const OVERSCAN = 10;   // rows drawn above and below the viewport
+const OVERSCAN = 8;    // rows drawn above and below the viewport
 const STATUSES = ['alive', 'suspect', 'draining', 'dead', 'unknown', 'left'];
 
 const COLUMNS = [
@@ -24,6 +24,20 @@ const COLUMNS = [
 ];
 
 const cmp = (a, b) => (a < b ? -1 : a > b ? 1 : 0);
+
+// Every node id in id order, rebuilt only when nodes come or go (sorting 100,000 strings
+// costs more than a frame, so it is not redone for value changes).
+let idOrder = [];
+let idOrderFor = null; // the Map and size it was built from
+function byIdOrder() {
+  if (idOrderFor !== state.nodes || idOrder.length !== state.nodes.size) {
+    idOrder = [...state.nodes.keys()].sort(cmp);
+    idOrderFor = state.nodes;
+  }
+  return idOrder;
+}
+/** Forgets the id order (nodes were added or removed). */
+export function nodesChanged() { idOrderFor = null; }
 
 export function nodesPage(query) {
   const filters = {
@@ -54,7 +68,8 @@ export function nodesPage(query) {
       ui.count = h('span', { class: 'muted' });
       ui.head = h('div', { class: 'vt-head', role: 'row' });
       ui.rows = h('div', { class: 'vt-rows', role: 'rowgroup' });
-      ui.spacer = h('div', { class: 'vt-spacer' }, ui.rows);
+      ui.empty = h('div', { class: 'vt-empty muted', hidden: true });
+      ui.spacer = h('div', { class: 'vt-spacer' }, ui.rows, ui.empty);
       ui.scroller = h('div', { class: 'vt-scroll', role: 'table', 'aria-label': 'nodes', on: { scroll: onScroll } }, ui.spacer);
       ui.status.value = filters.status; ui.priority.value = filters.priority;
       setChildren(main,
@@ -73,12 +88,13 @@ export function nodesPage(query) {
     },
     update(d) {
       if (d.all || d.nodeSet || d.federation) renderDomainOptions();
-      if (d.all || d.nodeSet) { refilter(); renderRows(); return; }
+      if (d.all || d.nodeSet) { nodesChanged(); refilter(); renderRows(); return; }
       if (d.nodes.size) {
         // Changed rows may move in or out of the filter or the order: redo that at most
         // once a second; the rows in view show the new values now.
-        refilterSoon();
-        renderRows();
+        // With no filter and the id order, a changed value cannot move a row.
+        if (sortKey !== 'id' || Object.values(filters).some(Boolean)) refilterSoon();
+        page.refreshVisible(d.nodes);
       }
     },
   };
@@ -139,7 +155,9 @@ export function nodesPage(query) {
     const localLabel = lm && (lm[1] === 'domain' || lm[1] === 'priority') ? lm : null;
     const text = filters.text.toLowerCase();
     const out = [];
-    for (const [id, r] of state.nodes) {
+    for (const id of byIdOrder()) {
+      const r = state.nodes.get(id);
+      if (!r) continue;
       if (filters.domain && r[N.DOMAIN] !== filters.domain) continue;
       if (filters.status && r[N.STATUS] !== filters.status) continue;
       if (filters.priority && r[N.PRIORITY] !== filters.priority) continue;
@@ -149,11 +167,17 @@ export function nodesPage(query) {
       if (text && !id.toLowerCase().includes(text)) continue;
       out.push(r);
     }
-    const col = COLUMNS.find((c) => c.key === sortKey) || COLUMNS[0];
-    // Decorate-sort: read each key once; the id breaks ties so the order is stable.
-    const keyed = out.map((r) => [col.get(r), r[N.ID]]);
-    keyed.sort((a, b) => sortDir * cmp(a[0], b[0]) || cmp(a[1], b[1]));
-    ids = keyed.map((k) => k[1]);
+    if (sortKey === 'id') {
+      // Rows were visited in id order already (byIdOrder): no sort needed.
+      ids = out.map((r) => r[N.ID]);
+      if (sortDir < 0) ids.reverse();
+    } else {
+      const col = COLUMNS.find((c) => c.key === sortKey) || COLUMNS[0];
+      // Decorate-sort: read each key once; the id breaks ties so the order is stable.
+      const keyed = out.map((r) => [col.get(r), r[N.ID]]);
+      keyed.sort((a, b) => sortDir * cmp(a[0], b[0]) || cmp(a[1], b[1]));
+      ids = keyed.map((k) => k[1]);
+    }
     ui.spacer.style.height = `${ids.length * ROW_H}px`;
     renderCount();
   }
@@ -194,43 +218,102 @@ export function nodesPage(query) {
   function onScroll() {
     if (scrollQueued) return;
     scrollQueued = true;
-    requestAnimationFrame(() => { scrollQueued = false; renderRows(); });
+    requestAnimationFrame(() => { scrollQueued = false; renderRows(false); });
   }
 
-  /** Draws only the rows in view (plus a few), positioned inside the full-height spacer. */
-  function renderRows() {
+  // Row elements are recycled as a ring: row i of the list lives in element i % pool.length,
+  // absolutely placed at i × ROW_H. Scrolling refills only the rows that came into range,
+  // so a frame costs what scrolled in, not a whole screen of rows.
+  let pool = [];
+  let slotRow = [];       // element k → list index it shows (-1: none)
+  let shownIds = null;    // the list the slots were filled from
+  let shownFirst = 0, shownLast = 0;
+
+  /** Draws the rows in view (plus OVERSCAN); `force` refills every slot (new list or values). */
+  function renderRows(force = true) {
     const top = ui.scroller.scrollTop;
     const height = ui.scroller.clientHeight || 600;
-    const first = Math.max(0, Math.floor(top / ROW_H) - OVERSCAN);
-    const last = Math.min(ids.length, Math.ceil((top + height) / ROW_H) + OVERSCAN);
-    ui.rows.style.transform = `translateY(${first * ROW_H}px)`;
-    const out = [];
-    for (let i = first; i < last; i++) {
-      const r = state.nodes.get(ids[i]);
-      if (r) out.push(rowView(r));
+    const size = Math.ceil(height / ROW_H) + 2 * OVERSCAN + 1;
+    if (pool.length !== size) {
+      pool = Array.from({ length: size }, makeRow);
+      slotRow = new Array(size).fill(-1);
+      ui.rows.replaceChildren(...pool.map((p) => p.el));
+      force = true;
     }
-    if (!ids.length) out.push(h('div', { class: 'vt-empty muted', text: state.loading ? 'loading…' : 'no node matches' }));
-    ui.rows.replaceChildren(...out);
+    if (force || shownIds !== ids) { slotRow.fill(-1); shownIds = ids; }
+    const first = Math.max(0, Math.floor(top / ROW_H) - OVERSCAN);
+    const last = Math.min(ids.length, first + size);
+    shownFirst = first; shownLast = last;
+    for (let i = first; i < last; i++) {
+      const k = i % size;
+      if (slotRow[k] === i) continue;
+      const r = state.nodes.get(ids[i]);
+      const c = pool[k];
+      if (r) fillRow(c, r);
+      c.el.style.transform = `translateY(${i * ROW_H}px)`;
+      c.el.hidden = !r;
+      slotRow[k] = i;
+    }
+    // Slots with no row in range (a short list) are hidden.
+    for (let k = 0; k < size; k++) {
+      const i = slotRow[k];
+      if (i < first || i >= last) { pool[k].el.hidden = true; slotRow[k] = -1; }
+    }
+    ui.empty.hidden = ids.length > 0;
+    ui.empty.textContent = state.loading ? 'loading…' : 'no node matches';
   }
+
+  /** Redraws the visible rows whose node changed. */
+  function refreshVisible(changed) {
+    for (let i = shownFirst; i < shownLast; i++) {
+      if (!changed.has(ids[i])) continue;
+      const r = state.nodes.get(ids[i]);
+      if (r) fillRow(pool[i % pool.length], r);
+    }
+  }
+  page.refreshVisible = refreshVisible;
+  page.renderRowsIfMoved = () => renderRows(false);
 
   return page;
 }
 
-function rowView(r) {
+/** One recyclable row: the element and its cells, filled by fillRow. */
+function makeRow() {
+  const link = h('a', { class: 'mono' });
+  const status = h('span', { class: 'pill' });
+  const swatch = h('span', { class: 'swatch' });
+  const healthText = document.createTextNode('');
+  const cell = (cls, ...kids) => h('div', { class: `vt-cell ${cls}` }, ...kids);
+  const c = {
+    link, status, swatch, healthText,
+    domain: cell('c-domain'), prio: cell('c-prio'), shard: cell('c-shard r num'),
+    cpu: cell('c-cpu r num'), mem: cell('c-mem r num'), gpu: cell('c-gpu r num'), flags: cell('c-flags'),
+  };
+  c.el = h('div', { class: 'vt-row', role: 'row', 'data-testid': 'node-row' },
+    cell('c-id', link), cell('c-status', status), c.domain, c.prio, c.shard,
+    cell('c-health r num', swatch, healthText), c.cpu, c.mem, c.gpu, c.flags);
+  return c;
+}
+
+function fillRow(c, r) {
   const id = r[N.ID];
   const health = Number(r[N.HEALTH]) || 0;
-  const flags = [r[N.CORDONED] ? 'cordoned' : null, r[N.DRAIN] ? 'drain' : null].filter(Boolean);
-  return h('div', { class: 'vt-row', role: 'row', 'data-testid': 'node-row', 'data-node': id, 'data-status': r[N.STATUS] },
-    h('div', { class: 'vt-cell c-id' }, h('a', { href: `#/nodes/${encodeURIComponent(id)}`, class: 'mono', text: id })),
-    h('div', { class: 'vt-cell c-status' }, pill(r[N.STATUS])),
-    h('div', { class: 'vt-cell c-domain', text: r[N.DOMAIN] }),
-    h('div', { class: 'vt-cell c-prio', text: r[N.PRIORITY] }),
-    h('div', { class: 'vt-cell c-shard r num', text: r[N.SHARD] }),
-    h('div', { class: 'vt-cell c-health r num' }, h('span', { class: 'swatch', style: { background: healthCss(health) } }), num(health, 2)),
-    h('div', { class: 'vt-cell c-cpu r num', text: `${num(r[N.CPU_ALLOC] / 1000, 1)} / ${num(r[N.CPU_CAP] / 1000, 1)} cores` }),
-    h('div', { class: 'vt-cell c-mem r num', text: `${num(r[N.MEM_ALLOC] / 1024 ** 3, 1)} / ${num(r[N.MEM_CAP] / 1024 ** 3, 1)} GiB` }),
-    h('div', { class: 'vt-cell c-gpu r num', text: r[N.GPU_CAP] ? `${r[N.GPU_ALLOC]} / ${r[N.GPU_CAP]}` : '–' }),
-    h('div', { class: 'vt-cell c-flags' }, flags.map((f) => h('span', { class: 'tag', text: f }))));
+  const status = r[N.STATUS];
+  c.el.dataset.node = id;
+  c.el.dataset.status = status;
+  c.link.textContent = id;
+  c.link.href = `#/nodes/${encodeURIComponent(id)}`;
+  c.status.textContent = status;
+  c.status.className = `pill s-${status}`;
+  c.domain.textContent = r[N.DOMAIN];
+  c.prio.textContent = r[N.PRIORITY];
+  c.shard.textContent = r[N.SHARD];
+  c.swatch.style.background = healthCss(health);
+  c.healthText.nodeValue = num(health, 2);
+  c.cpu.textContent = `${num(r[N.CPU_ALLOC] / 1000, 1)} / ${num(r[N.CPU_CAP] / 1000, 1)} cores`;
+  c.mem.textContent = `${num(r[N.MEM_ALLOC] / 1024 ** 3, 1)} / ${num(r[N.MEM_CAP] / 1024 ** 3, 1)} GiB`;
+  c.gpu.textContent = r[N.GPU_CAP] ? `${r[N.GPU_ALLOC]} / ${r[N.GPU_CAP]}` : '–';
+  c.flags.textContent = [r[N.CORDONED] ? 'cordoned' : null, r[N.DRAIN] ? 'drain requested' : null].filter(Boolean).join(' · ');
 }
 
 // ---- one node ----------------------------------------------------------------------------------

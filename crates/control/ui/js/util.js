@@ -48,9 +48,14 @@ const GiB = 1024 ** 3;
 const MiB = 1024 ** 2;
 
 /** "1.5" with at most `digits` decimals, trailing zeros dropped, thousands grouped. */
+// Intl.NumberFormat is costly to build: one per precision, reused (the nodes table formats
+// hundreds of numbers per scrolled frame).
+const formats = new Map();
 export function num(x, digits = 1) {
-  if (x === null || x === undefined || Number.isNaN(x)) return '–';
-  return Number(x).toLocaleString('en-US', { maximumFractionDigits: digits });
+  if (x === null || x === undefined || Number.isNaN(Number(x))) return '–';
+  let f = formats.get(digits);
+  if (!f) formats.set(digits, (f = new Intl.NumberFormat('en-US', { maximumFractionDigits: digits })));
+  return f.format(Number(x));
 }
 
 /** Cores from millicores: fewer decimals as the number grows (2,035 cores, 6.25 cores). */
@@ -97,7 +102,9 @@ export function healthRGB(score) {
   const [a, b, t] = s < 0.5 ? [red, amber, s / 0.5] : [amber, green, (s - 0.5) / 0.5];
   return [0, 1, 2].map((i) => Math.round(a[i] + (b[i] - a[i]) * t));
 }
-export const healthCss = (score) => `rgb(${healthRGB(score).join(',')})`;
+// 101 precomputed CSS colours (score rounded to 0.01): the tables colour many cells per frame.
+const HEALTH_CSS = Array.from({ length: 101 }, (_, i) => `rgb(${healthRGB(i / 100).join(',')})`);
+export const healthCss = (score) => HEALTH_CSS[Math.round(Math.max(0, Math.min(1, Number(score) || 0)) * 100)];
 
 /** Sum of a `{key: number}` object. */
 export const sum = (o) => Object.values(o || {}).reduce((a, b) => a + (Number(b) || 0), 0);
