@@ -2,7 +2,7 @@
 // capacity over time, and the scale / apply / rollback controls).
 
 import { state } from './store.js';
-import { h, setChildren, num, pill, sum, clock, ago, duration, resText } from './util.js';
+import { h, setChildren, num, pill, sum, clock, agoEl, duration, resText, cores } from './util.js';
 import { act, read, toast } from './api.js';
 import { SpecEditor } from './spec-editor.js';
 import { bar } from './federation.js';
@@ -36,14 +36,14 @@ export function appsPage() {
         h('div', { class: 'table-wrap' }, h('table', { class: 'grid' },
           h('thead', {}, h('tr', {},
             h('th', { text: 'app' }), h('th', { class: 'r', text: 'desired' }), h('th', { class: 'r', text: 'min' }), h('th', { class: 'r', text: 'max' }),
-            h('th', { text: 'units by state' }), h('th', { text: 'policy' }), h('th', { text: 'last decision' }))),
+            h('th', { text: 'units by state' }), h('th', { text: 'policy' }), h('th', { class: 'r', text: 'serving' }), h('th', { text: 'last decision' }))),
           body)));
       this.update({ all: true });
     },
     update(d) {
       if (!(d.all || d.appSet || d.apps.size)) return;
       const apps = [...state.apps.values()].sort((a, b) => a.app.localeCompare(b.app));
-      if (!apps.length) { setChildren(body, h('tr', {}, h('td', { colspan: 7, class: 'muted', text: state.loading ? 'loading…' : 'no apps' }))); return; }
+      if (!apps.length) { setChildren(body, h('tr', {}, h('td', { colspan: 8, class: 'muted', text: state.loading ? 'loading…' : 'no apps' }))); return; }
       setChildren(body, apps.map((a) => {
         const s = a.summary || {};
         const last = (a.decisions || [])[0];
@@ -55,10 +55,19 @@ export function appsPage() {
           h('td', { class: 'r num muted', text: num(s.max_units, 0) }),
           h('td', {}, unitCounts(s.units)),
           h('td', {}, policyText(s.autoscaling), s.autoscaling?.override ? h('span', { class: 'tag', text: `override ${s.autoscaling.override.floor}..${s.autoscaling.override.ceiling}` }) : null),
-          h('td', {}, last ? [pill(last.action), ' ', h('span', { class: 'muted', text: `${reasonText(last.reason)} · ${ago(last.at_ms)}` })] : h('span', { class: 'muted', text: '–' })));
+          h('td', { class: 'r num', text: servingText(a) }),
+          h('td', {}, last ? [pill(last.action), ' ', h('span', { class: 'muted', text: `${reasonText(last.reason)} · ` }), agoEl(last.at_ms)] : h('span', { class: 'muted', text: '–' })));
       }));
     },
   };
+}
+
+/** "4 endpoints · 1.5 cores": what the route table and capacity say the app serves with. */
+function servingText(a) {
+  const n = a.routes?.routes?.length || 0;
+  let cpu = 0;
+  for (const p of Object.values(a.capacity?.by_priority || {})) cpu += Number(p.cpu_millis) || 0;
+  return `${n} endpoint${n === 1 ? '' : 's'}${cpu ? ' · ' + cores(cpu) : ''}`;
 }
 
 // ---- one app ----------------------------------------------------------------------------------

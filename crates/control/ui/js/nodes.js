@@ -249,15 +249,14 @@ export function nodesPage(query) {
       if (slotRow[k] === i) continue;
       const r = state.nodes.get(ids[i]);
       const c = pool[k];
-      if (r) fillRow(c, r);
+      if (r) fillRow(c, r); else hideRow(c);
       c.el.style.transform = `translateY(${i * ROW_H}px)`;
-      c.el.hidden = !r;
       slotRow[k] = i;
     }
     // Slots with no row in range (a short list) are hidden.
     for (let k = 0; k < size; k++) {
       const i = slotRow[k];
-      if (i < first || i >= last) { pool[k].el.hidden = true; slotRow[k] = -1; }
+      if (i < first || i >= last) { hideRow(pool[k]); slotRow[k] = -1; }
     }
     ui.empty.hidden = ids.length > 0;
     ui.empty.textContent = state.loading ? 'loading…' : 'no node matches';
@@ -289,14 +288,24 @@ function makeRow() {
     domain: cell('c-domain'), prio: cell('c-prio'), shard: cell('c-shard r num'),
     cpu: cell('c-cpu r num'), mem: cell('c-mem r num'), gpu: cell('c-gpu r num'), flags: cell('c-flags'),
   };
-  c.el = h('div', { class: 'vt-row', role: 'row', 'data-testid': 'node-row' },
+  c.el = h('div', { class: 'vt-row', role: 'row', hidden: true },
     cell('c-id', link), cell('c-status', status), c.domain, c.prio, c.shard,
     cell('c-health r num', swatch, healthText), c.cpu, c.mem, c.gpu, c.flags);
   return c;
 }
 
+/** A spare row: hidden and without its test hooks, so only rows showing a node carry them. */
+function hideRow(c) {
+  c.el.hidden = true;
+  c.el.removeAttribute('data-testid');
+  delete c.el.dataset.node;
+  delete c.el.dataset.status;
+}
+
 function fillRow(c, r) {
   const id = r[N.ID];
+  c.el.hidden = false;
+  c.el.dataset.testid = 'node-row';
   const health = Number(r[N.HEALTH]) || 0;
   const status = r[N.STATUS];
   c.el.dataset.node = id;

@@ -2,7 +2,7 @@
 // the pending demand, the floor, min/max per type (editable) and the last pass records.
 
 import { state } from './store.js';
-import { h, setChildren, num, pill, clock, ago, duration, resText } from './util.js';
+import { h, setChildren, num, pill, clock, agoEl, duration, resText } from './util.js';
 import { act, toast } from './api.js';
 import { nodeLink } from './apps.js';
 
@@ -157,7 +157,7 @@ export function poolsPage() {
           h('td', {}, nodeLink(i.id)),
           h('td', { text: i.node_type }),
           h('td', {}, pill(i.state)),
-          h('td', { class: 'nowrap', title: i.since_ms ? new Date(i.since_ms).toISOString() : '', text: i.since_ms ? ago(i.since_ms) : '–' }),
+          h('td', { class: 'nowrap' }, agoEl(i.since_ms, '')),
           h('td', { class: 'r num', text: i.launch_attempts ?? 0 }),
           h('td', { class: 'small', text: i.reason || '' }),
           h('td', { class: 'small muted', text: (i.history || []).map(([s]) => s).join(' → ') })))))) : null);

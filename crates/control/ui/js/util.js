@@ -80,6 +80,17 @@ export function ago(ms) {
   return `${duration(d)} ago`;
 }
 
+/**
+ * A span showing "N s ago" for `ms` that stays true: one timer refreshes every such span
+ * on the page each second (a handful of elements, never per node).
+ */
+export function agoEl(ms, cls = 'muted') {
+  return h('span', { class: cls, 'data-at': ms || 0, title: ms ? new Date(ms).toISOString() : null, text: ago(ms) });
+}
+setInterval(() => {
+  for (const el of document.querySelectorAll('[data-at]')) el.textContent = ago(Number(el.dataset.at));
+}, 1000);
+
 export function duration(d) {
   if (d < 1000) return `${Math.round(d)} ms`;
   if (d < 60_000) return `${Math.round(d / 1000)} s`;
