@@ -31,7 +31,10 @@ function navigate() {
   if (page && page.unmount) page.unmount();
   const [key, next] = route();
   page = next;
-  for (const a of document.querySelectorAll('.nav a')) a.classList.toggle('active', a.dataset.page === key);
+  for (const a of document.querySelectorAll('.nav a')) {
+    a.classList.toggle('active', a.dataset.page === key);
+    if (a.dataset.page === key) a.setAttribute('aria-current', 'page'); else a.removeAttribute('aria-current');
+  }
   document.title = `${page.title} · Flotilla`;
   main.replaceChildren();
   try { page.mount(main); } catch (e) { console.error('mount failed', e); }
