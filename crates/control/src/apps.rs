@@ -8,7 +8,9 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use axum::extract::{Path, State};
+use axum::http::header::CONTENT_TYPE;
 use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
 use axum::{Json, Router};
 use flotilla_scheduler::{AppHandle, AppStatus};
 use serde::Deserialize;
@@ -49,6 +51,25 @@ impl Apps {
     fn names(&self) -> Vec<String> {
         self.0.read_or_recover().keys().cloned().collect()
     }
+
+    /// Every app with its in-process scheduler or its live standalone one's URL.
+    pub(crate) fn endpoints(&self) -> Vec<(String, Result<AppHandle, String>)> {
+        let g = self.0.read_or_recover();
+        g.iter()
+            .filter_map(|(name, e)| match e {
+                AppEndpoint::Local(h) => Some((name.clone(), Ok(h.clone()))),
+                AppEndpoint::Remote { url, seen } if seen.elapsed() < REMOTE_TTL => {
+                    Some((name.clone(), Err(url.clone())))
+                }
+                AppEndpoint::Remote { .. } => None,
+            })
+            .collect()
+    }
+
+    /// The in-process schedulers.
+    pub(crate) fn locals(&self) -> Vec<AppHandle> {
+        self.endpoints().into_iter().filter_map(|(_, e)| e.ok()).collect()
+    }
 }
 
 pub fn routes() -> Router<Arc<ControlState>> {
@@ -58,7 +79,8 @@ pub fn routes() -> Router<Arc<ControlState>> {
         .route("/v1/apps/{app}/units", axum::routing::get(list_units))
         .route("/v1/apps/{app}/routes", axum::routing::get(list_routes))
         .route("/v1/apps/{app}/scale", axum::routing::put(scale))
-        .route("/v1/apps/{app}/spec", axum::routing::put(apply))
+        .route("/v1/apps/{app}/spec", axum::routing::put(apply).get(get_spec))
+        .route("/v1/apps/{app}/rollback", axum::routing::post(rollback))
         .route("/v1/schedulers", axum::routing::post(register_scheduler))
 }
 
@@ -66,7 +88,7 @@ pub(crate) fn not_found(app: &str) -> ControlError {
     ControlError::NoSuchApp(app.to_string())
 }
 
-fn summary(s: &AppStatus) -> Value {
+pub(crate) fn summary(s: &AppStatus) -> Value {
     let mut by_state: BTreeMap<&str, u32> = BTreeMap::new();
     // Queued units by group: the pool autoscaler's demand.
     let mut queued = [0u32; 2];
@@ -264,6 +286,70 @@ async fn apply(
         Some(Err(url)) => {
             let req = s.http.put(format!("{}/v1/apps/{app}/spec", url.trim_end_matches('/')));
             forward(req.body(body), &url, &headers).await
+        }
+        None => Err(not_found(&app)),
+    }
+}
+
+/// `GET /v1/apps/{app}/spec`: the app's current spec (TOML, as its scheduler stored it),
+/// and whether a rollback has a spec to go back to (`x-flotilla-has-previous`).
+#[tracing::instrument(name = "get_spec", skip(s))]
+async fn get_spec(State(s): State<Arc<ControlState>>, Path(app): Path<String>) -> Result<Response, ControlError> {
+    metrics::counter!("flotilla_api_requests_total", "route" => "/v1/apps/{app}/spec").increment(1);
+    match s.apps.get(&app) {
+        Some(Ok(h)) => {
+            let st = h.status();
+            Ok(spec_answer(st.spec_toml.to_string(), st.has_previous_spec))
+        }
+        Some(Err(url)) => {
+            let resp = s
+                .http
+                .get(format!("{}/v1/apps/{app}/spec", url.trim_end_matches('/')))
+                .timeout(Duration::from_secs(5))
+                .send()
+                .await
+                .map_err(|e| unreachable(&url, e))?;
+            let status = resp.status();
+            let previous = resp.headers().get(HAS_PREVIOUS).is_some_and(|v| v.as_bytes() == b"true");
+            let text = resp.text().await.map_err(|e| unreachable(&url, e))?;
+            if !status.is_success() {
+                let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+                let message = v.pointer("/error/message").and_then(Value::as_str).unwrap_or("refused").to_string();
+                return Err(ControlError::Forwarded { status, message });
+            }
+            Ok(spec_answer(text, previous))
+        }
+        None => Err(not_found(&app)),
+    }
+}
+
+/// Says whether `GET /v1/apps/{app}/spec`'s app has a previous spec.
+const HAS_PREVIOUS: axum::http::HeaderName = axum::http::HeaderName::from_static("x-flotilla-has-previous");
+
+fn spec_answer(text: String, has_previous: bool) -> Response {
+    let previous = if has_previous { "true" } else { "false" };
+    ([(CONTENT_TYPE, "text/plain; charset=utf-8"), (HAS_PREVIOUS, previous)], text).into_response()
+}
+
+/// `POST /v1/apps/{app}/rollback`: re-applies the spec the app had before its last
+/// apply (409 `no_previous_spec` when it has none); the current one becomes the
+/// previous, so a second rollback undoes the first.
+#[tracing::instrument(name = "rollback", skip(s, headers))]
+async fn rollback(
+    State(s): State<Arc<ControlState>>,
+    Path(app): Path<String>,
+    headers: HeaderMap,
+) -> Result<Json<Value>, ControlError> {
+    metrics::counter!("flotilla_api_requests_total", "route" => "/v1/apps/{app}/rollback").increment(1);
+    authorize(&s, &headers)?;
+    match s.apps.get(&app) {
+        Some(Ok(h)) => {
+            let m = h.rollback().await?;
+            Ok(Json(json!({"app": app, "result": m})))
+        }
+        Some(Err(url)) => {
+            let req = s.http.post(format!("{}/v1/apps/{app}/rollback", url.trim_end_matches('/')));
+            forward(req, &url, &headers).await
         }
         None => Err(not_found(&app)),
     }

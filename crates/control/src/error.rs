@@ -79,6 +79,9 @@ pub enum ControlError {
     TooLarge { max: usize },
     #[error("more than {per_second} requests per second from {peer}: retry in {} ms", retry_in.as_millis().max(1))]
     RateLimited { per_second: u32, peer: IpAddr, retry_in: Duration },
+    /// `GET /v1/events` with every stream place taken.
+    #[error("{max} event streams are open already: close one (another tab?) or retry later")]
+    TooManySubscribers { max: usize },
     #[error("this address serves HTTPS: use {url} (with --ca or $FLOTILLA_CA naming the CA of its certificate)")]
     TlsRequired { url: String },
     #[error(transparent)]
@@ -97,7 +100,7 @@ impl ServiceError for ControlError {
             ShardUnreachable { .. } | SchedulerUnreachable { .. } => ErrorKind::Unavailable,
             Forwarded { status, .. } => kind_of_status(*status),
             TooLarge { .. } => ErrorKind::TooLarge,
-            RateLimited { .. } => ErrorKind::RateLimited,
+            RateLimited { .. } | TooManySubscribers { .. } => ErrorKind::RateLimited,
             Command(e) => e.kind(),
         }
     }
@@ -121,6 +124,7 @@ impl ServiceError for ControlError {
             Forwarded { .. } => "refused",
             TooLarge { .. } => "too_large",
             RateLimited { .. } => "rate_limited",
+            TooManySubscribers { .. } => "too_many_subscribers",
             TlsRequired { .. } => TLS_REQUIRED,
             Command(e) => e.code(),
         }

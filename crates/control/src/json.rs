@@ -32,7 +32,7 @@ pub struct NodeRow {
     pub drain_requested: bool,
 }
 
-fn row(r: &NodeRecord, connected: bool) -> NodeRow {
+pub(crate) fn row(r: &NodeRecord, connected: bool) -> NodeRow {
     NodeRow {
         node_id: r.node_id.to_string(),
         incarnation: r.incarnation.0,

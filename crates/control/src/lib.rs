@@ -4,12 +4,15 @@
 pub mod apps;
 mod autoscaling;
 mod error;
+pub mod events;
 mod json;
 pub mod limits;
+pub mod nodes;
 mod policies;
 mod pools;
 pub mod routes_grpc;
 mod serve;
+pub mod ui;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -45,15 +48,19 @@ pub struct ControlState {
     pub pools: Pools,
 }
 
+/// The whole API. Its `/v1/events` stream has one [`events::Hub`] per router.
 pub fn router(state: Arc<ControlState>) -> Router {
+    let hub = events::Hub::new(state.clone());
     Router::new()
-        .route("/v1/nodes", get(list_nodes))
+        .route("/v1/nodes", get(nodes::list))
+        .route("/v1/nodes/{node}", get(nodes::get))
         .route("/v1/shards", get(list_shards))
         .route("/v1/nodes/{node}/{action}", axum::routing::post(node_action))
         .route("/healthz", get(|| async { "ok" }))
         .merge(apps::routes())
         .merge(autoscaling::routes())
         .merge(pools::routes())
+        .merge(ui::routes())
         .fallback(|| async { ControlError::NoSuchEndpoint })
         // gRPC shares the port (HTTP/2); its paths name the service.
         .route_service(
@@ -61,13 +68,8 @@ pub fn router(state: Arc<ControlState>) -> Router {
             v1::route_service_server::RouteServiceServer::new(routes_grpc::RoutesGrpc(state.clone())),
         )
         .with_state(state)
+        .merge(events::routes(hub))
         .merge(flotilla_obs::metrics_router())
-}
-
-#[tracing::instrument(skip_all)]
-async fn list_nodes(State(s): State<Arc<ControlState>>) -> Json<Vec<NodeRow>> {
-    metrics::counter!("flotilla_api_requests_total", "route" => "/v1/nodes").increment(1);
-    Json(node_rows(&s.cluster))
 }
 
 /// `POST /v1/nodes/{node}/cordon|drain|uncordon`. A drain also asks every app's scheduler

@@ -4,7 +4,10 @@
 //!
 //! - `GET /v1/pools`, `GET /v1/pools/{pool}`: instances by type and state, decisions;
 //! - `PUT /v1/pools/{pool}/constraints`, `GET` the same: the floor;
-//! - `POST /v1/pools/{pool}/report`: the autoscaler's report (answered with the floor).
+//! - `PUT /v1/pools/{pool}/node_types/{type}` `{"min","max"}`: bounds replacing the pool
+//!   file's for that type;
+//! - `POST /v1/pools/{pool}/report`: the autoscaler's report (answered with the floor
+//!   and the bounds, which it applies from its next pass).
 
 use flotilla_core::RwLockExt;
 use std::collections::BTreeMap;
@@ -15,8 +18,10 @@ use std::time::{Duration, Instant};
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::{Json, Router};
+use flotilla_pool::cluster::TypeBounds;
 use flotilla_pool::reconciler::Constraints;
 use serde_json::{Value, json};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::apps::authorize;
 use crate::{ControlError, ControlState};
@@ -26,17 +31,24 @@ const STALE_AFTER: Duration = Duration::from_secs(60);
 /// Most pools one control plane tracks.
 pub const MAX_POOLS: usize = 64;
 
+#[derive(Default)]
 struct Pool {
     report: Option<(Arc<Value>, Instant)>,
     constraints: Constraints,
+    /// The operator's bounds by node type.
+    bounds: BTreeMap<String, TypeBounds>,
+    /// Changes with every report, floor or bounds (the event stream resends the pool).
+    version: u64,
 }
 
-/// Pools by name; floors are kept in `DATA/pools/NAME.constraints.json` when the control
-/// plane has a data dir, so they outlive a restart.
+/// Pools by name; floors are kept in `DATA/pools/NAME.constraints.json` and bounds in
+/// `DATA/pools/NAME.bounds.json` when the control plane has a data dir, so they outlive
+/// a restart.
 #[derive(Default)]
 pub struct Pools {
     pools: RwLock<BTreeMap<String, Pool>>,
     dir: Option<PathBuf>,
+    versions: AtomicU64,
 }
 
 fn valid_name(name: &str) -> Result<(), ControlError> {
@@ -54,20 +66,53 @@ impl Pools {
     /// The pools whose floors are kept in `dir` (created if missing).
     pub fn open(dir: PathBuf) -> anyhow::Result<Pools> {
         std::fs::create_dir_all(&dir)?;
-        let mut pools = BTreeMap::new();
+        let mut pools: BTreeMap<String, Pool> = BTreeMap::new();
         for entry in std::fs::read_dir(&dir)?.filter_map(Result::ok) {
             let path = entry.path();
-            let Some(name) =
-                path.file_name().and_then(|n| n.to_str()).and_then(|n| n.strip_suffix(".constraints.json"))
-            else {
-                continue;
-            };
-            let text = std::fs::read_to_string(&path)?;
-            let constraints: Constraints =
-                serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-            pools.insert(name.to_string(), Pool { report: None, constraints });
+            let Some(file) = path.file_name().and_then(|n| n.to_str()) else { continue };
+            let read = || -> anyhow::Result<String> { Ok(std::fs::read_to_string(&path)?) };
+            let bad = |e: serde_json::Error| anyhow::anyhow!("{}: {e}", path.display());
+            if let Some(name) = file.strip_suffix(".constraints.json") {
+                pools.entry(name.to_string()).or_default().constraints = serde_json::from_str(&read()?).map_err(bad)?;
+            } else if let Some(name) = file.strip_suffix(".bounds.json") {
+                pools.entry(name.to_string()).or_default().bounds = serde_json::from_str(&read()?).map_err(bad)?;
+            }
         }
-        Ok(Pools { pools: RwLock::new(pools), dir: Some(dir) })
+        Ok(Pools { pools: RwLock::new(pools), dir: Some(dir), versions: AtomicU64::new(0) })
+    }
+
+    /// Each pool's version: it changes whenever what `GET /v1/pools/{pool}` shows does
+    /// (but for its age).
+    pub(crate) fn versions(&self) -> Vec<(String, u64)> {
+        self.pools.read_or_recover().iter().map(|(n, p)| (n.clone(), p.version)).collect()
+    }
+
+    /// The pool's row of `GET /v1/pools/{pool}`.
+    pub(crate) fn row_of(&self, pool: &str) -> Option<Value> {
+        self.pools.read_or_recover().get(pool).map(|p| Pools::row(pool, p))
+    }
+
+    /// Writes `DATA/pools/NAME.SUFFIX` (through a temporary file) when there is a data dir.
+    fn persist(&self, pool: &str, suffix: &str, v: &impl serde::Serialize) -> Result<(), ControlError> {
+        let Some(dir) = &self.dir else { return Ok(()) };
+        let tmp = dir.join(format!(".{pool}.{suffix}.tmp"));
+        let text = serde_json::to_string_pretty(v).map_err(|e| ControlError::Storage(e.to_string()))?;
+        std::fs::write(&tmp, text)
+            .and_then(|()| std::fs::rename(&tmp, dir.join(format!("{pool}.{suffix}"))))
+            .map_err(|e| ControlError::Storage(format!("{}: {e}", dir.display())))
+    }
+
+    fn set_bounds(
+        &self,
+        pool: &str,
+        node_type: &str,
+        b: TypeBounds,
+    ) -> Result<BTreeMap<String, TypeBounds>, ControlError> {
+        let mut all = self.pools.read_or_recover().get(pool).map(|p| p.bounds.clone()).unwrap_or_default();
+        all.insert(node_type.to_string(), b);
+        self.persist(pool, "bounds.json", &all)?;
+        self.entry(pool, |p| p.bounds = all.clone())?;
+        Ok(all)
     }
 
     fn constraints(&self, pool: &str) -> Constraints {
@@ -79,18 +124,13 @@ impl Pools {
         if !g.contains_key(pool) && g.len() >= MAX_POOLS {
             return Err(ControlError::BadRequest(format!("at most {MAX_POOLS} pools")));
         }
-        let p = g.entry(pool.to_string()).or_insert_with(|| Pool { report: None, constraints: Constraints::default() });
+        let p = g.entry(pool.to_string()).or_default();
+        p.version = self.versions.fetch_add(1, Ordering::Relaxed) + 1;
         Ok(f(p))
     }
 
     fn set_constraints(&self, pool: &str, c: Constraints) -> Result<(), ControlError> {
-        if let Some(dir) = &self.dir {
-            let tmp = dir.join(format!(".{pool}.constraints.json.tmp"));
-            let text = serde_json::to_string_pretty(&c).map_err(|e| ControlError::Storage(e.to_string()))?;
-            std::fs::write(&tmp, text)
-                .and_then(|()| std::fs::rename(&tmp, dir.join(format!("{pool}.constraints.json"))))
-                .map_err(|e| ControlError::Storage(format!("{}: {e}", dir.display())))?;
-        }
+        self.persist(pool, "constraints.json", &c)?;
         self.entry(pool, |p| p.constraints = c)
     }
 
@@ -98,6 +138,7 @@ impl Pools {
         let mut v = p.report.as_ref().map(|(r, _)| r.as_ref().clone()).unwrap_or_else(|| json!({}));
         v["pool"] = json!(name);
         v["constraints"] = json!(p.constraints);
+        v["bounds"] = json!(p.bounds);
         v["reported_ms_ago"] = json!(p.report.as_ref().map(|(_, at)| at.elapsed().as_millis() as u64));
         v["stale"] = json!(p.report.as_ref().is_none_or(|(_, at)| at.elapsed() > STALE_AFTER));
         v
@@ -109,6 +150,7 @@ pub fn routes() -> Router<Arc<ControlState>> {
         .route("/v1/pools", axum::routing::get(list))
         .route("/v1/pools/{pool}", axum::routing::get(get_pool))
         .route("/v1/pools/{pool}/constraints", axum::routing::get(get_constraints).put(put_constraints))
+        .route("/v1/pools/{pool}/node_types/{node_type}", axum::routing::put(put_bounds))
         .route("/v1/pools/{pool}/report", axum::routing::post(report))
 }
 
@@ -160,9 +202,47 @@ async fn report(
     if !v.is_object() || !v.get("instances").is_some_and(Value::is_array) {
         return Err(ControlError::BadRequest("a report is an object with an \"instances\" array".into()));
     }
-    let constraints = s.pools.entry(&pool, |p| {
+    let (constraints, bounds) = s.pools.entry(&pool, |p| {
         p.report = Some((Arc::new(v), Instant::now()));
-        p.constraints.clone()
+        (p.constraints.clone(), p.bounds.clone())
     })?;
-    Ok(Json(json!({"constraints": constraints})))
+    Ok(Json(json!({"constraints": constraints, "bounds": bounds})))
+}
+
+/// `PUT /v1/pools/{pool}/node_types/{type} {"min": A, "max": B}`: bounds that replace the
+/// pool file's min and max for that type (min ≤ max ≤ 100,000), kept like the floor and
+/// handed to the autoscaler with the answer to its next report. When the pool has
+/// reported, the type must be one of its node types.
+#[tracing::instrument(name = "put_pool_bounds", skip(s, headers, body))]
+async fn put_bounds(
+    State(s): State<Arc<ControlState>>,
+    Path((pool, node_type)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Result<Json<TypeBounds>, axum::extract::rejection::JsonRejection>,
+) -> Result<Json<Value>, ControlError> {
+    metrics::counter!("flotilla_api_requests_total", "route" => "/v1/pools/{pool}/node_types/{type}").increment(1);
+    authorize(&s, &headers)?;
+    valid_name(&pool)?;
+    valid_name(&node_type).map_err(|_| {
+        ControlError::BadRequest(format!("node type {node_type:?}: 1 to 63 letters, digits, '-' or '_'"))
+    })?;
+    let Json(b) =
+        body.map_err(|e| ControlError::BadRequest(format!("expected {{\"min\": A, \"max\": B}}: {}", e.body_text())))?;
+    b.validate().map_err(ControlError::BadRequest)?;
+    let known = s.pools.row_of(&pool).and_then(|r| {
+        let types = r.get("node_types")?.as_array()?.iter().filter_map(|t| t.get("name")?.as_str().map(str::to_string));
+        Some(types.collect::<Vec<_>>())
+    });
+    if let Some(types) = known.filter(|t| !t.is_empty())
+        && !types.contains(&node_type)
+    {
+        return Err(ControlError::BadRequest(format!(
+            "pool {pool} has no node type {node_type:?} (it has {})",
+            types.join(", ")
+        )));
+    }
+    let all = s.pools.set_bounds(&pool, &node_type, b)?;
+    tracing::info!(pool, node_type, min = b.min, max = b.max, "pool node type bounds set");
+    metrics::counter!("flotilla_pool_bounds_set_total").increment(1);
+    Ok(Json(json!({"pool": pool, "bounds": all})))
 }

@@ -200,7 +200,9 @@ async fn rate_limits_body_caps_and_missing_tokens_are_refused_and_counted() {
     let text = other.get(format!("{url}/metrics")).send().await.unwrap().text().await.unwrap();
     assert_eq!(metric(&text, "rate_limited"), (14 - ok) as f64, "{text}");
     assert_eq!(metric(&text, "too_large"), 2.0, "{text}");
-    assert_eq!(metric(&text, "unauthenticated"), 2.0, "{text}");
+    // At least: the pool test of this binary makes an unauthenticated call of its own,
+    // counted in the same process-wide registry.
+    assert!(metric(&text, "unauthenticated") >= 2.0, "{text}");
 }
 
 #[tokio::test]

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use tracing::Instrument;
 
-use crate::cluster::{Cluster, ClusterError};
+use crate::cluster::{Cluster, ClusterError, ReportAnswer, TypeBounds};
 use crate::config::PoolConfig;
 use crate::instance::{Change, InstanceState, Instances, NodeSeen};
 use crate::pack::Cause;
@@ -48,6 +48,10 @@ pub struct Autoscaler {
     constraints: Constraints,
     policy: PolicyState,
     decisions: VecDeque<Arc<Value>>,
+    /// Each node type's `min` and `max` as the pool file sets them.
+    file_bounds: BTreeMap<String, TypeBounds>,
+    /// The operator's bounds, from the control plane's last answer.
+    bounds: BTreeMap<String, TypeBounds>,
 }
 
 fn phase(s: InstanceState) -> Option<Phase> {
@@ -76,7 +80,11 @@ impl Autoscaler {
         let records = store.load()?;
         tracing::info!(pool = %cfg.name, records = records.len(), "pool autoscaler resuming");
         instances.restore(records);
+        let file_bounds =
+            cfg.node_types.iter().map(|t| (t.name.clone(), TypeBounds { min: t.min, max: t.max })).collect();
         Ok(Autoscaler {
+            file_bounds,
+            bounds: BTreeMap::new(),
             cfg,
             provider,
             cluster,
@@ -198,10 +206,39 @@ impl Autoscaler {
         }
         let report = self.report();
         match self.cluster.report(&self.cfg.name, &report).await {
-            Ok(c) => self.constraints = c,
+            Ok(ReportAnswer { constraints, bounds }) => {
+                self.constraints = constraints;
+                self.set_bounds(bounds);
+            }
             Err(e) => tracing::warn!(error = %e, "reporting the pool to the control plane"),
         }
         Ok(())
+    }
+
+    /// Takes the operator's node type bounds from the next pass on: each replaces the
+    /// pool file's `min` and `max` for its type; a type without one goes back to the
+    /// file's. A bound naming a type the pool does not have, or with min above max, is
+    /// ignored with a warning (when it first arrives).
+    pub fn set_bounds(&mut self, bounds: BTreeMap<String, TypeBounds>) {
+        if bounds == self.bounds {
+            return;
+        }
+        for (name, b) in &bounds {
+            if !self.file_bounds.contains_key(name) {
+                tracing::warn!(pool = %self.cfg.name, node_type = %name, "bounds name a node type the pool does not have; ignored");
+            } else if let Err(e) = b.validate() {
+                tracing::warn!(pool = %self.cfg.name, node_type = %name, error = %e, "bad node type bounds; ignored");
+            }
+        }
+        for t in &mut self.cfg.node_types {
+            let file = self.file_bounds.get(&t.name).copied().unwrap_or(TypeBounds { min: t.min, max: t.max });
+            let b = bounds.get(&t.name).copied().filter(|b| b.validate().is_ok()).unwrap_or(file);
+            if (t.min, t.max) != (b.min, b.max) {
+                tracing::info!(pool = %self.cfg.name, node_type = %t.name, min = b.min, max = b.max, "node type bounds changed");
+            }
+            (t.min, t.max) = (b.min, b.max);
+        }
+        self.bounds = bounds;
     }
 
     /// DRAIN_REQUESTED: the node is drained (cordoned; what it runs moves make-before-break).
@@ -380,6 +417,7 @@ mod tests {
         provider: Arc<FakeProvider>,
         apps: Mutex<Vec<AppRow>>,
         drains: Mutex<Vec<String>>,
+        bounds: Mutex<BTreeMap<String, TypeBounds>>,
     }
 
     impl Cluster for FakeCluster {
@@ -411,9 +449,10 @@ mod tests {
             self.drains.lock().unwrap().push(node.to_string());
             Box::pin(async { Ok(()) })
         }
-        fn report<'a>(&'a self, _: &'a str, r: &'a Value) -> BoxFuture<'a, Result<Constraints, ClusterError>> {
+        fn report<'a>(&'a self, _: &'a str, r: &'a Value) -> BoxFuture<'a, Result<ReportAnswer, ClusterError>> {
             assert!(r["instances"].is_array());
-            Box::pin(async { Ok(Constraints::default()) })
+            let bounds = self.bounds.lock().unwrap().clone();
+            Box::pin(async move { Ok(ReportAnswer { constraints: Constraints::default(), bounds }) })
         }
     }
 
@@ -447,6 +486,7 @@ mod tests {
                 unit_shape: UnitShape { members: vec![member.clone(), member], ..Default::default() },
             }]),
             drains: Mutex::new(vec![]),
+            bounds: Mutex::new(BTreeMap::new()),
         });
         let mut a = scaler(&dir, &provider, &cluster);
         a.pass().await.unwrap();
@@ -474,6 +514,40 @@ mod tests {
         a.pass().await.unwrap();
         assert!(provider.running.lock().unwrap().is_empty(), "drained nodes are terminated");
         assert!(a.instances().iter().all(|i| i.state == InstanceState::Terminated));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[tokio::test]
+    async fn operator_bounds_replace_the_files_from_the_next_pass() {
+        let dir = std::env::temp_dir().join(format!("flotilla-pool-bounds-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let provider = Arc::new(FakeProvider::default());
+        let cluster = Arc::new(FakeCluster {
+            provider: provider.clone(),
+            apps: Mutex::new(vec![]),
+            drains: Mutex::new(vec![]),
+            bounds: Mutex::new(BTreeMap::new()),
+        });
+        let mut a = scaler(&dir, &provider, &cluster);
+        a.pass().await.unwrap();
+        assert!(provider.launches.lock().unwrap().is_empty(), "no demand, min 0: nothing launched");
+        // min 2 for t (and a bound for a type the pool lacks, ignored): taken with the
+        // answer to this pass's report, acted on at the next pass.
+        *cluster.bounds.lock().unwrap() = BTreeMap::from([
+            ("t".into(), TypeBounds { min: 2, max: 4 }),
+            ("nope".into(), TypeBounds { min: 1, max: 1 }),
+        ]);
+        a.pass().await.unwrap();
+        assert_eq!(a.report()["node_types"][0]["min"], 2);
+        assert_eq!(a.report()["node_types"][0]["max"], 4);
+        a.pass().await.unwrap();
+        assert_eq!(provider.launches.lock().unwrap().len(), 2, "the raised min is held");
+        // Lifting the bounds restores the file's.
+        *cluster.bounds.lock().unwrap() = BTreeMap::new();
+        a.pass().await.unwrap();
+        assert_eq!(a.report()["node_types"][0]["min"], 0);
+        assert_eq!(a.report()["node_types"][0]["max"], 5);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -2,9 +2,11 @@
 //! API: the same calls an operator's tools make, so the autoscaler runs in `flotilla up`
 //! or as its own process alike.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::provider::BoxFuture;
@@ -16,14 +18,46 @@ pub enum ClusterError {
     Call { path: String, message: String },
 }
 
+/// The largest `max` an operator may set on a node type.
+pub const MAX_TYPE_BOUND: u32 = 100_000;
+
+/// An operator's bounds on one node type (`PUT /v1/pools/{pool}/node_types/{type}`),
+/// replacing the pool file's `min` and `max` for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TypeBounds {
+    pub min: u32,
+    pub max: u32,
+}
+
+impl TypeBounds {
+    pub fn validate(&self) -> Result<(), String> {
+        if self.min > self.max {
+            return Err(format!("min {} is more than max {}", self.min, self.max));
+        }
+        if self.max > MAX_TYPE_BOUND {
+            return Err(format!("max {} is more than {MAX_TYPE_BOUND}", self.max));
+        }
+        Ok(())
+    }
+}
+
+/// The control plane's answer to a report: the pool's floor and the operator's bounds
+/// by node type.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ReportAnswer {
+    pub constraints: Constraints,
+    pub bounds: BTreeMap<String, TypeBounds>,
+}
+
 /// The control plane as the autoscaler uses it.
 pub trait Cluster: Send + Sync {
     fn nodes(&self) -> BoxFuture<'_, Result<Vec<NodeRow>, ClusterError>>;
     fn apps(&self) -> BoxFuture<'_, Result<Vec<AppRow>, ClusterError>>;
     /// Cordons the node and has every app move its members elsewhere first.
     fn drain<'a>(&'a self, node: &'a str) -> BoxFuture<'a, Result<(), ClusterError>>;
-    /// Posts the pool's report; the answer carries its floor.
-    fn report<'a>(&'a self, pool: &'a str, report: &'a Value) -> BoxFuture<'a, Result<Constraints, ClusterError>>;
+    /// Posts the pool's report; the answer carries its floor and node type bounds.
+    fn report<'a>(&'a self, pool: &'a str, report: &'a Value) -> BoxFuture<'a, Result<ReportAnswer, ClusterError>>;
 }
 
 /// The control plane's HTTP API.
@@ -87,15 +121,41 @@ impl Cluster for HttpCluster {
         })
     }
 
-    fn report<'a>(&'a self, pool: &'a str, report: &'a Value) -> BoxFuture<'a, Result<Constraints, ClusterError>> {
+    fn report<'a>(&'a self, pool: &'a str, report: &'a Value) -> BoxFuture<'a, Result<ReportAnswer, ClusterError>> {
         Box::pin(async move {
             let path = format!("/v1/pools/{pool}/report");
             let v: Value = self.call(self.client.post(self.url(&path)).json(report), &path).await?;
-            let c = v.get("constraints").cloned().unwrap_or(Value::Null);
-            if c.is_null() {
-                return Ok(Constraints::default());
-            }
-            serde_json::from_value(c).map_err(|e| ClusterError::Call { path, message: format!("bad constraints: {e}") })
+            answer_of(&v).map_err(|message| ClusterError::Call { path, message })
         })
+    }
+}
+
+/// Reads the answer to a report; a control plane that predates a field leaves it empty.
+pub fn answer_of(v: &Value) -> Result<ReportAnswer, String> {
+    let constraints = match v.get("constraints") {
+        None | Some(Value::Null) => Constraints::default(),
+        Some(c) => serde_json::from_value(c.clone()).map_err(|e| format!("bad constraints: {e}"))?,
+    };
+    let bounds = match v.get("bounds") {
+        None | Some(Value::Null) => BTreeMap::new(),
+        Some(b) => serde_json::from_value(b.clone()).map_err(|e| format!("bad bounds: {e}"))?,
+    };
+    Ok(ReportAnswer { constraints, bounds })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_answer_carries_the_floor_and_the_bounds() {
+        let v = serde_json::json!({"constraints": {"resource_requests": []}, "bounds": {"t": {"min": 1, "max": 3}}});
+        let a = answer_of(&v).unwrap();
+        assert_eq!(a.bounds["t"], TypeBounds { min: 1, max: 3 });
+        assert_eq!(answer_of(&serde_json::json!({})).unwrap(), ReportAnswer::default());
+        assert!(answer_of(&serde_json::json!({"bounds": {"t": {"min": "x"}}})).is_err());
+        assert!(TypeBounds { min: 2, max: 1 }.validate().is_err());
+        assert!(TypeBounds { min: 0, max: MAX_TYPE_BOUND + 1 }.validate().is_err());
+        assert!(TypeBounds { min: 0, max: MAX_TYPE_BOUND }.validate().is_ok());
     }
 }

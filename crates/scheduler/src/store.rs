@@ -93,6 +93,8 @@ pub const DECISIONS_KEPT: usize = 100;
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Stored {
     pub spec: Option<String>,
+    /// The spec before the last one applied (`POST /v1/apps/{app}/rollback` re-applies it).
+    pub previous_spec: Option<String>,
     pub desired_units: Option<u32>,
     /// Of the desired units, how many are in the secondary group (autoscaling).
     pub desired_secondary: Option<u32>,
@@ -107,6 +109,8 @@ pub struct Stored {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Write {
     Spec(String),
+    /// The spec the app had before its current one.
+    PreviousSpec(String),
     DesiredUnits(u32),
     DesiredSecondary(u32),
     Override(Option<Override>),
@@ -133,6 +137,7 @@ pub trait Store: Send + Sync {
 fn apply(s: &mut Stored, w: &Write) {
     match w {
         Write::Spec(t) => s.spec = Some(t.clone()),
+        Write::PreviousSpec(t) => s.previous_spec = Some(t.clone()),
         Write::DesiredUnits(n) => s.desired_units = Some(*n),
         Write::DesiredSecondary(n) => s.desired_secondary = Some(*n),
         Write::Override(o) => s.override_bounds = *o,
@@ -228,6 +233,9 @@ impl Store for RedbStore {
         if let Some(v) = meta.get(format!("{app}/spec").as_str()).map_err(err)? {
             s.spec = Some(v.value().to_string());
         }
+        if let Some(v) = meta.get(format!("{app}/previous_spec").as_str()).map_err(err)? {
+            s.previous_spec = Some(v.value().to_string());
+        }
         if let Some(v) = meta.get(format!("{app}/desired").as_str()).map_err(err)? {
             s.desired_units = v.value().parse().ok();
         }
@@ -276,6 +284,9 @@ impl Store for RedbStore {
                 match op {
                     Write::Spec(t) => {
                         meta.insert(format!("{app}/spec").as_str(), t.as_str()).map_err(err)?;
+                    }
+                    Write::PreviousSpec(t) => {
+                        meta.insert(format!("{app}/previous_spec").as_str(), t.as_str()).map_err(err)?;
                     }
                     Write::DesiredUnits(n) => {
                         meta.insert(format!("{app}/desired").as_str(), n.to_string().as_str()).map_err(err)?;
@@ -355,6 +366,7 @@ mod tests {
             "echo",
             &[
                 Write::Spec("name = \"echo\"".into()),
+                Write::PreviousSpec("name = \"old\"".into()),
                 Write::DesiredUnits(3),
                 Write::NextGeneration(7),
                 Write::Unit(unit("echo-1")),
@@ -372,6 +384,7 @@ mod tests {
         s.write("echo", &[Write::DeleteUnit("echo-2".into()), Write::DeleteIntent("t1".into())]).unwrap();
         let got = s.load("echo").unwrap();
         assert_eq!(got.spec.as_deref(), Some("name = \"echo\""));
+        assert_eq!(got.previous_spec.as_deref(), Some("name = \"old\""));
         assert_eq!(got.desired_units, Some(3));
         assert_eq!(got.next_generation, 7);
         assert_eq!(got.units.keys().collect::<Vec<_>>(), vec!["echo-1"], "apps do not see each other's units");

@@ -21,7 +21,7 @@ pub fn slots(nodes: impl IntoIterator<Item = NodeRecord>, connected: bool) -> Ve
         v.nodes.insert(r.node_id.clone(), Arc::new(r));
     }
     let domains = flotilla_view::Domains::of(&v);
-    vec![Arc::new(ShardSlot { view: Arc::new(v), connected, domains })]
+    vec![Arc::new(ShardSlot { view: Arc::new(v), connected, domains, updated_unix_ms: 0 })]
 }
 
 /// A unit of app "a" in domain "d" whose `(member, node)` members run on shard 0; the

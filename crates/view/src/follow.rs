@@ -21,6 +21,9 @@ pub struct ShardSlot {
     pub connected: bool,
     /// The view's node ids by domain.
     pub domains: crate::domains::Domains,
+    /// When the follower stored this slot (Unix ms; 0 before the first store): the
+    /// dashboard shows how long ago each shard's view last changed.
+    pub updated_unix_ms: u64,
 }
 
 /// The merged view: one slot per shard, in `--aggregators` order. Readers load a
@@ -38,6 +41,7 @@ impl ClusterView {
                     view: Arc::new(ShardView::empty(i as u32, 0)),
                     connected: false,
                     domains: Default::default(),
+                    updated_unix_ms: 0,
                 })
             })
             .collect();
@@ -62,7 +66,16 @@ impl ClusterView {
         self.changed.subscribe()
     }
 
-    fn store(&self, shard: usize, slot: ShardSlot) {
+    /// Sets shard `shard`'s view directly, as a follower would on a snapshot: for tests
+    /// and tools that hold a view without a shard to follow.
+    pub fn install(&self, shard: usize, view: ShardView, connected: bool) {
+        let domains = crate::domains::Domains::of(&view);
+        self.store(shard, ShardSlot { view: Arc::new(view), connected, domains, updated_unix_ms: 0 });
+    }
+
+    /// Stores `slot` as shard `shard`'s, stamped with the time, and wakes `changes()`.
+    fn store(&self, shard: usize, mut slot: ShardSlot) {
+        slot.updated_unix_ms = flotilla_core::now_ms();
         self.slots[shard].store(Arc::new(slot));
         self.changed.send_modify(|v| *v += 1);
     }
@@ -83,7 +96,15 @@ pub async fn follow_shard(cluster: Arc<ClusterView>, shard: usize, endpoint: Str
         }
         let cur = cluster.slot(shard);
         if cur.connected {
-            cluster.store(shard, ShardSlot { view: cur.view.clone(), connected: false, domains: cur.domains.clone() });
+            cluster.store(
+                shard,
+                ShardSlot {
+                    view: cur.view.clone(),
+                    connected: false,
+                    domains: cur.domains.clone(),
+                    updated_unix_ms: 0,
+                },
+            );
         }
         tokio::time::sleep(backoff.next_wait()).await;
     }
@@ -133,7 +154,10 @@ async fn follow_once(cluster: &ClusterView, shard: usize, endpoint: &str, dialer
                     view = Arc::new(building.take().unwrap_or_else(|| ShardView::empty(shard as u32, 0)));
                     domains = crate::domains::Domains::of(&view);
                     connected = true;
-                    cluster.store(shard, ShardSlot { view: view.clone(), connected, domains: domains.clone() });
+                    cluster.store(
+                        shard,
+                        ShardSlot { view: view.clone(), connected, domains: domains.clone(), updated_unix_ms: 0 },
+                    );
                     metrics::counter!("flotilla_view_snapshots_received_total").increment(1);
                 }
             }
@@ -143,13 +167,19 @@ async fn follow_once(cluster: &ClusterView, shard: usize, endpoint: &str, dialer
                 domains = domains.apply(&view, &d);
                 view = Arc::new(next);
                 connected = true;
-                cluster.store(shard, ShardSlot { view: view.clone(), connected, domains: domains.clone() });
+                cluster.store(
+                    shard,
+                    ShardSlot { view: view.clone(), connected, domains: domains.clone(), updated_unix_ms: 0 },
+                );
             }
             None => {
                 // A keep-alive (no update): we are current.
                 if !connected {
                     connected = true;
-                    cluster.store(shard, ShardSlot { view: view.clone(), connected, domains: domains.clone() });
+                    cluster.store(
+                        shard,
+                        ShardSlot { view: view.clone(), connected, domains: domains.clone(), updated_unix_ms: 0 },
+                    );
                 }
             }
         }

@@ -19,6 +19,9 @@ pub enum CommandError {
     /// The store refused the write: nothing changed, and it is not the caller's fault.
     #[error("cannot record the change: {0}")]
     Store(String),
+    /// A rollback with no earlier spec to go back to.
+    #[error("app {0} has no previous spec to roll back to")]
+    NoPreviousSpec(String),
     #[error("the scheduler stopped")]
     Stopped,
 }
@@ -31,6 +34,7 @@ impl ServiceError for CommandError {
             | CommandError::InvalidSpec(_)
             | CommandError::InvalidDemand(_)
             | CommandError::InvalidOverride(_) => ErrorKind::InvalidInput,
+            CommandError::NoPreviousSpec(_) => ErrorKind::Conflict,
             CommandError::Store(_) => ErrorKind::Internal,
             CommandError::Stopped => ErrorKind::Unavailable,
         }
@@ -43,6 +47,7 @@ impl ServiceError for CommandError {
             CommandError::InvalidSpec(_) => "invalid_spec",
             CommandError::InvalidDemand(_) => "invalid_demand",
             CommandError::InvalidOverride(_) => "invalid_override",
+            CommandError::NoPreviousSpec(_) => "no_previous_spec",
             CommandError::Store(_) => "store_failed",
             CommandError::Stopped => "scheduler_stopped",
         }

@@ -31,6 +31,12 @@ pub struct AppStatus {
     pub unit_shape: crate::spec::UnitShape,
     /// Set when the app follows an autoscaling policy.
     pub autoscaling: Option<AutoscalingStatus>,
+    /// The current spec as TOML (`GET /v1/apps/{app}/spec`); shared between statuses.
+    #[serde(skip)]
+    pub spec_toml: Arc<str>,
+    /// Whether a rollback has a spec to go back to.
+    #[serde(skip)]
+    pub has_previous_spec: bool,
 }
 
 /// What `apps` shows about an autoscaled app.
@@ -88,6 +94,8 @@ pub enum Command {
     Apply(Box<AppSpec>, Reply<String>),
     /// Bounds on an autoscaled app's decisions (`None` lifts them).
     Override(Option<Override>, Reply<Option<Override>>),
+    /// Re-applies the spec before the last apply (which becomes the previous one).
+    Rollback(Reply<String>),
     /// A consumer's demand (requests, TTL in ms), replacing the last one.
     Demand(Vec<DemandRequest>, u64, Reply<Demand>),
 }
@@ -118,6 +126,14 @@ impl AppHandle {
     pub async fn apply(&self, spec: AppSpec) -> Result<String, CommandError> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         self.commands.send(Command::Apply(Box::new(spec), tx)).await.map_err(|_| CommandError::Stopped)?;
+        rx.await.map_err(|_| CommandError::Stopped)?
+    }
+
+    /// Re-applies the spec the app had before its last apply, as `apply` would (the
+    /// current one becomes the previous: a second rollback undoes the first).
+    pub async fn rollback(&self) -> Result<String, CommandError> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.commands.send(Command::Rollback(tx)).await.map_err(|_| CommandError::Stopped)?;
         rx.await.map_err(|_| CommandError::Stopped)?
     }
 
@@ -170,6 +186,9 @@ impl Scheduler {
             Command::Apply(spec, reply) => {
                 let _ = reply.send(self.apply(*spec));
             }
+            Command::Rollback(reply) => {
+                let _ = reply.send(self.rollback());
+            }
             Command::Override(bounds, reply) => {
                 let _ = reply.send(self.set_override(bounds));
             }
@@ -218,15 +237,32 @@ impl Scheduler {
         Ok(bounds)
     }
 
+    /// Applies the previous spec (kept in the store by `apply`).
+    fn rollback(&mut self) -> Result<String, CommandError> {
+        let no_previous = || CommandError::NoPreviousSpec(self.spec.name.clone());
+        let text = self.stored.previous_spec.clone().ok_or_else(no_previous)?;
+        // It was valid when applied; a newer build may judge it differently.
+        let spec = AppSpec::parse(&text).map_err(|e| CommandError::InvalidSpec(format!("the previous spec: {e}")))?;
+        tracing::info!(app = %self.spec.name, "rolling back to the previous spec");
+        metrics::counter!("flotilla_spec_rollbacks_total", "app" => self.spec.name.clone()).increment(1);
+        self.apply(spec)
+    }
+
     fn apply(&mut self, spec: AppSpec) -> Result<String, CommandError> {
         if spec.name != self.spec.name {
             return Err(CommandError::WrongApp { app: self.spec.name.clone(), got: spec.name });
         }
         spec.validate().map_err(|e| CommandError::InvalidSpec(e.to_string()))?;
         let text = toml::to_string(&spec).map_err(|e| CommandError::InvalidSpec(e.to_string()))?;
-        self.store
-            .write(&self.spec.name, &[Write::Spec(text.clone())])
-            .map_err(|e| CommandError::Store(e.to_string()))?;
+        // The spec being replaced becomes the previous one, unless nothing changed.
+        let previous = self.stored.spec.clone().filter(|old| *old != text);
+        let mut writes = vec![Write::Spec(text.clone())];
+        writes.extend(previous.clone().map(Write::PreviousSpec));
+        self.store.write(&self.spec.name, &writes).map_err(|e| CommandError::Store(e.to_string()))?;
+        if previous.is_some() {
+            self.stored.previous_spec = previous;
+        }
+        self.spec_text = Arc::from(text.as_str());
         self.stored.spec = Some(text);
         let fingerprint = spec.template_fingerprint();
         let stale = self
@@ -251,5 +287,57 @@ impl Scheduler {
         self.autoscaler.own = self.spec.own_policy();
         self.autoscaler.force_evaluation();
         Ok(message)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{MemStore, Store};
+
+    fn spec(cpu: &str) -> AppSpec {
+        AppSpec::parse(&format!(
+            "name = \"echo\"\n[unit]\nworkers = 0\n[unit.head]\ncommand = \"sleep\"\ncpu = \"{cpu}\"\n\
+             memory = \"1Mi\"\n[units]\nmin = 0\nmax = 4\ninitial = 0\n"
+        ))
+        .unwrap()
+    }
+
+    fn run(s: &mut Scheduler, cmd: impl FnOnce(Reply<String>) -> Command) -> Result<String, CommandError> {
+        let (tx, mut rx) = tokio::sync::oneshot::channel();
+        s.command(cmd(tx));
+        rx.try_recv().unwrap()
+    }
+
+    #[test]
+    fn a_rollback_reapplies_the_previous_spec_and_is_refused_without_one() {
+        let store: Arc<dyn Store> = Arc::new(MemStore::default());
+        let cluster = flotilla_view::ClusterView::new(0);
+        let (mut s, h) = Scheduler::new(spec("100m"), cluster.clone(), vec![], store.clone()).unwrap();
+        assert!(!h.status().has_previous_spec);
+        assert!(h.status().spec_toml.contains("100m") || h.status().spec_toml.contains("cpu"));
+        let e = run(&mut s, Command::Rollback).unwrap_err();
+        assert_eq!(e, CommandError::NoPreviousSpec("echo".into()));
+        assert_eq!(flotilla_core::ServiceError::code(&e), "no_previous_spec");
+
+        run(&mut s, |tx| Command::Apply(Box::new(spec("200m")), tx)).unwrap();
+        s.publish();
+        let first = store.load("echo").unwrap();
+        assert!(h.status().has_previous_spec);
+        assert_eq!(first.previous_spec.as_deref(), Some(toml::to_string(&spec("100m")).unwrap().as_str()));
+        assert_eq!(&*h.status().spec_toml, toml::to_string(&spec("200m")).unwrap());
+
+        // Back to 100m; the 200m spec is now the previous one (a second rollback redoes it).
+        run(&mut s, Command::Rollback).unwrap();
+        s.publish();
+        assert_eq!(&*h.status().spec_toml, toml::to_string(&spec("100m")).unwrap());
+        let stored = store.load("echo").unwrap();
+        assert_eq!(stored.previous_spec.as_deref(), Some(toml::to_string(&spec("200m")).unwrap().as_str()));
+
+        // Restarting with another spec than the stored one keeps the stored one as previous.
+        drop(s);
+        let (_s, h2) = Scheduler::new(spec("300m"), cluster, vec![], store.clone()).unwrap();
+        assert!(h2.status().has_previous_spec);
+        assert_eq!(store.load("echo").unwrap().previous_spec, Some(toml::to_string(&spec("100m")).unwrap()));
     }
 }

@@ -64,6 +64,8 @@ pub struct Scheduler {
     spec: AppSpec,
     /// `spec.template_fingerprint()`, kept with the spec.
     fingerprint: String,
+    /// The spec as stored (TOML), shared with every published status.
+    spec_text: Arc<str>,
     cluster: Arc<ClusterView>,
     ledgers: Ledgers,
     store: Arc<dyn Store>,
@@ -104,9 +106,17 @@ impl Scheduler {
         let mut stored = store.load(&spec.name)?;
         let spec_text = toml::to_string(&spec)?;
         if stored.spec.as_deref() != Some(spec_text.as_str()) {
-            store.write(&spec.name, &[Write::Spec(spec_text.clone())])?;
-            stored.spec = Some(spec_text);
+            // Started with another spec than the stored one: like an apply, the stored
+            // one becomes the previous.
+            let mut writes = vec![Write::Spec(spec_text.clone())];
+            if let Some(old) = stored.spec.take() {
+                writes.push(Write::PreviousSpec(old.clone()));
+                stored.previous_spec = Some(old);
+            }
+            store.write(&spec.name, &writes)?;
+            stored.spec = Some(spec_text.clone());
         }
+        let spec_text: Arc<str> = Arc::from(spec_text.as_str());
         let status = Arc::new(ArcSwap::from_pointee(AppStatus {
             app: spec.name.clone(),
             serving_roles: spec.routing.roles.clone(),
@@ -116,6 +126,8 @@ impl Scheduler {
             units: stored.units.values().cloned().collect(),
             unit_shape: spec.unit_shape(),
             autoscaling: None,
+            spec_toml: spec_text.clone(),
+            has_previous_spec: stored.previous_spec.is_some(),
         }));
         let stats = Arc::new(Stats::new());
         let (tx, commands) = tokio::sync::mpsc::channel(16);
@@ -136,6 +148,7 @@ impl Scheduler {
         };
         let scheduler = Scheduler {
             fingerprint: spec.template_fingerprint(),
+            spec_text,
             spec,
             cluster,
             ledgers: Ledgers::new(shard_addrs),
@@ -382,6 +395,8 @@ impl Scheduler {
                 demand: self.autoscaler.demand.clone(),
                 last_decision: self.autoscaler.decisions.back().map(|d| d.as_ref().clone()),
             }),
+            spec_toml: self.spec_text.clone(),
+            has_previous_spec: self.stored.previous_spec.is_some(),
         }));
         let newest = self.autoscaler.decisions.back();
         if !self.decisions.load().first().zip(newest).is_some_and(|(a, b)| Arc::ptr_eq(a, b)) && newest.is_some() {

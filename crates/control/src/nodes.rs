@@ -1,0 +1,209 @@
+//! `GET /v1/nodes` (paged, filtered, or every node streamed) and `GET /v1/nodes/{node}`
+//! (one row with the members the apps placed there).
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::HeaderValue;
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use flotilla_core::NodeStatus;
+use flotilla_view::NodeRecord;
+use serde_json::{Value, json};
+use tokio_stream::StreamExt;
+
+use crate::events::{priority_of, status_of};
+use crate::{ControlError, ControlState};
+
+/// Most rows of one page.
+pub const MAX_LIMIT: usize = 5_000;
+/// Rows per chunk of an unpaged answer.
+const STREAM_CHUNK: usize = 1_000;
+
+/// What `GET /v1/nodes` was asked for.
+#[derive(Debug, Default, PartialEq)]
+pub struct NodeQuery {
+    pub offset: usize,
+    /// A page of at most this many rows; every matching row without it.
+    pub limit: Option<usize>,
+    pub domain: Option<String>,
+    pub status: Option<NodeStatus>,
+    pub priority: Option<String>,
+    /// `label=k=v`, every one of them must match.
+    pub labels: Vec<(String, String)>,
+}
+
+/// Reads the query's pairs; a bad or unknown parameter is named in the error.
+pub fn parse_query(pairs: &[(String, String)]) -> Result<NodeQuery, String> {
+    let mut q = NodeQuery::default();
+    for (k, v) in pairs {
+        match k.as_str() {
+            "offset" => q.offset = v.parse().map_err(|_| format!("offset: {v:?} is not a whole number"))?,
+            "limit" => {
+                let n: usize = v.parse().map_err(|_| format!("limit: {v:?} is not a whole number"))?;
+                if n == 0 || n > MAX_LIMIT {
+                    return Err(format!("limit: {n} is not within 1..={MAX_LIMIT}"));
+                }
+                q.limit = Some(n);
+            }
+            "domain" => q.domain = Some(v.clone()),
+            "status" => {
+                let s = serde_json::from_value(Value::String(v.clone()))
+                    .map_err(|_| format!("status: {v:?} is not one of alive, suspect, draining, dead, unknown"))?;
+                q.status = Some(s);
+            }
+            "priority" => q.priority = Some(v.clone()),
+            "label" => {
+                let (lk, lv) = v.split_once('=').ok_or_else(|| format!("label: {v:?} is not KEY=VALUE"))?;
+                if lk.is_empty() {
+                    return Err(format!("label: {v:?} has an empty key"));
+                }
+                q.labels.push((lk.to_string(), lv.to_string()));
+            }
+            _ => {
+                return Err(format!("unknown query parameter {k:?} (offset, limit, domain, status, priority, label)"));
+            }
+        }
+    }
+    Ok(q)
+}
+
+impl NodeQuery {
+    fn matches(&self, r: &NodeRecord, connected: bool) -> bool {
+        self.domain.as_deref().is_none_or(|d| r.labels.domain() == d)
+            && self.status.is_none_or(|s| status_of(r, connected) == s)
+            && self.priority.as_deref().is_none_or(|p| priority_of(r) == p)
+            && self.labels.iter().all(|(k, v)| r.labels.get(k) == Some(v.as_str()))
+    }
+}
+
+/// Every node of the view that `q` matches, sorted by node id.
+fn matching(s: &ControlState, q: &NodeQuery) -> Vec<(Arc<NodeRecord>, bool)> {
+    let mut rows: Vec<(Arc<NodeRecord>, bool)> = s
+        .cluster
+        .slots()
+        .iter()
+        .flat_map(|slot| {
+            slot.view.nodes.values().filter(|r| q.matches(r, slot.connected)).map(|r| (r.clone(), slot.connected))
+        })
+        .collect();
+    rows.sort_by(|a, b| a.0.node_id.cmp(&b.0.node_id));
+    rows
+}
+
+fn row_json(r: &NodeRecord, connected: bool) -> Vec<u8> {
+    serde_json::to_vec(&crate::json::row(r, connected)).unwrap_or_else(|_| b"null".to_vec())
+}
+
+/// `GET /v1/nodes[?offset=&limit=&domain=&status=&priority=&label=k=v]`: the rows of
+/// docs/architecture.md §13 sorted by node id, `x-total-count` saying how many match.
+/// Without `limit`, every matching row from `offset` on, as a JSON array streamed in
+/// chunks of [`STREAM_CHUNK`] rows (never one 100,000-row serialisation).
+#[tracing::instrument(name = "list_nodes", skip_all)]
+pub async fn list(
+    State(s): State<Arc<ControlState>>,
+    query: Result<Query<Vec<(String, String)>>, QueryRejection>,
+) -> Result<Response, ControlError> {
+    metrics::counter!("flotilla_api_requests_total", "route" => "/v1/nodes").increment(1);
+    let bad = |m: String| {
+        crate::limits::rejected("bad_query");
+        ControlError::BadRequest(m)
+    };
+    let Query(pairs) = query.map_err(|e| bad(e.body_text()))?;
+    let q = parse_query(&pairs).map_err(bad)?;
+    let rows = matching(&s, &q);
+    let total = rows.len();
+    let from = q.offset.min(total);
+    let to = q.limit.map_or(total, |l| from.saturating_add(l).min(total));
+    let page: Vec<(Arc<NodeRecord>, bool)> = rows[from..to].to_vec();
+    drop(rows);
+    let chunks: Vec<Vec<(Arc<NodeRecord>, bool)>> = page.chunks(STREAM_CHUNK).map(<[_]>::to_vec).collect();
+    let rows = tokio_stream::iter(chunks.into_iter().enumerate()).map(|(i, chunk)| {
+        let mut out = Vec::with_capacity(chunk.len() * 400);
+        for (j, (r, connected)) in chunk.iter().enumerate() {
+            if i > 0 || j > 0 {
+                out.push(b',');
+            }
+            out.extend_from_slice(&row_json(r, *connected));
+        }
+        Bytes::from(out)
+    });
+    let body =
+        tokio_stream::once(Bytes::from_static(b"[")).chain(rows).chain(tokio_stream::once(Bytes::from_static(b"]")));
+    let mut resp = Body::from_stream(body.map(Ok::<_, Infallible>)).into_response();
+    let h = resp.headers_mut();
+    h.insert(axum::http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    h.insert("x-total-count", HeaderValue::from(total));
+    Ok(resp)
+}
+
+/// `GET /v1/nodes/{node}`: its row and `members`, the members of every app in this
+/// process placed on it. (Standalone schedulers' members are not listed: their units
+/// are only fetched from them.)
+#[tracing::instrument(name = "get_node", skip(s))]
+pub async fn get(State(s): State<Arc<ControlState>>, Path(node): Path<String>) -> Result<Response, ControlError> {
+    metrics::counter!("flotilla_api_requests_total", "route" => "/v1/nodes/{node}").increment(1);
+    let not_found = || ControlError::NoSuchNode(node.clone());
+    let id = flotilla_core::NodeId::new(&node).map_err(|_| not_found())?;
+    let (r, connected) = s
+        .cluster
+        .slots()
+        .iter()
+        .find_map(|slot| slot.view.get(&id).map(|r| (r.clone(), slot.connected)))
+        .ok_or_else(not_found)?;
+    let mut v =
+        serde_json::to_value(crate::json::row(&r, connected)).map_err(|e| ControlError::BadRequest(e.to_string()))?;
+    let mut members = Vec::new();
+    for h in s.apps.locals() {
+        let status = h.status();
+        for u in &status.units {
+            for m in u.members.iter().filter(|m| m.node_id.as_deref() == Some(node.as_str())) {
+                let state = m.state.clone().unwrap_or_else(|| "allocated".into());
+                members.push(json!({"app": h.app, "unit_id": u.unit_id, "member": m.member, "role": m.role,
+                                    "state": state, "address": m.address}));
+            }
+        }
+    }
+    v["members"] = Value::Array(members);
+    Ok(axum::Json(v).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn q(s: &str) -> Result<NodeQuery, String> {
+        let pairs: Vec<(String, String)> = pairs_of(s);
+        parse_query(&pairs)
+    }
+
+    fn pairs_of(s: &str) -> Vec<(String, String)> {
+        s.split('&')
+            .filter(|p| !p.is_empty())
+            .map(|p| {
+                let (k, v) = p.split_once('=').unwrap_or((p, ""));
+                (k.to_string(), v.to_string())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn queries_are_read_and_bad_ones_named() {
+        let got = q("offset=10&limit=500&domain=a&status=suspect&priority=low&label=zone=z1&label=gpu=a100").unwrap();
+        assert_eq!(got.offset, 10);
+        assert_eq!(got.limit, Some(500));
+        assert_eq!(got.status, Some(NodeStatus::Suspect));
+        assert_eq!(got.labels, vec![("zone".into(), "z1".into()), ("gpu".into(), "a100".into())]);
+        assert!(q("limit=0").unwrap_err().starts_with("limit"));
+        assert!(q("limit=5001").unwrap_err().starts_with("limit"));
+        assert!(q("limit=x").unwrap_err().starts_with("limit"));
+        assert!(q("offset=-1").unwrap_err().starts_with("offset"));
+        assert!(q("status=sleepy").unwrap_err().starts_with("status"));
+        assert!(q("label=novalue").unwrap_err().starts_with("label"));
+        assert!(q("colour=red").unwrap_err().contains("colour"));
+        assert_eq!(q("").unwrap(), NodeQuery::default());
+    }
+}

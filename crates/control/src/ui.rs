@@ -1,0 +1,84 @@
+//! The dashboard: `GET /` is its page, `GET /ui/{path}` its scripts, styles and vendored
+//! libraries. Every file is embedded at build time from `crates/control/ui/` (see
+//! `build.rs`), so the binary serves the page with nothing else installed and the page
+//! loads nothing from outside the machine.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::Path;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+
+use crate::{ControlError, ControlState};
+
+mod files {
+    include!(concat!(env!("OUT_DIR"), "/ui_files.rs"));
+}
+
+pub fn routes() -> Router<Arc<ControlState>> {
+    Router::new().route("/", get(index)).route("/ui/{*path}", get(file))
+}
+
+/// The embedded file at `path` (relative to `ui/`).
+pub fn embedded(path: &str) -> Option<&'static [u8]> {
+    files::FILES.iter().find(|(p, _)| *p == path).map(|(_, b)| *b)
+}
+
+/// The content type of a file by its extension; text without one (a `LICENSE`).
+pub fn content_type(path: &str) -> &'static str {
+    let ext = path.rsplit_once('.').map(|(_, e)| e).filter(|e| !e.contains('/')).unwrap_or("");
+    match ext.to_ascii_lowercase().as_str() {
+        "html" | "htm" => "text/html; charset=utf-8",
+        "js" | "mjs" => "text/javascript; charset=utf-8",
+        "css" => "text/css; charset=utf-8",
+        "json" | "map" => "application/json",
+        "svg" => "image/svg+xml",
+        "png" => "image/png",
+        "ico" => "image/x-icon",
+        "woff2" => "font/woff2",
+        "md" => "text/markdown; charset=utf-8",
+        "" | "txt" => "text/plain; charset=utf-8",
+        _ => "application/octet-stream",
+    }
+}
+
+/// An embedded file with its type. `no-cache`: the browser revalidates, so a new build's
+/// page is never mixed with an old build's script.
+fn serve(path: &str) -> Response {
+    match embedded(path) {
+        Some(bytes) => {
+            metrics::counter!("flotilla_ui_requests_total").increment(1);
+            ([(header::CONTENT_TYPE, content_type(path)), (header::CACHE_CONTROL, "no-cache")], bytes).into_response()
+        }
+        None => ControlError::NoSuchEndpoint.into_response(),
+    }
+}
+
+#[tracing::instrument(name = "ui_index")]
+async fn index() -> Response {
+    serve("index.html")
+}
+
+#[tracing::instrument(name = "ui_file")]
+async fn file(Path(path): Path<String>) -> Response {
+    serve(&path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_page_and_its_files_are_embedded_with_their_types() {
+        for f in ["index.html", "app.js", "style.css", "vendor/uPlot.iife.min.js", "vendor/uPlot.min.css"] {
+            assert!(embedded(f).is_some(), "{f} is embedded");
+        }
+        assert!(embedded("../Cargo.toml").is_none());
+        assert_eq!(content_type("app.js"), "text/javascript; charset=utf-8");
+        assert_eq!(content_type("vendor/uPlot.min.css"), "text/css; charset=utf-8");
+        assert_eq!(content_type("vendor/LICENSE-uPlot"), "text/plain; charset=utf-8");
+        assert_eq!(content_type("a.b/LICENSE"), "text/plain; charset=utf-8");
+    }
+}

@@ -1,0 +1,276 @@
+//! The dashboard's server side over a real socket: the embedded page, the event
+//! stream's snapshot and a change after it, node pages and their refusals, an app's
+//! spec and a refused rollback, and a pool's node type bounds.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use flotilla_control::{ControlState, HttpOptions};
+use flotilla_core::{Labels, NodeId, Resources};
+use flotilla_view::{ClusterView, NodeRecord, ShardView};
+use serde_json::{Value, json};
+
+fn node(id: &str, shard: u32, domain: &str, priority: Option<&str>) -> NodeRecord {
+    let mut r = NodeRecord::blank(NodeId::new(id).unwrap());
+    let mut l = Labels::new();
+    l.insert("domain", domain).unwrap();
+    if let Some(p) = priority {
+        l.insert("priority", p).unwrap();
+    }
+    r.labels = Arc::new(l);
+    r.shard = shard;
+    r.capacity = Resources::new(4000, 8 << 30, 0);
+    r
+}
+
+fn view(shard: u32, seq: u64, nodes: Vec<NodeRecord>) -> ShardView {
+    let mut v = ShardView::empty(shard, 1);
+    v.version.seq = seq;
+    for n in nodes {
+        v.nodes.insert(n.node_id.clone(), Arc::new(n));
+    }
+    v
+}
+
+const SPEC: &str = "name = \"echo\"\n[unit]\nworkers = 0\n[unit.head]\ncommand = \"sleep\"\ncpu = \"100m\"\n\
+                    memory = \"1Mi\"\n[units]\nmin = 0\nmax = 4\ninitial = 0\n";
+
+/// A control API over two shards' views (5 nodes) and one in-process app, `echo`, whose
+/// scheduler runs against an empty cluster of its own (it places nothing). Token `secret`.
+async fn start() -> (SocketAddr, Arc<ClusterView>, tokio::sync::oneshot::Sender<()>) {
+    flotilla_obs::metrics_handle();
+    let cluster = ClusterView::new(2);
+    cluster.install(
+        0,
+        view(0, 1, vec![node("n1", 0, "a", None), node("n2", 0, "a", Some("low")), node("n3", 0, "a", None)]),
+        true,
+    );
+    cluster.install(1, view(1, 1, vec![node("n4", 1, "b", None), node("n5", 1, "b", None)]), true);
+    let spec = flotilla_scheduler::AppSpec::parse(SPEC).unwrap();
+    let store: Arc<dyn flotilla_scheduler::Store> = Arc::new(flotilla_scheduler::MemStore::default());
+    let (scheduler, handle) = flotilla_scheduler::Scheduler::new(spec, ClusterView::new(0), vec![], store).unwrap();
+    tokio::spawn(scheduler.run());
+    let apps = flotilla_control::apps::Apps::default();
+    apps.add_local(handle);
+    let state = Arc::new(ControlState {
+        cluster: cluster.clone(),
+        shards: vec!["s0:1".into(), "s1:1".into()],
+        api_token: Some("secret".into()),
+        apps,
+        http: reqwest::Client::new(),
+        dialer: Default::default(),
+        policies: Default::default(),
+        pools: Default::default(),
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(flotilla_control::serve(listener, state, HttpOptions::default(), async {
+        let _ = stopped.await;
+    }));
+    (addr, cluster, stop)
+}
+
+fn header(r: &reqwest::Response, name: &str) -> String {
+    r.headers().get(name).and_then(|v| v.to_str().ok()).unwrap_or("").to_string()
+}
+
+#[tokio::test]
+async fn the_page_and_its_files_are_served_with_their_types() {
+    let (addr, _c, _stop) = start().await;
+    let http = reqwest::Client::new();
+    let r = http.get(format!("http://{addr}/")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(header(&r, "content-type").starts_with("text/html"));
+    assert_eq!(header(&r, "cache-control"), "no-cache");
+    assert!(r.text().await.unwrap().contains("<html"));
+    let r = http.get(format!("http://{addr}/ui/app.js")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(header(&r, "content-type"), "text/javascript; charset=utf-8");
+    assert_eq!(header(&r, "cache-control"), "no-cache");
+    let r = http.get(format!("http://{addr}/ui/vendor/uPlot.min.css")).send().await.unwrap();
+    assert!(header(&r, "content-type").starts_with("text/css"));
+    let r = http.get(format!("http://{addr}/ui/nothing.js")).send().await.unwrap();
+    assert_eq!(r.status(), 404);
+    assert_eq!(r.json::<Value>().await.unwrap()["error"]["code"], "not_found");
+}
+
+#[tokio::test]
+async fn nodes_come_in_pages_filtered_and_bad_queries_are_named() {
+    let (addr, _c, _stop) = start().await;
+    let http = reqwest::Client::new();
+    let get = |q: &str| http.get(format!("http://{addr}/v1/nodes{q}")).send();
+    let r = get("").await.unwrap();
+    assert_eq!(header(&r, "x-total-count"), "5");
+    let all: Vec<Value> = r.json().await.unwrap();
+    let ids: Vec<&str> = all.iter().map(|n| n["node_id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["n1", "n2", "n3", "n4", "n5"]);
+    assert_eq!(all[0]["labels"]["domain"], "a");
+
+    let r = get("?offset=1&limit=2").await.unwrap();
+    assert_eq!(header(&r, "x-total-count"), "5");
+    let page: Vec<Value> = r.json().await.unwrap();
+    assert_eq!(page.iter().map(|n| n["node_id"].as_str().unwrap()).collect::<Vec<_>>(), ["n2", "n3"]);
+    let r = get("?offset=9&limit=2").await.unwrap();
+    assert_eq!(r.json::<Vec<Value>>().await.unwrap().len(), 0);
+
+    let r = get("?domain=b&limit=10").await.unwrap();
+    assert_eq!(header(&r, "x-total-count"), "2");
+    let r = get("?priority=low").await.unwrap();
+    assert_eq!(r.json::<Vec<Value>>().await.unwrap()[0]["node_id"], "n2");
+    let r = get("?label=domain%3Da&status=alive&priority=high").await.unwrap();
+    assert_eq!(header(&r, "x-total-count"), "2");
+
+    for (q, named) in [
+        ("?limit=0", "limit"),
+        ("?limit=5001", "limit"),
+        ("?status=sleepy", "status"),
+        ("?colour=red", "colour"),
+        ("?label=x", "label"),
+    ] {
+        let r = get(q).await.unwrap();
+        assert_eq!(r.status(), 400, "{q}");
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(v["error"]["code"], "bad_request", "{q}");
+        assert!(v["error"]["message"].as_str().unwrap().contains(named), "{q}: {v}");
+    }
+    let metrics = http.get(format!("http://{addr}/metrics")).send().await.unwrap().text().await.unwrap();
+    let bad = flotilla_testkit::metric(&metrics, "flotilla_http_requests_rejected_total", "reason=\"bad_query\"")
+        .unwrap_or(0.0);
+    assert!(bad >= 5.0, "{bad}");
+
+    let one: Value = http.get(format!("http://{addr}/v1/nodes/n4")).send().await.unwrap().json().await.unwrap();
+    assert_eq!((one["node_id"].as_str(), one["shard"].as_u64()), (Some("n4"), Some(1)));
+    assert_eq!(one["members"], json!([]));
+    let r = http.get(format!("http://{addr}/v1/nodes/nope")).send().await.unwrap();
+    assert_eq!(r.status(), 404);
+}
+
+#[tokio::test]
+async fn an_apps_spec_is_shown_and_a_rollback_without_a_previous_one_is_a_conflict() {
+    let (addr, _c, _stop) = start().await;
+    let http = reqwest::Client::new();
+    let r = http.get(format!("http://{addr}/v1/apps/echo/spec")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(header(&r, "x-flotilla-has-previous"), "false");
+    assert!(header(&r, "content-type").starts_with("text/plain"));
+    let text = r.text().await.unwrap();
+    assert!(flotilla_scheduler::AppSpec::parse(&text).is_ok(), "{text}");
+
+    let url = format!("http://{addr}/v1/apps/echo/rollback");
+    assert_eq!(http.post(&url).send().await.unwrap().status(), 401);
+    let r = http.post(&url).bearer_auth("secret").send().await.unwrap();
+    assert_eq!(r.status(), 409);
+    assert_eq!(r.json::<Value>().await.unwrap()["error"]["code"], "no_previous_spec");
+    let r = http.post(format!("http://{addr}/v1/apps/nope/rollback")).bearer_auth("secret").send().await.unwrap();
+    assert_eq!(r.status(), 404);
+
+    // After an apply, the old spec is there to go back to.
+    let changed = SPEC.replace("100m", "200m");
+    let r =
+        http.put(format!("http://{addr}/v1/apps/echo/spec")).bearer_auth("secret").body(changed).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = http.get(format!("http://{addr}/v1/apps/echo/spec")).send().await.unwrap();
+        if header(&r, "x-flotilla-has-previous") == "true" {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the new spec never showed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let r = http.post(&url).bearer_auth("secret").send().await.unwrap();
+    assert_eq!(r.status(), 200);
+}
+
+#[tokio::test]
+async fn a_pools_node_type_bounds_are_checked_kept_and_handed_to_its_autoscaler() {
+    let (addr, _c, _stop) = start().await;
+    let http = reqwest::Client::new();
+    let url = format!("http://{addr}/v1/pools/p/node_types/t");
+    assert_eq!(http.put(&url).json(&json!({"min": 1, "max": 2})).send().await.unwrap().status(), 401);
+    for bad in [json!({"min": 3, "max": 2}), json!({"min": 0, "max": 100_001}), json!({"min": 1})] {
+        let r = http.put(&url).bearer_auth("secret").json(&bad).send().await.unwrap();
+        assert_eq!(r.status(), 400, "{bad}");
+    }
+    let r = http.put(&url).bearer_auth("secret").json(&json!({"min": 1, "max": 2})).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let report = json!({"instances": [], "node_types": [{"name": "t"}]});
+    let r = http.post(format!("http://{addr}/v1/pools/p/report")).bearer_auth("secret").json(&report).send().await;
+    let answer: Value = r.unwrap().json().await.unwrap();
+    assert_eq!(answer["bounds"], json!({"t": {"min": 1, "max": 2}}));
+    let answer = flotilla_pool::cluster::answer_of(&answer).unwrap();
+    assert_eq!(answer.bounds["t"], flotilla_pool::cluster::TypeBounds { min: 1, max: 2 });
+    let pool: Value = http.get(format!("http://{addr}/v1/pools/p")).send().await.unwrap().json().await.unwrap();
+    assert_eq!(pool["bounds"]["t"]["max"], 2);
+    // Once the pool has reported its types, a bound must name one of them.
+    let r = http
+        .put(format!("http://{addr}/v1/pools/p/node_types/u"))
+        .bearer_auth("secret")
+        .json(&json!({"min": 0, "max": 1}));
+    assert_eq!(r.send().await.unwrap().status(), 400);
+}
+
+/// Reads SSE messages off `resp` until `stop` says so (or 10 s pass).
+async fn read_events(
+    resp: &mut reqwest::Response,
+    buf: &mut String,
+    mut stop: impl FnMut(&str, &Value) -> bool,
+) -> Vec<(String, Value)> {
+    let mut out = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        while let Some(end) = buf.find("\n\n") {
+            let msg: String = buf.drain(..end + 2).collect();
+            let event = msg.lines().find_map(|l| l.strip_prefix("event: ")).unwrap_or("").to_string();
+            let data = msg.lines().find_map(|l| l.strip_prefix("data: ")).unwrap_or("null");
+            let data: Value = serde_json::from_str(data).unwrap();
+            let done = stop(&event, &data);
+            out.push((event, data));
+            if done {
+                return out;
+            }
+        }
+        let chunk = tokio::time::timeout_at(deadline, resp.chunk()).await.expect("events in time").unwrap();
+        buf.push_str(std::str::from_utf8(&chunk.expect("the stream stays open")).unwrap());
+    }
+}
+
+#[tokio::test]
+async fn the_event_stream_sends_a_snapshot_then_what_changed() {
+    let (addr, cluster, _stop) = start().await;
+    let mut resp = reqwest::get(format!("http://{addr}/v1/events")).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(header(&resp, "content-type"), "text/event-stream");
+    let mut buf = String::new();
+    let snap = read_events(&mut resp, &mut buf, |e, _| e == "snapshot_end").await;
+    assert_eq!(snap[0], ("snapshot_begin".to_string(), json!({"nodes_total": 5})));
+    let rows: Vec<&Value> =
+        snap.iter().filter(|(e, _)| e == "nodes").flat_map(|(_, d)| d["rows"].as_array().unwrap()).collect();
+    assert_eq!(rows.len(), 5);
+    let n2 = rows.iter().find(|r| r[0] == "n2").unwrap();
+    assert_eq!(**n2, json!(["n2", "alive", 0, "a", "low", 1.0, 4000, 0, 8u64 << 30, 0, 0, 0, false, false, 1]));
+    let fed = &snap.iter().find(|(e, _)| e == "federation").expect("a federation summary").1;
+    assert_eq!(fed["domains"][0]["nodes"], json!({"alive": 3}));
+    assert_eq!(fed["shards"][1]["address"], "s1:1");
+    let app = &snap.iter().find(|(e, _)| e == "app").expect("the app").1;
+    assert_eq!(app["app"], "echo");
+    assert_eq!(app["summary"]["max_units"], 4);
+    assert!(app["units"].is_array() && app["decisions"].is_array() && app["capacity"].is_object());
+
+    // n3 is cordoned, n1 leaves: one `nodes` message with just that.
+    let mut n3 = node("n3", 0, "a", None);
+    n3.cordoned = true;
+    cluster.install(0, view(0, 2, vec![node("n2", 0, "a", Some("low")), n3]), true);
+    let after = read_events(&mut resp, &mut buf, |e, _| e == "nodes").await;
+    let (_, nodes) = after.last().unwrap();
+    assert_eq!(nodes["removed"], json!(["n1"]));
+    let rows = nodes["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 1, "{nodes}");
+    assert_eq!((rows[0][0].as_str(), rows[0][12].as_bool()), (Some("n3"), Some(true)));
+
+    let metrics = reqwest::get(format!("http://{addr}/metrics")).await.unwrap().text().await.unwrap();
+    assert!(flotilla_testkit::metric(&metrics, "flotilla_events_snapshots_total", "").unwrap_or(0.0) >= 1.0);
+    assert!(flotilla_testkit::metric(&metrics, "flotilla_events_subscribers", "").unwrap_or(0.0) >= 1.0);
+}
