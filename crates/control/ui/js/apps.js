@@ -265,7 +265,7 @@ export function appPage(name) {
     const routes = a.routes?.routes || [];
     if (!routes.length) { setChildren(ui.routes, h('p', { class: 'muted', text: 'No routes: nothing serves yet.' })); return; }
     const total = routes.reduce((t, r) => t + (Number(r.weight) || 0), 0) || 1;
-    const max = Math.max(...routes.map((r) => Number(r.weight) || 0), 1);
+    const max = Math.max(...routes.map((r) => Number(r.weight) || 0)) || 1; // weights are fractions: scale to the largest
     const sorted = [...routes].sort((x, y) => (y.weight - x.weight) || String(x.endpoint).localeCompare(String(y.endpoint)));
     setChildren(ui.routes,
       h('p', { class: 'muted', text: `route table version ${a.routes.version ?? '–'} · ${routes.length} endpoints` }),
