@@ -1,0 +1,220 @@
+// The page's state, fed only by the live stream (GET /v1/events, see the dashboard contract).
+// Actions never change it: what the operator sees always comes from the control plane.
+//
+// Every event marks what it changed in `dirty`; one requestAnimationFrame callback hands the
+// accumulated dirt to the current page, so a burst of events costs one render.
+
+// Indexes into the compact node row of the `nodes` event.
+export const N = Object.freeze({
+  ID: 0, STATUS: 1, SHARD: 2, DOMAIN: 3, PRIORITY: 4, HEALTH: 5,
+  CPU_CAP: 6, CPU_ALLOC: 7, MEM_CAP: 8, MEM_ALLOC: 9, GPU_CAP: 10, GPU_ALLOC: 11,
+  CORDONED: 12, DRAIN: 13, INCARNATION: 14,
+});
+
+/** How many health samples each node keeps for its sparkline, and capacity points per app. */
+const HEALTH_KEEP = 240;
+const CAPACITY_KEEP = 5000;
+
+export const state = {
+  /** node id → compact row (array, see N). */
+  nodes: new Map(),
+  nodesTotal: 0,
+  /** {domains: [...], shards: [...]} as the last `federation` event sent it. */
+  federation: { domains: [], shards: [] },
+  /** app name → {summary, units, routes, decisions, capacity}. */
+  apps: new Map(),
+  /** pool name → GET /v1/pools/{pool}. */
+  pools: new Map(),
+  /** True between snapshot_begin and snapshot_end. */
+  loading: true,
+  /** 'connecting' | 'live' | 'reconnecting'. */
+  conn: 'connecting',
+  /** When the current snapshot began (ms) and how many snapshots we have had. */
+  snapshots: 0,
+  // Client-side history since the page opened. Kept across reconnects on purpose: a
+  // control-plane restart should not wipe what the operator was watching.
+  /** node id → {t: [], v: []} health samples. */
+  healthHistory: new Map(),
+  /** app name → {t: [], cpu: [], mem: [], gpu: [], weight: []} (t in seconds for uPlot). */
+  capacityHistory: new Map(),
+};
+
+/** What changed since the last frame. */
+function freshDirty() {
+  return {
+    all: false,          // everything (a new snapshot, a route change)
+    nodes: new Set(),    // node ids whose row changed
+    nodeSet: false,      // nodes were added or removed (layouts must be rebuilt)
+    federation: false,
+    apps: new Set(),     // app names changed (or removed)
+    appSet: false,       // an app appeared or went
+    pools: new Set(),
+    poolSet: false,
+    conn: false,
+  };
+}
+let dirty = freshDirty();
+let frameQueued = false;
+let renderer = () => {};
+
+/** Registers the one function that renders a frame from the accumulated dirt. */
+export function onFrame(fn) { renderer = fn; }
+
+export function markAll() { dirty.all = true; queueFrame(); }
+
+function queueFrame() {
+  if (frameQueued) return;
+  frameQueued = true;
+  requestAnimationFrame(() => {
+    frameQueued = false;
+    const d = dirty;
+    dirty = freshDirty();
+    try { renderer(d); } catch (e) { console.error('render failed', e); }
+  });
+}
+
+// ---- applying events -------------------------------------------------------------------
+
+function resetForSnapshot(total) {
+  state.nodes = new Map();
+  state.nodesTotal = total || 0;
+  state.federation = { domains: [], shards: [] };
+  state.apps = new Map();
+  state.pools = new Map();
+  state.loading = true;
+  state.snapshots += 1;
+  dirty.all = true;
+}
+
+function recordHealth(id, score, now) {
+  let hist = state.healthHistory.get(id);
+  if (!hist) { hist = { t: [], v: [] }; state.healthHistory.set(id, hist); }
+  const n = hist.v.length;
+  if (n && hist.v[n - 1] === score) return; // only changes matter for a sparkline
+  hist.t.push(now); hist.v.push(score);
+  if (hist.v.length > HEALTH_KEEP * 2) { hist.t.splice(0, HEALTH_KEEP); hist.v.splice(0, HEALTH_KEEP); }
+}
+
+function applyNodes(msg) {
+  const now = Date.now();
+  const rows = msg.rows || [];
+  for (const row of rows) {
+    const id = row[N.ID];
+    if (!state.nodes.has(id)) dirty.nodeSet = true;
+    state.nodes.set(id, row);
+    dirty.nodes.add(id);
+    recordHealth(id, row[N.HEALTH], now);
+  }
+  for (const id of msg.removed || []) {
+    if (state.nodes.delete(id)) { dirty.nodeSet = true; dirty.nodes.add(id); }
+  }
+  if (!state.loading) state.nodesTotal = state.nodes.size;
+}
+
+function capacityTotals(cap) {
+  const out = { cpu: 0, mem: 0, gpu: 0, weight: Number(cap?.total_weight) || 0 };
+  for (const p of Object.values(cap?.by_priority || {})) {
+    out.cpu += Number(p.cpu_millis) || 0;
+    out.mem += Number(p.memory_bytes) || 0;
+    out.gpu += Number(p.gpu) || 0;
+  }
+  return out;
+}
+
+function recordCapacity(app, cap) {
+  let hist = state.capacityHistory.get(app);
+  if (!hist) { hist = { t: [], cpu: [], mem: [], gpu: [], weight: [] }; state.capacityHistory.set(app, hist); }
+  const c = capacityTotals(cap);
+  const t = Date.now() / 1000;
+  const n = hist.t.length;
+  // Two points at nearly the same instant would draw a spike; replace the last instead.
+  if (n && t - hist.t[n - 1] < 0.2) { hist.t.pop(); hist.cpu.pop(); hist.mem.pop(); hist.gpu.pop(); hist.weight.pop(); }
+  hist.t.push(t); hist.cpu.push(c.cpu / 1000); hist.mem.push(c.mem / 1024 ** 3); hist.gpu.push(c.gpu); hist.weight.push(c.weight);
+  if (hist.t.length > CAPACITY_KEEP) for (const k of Object.keys(hist)) hist[k].splice(0, hist[k].length - CAPACITY_KEEP);
+}
+
+function applyApp(msg) {
+  if (!msg || !msg.app) return;
+  const prev = state.apps.get(msg.app);
+  if (!prev) dirty.appSet = true;
+  // The server sends the app's whole picture; keep what a partial message leaves out.
+  const next = { ...(prev || {}), ...msg };
+  state.apps.set(msg.app, next);
+  dirty.apps.add(msg.app);
+  if (msg.capacity) recordCapacity(msg.app, msg.capacity);
+}
+
+const handlers = {
+  snapshot_begin(msg) { resetForSnapshot(msg.nodes_total); },
+  nodes: applyNodes,
+  snapshot_end() {
+    state.loading = false;
+    state.nodesTotal = state.nodes.size;
+    dirty.all = true;
+    setConn('live');
+  },
+  federation(msg) { state.federation = { domains: msg.domains || [], shards: msg.shards || [] }; dirty.federation = true; },
+  app: applyApp,
+  app_removed(msg) {
+    if (state.apps.delete(msg.app)) { dirty.appSet = true; dirty.apps.add(msg.app); }
+  },
+  pool(msg) {
+    if (!msg || !msg.pool) return;
+    if (!state.pools.has(msg.pool)) dirty.poolSet = true;
+    state.pools.set(msg.pool, msg);
+    dirty.pools.add(msg.pool);
+  },
+  ping() {},
+};
+
+// ---- the connection ----------------------------------------------------------------------
+
+let source = null;
+let lastMessage = 0;
+let retryDelay = 1000;
+let progress = () => {};
+
+/** Called with (loaded, total) while a snapshot streams in. */
+export function onProgress(fn) { progress = fn; }
+
+function setConn(c) {
+  if (state.conn === c) return;
+  state.conn = c;
+  dirty.conn = true;
+  queueFrame();
+}
+
+/** Opens the stream. EventSource reconnects by itself; we only step in when it gives up. */
+export function connect() {
+  if (source) source.close();
+  source = new EventSource('/v1/events');
+  lastMessage = Date.now();
+  source.onopen = () => { retryDelay = 1000; lastMessage = Date.now(); };
+  source.onerror = () => {
+    setConn('reconnecting');
+    // CLOSED means the browser will not retry (e.g. the answer was not an event stream).
+    if (source.readyState === EventSource.CLOSED) {
+      setTimeout(connect, retryDelay);
+      retryDelay = Math.min(retryDelay * 2, 15000);
+    }
+  };
+  for (const [name, fn] of Object.entries(handlers)) {
+    source.addEventListener(name, (ev) => {
+      lastMessage = Date.now();
+      let msg;
+      try { msg = ev.data ? JSON.parse(ev.data) : {}; } catch (e) { console.warn('bad event', name, e); return; }
+      try { fn(msg); } catch (e) { console.error('applying', name, 'failed', e); }
+      if (state.loading) progress(state.nodes.size, state.nodesTotal);
+      queueFrame();
+    });
+  }
+}
+
+// The server pings every 15 s; silence for much longer means a half-open connection that
+// EventSource would not notice, so start over.
+setInterval(() => {
+  if (source && Date.now() - lastMessage > 45_000) {
+    setConn('reconnecting');
+    connect();
+  }
+}, 5000);
