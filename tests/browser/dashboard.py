@@ -1,0 +1,223 @@
+"""The dashboard in real headless Chromium, driven by Playwright for Python.
+
+Starts a real `flotilla up --agents 4 --app examples/echo.toml` (and, for the pools page,
+a second `up --autoscale`), opens the page and checks, without ever reloading it:
+
+- the page lists the agents;
+- scaling the app from the page changes the units shown;
+- `kill -9` of an agent turns that node dead on the page within 5 s;
+- a wrong token is refused with the server's message and nothing changes;
+- a spec with an error shows the error and the app keeps its old spec;
+- a drain from the page moves the units off the node.
+
+A screenshot of each page goes to --out. Every process started is ended by its process
+group, pass or fail. Playwright's own browser download is never used: Chromium is
+Debian's (/usr/bin/chromium, or $FLOTILLA_CHROMIUM).
+
+    python3 tests/browser/dashboard.py --flotilla target/debug/flotilla --out target/browser
+"""
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+from playwright.sync_api import expect, sync_playwright
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CHROMIUM_ARGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]
+
+
+class Up:
+    """`flotilla up` in its own process group, with a fresh data dir."""
+
+    def __init__(self, flotilla, name, args):
+        self.data = tempfile.mkdtemp(prefix=f"flotilla-browser-{name}-")
+        env = dict(os.environ)
+        # Members run `flotilla echo-server`: the binary under test must be on PATH.
+        env["PATH"] = os.path.dirname(os.path.abspath(flotilla)) + os.pathsep + env.get("PATH", "")
+        self.log = open(os.path.join(self.data, "up.log"), "w")
+        self.proc = subprocess.Popen(
+            [flotilla, "up", "--listen", "127.0.0.1:0", "--data", self.data, *args],
+            cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        addr_file = os.path.join(self.data, "control.addr")
+        deadline = time.time() + 30
+        while not os.path.exists(addr_file):
+            if time.time() > deadline or self.proc.poll() is not None:
+                raise RuntimeError(f"flotilla up did not start; see {self.data}/up.log")
+            time.sleep(0.1)
+        self.url = open(addr_file).read().strip()
+        self.token = open(os.path.join(self.data, "api-token")).read().strip()
+
+    def get(self, path):
+        with urllib.request.urlopen(self.url + path, timeout=10) as r:
+            body = r.read().decode()
+            return json.loads(body) if r.headers.get_content_type() == "application/json" else body
+
+    def agent_pids(self):
+        pids = []
+        for d in (os.path.join(self.data, "agents"), os.path.join(self.data, "pool", "default")):
+            if os.path.isdir(d):
+                for f in os.listdir(d):
+                    if f.endswith(".pid"):
+                        try:
+                            pids.append(int(open(os.path.join(d, f)).read().strip()))
+                        except (OSError, ValueError):
+                            pass
+        return pids
+
+    def stop(self):
+        for pid in self.agent_pids():
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        self.proc.wait(timeout=10)
+        self.log.close()
+
+
+def wait_until(what, fn, timeout=30.0, every=0.2):
+    deadline = time.time() + timeout
+    while True:
+        v = fn()
+        if v:
+            return v
+        if time.time() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(every)
+
+
+def running_units(up, app="echo"):
+    return [u for u in up.get(f"/v1/apps/{app}/units") if u["state"] == "running"]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--flotilla", required=True)
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    chromium = os.environ.get("FLOTILLA_CHROMIUM", "/usr/bin/chromium")
+    results = {}
+    ups = []
+    try:
+        up = Up(a.flotilla, "echo", ["--agents", "4", "--app", os.path.join(ROOT, "examples", "echo.toml")])
+        ups.append(up)
+        wait_until("two running units", lambda: len(running_units(up)) == 2)
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            errors = []
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            # Refused actions (401, 422) are logged by Chromium as failed loads: expected.
+            page.on("console", lambda m: errors.append(m.text)
+                    if m.type == "error" and not m.text.startswith("Failed to load resource") else None)
+
+            # Federation: the agents are there, live.
+            t0 = time.time()
+            page.goto(up.url + "/#/federation")
+            expect(page.get_by_test_id("conn-status")).to_have_text("live", timeout=15000)
+            expect(page.get_by_test_id("node-count")).to_have_text("4", timeout=15000)
+            results["first_paint_s"] = round(time.time() - t0, 3)
+            expect(page.get_by_test_id("domain-card")).to_have_count(2)
+            page.screenshot(path=os.path.join(a.out, "federation.png"), full_page=True)
+
+            # Nodes: one row per agent.
+            page.click("[data-testid=nav-nodes]")
+            expect(page.locator("[data-testid=node-row]")).to_have_count(4, timeout=10000)
+            page.screenshot(path=os.path.join(a.out, "nodes.png"), full_page=True)
+
+            # A wrong token is refused with the server's message; nothing changes.
+            page.goto(up.url + "/#/apps/echo")
+            expect(page.locator("[data-testid=unit-row]")).to_have_count(2, timeout=10000)
+            page.get_by_test_id("scale-input").fill("3")
+            page.get_by_test_id("scale-button").click()
+            page.get_by_test_id("token-input").fill("not-the-token")
+            page.get_by_test_id("token-save").click()
+            toast = page.get_by_test_id("toast")
+            expect(toast).to_have_attribute("data-kind", "error", timeout=10000)
+            expect(toast).to_contain_text("bearer token is wrong")
+            time.sleep(1.5)
+            assert up.get("/v1/apps/echo")["desired_units"] == 2, "a refused scale changed the app"
+            expect(page.locator("[data-testid=unit-row]")).to_have_count(2)
+
+            # With the right token, scaling from the page changes the units shown.
+            page.evaluate("t => sessionStorage.setItem('flotilla.api-token', t)", up.token)
+            page.get_by_test_id("scale-input").fill("3")
+            page.get_by_test_id("scale-button").click()
+            expect(page.locator("[data-testid=unit-row][data-state=running]")).to_have_count(3, timeout=30000)
+            assert up.get("/v1/apps/echo")["desired_units"] == 3
+            page.screenshot(path=os.path.join(a.out, "app.png"), full_page=True)
+
+            # A spec with an error: the error is shown, the app keeps its spec.
+            before = up.get("/v1/apps/echo/spec")
+            editor = page.get_by_test_id("spec-editor")
+            expect(editor).to_have_value(before, timeout=10000)
+            editor.fill(before.replace('cpu = "250m"', 'cpu = "-1"', 1))
+            page.get_by_test_id("apply-button").click()
+            expect(page.get_by_test_id("spec-error").first).to_contain_text("cpu", timeout=10000)
+            assert up.get("/v1/apps/echo/spec") == before, "a bad spec was applied"
+            page.screenshot(path=os.path.join(a.out, "app-spec-error.png"), full_page=True)
+
+            # kill -9 of an agent: that node is dead on the page within 5 s, no reload.
+            victim = "node-4"
+            os.killpg(int(open(os.path.join(up.data, "agents", "node-4.pid")).read()), signal.SIGKILL)
+            killed = time.time()
+            page.goto(up.url + "/#/nodes")  # a hash change, not a reload
+            expect(page.locator(f"[data-testid=node-row][data-node={victim}]")).to_have_attribute(
+                "data-status", "dead", timeout=5000)
+            results["dead_on_page_s"] = round(time.time() - killed, 3)
+
+            # A drain from the page moves the units off the node.
+            units = up.get("/v1/apps/echo/units")
+            busy = next(m["node_id"] for u in units if u["state"] == "running" for m in u["members"]
+                        if m["node_id"] and m["node_id"] != victim)
+            page.goto(up.url + f"/#/nodes/{busy}")
+            expect(page.get_by_test_id("node-status")).to_have_text("alive", timeout=10000)
+            page.screenshot(path=os.path.join(a.out, "node.png"), full_page=True)
+            page.get_by_test_id("drain-button").click()
+
+            def moved():
+                us = running_units(up)
+                on = [m for u in us for m in u["members"] if m["node_id"] == busy]
+                return len(us) == 3 and not on
+            wait_until("the drained node's units to move", moved, timeout=60)
+            assert not errors, f"errors in the page: {errors}"
+            browser.close()
+        up.stop()
+        ups.remove(up)
+
+        # Pools: a pool autoscaler's instances by type and state.
+        pool_up = Up(a.flotilla, "pool", ["--autoscale", "--pool", os.path.join(ROOT, "examples", "pool.toml"),
+                                         "--app", os.path.join(ROOT, "examples", "echo.toml")])
+        ups.append(pool_up)
+        wait_until("the pool reporting running instances", lambda: any(
+            i["state"] == "running" for p in pool_up.get("/v1/pools") for i in p.get("instances", [])), timeout=60)
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page.goto(pool_up.url + "/#/pools")
+            expect(page.get_by_test_id("pool-card")).to_have_count(1, timeout=15000)
+            expect(page.locator("[data-testid=instance-row][data-state=running]").first).to_be_visible(timeout=15000)
+            page.screenshot(path=os.path.join(a.out, "pools.png"), full_page=True)
+            browser.close()
+    finally:
+        for u in ups:
+            u.stop()
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
