@@ -8,7 +8,9 @@ a second `up --autoscale`), opens the page and checks, without ever reloading it
 - `kill -9` of an agent turns that node dead on the page within 5 s;
 - a wrong token is refused with the server's message and nothing changes;
 - a spec with an error shows the error and the app keeps its old spec;
-- a drain from the page moves the units off the node.
+- a drain from the page moves the units off the node;
+- the pools page shows a pool's instances, and after a control-plane restart on the same
+  address the page reconnects by itself.
 
 A screenshot of each page goes to --out. Every process started is ended by its process
 group, pass or fail. Playwright's own browser download is never used: Chromium is
@@ -39,16 +41,18 @@ CHROMIUM_ARGS = [
 class Up:
     """`flotilla up` in its own process group, with a fresh data dir."""
 
-    def __init__(self, flotilla, name, args):
-        self.data = tempfile.mkdtemp(prefix=f"flotilla-browser-{name}-")
+    def __init__(self, flotilla, name, args, listen="127.0.0.1:0", data=None):
+        self.data = data or tempfile.mkdtemp(prefix=f"flotilla-browser-{name}-")
         env = dict(os.environ)
         # Members run `flotilla echo-server`: the binary under test must be on PATH.
         env["PATH"] = os.path.dirname(os.path.abspath(flotilla)) + os.pathsep + env.get("PATH", "")
-        self.log = open(os.path.join(self.data, "up.log"), "w")
-        self.proc = subprocess.Popen(
-            [flotilla, "up", "--listen", "127.0.0.1:0", "--data", self.data, *args],
-            cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.log = open(os.path.join(self.data, "up.log"), "a")
         addr_file = os.path.join(self.data, "control.addr")
+        if os.path.exists(addr_file):
+            os.remove(addr_file)
+        self.proc = subprocess.Popen(
+            [flotilla, "up", "--listen", listen, "--data", self.data, *args],
+            cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.time() + 30
         while not os.path.exists(addr_file):
             if time.time() > deadline or self.proc.poll() is not None:
@@ -86,6 +90,13 @@ class Up:
             pass
         self.proc.wait(timeout=10)
         self.log.close()
+
+
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def wait_until(what, fn, timeout=30.0, every=0.2):
@@ -200,11 +211,15 @@ def main():
         ups.remove(up)
 
         # Pools: a pool autoscaler's instances by type and state.
-        pool_up = Up(a.flotilla, "pool", ["--autoscale", "--pool", os.path.join(ROOT, "examples", "pool.toml"),
-                                         "--app", os.path.join(ROOT, "examples", "echo.toml")])
+        listen = f"127.0.0.1:{free_port()}"
+        pool_args = ["--autoscale", "--pool", os.path.join(ROOT, "examples", "pool.toml"),
+                     "--app", os.path.join(ROOT, "examples", "echo.toml")]
+        pool_up = Up(a.flotilla, "pool", pool_args, listen=listen)
         ups.append(pool_up)
-        wait_until("the pool reporting running instances", lambda: any(
-            i["state"] == "running" for p in pool_up.get("/v1/pools") for i in p.get("instances", [])), timeout=60)
+
+        def pool_running(u):
+            return lambda: any(i["state"] == "running" for p in u.get("/v1/pools") for i in p.get("instances", []))
+        wait_until("the pool reporting running instances", pool_running(pool_up), timeout=60)
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
             page = browser.new_page(viewport={"width": 1400, "height": 900})
@@ -212,6 +227,17 @@ def main():
             expect(page.get_by_test_id("pool-card")).to_have_count(1, timeout=15000)
             expect(page.locator("[data-testid=instance-row][data-state=running]").first).to_be_visible(timeout=15000)
             page.screenshot(path=os.path.join(a.out, "pools.png"), full_page=True)
+
+            # The control plane restarts (same address, same data dir): the page says so,
+            # reconnects by itself and shows the new cluster, without a reload.
+            data = pool_up.data
+            pool_up.stop()
+            ups.remove(pool_up)
+            expect(page.get_by_test_id("conn-status")).to_have_text("reconnecting", timeout=20000)
+            pool_up = Up(a.flotilla, "pool", pool_args, listen=listen, data=data)
+            ups.append(pool_up)
+            expect(page.get_by_test_id("conn-status")).to_have_text("live", timeout=30000)
+            expect(page.locator("[data-testid=instance-row][data-state=running]").first).to_be_visible(timeout=60000)
             browser.close()
     finally:
         for u in ups:
