@@ -200,7 +200,7 @@ impl Autoscaler {
             self.store.remove(&pruned)?;
         }
         self.export_gauges();
-        self.decisions.push_back(Arc::new(record));
+        self.remember(record);
         while self.decisions.len() > DECISIONS_KEPT {
             self.decisions.pop_front();
         }
@@ -239,6 +239,27 @@ impl Autoscaler {
             (t.min, t.max) = (b.min, b.max);
         }
         self.bounds = bounds;
+    }
+
+    /// Keeps a pass's record; a quiet pass after a quiet pass replaces it (counted in
+    /// `repeated`), so the records kept span hours of calm, not four minutes.
+    fn remember(&mut self, mut record: Value) {
+        let quiet = |r: &Value| {
+            ["launch", "terminate", "infeasible"]
+                .iter()
+                .all(|k| r[k].as_object().is_none_or(|m| m.is_empty()) && r[k].as_array().is_none_or(|a| a.is_empty()))
+                && r.get("policy").is_none()
+        };
+        if quiet(&record)
+            && let Some(last) = self.decisions.back()
+            && quiet(last)
+            && last["explanation"] == record["explanation"]
+        {
+            record["repeated"] = json!(last["repeated"].as_u64().unwrap_or(1) + 1);
+            record["since_ms"] = last.get("since_ms").cloned().unwrap_or_else(|| last["at_ms"].clone());
+            self.decisions.pop_back();
+        }
+        self.decisions.push_back(Arc::new(record));
     }
 
     /// DRAIN_REQUESTED: the node is drained (cordoned; what it runs moves make-before-break).
@@ -514,6 +535,16 @@ mod tests {
         a.pass().await.unwrap();
         assert!(provider.running.lock().unwrap().is_empty(), "drained nodes are terminated");
         assert!(a.instances().iter().all(|i| i.state == InstanceState::Terminated));
+
+        // Quiet passes fold into one record.
+        let kept = a.report()["decisions"].as_array().unwrap().len();
+        for _ in 0..3 {
+            a.pass().await.unwrap();
+        }
+        let report = a.report();
+        let decisions = report["decisions"].as_array().unwrap();
+        assert!(decisions.len() <= kept + 1, "{report}");
+        assert!(decisions[0]["repeated"].as_u64().unwrap() >= 3, "{report}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
