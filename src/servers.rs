@@ -332,6 +332,9 @@ pub struct ControlArgs {
     /// memory only).
     #[arg(long)]
     pub pools_dir: Option<PathBuf>,
+    /// Print the bound address as one JSON line on stdout (for scripts and tests).
+    #[arg(long)]
+    pub print_addrs: bool,
     #[command(flatten)]
     pub http: HttpArgs,
     #[command(flatten)]
@@ -366,6 +369,13 @@ pub async fn control(a: ControlArgs) -> anyhow::Result<()> {
     });
     let options = a.http.options()?;
     let listener = tokio::net::TcpListener::bind(a.listen).await.with_context(|| format!("binding {}", a.listen))?;
+    if a.print_addrs {
+        let scheme = if a.http.tls_cert.is_some() { "https" } else { "http" };
+        println!(
+            "{}",
+            serde_json::json!({"addr": listener.local_addr()?.to_string(), "url": format!("{scheme}://{}", listener.local_addr()?), "pid": std::process::id()})
+        );
+    }
     flotilla_control::serve(listener, state, options, async {
         shutdown_signal().await;
     })

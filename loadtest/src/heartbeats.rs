@@ -41,7 +41,7 @@ pub struct HeartbeatArgs {
 }
 
 /// A pending lag measurement: when the flipping heartbeat left, and which way it flipped.
-type Pending = Arc<Mutex<HashMap<usize, (Instant, bool)>>>;
+pub type Pending = Arc<Mutex<HashMap<usize, (Instant, bool)>>>;
 
 pub async fn run(a: HeartbeatArgs) -> anyhow::Result<()> {
     anyhow::ensure!(a.nodes >= 1 && a.nodes <= 2_000_000, "--nodes must be within 1..=2000000");
@@ -193,7 +193,7 @@ pub async fn run(a: HeartbeatArgs) -> anyhow::Result<()> {
 /// Sends every node's heartbeat once a second, spread over 100 slots of 10 ms, with
 /// sendmmsg in batches; a few nodes a second flip their health class.
 #[allow(clippy::too_many_arguments)]
-fn send_loop(
+pub fn send_loop(
     nodes: &[SimNode],
     dests: &[SocketAddr],
     n_sockets: usize,

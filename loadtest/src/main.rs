@@ -3,6 +3,7 @@
 
 mod autoscale;
 mod common;
+mod dashboard;
 mod failover;
 mod heartbeats;
 mod policies;
@@ -35,6 +36,8 @@ enum Cmd {
     Policies(policies::PoliciesArgs),
     /// One pool scale-up decision for a seeded demand, against Ray 2.60's own scheduler.
     Autoscale(autoscale::AutoscaleArgs),
+    /// The dashboard at many nodes: first paint, live update latency, browser memory.
+    Dashboard(dashboard::DashboardArgs),
 }
 
 #[tokio::main]
@@ -48,6 +51,7 @@ async fn main() -> std::process::ExitCode {
         Cmd::Soak(a) => soak::run(a).await,
         Cmd::Policies(a) => policies::run(a),
         Cmd::Autoscale(a) => autoscale::run(a),
+        Cmd::Dashboard(a) => dashboard::run(a).await,
     };
     match r {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -115,3 +115,14 @@ fn autoscale_scenario_reports_every_figure() {
     let w = v["flotilla_memory_waste"].as_f64().unwrap();
     assert!((0.0..1.0).contains(&w), "waste is a fraction: {w}");
 }
+
+#[test]
+fn dashboard_scenario_without_a_browser_reports_the_server_figures() {
+    let v = run(
+        &["dashboard", "--nodes", "200", "--shards", "2", "--seconds", "2", "--no-browser"],
+        &["nodes", "snapshot_bytes", "snapshot_nodes_messages", "control_rss_mb", "control_cpu_seconds"],
+    );
+    assert_eq!(v["nodes"], 200);
+    assert!(v["snapshot_bytes"].as_u64().unwrap() > 200 * 50, "every node is a row of the snapshot");
+    assert!(v.get("first_paint_seconds").is_none(), "no browser, no browser figures");
+}

@@ -1,7 +1,7 @@
 // #/nodes: a virtualised, filterable, sortable table of every node (only the rows in view
 // are DOM, so 100,000 nodes scroll smoothly), and #/nodes/ID: one node.
 
-import { state, N } from './store.js';
+import { state, N, healthHistoryOf } from './store.js';
 import { h, setChildren, num, pct, pill, healthCss, cores, bytes, clock, throttle, resText } from './util.js';
 import { act, readJson, toast } from './api.js';
 import { bar } from './federation.js';
@@ -412,7 +412,7 @@ export function nodePage(id) {
     const ctx = c.getContext('2d');
     ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
     ctx.clearRect(0, 0, w, hgt);
-    const hist = state.healthHistory.get(id);
+    const hist = healthHistoryOf(id);
     if (!hist || !hist.t.length) { ui.sparkNote.textContent = 'no sample yet'; return; }
     const now = Date.now();
     const t0 = hist.t[0], span = Math.max(1000, now - t0);

@@ -15,6 +15,14 @@ export const N = Object.freeze({
 const HEALTH_KEEP = 240;
 const CAPACITY_KEEP = 5000;
 
+/** A node's health samples ({t, v}); one sample (the snapshot's) until it first changes. */
+export function healthHistoryOf(id) {
+  const hist = state.healthHistory.get(id);
+  if (hist) return hist;
+  const row = state.nodes.get(id);
+  return row ? { t: [state.snapshotAt], v: [row[N.HEALTH]] } : null;
+}
+
 export const state = {
   /** node id → compact row (array, see N). */
   nodes: new Map(),
@@ -31,6 +39,7 @@ export const state = {
   conn: 'connecting',
   /** When the current snapshot began (ms) and how many snapshots we have had. */
   snapshots: 0,
+  snapshotAt: 0,
   // Client-side history since the page opened. Kept across reconnects on purpose: a
   // control-plane restart should not wipe what the operator was watching.
   /** node id → {t: [], v: []} health samples. */
@@ -57,6 +66,21 @@ let dirty = freshDirty();
 let frameQueued = false;
 let renderer = () => {};
 
+// Timing hook, read by loadtest/dashboard_perf.py (never by the page). performance.now()
+// milliseconds, i.e. from navigation start:
+//   snapshotBeginAt / snapshotEndAt: the first snapshot's snapshot_begin / snapshot_end arrived
+//     (snapshotEndAt is after every row of it was parsed and applied);
+//   snapshotDoneAt: the end of the first frame rendered after that snapshot (the node count
+//     shown, the heatmap drawn), snapshotRenderMs that frame's render;
+//   applied: [arrived, drawn] per message after snapshotDoneAt (pings aside): when its
+//     listener ran, and the end of the animation-frame render that applied it;
+//   renders: how long each render took.
+// Bounded: at most PERF_KEEP entries per list, then it stops recording.
+const PERF_KEEP = 50_000;
+const perf = { snapshotBeginAt: null, snapshotEndAt: null, snapshotDoneAt: null, snapshotRenderMs: null, applied: [], renders: [] };
+window.__flotilla = perf;
+let arrivals = [];
+
 /** Registers the one function that renders a frame from the accumulated dirt. */
 export function onFrame(fn) { renderer = fn; }
 
@@ -69,7 +93,16 @@ function queueFrame() {
     frameQueued = false;
     const d = dirty;
     dirty = freshDirty();
+    const t0 = performance.now();
     try { renderer(d); } catch (e) { console.error('render failed', e); }
+    const t1 = performance.now();
+    if (perf.renders.length < PERF_KEEP) perf.renders.push(t1 - t0);
+    for (const a of arrivals) if (perf.applied.length < PERF_KEEP) perf.applied.push([a, t1]);
+    arrivals = [];
+    if (perf.snapshotDoneAt === null && perf.snapshotEndAt !== null && !state.loading) {
+      perf.snapshotDoneAt = t1;
+      perf.snapshotRenderMs = t1 - t0;
+    }
   });
 }
 
@@ -83,12 +116,19 @@ function resetForSnapshot(total) {
   state.pools = new Map();
   state.loading = true;
   state.snapshots += 1;
+  state.snapshotAt = Date.now();
   dirty.all = true;
 }
 
-function recordHealth(id, score, now) {
+// A node's health history starts at its first change after a snapshot, seeded with the
+// value the snapshot showed (`prev`): a snapshot of 100,000 nodes must not build 100,000
+// histories. See healthHistoryOf for a node that has not changed yet.
+function recordHealth(id, score, now, prev) {
   let hist = state.healthHistory.get(id);
-  if (!hist) { hist = { t: [], v: [] }; state.healthHistory.set(id, hist); }
+  if (!hist) {
+    hist = prev ? { t: [state.snapshotAt], v: [prev[N.HEALTH]] } : { t: [], v: [] };
+    state.healthHistory.set(id, hist);
+  }
   const n = hist.v.length;
   if (n && hist.v[n - 1] === score) return; // only changes matter for a sparkline
   hist.t.push(now); hist.v.push(score);
@@ -98,12 +138,20 @@ function recordHealth(id, score, now) {
 function applyNodes(msg) {
   const now = Date.now();
   const rows = msg.rows || [];
+  // A snapshot's end redraws everything (dirty.all): its rows need no dirt of their own,
+  // and only nodes that already have a history record into it.
+  const loading = state.loading;
   for (const row of rows) {
     const id = row[N.ID];
-    if (!state.nodes.has(id)) dirty.nodeSet = true;
+    const prev = state.nodes.get(id);
+    if (!prev) dirty.nodeSet = true;
     state.nodes.set(id, row);
+    if (loading) {
+      if (state.healthHistory.has(id)) recordHealth(id, row[N.HEALTH], now);
+      continue;
+    }
     dirty.nodes.add(id);
-    recordHealth(id, row[N.HEALTH], now);
+    recordHealth(id, row[N.HEALTH], now, prev);
   }
   for (const id of msg.removed || []) {
     if (state.nodes.delete(id)) { dirty.nodeSet = true; dirty.nodes.add(id); }
@@ -200,10 +248,14 @@ export function connect() {
   };
   for (const [name, fn] of Object.entries(handlers)) {
     source.addEventListener(name, (ev) => {
+      const arrived = performance.now();
       lastMessage = Date.now();
       let msg;
       try { msg = ev.data ? JSON.parse(ev.data) : {}; } catch (e) { console.warn('bad event', name, e); return; }
       try { fn(msg); } catch (e) { console.error('applying', name, 'failed', e); }
+      if (name === 'snapshot_begin' && perf.snapshotBeginAt === null) perf.snapshotBeginAt = arrived;
+      if (name === 'snapshot_end' && perf.snapshotEndAt === null) perf.snapshotEndAt = performance.now();
+      if (perf.snapshotDoneAt !== null && name !== 'ping') arrivals.push(arrived);
       if (state.loading) progress(state.nodes.size, state.nodesTotal);
       queueFrame();
     });

@@ -1,0 +1,205 @@
+"""The dashboard's speed in real headless Chromium (Playwright for Python), for
+`flotilla-loadtest dashboard`, which starts the shards, the simulated nodes and the
+control plane, then runs this against it:
+
+    python3 loadtest/dashboard_perf.py --url http://127.0.0.1:PORT --nodes 100000 --seconds 20
+
+It opens #/federation and measures, from the page's timing hook (window.__flotilla, see
+crates/control/ui/js/store.js; performance.now() milliseconds from navigation start):
+
+- first meaningful paint: navigation start to the end of the first frame drawn after
+  the snapshot (the node count shown, the heatmap drawn), split into the snapshot's
+  arrival, its parsing and applying, and that render;
+- live updates: for each message after that, its listener running to the end of the
+  animation-frame render that applied it (p50 / p99 / max); each render's duration
+  and the interval between animation frames while the stream runs;
+- memory: the JS heap (CDP Performance.getMetrics JSHeapUsedSize, and after a forced
+  GC), and the Chromium processes' RSS and PSS.
+
+Writes the figures as JSON to --out (when given) and prints them as one compact JSON
+line last. Chromium is Debian's (--chromium, default /usr/bin/chromium): Playwright's own
+download is never used. The browser is closed in every case; its caller also kills
+what is left by process group.
+"""
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+
+from playwright.sync_api import sync_playwright
+
+CHROMIUM_ARGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]
+
+
+def pct(xs, q):
+    """Nearest-rank percentile of xs (0 when empty)."""
+    if not xs:
+        return 0.0
+    s = sorted(xs)
+    return s[min(len(s) - 1, max(0, int(round(q * len(s) + 0.5)) - 1))]
+
+
+def r1(x):
+    return round(float(x), 1)
+
+
+def descendants(root):
+    """pid → comm of every process under root (from /proc)."""
+    parent, comm = {}, {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            stat = open(f"/proc/{d}/stat").read()
+        except OSError:
+            continue
+        head, _, rest = stat.rpartition(")")
+        comm[int(d)] = head.partition("(")[2]
+        parent[int(d)] = int(rest.split()[1])
+    out, frontier = {}, [root]
+    while frontier:
+        p = frontier.pop()
+        for c, pp in parent.items():
+            if pp == p and c not in out:
+                out[c] = comm[c]
+                frontier.append(c)
+    return out
+
+
+def chromium_memory():
+    """Sum of RSS and PSS (MiB) over the Chromium processes under this one."""
+    rss = pss = 0
+    n = 0
+    for pid, comm in descendants(os.getpid()).items():
+        if "chrom" not in comm.lower():
+            continue
+        try:
+            for line in open(f"/proc/{pid}/status"):
+                if line.startswith("VmRSS:"):
+                    rss += int(line.split()[1])
+            for line in open(f"/proc/{pid}/smaps_rollup"):
+                if line.startswith("Pss:"):
+                    pss += int(line.split()[1])
+            n += 1
+        except OSError:
+            pass
+    return {"chromium_processes": n, "chromium_rss_mb": r1(rss / 1024), "chromium_pss_mb": r1(pss / 1024)}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--url", required=True, help="the control plane, http://HOST:PORT")
+    ap.add_argument("--nodes", type=int, required=True, help="nodes the page must show")
+    ap.add_argument("--seconds", type=int, default=20, help="how long to watch the live stream")
+    ap.add_argument("--chromium", default=os.environ.get("FLOTILLA_CHROMIUM", "/usr/bin/chromium"))
+    ap.add_argument("--out", help="also write the figures here (JSON)")
+    ap.add_argument("--width", type=int, default=1440)
+    ap.add_argument("--height", type=int, default=900)
+    a = ap.parse_args()
+
+    os.environ["PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD"] = "1"
+    out = {}
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=a.chromium, headless=True, args=CHROMIUM_ARGS)
+        try:
+            ctx = browser.new_context(viewport={"width": a.width, "height": a.height})
+            page = ctx.new_page()
+            errors = []
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            cdp = ctx.new_cdp_session(page)
+            cdp.send("Performance.enable")
+
+            def heap_mb():
+                m = {x["name"]: x["value"] for x in cdp.send("Performance.getMetrics")["metrics"]}
+                return m.get("JSHeapUsedSize", 0) / 2**20, m.get("JSHeapTotalSize", 0) / 2**20
+
+            page.goto(a.url.rstrip("/") + "/#/federation", wait_until="commit", timeout=60_000)
+            page.wait_for_function("() => window.__flotilla && window.__flotilla.snapshotDoneAt !== null",
+                                   timeout=180_000, polling=100)
+            first = page.evaluate("""() => {
+              const p = window.__flotilla;
+              const nav = performance.getEntriesByType('navigation')[0];
+              const c = document.querySelector('[data-testid="heatmap"]');
+              return {begin: p.snapshotBeginAt, end: p.snapshotEndAt, done: p.snapshotDoneAt,
+                      firstRender: p.snapshotRenderMs,
+                      renders: p.renders.length, applied: p.applied.length,
+                      htmlDone: nav ? nav.responseEnd : null,
+                      domContentLoaded: nav ? nav.domContentLoadedEventEnd : null,
+                      count: document.querySelector('[data-testid="node-count"]').textContent,
+                      canvas: c ? [c.width, c.height] : null};
+            }""")
+            shown = int(re.sub(r"\D", "", first["count"]) or 0)
+            heap_snapshot, _ = heap_mb()
+            # The interval between animation frames while the stream runs.
+            page.evaluate("""() => {
+              window.__frames = [];
+              let last = null;
+              const f = (t) => { if (last !== null) window.__frames.push(t - last); last = t;
+                                 if (window.__frames.length < 200000) requestAnimationFrame(f); };
+              requestAnimationFrame(f);
+            }""")
+            heap_max = heap_snapshot
+            t_end = time.time() + a.seconds
+            while time.time() < t_end:
+                time.sleep(1)
+                heap_max = max(heap_max, heap_mb()[0])
+            live = page.evaluate("""([a0, r0]) => {
+              const p = window.__flotilla;
+              return {applied: p.applied.slice(a0), renders: p.renders.slice(r0), frames: window.__frames.slice()};
+            }""", [first["applied"], first["renders"]])
+            heap_end, heap_total = heap_mb()
+            mem = chromium_memory()
+            cdp.send("HeapProfiler.enable")
+            cdp.send("HeapProfiler.collectGarbage")
+            heap_gc, _ = heap_mb()
+            final_count = int(re.sub(r"\D", "", page.locator('[data-testid="node-count"]').text_content()) or 0)
+        finally:
+            browser.close()
+
+    lat = [d - arr for arr, d in live["applied"]]
+    out = {
+        "nodes": a.nodes,
+        "nodes_shown": shown,
+        "nodes_shown_at_end": final_count,
+        "first_paint_seconds": round(first["done"] / 1000, 3),
+        "first_paint_html_ms": r1(first["htmlDone"] or 0),
+        "first_paint_snapshot_begin_ms": r1(first["begin"]),
+        "first_paint_snapshot_applied_ms": r1(first["end"]),
+        "first_paint_render_ms": r1(first["firstRender"]),
+        "heatmap_canvas_px": first["canvas"],
+        "update_messages": len(lat),
+        "update_apply_p50_ms": r1(pct(lat, 0.5)),
+        "update_apply_p99_ms": r1(pct(lat, 0.99)),
+        "update_apply_max_ms": r1(max(lat) if lat else 0),
+        "render_p50_ms": r1(pct(live["renders"], 0.5)),
+        "render_p99_ms": r1(pct(live["renders"], 0.99)),
+        "render_max_ms": r1(max(live["renders"]) if live["renders"] else 0),
+        "frame_interval_p50_ms": r1(pct(live["frames"], 0.5)),
+        "frame_interval_p99_ms": r1(pct(live["frames"], 0.99)),
+        "frame_interval_max_ms": r1(max(live["frames"]) if live["frames"] else 0),
+        "js_heap_mb": r1(heap_end),
+        "js_heap_total_mb": r1(heap_total),
+        "js_heap_after_snapshot_mb": r1(heap_snapshot),
+        "js_heap_max_mb": r1(heap_max),
+        "js_heap_after_gc_mb": r1(heap_gc),
+        **mem,
+        "page_errors": len(errors),
+    }
+    for e in errors[:5]:
+        print("page error:", e, file=sys.stderr)
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(out, f)
+    print(json.dumps(out, separators=(",", ":")))
+    # The caller checks nodes_shown and page_errors; a figure was measured either way.
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
