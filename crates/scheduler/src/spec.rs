@@ -186,47 +186,14 @@ const MAX_SPEC_BYTES: usize = 256 * 1024;
 #[error("invalid app spec:\n  - {}", .0.join("\n  - "))]
 pub struct SpecError(pub Vec<String>);
 
-/// Parses "500m", "0.5", "2" into millicores.
+/// A Kubernetes CPU quantity ("500m", "0.5", "2") in millicores.
 pub fn parse_cpu(s: &str) -> Result<u64, String> {
-    let s = s.trim();
-    let millis = if let Some(m) = s.strip_suffix('m') {
-        m.parse::<u64>().map_err(|_| format!("{s:?} is not a CPU quantity like 500m or 0.5"))?
-    } else {
-        let c: f64 = s.parse().map_err(|_| format!("{s:?} is not a CPU quantity like 500m or 0.5"))?;
-        if !(c.is_finite() && c >= 0.0) {
-            return Err(format!("{s:?} is not a non-negative number"));
-        }
-        (c * 1000.0).round() as u64
-    };
-    Ok(millis)
+    flotilla_core::quantity::cpu_millis(s)
 }
 
-/// Parses "256Mi", "1Gi", "500M", "1024" into bytes.
+/// A Kubernetes memory quantity ("256Mi", "1Gi", "129e6", "1024") in bytes.
 pub fn parse_memory(s: &str) -> Result<u64, String> {
-    let s = s.trim();
-    let split = s.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let n: f64 = num.parse().map_err(|_| format!("{s:?} is not a memory quantity like 256Mi or 1Gi"))?;
-    let mult: u64 = match unit {
-        "" => 1,
-        "K" | "k" => 1_000,
-        "M" => 1_000_000,
-        "G" => 1_000_000_000,
-        "T" => 1_000_000_000_000,
-        "Ki" => 1 << 10,
-        "Mi" => 1 << 20,
-        "Gi" => 1 << 30,
-        "Ti" => 1 << 40,
-        _ => return Err(format!("{s:?}: unknown unit {unit:?} (use Ki, Mi, Gi, Ti or K, M, G, T)")),
-    };
-    if !(n.is_finite() && n >= 0.0) {
-        return Err(format!("{s:?} is not a non-negative quantity"));
-    }
-    let bytes = n * mult as f64;
-    if bytes > flotilla_core::MAX_NODE_MEMORY_BYTES as f64 {
-        return Err(format!("{s:?} is more than any node has"));
-    }
-    Ok(bytes.round() as u64)
+    flotilla_core::quantity::memory_bytes(s)
 }
 
 pub(crate) fn is_name(s: &str) -> bool {
@@ -448,6 +415,12 @@ mod tests {
         assert_eq!(parse_memory("4096"), Ok(4096));
         assert!(parse_memory("3 parsecs").is_err());
         assert!(parse_memory("1000Ti").is_err());
+        // The Kubernetes grammar: decimal exponents and exa suffixes (the latter too large
+        // for any node, and refused for that reason alone).
+        assert_eq!(parse_memory("129e6"), Ok(129_000_000));
+        assert!(parse_memory("1Ei").unwrap_err().contains("more than any node has"));
+        let spec = AppSpec::parse(&ECHO.replacen("memory = \"", "memory = \"129e6\" # was \"", 1)).unwrap();
+        assert_eq!(spec.unit.head.resources().memory_bytes, 129_000_000);
     }
 
     #[test]
