@@ -34,6 +34,9 @@ pub struct RuntimeConfig {
     /// Each log file is rotated (one old file kept) past this size.
     pub log_cap_bytes: u64,
     pub cgroup_root: PathBuf,
+    /// Where under each hierarchy workloads' cgroups go (`--cgroup-parent`); `None`: in
+    /// the agent's own cgroup.
+    pub cgroup_parent: Option<String>,
     /// How often each running member's CPU and memory use is measured (and reported when
     /// it moved enough to matter to an autoscaler).
     pub usage_interval: Duration,
@@ -150,7 +153,7 @@ async fn pump(mut from: impl AsyncRead + Unpin, path: PathBuf, cap: u64, tail: O
 
 impl Runtime {
     pub fn new(cfg: RuntimeConfig) -> Self {
-        let cgroups = Cgroups::detect(&cfg.cgroup_root, &safe_name(&cfg.node_id));
+        let cgroups = Cgroups::detect_under(&cfg.cgroup_root, cfg.cgroup_parent.as_deref(), &safe_name(&cfg.node_id));
         match &cgroups {
             Cgroups::Unavailable(why) => tracing::warn!(%why, "workload CPU and memory limits are NOT enforced"),
             c => tracing::info!(cgroups = ?c, "workload limits enforced with cgroups"),
@@ -568,6 +571,7 @@ mod tests {
             stop_grace: Duration::from_millis(300),
             log_cap_bytes: 64,
             cgroup_root: PathBuf::from("/nonexistent"),
+            cgroup_parent: None,
             usage_interval: Duration::from_millis(100),
         }
     }
