@@ -43,6 +43,12 @@ pub struct AgentArgs {
     /// other keys are kept whole. Flags and `FLOTILLA_LABEL_*` variables win over the file.
     #[arg(long, env = "FLOTILLA_LABELS_FILE")]
     pub labels_file: Option<PathBuf>,
+    /// In a Kubernetes pod: ask the API server once at start for this node's labels and
+    /// take the zone, region, instance type and arch (as `zone`, `region`,
+    /// `instance_type`, `arch`) and every `flotilla.io/KEY` (as `KEY`). Needs `get` on
+    /// nodes for the pod's ServiceAccount. Below the file, variables and flags.
+    #[arg(long, env = "FLOTILLA_NODE_LABELS_FROM_KUBERNETES")]
+    pub node_labels_from_kubernetes: bool,
     /// CPU kept back for the system and the agent itself (Kubernetes' `system-reserved`):
     /// offered = the node's CPUs (or --cores) minus this. Cores (`0.5`) or millicores (`500m`).
     #[arg(long, default_value = "0")]
@@ -221,6 +227,8 @@ pub struct Host {
     pub memory: Option<u64>,
     pub gpus: Option<(u32, String)>,
     pub env: Vec<(String, String)>,
+    /// The node's labels as its orchestrator knows them (`--node-labels-from-kubernetes`).
+    pub node_labels: Vec<(String, String)>,
 }
 
 impl Host {
@@ -231,6 +239,7 @@ impl Host {
             memory: crate::probe::detect_memory(),
             gpus: crate::probe::detect_gpus(),
             env: std::env::vars().collect(),
+            node_labels: Vec::new(),
         }
     }
 }
@@ -248,7 +257,7 @@ impl AgentArgs {
                 None
             }
         };
-        let mut map = BTreeMap::new();
+        let mut map: BTreeMap<String, String> = host.node_labels.iter().cloned().collect();
         if let Some(file) = &self.labels_file {
             match std::fs::read_to_string(file).map_err(|e| e.to_string()).and_then(|t| parse_labels_file(&t)) {
                 Ok(pairs) => map.extend(pairs),
@@ -429,6 +438,7 @@ mod tests {
                 ("FLOTILLA_LABEL_ZONE".into(), "z1".into()),
                 ("FLOTILLA_LABELS".into(), "domain=d1,team=ml".into()),
             ],
+            node_labels: vec![("zone".into(), "from-node".into()), ("arch".into(), "arm64".into())],
         }
     }
 
@@ -531,6 +541,7 @@ mod tests {
         std::fs::write(&file, "zone=\"from-file\"\nrack=\"r7\"\n").unwrap();
         let c = parse(&["--labels-file", file.to_str().unwrap()]).unwrap();
         assert_eq!(c.labels.get("rack"), Some("r7"));
+        assert_eq!(c.labels.get("arch"), Some("arm64"), "the node's own labels are below the rest");
         assert_eq!(c.labels.get("zone"), Some("z1"), "FLOTILLA_LABEL_ZONE wins over the file");
         std::fs::write(&file, "rack r7\n").unwrap();
         let errs = parse(&["--labels-file", file.to_str().unwrap()]).unwrap_err();

@@ -7,6 +7,7 @@
 pub mod cgroup;
 pub mod client;
 pub mod config;
+pub mod nodelabels;
 pub mod probe;
 pub mod runtime;
 
@@ -470,9 +471,16 @@ pub fn main_with(cmd: config::AgentCommand) -> anyhow::Result<()> {
             Ok(())
         }
         None => {
+            let mut host = Host::detect();
+            if cmd.run.node_labels_from_kubernetes {
+                let node = cmd.run.node_id.clone().or(host.hostname.clone()).unwrap_or_default();
+                host.node_labels = rt
+                    .block_on(nodelabels::from_cluster(&node, &host.env))
+                    .with_context(|| format!("--node-labels-from-kubernetes: the labels of node {node}"))?;
+            }
             let config = cmd
                 .run
-                .into_config(&Host::detect())
+                .into_config(&host)
                 .map_err(|errors| anyhow!("invalid agent configuration:\n  - {}", errors.join("\n  - ")))?;
             rt.block_on(run(config))
         }
