@@ -152,6 +152,29 @@ fn the_base_has_every_piece_an_operator_needs() {
                 && e["valueFrom"]["fieldRef"]["fieldPath"] == "status.hostIP"),
         "{env:?}"
     );
+    let agent = &pod["containers"][0];
+    assert_eq!(agent["securityContext"]["privileged"], true, "the agent makes cgroups in the host's hierarchy");
+    let args: Vec<&str> =
+        agent["args"].as_array().map(|a| a.iter().filter_map(Value::as_str).collect()).unwrap_or_default();
+    for flag in
+        ["--cgroup-root=/host/sys/fs/cgroup", "--cgroup-parent=flotilla", "--labels-file=/etc/flotilla/podinfo/labels"]
+    {
+        assert!(args.contains(&flag), "{flag} not in {args:?}");
+    }
+    assert!(
+        args.iter().any(|a| a.starts_with("--reserved-cpu="))
+            && args.iter().any(|a| a.starts_with("--reserved-memory="))
+    );
+    let volumes = pod["volumes"].as_array().cloned().unwrap_or_default();
+    assert!(volumes.iter().any(|v| v["hostPath"]["path"] == "/sys/fs/cgroup"), "{volumes:?}");
+    assert!(
+        volumes.iter().any(|v| v["downwardAPI"]["items"][0]["fieldRef"]["fieldPath"] == "metadata.labels"),
+        "{volumes:?}"
+    );
+    assert_eq!(
+        agent["lifecycle"]["preStop"]["exec"]["command"],
+        serde_json::json!(["flotilla-agent", "drain", "--data", "/var/lib/flotilla-agent"])
+    );
     // Every container of every workload has both probes.
     for d in KUSTOMIZATIONS.iter().flat_map(|rel| documents(&kustomize(&deploy(rel)))) {
         for c in d["spec"]["template"]["spec"]["containers"].as_array().cloned().unwrap_or_default() {

@@ -137,8 +137,13 @@ fn every_process_answers_healthz_and_readyz() {
     let control_addr = procs.addrs(control)["addr"].as_str().unwrap().to_string();
     wait_probes("the control plane", &control_addr, 200);
 
-    // A scheduler: ready once its store is open and it holds the shard's view.
-    let scheduler_addr = format!("127.0.0.1:{}", free_port());
+    // A scheduler: ready once its store is open and it holds the shard's view. It
+    // registers with the control plane at the URL it advertises (in Kubernetes its pod
+    // IP), not at its bound address.
+    let scheduler_port = free_port();
+    let scheduler_addr = format!("127.0.0.1:{scheduler_port}");
+    let advertised = format!("http://localhost:{scheduler_port}");
+    let control_url = format!("http://{control_addr}");
     let store = format!("redb:{}", dir.join("echo.redb").display());
     procs.spawn_with_env(
         &[
@@ -151,6 +156,10 @@ fn every_process_answers_healthz_and_readyz() {
             &store,
             "--listen",
             &scheduler_addr,
+            "--control",
+            &control_url,
+            "--advertise-url",
+            &advertised,
             "--grpc-token-file",
             &s("grpc-token"),
         ],
@@ -158,6 +167,10 @@ fn every_process_answers_healthz_and_readyz() {
         &[("FLOTILLA_TOKEN", "api-token-for-tests")],
     );
     wait_probes("the scheduler", &scheduler_addr, 200);
+    wait_for("the control plane names the advertised scheduler URL", Duration::from_secs(30), || {
+        let (status, app) = flotilla_testkit::http(&control_addr, "GET", "/v1/apps/echo", None, "");
+        (status == 200 && app["scheduler_url"] == advertised.as_str()).then_some(())
+    });
 
     // A router over fixed backends has its table from the start.
     let fixed = procs.spawn(

@@ -548,6 +548,47 @@ mod tests {
         let _ = std::fs::remove_dir_all(&cfg.data_dir);
     }
 
+    /// With a cgroup parent (`--cgroup-parent`, as the DaemonSet gives), a workload's
+    /// cgroup is under that parent of the hierarchy, not under the agent's own cgroup
+    /// (whose limits, in a pod, are the agent's).
+    #[tokio::test]
+    async fn workloads_go_under_the_cgroup_parent_as_root() {
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: not root, so the agent cannot create cgroups");
+            return;
+        }
+        let parent = format!("flotilla-parent-{}", std::process::id());
+        let mut cfg = config("cgparent");
+        cfg.ports = (41701, 41800);
+        cfg.cgroup_root = PathBuf::from("/sys/fs/cgroup");
+        cfg.cgroup_parent = Some(format!("/{parent}/"));
+        cfg.node_id = format!("cgparent-{}", std::process::id());
+        let mut rt = Runtime::new(cfg.clone());
+        if !rt.limits_enforced() {
+            eprintln!("skipped: no writable cgroup hierarchy on this host");
+            return;
+        }
+        let mut a = assignment("u1", "sleep", &["30"]);
+        a.resources = Some(v1::Resources { cpu_millis: 200, memory_bytes: 32 << 20, ..Default::default() });
+        rt.assign(vec![a]);
+        rt.tick().await;
+        let pid = rt.pids()[0];
+        let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+        let own = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+        let want = format!(":/{parent}/flotilla-cgparent-{}/u1-head-1", std::process::id());
+        let placed: Vec<&str> = cg.lines().filter(|l| l.ends_with(&want)).collect();
+        rt.stop_all().await;
+        for dir in [
+            cfg.cgroup_root.join(&parent),
+            cfg.cgroup_root.join("cpu").join(&parent),
+            cfg.cgroup_root.join("memory").join(&parent),
+        ] {
+            let _ = std::fs::remove_dir(dir);
+        }
+        let _ = std::fs::remove_dir_all(&cfg.data_dir);
+        assert!(!placed.is_empty(), "not under {want}: {cg}\n(the agent's own: {own})");
+    }
+
     #[test]
     fn back_off_doubles_and_caps() {
         let mut b = restart_backoff();
