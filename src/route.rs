@@ -68,6 +68,11 @@ pub async fn run(a: RouteArgs) -> anyhow::Result<()> {
         balancer.update(&routes, Instant::now());
         metrics::gauge!("flotilla_route_endpoints").set(routes.len() as f64);
     }
+    // /readyz: ready once there is somewhere to route to (a table with an endpoint).
+    let table = balancer.clone();
+    flotilla_obs::health::readiness().check("router", move || {
+        if table.endpoints().is_empty() { Err("no route table with an endpoint yet".to_string()) } else { Ok(()) }
+    });
     let metrics = flotilla_obs::serve_metrics(a.metrics).await?;
     let listener = tokio::net::TcpListener::bind(a.listen).await.with_context(|| format!("binding {}", a.listen))?;
     let listen = listener.local_addr()?;

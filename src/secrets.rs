@@ -135,7 +135,60 @@ pub struct DataDir {
     pub tls_key: PathBuf,
 }
 
+/// The files a shard reads from its secrets dir (`--secrets`), all required when that
+/// dir is not the data dir.
+pub const SHARD_SECRET_FILES: [&str; 5] = ["shard-secret", "join-token", "grpc-token", "tls.crt", "tls.key"];
+
 impl DataDir {
+    /// Reads the secrets in `dir` without writing anything there (a read-only
+    /// Kubernetes Secret mount): every file of [`SHARD_SECRET_FILES`] must exist and hold
+    /// something; `api-token` is read when present. An error names the file and says
+    /// how the dir is meant to be filled.
+    pub fn read_only(dir: &Path) -> anyhow::Result<Self> {
+        let missing: Vec<String> = SHARD_SECRET_FILES
+            .iter()
+            .map(|f| dir.join(f))
+            .filter(|p| !p.is_file())
+            .map(|p| p.display().to_string())
+            .collect();
+        if !missing.is_empty() {
+            bail!(
+                "the secrets dir {} lacks {}: create them (deploy/kubernetes/README.md shows how), \
+                 or leave --secrets out to have them generated in the data dir",
+                dir.display(),
+                missing.join(", ")
+            );
+        }
+        let one = |name: &str| -> anyhow::Result<String> {
+            let path = dir.join(name);
+            let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+            let t = text.trim().to_string();
+            if t.is_empty() {
+                bail!("{} is empty", path.display());
+            }
+            Ok(t)
+        };
+        let list = |name: &str| -> anyhow::Result<Vec<String>> {
+            let path = dir.join(name);
+            let tokens = read_tokens(&path)?;
+            if tokens.is_empty() {
+                bail!("{} holds no token", path.display());
+            }
+            Ok(tokens)
+        };
+        Ok(DataDir {
+            dir: dir.to_path_buf(),
+            join_tokens: list("join-token")?,
+            api_token: one("api-token").unwrap_or_default(),
+            grpc_tokens: list("grpc-token")?,
+            shard_secret: one("shard-secret")?,
+            tls_cert: dir.join("tls.crt"),
+            tls_key: dir.join("tls.key"),
+        })
+    }
+
+    /// Reads the secrets in `dir`, creating those that are missing (`flotilla up`, and a
+    /// shard whose secrets live in its data dir).
     pub fn prepare(dir: &Path) -> anyhow::Result<Self> {
         std::fs::create_dir_all(dir).with_context(|| format!("creating data dir {}", dir.display()))?;
         let (tls_cert, tls_key) = TlsMaterial::ensure_in(dir)?;

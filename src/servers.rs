@@ -263,9 +263,17 @@ pub struct AggregatorArgs {
     /// Serve /metrics here.
     #[arg(long, default_value = "127.0.0.1:0")]
     pub metrics: SocketAddr,
-    /// Data dir holding the shard secret, the join token and TLS material (created when absent).
+    /// The shard's writable state (the marker that it ran, which makes a restart wait
+    /// for its agents to come back). Also where its secrets are, created when absent,
+    /// unless --secrets names another dir.
     #[arg(long, default_value = "./.flotilla")]
     pub data: PathBuf,
+    /// A dir the shard only reads its secrets from (shard-secret, join-token, grpc-token,
+    /// tls.crt, tls.key; never written, so a read-only Kubernetes Secret mount works;
+    /// the token files are still followed for rotation). Default: the data dir, where
+    /// missing secrets are generated.
+    #[arg(long, env = "FLOTILLA_SECRETS")]
+    pub secrets: Option<PathBuf>,
     /// Print the bound addresses as one JSON line on stdout (for scripts and tests).
     #[arg(long)]
     pub print_addrs: bool,
@@ -286,11 +294,22 @@ pub async fn aggregator(a: AggregatorArgs) -> anyhow::Result<()> {
     if a.shards == 0 || a.shard >= a.shards {
         bail!("--shard {} must be below --shards {}", a.shard, a.shards);
     }
-    let data = DataDir::prepare(&a.data)?;
+    std::fs::create_dir_all(&a.data).with_context(|| format!("creating the data dir {}", a.data.display()))?;
+    let data = match &a.secrets {
+        Some(dir) if dir != &a.data => DataDir::read_only(dir)?,
+        _ => DataDir::prepare(&a.data)?,
+    };
+    // The marker that this shard ran with this data dir: written (and so checked to be
+    // writable) before anything is served, so a data dir that cannot take it fails here.
+    let ran_before = a.data.join(format!("shard-{}-of-{}.ran", a.shard, a.shards));
+    let restarted = ran_before.exists();
+    std::fs::write(&ran_before, format!("{}\n", std::process::id()))
+        .with_context(|| format!("writing {} (--data must be writable)", ran_before.display()))?;
+    // /readyz: ready once the shard serves (its listeners bound, its tasks running).
+    let ready = flotilla_obs::health::readiness().flag("shard", "starting");
     let metrics = flotilla_obs::serve_metrics(a.metrics).await?;
     let mut config = a.liveness.shard_config(a.listen, a.shard, a.shards, &data)?;
-    let ran_before = data.dir.join(format!("shard-{}-of-{}.ran", a.shard, a.shards));
-    if ran_before.exists() {
+    if restarted {
         config.recovery_window = a.recovery_window;
     }
     if let (Some(cert), Some(key)) = (&a.grpc_tls_cert, &a.grpc_tls_key) {
@@ -300,7 +319,7 @@ pub async fn aggregator(a: AggregatorArgs) -> anyhow::Result<()> {
     let mut shard = flotilla_aggregator::start(config).await?;
     reload_tokens(join_token_file(&data, vec![shard.registry.clone()]))?;
     reload_tokens(grpc_token_file(&data, vec![shard.grpc_auth.clone()]))?;
-    std::fs::write(&ran_before, format!("{}\n", std::process::id()))?;
+    ready.ready();
     if a.print_addrs {
         println!(
             "{}",
@@ -408,6 +427,11 @@ pub struct SchedulerArgs {
     /// This scheduler's own API (and /metrics).
     #[arg(long, default_value = "127.0.0.1:0")]
     pub listen: SocketAddr,
+    /// The URL the control plane forwards this app's requests to (default: the bound
+    /// --listen address, which is useless to others when it is 0.0.0.0: in Kubernetes,
+    /// the pod's IP or a Service).
+    #[arg(long, env = "FLOTILLA_ADVERTISE_URL")]
+    pub advertise_url: Option<String>,
     /// API token for registering with the control plane (default: $FLOTILLA_TOKEN, else DATA/api-token).
     #[arg(long, env = "FLOTILLA_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
@@ -425,9 +449,19 @@ pub struct SchedulerArgs {
 pub async fn scheduler(a: SchedulerArgs) -> anyhow::Result<()> {
     let spec = load_spec(&a.app)?;
     let path = a.store.strip_prefix("redb:").ok_or_else(|| anyhow::anyhow!("--store: only redb:PATH is supported"))?;
-    let store: Arc<dyn flotilla_scheduler::Store> =
-        Arc::new(flotilla_scheduler::RedbStore::open(std::path::Path::new(path))?);
+    let store: Arc<dyn flotilla_scheduler::Store> = Arc::new(
+        flotilla_scheduler::RedbStore::open(std::path::Path::new(path))
+            .with_context(|| format!("opening the store {path} (its dir must be writable)"))?,
+    );
     let cluster = flotilla_view::ClusterView::new(a.aggregators.len());
+    // /readyz: ready once the store is open (above) and a view of every shard arrived.
+    let seen = cluster.clone();
+    flotilla_obs::health::readiness().check("scheduler", move || {
+        match seen.slots().iter().position(|s| s.updated_unix_ms == 0) {
+            Some(shard) => Err(format!("no view of shard {shard} yet")),
+            None => Ok(()),
+        }
+    });
     let dialer = a.shards.dialer()?;
     flotilla_control::follow_all(&cluster, &a.aggregators, &dialer);
     let app = spec.name.clone();
@@ -448,8 +482,11 @@ pub async fn scheduler(a: SchedulerArgs) -> anyhow::Result<()> {
     let scheduler = scheduler.with_policies(state.policies.book());
     state.apps.add_local(handle);
     let options = a.http.options()?;
-    let listener = tokio::net::TcpListener::bind(a.listen).await?;
-    let url = format!("{}://{}", options.scheme(), listener.local_addr()?);
+    let listener = tokio::net::TcpListener::bind(a.listen).await.with_context(|| format!("binding {}", a.listen))?;
+    let url = match a.advertise_url {
+        Some(u) => u.trim_end_matches('/').to_string(),
+        None => format!("{}://{}", options.scheme(), listener.local_addr()?),
+    };
     tracing::info!(%app, %url, "scheduler API");
     tokio::spawn(scheduler.run());
     if let Some(control) = a.control {

@@ -6,11 +6,13 @@
 
 mod autoscaling;
 mod common;
+mod health;
 mod nodes;
 mod pool;
 mod pool_exec;
 mod routing;
 mod scaling;
+mod secrets_mount;
 mod security;
 mod shards;
 mod standalone;

@@ -1,6 +1,9 @@
 //! One cgroup per workload, with CPU and memory limits from its resources: cgroup v2
 //! (`cpu.max`, `memory.max`) or v1 (`cpu.cfs_quota_us`, `memory.limit_in_bytes`),
-//! whichever the host mounts, under the agent's own cgroup. Without a writable
+//! whichever the host mounts, under the agent's own cgroup, or under a parent given with
+//! `--cgroup-parent` (so that, in a Kubernetes pod, workloads do not count against the
+//! agent pod's own limits: the host's hierarchy is mounted and a parent outside the pod's
+//! cgroup named). Without a writable
 //! hierarchy (not root, or a read-only mount) limits are not enforced, and the agent
 //! says so once.
 //!
@@ -48,14 +51,29 @@ fn writable_dir(dir: &Path) -> bool {
 }
 
 impl Cgroups {
-    /// Finds a writable hierarchy for this agent under `root` (normally /sys/fs/cgroup).
+    /// Finds a writable hierarchy for this agent under `root` (normally /sys/fs/cgroup),
+    /// nested in the agent's own cgroup.
     pub fn detect(root: &Path, agent: &str) -> Cgroups {
+        Self::detect_under(root, None, agent)
+    }
+
+    /// As [`Cgroups::detect`], but with `parent` (a path relative to the root of each
+    /// hierarchy, e.g. `flotilla`) in place of the agent's own cgroup when given.
+    pub fn detect_under(root: &Path, parent: Option<&str>, agent: &str) -> Cgroups {
         let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+        let parent = parent.map(|p| p.trim_matches('/').to_string());
+        let under =
+            |controller: Option<&str>| parent.clone().unwrap_or_else(|| own_path(&own, controller).unwrap_or_default());
         if root.join("cgroup.controllers").exists() {
-            let base = root.join(own_path(&own, None).unwrap_or_default()).join(format!("flotilla-{agent}"));
+            let base = root.join(under(None)).join(format!("flotilla-{agent}"));
             if writable_dir(&base) {
-                // Let children use the cpu and memory controllers (best effort).
-                let _ = std::fs::write(base.parent().unwrap_or(root).join("cgroup.subtree_control"), "+cpu +memory");
+                // Let children use the cpu and memory controllers, from the root down
+                // (best effort: the root and a systemd slice usually have them already).
+                let mut dir = root.to_path_buf();
+                for part in base.strip_prefix(root).map(|p| p.components().collect::<Vec<_>>()).unwrap_or_default() {
+                    let _ = std::fs::write(dir.join("cgroup.subtree_control"), "+cpu +memory");
+                    dir.push(part);
+                }
                 let _ = std::fs::write(base.join("cgroup.subtree_control"), "+cpu +memory");
                 return Cgroups::V2 { base };
             }
@@ -63,9 +81,8 @@ impl Cgroups {
         }
         let (cpu_root, mem_root) = (root.join("cpu"), root.join("memory"));
         if cpu_root.join("cpu.cfs_quota_us").exists() && mem_root.join("memory.limit_in_bytes").exists() {
-            let cpu = cpu_root.join(own_path(&own, Some("cpu")).unwrap_or_default()).join(format!("flotilla-{agent}"));
-            let memory =
-                mem_root.join(own_path(&own, Some("memory")).unwrap_or_default()).join(format!("flotilla-{agent}"));
+            let cpu = cpu_root.join(under(Some("cpu"))).join(format!("flotilla-{agent}"));
+            let memory = mem_root.join(under(Some("memory"))).join(format!("flotilla-{agent}"));
             if writable_dir(&cpu) && writable_dir(&memory) {
                 return Cgroups::V1 { cpu, memory };
             }
@@ -253,6 +270,25 @@ mod tests {
         let read = |p: &Path| std::fs::read_to_string(p).unwrap();
         assert_eq!(read(&w.dirs[0].join("cpu.cfs_quota_us")), "50000");
         assert_eq!(read(&w.dirs[1].join("memory.limit_in_bytes")), (64u64 << 20).to_string());
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn a_cgroup_parent_replaces_the_agents_own_cgroup() {
+        let root = std::env::temp_dir().join(format!("flotilla-cgparent-{}", std::process::id()));
+        std::fs::create_dir_all(&root).unwrap();
+        std::fs::write(root.join("cgroup.controllers"), "cpu memory").unwrap();
+        let cg = Cgroups::detect_under(&root, Some("/flotilla.slice/"), "n1");
+        let Cgroups::V2 { base } = &cg else { panic!("{cg:?}") };
+        assert_eq!(base, &root.join("flotilla.slice").join("flotilla-n1"));
+        // The controllers are delegated from the root down to the workloads' parent.
+        assert_eq!(std::fs::read_to_string(root.join("cgroup.subtree_control")).unwrap(), "+cpu +memory");
+        assert_eq!(
+            std::fs::read_to_string(root.join("flotilla.slice").join("cgroup.subtree_control")).unwrap(),
+            "+cpu +memory"
+        );
+        let w = cg.create("u1-head", 500, 64 << 20).unwrap();
+        assert!(w.dirs[0].starts_with(root.join("flotilla.slice")), "{:?}", w.dirs);
         std::fs::remove_dir_all(&root).unwrap();
     }
 

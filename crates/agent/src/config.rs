@@ -37,6 +37,34 @@ pub struct AgentArgs {
     /// rotate`); the agent uses the first, and reads the file again whenever it registers.
     #[arg(long)]
     pub join_token_file: Option<PathBuf>,
+    /// A file of labels, one `key="value"` (or `key=value`) a line, as a Kubernetes
+    /// downward-API volume writes a pod's labels or annotations; read at start. The
+    /// prefix `flotilla.io/` is dropped (the pod label `flotilla.io/zone` gives `zone`);
+    /// other keys are kept whole. Flags and `FLOTILLA_LABEL_*` variables win over the file.
+    #[arg(long, env = "FLOTILLA_LABELS_FILE")]
+    pub labels_file: Option<PathBuf>,
+    /// In a Kubernetes pod: ask the API server once at start for this node's labels and
+    /// take the zone, region, instance type and arch (as `zone`, `region`,
+    /// `instance_type`, `arch`) and every `flotilla.io/KEY` (as `KEY`). Needs `get` on
+    /// nodes for the pod's ServiceAccount. Below the file, variables and flags.
+    #[arg(long, env = "FLOTILLA_NODE_LABELS_FROM_KUBERNETES")]
+    pub node_labels_from_kubernetes: bool,
+    /// CPU kept back for the system and the agent itself (Kubernetes' `system-reserved`):
+    /// offered = the node's CPUs (or --cores) minus this. Cores (`0.5`) or millicores (`500m`).
+    #[arg(long, default_value = "0")]
+    pub reserved_cpu: String,
+    /// Memory kept back for the system and the agent itself: offered = MemTotal (or
+    /// --memory) minus this. Bytes, or with a suffix: `512Mi`, `1Gi`, `500M`.
+    #[arg(long, default_value = "0")]
+    pub reserved_memory: String,
+    /// Where the cgroup hierarchy is mounted (in a container: the host's, mounted
+    /// writable, e.g. /host/sys/fs/cgroup).
+    #[arg(long, default_value = "/sys/fs/cgroup")]
+    pub cgroup_root: PathBuf,
+    /// Put workloads' cgroups under this path of the hierarchy (e.g. `flotilla`) instead of
+    /// under the agent's own cgroup, so they do not share the agent pod's limits.
+    #[arg(long)]
+    pub cgroup_parent: Option<String>,
     /// PEM file with the certificate(s) that sign the shards' TLS certificates
     /// (default: DATA/ca.crt).
     #[arg(long)]
@@ -116,6 +144,82 @@ impl AgentConfig {
     }
 }
 
+/// The prefix a label file's keys may carry to say they are meant for Flotilla.
+pub const LABEL_PREFIX: &str = "flotilla.io/";
+
+/// The labels in a downward-API style file: `key="value"` or `key=value` lines (blank
+/// lines and `#` comments skipped). The prefix `flotilla.io/` is dropped from a key
+/// (the pod label `flotilla.io/zone` gives `zone`); other keys are kept whole. A bad
+/// line is an error naming its number.
+pub fn parse_labels_file(text: &str) -> Result<Vec<(String, String)>, String> {
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let n = i + 1;
+        let (key, value) = line.split_once('=').ok_or_else(|| format!("line {n}: {line:?} is not key=\"value\""))?;
+        let key = key.trim();
+        let key = key.strip_prefix(LABEL_PREFIX).unwrap_or(key).to_string();
+        if key.is_empty() {
+            return Err(format!("line {n}: {line:?} has an empty key"));
+        }
+        let value = value.trim();
+        let value = match value.strip_prefix('"') {
+            Some(rest) => {
+                let inner = rest.strip_suffix('"').ok_or_else(|| format!("line {n}: {line:?}: unterminated quote"))?;
+                if inner.contains('"') || inner.contains('\\') {
+                    return Err(format!("line {n}: {line:?}: escaped characters are not supported in a label"));
+                }
+                inner
+            }
+            None => value,
+        };
+        out.push((key, value.to_string()));
+    }
+    Ok(out)
+}
+
+/// Millicores from `0.5`, `2` or `500m`.
+pub fn parse_cpu_quantity(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let millis = match s.strip_suffix('m') {
+        Some(m) => m.parse::<f64>().ok(),
+        None => s.parse::<f64>().ok().map(|c| c * 1000.0),
+    };
+    match millis {
+        Some(m) if m.is_finite() && (0.0..1e12).contains(&m) => Ok(m.round() as u64),
+        _ => Err(format!("{s:?} is not a CPU quantity like 0.5 or 500m")),
+    }
+}
+
+/// Bytes from `1048576`, `512Mi`, `1Gi`, `500M`, `1k`.
+pub fn parse_memory_quantity(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let bad = || format!("{s:?} is not a memory quantity like 512Mi, 1Gi or 500M");
+    let split = s.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let factor: u64 = match unit {
+        "" => 1,
+        "k" | "K" => 1000,
+        "M" => 1000_u64.pow(2),
+        "G" => 1000_u64.pow(3),
+        "T" => 1000_u64.pow(4),
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        "Ti" => 1 << 40,
+        _ => return Err(bad()),
+    };
+    let n: f64 = num.trim().parse().map_err(|_| bad())?;
+    let bytes = n * factor as f64;
+    if !(bytes.is_finite() && (0.0..1.8e19).contains(&bytes)) {
+        return Err(bad());
+    }
+    Ok(bytes.round() as u64)
+}
+
 /// What the machine looks like; injected so tests do not depend on the host.
 pub struct Host {
     pub hostname: Option<String>,
@@ -123,6 +227,8 @@ pub struct Host {
     pub memory: Option<u64>,
     pub gpus: Option<(u32, String)>,
     pub env: Vec<(String, String)>,
+    /// The node's labels as its orchestrator knows them (`--node-labels-from-kubernetes`).
+    pub node_labels: Vec<(String, String)>,
 }
 
 impl Host {
@@ -133,6 +239,7 @@ impl Host {
             memory: crate::probe::detect_memory(),
             gpus: crate::probe::detect_gpus(),
             env: std::env::vars().collect(),
+            node_labels: Vec::new(),
         }
     }
 }
@@ -150,7 +257,13 @@ impl AgentArgs {
                 None
             }
         };
-        let mut map = BTreeMap::new();
+        let mut map: BTreeMap<String, String> = host.node_labels.iter().cloned().collect();
+        if let Some(file) = &self.labels_file {
+            match std::fs::read_to_string(file).map_err(|e| e.to_string()).and_then(|t| parse_labels_file(&t)) {
+                Ok(pairs) => map.extend(pairs),
+                Err(e) => errors.push(format!("--labels-file {}: {e}", file.display())),
+            }
+        }
         for (k, v) in &host.env {
             if let Some(key) = k.strip_prefix("FLOTILLA_LABEL_") {
                 map.insert(key.to_ascii_lowercase(), v.clone());
@@ -182,6 +295,23 @@ impl AgentArgs {
         match self.memory.or(host.memory) {
             Some(m) => capacity.memory_bytes = m,
             None => errors.push("--memory: /proc/meminfo is unreadable; give the memory in bytes".into()),
+        }
+        // What the system and the agent keep is not offered (Kubernetes' allocatable).
+        match parse_cpu_quantity(&self.reserved_cpu) {
+            Ok(r) if r >= capacity.cpu_millis && capacity.cpu_millis > 0 => errors.push(format!(
+                "--reserved-cpu: {} leaves nothing of the {}m offered",
+                self.reserved_cpu, capacity.cpu_millis
+            )),
+            Ok(r) => capacity.cpu_millis -= r.min(capacity.cpu_millis),
+            Err(e) => errors.push(format!("--reserved-cpu: {e}")),
+        }
+        match parse_memory_quantity(&self.reserved_memory) {
+            Ok(r) if r >= capacity.memory_bytes && capacity.memory_bytes > 0 => errors.push(format!(
+                "--reserved-memory: {} leaves nothing of the {} bytes offered",
+                self.reserved_memory, capacity.memory_bytes
+            )),
+            Ok(r) => capacity.memory_bytes -= r.min(capacity.memory_bytes),
+            Err(e) => errors.push(format!("--reserved-memory: {e}")),
         }
         capacity.gpu = self.gpus.or(host.gpus.as_ref().map(|g| g.0)).unwrap_or(0);
         if let Some((_, model)) = &host.gpus
@@ -264,7 +394,8 @@ impl AgentArgs {
                     ports,
                     stop_grace: Duration::from_millis(self.stop_grace_ms),
                     log_cap_bytes: self.log_cap_bytes,
-                    cgroup_root: PathBuf::from("/sys/fs/cgroup"),
+                    cgroup_root: self.cgroup_root.clone(),
+                    cgroup_parent: self.cgroup_parent.clone().filter(|p| !p.trim_matches('/').is_empty()),
                     usage_interval: Duration::from_millis(self.usage_interval_ms),
                 },
                 aggregators: self.aggregators,
@@ -307,6 +438,7 @@ mod tests {
                 ("FLOTILLA_LABEL_ZONE".into(), "z1".into()),
                 ("FLOTILLA_LABELS".into(), "domain=d1,team=ml".into()),
             ],
+            node_labels: vec![("zone".into(), "from-node".into()), ("arch".into(), "arm64".into())],
         }
     }
 
@@ -363,6 +495,57 @@ mod tests {
         assert!(errs.iter().any(|e| e.contains("holds no token")), "{errs:?}");
         // A token given on the command line is the one, always.
         assert_eq!(parse(&[]).unwrap().current_join_token(), "t");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn reserved_resources_are_not_offered() {
+        let c = parse(&["--reserved-cpu", "500m", "--reserved-memory", "1Gi"]).unwrap();
+        assert_eq!(c.capacity.cpu_millis, 7500);
+        assert_eq!(c.capacity.memory_bytes, 15 << 30);
+        let c =
+            parse(&["--cores", "4", "--memory", "2000000000", "--reserved-cpu", "1.5", "--reserved-memory", "500M"])
+                .unwrap();
+        assert_eq!((c.capacity.cpu_millis, c.capacity.memory_bytes), (2500, 1_500_000_000));
+        let errs = parse(&["--reserved-cpu", "8", "--reserved-memory", "lots"]).unwrap_err();
+        assert!(errs.iter().any(|e| e.contains("--reserved-cpu") && e.contains("leaves nothing")), "{errs:?}");
+        assert!(errs.iter().any(|e| e.contains("--reserved-memory") && e.contains("\"lots\"")), "{errs:?}");
+        assert_eq!(parse_memory_quantity("512Mi"), Ok(512 << 20));
+        assert_eq!(parse_memory_quantity("1k"), Ok(1000));
+        assert!(parse_memory_quantity("1Xi").is_err());
+        assert_eq!(parse_cpu_quantity("250m"), Ok(250));
+        assert!(parse_cpu_quantity("-1").is_err());
+    }
+
+    #[test]
+    fn a_labels_file_as_the_downward_api_writes_it() {
+        let text = "app=\"flotilla-agent\"\nflotilla.io/zone=\"eu-west-1a\"\n\n# a comment\napp.kubernetes.io/tier=gold\nempty=\"\"\n";
+        assert_eq!(
+            parse_labels_file(text).unwrap(),
+            vec![
+                ("app".to_string(), "flotilla-agent".to_string()),
+                ("zone".to_string(), "eu-west-1a".to_string()),
+                ("app.kubernetes.io/tier".to_string(), "gold".to_string()),
+                ("empty".to_string(), String::new()),
+            ]
+        );
+        let e = parse_labels_file("ok=\"1\"\nno equals sign\n").unwrap_err();
+        assert!(e.starts_with("line 2:") && e.contains("not key="), "{e}");
+        assert!(parse_labels_file("a=\"open\n").unwrap_err().contains("unterminated quote"));
+        assert!(parse_labels_file("=\"v\"\n").unwrap_err().contains("empty key"));
+        assert!(parse_labels_file("a=\"x\\\"y\"\n").unwrap_err().contains("escaped"));
+        // Read by the agent, below what flags and variables say.
+        let dir = std::env::temp_dir().join(format!("flotilla-agent-labels-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("labels");
+        std::fs::write(&file, "zone=\"from-file\"\nrack=\"r7\"\n").unwrap();
+        let c = parse(&["--labels-file", file.to_str().unwrap()]).unwrap();
+        assert_eq!(c.labels.get("rack"), Some("r7"));
+        assert_eq!(c.labels.get("arch"), Some("arm64"), "the node's own labels are below the rest");
+        assert_eq!(c.labels.get("zone"), Some("z1"), "FLOTILLA_LABEL_ZONE wins over the file");
+        std::fs::write(&file, "rack r7\n").unwrap();
+        let errs = parse(&["--labels-file", file.to_str().unwrap()]).unwrap_err();
+        assert!(errs.iter().any(|e| e.contains("--labels-file") && e.contains("line 1")), "{errs:?}");
         let _ = std::fs::remove_dir_all(&dir);
     }
 

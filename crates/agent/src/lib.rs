@@ -7,6 +7,7 @@
 pub mod cgroup;
 pub mod client;
 pub mod config;
+pub mod nodelabels;
 pub mod probe;
 pub mod runtime;
 
@@ -68,9 +69,15 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     let incarnation = unix_nanos();
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("creating data dir {}", config.data_dir.display()))?;
-    std::fs::write(config.data_dir.join(PID_FILE), std::process::id().to_string())?;
+    let write = |name: &str, text: String| {
+        let path = config.data_dir.join(name);
+        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))
+    };
+    write(PID_FILE, std::process::id().to_string())?;
+    // /readyz: ready once registered with the shard that owns this node's domain.
+    let ready = flotilla_obs::health::readiness().flag("agent", "not registered with its shard yet");
     let metrics_addr = flotilla_obs::serve_metrics(config.metrics.unwrap_or(([127, 0, 0, 1], 0).into())).await?;
-    std::fs::write(config.data_dir.join("metrics.addr"), metrics_addr.to_string())?;
+    write("metrics.addr", metrics_addr.to_string())?;
     let (stop_tx, mut stop_rx) = mpsc::channel::<Stop>(4);
     spawn_control_socket(&config.data_dir, stop_tx.clone())?;
     spawn_signals(stop_tx)?;
@@ -97,6 +104,7 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
         let (conn, session) = match registered {
             Ok(x) => {
                 backoff.reset();
+                ready.ready();
                 metrics::counter!("flotilla_agent_registrations_total", "result" => "ok").increment(1);
                 x
             }
@@ -106,6 +114,7 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
                     return Err(anyhow::Error::from(e).context("the shard refused this agent"));
                 }
                 let wait = backoff.next_wait();
+                ready.not_ready(format!("registering with shard {shard} at {addr}: {e}"));
                 tracing::warn!(error = %e, retry_in = ?wait, "registration failed");
                 tokio::select! {
                     _ = tokio::time::sleep(wait) => continue,
@@ -175,6 +184,7 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
             }
         };
         receiver.abort();
+        ready.not_ready(format!("re-registering with shard {shard}: {reason}"));
         tracing::warn!(reason, "re-registering");
         let wait = Duration::from_millis(rand::rng().random_range(100..1000));
         tokio::select! {
@@ -461,9 +471,16 @@ pub fn main_with(cmd: config::AgentCommand) -> anyhow::Result<()> {
             Ok(())
         }
         None => {
+            let mut host = Host::detect();
+            if cmd.run.node_labels_from_kubernetes {
+                let node = cmd.run.node_id.clone().or(host.hostname.clone()).unwrap_or_default();
+                host.node_labels = rt
+                    .block_on(nodelabels::from_cluster(&node, &host.env))
+                    .with_context(|| format!("--node-labels-from-kubernetes: the labels of node {node}"))?;
+            }
             let config = cmd
                 .run
-                .into_config(&Host::detect())
+                .into_config(&host)
                 .map_err(|errors| anyhow!("invalid agent configuration:\n  - {}", errors.join("\n  - ")))?;
             rt.block_on(run(config))
         }

@@ -34,6 +34,9 @@ pub struct RuntimeConfig {
     /// Each log file is rotated (one old file kept) past this size.
     pub log_cap_bytes: u64,
     pub cgroup_root: PathBuf,
+    /// Where under each hierarchy workloads' cgroups go (`--cgroup-parent`); `None`: in
+    /// the agent's own cgroup.
+    pub cgroup_parent: Option<String>,
     /// How often each running member's CPU and memory use is measured (and reported when
     /// it moved enough to matter to an autoscaler).
     pub usage_interval: Duration,
@@ -150,7 +153,7 @@ async fn pump(mut from: impl AsyncRead + Unpin, path: PathBuf, cap: u64, tail: O
 
 impl Runtime {
     pub fn new(cfg: RuntimeConfig) -> Self {
-        let cgroups = Cgroups::detect(&cfg.cgroup_root, &safe_name(&cfg.node_id));
+        let cgroups = Cgroups::detect_under(&cfg.cgroup_root, cfg.cgroup_parent.as_deref(), &safe_name(&cfg.node_id));
         match &cgroups {
             Cgroups::Unavailable(why) => tracing::warn!(%why, "workload CPU and memory limits are NOT enforced"),
             c => tracing::info!(cgroups = ?c, "workload limits enforced with cgroups"),
@@ -545,6 +548,47 @@ mod tests {
         let _ = std::fs::remove_dir_all(&cfg.data_dir);
     }
 
+    /// With a cgroup parent (`--cgroup-parent`, as the DaemonSet gives), a workload's
+    /// cgroup is under that parent of the hierarchy, not under the agent's own cgroup
+    /// (whose limits, in a pod, are the agent's).
+    #[tokio::test]
+    async fn workloads_go_under_the_cgroup_parent_as_root() {
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: not root, so the agent cannot create cgroups");
+            return;
+        }
+        let parent = format!("flotilla-parent-{}", std::process::id());
+        let mut cfg = config("cgparent");
+        cfg.ports = (41701, 41800);
+        cfg.cgroup_root = PathBuf::from("/sys/fs/cgroup");
+        cfg.cgroup_parent = Some(format!("/{parent}/"));
+        cfg.node_id = format!("cgparent-{}", std::process::id());
+        let mut rt = Runtime::new(cfg.clone());
+        if !rt.limits_enforced() {
+            eprintln!("skipped: no writable cgroup hierarchy on this host");
+            return;
+        }
+        let mut a = assignment("u1", "sleep", &["30"]);
+        a.resources = Some(v1::Resources { cpu_millis: 200, memory_bytes: 32 << 20, ..Default::default() });
+        rt.assign(vec![a]);
+        rt.tick().await;
+        let pid = rt.pids()[0];
+        let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+        let own = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+        let want = format!(":/{parent}/flotilla-cgparent-{}/u1-head-1", std::process::id());
+        let placed: Vec<&str> = cg.lines().filter(|l| l.ends_with(&want)).collect();
+        rt.stop_all().await;
+        for dir in [
+            cfg.cgroup_root.join(&parent),
+            cfg.cgroup_root.join("cpu").join(&parent),
+            cfg.cgroup_root.join("memory").join(&parent),
+        ] {
+            let _ = std::fs::remove_dir(dir);
+        }
+        let _ = std::fs::remove_dir_all(&cfg.data_dir);
+        assert!(!placed.is_empty(), "not under {want}: {cg}\n(the agent's own: {own})");
+    }
+
     #[test]
     fn back_off_doubles_and_caps() {
         let mut b = restart_backoff();
@@ -568,6 +612,7 @@ mod tests {
             stop_grace: Duration::from_millis(300),
             log_cap_bytes: 64,
             cgroup_root: PathBuf::from("/nonexistent"),
+            cgroup_parent: None,
             usage_interval: Duration::from_millis(100),
         }
     }

@@ -49,8 +49,8 @@ impl TlsMaterial {
         let key = dir.join("tls.key");
         if !cert.exists() || !key.exists() {
             let (_, cert_pem, key_pem) = Self::self_signed(&["localhost", "127.0.0.1"])?;
-            std::fs::write(&cert, cert_pem)?;
-            write_private(&key, key_pem.as_bytes())?;
+            std::fs::write(&cert, cert_pem).with_context(|| format!("writing {}", cert.display()))?;
+            write_private(&key, key_pem.as_bytes()).with_context(|| format!("writing {}", key.display()))?;
         }
         Ok((cert, key))
     }

@@ -56,7 +56,6 @@ pub fn router(state: Arc<ControlState>) -> Router {
         .route("/v1/nodes/{node}", get(nodes::get))
         .route("/v1/shards", get(list_shards))
         .route("/v1/nodes/{node}/{action}", axum::routing::post(node_action))
-        .route("/healthz", get(|| async { "ok" }))
         .merge(apps::routes())
         .merge(autoscaling::routes())
         .merge(pools::routes())
@@ -70,6 +69,8 @@ pub fn router(state: Arc<ControlState>) -> Router {
         .with_state(state)
         .merge(events::routes(hub))
         .merge(flotilla_obs::metrics_router())
+        // /healthz and /readyz: the process's readiness gates (a scheduler's view and store).
+        .merge(flotilla_obs::health::router())
 }
 
 /// `POST /v1/nodes/{node}/cordon|drain|uncordon`. A drain also asks every app's scheduler

@@ -3,6 +3,7 @@
 //! how many bytes a new view version really copies.
 
 pub mod alloc;
+pub mod health;
 
 use std::net::SocketAddr;
 use std::sync::OnceLock;
@@ -93,11 +94,12 @@ pub fn metrics_router() -> axum::Router {
     )
 }
 
-/// Serves `/metrics` on `addr` in the background; returns the bound address.
+/// Serves `/metrics`, `/healthz` and `/readyz` ([`health`]) on `addr` in the
+/// background; returns the bound address.
 pub async fn serve_metrics(addr: SocketAddr) -> anyhow::Result<SocketAddr> {
-    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| anyhow::anyhow!("binding {addr}: {e}"))?;
     let local = listener.local_addr()?;
-    let app = metrics_router();
+    let app = metrics_router().merge(health::router());
     tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
             tracing::warn!(error = %e, "metrics server stopped");
