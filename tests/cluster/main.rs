@@ -6,6 +6,7 @@
 
 mod autoscaling;
 mod common;
+mod metrics;
 mod nodes;
 mod pool;
 mod pool_exec;
