@@ -199,12 +199,18 @@ pub fn markdown(sections: &[Section]) -> String {
          port, agents at the address in `DATA/agents/NODE/metrics.addr`, shards, schedulers and\n\
          routers on `--metrics`). Each family below carries `# HELP`; label values are bounded\n\
          (shard indexes, node ids, app, pool and node type names, and fixed enumerations: never\n\
-         addresses or request ids). A process exports only the families it uses.\n\n\
+         churning addresses or request ids; only `flotilla route --backends`, which has no nodes,\n\
+         names each backend of its fixed list as the `node`). A process exports only the\n\
+         families it uses.\n\n\
          Changelog: the issue #16 renames (`flotilla_commit_seconds` to\n\
          `flotilla_shard_commit_seconds`, `flotilla_commit_latency_seconds` to\n\
          `flotilla_scheduler_commit_seconds`, `flotilla_conflict_fraction` to\n\
          `flotilla_scheduler_conflict_ratio`, and the router's `endpoint` label replaced by `app`\n\
-         and `node`) keep no aliases: the old names are gone.\n",
+         and `node`) keep no aliases: the old names are gone. Also new then:\n\
+         `flotilla_shard_recovering` has a `shard` label, the router's\n\
+         `flotilla_route_weight_changes_total` an `app` label, and `flotilla_route_endpoint_weight`\n\
+         is read from the router's table at scrape time (the series of a node whose endpoints all\n\
+         left the table disappears, rather than staying at 0).\n",
     );
     for s in sections {
         out.push_str(&format!("\n## {}\n\n| Name | Type | Labels | Help |\n|---|---|---|---|\n", s.title));
@@ -258,6 +264,38 @@ mod tests {
         assert!(p.iter().any(|x| x.contains("listed twice")), "{p:?}");
         let twice = [Section { title: "A", families: GOOD }, Section { title: "B", families: &GOOD[..1] }];
         assert_eq!(problems(&twice), Vec::<String>::new(), "the same family in two processes");
+    }
+
+    /// (Here rather than in lib.rs: the source scan of src/catalogue.rs skips this file's
+    /// made-up family names.)
+    #[test]
+    fn install_describes_every_family_and_buckets_each_histogram_by_its_unit() {
+        const F: &[Family] = &[
+            Family::histogram("flotilla_test_copied_bytes", "Bytes copied, in bytes.", &[], buckets::BYTES),
+            Family::counter("flotilla_test_things_total", "Things done.", &["app"]),
+        ];
+        crate::install(&[Section { title: "Test", families: F }]);
+        metrics::histogram!(F[0].name).record(5000.0);
+        metrics::counter!(F[1].name, "app" => "a").increment(2);
+        crate::add_collector(|out| {
+            let f = Family::gauge("flotilla_test_level", "A level read at scrape time.", &["node"]);
+            f.write_header(out);
+            f.write_sample(out, &[("node", "n\"1")], f64::INFINITY);
+        });
+        let page = crate::render();
+        for line in [
+            "# HELP flotilla_test_copied_bytes Bytes copied, in bytes.\n",
+            "flotilla_test_copied_bytes_bucket{le=\"4096\"} 0\n",
+            "flotilla_test_copied_bytes_bucket{le=\"16384\"} 1\n",
+            "# HELP flotilla_test_things_total Things done.\n",
+            "flotilla_test_things_total{app=\"a\"} 2\n",
+            &format!("flotilla_build_info{{version=\"{}\"}} 1\n", env!("CARGO_PKG_VERSION")),
+            "# TYPE flotilla_test_level gauge\nflotilla_test_level{node=\"n\\\"1\"} +Inf\n",
+        ] {
+            assert!(page.contains(line), "{line:?} in:\n{page}");
+        }
+        #[cfg(target_os = "linux")]
+        assert!(page.contains("# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total "), "{page}");
     }
 
     #[test]
