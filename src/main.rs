@@ -2,6 +2,7 @@
 //! client commands (`nodes`) — see docs/architecture.md §13 for the contract.
 
 mod autoscaling;
+mod catalogue;
 mod client;
 mod echo;
 mod pool;
@@ -77,8 +78,8 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let log_format = cli.log.format();
     flotilla_obs::init_tracing(log_format);
-    // Before any component registers its metrics.
-    flotilla_obs::metrics_handle();
+    // Before any component registers its metrics: HELP text and buckets for every family.
+    catalogue::install();
     let result = match cli.cmd {
         Cmd::Agent(a) => flotilla_agent::main_with(*a),
         Cmd::JoinToken(a) => secrets::join_token(a),

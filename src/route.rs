@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::Args;
+use flotilla_router::catalogue::{self, Labels};
 use flotilla_router::{Balancer, Config, Policy};
 
 #[derive(Debug, Args)]
@@ -56,17 +57,22 @@ pub async fn run(a: RouteArgs) -> anyhow::Result<()> {
         }
     }
     let balancer = Arc::new(Balancer::new(Config { policy, slow_start: a.slow_start, ..Config::default() }));
-    if let Some(app) = &a.app {
+    // Series are labelled by app and node, never by endpoint address (it churns); with a
+    // fixed list the app is "backends" and each backend is its own node.
+    let labels = Labels::new(a.app.as_deref().unwrap_or("backends"));
+    labels.export_weights(balancer.clone());
+    if a.app.is_some() {
         let mut dialer = flotilla_proto::dial::Dialer::network();
         if let Some(ca) = &a.ca {
             dialer = dialer.with_ca(std::fs::read(ca).with_context(|| format!("reading --ca {}", ca.display()))?);
         }
         let upstream = flotilla_router::follow::Upstream { http: crate::client::http_client(a.ca.as_deref())?, dialer };
-        tokio::spawn(flotilla_router::follow::follow_app(a.addr.clone(), app.clone(), balancer.clone(), upstream));
+        tokio::spawn(flotilla_router::follow::follow_app(a.addr.clone(), labels.clone(), balancer.clone(), upstream));
     } else {
         let routes: Vec<(String, f64)> = a.backends.iter().map(|b| (b.clone(), 1.0)).collect();
         balancer.update(&routes, Instant::now());
-        metrics::gauge!("flotilla_route_endpoints").set(routes.len() as f64);
+        labels.set_nodes(a.backends.iter().map(|b| (b.as_str(), b.as_str())));
+        metrics::gauge!(catalogue::ENDPOINTS.name).set(routes.len() as f64);
     }
     // /readyz: ready once there is somewhere to route to (a table with an endpoint).
     let table = balancer.clone();
@@ -81,7 +87,7 @@ pub async fn run(a: RouteArgs) -> anyhow::Result<()> {
     }
     tracing::info!(%listen, %metrics, ?policy, app = ?a.app, "routing");
     tokio::select! {
-        _ = flotilla_router::proxy::serve(listener, balancer, a.timeout) => Ok(()),
+        _ = flotilla_router::proxy::serve(listener, balancer, a.timeout, labels) => Ok(()),
         _ = crate::servers::shutdown_signal() => Ok(()),
     }
 }

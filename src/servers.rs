@@ -94,9 +94,11 @@ pub type ApplyTokens = Box<dyn Fn(&[String]) + Send>;
 
 /// A token-list file in the data dir that running shards follow.
 pub struct TokenFile {
-    /// `join` or `grpc`: the file is DATA/NAME-token, the metrics
-    /// `flotilla_NAME_tokens` and `flotilla_NAME_tokens_reloaded_total{result}`.
+    /// `join` or `grpc`: the file is DATA/NAME-token.
     pub name: &'static str,
+    /// How many tokens are accepted now (`flotilla_NAME_tokens`), and the reads of the
+    /// file (`flotilla_NAME_tokens_reloaded_total{result}`).
+    pub metrics: (flotilla_obs::Family, flotilla_obs::Family),
     pub path: PathBuf,
     /// What is accepted now.
     pub current: Vec<String>,
@@ -107,6 +109,7 @@ pub struct TokenFile {
 pub fn join_token_file(data: &DataDir, registries: Vec<Arc<Registry>>) -> TokenFile {
     TokenFile {
         name: "join",
+        metrics: (crate::catalogue::JOIN_TOKENS, crate::catalogue::JOIN_TOKENS_RELOADED),
         path: data.dir.join("join-token"),
         current: data.join_tokens.clone(),
         apply: Box::new(move |t| registries.iter().for_each(|r| r.set_join_tokens(t.to_vec()))),
@@ -117,6 +120,7 @@ pub fn join_token_file(data: &DataDir, registries: Vec<Arc<Registry>>) -> TokenF
 pub fn grpc_token_file(data: &DataDir, auths: Vec<flotilla_aggregator::GrpcAuth>) -> TokenFile {
     TokenFile {
         name: "grpc",
+        metrics: (crate::catalogue::GRPC_TOKENS, crate::catalogue::GRPC_TOKENS_RELOADED),
         path: data.dir.join("grpc-token"),
         current: data.grpc_tokens.clone(),
         apply: Box::new(move |t| auths.iter().for_each(|a| a.set_tokens(t.to_vec()))),
@@ -130,9 +134,8 @@ pub fn reload_tokens(file: TokenFile) -> anyhow::Result<()> {
     use tokio::signal::unix::{SignalKind, signal};
     // Installed before returning, so a SIGHUP from now on never kills the process.
     let mut hup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
-    let TokenFile { name, path, mut current, apply } = file;
-    let (gauge, reloads) = (format!("flotilla_{name}_tokens"), format!("flotilla_{name}_tokens_reloaded_total"));
-    metrics::gauge!(gauge.clone()).set(current.len() as f64);
+    let TokenFile { name, path, mut current, apply, metrics: (gauge, reloads) } = file;
+    metrics::gauge!(gauge.name).set(current.len() as f64);
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(TOKEN_RELOAD);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -152,7 +155,7 @@ pub fn reload_tokens(file: TokenFile) -> anyhow::Result<()> {
                 Ok(tokens) => {
                     apply(&tokens);
                     tracing::info!(before = current.len(), now = tokens.len(), "{name} tokens reloaded");
-                    metrics::gauge!(gauge.clone()).set(tokens.len() as f64);
+                    metrics::gauge!(gauge.name).set(tokens.len() as f64);
                     current = tokens;
                     "changed"
                 }
@@ -161,7 +164,7 @@ pub fn reload_tokens(file: TokenFile) -> anyhow::Result<()> {
                     "error"
                 }
             };
-            metrics::counter!(reloads.clone(), "result" => result).increment(1);
+            metrics::counter!(reloads.name, "result" => result).increment(1);
         }
     });
     Ok(())
@@ -405,7 +408,7 @@ pub async fn control(a: ControlArgs) -> anyhow::Result<()> {
 pub fn load_spec(path: &std::path::Path) -> anyhow::Result<flotilla_scheduler::AppSpec> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     flotilla_scheduler::AppSpec::parse(&text).with_context(|| {
-        metrics::counter!("flotilla_app_specs_rejected_total").increment(1);
+        metrics::counter!(crate::catalogue::APP_SPECS_REJECTED.name).increment(1);
         format!("{}", path.display())
     })
 }

@@ -14,7 +14,11 @@ struct Cli {
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     flotilla_obs::init_tracing(cli.log.format());
-    flotilla_obs::metrics_handle();
+    // Before anything records: HELP text for every family this binary exports.
+    flotilla_obs::install(&[flotilla_obs::Section {
+        title: "Node agent",
+        families: flotilla_agent::catalogue::FAMILIES,
+    }]);
     match flotilla_agent::main_with(cli.cmd) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {

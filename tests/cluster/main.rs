@@ -7,6 +7,7 @@
 mod autoscaling;
 mod common;
 mod health;
+mod metrics;
 mod nodes;
 mod pool;
 mod pool_exec;

@@ -55,9 +55,11 @@ fn the_route_proxy_follows_the_weights_and_drops_a_draining_node_before_its_work
         (w < 0.5 * h).then_some((w, h))
     });
     assert!(w >= 0.1, "never below the floor: {w}");
+    // The router labels its weights by node (an endpoint's address churns).
+    let sick_node = format!("node=\"{}\"", sick_head["node_id"].as_str().unwrap());
     wait_for("the proxy has the new weight", Duration::from_secs(10), || {
         let text = get_text(&metrics, "/metrics")?;
-        metric(&text, "flotilla_route_endpoint_weight", &sick_endpoint).filter(|x| *x < 0.5 * healthy_w)
+        metric(&text, "flotilla_route_endpoint_weight", &sick_node).filter(|x| *x < 0.5 * healthy_w)
     });
     let answered = through(100);
     let to_sick = answered.iter().filter(|u| *u == sick["unit_id"].as_str().unwrap()).count();
@@ -86,10 +88,11 @@ fn the_route_proxy_follows_the_weights_and_drops_a_draining_node_before_its_work
     let t0 = Instant::now();
     let (mut dropped, mut exited) = (None, None);
     while t0.elapsed() < Duration::from_secs(15) && (dropped.is_none() || exited.is_none()) {
+        // Out of the table (its series gone) or still in it with weight 0.
+        let node_label = format!("node=\"{node}\"");
         if dropped.is_none()
             && get_text(&metrics, "/metrics")
-                .and_then(|t| metric(&t, "flotilla_route_endpoint_weight", &endpoint))
-                .is_some_and(|w| w == 0.0)
+                .is_some_and(|t| metric(&t, "flotilla_route_endpoint_weight", &node_label).is_none_or(|w| w == 0.0))
         {
             dropped = Some(t0.elapsed());
         }

@@ -4,6 +4,7 @@
 //! The same code runs as the `flotilla-agent` binary (the DaemonSet) and as
 //! `flotilla agent` (so `flotilla up` can start agents by re-executing itself).
 
+pub mod catalogue;
 pub mod cgroup;
 pub mod client;
 pub mod config;
@@ -11,6 +12,7 @@ pub mod nodelabels;
 pub mod probe;
 pub mod runtime;
 
+use crate::catalogue as m;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -90,7 +92,7 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     let mut probe = probe::HealthProbe::new(config.preemption_notice_file.clone(), config.test_health_file.clone());
     // Jittered, so the agents of a restarted shard do not all come back at once.
     let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10)).with_jitter(0.5);
-    let sent = metrics::counter!("flotilla_agent_heartbeats_sent_total");
+    let sent = metrics::counter!(m::HEARTBEATS_SENT.name);
     // The version of the assignment set this agent holds (reported in heartbeats).
     let assignments = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
     let (runtime, mut workloads) = spawn_runtime(runtime::Runtime::new(config.runtime.clone()));
@@ -105,11 +107,11 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
             Ok(x) => {
                 backoff.reset();
                 ready.ready();
-                metrics::counter!("flotilla_agent_registrations_total", "result" => "ok").increment(1);
+                metrics::counter!(m::REGISTRATIONS.name, "result" => "ok").increment(1);
                 x
             }
             Err(e) => {
-                metrics::counter!("flotilla_agent_registrations_total", "result" => "error").increment(1);
+                metrics::counter!(m::REGISTRATIONS.name, "result" => "error").increment(1);
                 if e.is_fatal() {
                     return Err(anyhow::Error::from(e).context("the shard refused this agent"));
                 }
@@ -158,7 +160,7 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
                 }
                 r = sock.recv(&mut buf) => match r {
                     Ok(n) => if let Some(action) = open_reply(&key, &buf[..n], &mut scratch) {
-                        metrics::counter!("flotilla_agent_heartbeat_replies_total", "action" => action.as_str_name()).increment(1);
+                        metrics::counter!(m::HEARTBEAT_REPLIES.name, "action" => action.as_str_name()).increment(1);
                         if action == v1::HeartbeatAction::Reregister { break "the shard asked to register again"; }
                     },
                     Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => break "the shard is not listening",
@@ -224,7 +226,7 @@ async fn receive_assignments(
     node_id: String,
 ) {
     use std::sync::atomic::Ordering;
-    let gauge = metrics::gauge!("flotilla_agent_assignments");
+    let gauge = metrics::gauge!(m::ASSIGNMENTS.name);
     while let Ok(mut stream) = conn.conn.accept_uni().await {
         let Ok(bytes) = stream.read_to_end(flotilla_proto::MAX_CONTROL_MESSAGE).await else { continue };
         let Ok(push) = v1::AssignmentPush::decode(bytes.as_slice()) else {
@@ -235,7 +237,7 @@ async fn receive_assignments(
             Ok(()) => {}
             Err(Refusal::Stale) => continue, // an older push arriving late
             Err(Refusal::OtherNode) => {
-                metrics::counter!("flotilla_agent_assignments_refused_total").increment(1);
+                metrics::counter!(m::ASSIGNMENTS_REFUSED.name).increment(1);
                 tracing::warn!(for_node = %push.node_id, "refused assignments meant for another node");
                 continue;
             }

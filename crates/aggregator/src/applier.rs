@@ -2,6 +2,7 @@
 //! window, then publishes a single new version; it also owns the timing wheel that
 //! turns silence into Suspect, Dead and, after retention, removal.
 
+use crate::catalogue as m;
 use flotilla_core::LockExt;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
@@ -69,17 +70,17 @@ impl Applier {
         let shard = registry.shard.to_string();
         let slots = ((timeouts.dead_after_ms.max(timeouts.retention_ms) / WHEEL_SLOT_MS) as usize + 2).min(4096);
         let metrics = Metrics {
-            version: metrics::gauge!("flotilla_view_version", "shard" => shard.clone()),
-            delta_nodes: metrics::histogram!("flotilla_view_delta_nodes", "shard" => shard.clone()),
-            apply_seconds: metrics::histogram!("flotilla_view_apply_seconds", "shard" => shard.clone()),
-            bytes_copied: metrics::histogram!("flotilla_view_bytes_copied_per_version", "shard" => shard.clone()),
-            bytes_copied_total: metrics::counter!("flotilla_view_bytes_copied_total", "shard" => shard.clone()),
-            versions_total: metrics::counter!("flotilla_view_versions_total", "shard" => shard.clone()),
+            version: metrics::gauge!(m::VIEW_VERSION.name, "shard" => shard.clone()),
+            delta_nodes: metrics::histogram!(m::VIEW_DELTA_NODES.name, "shard" => shard.clone()),
+            apply_seconds: metrics::histogram!(m::VIEW_APPLY_SECONDS.name, "shard" => shard.clone()),
+            bytes_copied: metrics::histogram!(m::VIEW_BYTES_COPIED_PER_VERSION.name, "shard" => shard.clone()),
+            bytes_copied_total: metrics::counter!(m::VIEW_BYTES_COPIED.name, "shard" => shard.clone()),
+            versions_total: metrics::counter!(m::VIEW_VERSIONS.name, "shard" => shard.clone()),
             nodes: NodeStatus::ALL
                 .iter()
-                .map(|s| metrics::gauge!("flotilla_nodes", "shard" => shard.clone(), "status" => s.as_str()))
+                .map(|s| metrics::gauge!(m::NODES.name, "shard" => shard.clone(), "status" => s.as_str()))
                 .collect(),
-            heap: metrics::gauge!("flotilla_heap_bytes"),
+            heap: metrics::gauge!(m::HEAP_BYTES.name),
         };
         Applier {
             registry,
@@ -206,8 +207,8 @@ impl Applier {
             {
                 let (adopted, left_out) = ledger.adopt(&id, live.incarnation, &capacity, running, version);
                 tracing::info!(node = %id, adopted, left_out, "ledger rebuilt from what the agent runs");
-                metrics::counter!("flotilla_ledger_adopted_total", "result" => "adopted").increment(adopted as u64);
-                metrics::counter!("flotilla_ledger_adopted_total", "result" => "left_out").increment(left_out as u64);
+                metrics::counter!(m::LEDGER_ADOPTED.name, "result" => "adopted").increment(adopted as u64);
+                metrics::counter!(m::LEDGER_ADOPTED.name, "result" => "left_out").increment(left_out as u64);
                 if left_out > 0 {
                     // Tell the agent to stop what the ledger left out.
                     self.ledger_dirty.insert(id.clone());

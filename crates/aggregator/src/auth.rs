@@ -2,6 +2,7 @@
 //! often: every request carries `authorization: Bearer <token>` and counts against its
 //! peer's rate, both checked in one layer before any service sees it.
 
+use crate::catalogue as m;
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Instant;
@@ -75,7 +76,7 @@ impl GrpcAuth {
     pub fn check(&self, request: &Request<()>) -> Result<(), GrpcRefusal> {
         let verdict = self.judge(request);
         if let Err(e) = &verdict {
-            metrics::counter!("flotilla_grpc_requests_rejected_total", "reason" => e.code()).increment(1);
+            metrics::counter!(m::GRPC_REQUESTS_REJECTED.name, "reason" => e.code()).increment(1);
             tracing::debug!(reason = e.code(), "gRPC request refused");
         }
         verdict

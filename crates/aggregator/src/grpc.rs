@@ -1,5 +1,6 @@
 //! `WatchView` over gRPC: a thin adapter over [`ViewPublisher::subscribe`].
 
+use crate::catalogue as m;
 use std::pin::Pin;
 use std::sync::Arc;
 
@@ -22,7 +23,7 @@ impl ViewGrpc {
     pub fn new(publisher: Arc<ViewPublisher>, shard: usize, shutdown: watch::Receiver<bool>) -> Self {
         ViewGrpc {
             publisher,
-            subscribers: metrics::gauge!("flotilla_watchview_subscribers", "shard" => shard.to_string()),
+            subscribers: metrics::gauge!(m::WATCHVIEW_SUBSCRIBERS.name, "shard" => shard.to_string()),
             shutdown,
         }
     }
@@ -100,7 +101,7 @@ async fn stream_view(publisher: Arc<ViewPublisher>, from: Option<flotilla_view::
                 Err(broadcast::error::RecvError::Lagged(n)) => {
                     // Too slow for the ring: start over from a snapshot.
                     tracing::debug!(lagged = n, "view subscriber fell behind; sending a snapshot");
-                    metrics::counter!("flotilla_watchview_resnapshots_total").increment(1);
+                    metrics::counter!(m::WATCHVIEW_RESNAPSHOTS.name).increment(1);
                     sub = publisher.subscribe(None);
                     break;
                 }

@@ -2,6 +2,7 @@
 //! only its own node's atomics. The view hears about a node only when its status
 //! or published health changes.
 
+use crate::catalogue as m;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -154,7 +155,7 @@ pub async fn run(
     let mut storage = vec![[0u8; 2048]; BATCH];
     let mut metas = [RecvMeta::default(); BATCH];
     let mut reply = Vec::with_capacity(128);
-    let batch_sizes = metrics::histogram!("flotilla_heartbeat_batch_datagrams");
+    let batch_sizes = metrics::histogram!(m::HEARTBEAT_BATCH_DATAGRAMS.name);
     loop {
         tokio::select! {
             r = socket.readable() => r?,

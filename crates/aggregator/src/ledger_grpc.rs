@@ -3,6 +3,7 @@
 //! accepted claims into the next view version, which the answer names. A request that
 //! does not decode is answered through `flotilla_proto::status`, the one error mapping.
 
+use crate::catalogue as m;
 use flotilla_core::LockExt;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -60,7 +61,7 @@ impl LedgerGrpc {
 
 /// A request that does not decode: counted, and answered through the one mapping.
 fn refuse(e: InvalidRequest) -> Status {
-    metrics::counter!("flotilla_commit_requests_rejected_total", "reason" => e.code()).increment(1);
+    metrics::counter!(m::COMMIT_REQUESTS_REJECTED.name, "reason" => e.code()).increment(1);
     status(&e)
 }
 
@@ -71,7 +72,7 @@ fn count(out: &Outcome) {
             Ok(()) => "accepted",
             Err(e) => e.as_str(),
         };
-        metrics::counter!("flotilla_claims_total", "result" => label).increment(1);
+        metrics::counter!(m::CLAIMS.name, "result" => label).increment(1);
     }
 }
 
@@ -90,7 +91,7 @@ impl LedgerService for LedgerGrpc {
         let (out, changed) = lock(&self.ledger).commit(&req.txn_id, &claims, &facts);
         let applied_in = self.fold(changed).await;
         count(&out);
-        metrics::histogram!("flotilla_commit_seconds").record(started.elapsed().as_secs_f64());
+        metrics::histogram!(m::SHARD_COMMIT_SECONDS.name).record(started.elapsed().as_secs_f64());
         Ok(Response::new(v1::CommitResponse { results: wire::results_to_wire(&out), applied_in }))
     }
 
@@ -145,7 +146,7 @@ impl v1::node_admin_service_server::NodeAdminService for AdminGrpc {
         let found = self.registry.set_cordon(&node, req.cordoned || req.drain, req.drain);
         if found {
             tracing::info!("node cordon changed");
-            metrics::counter!("flotilla_cordon_changes_total").increment(1);
+            metrics::counter!(m::CORDON_CHANGES.name).increment(1);
         }
         Ok(Response::new(v1::CordonResponse { found }))
     }

@@ -12,6 +12,7 @@
 
 mod applier;
 mod auth;
+pub mod catalogue;
 mod grpc;
 mod ingest;
 mod ledger;
@@ -23,6 +24,7 @@ mod stats;
 mod tls;
 mod wire;
 
+use crate::catalogue as m;
 use std::net::{SocketAddr, TcpListener, UdpSocket};
 use std::sync::Arc;
 use std::time::Duration;
@@ -237,12 +239,13 @@ impl ShardCore {
         let recovering_until_ms = now_ms() + config.recovery_window.as_millis() as u64;
         if !config.recovery_window.is_zero() {
             tracing::info!(window = ?config.recovery_window, "recovering: claims wait while agents report what they run");
-            metrics::gauge!("flotilla_shard_recovering").set(1.0);
+            let recovering = metrics::gauge!(m::SHARD_RECOVERING.name, "shard" => config.shard.to_string());
+            recovering.set(1.0);
             let window = config.recovery_window;
             tasks.spawn(async move {
                 tokio::time::sleep(window).await;
                 tracing::info!("recovery window over: taking claims");
-                metrics::gauge!("flotilla_shard_recovering").set(0.0);
+                recovering.set(0.0);
             });
         }
         let core = ShardCore {

@@ -2,6 +2,7 @@
 //! One request per bidirectional stream; a wrong credential closes the connection
 //! with its reason.
 
+use crate::catalogue as m;
 use flotilla_core::LockExt;
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -35,8 +36,8 @@ pub struct QuicContext {
 /// here, off the applier, only for nodes with a connection. Pushes carry a version, so
 /// the agent keeps the newest whatever order they arrive in.
 pub async fn push_assignments(mut rx: tokio::sync::mpsc::UnboundedReceiver<Push>, ctx: Arc<QuicContext>) {
-    let pushed = metrics::counter!("flotilla_assignment_pushes_total", "result" => "sent");
-    let unreachable = metrics::counter!("flotilla_assignment_pushes_total", "result" => "no_connection");
+    let pushed = metrics::counter!(m::ASSIGNMENT_PUSHES.name, "result" => "sent");
+    let unreachable = metrics::counter!(m::ASSIGNMENT_PUSHES.name, "result" => "no_connection");
     let mut batch = HashSet::new();
     while let Some(p) = rx.recv().await {
         batch.insert(p.node);
@@ -141,7 +142,7 @@ fn error_reply<E: ServiceError>(e: &E) -> v1::AgentResponse {
 
 /// Counts a refused request (other than a registration) and answers it.
 fn refuse<E: ServiceError>(e: &E) -> v1::AgentResponse {
-    metrics::counter!("flotilla_control_requests_rejected_total", "reason" => e.code()).increment(1);
+    metrics::counter!(m::CONTROL_REQUESTS_REJECTED.name, "reason" => e.code()).increment(1);
     error_reply(e)
 }
 
@@ -162,7 +163,7 @@ async fn stream(
         Ok(b) => b,
         Err(e) => {
             tracing::debug!(error = %e, "control stream read failed");
-            metrics::counter!("flotilla_control_requests_rejected_total", "reason" => "read").increment(1);
+            metrics::counter!(m::CONTROL_REQUESTS_REJECTED.name, "reason" => "read").increment(1);
             return;
         }
     };
@@ -209,7 +210,7 @@ fn register(
     match ctx.registry.register(req, now) {
         Ok(live) => {
             ctx.stats.registrations.fetch_add(1, Relaxed);
-            metrics::counter!("flotilla_registrations_total", "result" => "accepted").increment(1);
+            metrics::counter!(m::REGISTRATIONS.name, "result" => "accepted").increment(1);
             owned.lock_or_recover().insert(live.session_id);
             ctx.agents.insert(live.node_id.clone(), conn.clone());
             tracing::debug!(session = live.session_id, "registered");
@@ -225,8 +226,8 @@ fn register(
         }
         Err(e) => {
             ctx.stats.registrations_rejected.fetch_add(1, Relaxed);
-            metrics::counter!("flotilla_registrations_total", "result" => e.code()).increment(1);
-            metrics::counter!("flotilla_registrations_rejected_total", "reason" => e.code()).increment(1);
+            metrics::counter!(m::REGISTRATIONS.name, "result" => e.code()).increment(1);
+            metrics::counter!(m::REGISTRATIONS_REJECTED.name, "reason" => e.code()).increment(1);
             tracing::warn!(error = %e, "registration refused");
             Err(e)
         }
@@ -253,6 +254,6 @@ fn drain(
         .flatten()
         .ok_or(ControlError::NotOwner)?;
     tracing::info!(status = %status, "node draining");
-    metrics::counter!("flotilla_drains_total").increment(1);
+    metrics::counter!(m::DRAINS.name).increment(1);
     Ok(v1::DrainAck { status: v1::NodeStatus::from(status) as i32 })
 }

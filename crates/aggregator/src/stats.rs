@@ -1,6 +1,7 @@
 //! The shard's own counters. Kept as atomics (tests read them directly) and mirrored
 //! into Prometheus metrics labelled by shard.
 
+use crate::catalogue as m;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use flotilla_proto::seal::DatagramError;
@@ -78,12 +79,12 @@ impl ShardStats {
         let mut rejected_metric = vec![Counter::noop(); REASONS];
         for r in HeartbeatDrop::ALL {
             rejected_metric[r.index()] =
-                metrics::counter!("flotilla_heartbeats_rejected_total", "shard" => s.clone(), "reason" => r.as_str());
+                metrics::counter!(m::HEARTBEATS_REJECTED.name, "shard" => s.clone(), "reason" => r.as_str());
         }
         ShardStats {
             accepted: AtomicU64::new(0),
             rejected: Default::default(),
-            accepted_metric: metrics::counter!("flotilla_heartbeats_received_total", "shard" => s),
+            accepted_metric: metrics::counter!(m::HEARTBEATS_RECEIVED.name, "shard" => s),
             rejected_metric,
             registrations: AtomicU64::new(0),
             registrations_rejected: AtomicU64::new(0),

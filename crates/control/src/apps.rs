@@ -2,6 +2,7 @@
 //! schedulers (`flotilla up --app`) are asked directly, standalone ones (`flotilla
 //! scheduler --control URL`) register their address and are asked over HTTP.
 
+use crate::catalogue as m;
 use flotilla_core::RwLockExt;
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
@@ -184,7 +185,7 @@ async fn get_app(State(s): State<Arc<ControlState>>, Path(app): Path<String>) ->
 }
 
 async fn list_units(State(s): State<Arc<ControlState>>, Path(app): Path<String>) -> Result<Json<Value>, ControlError> {
-    metrics::counter!("flotilla_api_requests_total", "route" => "/v1/apps/{app}/units").increment(1);
+    metrics::counter!(m::API_REQUESTS.name, "route" => "/v1/apps/{app}/units").increment(1);
     match s.apps.get(&app) {
         Some(Ok(h)) => Ok(Json(unit_rows(&h.status()))),
         Some(Err(url)) => Ok(Json(remote(&s.http, &url, &format!("/v1/apps/{app}/units")).await?)),
@@ -204,7 +205,7 @@ pub fn route_rows(t: &flotilla_proto::v1::RouteTable) -> Value {
 }
 
 async fn list_routes(State(s): State<Arc<ControlState>>, Path(app): Path<String>) -> Result<Json<Value>, ControlError> {
-    metrics::counter!("flotilla_api_requests_total", "route" => "/v1/apps/{app}/routes").increment(1);
+    metrics::counter!(m::API_REQUESTS.name, "route" => "/v1/apps/{app}/routes").increment(1);
     match s.apps.get(&app) {
         Some(Ok(h)) => Ok(Json(route_rows(&h.routes().borrow()))),
         Some(Err(url)) => Ok(Json(remote(&s.http, &url, &format!("/v1/apps/{app}/routes")).await?)),
@@ -236,7 +237,7 @@ async fn scale(
     headers: HeaderMap,
     body: Result<Json<ScaleBody>, axum::extract::rejection::JsonRejection>,
 ) -> Result<Json<Value>, ControlError> {
-    metrics::counter!("flotilla_api_requests_total", "route" => "/v1/apps/{app}/scale").increment(1);
+    metrics::counter!(m::API_REQUESTS.name, "route" => "/v1/apps/{app}/scale").increment(1);
     authorize(&s, &headers)?;
     let expected = "expected {\"units\": N}, {\"min\": A, \"max\": B} or {\"auto\": true}";
     let Json(b) = body.map_err(|e| ControlError::BadRequest(format!("{expected}: {}", e.body_text())))?;
@@ -272,7 +273,7 @@ async fn apply(
     headers: HeaderMap,
     body: String,
 ) -> Result<Json<Value>, ControlError> {
-    metrics::counter!("flotilla_api_requests_total", "route" => "/v1/apps/{app}/spec").increment(1);
+    metrics::counter!(m::API_REQUESTS.name, "route" => "/v1/apps/{app}/spec").increment(1);
     authorize(&s, &headers)?;
     let spec = flotilla_scheduler::AppSpec::parse(&body).map_err(|e| ControlError::InvalidSpec(e.to_string()))?;
     if spec.name != app {
@@ -295,7 +296,7 @@ async fn apply(
 /// and whether a rollback has a spec to go back to (`x-flotilla-has-previous`).
 #[tracing::instrument(name = "get_spec", skip(s))]
 async fn get_spec(State(s): State<Arc<ControlState>>, Path(app): Path<String>) -> Result<Response, ControlError> {
-    metrics::counter!("flotilla_api_requests_total", "route" => "/v1/apps/{app}/spec").increment(1);
+    metrics::counter!(m::API_REQUESTS.name, "route" => "/v1/apps/{app}/spec").increment(1);
     match s.apps.get(&app) {
         Some(Ok(h)) => {
             let st = h.status();
@@ -340,7 +341,7 @@ async fn rollback(
     Path(app): Path<String>,
     headers: HeaderMap,
 ) -> Result<Json<Value>, ControlError> {
-    metrics::counter!("flotilla_api_requests_total", "route" => "/v1/apps/{app}/rollback").increment(1);
+    metrics::counter!(m::API_REQUESTS.name, "route" => "/v1/apps/{app}/rollback").increment(1);
     authorize(&s, &headers)?;
     match s.apps.get(&app) {
         Some(Ok(h)) => {

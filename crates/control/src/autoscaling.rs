@@ -1,6 +1,7 @@
 //! The autoscaling API: an app's decisions, its consumers' demand, its serving capacity,
 //! and the named policies. Apps whose scheduler runs elsewhere are asked there.
 
+use crate::catalogue as m;
 use std::sync::Arc;
 
 use axum::extract::{Path, State};
@@ -29,7 +30,7 @@ pub fn routes() -> Router<Arc<ControlState>> {
 
 /// `GET /v1/apps/{app}/decisions`: the app's autoscaling decisions, newest first.
 async fn decisions(State(s): State<Arc<ControlState>>, Path(app): Path<String>) -> Result<Json<Value>, ControlError> {
-    metrics::counter!("flotilla_api_requests_total", "route" => "/v1/apps/{app}/decisions").increment(1);
+    metrics::counter!(m::API_REQUESTS.name, "route" => "/v1/apps/{app}/decisions").increment(1);
     match s.apps.get(&app) {
         Some(Ok(h)) => {
             let d = h.decisions();
@@ -56,7 +57,7 @@ async fn demand(
     headers: HeaderMap,
     body: Result<Json<DemandBody>, axum::extract::rejection::JsonRejection>,
 ) -> Result<Json<Value>, ControlError> {
-    metrics::counter!("flotilla_api_requests_total", "route" => "/v1/apps/{app}/demand").increment(1);
+    metrics::counter!(m::API_REQUESTS.name, "route" => "/v1/apps/{app}/demand").increment(1);
     authorize(&s, &headers)?;
     let Json(b) = body.map_err(|e| {
         ControlError::BadRequest(format!(
@@ -95,7 +96,7 @@ pub fn capacity_row(c: &v1::Capacity) -> Value {
 
 /// `GET /v1/apps/{app}/capacity`: what the app can serve now (`WatchCapacity` streams it).
 async fn capacity(State(s): State<Arc<ControlState>>, Path(app): Path<String>) -> Result<Json<Value>, ControlError> {
-    metrics::counter!("flotilla_api_requests_total", "route" => "/v1/apps/{app}/capacity").increment(1);
+    metrics::counter!(m::API_REQUESTS.name, "route" => "/v1/apps/{app}/capacity").increment(1);
     match s.apps.get(&app) {
         Some(Ok(h)) => Ok(Json(capacity_row(&h.capacity().borrow()))),
         Some(Err(url)) => Ok(Json(remote(&s.http, &url, &format!("/v1/apps/{app}/capacity")).await?)),
@@ -115,7 +116,7 @@ async fn apply_policy(
     headers: HeaderMap,
     body: String,
 ) -> Result<Json<Value>, ControlError> {
-    metrics::counter!("flotilla_api_requests_total", "route" => "/v1/policies/{name}").increment(1);
+    metrics::counter!(m::API_REQUESTS.name, "route" => "/v1/policies/{name}").increment(1);
     authorize(&s, &headers)?;
     s.policies.apply(&name, &body)?;
     Ok(Json(json!({"name": name, "result": "applied"})))

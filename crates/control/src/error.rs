@@ -2,6 +2,7 @@
 //! the status ([`http_status`]), its code is the stable `error.code` clients branch on,
 //! and the body is always `{"error": {"code", "message"}}`.
 
+use crate::catalogue as m;
 use std::net::IpAddr;
 use std::time::Duration;
 
@@ -188,7 +189,7 @@ impl From<&ControlError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        metrics::counter!("flotilla_api_errors_total", "code" => self.code).increment(1);
+        metrics::counter!(m::API_ERRORS.name, "code" => self.code).increment(1);
         (self.status, Json(self.body())).into_response()
     }
 }

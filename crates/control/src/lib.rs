@@ -3,6 +3,7 @@
 
 pub mod apps;
 mod autoscaling;
+pub mod catalogue;
 mod error;
 pub mod events;
 mod json;
@@ -14,6 +15,7 @@ pub mod routes_grpc;
 mod serve;
 pub mod ui;
 
+use crate::catalogue as m;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -128,7 +130,7 @@ async fn set_cordon(
 }
 
 async fn list_shards(State(s): State<Arc<ControlState>>) -> Json<serde_json::Value> {
-    metrics::counter!("flotilla_api_requests_total", "route" => "/v1/shards").increment(1);
+    metrics::counter!(m::API_REQUESTS.name, "route" => "/v1/shards").increment(1);
     let rows: Vec<_> = s
         .cluster
         .slots()

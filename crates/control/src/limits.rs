@@ -2,6 +2,7 @@
 //! ([`RateLimiter`]) and a cap on request bodies. Every refusal is a JSON error and
 //! counts in `flotilla_http_requests_rejected_total{reason}`.
 
+use crate::catalogue as m;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
@@ -22,7 +23,7 @@ pub const MAX_BODY_BYTES: usize = 1 << 20;
 
 /// Counts one refused request or connection.
 pub fn rejected(reason: &'static str) {
-    metrics::counter!("flotilla_http_requests_rejected_total", "reason" => reason).increment(1);
+    metrics::counter!(m::HTTP_REQUESTS_REJECTED.name, "reason" => reason).increment(1);
 }
 
 /// Puts the rate limit (when `limiter` is set) and the body cap in front of every route.

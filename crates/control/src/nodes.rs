@@ -1,6 +1,7 @@
 //! `GET /v1/nodes` (paged, filtered, or every node streamed) and `GET /v1/nodes/{node}`
 //! (one row with the members the apps placed there).
 
+use crate::catalogue as m;
 use std::convert::Infallible;
 use std::sync::Arc;
 
@@ -107,7 +108,7 @@ pub async fn list(
     State(s): State<Arc<ControlState>>,
     query: Result<Query<Vec<(String, String)>>, QueryRejection>,
 ) -> Result<Response, ControlError> {
-    metrics::counter!("flotilla_api_requests_total", "route" => "/v1/nodes").increment(1);
+    metrics::counter!(m::API_REQUESTS.name, "route" => "/v1/nodes").increment(1);
     let bad = |m: String| {
         crate::limits::rejected("bad_query");
         ControlError::BadRequest(m)
@@ -145,7 +146,7 @@ pub async fn list(
 /// are only fetched from them.)
 #[tracing::instrument(name = "get_node", skip(s))]
 pub async fn get(State(s): State<Arc<ControlState>>, Path(node): Path<String>) -> Result<Response, ControlError> {
-    metrics::counter!("flotilla_api_requests_total", "route" => "/v1/nodes/{node}").increment(1);
+    metrics::counter!(m::API_REQUESTS.name, "route" => "/v1/nodes/{node}").increment(1);
     let not_found = || ControlError::NoSuchNode(node.clone());
     let id = flotilla_core::NodeId::new(&node).map_err(|_| not_found())?;
     let (r, connected) = s

@@ -4,6 +4,7 @@
 //! it has a data dir); the schedulers it hosts read the same book, and standalone
 //! schedulers refresh theirs from `GET /v1/policies`.
 
+use crate::catalogue as m;
 use flotilla_core::RwLockExt;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -84,7 +85,7 @@ impl Policies {
                 .map_err(|e| ControlError::Storage(format!("{}: {e}", dir.display())))?;
         }
         tracing::info!(policy = name, "named autoscaling policy applied");
-        metrics::counter!("flotilla_policies_applied_total").increment(1);
+        metrics::counter!(m::POLICIES_APPLIED.name).increment(1);
         self.insert(name.to_string(), policy, text.to_string());
         Ok(())
     }

@@ -9,6 +9,7 @@
 //! - `POST /v1/pools/{pool}/report`: the autoscaler's report (answered with the floor
 //!   and the bounds, which it applies from its next pass).
 
+use crate::catalogue as m;
 use flotilla_core::RwLockExt;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -155,7 +156,7 @@ pub fn routes() -> Router<Arc<ControlState>> {
 }
 
 async fn list(State(s): State<Arc<ControlState>>) -> Json<Value> {
-    metrics::counter!("flotilla_api_requests_total", "route" => "/v1/pools").increment(1);
+    metrics::counter!(m::API_REQUESTS.name, "route" => "/v1/pools").increment(1);
     let g = s.pools.pools.read_or_recover();
     Json(Value::Array(g.iter().map(|(n, p)| Pools::row(n, p)).collect()))
 }
@@ -185,7 +186,7 @@ async fn put_constraints(
     c.validate().map_err(ControlError::BadRequest)?;
     s.pools.set_constraints(&pool, c.clone())?;
     tracing::info!(pool, requests = c.resource_requests.len(), "pool floor set");
-    metrics::counter!("flotilla_pool_constraints_set_total").increment(1);
+    metrics::counter!(m::POOL_CONSTRAINTS_SET.name).increment(1);
     Ok(Json(json!(c)))
 }
 
@@ -220,7 +221,7 @@ async fn put_bounds(
     headers: HeaderMap,
     body: Result<Json<TypeBounds>, axum::extract::rejection::JsonRejection>,
 ) -> Result<Json<Value>, ControlError> {
-    metrics::counter!("flotilla_api_requests_total", "route" => "/v1/pools/{pool}/node_types/{type}").increment(1);
+    metrics::counter!(m::API_REQUESTS.name, "route" => "/v1/pools/{pool}/node_types/{type}").increment(1);
     authorize(&s, &headers)?;
     valid_name(&pool)?;
     valid_name(&node_type).map_err(|_| {
@@ -243,6 +244,6 @@ async fn put_bounds(
     }
     let all = s.pools.set_bounds(&pool, &node_type, b)?;
     tracing::info!(pool, node_type, min = b.min, max = b.max, "pool node type bounds set");
-    metrics::counter!("flotilla_pool_bounds_set_total").increment(1);
+    metrics::counter!(m::POOL_BOUNDS_SET.name).increment(1);
     Ok(Json(json!({"pool": pool, "bounds": all})))
 }

@@ -2,6 +2,7 @@
 //! process, at once and then on every change. Served on the API's own port (gRPC and
 //! HTTP/1.1 share it).
 
+use crate::catalogue as m;
 use std::pin::Pin;
 use std::sync::Arc;
 
@@ -40,7 +41,7 @@ impl v1::route_service_server::RouteService for RoutesGrpc {
         request: Request<v1::WatchRoutesRequest>,
     ) -> Result<Response<Self::WatchRoutesStream>, Status> {
         let h = local_app(&self.0, request.into_inner().app)?;
-        metrics::counter!("flotilla_watchroutes_streams_total").increment(1);
+        metrics::counter!(m::WATCHROUTES_STREAMS.name).increment(1);
         let stream = tokio_stream::wrappers::WatchStream::new(h.routes()).map(|t| Ok(t.as_ref().clone()));
         Ok(Response::new(Box::pin(stream)))
     }
@@ -52,7 +53,7 @@ impl v1::route_service_server::RouteService for RoutesGrpc {
         request: Request<v1::WatchRoutesRequest>,
     ) -> Result<Response<Self::WatchCapacityStream>, Status> {
         let h = local_app(&self.0, request.into_inner().app)?;
-        metrics::counter!("flotilla_watchcapacity_streams_total").increment(1);
+        metrics::counter!(m::WATCHCAPACITY_STREAMS.name).increment(1);
         let stream = tokio_stream::wrappers::WatchStream::new(h.capacity()).map(|c| Ok(c.as_ref().clone()));
         Ok(Response::new(Box::pin(stream)))
     }

@@ -3,6 +3,7 @@
 //! `build.rs`), so the binary serves the page with nothing else installed and the page
 //! loads nothing from outside the machine.
 
+use crate::catalogue as m;
 use std::sync::Arc;
 
 use axum::Router;
@@ -49,7 +50,7 @@ pub fn content_type(path: &str) -> &'static str {
 fn serve(path: &str) -> Response {
     match embedded(path) {
         Some(bytes) => {
-            metrics::counter!("flotilla_ui_requests_total").increment(1);
+            metrics::counter!(m::UI_REQUESTS.name).increment(1);
             ([(header::CONTENT_TYPE, content_type(path)), (header::CACHE_CONTROL, "no-cache")], bytes).into_response()
         }
         None => ControlError::NoSuchEndpoint.into_response(),

@@ -1,16 +1,45 @@
 //! Observability shared by every Flotilla process: tracing setup, the Prometheus
-//! recorder and its `/metrics` endpoint, and an allocation meter used to report
-//! how many bytes a new view version really copies.
+//! recorder and its `/metrics` endpoint (with the metric catalogue, process metrics and
+//! build info), and an allocation meter used to report how many bytes a new view version
+//! really copies.
 
 pub mod alloc;
+pub mod catalogue;
 pub mod health;
+pub mod process;
 
 use std::net::SocketAddr;
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics::Recorder;
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+pub use catalogue::{Family, Kind, Section, buckets};
 
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+
+/// Renders families whose values are read at scrape time (see [`add_collector`]).
+type Collector = Box<dyn Fn(&mut String) + Send + Sync>;
+static COLLECTORS: Mutex<Vec<Collector>> = Mutex::new(Vec::new());
+
+/// `flotilla_build_info{version} 1`: which release a process runs.
+pub const BUILD_INFO: Family = Family::gauge(
+    "flotilla_build_info",
+    "Always 1; the version label names the Flotilla release running.",
+    &["version"],
+);
+
+/// The families this crate exports in every process: build info and the `process_*` set.
+pub const FAMILIES: &[Family] = &[
+    BUILD_INFO,
+    process::CPU_SECONDS,
+    process::RESIDENT_MEMORY,
+    process::VIRTUAL_MEMORY,
+    process::OPEN_FDS,
+    process::MAX_FDS,
+    process::START_TIME,
+    process::THREADS,
+];
 
 /// How log lines are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -64,32 +93,100 @@ pub fn init_tracing(format: LogFormat) {
     };
 }
 
-/// Installs the process-wide Prometheus recorder (once) and returns its handle.
+/// Installs the process-wide Prometheus recorder with the whole catalogue of this binary:
+/// every family described (so `# HELP` renders), every histogram on the buckets of its
+/// unit, and `flotilla_build_info` set. Call it first in `main`, before anything records:
+/// buckets cannot change once the recorder is installed (a later call only adds
+/// descriptions).
+pub fn install(sections: &[Section]) -> PrometheusHandle {
+    let families = || sections.iter().flat_map(|s| s.families.iter()).chain(FAMILIES);
+    let mut fresh = false;
+    let handle = HANDLE
+        .get_or_init(|| {
+            fresh = true;
+            let mut builder = PrometheusBuilder::new();
+            for f in families().filter(|f| f.kind == Kind::Histogram) {
+                builder = match builder.set_buckets_for_metric(Matcher::Full(f.name.to_string()), f.buckets) {
+                    Ok(b) => b,
+                    Err(e) => panic!("the catalogue's buckets of {} are invalid: {e}", f.name),
+                };
+            }
+            let recorder = default_buckets(builder).build_recorder();
+            for f in families() {
+                describe(&recorder, f);
+            }
+            let handle = recorder.handle();
+            // A recorder installed earlier (by a test harness) keeps working; we still render ours.
+            let _ = metrics::set_global_recorder(recorder);
+            handle
+        })
+        .clone();
+    if !fresh {
+        // Installed before (a test that called metrics_handle()): descriptions still help.
+        metrics::with_recorder(|r| families().for_each(|f| describe(r, f)));
+    }
+    metrics::gauge!(BUILD_INFO.name, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+    handle
+}
+
+/// Histograms outside the catalogue (none in a binary; some in tests) get seconds buckets.
+fn default_buckets(builder: PrometheusBuilder) -> PrometheusBuilder {
+    match builder.set_buckets(buckets::SECONDS) {
+        Ok(b) => b,
+        Err(e) => panic!("the seconds buckets are invalid: {e}"),
+    }
+}
+
+fn describe(r: &dyn Recorder, f: &Family) {
+    let (name, help) = (metrics::KeyName::from_const_str(f.name), metrics::SharedString::const_str(f.help));
+    match f.kind {
+        Kind::Counter => r.describe_counter(name, None, help),
+        Kind::Gauge => r.describe_gauge(name, None, help),
+        Kind::Histogram => r.describe_histogram(name, None, help),
+    }
+}
+
+/// The process-wide recorder's handle, installing a bare one (no catalogue) when
+/// [`install`] has not run: for tests that drive components in-process.
 pub fn metrics_handle() -> PrometheusHandle {
     HANDLE
         .get_or_init(|| {
-            let recorder = PrometheusBuilder::new()
-                .set_buckets(&[
-                    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
-                ])
-                .map(|b| b.build_recorder())
-                .unwrap_or_else(|_| PrometheusBuilder::new().build_recorder());
+            let recorder = default_buckets(PrometheusBuilder::new()).build_recorder();
             let handle = recorder.handle();
-            // A recorder installed earlier (by a test harness) keeps working; we still render ours.
             let _ = metrics::set_global_recorder(recorder);
             handle
         })
         .clone()
 }
 
+/// Renders families read at scrape time after the recorder's: `collector` appends whole
+/// families (`# HELP`, `# TYPE`, samples) to the page. For values that are state rather
+/// than events, such as the current route weights: a series for something that left
+/// disappears with it, which a gauge in the recorder never does.
+pub fn add_collector(collector: impl Fn(&mut String) + Send + Sync + 'static) {
+    COLLECTORS.lock().unwrap_or_else(|e| e.into_inner()).push(Box::new(collector));
+}
+
+/// The whole `/metrics` page: the recorder's families, the collectors', the process metrics.
+pub fn render() -> String {
+    let mut out = metrics_handle().render();
+    for c in COLLECTORS.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+        c(&mut out);
+    }
+    process::render(&mut out);
+    out
+}
+
 /// An axum router serving `GET /metrics` from the process recorder.
 pub fn metrics_router() -> axum::Router {
-    let handle = metrics_handle();
+    metrics_handle();
     axum::Router::new().route(
         "/metrics",
-        axum::routing::get(move || {
-            let h = handle.clone();
-            async move { h.render() }
+        axum::routing::get(|| async {
+            (
+                [(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+                tokio::task::spawn_blocking(render).await.unwrap_or_default(),
+            )
         }),
     )
 }

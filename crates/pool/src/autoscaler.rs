@@ -4,6 +4,7 @@
 //! the next tick retries it. Side effects are observed at the next sync, never
 //! assumed: a launch is a REQUESTED record until the provider lists it.
 
+use crate::catalogue as m;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -116,8 +117,8 @@ impl Autoscaler {
                     "error"
                 }
             };
-            metrics::counter!("flotilla_pool_passes_total", "pool" => pool.clone(), "outcome" => outcome).increment(1);
-            metrics::histogram!("flotilla_pool_pass_seconds", "pool" => pool).record(start.elapsed().as_secs_f64());
+            metrics::counter!(m::PASSES.name, "pool" => pool.clone(), "outcome" => outcome).increment(1);
+            metrics::histogram!(m::PASS_SECONDS.name, "pool" => pool).record(start.elapsed().as_secs_f64());
         }
     }
 
@@ -161,14 +162,14 @@ impl Autoscaler {
             now_ms: now,
         };
         let (plan, record) = reconciler::decide(&self.cfg, &obs, &mut self.policy);
-        metrics::histogram!("flotilla_pool_decision_seconds", "pool" => self.cfg.name.clone())
+        metrics::histogram!(m::DECISION_SECONDS.name, "pool" => self.cfg.name.clone())
             .record(record["decision_seconds"].as_f64().unwrap_or(0.0));
 
         for (node_type, n) in &plan.launch {
             let why = plan.launch_reasons.get(node_type).map(|r| r.join(", ")).unwrap_or_default();
             let ids = self.instances.queue(node_type, *n as usize, now, &why);
             tracing::info!(pool = %self.cfg.name, %node_type, count = ids.len(), reason = %why, "queueing instances");
-            metrics::counter!("flotilla_pool_launches_total", "pool" => self.cfg.name.clone(), "node_type" => node_type.clone())
+            metrics::counter!(m::LAUNCHES.name, "pool" => self.cfg.name.clone(), "node_type" => node_type.clone())
                 .increment(ids.len() as u64);
         }
         for term in &plan.terminate {
@@ -184,7 +185,7 @@ impl Autoscaler {
                 Ok(c) => changes.push(c),
                 Err(e) => tracing::warn!(error = %e, "terminating an instance"),
             }
-            metrics::counter!("flotilla_pool_terminations_total", "pool" => self.cfg.name.clone(),
+            metrics::counter!(m::TERMINATIONS.name, "pool" => self.cfg.name.clone(),
                 "node_type" => term.node_type.clone(), "cause" => cause)
             .increment(1);
         }
@@ -336,7 +337,7 @@ impl Autoscaler {
             tracing::info!(instance = %spec.id, node_type = %spec.node_type, "launching an instance");
             if let Err(e) = self.provider.launch(&spec).await {
                 tracing::warn!(instance = %spec.id, error = %e, "launch failed");
-                metrics::counter!("flotilla_pool_launch_failures_total", "pool" => self.cfg.name.clone(),
+                metrics::counter!(m::LAUNCH_FAILURES.name, "pool" => self.cfg.name.clone(),
                     "node_type" => spec.node_type.clone())
                 .increment(1);
                 let _ = self.instances.launch_failed(&spec.id, now, &e.to_string(), &self.cfg.timeouts);
@@ -350,7 +351,7 @@ impl Autoscaler {
         for t in &self.cfg.node_types {
             for s in InstanceState::ALL {
                 let n = counts.get(&(t.name.clone(), s)).copied().unwrap_or(0);
-                metrics::gauge!("flotilla_pool_instances", "pool" => self.cfg.name.clone(),
+                metrics::gauge!(m::INSTANCES.name, "pool" => self.cfg.name.clone(),
                     "node_type" => t.name.clone(), "state" => s.as_str())
                 .set(n as f64);
             }

@@ -12,6 +12,7 @@
 //! - [`provider`]: where instances come from (`local` agent processes, `exec` user commands).
 
 pub mod autoscaler;
+pub mod catalogue;
 pub mod cluster;
 pub mod config;
 pub mod demand;

@@ -10,6 +10,7 @@ use flotilla_proto::dial::Dialer;
 use flotilla_proto::v1::{self, route_service_client::RouteServiceClient};
 
 use crate::Balancer;
+use crate::catalogue::{self as m, Labels};
 
 /// How the router reaches the control plane and the scheduler serving the routes: the
 /// HTTP client and the gRPC dialer, both trusting the CA of an HTTPS control API.
@@ -28,52 +29,50 @@ pub(crate) async fn locate(http: &reqwest::Client, control: &str, app: &str) -> 
     Ok(v["scheduler_url"].as_str().unwrap_or(control).to_string())
 }
 
-/// Applies one table to the balancer; returns how many endpoints changed.
-pub fn apply(balancer: &Balancer, table: &v1::RouteTable, now: Instant) -> usize {
+/// Applies one table to the balancer; returns how many endpoints changed. (The weights
+/// themselves are read from the balancer at scrape time: [`Labels::export_weights`].)
+pub fn apply(balancer: &Balancer, labels: &Labels, table: &v1::RouteTable, now: Instant) -> usize {
     let routes: Vec<(String, f64)> = table.routes.iter().map(|r| (r.endpoint.clone(), r.weight)).collect();
-    for gone in balancer.endpoints().iter().filter(|e| !routes.iter().any(|(a, _)| a == &e.addr)) {
-        metrics::gauge!("flotilla_route_endpoint_weight", "endpoint" => gone.addr.clone()).set(0.0);
-    }
-    for (addr, weight) in &routes {
-        metrics::gauge!("flotilla_route_endpoint_weight", "endpoint" => addr.clone()).set(*weight);
-    }
+    labels.set_nodes(table.routes.iter().map(|r| (r.endpoint.as_str(), r.node_id.as_str())));
     let changed = balancer.update(&routes, now);
-    metrics::counter!("flotilla_route_weight_changes_total").increment(changed as u64);
-    metrics::gauge!("flotilla_route_endpoints").set(routes.iter().filter(|r| r.1 > 0.0).count() as f64);
-    metrics::gauge!("flotilla_route_table_version").set(table.version as f64);
+    metrics::counter!(m::ROUTE_WEIGHT_CHANGES.name, "app" => labels.app().to_string()).increment(changed as u64);
+    metrics::gauge!(m::ENDPOINTS.name).set(routes.iter().filter(|r| r.1 > 0.0).count() as f64);
+    metrics::gauge!(m::TABLE_VERSION.name).set(table.version as f64);
     changed
 }
 
 /// Runs until the process stops. Every stream that delivered a table resets the
 /// back-off: a router whose scheduler moved reconnects at once, not after the wait the
 /// last bad spell built up (the stale routes serve meanwhile).
-pub async fn follow_app(control: String, app: String, balancer: Arc<Balancer>, upstream: Upstream) {
+pub async fn follow_app(control: String, labels: Arc<Labels>, balancer: Arc<Balancer>, upstream: Upstream) {
+    let app = labels.app().to_string();
     // Jittered, so the routers of a restarted scheduler do not all come back at once.
     let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(5)).with_jitter(0.5);
     loop {
-        match watch_once(&control, &app, &balancer, &upstream, &mut backoff).await {
+        match watch_once(&control, &labels, &balancer, &upstream, &mut backoff).await {
             Ok(()) => tracing::warn!(%app, "the route stream ended; reconnecting"),
             Err(e) => tracing::warn!(%app, error = %format!("{e:#}"), "following routes; retrying"),
         }
-        metrics::counter!("flotilla_route_stream_reconnects_total").increment(1);
+        metrics::counter!(m::STREAM_RECONNECTS.name).increment(1);
         tokio::time::sleep(backoff.next_wait()).await;
     }
 }
 
 async fn watch_once(
     control: &str,
-    app: &str,
+    labels: &Labels,
     balancer: &Balancer,
     upstream: &Upstream,
     backoff: &mut Backoff,
 ) -> anyhow::Result<()> {
+    let app = labels.app();
     let url = locate(&upstream.http, control, app).await?;
     let mut client = RouteServiceClient::new(upstream.dialer.connect(&url, None).await?);
     let mut stream = client.watch_routes(v1::WatchRoutesRequest { app: app.to_string() }).await?.into_inner();
     tracing::info!(%app, %url, "following the route table");
     while let Some(table) = stream.message().await? {
         backoff.reset();
-        let changed = apply(balancer, &table, Instant::now());
+        let changed = apply(balancer, labels, &table, Instant::now());
         tracing::debug!(%app, version = table.version, changed, "route table");
     }
     Ok(())

@@ -3,6 +3,7 @@
 //! by the scheduler's route table, and the `flotilla route` reverse proxy built on it.
 
 pub mod balancer;
+pub mod catalogue;
 pub mod follow;
 pub mod pace;
 pub mod proxy;

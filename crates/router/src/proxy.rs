@@ -15,30 +15,21 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
 use tower::ServiceExt;
 
-use crate::balancer::{Balancer, Outcome};
-use crate::service::{Balance, BoxError, CallReport, HttpClassify, NoEndpoint};
+use crate::balancer::Balancer;
+use crate::catalogue::{self as m, Labels};
+use crate::service::{Balance, BoxError, HttpClassify, NoEndpoint};
 
 type Body = BoxBody<Bytes, hyper::Error>;
 
 /// Longest a request may take before it counts as a failure of its endpoint.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 
-fn record(r: CallReport) {
-    let result = if r.outcome == Outcome::Success { "ok" } else { "error" };
-    metrics::counter!("flotilla_route_requests_total", "endpoint" => r.endpoint.clone(), "result" => result)
-        .increment(1);
-    metrics::histogram!("flotilla_route_request_seconds", "endpoint" => r.endpoint.clone()).record(r.seconds);
-    if let Some(d) = r.ejected_for {
-        tracing::warn!(endpoint = %r.endpoint, seconds = d.as_secs_f64(), "endpoint ejected after consecutive failures");
-        metrics::counter!("flotilla_route_ejections_total", "endpoint" => r.endpoint).increment(1);
-    }
-}
-
 /// The balanced service the proxy forwards through: one pooled HTTP client, a request
-/// per endpoint with the URI rewritten to it.
+/// per endpoint with the URI rewritten to it. Each finished call is counted under `labels`.
 pub fn balanced_client(
     balancer: Arc<Balancer>,
     timeout: Duration,
+    labels: Arc<Labels>,
 ) -> impl tower::Service<Request<Incoming>, Response = Response<Incoming>, Error = BoxError, Future: Send>
 + Clone
 + Send
@@ -64,7 +55,7 @@ pub fn balanced_client(
             }
         })
     };
-    Balance::new(balancer, make, HttpClassify).with_report(record)
+    Balance::new(balancer, make, HttpClassify).with_report(move |r| labels.record(r))
 }
 
 fn plain(status: StatusCode, msg: String) -> Response<Body> {
@@ -74,8 +65,8 @@ fn plain(status: StatusCode, msg: String) -> Response<Body> {
 }
 
 /// Serves the proxy on `listener` until the task is dropped or aborted.
-pub async fn serve(listener: TcpListener, balancer: Arc<Balancer>, timeout: Duration) {
-    let svc = balanced_client(balancer, timeout);
+pub async fn serve(listener: TcpListener, balancer: Arc<Balancer>, timeout: Duration, labels: Arc<Labels>) {
+    let svc = balanced_client(balancer, timeout, labels);
     loop {
         let (stream, _) = match listener.accept().await {
             Ok(s) => s,
@@ -95,7 +86,7 @@ pub async fn serve(listener: TcpListener, balancer: Arc<Balancer>, timeout: Dura
                     let resp = match svc.oneshot(req).await {
                         Ok(r) => r.map(|b| b.boxed()),
                         Err(e) if e.is::<NoEndpoint>() => {
-                            metrics::counter!("flotilla_route_unroutable_total").increment(1);
+                            metrics::counter!(m::UNROUTABLE.name).increment(1);
                             plain(StatusCode::SERVICE_UNAVAILABLE, "no endpoint can take the request\n".into())
                         }
                         Err(e) => plain(StatusCode::BAD_GATEWAY, format!("upstream: {e}\n")),

@@ -8,6 +8,7 @@
 //! - `reconcile`: the loop that carries their decisions out, one file per step.
 
 pub mod autoscale;
+pub mod catalogue;
 mod lifecycle;
 mod planner;
 mod reconcile;

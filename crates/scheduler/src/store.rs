@@ -2,6 +2,7 @@
 //! before it is sent. Behind a trait so the distributed (etcd) store can follow; the
 //! embedded backend is redb. Writes are grouped: one transaction per reconcile pass.
 
+use crate::catalogue as m;
 use flotilla_core::LockExt;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -325,7 +326,7 @@ impl Store for RedbStore {
             }
         }
         w.commit().map_err(err)?;
-        metrics::counter!("flotilla_store_writes_total").increment(1);
+        metrics::counter!(m::STORE_WRITES.name).increment(1);
         Ok(())
     }
 }

@@ -1,5 +1,6 @@
 //! The client side of `WatchView`: a local, lock-free copy of every shard's view.
 
+use crate::catalogue as m;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -158,7 +159,7 @@ async fn follow_once(cluster: &ClusterView, shard: usize, endpoint: &str, dialer
                         shard,
                         ShardSlot { view: view.clone(), connected, domains: domains.clone(), updated_unix_ms: 0 },
                     );
-                    metrics::counter!("flotilla_view_snapshots_received_total").increment(1);
+                    metrics::counter!(m::SNAPSHOTS_RECEIVED.name).increment(1);
                 }
             }
             Some(Update::Delta(d)) => {

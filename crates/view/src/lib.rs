@@ -8,6 +8,7 @@
 //! [`follow`] is the client side: it keeps a local copy of one shard's view
 //! current over `WatchView`.
 
+pub mod catalogue;
 mod domains;
 mod follow;
 mod publish;

@@ -15,6 +15,7 @@
 //! Apps of standalone schedulers are fetched over HTTP at most every
 //! [`REMOTE_EVERY`] by a task of their own, so a slow scheduler never delays a tick.
 
+use crate::catalogue as m;
 use flotilla_core::LockExt;
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -76,7 +77,7 @@ pub fn frame(event: &'static str, data: &impl Serialize) -> Frame {
 /// Counts `n` messages of `event` sent (a broadcast one counts once, whatever the
 /// number of subscribers).
 fn count(event: &'static str, n: usize) {
-    metrics::counter!("flotilla_events_messages_total", "event" => event).increment(n as u64);
+    metrics::counter!(m::EVENTS_MESSAGES.name, "event" => event).increment(n as u64);
 }
 
 /// The compact node row of the stream: `[node_id, status, shard, domain, priority,
@@ -358,7 +359,7 @@ struct Admitted(Arc<Hub>);
 impl Drop for Admitted {
     fn drop(&mut self) {
         let n = self.0.subscribers.fetch_sub(1, Ordering::SeqCst) - 1;
-        metrics::gauge!("flotilla_events_subscribers").set(n as f64);
+        metrics::gauge!(m::EVENTS_SUBSCRIBERS.name).set(n as f64);
     }
 }
 
@@ -382,7 +383,7 @@ impl Hub {
             crate::limits::rejected("too_many_subscribers");
             return Err(ControlError::TooManySubscribers { max: MAX_SUBSCRIBERS });
         }
-        metrics::gauge!("flotilla_events_subscribers").set((n + 1) as f64);
+        metrics::gauge!(m::EVENTS_SUBSCRIBERS.name).set((n + 1) as f64);
         if !self.started.swap(true, Ordering::SeqCst) {
             tokio::spawn(run(Arc::downgrade(self)));
         }
@@ -527,7 +528,7 @@ impl Hub {
         count("snapshot_begin", 1);
         count("nodes", nodes.len());
         count("snapshot_end", 1);
-        metrics::counter!("flotilla_events_snapshots_total").increment(1);
+        metrics::counter!(m::EVENTS_SNAPSHOTS.name).increment(1);
         (rx, out)
     }
 
@@ -643,7 +644,7 @@ async fn run(hub: Weak<Hub>) {
         }
         let started = Instant::now();
         hub.tick_locked(&mut hub.published.lock_or_recover());
-        metrics::histogram!("flotilla_events_tick_seconds").record(started.elapsed().as_secs_f64());
+        metrics::histogram!(m::EVENTS_TICK_SECONDS.name).record(started.elapsed().as_secs_f64());
     }
 }
 
@@ -665,7 +666,7 @@ async fn feed(hub: Arc<Hub>, out: mpsc::Sender<Result<Frame, Infallible>>, _admi
                     Ok(f) => f,
                     Err(broadcast::error::RecvError::Lagged(n)) => {
                         tracing::debug!(missed = n, "an events subscriber fell behind; sending a new snapshot");
-                        metrics::counter!("flotilla_events_lagged_total").increment(1);
+                        metrics::counter!(m::EVENTS_LAGGED.name).increment(1);
                         continue 'snapshot;
                     }
                     Err(broadcast::error::RecvError::Closed) => return,
@@ -691,7 +692,7 @@ pub fn routes(hub: Arc<Hub>) -> axum::Router {
 /// once; more are refused (429) and counted.
 #[tracing::instrument(name = "events", skip_all)]
 async fn events(State(hub): State<Arc<Hub>>) -> Result<Response, ControlError> {
-    metrics::counter!("flotilla_api_requests_total", "route" => "/v1/events").increment(1);
+    metrics::counter!(m::API_REQUESTS.name, "route" => "/v1/events").increment(1);
     let admitted = hub.admit()?;
     let (tx, rx) = mpsc::channel(SUBSCRIBER_QUEUE);
     tokio::spawn(feed(hub, tx, admitted));

@@ -25,6 +25,7 @@
 //! 4. [`Change::Leaked`] names cloud instances that carry the id of a finished record
 //!    (a launch that landed after its record gave up): terminate them too.
 
+use crate::catalogue as m;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 
@@ -252,8 +253,7 @@ impl Instance {
         if to == Allocated && self.allocated_at_ms.is_none() {
             self.allocated_at_ms = Some(now_ms);
         }
-        metrics::counter!("flotilla_pool_instance_transitions_total", "from" => from.as_str(), "to" => to.as_str())
-            .increment(1);
+        metrics::counter!(m::INSTANCE_TRANSITIONS.name, "from" => from.as_str(), "to" => to.as_str()).increment(1);
         tracing::debug!(instance = %self.id, %from, %to, reason = self.reason.as_deref().unwrap_or(""), "instance transition");
         Ok(())
     }

@@ -10,6 +10,7 @@
 //! Every call is counted in `flotilla_pool_provider_calls_total{provider,op,outcome}`,
 //! timed in `flotilla_pool_provider_call_seconds{provider,op}` and runs in a tracing span.
 
+use crate::catalogue as m;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
@@ -88,9 +89,8 @@ pub(crate) async fn observed<T>(
     let start = Instant::now();
     let result = fut.instrument(span.clone()).await;
     let outcome = if result.is_ok() { "ok" } else { "error" };
-    metrics::counter!("flotilla_pool_provider_calls_total", "provider" => provider, "op" => op, "outcome" => outcome)
-        .increment(1);
-    metrics::histogram!("flotilla_pool_provider_call_seconds", "provider" => provider, "op" => op)
+    metrics::counter!(m::PROVIDER_CALLS.name, "provider" => provider, "op" => op, "outcome" => outcome).increment(1);
+    metrics::histogram!(m::PROVIDER_CALL_SECONDS.name, "provider" => provider, "op" => op)
         .record(start.elapsed().as_secs_f64());
     if let Err(e) = &result {
         span.in_scope(|| tracing::warn!(error = %e, "provider call failed"));

@@ -3,6 +3,7 @@
 //! this samples the signals, applies the decision within the operator's override, and
 //! records it (store, log, metrics).
 
+use crate::catalogue as m;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
@@ -219,11 +220,11 @@ impl Scheduler {
         let action = record.get("action").and_then(|a| a.as_str()).unwrap_or("none").to_string();
         let json = record.to_string();
         tracing::info!(app = %self.spec.name, policy = decision.policy, action = %action, desired = total, decision = %json, "autoscaler decision");
-        metrics::counter!("flotilla_autoscaler_decisions_total", "app" => self.spec.name.clone(), "policy" => decision.policy, "action" => action)
+        metrics::counter!(m::AUTOSCALER_DECISIONS.name, "app" => self.spec.name.clone(), "policy" => decision.policy, "action" => action)
             .increment(1);
-        metrics::gauge!("flotilla_autoscaler_desired_units", "app" => self.spec.name.clone()).set(f64::from(total));
+        metrics::gauge!(m::AUTOSCALER_DESIRED_UNITS.name, "app" => self.spec.name.clone()).set(f64::from(total));
         if let Some(e) = decision.inputs.get("estimate") {
-            metrics::gauge!("flotilla_autoscaler_estimated_units", "app" => self.spec.name.clone()).set(e);
+            metrics::gauge!(m::AUTOSCALER_ESTIMATED_UNITS.name, "app" => self.spec.name.clone()).set(e);
         }
         let seq = self.autoscaler.next_seq;
         self.autoscaler.next_seq += 1;

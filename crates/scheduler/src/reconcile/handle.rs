@@ -1,6 +1,7 @@
 //! What the world sees of a running scheduler: its handle (status, stats, routes) and
 //! the commands the control plane sends it (scale, apply).
 
+use crate::catalogue as m;
 use flotilla_core::LockExt;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
@@ -244,7 +245,7 @@ impl Scheduler {
         // It was valid when applied; a newer build may judge it differently.
         let spec = AppSpec::parse(&text).map_err(|e| CommandError::InvalidSpec(format!("the previous spec: {e}")))?;
         tracing::info!(app = %self.spec.name, "rolling back to the previous spec");
-        metrics::counter!("flotilla_spec_rollbacks_total", "app" => self.spec.name.clone()).increment(1);
+        metrics::counter!(m::SPEC_ROLLBACKS.name, "app" => self.spec.name.clone()).increment(1);
         self.apply(spec)
     }
 
@@ -279,7 +280,7 @@ impl Scheduler {
             format!("{stale} unit(s) will roll, {} at a time", spec.rollout.max_unavailable)
         };
         tracing::info!(app = %spec.name, %fingerprint, stale, "spec applied");
-        metrics::counter!("flotilla_spec_applied_total", "app" => spec.name.clone()).increment(1);
+        metrics::counter!(m::SPEC_APPLIED.name, "app" => spec.name.clone()).increment(1);
         self.spec = spec;
         self.fingerprint = fingerprint;
         self.classes = ClassCache::default();

@@ -1,6 +1,7 @@
 //! Heal: a unit whose head is lost fails and is replaced; lost workers are replaced in
 //! place, in the unit's domain. `crate::repair` decides; this carries it out.
 
+use crate::catalogue as m;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -42,7 +43,7 @@ impl Scheduler {
             }
         }
         let mass = placed >= 4 && decisions.len() * 2 > placed;
-        metrics::gauge!("flotilla_replacements_rate_limited", "app" => self.spec.name.clone()).set(if mass {
+        metrics::gauge!(m::REPLACEMENTS_RATE_LIMITED.name, "app" => self.spec.name.clone()).set(if mass {
             1.0
         } else {
             0.0
@@ -89,7 +90,7 @@ impl Scheduler {
     /// next pass queues its replacement.
     async fn fail_unit(&mut self, id: &str, why: String, writes: &mut Vec<Write>) {
         tracing::warn!(unit = %id, %why, "unit failed; a replacement is queued");
-        metrics::counter!("flotilla_units_failed_total", "app" => self.spec.name.clone()).increment(1);
+        metrics::counter!(m::UNITS_FAILED.name, "app" => self.spec.name.clone()).increment(1);
         // Write ahead: a scheduler that dies after the release must find the unit Failed
         // (and retry the release), never Running with nothing held.
         let Some(u) = self.stored.units.get_mut(id) else { return };

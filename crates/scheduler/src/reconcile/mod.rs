@@ -24,6 +24,7 @@ mod place;
 mod roll;
 mod scale_in;
 
+use crate::catalogue as m;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -231,7 +232,7 @@ impl Scheduler {
             if let Err(e) = self.reconcile().await {
                 tracing::warn!(app = %self.spec.name, error = %format!("{e:#}"), "reconcile failed");
             }
-            metrics::histogram!("flotilla_reconcile_seconds").record(started.elapsed().as_secs_f64());
+            metrics::histogram!(m::RECONCILE_SECONDS.name).record(started.elapsed().as_secs_f64());
             self.publish_routes();
             let tick = tokio::time::sleep(Duration::from_secs(1));
             tokio::select! {
@@ -354,8 +355,7 @@ impl Scheduler {
         let current = self.routes.borrow().clone();
         if current.routes != routes {
             let changed = routes.iter().filter(|r| !current.routes.contains(r)).count();
-            metrics::counter!("flotilla_route_weight_changes_total", "app" => self.spec.name.clone())
-                .increment(changed as u64);
+            metrics::counter!(m::ROUTE_WEIGHT_CHANGES.name, "app" => self.spec.name.clone()).increment(changed as u64);
             let table = v1::RouteTable { app: self.spec.name.clone(), version: current.version + 1, routes };
             let templates = self.spec.members();
             let resources_of =
@@ -363,7 +363,7 @@ impl Scheduler {
             let capacity = crate::routes::capacity(&table, resources_of, &slots);
             let old = self.capacity.borrow().clone();
             if (old.total_weight, &old.by_priority) != (capacity.total_weight, &capacity.by_priority) {
-                metrics::gauge!("flotilla_app_capacity_weight", "app" => self.spec.name.clone())
+                metrics::gauge!(m::APP_CAPACITY_WEIGHT.name, "app" => self.spec.name.clone())
                     .set(capacity.total_weight);
                 self.capacity.send_replace(Arc::new(capacity));
             }
@@ -378,7 +378,7 @@ impl Scheduler {
             counts[UnitState::ALL.iter().position(|s| *s == u.state).unwrap_or(0)] += 1;
         }
         for (s, c) in UnitState::ALL.iter().zip(counts) {
-            metrics::gauge!("flotilla_units", "app" => self.spec.name.clone(), "state" => s.as_str()).set(c as f64);
+            metrics::gauge!(m::UNITS.name, "app" => self.spec.name.clone(), "state" => s.as_str()).set(c as f64);
         }
         self.status.store(Arc::new(AppStatus {
             app: self.spec.name.clone(),

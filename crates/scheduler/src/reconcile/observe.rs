@@ -2,6 +2,7 @@
 //! along; what no unit accounts for is released; on start, what a previous run was
 //! placing is replaced.
 
+use crate::catalogue as m;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
@@ -126,8 +127,7 @@ impl Scheduler {
         }
         for (shard, keys) in orphans {
             tracing::warn!(shard, orphans = keys.len(), "releasing members no unit accounts for");
-            metrics::counter!("flotilla_orphans_released_total", "app" => self.spec.name.clone())
-                .increment(keys.len() as u64);
+            metrics::counter!(m::ORPHANS_RELEASED.name, "app" => self.spec.name.clone()).increment(keys.len() as u64);
             let tag = format!("{}-sweep", self.spec.name);
             if let Err(e) = self.release_keys(shard, &tag, keys).await {
                 tracing::warn!(error = %e, "releasing orphans; will retry");

@@ -2,6 +2,7 @@
 //! Placing, committed grouped by shard, and settled by the ledgers' verdicts. What was
 //! rejected stays queued for the next attempt against a fresher view.
 
+use crate::catalogue as m;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -52,7 +53,7 @@ impl Scheduler {
             let txn_id = self.txn_id(&format!("{}-{}", self.spec.name, now_ms()));
             let started = Instant::now();
             let result = self.ledgers.commit(shard, txn_id, claims).await;
-            metrics::histogram!("flotilla_commit_latency_seconds").record(started.elapsed().as_secs_f64());
+            metrics::histogram!(m::SCHEDULER_COMMIT_SECONDS.name).record(started.elapsed().as_secs_f64());
             Stats::record(&self.stats.commit_us, started.elapsed());
             match result {
                 Ok(resp) => still.extend(self.settle(shard, units, resp, writes)),
@@ -102,7 +103,7 @@ impl Scheduler {
             };
             let classes = if secondary { &mut self.classes_secondary } else { &mut self.classes };
             let plan = place_unit(&input, &requests, classes, &mut self.rng);
-            metrics::histogram!("flotilla_plan_seconds").record(started.elapsed().as_secs_f64());
+            metrics::histogram!(m::PLAN_SECONDS.name).record(started.elapsed().as_secs_f64());
             Stats::record(&self.stats.decision_us, started.elapsed());
             let Some(unit) = self.stored.units.get_mut(id) else { continue };
             match plan {
@@ -175,13 +176,13 @@ impl Scheduler {
                 .collect();
             let Some(unit) = self.stored.units.get_mut(&id) else { continue };
             if !rejected.is_empty() {
-                metrics::counter!("flotilla_placements_total", "result" => "conflict").increment(1);
+                metrics::counter!(m::PLACEMENTS.name, "result" => "conflict").increment(1);
                 unit.state = UnitState::Queued;
                 unit.unplaced_reason = Some(format!("commit rejected: {}", rejected.join("; ")));
                 requeued.push(id);
                 continue;
             }
-            metrics::counter!("flotilla_placements_total", "result" => "committed").increment(1);
+            metrics::counter!(m::PLACEMENTS.name, "result" => "committed").increment(1);
             unit.state = UnitState::Allocated;
             unit.domain = Some(p.domain.clone());
             unit.unplaced_reason = None;
@@ -202,9 +203,9 @@ impl Scheduler {
         let rejected = resp.results.len() as u64 - accepted;
         let ok = self.stats.claims_accepted.fetch_add(accepted, Ordering::Relaxed) + accepted;
         let conflicts = self.stats.claims_rejected.fetch_add(rejected, Ordering::Relaxed) + rejected;
-        metrics::counter!("flotilla_scheduler_claims_total", "result" => "accepted").increment(accepted);
-        metrics::counter!("flotilla_scheduler_claims_total", "result" => "conflict").increment(rejected);
-        metrics::gauge!("flotilla_conflict_fraction", "app" => self.spec.name.clone())
+        metrics::counter!(m::SCHEDULER_CLAIMS.name, "result" => "accepted").increment(accepted);
+        metrics::counter!(m::SCHEDULER_CLAIMS.name, "result" => "conflict").increment(rejected);
+        metrics::gauge!(m::SCHEDULER_CONFLICT_RATIO.name, "app" => self.spec.name.clone())
             .set(conflicts as f64 / ok.max(1) as f64);
     }
 
@@ -221,7 +222,7 @@ impl Scheduler {
         tracing::warn!(error = %e, "commit outcome unknown: failing its units");
         for (id, p) in units {
             if let Some(unit) = self.stored.units.get_mut(&id) {
-                metrics::counter!("flotilla_placements_total", "result" => "unknown").increment(1);
+                metrics::counter!(m::PLACEMENTS.name, "result" => "unknown").increment(1);
                 unit.state = UnitState::Failed;
                 unit.domain = Some(p.domain.clone());
                 unit.members = member_records(&self.spec, &p, shard);

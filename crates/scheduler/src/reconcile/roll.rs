@@ -1,6 +1,7 @@
 //! Roll: units on leaving nodes or with a stale template are replaced make before
 //! break. `crate::rollout` decides; this carries it out.
 
+use crate::catalogue as m;
 use std::sync::Arc;
 
 use flotilla_core::now_ms;
@@ -43,8 +44,7 @@ impl Scheduler {
             let new = self.queue_unit(secondary, writes);
             if let Some(u) = self.stored.units.get_mut(&id) {
                 tracing::info!(unit = %id, replacement = %new, %why, "replacing the unit, make before break");
-                metrics::counter!("flotilla_units_replaced_total", "app" => self.spec.name.clone(), "why" => why)
-                    .increment(1);
+                metrics::counter!(m::UNITS_REPLACED.name, "app" => self.spec.name.clone(), "why" => why).increment(1);
                 u.replaced_by = Some(new);
                 writes.push(Write::Unit(u.clone()));
             }

@@ -1,0 +1,27 @@
+//! The metric families a node agent exports (its part of the catalogue, docs/metrics.md).
+//! Call sites use these names, so a family cannot drift from its description.
+
+use flotilla_obs::Family;
+
+pub const HEARTBEATS_SENT: Family =
+    Family::counter("flotilla_agent_heartbeats_sent_total", "Heartbeat datagrams the agent sent to its shard.", &[]);
+pub const HEARTBEAT_REPLIES: Family = Family::counter(
+    "flotilla_agent_heartbeat_replies_total",
+    "Replies to heartbeats the agent received from its shard, by the action they ask for.",
+    &["action"],
+);
+pub const REGISTRATIONS: Family = Family::counter(
+    "flotilla_agent_registrations_total",
+    "Registrations the agent attempted with its shard, by result (ok or error).",
+    &["result"],
+);
+pub const ASSIGNMENTS: Family =
+    Family::gauge("flotilla_agent_assignments", "Unit members assigned to this node by its shard.", &[]);
+pub const ASSIGNMENTS_REFUSED: Family = Family::counter(
+    "flotilla_agent_assignments_refused_total",
+    "Assignment pushes refused because they were meant for another node.",
+    &[],
+);
+
+/// Every family a node agent exports.
+pub const FAMILIES: &[Family] = &[HEARTBEATS_SENT, HEARTBEAT_REPLIES, REGISTRATIONS, ASSIGNMENTS, ASSIGNMENTS_REFUSED];

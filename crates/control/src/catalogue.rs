@@ -1,0 +1,80 @@
+//! The metric families the control plane exports (its part of the catalogue,
+//! docs/metrics.md). Call sites use these names, so a family cannot drift from its
+//! description.
+
+use flotilla_obs::{Family, buckets};
+
+pub const API_REQUESTS: Family = Family::counter(
+    "flotilla_api_requests_total",
+    "HTTP API requests, by route template (such as /v1/apps/{app}/units).",
+    &["route"],
+);
+pub const API_ERRORS: Family =
+    Family::counter("flotilla_api_errors_total", "HTTP API error answers, by error code.", &["code"]);
+pub const HTTP_REQUESTS_REJECTED: Family = Family::counter(
+    "flotilla_http_requests_rejected_total",
+    "HTTP requests or connections refused by a limit (rate, body size, subscribers, ...), by reason.",
+    &["reason"],
+);
+pub const UI_REQUESTS: Family =
+    Family::counter("flotilla_ui_requests_total", "Files of the web dashboard served.", &[]);
+pub const POLICIES_APPLIED: Family =
+    Family::counter("flotilla_policies_applied_total", "Named autoscaling policies created or changed.", &[]);
+pub const POOL_CONSTRAINTS_SET: Family = Family::counter(
+    "flotilla_pool_constraints_set_total",
+    "Pool resource floors (constraints) set through the API.",
+    &[],
+);
+pub const POOL_BOUNDS_SET: Family = Family::counter(
+    "flotilla_pool_bounds_set_total",
+    "Changes of a node type's minimum or maximum accepted through the API.",
+    &[],
+);
+pub const EVENTS_SUBSCRIBERS: Family =
+    Family::gauge("flotilla_events_subscribers", "Open event streams (dashboards in browsers).", &[]);
+pub const EVENTS_MESSAGES: Family = Family::counter(
+    "flotilla_events_messages_total",
+    "Event stream messages sent, by event type (a broadcast counts once).",
+    &["event"],
+);
+pub const EVENTS_SNAPSHOTS: Family =
+    Family::counter("flotilla_events_snapshots_total", "Full snapshots sent on event streams.", &[]);
+pub const EVENTS_LAGGED: Family = Family::counter(
+    "flotilla_events_lagged_total",
+    "Event stream subscribers that fell behind and were sent a new snapshot.",
+    &[],
+);
+pub const EVENTS_TICK_SECONDS: Family = Family::histogram(
+    "flotilla_events_tick_seconds",
+    "Time to compute one tick of the event stream's changes, in seconds.",
+    &[],
+    buckets::SECONDS,
+);
+pub const WATCHROUTES_STREAMS: Family = Family::counter(
+    "flotilla_watchroutes_streams_total",
+    "WatchRoutes streams opened (routers following an app).",
+    &[],
+);
+pub const WATCHCAPACITY_STREAMS: Family = Family::counter(
+    "flotilla_watchcapacity_streams_total",
+    "WatchCapacity streams opened (consumers pacing themselves by an app's capacity).",
+    &[],
+);
+
+/// Every family the control plane exports.
+pub const FAMILIES: &[Family] = &[
+    API_REQUESTS,
+    API_ERRORS,
+    HTTP_REQUESTS_REJECTED,
+    UI_REQUESTS,
+    POLICIES_APPLIED,
+    POOL_CONSTRAINTS_SET,
+    POOL_BOUNDS_SET,
+    EVENTS_SUBSCRIBERS,
+    EVENTS_MESSAGES,
+    EVENTS_SNAPSHOTS,
+    EVENTS_LAGGED,
+    EVENTS_TICK_SECONDS,
+    WATCHROUTES_STREAMS,
+    WATCHCAPACITY_STREAMS,
+];

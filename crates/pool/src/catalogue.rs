@@ -1,0 +1,73 @@
+//! The metric families of the node pool autoscaler (its part of the catalogue,
+//! docs/metrics.md). Call sites use these names, so a family cannot drift from its
+//! description.
+
+use flotilla_obs::{Family, buckets};
+
+pub const PASSES: Family = Family::counter(
+    "flotilla_pool_passes_total",
+    "Pool autoscaler passes, by outcome (ok or error).",
+    &["pool", "outcome"],
+);
+pub const PASS_SECONDS: Family = Family::histogram(
+    "flotilla_pool_pass_seconds",
+    "Time one pool autoscaler pass takes, provider calls included, in seconds.",
+    &["pool"],
+    buckets::SECONDS,
+);
+pub const DECISION_SECONDS: Family = Family::histogram(
+    "flotilla_pool_decision_seconds",
+    "Time the pool autoscaler takes to decide what to launch and terminate, in seconds.",
+    &["pool"],
+    buckets::SECONDS,
+);
+pub const LAUNCHES: Family = Family::counter(
+    "flotilla_pool_launches_total",
+    "Instances queued for launch, by node type.",
+    &["pool", "node_type"],
+);
+pub const LAUNCH_FAILURES: Family = Family::counter(
+    "flotilla_pool_launch_failures_total",
+    "Instance launches the provider failed, by node type.",
+    &["pool", "node_type"],
+);
+pub const TERMINATIONS: Family = Family::counter(
+    "flotilla_pool_terminations_total",
+    "Instances the pool autoscaler terminated, by node type and cause.",
+    &["pool", "node_type", "cause"],
+);
+pub const INSTANCES: Family = Family::gauge(
+    "flotilla_pool_instances",
+    "Pool instances, by node type and state.",
+    &["pool", "node_type", "state"],
+);
+pub const INSTANCE_TRANSITIONS: Family = Family::counter(
+    "flotilla_pool_instance_transitions_total",
+    "Pool instance state changes, by from and to state.",
+    &["from", "to"],
+);
+pub const PROVIDER_CALLS: Family = Family::counter(
+    "flotilla_pool_provider_calls_total",
+    "Calls to the instance provider, by provider, operation and outcome.",
+    &["provider", "op", "outcome"],
+);
+pub const PROVIDER_CALL_SECONDS: Family = Family::histogram(
+    "flotilla_pool_provider_call_seconds",
+    "Time one instance provider call takes, in seconds.",
+    &["provider", "op"],
+    buckets::SECONDS,
+);
+
+/// Every family of the pool autoscaler.
+pub const FAMILIES: &[Family] = &[
+    PASSES,
+    PASS_SECONDS,
+    DECISION_SECONDS,
+    LAUNCHES,
+    LAUNCH_FAILURES,
+    TERMINATIONS,
+    INSTANCES,
+    INSTANCE_TRANSITIONS,
+    PROVIDER_CALLS,
+    PROVIDER_CALL_SECONDS,
+];

@@ -1,0 +1,162 @@
+//! The metric families a router exports (its part of the catalogue, docs/metrics.md), and
+//! the labels it puts on them. An endpoint's address (`ip:port`) churns with every
+//! replacement, so per-endpoint series are labelled by `app` and `node` (the node the
+//! endpoint runs on) instead: bounded by the cluster's size.
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
+use flotilla_obs::{Family, buckets};
+
+use crate::Balancer;
+use crate::service::CallReport;
+
+pub const ENDPOINT_WEIGHT: Family = Family::gauge(
+    "flotilla_route_endpoint_weight",
+    "Route weight the router gives an app's endpoints on a node, summed over them (each 0 to 1; 0 sends nothing).",
+    &["app", "node"],
+);
+pub const ENDPOINTS: Family =
+    Family::gauge("flotilla_route_endpoints", "Endpoints with a positive weight in the router's table.", &[]);
+pub const TABLE_VERSION: Family =
+    Family::gauge("flotilla_route_table_version", "Version of the newest route table the router applied.", &[]);
+/// The same family a scheduler exports: both count changed route entries of an app.
+pub const ROUTE_WEIGHT_CHANGES: Family = Family::counter(
+    "flotilla_route_weight_changes_total",
+    "Route entries whose weight changed, in the tables a scheduler publishes or a router applies.",
+    &["app"],
+);
+pub const STREAM_RECONNECTS: Family = Family::counter(
+    "flotilla_route_stream_reconnects_total",
+    "Times the router's route table stream broke and was opened again (stale routes serve meanwhile).",
+    &[],
+);
+pub const REQUESTS: Family = Family::counter(
+    "flotilla_route_requests_total",
+    "Requests the router forwarded, by the node of the endpoint and result (ok or error).",
+    &["app", "node", "result"],
+);
+pub const REQUEST_SECONDS: Family = Family::histogram(
+    "flotilla_route_request_seconds",
+    "Time from forwarding a request to its answer, by the node of the endpoint, in seconds.",
+    &["app", "node"],
+    buckets::SECONDS,
+);
+pub const EJECTIONS: Family = Family::counter(
+    "flotilla_route_ejections_total",
+    "Endpoints ejected after consecutive failures, by node.",
+    &["app", "node"],
+);
+pub const UNROUTABLE: Family = Family::counter(
+    "flotilla_route_unroutable_total",
+    "Requests answered 503 because no endpoint could take them.",
+    &[],
+);
+
+/// Every family a router exports.
+pub const FAMILIES: &[Family] = &[
+    ENDPOINT_WEIGHT,
+    ENDPOINTS,
+    TABLE_VERSION,
+    ROUTE_WEIGHT_CHANGES,
+    STREAM_RECONNECTS,
+    REQUESTS,
+    REQUEST_SECONDS,
+    EJECTIONS,
+    UNROUTABLE,
+];
+
+/// The labels of a router's series: its app and the node of each endpoint, as the route
+/// table says (with a fixed `--backends` list, each backend is its own "node").
+pub struct Labels {
+    app: String,
+    nodes: RwLock<HashMap<String, String>>,
+}
+
+impl Labels {
+    pub fn new(app: impl Into<String>) -> Arc<Labels> {
+        Arc::new(Labels { app: app.into(), nodes: RwLock::default() })
+    }
+
+    /// Replaces the endpoint-to-node map with the pairs of the table in force.
+    pub fn set_nodes<'a>(&self, pairs: impl IntoIterator<Item = (&'a str, &'a str)>) {
+        let map = pairs.into_iter().map(|(a, n)| (a.to_string(), n.to_string())).collect();
+        *self.nodes.write().unwrap_or_else(|e| e.into_inner()) = map;
+    }
+
+    /// The node of `endpoint`; `unknown` for one that left the table (a request that
+    /// finished after its endpoint went).
+    pub fn node(&self, endpoint: &str) -> String {
+        let nodes = self.nodes.read().unwrap_or_else(|e| e.into_inner());
+        nodes.get(endpoint).filter(|n| !n.is_empty()).cloned().unwrap_or_else(|| "unknown".to_string())
+    }
+
+    pub fn app(&self) -> &str {
+        &self.app
+    }
+
+    /// Counts one finished call.
+    pub fn record(&self, r: CallReport) {
+        let (app, node) = (self.app.clone(), self.node(&r.endpoint));
+        let result = if r.outcome == crate::Outcome::Success { "ok" } else { "error" };
+        metrics::counter!(REQUESTS.name, "app" => app.clone(), "node" => node.clone(), "result" => result).increment(1);
+        metrics::histogram!(REQUEST_SECONDS.name, "app" => app.clone(), "node" => node.clone()).record(r.seconds);
+        if let Some(d) = r.ejected_for {
+            tracing::warn!(endpoint = %r.endpoint, %node, seconds = d.as_secs_f64(), "endpoint ejected after consecutive failures");
+            metrics::counter!(EJECTIONS.name, "app" => app, "node" => node).increment(1);
+        }
+    }
+
+    /// Renders `flotilla_route_endpoint_weight` of `balancer`'s endpoints now: read at
+    /// scrape time, so the series of a node whose endpoints all left disappears with them.
+    pub fn render_weights(&self, balancer: &Balancer, out: &mut String) {
+        let mut by_node: std::collections::BTreeMap<String, f64> = Default::default();
+        for e in balancer.endpoints().iter() {
+            *by_node.entry(self.node(&e.addr)).or_default() += e.weight();
+        }
+        if by_node.is_empty() {
+            return;
+        }
+        ENDPOINT_WEIGHT.write_header(out);
+        for (node, w) in &by_node {
+            ENDPOINT_WEIGHT.write_sample(out, &[("app", &self.app), ("node", node)], *w);
+        }
+        out.push('\n');
+    }
+
+    /// Exports the route weights of `balancer` on this process's `/metrics`.
+    pub fn export_weights(self: &Arc<Self>, balancer: Arc<Balancer>) {
+        let labels = self.clone();
+        flotilla_obs::add_collector(move |out| labels.render_weights(&balancer, out));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    #[test]
+    fn weights_are_summed_by_node_and_an_endpoint_that_left_is_gone() {
+        let b = Balancer::new(crate::Config::default());
+        let labels = Labels::new("echo");
+        b.update(
+            &[("10.0.0.1:1".into(), 0.5), ("10.0.0.1:2".into(), 0.25), ("10.0.0.2:1".into(), 1.0)],
+            Instant::now(),
+        );
+        labels.set_nodes([("10.0.0.1:1", "n1"), ("10.0.0.1:2", "n1"), ("10.0.0.2:1", "n2")]);
+        let mut out = String::new();
+        labels.render_weights(&b, &mut out);
+        assert!(out.contains("# HELP flotilla_route_endpoint_weight "), "{out}");
+        assert!(out.contains("flotilla_route_endpoint_weight{app=\"echo\",node=\"n1\"} 0.75\n"), "{out}");
+        assert!(out.contains("flotilla_route_endpoint_weight{app=\"echo\",node=\"n2\"} 1\n"), "{out}");
+        assert!(!out.contains("10.0.0."), "no address in a label: {out}");
+
+        b.update(&[("10.0.0.1:1".into(), 0.5)], Instant::now());
+        labels.set_nodes([("10.0.0.1:1", "n1")]);
+        let mut out = String::new();
+        labels.render_weights(&b, &mut out);
+        assert!(out.contains("node=\"n1\"} 0.5\n") && !out.contains("n2"), "{out}");
+        assert_eq!(labels.node("10.9.9.9:1"), "unknown");
+    }
+}

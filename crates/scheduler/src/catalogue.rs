@@ -1,0 +1,107 @@
+//! The metric families an app's scheduler exports (its part of the catalogue,
+//! docs/metrics.md). Call sites use these names, so a family cannot drift from its
+//! description.
+
+use flotilla_obs::{Family, buckets};
+
+pub const RECONCILE_SECONDS: Family = Family::histogram(
+    "flotilla_reconcile_seconds",
+    "Time one reconcile pass of a scheduler takes, in seconds.",
+    &[],
+    buckets::SECONDS,
+);
+pub const PLAN_SECONDS: Family = Family::histogram(
+    "flotilla_plan_seconds",
+    "Time to plan the placement of the queued units of one pass, in seconds.",
+    &[],
+    buckets::SECONDS,
+);
+pub const SCHEDULER_COMMIT_SECONDS: Family = Family::histogram(
+    "flotilla_scheduler_commit_seconds",
+    "Time from sending a commit to a shard to its answer, seen by the scheduler, in seconds.",
+    &[],
+    buckets::SECONDS,
+);
+pub const PLACEMENTS: Family = Family::counter(
+    "flotilla_placements_total",
+    "Unit placements the scheduler tried to commit, by result (committed, conflict, unknown).",
+    &["result"],
+);
+pub const SCHEDULER_CLAIMS: Family = Family::counter(
+    "flotilla_scheduler_claims_total",
+    "Member claims the shards answered, by result (accepted or conflict).",
+    &["result"],
+);
+pub const SCHEDULER_CONFLICT_RATIO: Family = Family::gauge(
+    "flotilla_scheduler_conflict_ratio",
+    "Conflicting claims per accepted claim since the scheduler started (Omega's conflict fraction).",
+    &["app"],
+);
+pub const UNITS: Family = Family::gauge("flotilla_units", "An app's units, by state.", &["app", "state"]);
+pub const UNITS_REPLACED: Family = Family::counter(
+    "flotilla_units_replaced_total",
+    "Units replaced make-before-break, by why (node drained, preemption notice, template changed).",
+    &["app", "why"],
+);
+pub const UNITS_FAILED: Family = Family::counter("flotilla_units_failed_total", "Units that failed.", &["app"]);
+pub const REPLACEMENTS_RATE_LIMITED: Family = Family::gauge(
+    "flotilla_replacements_rate_limited",
+    "1 while so many units need repair at once that replacements are rate-limited (a mass failure), else 0.",
+    &["app"],
+);
+pub const ORPHANS_RELEASED: Family = Family::counter(
+    "flotilla_orphans_released_total",
+    "Claims on the shards that no unit accounts for, released by the scheduler.",
+    &["app"],
+);
+pub const STORE_WRITES: Family =
+    Family::counter("flotilla_store_writes_total", "Transactions written to the scheduler's durable store.", &[]);
+pub const SPEC_APPLIED: Family =
+    Family::counter("flotilla_spec_applied_total", "New app specs the scheduler accepted.", &["app"]);
+pub const SPEC_ROLLBACKS: Family =
+    Family::counter("flotilla_spec_rollbacks_total", "App specs rolled back to the previous one.", &["app"]);
+pub const ROUTE_WEIGHT_CHANGES: Family = Family::counter(
+    "flotilla_route_weight_changes_total",
+    "Route entries whose weight changed, in the tables a scheduler publishes or a router applies.",
+    &["app"],
+);
+pub const APP_CAPACITY_WEIGHT: Family = Family::gauge(
+    "flotilla_app_capacity_weight",
+    "Sum of the route weights of an app's serving members (its capacity in healthy-member units).",
+    &["app"],
+);
+pub const AUTOSCALER_DECISIONS: Family = Family::counter(
+    "flotilla_autoscaler_decisions_total",
+    "Autoscaling decisions, by policy kind and action.",
+    &["app", "policy", "action"],
+);
+pub const AUTOSCALER_DESIRED_UNITS: Family =
+    Family::gauge("flotilla_autoscaler_desired_units", "Units the autoscaler last asked for.", &["app"]);
+pub const AUTOSCALER_ESTIMATED_UNITS: Family = Family::gauge(
+    "flotilla_autoscaler_estimated_units",
+    "Units the autoscaling policy estimated the demand needs, before bounds and damping.",
+    &["app"],
+);
+
+/// Every family a scheduler exports.
+pub const FAMILIES: &[Family] = &[
+    RECONCILE_SECONDS,
+    PLAN_SECONDS,
+    SCHEDULER_COMMIT_SECONDS,
+    PLACEMENTS,
+    SCHEDULER_CLAIMS,
+    SCHEDULER_CONFLICT_RATIO,
+    UNITS,
+    UNITS_REPLACED,
+    UNITS_FAILED,
+    REPLACEMENTS_RATE_LIMITED,
+    ORPHANS_RELEASED,
+    STORE_WRITES,
+    SPEC_APPLIED,
+    SPEC_ROLLBACKS,
+    ROUTE_WEIGHT_CHANGES,
+    APP_CAPACITY_WEIGHT,
+    AUTOSCALER_DECISIONS,
+    AUTOSCALER_DESIRED_UNITS,
+    AUTOSCALER_ESTIMATED_UNITS,
+];

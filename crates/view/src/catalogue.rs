@@ -1,0 +1,13 @@
+//! The metric families of the view follower, in every process that follows the shards
+//! (schedulers, control plane): its part of the catalogue, docs/metrics.md.
+
+use flotilla_obs::Family;
+
+pub const SNAPSHOTS_RECEIVED: Family = Family::counter(
+    "flotilla_view_snapshots_received_total",
+    "Full view snapshots received from shards (at connect, or after falling behind).",
+    &[],
+);
+
+/// Every family of the view follower.
+pub const FAMILIES: &[Family] = &[SNAPSHOTS_RECEIVED];
