@@ -9,6 +9,7 @@ mod common;
 mod nodes;
 mod pool;
 mod pool_exec;
+mod prometheus;
 mod routing;
 mod scaling;
 mod security;
