@@ -63,6 +63,17 @@ fn the_dashboard_is_a_grafana_dashboard_over_a_prometheus_variable() {
     for topic in ["Nodes", "View", "Placements", "Units", "Autoscaling", "Routing", "Processes"] {
         assert!(rows.iter().any(|r| r.contains(topic)), "no row about {topic}: {rows:?}");
     }
+    let rect = |p: &Value| {
+        let g = &p["gridPos"];
+        [&g["x"], &g["y"], &g["w"], &g["h"]].map(|v| v.as_u64().unwrap_or(0))
+    };
+    for (i, a) in all.iter().enumerate() {
+        for b in &all[i + 1..] {
+            let ([ax, ay, aw, ah], [bx, by, bw, bh]) = (rect(a), rect(b));
+            let overlap = ax < bx + bw && bx < ax + aw && ay < by + bh && by < ay + ah;
+            assert!(!overlap, "panels {:?} and {:?} overlap", a["title"], b["title"]);
+        }
+    }
     let mut ids = std::collections::HashSet::new();
     for p in &all {
         assert!(ids.insert(p["id"].as_u64().expect("panel id")), "panel id {} twice", p["id"]);
