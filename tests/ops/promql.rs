@@ -13,7 +13,7 @@ pub struct Catalogue(BTreeMap<String, String>);
 impl Catalogue {
     pub fn parse(markdown: &str) -> Catalogue {
         let mut families = BTreeMap::new();
-        for line in markdown.lines() {
+        for line in markdown.lines().filter(|l| l.trim_start().starts_with('|')) {
             let cells: Vec<&str> = line.trim().trim_matches('|').split('|').map(str::trim).collect();
             let Some(name) = cells.first().and_then(|c| c.strip_prefix('`')).and_then(|c| c.strip_suffix('`')) else {
                 continue;
@@ -171,7 +171,8 @@ mod tests {
     fn the_catalogue_knows_histogram_series_and_counter_families() {
         let c = Catalogue::parse(
             "| Name | Type | Labels | Help |\n|---|---|---|---|\n| `flotilla_a_seconds` | histogram | shard | a |\n\
-             | `flotilla_b` | counter | | b |\n| `flotilla_c_total` | counter | | c |\n| `flotilla_d` | gauge | | d |\n",
+             | `flotilla_b` | counter | | b |\n| `flotilla_c_total` | counter | | c |\n| `flotilla_d` | gauge | | d |\n\
+             - `flotilla_e`: buckets 0.1, 1\n",
         );
         assert_eq!(c.len(), 4);
         for ok in
