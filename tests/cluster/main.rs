@@ -11,6 +11,7 @@ mod metrics;
 mod nodes;
 mod pool;
 mod pool_exec;
+mod prometheus;
 mod routing;
 mod scaling;
 mod secrets_mount;
