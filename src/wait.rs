@@ -21,7 +21,7 @@ pub struct WaitArgs {
     #[arg(long)]
     pub wait: bool,
     /// With --wait: how long to wait (`30s`, `5m`).
-    #[arg(long, default_value = "5m", value_parser = crate::servers::parse_duration)]
+    #[arg(long, default_value = "5m", value_parser = crate::servers::parse_duration, requires = "wait")]
     pub timeout: Duration,
 }
 
