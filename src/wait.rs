@@ -42,9 +42,15 @@ impl Progress {
         self.last = line.to_string();
     }
 
-    fn finish(&mut self) {
+    /// Ends the progress line: kept (a newline) when things went wrong, cleared on a
+    /// terminal when done, as the command then prints its result on stdout.
+    fn finish(&mut self, keep: bool) {
         if self.tty && !self.last.is_empty() {
-            eprintln!();
+            if keep {
+                eprintln!();
+            } else {
+                eprint!("\r\x1b[2K");
+            }
         }
     }
 }
@@ -64,18 +70,18 @@ where
         match check().await {
             Ok((true, line)) => {
                 p.show(&line);
-                p.finish();
+                p.finish(false);
                 return Ok(line);
             }
             Ok((false, line)) => p.show(&line),
             Err(e) if e.downcast_ref::<Refused>().is_some_and(|r| !r.status.is_server_error()) => {
-                p.finish();
+                p.finish(true);
                 return Err(e.context(format!("waiting for {what}")));
             }
             Err(e) => p.show(&format!("{e:#} (retrying)")),
         }
         if Instant::now() >= deadline {
-            p.finish();
+            p.finish(true);
             let secs = timeout.as_secs_f64();
             anyhow::bail!("timed out after {secs}s (--timeout) waiting for {what}; last seen: {}", p.last);
         }
