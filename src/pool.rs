@@ -67,11 +67,12 @@ fn plan(a: PlanArgs) -> anyhow::Result<()> {
     }
     println!("launch {} node(s), decided in {:.3} ms", r.nodes_total, r.decision_seconds * 1e3);
     if !r.nodes_by_type.is_empty() {
-        println!("  {:<20} {:>6}  WHY", "TYPE", "COUNT");
+        let mut table = crate::table::Table::new(&["TYPE", ">COUNT", "WHY"]);
         for (t, n) in &r.nodes_by_type {
             let why = r.reasons.get(t).map(|w| w.join(", ")).unwrap_or_default();
-            println!("  {t:<20} {n:>6}  {why}");
+            table.row(vec![t.clone(), n.to_string(), why]);
         }
+        print!("{}", table.render("  "));
         let fmt = |name: &str, v: f64| {
             if name == "memory" { format!("{name} {:.1}Gi", v / (1u64 << 30) as f64) } else { format!("{name} {v}") }
         };
