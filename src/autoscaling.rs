@@ -16,17 +16,17 @@ pub async fn decisions(a: UnitsArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     let rows = v.as_array().cloned().unwrap_or_default();
-    println!("{:<14} {:<12} {:<18} {:>6}  EXPLANATION", "AT (unix ms)", "POLICY", "ACTION", "UNITS");
+    let mut t = crate::table::Table::new(&[">AT (unix ms)", "POLICY", "ACTION", ">UNITS", "EXPLANATION"]);
     for d in &rows {
-        println!(
-            "{:<14} {:<12} {:<18} {:>6}  {}",
-            d["at"].as_u64().unwrap_or(0),
-            d["policy"].as_str().unwrap_or("-"),
-            d["action"].as_str().unwrap_or("-"),
-            d["applied_units"].as_u64().unwrap_or(0),
-            d["explanation"].as_str().unwrap_or("")
-        );
+        t.row(vec![
+            d["at"].as_u64().unwrap_or(0).to_string(),
+            d["policy"].as_str().unwrap_or("-").to_string(),
+            d["action"].as_str().unwrap_or("-").to_string(),
+            d["applied_units"].as_u64().unwrap_or(0).to_string(),
+            d["explanation"].as_str().unwrap_or("").to_string(),
+        ]);
     }
+    t.print();
     println!("{} decisions", rows.len());
     Ok(())
 }
@@ -60,7 +60,10 @@ pub async fn policy(a: PolicyArgs) -> anyhow::Result<()> {
                 .name
                 .with_context(|| format!("{}: autoscaling.name: a named policy needs a name", file.display()))?
                 .to_string();
-            write.put(&format!("/v1/policies/{name}"), Body::Text(text)).await?;
+            let answer = write.put(&format!("/v1/policies/{name}"), Body::Text(text)).await?;
+            if write.json {
+                return crate::client::print_json(&answer);
+            }
             println!("policy {name}: applied (apps that name it follow it from their next evaluation)");
         }
         PolicyAction::List(l) => {
@@ -69,15 +72,15 @@ pub async fn policy(a: PolicyArgs) -> anyhow::Result<()> {
                 println!("{}", serde_json::to_string_pretty(&v)?);
                 return Ok(());
             }
-            println!("{:<24} {:<12} {:>10}", "NAME", "POLICY", "INTERVAL");
+            let mut t = crate::table::Table::new(&["NAME", "POLICY", ">INTERVAL"]);
             for p in v.as_array().cloned().unwrap_or_default() {
-                println!(
-                    "{:<24} {:<12} {:>9}s",
-                    p["name"].as_str().unwrap_or("-"),
-                    p["policy"].as_str().unwrap_or("-"),
-                    p["interval_ms"].as_u64().unwrap_or(0) / 1000
-                );
+                t.row(vec![
+                    p["name"].as_str().unwrap_or("-").to_string(),
+                    p["policy"].as_str().unwrap_or("-").to_string(),
+                    format!("{}s", p["interval_ms"].as_u64().unwrap_or(0) / 1000),
+                ]);
             }
+            t.print();
         }
     }
     Ok(())
@@ -96,9 +99,9 @@ pub struct DemandArgs {
     /// How many such requests.
     #[arg(long, default_value_t = 1)]
     pub count: u32,
-    /// How long the demand stands unless renewed, in seconds.
-    #[arg(long, default_value_t = 300)]
-    pub ttl: u64,
+    /// How long the demand stands unless renewed (`300s`, `5m`; a bare number is seconds).
+    #[arg(long, default_value = "5m", value_parser = crate::servers::parse_duration)]
+    pub ttl: std::time::Duration,
     #[command(flatten)]
     pub write: WriteArgs,
 }
@@ -113,8 +116,11 @@ pub async fn demand(a: DemandArgs) -> anyhow::Result<()> {
     } else {
         vec![json!({"resources": {"cpu_millis": cpu_millis, "memory_bytes": memory_bytes}, "count": a.count})]
     };
-    let body = json!({"requests": requests, "ttl_seconds": a.ttl});
+    let body = json!({"requests": requests, "ttl_seconds": a.ttl.as_secs()});
     let answer = a.write.put(&format!("/v1/apps/{}/demand", a.app), Body::Json(body)).await?;
+    if a.write.json {
+        return crate::client::print_json(&answer);
+    }
     println!("{}: demand set, until {} (unix ms)", a.app, answer["demand"]["expires_unix_ms"]);
     Ok(())
 }

@@ -21,8 +21,11 @@ pub struct EchoArgs {
     #[arg(long)]
     pub listen: Option<SocketAddr>,
     /// Answer every request this much later (a slow backend, for routing tests).
-    #[arg(long, default_value_t = 0)]
-    pub delay_ms: u64,
+    #[arg(long, default_value = "0s", value_parser = crate::servers::parse_duration)]
+    pub delay: Duration,
+    /// Deprecated spelling of --delay, in milliseconds.
+    #[arg(long, hide = true, conflicts_with = "delay")]
+    pub delay_ms: Option<u64>,
 }
 
 pub async fn run(a: EchoArgs) -> anyhow::Result<()> {
@@ -33,7 +36,8 @@ pub async fn run(a: EchoArgs) -> anyhow::Result<()> {
             Err(_) => SocketAddr::from(([127, 0, 0, 1], 8080)),
         },
     };
-    anyhow::ensure!(a.delay_ms <= 60_000, "--delay-ms must be at most 60000");
+    let delay = flotilla_agent::config::deprecated_ms(a.delay, a.delay_ms, "--delay-ms", "--delay");
+    anyhow::ensure!(delay <= Duration::from_secs(60), "--delay must be at most 60s");
     let var = |k: &str| std::env::var(k).unwrap_or_default();
     let identity = serde_json::json!({
         "node": var("FLOTILLA_NODE_ID"),
@@ -42,7 +46,6 @@ pub async fn run(a: EchoArgs) -> anyhow::Result<()> {
         "role": var("FLOTILLA_ROLE"),
         "pid": std::process::id(),
     });
-    let delay = Duration::from_millis(a.delay_ms);
     let held: Arc<Mutex<Vec<u8>>> = Arc::default();
     let app = axum::Router::new()
         .route("/healthz", get(|| async { "ok" }))

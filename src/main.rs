@@ -1,5 +1,6 @@
 //! `flotilla`: the one binary. Servers (`up`, `aggregator`, `control`, `agent`) and
-//! client commands (`nodes`) — see docs/architecture.md §13 for the contract.
+//! client commands (`nodes`, `status`, `scale --wait`, …) — see docs/architecture.md
+//! §13 for the contract.
 
 mod autoscaling;
 mod catalogue;
@@ -10,9 +11,12 @@ mod route;
 mod secrets;
 mod servers;
 mod sim;
+mod status;
+mod table;
 mod up;
+mod wait;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 #[global_allocator]
 static ALLOC: flotilla_obs::alloc::Metered = flotilla_obs::alloc::Metered;
@@ -72,6 +76,10 @@ enum Cmd {
     Pool(client::ListArgs),
     /// The pool autoscaler as its own process (in `up`, `--autoscale` runs it).
     Autoscaler(pool::AutoscalerArgs),
+    /// The cluster at a glance: shards, nodes by status, apps by state, pending demand, pools.
+    Status(client::ListArgs),
+    /// Print a shell completion script (`flotilla completions bash > /etc/bash_completion.d/flotilla`).
+    Completions { shell: clap_complete::Shell },
 }
 
 fn main() -> std::process::ExitCode {
@@ -85,6 +93,10 @@ fn main() -> std::process::ExitCode {
         Cmd::JoinToken(a) => secrets::join_token(a),
         Cmd::Sim(a) => sim::run(a),
         Cmd::Autoscale(a) => pool::autoscale(a),
+        Cmd::Completions { shell } => {
+            clap_complete::generate(shell, &mut Cli::command(), "flotilla", &mut std::io::stdout());
+            Ok(())
+        }
         other => {
             tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(anyhow::Error::from).and_then(
                 |rt| {
@@ -108,7 +120,12 @@ fn main() -> std::process::ExitCode {
                             Cmd::Routes(a) => client::routes(a).await,
                             Cmd::Pool(a) => pool::pool(a).await,
                             Cmd::Autoscaler(a) => pool::run_standalone(a, log_format).await,
-                            Cmd::Agent(_) | Cmd::JoinToken(_) | Cmd::Sim(_) | Cmd::Autoscale(_) => Ok(()),
+                            Cmd::Status(a) => status::status(a).await,
+                            Cmd::Agent(_)
+                            | Cmd::JoinToken(_)
+                            | Cmd::Sim(_)
+                            | Cmd::Autoscale(_)
+                            | Cmd::Completions { .. } => Ok(()),
                         }
                     })
                 },

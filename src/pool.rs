@@ -67,11 +67,12 @@ fn plan(a: PlanArgs) -> anyhow::Result<()> {
     }
     println!("launch {} node(s), decided in {:.3} ms", r.nodes_total, r.decision_seconds * 1e3);
     if !r.nodes_by_type.is_empty() {
-        println!("  {:<20} {:>6}  WHY", "TYPE", "COUNT");
+        let mut table = crate::table::Table::new(&["TYPE", ">COUNT", "WHY"]);
         for (t, n) in &r.nodes_by_type {
             let why = r.reasons.get(t).map(|w| w.join(", ")).unwrap_or_default();
-            println!("  {t:<20} {n:>6}  {why}");
+            table.row(vec![t.clone(), n.to_string(), why]);
         }
+        print!("{}", table.render("  "));
         let fmt = |name: &str, v: f64| {
             if name == "memory" { format!("{name} {:.1}Gi", v / (1u64 << 30) as f64) } else { format!("{name} {v}") }
         };
@@ -107,7 +108,7 @@ pub async fn pool(a: ListArgs) -> anyhow::Result<()> {
         let s = |v: &Value, k: &str| v.get(k).and_then(Value::as_str).unwrap_or("-").to_string();
         let stale = if p["stale"].as_bool() == Some(true) { " (stale: its autoscaler stopped reporting)" } else { "" };
         println!("pool {} (provider {}){stale}", s(p, "pool"), s(p, "provider"));
-        println!("  {:<16} {:>4} {:>4}  STATES", "TYPE", "MIN", "MAX");
+        let mut types = crate::table::Table::new(&["TYPE", ">MIN", ">MAX", "STATES"]);
         for t in p["node_types"].as_array().into_iter().flatten() {
             let name = s(t, "name");
             let states = p["by_type"][&name]
@@ -115,12 +116,14 @@ pub async fn pool(a: ListArgs) -> anyhow::Result<()> {
                 .map(|m| m.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" "))
                 .unwrap_or_default();
             let n = |k: &str| t[k].as_u64().map(|v| v.to_string()).unwrap_or_else(|| "-".into());
-            println!("  {:<16} {:>4} {:>4}  {states}", name, n("min"), n("max"));
+            types.row(vec![name, n("min"), n("max"), states]);
         }
-        println!("  {:<22} {:<16} {:<17} REASON", "INSTANCE", "TYPE", "STATE");
+        print!("{}", types.render("  "));
+        let mut instances = crate::table::Table::new(&["INSTANCE", "TYPE", "STATE", "REASON"]);
         for i in p["instances"].as_array().into_iter().flatten() {
-            println!("  {:<22} {:<16} {:<17} {}", s(i, "id"), s(i, "node_type"), s(i, "state"), s(i, "reason"));
+            instances.row(vec![s(i, "id"), s(i, "node_type"), s(i, "state"), s(i, "reason")]);
         }
+        print!("{}", instances.render("  "));
         if let Some(d) = p["decisions"].as_array().and_then(|d| d.first()) {
             println!("  last decision: {}", s(d, "explanation"));
         }
@@ -158,8 +161,8 @@ pub fn provider(
                 join.join_token_file.display().to_string(),
                 "--ca".into(),
                 join.ca.display().to_string(),
-                "--stop-grace-ms".into(),
-                "2000".into(),
+                "--stop-grace".into(),
+                "2s".into(),
             ],
             dir: data.join("pool").join(&cfg.name),
             port_base: 30_000,
@@ -212,7 +215,7 @@ pub struct AutoscalerArgs {
     /// The pool file (examples/pool.toml documents it).
     #[arg(long, default_value = "examples/pool.toml")]
     pub pool: PathBuf,
-    /// The control plane.
+    /// The control plane (`http://` is assumed when it has no scheme).
     #[arg(long, env = "FLOTILLA_ADDR", default_value = "http://127.0.0.1:7700")]
     pub control: String,
     /// The data dir of the cluster (join token, CA, API token); the pool's records are
@@ -228,6 +231,8 @@ pub struct AutoscalerArgs {
 /// outlive it: killed and restarted, it finds them by their ids.
 pub async fn run_standalone(a: AutoscalerArgs, log_format: LogFormat) -> anyhow::Result<()> {
     let cfg = load_pool(&a.pool)?;
+    let control = crate::client::base_url(&a.control)?;
+    let a = AutoscalerArgs { control, ..a };
     let http = crate::client::http_client(a.ca.as_deref())?;
     let token = std::fs::read_to_string(a.data.join("api-token")).ok().map(|t| t.trim().to_string());
     let shards: Value = http

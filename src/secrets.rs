@@ -84,6 +84,9 @@ pub struct JoinTokenArgs {
     /// The data dir whose `join-token` file the shards read.
     #[arg(long, env = "FLOTILLA_DATA", default_value = "./.flotilla", global = true)]
     pub data: PathBuf,
+    /// Print what changed as one JSON object (`rotate`: the new token too).
+    #[arg(long, global = true)]
+    pub json: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -102,6 +105,11 @@ pub fn join_token(a: JoinTokenArgs) -> anyhow::Result<()> {
     match a.action {
         JoinTokenAction::Rotate => {
             let (new, all) = rotate_token(&path)?;
+            if a.json {
+                let v = serde_json::json!({"file": path, "new_token": new, "accepted": all.len()});
+                println!("{v}");
+                return Ok(());
+            }
             println!("{new}");
             eprintln!(
                 "{}: {} token(s) accepted, the new one first. Give agents the new token, then run \
@@ -112,6 +120,10 @@ pub fn join_token(a: JoinTokenArgs) -> anyhow::Result<()> {
         }
         JoinTokenAction::Retire => {
             let retired = retire_tokens(&path)?;
+            if a.json {
+                println!("{}", serde_json::json!({"file": path, "retired": retired, "accepted": 1}));
+                return Ok(());
+            }
             eprintln!(
                 "{}: kept the newest token, retired {retired}. Running shards refuse the old ones within 10 s \
                  (or on SIGHUP); sessions already open stay.",

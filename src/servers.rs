@@ -170,23 +170,8 @@ pub fn reload_tokens(file: TokenFile) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Parses `1500ms`, `2s`, `1.5s`, `5m`, `1h`.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let (num, unit) = s.find(|c: char| c.is_ascii_alphabetic()).map(|i| s.split_at(i)).unwrap_or((s, "s"));
-    let n: f64 = num.parse().map_err(|_| format!("{s:?} is not a duration like 500ms, 2s or 5m"))?;
-    let secs = match unit {
-        "ms" => n / 1000.0,
-        "s" => n,
-        "m" => n * 60.0,
-        "h" => n * 3600.0,
-        _ => return Err(format!("{s:?}: unknown unit {unit:?} (use ms, s, m or h)")),
-    };
-    if !(secs.is_finite() && (0.0..1e7).contains(&secs)) {
-        return Err(format!("{s:?} is out of range"));
-    }
-    Ok(Duration::from_secs_f64(secs))
-}
+/// The one duration syntax of every flag (`1500ms`, `2s`, `5m`), shared with the agent.
+pub use flotilla_agent::config::parse_duration;
 
 /// Shard settings shared by `up` and `aggregator`: liveness, batching, request rates.
 #[derive(Debug, Clone, Args)]

@@ -95,8 +95,8 @@ fn agent_specs(n: usize, aggregators: &str, data: &DataDir, log_format: LogForma
                 // Local agents share a host: each hands out its own ports.
                 "--port-range".into(),
                 format!("{}-{}", 20_000 + i * 50, 20_000 + i * 50 + 49),
-                "--stop-grace-ms".into(),
-                "2000".into(),
+                "--stop-grace".into(),
+                "2s".into(),
                 // `touch` it to play a cloud's preemption notice.
                 "--preemption-notice-file".into(),
                 data.dir.join("agents").join(&node_id).join("preemption-notice").display().to_string(),

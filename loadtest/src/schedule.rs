@@ -34,9 +34,9 @@ pub struct ScheduleArgs {
     /// CPU of each placement (one member per unit), as in an app spec.
     #[arg(long, default_value = "100m")]
     pub unit_cpu: String,
-    /// Give up on a run after this many seconds.
-    #[arg(long, default_value_t = 120)]
-    pub timeout: u64,
+    /// Give up on a run after this long (`120s`, `5m`; a bare number is seconds).
+    #[arg(long, default_value = "120s", value_parser = flotilla_agent::config::parse_duration)]
+    pub timeout: Duration,
     #[arg(long)]
     pub json: bool,
     #[arg(long)]
@@ -82,7 +82,7 @@ async fn run(
     let lock = Arc::new(tokio::sync::Mutex::new(()));
     let mut handles: Vec<AppHandle> = Vec::new();
     let mut tasks = tokio::task::JoinSet::new();
-    let deadline = Instant::now() + Duration::from_secs(a.timeout);
+    let deadline = Instant::now() + a.timeout;
     let started = Instant::now();
     for i in 0..k {
         let units = (a.placements / k + usize::from(i < a.placements % k)) as u32;

@@ -1,7 +1,7 @@
 //! `flotilla-loadtest soak --minutes M`: `flotilla up` with real agents and the echo app
 //! under churn, with the invariants checked all along.
 //!
-//! Churn, one operation every `--every-ms` (seeded; the seed is printed): `kill -9` of an
+//! Churn, one operation every `--every` (seeded; the seed is printed): `kill -9` of an
 //! agent (up brings it back as a new incarnation), a PreStop drain of an agent (same),
 //! an operator `node drain` later undone by `uncordon`, a scale to a random size, and an
 //! `apply` of a changed template (a rolling update).
@@ -36,9 +36,12 @@ pub struct SoakArgs {
     pub minutes: u64,
     #[arg(long, default_value_t = 8)]
     pub agents: usize,
-    /// Time between two churn operations.
-    #[arg(long, default_value_t = 3000)]
-    pub every_ms: u64,
+    /// Time between two churn operations (`3s`, `500ms`).
+    #[arg(long, default_value = "3s", value_parser = flotilla_agent::config::parse_duration)]
+    pub every: Duration,
+    /// Deprecated spelling of --every, in milliseconds.
+    #[arg(long, hide = true, conflicts_with = "every")]
+    pub every_ms: Option<u64>,
     /// Seed of the churn (random when absent; printed either way).
     #[arg(long)]
     pub seed: Option<u64>,
@@ -106,7 +109,8 @@ fn check(nodes: &[Value], units: &[Value]) -> (Vec<String>, HashMap<String, Stri
 pub async fn run(a: SoakArgs) -> anyhow::Result<()> {
     anyhow::ensure!((1..=24 * 60).contains(&a.minutes), "--minutes must be within 1..=1440");
     anyhow::ensure!((4..=64).contains(&a.agents), "--agents must be within 4..=64");
-    anyhow::ensure!(a.every_ms >= 500, "--every-ms must be at least 500");
+    let every = flotilla_agent::config::deprecated_ms(a.every, a.every_ms, "--every-ms", "--every");
+    anyhow::ensure!(every >= Duration::from_millis(500), "--every must be at least 500ms");
     let bin = flotilla_bin(a.flotilla.clone())?;
     let seed = a.seed.unwrap_or_else(rand::random);
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
@@ -116,7 +120,7 @@ pub async fn run(a: SoakArgs) -> anyhow::Result<()> {
     let spec = dir.join("echo.toml");
     std::fs::write(&spec, ECHO)?;
     println!("machine: {}", machine());
-    println!("soak: {} min, {} agents, an operation every {} ms, seed {seed}", a.minutes, a.agents, a.every_ms);
+    println!("soak: {} min, {} agents, an operation every {every:?}, seed {seed}", a.minutes, a.agents);
     println!("replay: flotilla-loadtest soak --minutes {} --agents {} --seed {seed}", a.minutes, a.agents);
     let up = UpProc::start(&bin, &dir, a.agents, &["--restart-delay", "4s"], &spec)?;
     let addr = up.addr().await?;
@@ -150,7 +154,7 @@ pub async fn run(a: SoakArgs) -> anyhow::Result<()> {
         let now = Instant::now();
         let churning = now.duration_since(started) < churn_for;
         if churning && now >= next_op {
-            next_op = now + Duration::from_millis(a.every_ms);
+            next_op = now + every;
             let node = format!("node-{}", rng.random_range(1..=a.agents));
             let kind = match rng.random_range(0..10) {
                 0..=2 => "kill",

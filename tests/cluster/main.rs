@@ -5,6 +5,7 @@
 //! heartbeats.
 
 mod autoscaling;
+mod cli;
 mod common;
 mod health;
 mod metrics;

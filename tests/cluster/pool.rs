@@ -112,6 +112,11 @@ fn up_autoscale_grows_the_pool_for_pending_units_and_shrinks_it_when_idle() {
     assert!(launched["explanation"].as_str().unwrap().contains("for gang echo/"), "{launched}");
     let text = String::from_utf8(up.cli().args(["pool"]).output().unwrap().stdout).unwrap();
     assert!(text.contains("small-a") && text.contains("running"), "{text}");
+    // `status` sums the pool's instances by state.
+    let s: Value = serde_json::from_str(&run_ok(up.cli().args(["status", "--json"]))).unwrap();
+    assert_eq!(s["pools"][0]["instances"]["running"], 4, "{s}");
+    let text = run_ok(up.cli().arg("status"));
+    assert!(text.contains("Pools") && text.contains("4 running"), "{text}");
 
     // A node that leaves on its own (preempted, killed) is a failed instance; its unit
     // comes back as demand and the pool replaces the node.

@@ -75,24 +75,37 @@ pub struct AgentArgs {
     /// Serve /metrics here (default: a free loopback port, written to DATA/metrics.addr).
     #[arg(long)]
     pub metrics: Option<std::net::SocketAddr>,
-    #[arg(long, default_value = "1000")]
-    pub heartbeat_interval_ms: u64,
+    /// How often the agent heartbeats (`500ms`, `1s`, …).
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    pub heartbeat_interval: Duration,
+    /// Deprecated spelling of --heartbeat-interval, in milliseconds.
+    #[arg(long, hide = true, conflicts_with = "heartbeat_interval")]
+    pub heartbeat_interval_ms: Option<u64>,
     /// Ports handed to workloads (`FLOTILLA_PORT`), as FIRST-LAST.
     #[arg(long, default_value = "20000-29999")]
     pub port_range: String,
     /// The host other nodes reach this node's workloads at.
     #[arg(long, env = "FLOTILLA_ADVERTISE_HOST", default_value = "127.0.0.1")]
     pub advertise_host: String,
-    /// Between SIGTERM and SIGKILL when a workload is stopped, in milliseconds.
-    #[arg(long, default_value_t = 5000)]
-    pub stop_grace_ms: u64,
-    /// After a drain is acknowledged, keep the workloads serving this long (milliseconds)
-    /// so routers take the node out of their tables before anything stops.
-    #[arg(long, default_value_t = 1000)]
-    pub drain_delay_ms: u64,
-    /// How often each workload's CPU and memory use is measured, in milliseconds.
-    #[arg(long, default_value_t = 2000)]
-    pub usage_interval_ms: u64,
+    /// Between SIGTERM and SIGKILL when a workload is stopped.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub stop_grace: Duration,
+    /// Deprecated spelling of --stop-grace, in milliseconds.
+    #[arg(long, hide = true, conflicts_with = "stop_grace")]
+    pub stop_grace_ms: Option<u64>,
+    /// After a drain is acknowledged, keep the workloads serving this long so routers
+    /// take the node out of their tables before anything stops.
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    pub drain_delay: Duration,
+    /// Deprecated spelling of --drain-delay, in milliseconds.
+    #[arg(long, hide = true, conflicts_with = "drain_delay")]
+    pub drain_delay_ms: Option<u64>,
+    /// How often each workload's CPU and memory use is measured.
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    pub usage_interval: Duration,
+    /// Deprecated spelling of --usage-interval, in milliseconds.
+    #[arg(long, hide = true, conflicts_with = "usage_interval")]
+    pub usage_interval_ms: Option<u64>,
     /// Size at which a workload's stdout or stderr file is rotated, in bytes.
     #[arg(long, default_value_t = 1 << 20)]
     pub log_cap_bytes: u64,
@@ -106,6 +119,38 @@ pub struct AgentArgs {
     /// the probe measured, to degrade a node on purpose.
     #[arg(long)]
     pub test_health_file: Option<PathBuf>,
+}
+
+/// Parses `1500ms`, `2s`, `1.5s`, `5m`, `1h` (a bare number is seconds): the one
+/// duration syntax of every Flotilla flag, so `--heartbeat-interval 1s` reads like
+/// `--suspect-after 2s`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (num, unit) = s.find(|c: char| c.is_ascii_alphabetic()).map(|i| s.split_at(i)).unwrap_or((s, "s"));
+    let n: f64 = num.parse().map_err(|_| format!("{s:?} is not a duration like 500ms, 2s or 5m"))?;
+    let secs = match unit {
+        "ms" => n / 1000.0,
+        "s" => n,
+        "m" => n * 60.0,
+        "h" => n * 3600.0,
+        _ => return Err(format!("{s:?}: unknown unit {unit:?} (use ms, s, m or h)")),
+    };
+    if !(secs.is_finite() && (0.0..1e7).contains(&secs)) {
+        return Err(format!("{s:?} is out of range"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// The value of a duration flag, or of its deprecated `-ms` spelling when that was
+/// given (with a warning naming the new flag; the old one goes in the next release).
+pub fn deprecated_ms(new: Duration, old_ms: Option<u64>, old_flag: &str, new_flag: &str) -> Duration {
+    match old_ms {
+        Some(ms) => {
+            tracing::warn!("{old_flag} is deprecated and will be removed: use {new_flag} {ms}ms");
+            Duration::from_millis(ms)
+        }
+        None => new,
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -179,45 +224,6 @@ pub fn parse_labels_file(text: &str) -> Result<Vec<(String, String)>, String> {
         out.push((key, value.to_string()));
     }
     Ok(out)
-}
-
-/// Millicores from `0.5`, `2` or `500m`.
-pub fn parse_cpu_quantity(s: &str) -> Result<u64, String> {
-    let s = s.trim();
-    let millis = match s.strip_suffix('m') {
-        Some(m) => m.parse::<f64>().ok(),
-        None => s.parse::<f64>().ok().map(|c| c * 1000.0),
-    };
-    match millis {
-        Some(m) if m.is_finite() && (0.0..1e12).contains(&m) => Ok(m.round() as u64),
-        _ => Err(format!("{s:?} is not a CPU quantity like 0.5 or 500m")),
-    }
-}
-
-/// Bytes from `1048576`, `512Mi`, `1Gi`, `500M`, `1k`.
-pub fn parse_memory_quantity(s: &str) -> Result<u64, String> {
-    let s = s.trim();
-    let bad = || format!("{s:?} is not a memory quantity like 512Mi, 1Gi or 500M");
-    let split = s.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let factor: u64 = match unit {
-        "" => 1,
-        "k" | "K" => 1000,
-        "M" => 1000_u64.pow(2),
-        "G" => 1000_u64.pow(3),
-        "T" => 1000_u64.pow(4),
-        "Ki" => 1 << 10,
-        "Mi" => 1 << 20,
-        "Gi" => 1 << 30,
-        "Ti" => 1 << 40,
-        _ => return Err(bad()),
-    };
-    let n: f64 = num.trim().parse().map_err(|_| bad())?;
-    let bytes = n * factor as f64;
-    if !(bytes.is_finite() && (0.0..1.8e19).contains(&bytes)) {
-        return Err(bad());
-    }
-    Ok(bytes.round() as u64)
 }
 
 /// What the machine looks like; injected so tests do not depend on the host.
@@ -297,7 +303,7 @@ impl AgentArgs {
             None => errors.push("--memory: /proc/meminfo is unreadable; give the memory in bytes".into()),
         }
         // What the system and the agent keep is not offered (Kubernetes' allocatable).
-        match parse_cpu_quantity(&self.reserved_cpu) {
+        match flotilla_core::quantity::cpu_millis(&self.reserved_cpu) {
             Ok(r) if r >= capacity.cpu_millis && capacity.cpu_millis > 0 => errors.push(format!(
                 "--reserved-cpu: {} leaves nothing of the {}m offered",
                 self.reserved_cpu, capacity.cpu_millis
@@ -305,7 +311,7 @@ impl AgentArgs {
             Ok(r) => capacity.cpu_millis -= r.min(capacity.cpu_millis),
             Err(e) => errors.push(format!("--reserved-cpu: {e}")),
         }
-        match parse_memory_quantity(&self.reserved_memory) {
+        match flotilla_core::quantity::memory_bytes(&self.reserved_memory) {
             Ok(r) if r >= capacity.memory_bytes && capacity.memory_bytes > 0 => errors.push(format!(
                 "--reserved-memory: {} leaves nothing of the {} bytes offered",
                 self.reserved_memory, capacity.memory_bytes
@@ -357,8 +363,19 @@ impl AgentArgs {
                 None
             }
         };
-        if !(100..=60_000).contains(&self.heartbeat_interval_ms) {
-            errors.push("--heartbeat-interval-ms: must be within 100..=60000".into());
+        let heartbeat_interval = deprecated_ms(
+            self.heartbeat_interval,
+            self.heartbeat_interval_ms,
+            "--heartbeat-interval-ms",
+            "--heartbeat-interval",
+        );
+        let stop_grace = deprecated_ms(self.stop_grace, self.stop_grace_ms, "--stop-grace-ms", "--stop-grace");
+        let drain_delay = deprecated_ms(self.drain_delay, self.drain_delay_ms, "--drain-delay-ms", "--drain-delay");
+        let usage_interval =
+            deprecated_ms(self.usage_interval, self.usage_interval_ms, "--usage-interval-ms", "--usage-interval");
+        let ms = |d: Duration| d.as_millis();
+        if !(100..=60_000).contains(&ms(heartbeat_interval)) {
+            errors.push("--heartbeat-interval: must be within 100ms..=60s".into());
         }
         let ca = self.ca.clone().unwrap_or_else(|| self.data.join("ca.crt"));
         let ports =
@@ -370,14 +387,14 @@ impl AgentArgs {
                     None
                 }
             };
-        if self.drain_delay_ms > 600_000 {
-            errors.push("--drain-delay-ms: at most 600000".into());
+        if ms(drain_delay) > 600_000 {
+            errors.push("--drain-delay: at most 10m".into());
         }
-        if !(1..=3_600_000).contains(&self.stop_grace_ms) {
-            errors.push("--stop-grace-ms: must be within 1..=3600000".into());
+        if !(1..=3_600_000).contains(&ms(stop_grace)) {
+            errors.push("--stop-grace: must be within 1ms..=1h".into());
         }
-        if !(100..=600_000).contains(&self.usage_interval_ms) {
-            errors.push("--usage-interval-ms: must be within 100..=600000".into());
+        if !(100..=600_000).contains(&ms(usage_interval)) {
+            errors.push("--usage-interval: must be within 100ms..=10m".into());
         }
         if self.log_cap_bytes < 1024 {
             errors.push("--log-cap-bytes: at least 1024".into());
@@ -392,11 +409,11 @@ impl AgentArgs {
                     node_id: node_id.to_string(),
                     advertise_host: self.advertise_host.clone(),
                     ports,
-                    stop_grace: Duration::from_millis(self.stop_grace_ms),
+                    stop_grace,
                     log_cap_bytes: self.log_cap_bytes,
                     cgroup_root: self.cgroup_root.clone(),
                     cgroup_parent: self.cgroup_parent.clone().filter(|p| !p.trim_matches('/').is_empty()),
-                    usage_interval: Duration::from_millis(self.usage_interval_ms),
+                    usage_interval,
                 },
                 aggregators: self.aggregators,
                 node_id,
@@ -407,8 +424,8 @@ impl AgentArgs {
                 ca,
                 data_dir: self.data,
                 metrics: self.metrics,
-                heartbeat_interval: Duration::from_millis(self.heartbeat_interval_ms),
-                drain_delay: Duration::from_millis(self.drain_delay_ms),
+                heartbeat_interval,
+                drain_delay,
                 preemption_notice_file: self.preemption_notice_file,
                 test_health_file: self.test_health_file,
             }),
@@ -510,11 +527,11 @@ mod tests {
         let errs = parse(&["--reserved-cpu", "8", "--reserved-memory", "lots"]).unwrap_err();
         assert!(errs.iter().any(|e| e.contains("--reserved-cpu") && e.contains("leaves nothing")), "{errs:?}");
         assert!(errs.iter().any(|e| e.contains("--reserved-memory") && e.contains("\"lots\"")), "{errs:?}");
-        assert_eq!(parse_memory_quantity("512Mi"), Ok(512 << 20));
-        assert_eq!(parse_memory_quantity("1k"), Ok(1000));
-        assert!(parse_memory_quantity("1Xi").is_err());
-        assert_eq!(parse_cpu_quantity("250m"), Ok(250));
-        assert!(parse_cpu_quantity("-1").is_err());
+        assert_eq!(flotilla_core::quantity::memory_bytes("512Mi"), Ok(512 << 20));
+        assert_eq!(flotilla_core::quantity::memory_bytes("1k"), Ok(1000));
+        assert!(flotilla_core::quantity::memory_bytes("1Xi").is_err(), "the spec's Kubernetes grammar");
+        assert_eq!(flotilla_core::quantity::cpu_millis("250m"), Ok(250));
+        assert!(flotilla_core::quantity::cpu_millis("-1").is_err());
     }
 
     #[test]
@@ -547,6 +564,28 @@ mod tests {
         let errs = parse(&["--labels-file", file.to_str().unwrap()]).unwrap_err();
         assert!(errs.iter().any(|e| e.contains("--labels-file") && e.contains("line 1")), "{errs:?}");
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn durations_are_flags_like_2s_and_the_old_ms_spellings_still_work() {
+        let c = parse(&["--heartbeat-interval", "500ms", "--stop-grace", "2s", "--usage-interval", "1.5s"]).unwrap();
+        assert_eq!(c.heartbeat_interval, Duration::from_millis(500));
+        assert_eq!(c.runtime.stop_grace, Duration::from_secs(2));
+        assert_eq!(c.runtime.usage_interval, Duration::from_millis(1500));
+        assert_eq!(c.drain_delay, Duration::from_secs(1), "the default");
+        let c = parse(&["--heartbeat-interval-ms", "250", "--drain-delay-ms", "0", "--stop-grace-ms", "2000"]).unwrap();
+        assert_eq!(c.heartbeat_interval, Duration::from_millis(250));
+        assert_eq!(c.drain_delay, Duration::ZERO);
+        assert_eq!(c.runtime.stop_grace, Duration::from_secs(2));
+        // Both spellings at once is a mistake clap names.
+        let both = ["agent", "--aggregators", "a:1", "--stop-grace", "1s", "--stop-grace-ms", "5"];
+        assert!(Cli::try_parse_from(both).is_err());
+        let errs = parse(&["--heartbeat-interval", "10ms", "--usage-interval", "1h"]).unwrap_err();
+        assert!(errs.iter().any(|e| e.starts_with("--heartbeat-interval:")), "{errs:?}");
+        assert!(errs.iter().any(|e| e.starts_with("--usage-interval:")), "{errs:?}");
+        assert_eq!(parse_duration("1500ms"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
+        assert!(parse_duration("2 parsecs").is_err());
     }
 
     #[test]

@@ -30,6 +30,9 @@ pub struct NodeRow {
     pub allocated: Resources,
     pub cordoned: bool,
     pub drain_requested: bool,
+    /// How many members the node's agent reports running (`flotilla nodes` MEMBERS;
+    /// a drain is done when it and `allocated` reach zero).
+    pub workloads: usize,
 }
 
 pub(crate) fn row(r: &NodeRecord, connected: bool) -> NodeRow {
@@ -53,6 +56,7 @@ pub(crate) fn row(r: &NodeRecord, connected: bool) -> NodeRow {
         allocated: r.allocated.clone(),
         cordoned: r.cordoned,
         drain_requested: r.drain_requested,
+        workloads: r.workloads.len(),
     }
 }
 

@@ -142,7 +142,7 @@ pub async fn list(
 }
 
 /// `GET /v1/nodes/{node}`: its row and `members`, the members of every app in this
-/// process placed on it. (Standalone schedulers' members are not listed: their units
+/// process placed on it (of units not yet terminated). (Standalone schedulers' members are not listed: their units
 /// are only fetched from them.)
 #[tracing::instrument(name = "get_node", skip(s))]
 pub async fn get(State(s): State<Arc<ControlState>>, Path(node): Path<String>) -> Result<Response, ControlError> {
@@ -160,7 +160,8 @@ pub async fn get(State(s): State<Arc<ControlState>>, Path(node): Path<String>) -
     let mut members = Vec::new();
     for h in s.apps.locals() {
         let status = h.status();
-        for u in &status.units {
+        // A terminated unit's members keep their last node and state: they run nowhere.
+        for u in status.units.iter().filter(|u| u.state != flotilla_scheduler::UnitState::Terminated) {
             for m in u.members.iter().filter(|m| m.node_id.as_deref() == Some(node.as_str())) {
                 let state = m.state.clone().unwrap_or_else(|| "allocated".into());
                 members.push(json!({"app": h.app, "unit_id": u.unit_id, "member": m.member, "role": m.role,
