@@ -237,7 +237,7 @@ pub async fn apps(a: ListArgs) -> anyhow::Result<()> {
     if a.json {
         return print_json(&v);
     }
-    let mut t = Table::new(&["APP", ">DESIRED", ">MIN", ">MAX", "POLICY", "UNITS BY STATE"]);
+    let mut t = Table::new(&["APP", ">DESIRED", ">MIN", ">MAX", "POLICY", "SPEC", "UNITS BY STATE"]);
     let mut decisions = Vec::new();
     for r in v.as_array().cloned().unwrap_or_default() {
         let n = |p: &str| r.pointer(p).and_then(Value::as_u64).unwrap_or(0).to_string();
@@ -257,13 +257,35 @@ pub async fn apps(a: ListArgs) -> anyhow::Result<()> {
             let action = d["action"].as_str().unwrap_or("-");
             decisions.push(format!("{app}: last decision: {action}: {}", d["explanation"].as_str().unwrap_or("")));
         }
-        t.row(vec![app, n("/desired_units"), n("/min_units"), n("/max_units"), policy, states]);
+        decisions.extend(rollout_lines(&app, &r));
+        let source = r.pointer("/spec/source").and_then(Value::as_str).unwrap_or("-").to_string();
+        t.row(vec![app, n("/desired_units"), n("/min_units"), n("/max_units"), policy, source, states]);
     }
     t.print();
     for d in decisions {
         println!("{d}");
     }
     Ok(())
+}
+
+/// What `apps` says under the table about an app's spec and rollout: a rollout in
+/// progress or failed (with why), and why a spec was reverted.
+fn rollout_lines(app: &str, r: &Value) -> Vec<String> {
+    let mut lines = Vec::new();
+    if r.pointer("/spec/source").and_then(Value::as_str) == Some("revert") {
+        let why = r.pointer("/spec/reason").and_then(Value::as_str).unwrap_or("");
+        lines.push(format!("{app}: spec reverted to the last one that ran: {why}"));
+    }
+    let template = r.pointer("/rollout/template").and_then(Value::as_str).unwrap_or("-");
+    match r.pointer("/rollout/state").and_then(Value::as_str) {
+        Some("in_progress") => lines.push(format!("{app}: rollout of template {template} in progress")),
+        Some("failed") => {
+            let why = r.pointer("/rollout/reason").and_then(Value::as_str).unwrap_or("");
+            lines.push(format!("{app}: rollout of template {template} failed: {why}"));
+        }
+        _ => {}
+    }
+    lines
 }
 
 pub async fn units(a: UnitsArgs) -> anyhow::Result<()> {
@@ -499,10 +521,30 @@ async fn app_progress(
 ) -> anyhow::Result<(bool, String)> {
     let summary = api.get(&format!("/v1/apps/{app}")).await?;
     let units = api.get(&format!("/v1/apps/{app}/units")).await?;
+    if let Some(t) = template
+        && let Some(why) = rollout_failed(&summary, t)
+    {
+        // Waiting cannot help: give up at once, as on a 4xx.
+        return Err(Refused { status: reqwest::StatusCode::CONFLICT, message: why }.into());
+    }
     let desired = summary["desired_units"].as_u64().unwrap_or(0);
     let p = UnitCounts::of(units.as_array().map(Vec::as_slice).unwrap_or_default(), template);
     let done = want(desired) && p.done(desired);
     Ok((done, p.line(app, desired, template.is_some())))
+}
+
+/// Why the rollout to `template` cannot finish, from the app's summary: it failed, or
+/// the app reverted to another spec.
+fn rollout_failed(summary: &Value, template: &str) -> Option<String> {
+    let r = &summary["rollout"];
+    if r["template"].as_str() == Some(template) && r["state"] == "failed" {
+        return Some(format!("the rollout failed: {}", r["reason"].as_str().unwrap_or("")));
+    }
+    let spec = &summary["spec"];
+    if spec["source"] == "revert" && spec["template"].as_str().is_some_and(|t| t != template) {
+        return Some(format!("the app reverted to the last spec that ran: {}", spec["reason"].as_str().unwrap_or("")));
+    }
+    None
 }
 
 /// An app's units by what `--wait` reports of them.

@@ -13,6 +13,7 @@ mod nodes;
 mod pool;
 mod pool_exec;
 mod prometheus;
+mod rollouts;
 mod routing;
 mod scaling;
 mod secrets_mount;

@@ -109,6 +109,15 @@ pub(crate) fn summary(s: &AppStatus) -> Value {
         "unit_shape": s.unit_shape,
         "scheduler_url": null,
         "autoscaling": s.autoscaling,
+        // Which spec is in force and where it came from (file, api, rollback, revert).
+        "spec": {
+            "source": s.spec_origin.as_ref().map(|o| o.source.as_str()),
+            "at_unix_ms": s.spec_origin.as_ref().map(|o| o.at_unix_ms),
+            "reason": s.spec_origin.as_ref().and_then(|o| o.reason.as_deref()),
+            "template": s.template,
+        },
+        // The last rollout: in_progress, complete, or failed with its reason.
+        "rollout": s.rollout,
     })
 }
 

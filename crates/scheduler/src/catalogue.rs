@@ -60,6 +60,21 @@ pub const SPEC_APPLIED: Family =
     Family::counter("flotilla_spec_applied_total", "New app specs the scheduler accepted.", &["app"]);
 pub const SPEC_ROLLBACKS: Family =
     Family::counter("flotilla_spec_rollbacks_total", "App specs rolled back to the previous one.", &["app"]);
+pub const ROLLOUTS_FAILED: Family = Family::counter(
+    "flotilla_rollouts_failed_total",
+    "Rollouts that failed: a replacement was not running within the spec's rollout.progress_deadline.",
+    &["app"],
+);
+pub const ROLLOUTS_SUPERSEDED: Family = Family::counter(
+    "flotilla_rollouts_superseded_total",
+    "Rollouts still in progress when a newer spec was applied (their replacements coming up are released).",
+    &["app"],
+);
+pub const ROLLOUTS_REVERTED: Family = Family::counter(
+    "flotilla_rollouts_reverted_total",
+    "Failed rollouts reverted to the last spec that ran (rollout.auto_revert).",
+    &["app"],
+);
 pub const ROUTE_WEIGHT_CHANGES: Family = Family::counter(
     "flotilla_route_weight_changes_total",
     "Route entries whose weight changed, in the tables a scheduler publishes or a router applies.",
@@ -99,6 +114,9 @@ pub const FAMILIES: &[Family] = &[
     STORE_WRITES,
     SPEC_APPLIED,
     SPEC_ROLLBACKS,
+    ROLLOUTS_FAILED,
+    ROLLOUTS_SUPERSEDED,
+    ROLLOUTS_REVERTED,
     ROUTE_WEIGHT_CHANGES,
     APP_CAPACITY_WEIGHT,
     AUTOSCALER_DECISIONS,

@@ -25,6 +25,6 @@ pub use reconcile::{
     AppHandle, AppStatus, AutoscalingStatus, Command, CommandError, Demand, DemandRequest, MAX_DEMAND_COUNT,
     MAX_DEMAND_ENTRIES, PolicyBook, Scheduler, Stats,
 };
-pub use rollout::counts_toward_desired;
-pub use spec::{AppSpec, MAX_UNITS, UnitShape, parse_cpu, parse_memory};
+pub use rollout::{RolloutRecord, RolloutState, counts_toward_desired};
+pub use spec::{AppSpec, MAX_UNITS, SpecOrigin, UnitShape, parse_cpu, parse_memory};
 pub use store::{DECISIONS_KEPT, MemStore, MemberRecord, Override, RedbStore, Store, Stored, UnitRecord, Usage, Write};

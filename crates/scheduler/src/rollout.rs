@@ -11,12 +11,20 @@
 //!   first, counting every replacement still coming up.
 //! - Nothing new starts while the app is above its desired size: scale-in decides first,
 //!   so a replacement is never the unit scale-in removes next.
+//! - A rollout cannot get stuck (Kubernetes' progress deadline, Nomad's
+//!   `progress_deadline`): a replacement not Running with every member running within
+//!   `rollout.progress_deadline` of being queued is released and the rollout fails; no
+//!   more units roll to that template until the next apply.
+//! - A newer spec supersedes an in-flight rollout at once: replacements of an older
+//!   template that are still coming up are released, and the units they were to
+//!   replace roll to the new one (or stay, if they already match it).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use flotilla_core::NodeId;
 use flotilla_view::ShardSlot;
+use serde::{Deserialize, Serialize};
 
 use crate::lifecycle::UnitState;
 use crate::store::UnitRecord;
@@ -25,16 +33,130 @@ use crate::store::UnitRecord;
 pub struct RolloutPlan {
     /// Old units whose replacement is Running: drain them now.
     pub drain: Vec<String>,
-    /// Old units whose replacement is gone (failed, or scaled in): they count again.
+    /// Old units whose replacement is gone (failed, scaled in, or released now): they
+    /// count again.
     pub orphaned: Vec<String>,
     /// Units that get a replacement now, and why.
     pub replace: Vec<(String, String)>,
+    /// Replacements coming up that are released now, and why (superseded by a newer
+    /// spec, not needed any more, or past the progress deadline).
+    pub release: Vec<(String, String)>,
+    /// Why the rollout failed in this pass (a replacement missed the progress deadline).
+    pub failed: Option<String>,
+}
+
+/// What a rollout is rolling to and how it stands.
+pub struct Target<'a> {
+    /// The template fingerprint of the spec in force.
+    pub fingerprint: &'a str,
+    pub desired: u32,
+    pub max_unavailable: u32,
+    pub progress_deadline_ms: u64,
+    pub now_ms: u64,
+    /// The rollout to this template failed: no more units roll to it (units on leaving
+    /// nodes are still replaced).
+    pub halted: bool,
+}
+
+/// How the app's last rollout stands (kept in the store, shown by `apps`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RolloutState {
+    InProgress,
+    Complete,
+    Failed,
+}
+
+/// The app's last rollout: the template it rolls to, since when, and how it ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RolloutRecord {
+    /// The template fingerprint units roll to (`units APP --json` shows each unit's).
+    pub template: String,
+    pub state: RolloutState,
+    pub started_unix_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_unix_ms: Option<u64>,
+    /// Why it failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+impl RolloutRecord {
+    pub fn started(template: &str, now_ms: u64) -> RolloutRecord {
+        RolloutRecord {
+            template: template.to_string(),
+            state: RolloutState::InProgress,
+            started_unix_ms: now_ms,
+            finished_unix_ms: None,
+            reason: None,
+        }
+    }
+
+    /// A rollout with nothing to roll: complete as it starts.
+    pub fn nothing_to_roll(template: &str, now_ms: u64) -> RolloutRecord {
+        RolloutRecord {
+            state: RolloutState::Complete,
+            finished_unix_ms: Some(now_ms),
+            ..Self::started(template, now_ms)
+        }
+    }
+
+    /// The record after a pass that found the rollout `failed` (why) or `done`, if it
+    /// changed. Only an in-progress rollout of the spec in force moves.
+    pub fn advance(&self, fingerprint: &str, failed: Option<&str>, done: bool, now_ms: u64) -> Option<RolloutRecord> {
+        if self.state != RolloutState::InProgress || self.template != fingerprint {
+            return None;
+        }
+        match (failed, done) {
+            (Some(why), _) => Some(RolloutRecord {
+                state: RolloutState::Failed,
+                finished_unix_ms: Some(now_ms),
+                reason: Some(why.to_string()),
+                ..self.clone()
+            }),
+            (None, true) => {
+                Some(RolloutRecord { state: RolloutState::Complete, finished_unix_ms: Some(now_ms), ..self.clone() })
+            }
+            (None, false) => None,
+        }
+    }
+
+    /// Did the rollout to `fingerprint` fail (so nothing more rolls to it)?
+    pub fn halts(&self, fingerprint: &str) -> bool {
+        self.state == RolloutState::Failed && self.template == fingerprint
+    }
 }
 
 /// Does this unit count toward the app's desired number of units? A unit being replaced
 /// does not: its replacement does.
 pub fn counts_toward_desired(u: &UnitRecord) -> bool {
     u.state.is_active() && u.replaced_by.is_none()
+}
+
+/// Has a replacement made it: Running, and every member's agent says running (a
+/// crash-looping member has not).
+pub fn progressing(u: &UnitRecord) -> bool {
+    u.state == UnitState::Running && u.members.iter().all(|m| m.state.as_deref().is_none_or(|s| s == "running"))
+}
+
+/// Is every unit on `fingerprint` and running: nothing replaced or coming up, every
+/// placed unit that counts of this template and progressing, and at least one of them?
+/// An in-progress rollout is then complete, and the spec is one that ran.
+pub fn settled(units: &BTreeMap<String, UnitRecord>, fingerprint: &str) -> bool {
+    let mut any = false;
+    for u in units.values().filter(|u| u.state.is_active()) {
+        if u.replaced_by.is_some() {
+            return false;
+        }
+        if matches!(u.state, UnitState::Queued | UnitState::Placing) {
+            continue;
+        }
+        if u.template.as_deref().is_some_and(|t| t != fingerprint) || !progressing(u) {
+            return false;
+        }
+        any = true;
+    }
+    any
 }
 
 /// Why a member's node is about to go away, if it is.
@@ -50,41 +172,95 @@ fn node_leaving(node: Option<&str>, shard: Option<u32>, slots: &[Arc<ShardSlot>]
     }
 }
 
-pub fn plan(
-    units: &BTreeMap<String, UnitRecord>,
-    slots: &[Arc<ShardSlot>],
-    fingerprint: &str,
-    desired: u32,
-    max_unavailable: u32,
-) -> RolloutPlan {
+fn unit_leaving(u: &UnitRecord, slots: &[Arc<ShardSlot>]) -> Option<&'static str> {
+    u.members.iter().find_map(|m| node_leaving(m.node_id.as_deref(), m.shard, slots))
+}
+
+/// Why replacement `r` has not made it: its state, and each member's that is not running.
+fn not_progressing(r: &UnitRecord) -> String {
+    let members: Vec<String> = r
+        .members
+        .iter()
+        .filter(|m| m.state.as_deref() != Some("running"))
+        .map(|m| format!("{} {}", m.member, m.state.as_deref().unwrap_or("not started")))
+        .collect();
+    if members.is_empty() {
+        r.state.as_str().to_string()
+    } else {
+        format!("{} ({})", r.state.as_str(), members.join(", "))
+    }
+}
+
+pub fn plan(units: &BTreeMap<String, UnitRecord>, slots: &[Arc<ShardSlot>], t: &Target) -> RolloutPlan {
     let mut p = RolloutPlan::default();
     let mut in_flight = 0u32;
     for u in units.values().filter(|u| u.state.is_active()) {
         let Some(new) = &u.replaced_by else { continue };
-        match units.get(new).map(|n| n.state) {
-            Some(UnitState::Running) => p.drain.push(u.unit_id.clone()),
-            Some(s) if s.is_active() => in_flight += 1,
-            _ => p.orphaned.push(u.unit_id.clone()),
+        let Some(r) = units.get(new).filter(|r| r.state.is_active()) else {
+            p.orphaned.push(u.unit_id.clone());
+            continue;
+        };
+        if progressing(r) {
+            p.drain.push(u.unit_id.clone());
+            continue;
+        }
+        // A commit in flight settles first.
+        let settling = r.state == UnitState::Placing;
+        let rolling = u.template.as_deref().is_some_and(|tpl| tpl != t.fingerprint);
+        let waited_ms = t.now_ms.saturating_sub(r.created_unix_ms);
+        let release = if settling {
+            None
+        } else if r.template.as_deref().is_some_and(|tpl| tpl != t.fingerprint) {
+            Some("superseded: a newer spec was applied while it was coming up".to_string())
+        } else if !rolling && unit_leaving(u, slots).is_none() {
+            Some(format!("not needed: {} already matches the spec in force", u.unit_id))
+        } else if rolling && waited_ms >= t.progress_deadline_ms {
+            let why = format!(
+                "rollout failed: {} (replacing {}) was not running within the progress deadline of {}s: {}",
+                r.unit_id,
+                u.unit_id,
+                t.progress_deadline_ms / 1000,
+                not_progressing(r)
+            );
+            p.failed.get_or_insert_with(|| why.clone());
+            Some(why)
+        } else {
+            None
+        };
+        match release {
+            Some(why) => {
+                p.release.push((r.unit_id.clone(), why));
+                p.orphaned.push(u.unit_id.clone());
+            }
+            None => in_flight += 1,
         }
     }
-    let counted = units.values().filter(|u| counts_toward_desired(u) || p.orphaned.contains(&u.unit_id)).count();
-    if counted > desired as usize {
+    let released = |u: &UnitRecord| p.release.iter().any(|(id, _)| *id == u.unit_id);
+    let counted = units
+        .values()
+        .filter(|u| (counts_toward_desired(u) && !released(u)) || p.orphaned.contains(&u.unit_id))
+        .count();
+    if counted > t.desired as usize {
         return p;
     }
     let placed = |u: &&UnitRecord| {
         matches!(u.state, UnitState::Allocated | UnitState::Starting | UnitState::Running | UnitState::Degraded)
             && (u.replaced_by.is_none() || p.orphaned.contains(&u.unit_id))
+            && !released(u)
     };
     let mut rolls: Vec<&UnitRecord> = Vec::new();
     for u in units.values().filter(placed) {
-        if let Some(why) = u.members.iter().find_map(|m| node_leaving(m.node_id.as_deref(), m.shard, slots)) {
+        if let Some(why) = unit_leaving(u, slots) {
             p.replace.push((u.unit_id.clone(), why.to_string()));
-        } else if u.template.as_deref().is_some_and(|t| t != fingerprint) {
+        } else if u.template.as_deref().is_some_and(|tpl| tpl != t.fingerprint) {
             rolls.push(u);
         }
     }
+    if t.halted || p.failed.is_some() {
+        return p;
+    }
     rolls.sort_by_key(|u| u.generation);
-    let room = max_unavailable.saturating_sub(in_flight) as usize;
+    let room = t.max_unavailable.saturating_sub(in_flight) as usize;
     p.replace.extend(rolls.into_iter().take(room).map(|u| (u.unit_id.clone(), "its template changed".to_string())));
     p
 }
@@ -106,6 +282,25 @@ mod tests {
         crate::testing::slots(records, true)
     }
 
+    /// A plan with no deadline in sight and nothing halted.
+    fn plan_(
+        units: &BTreeMap<String, UnitRecord>,
+        slots: &[Arc<ShardSlot>],
+        fingerprint: &str,
+        desired: u32,
+        max_unavailable: u32,
+    ) -> RolloutPlan {
+        let t = Target {
+            fingerprint,
+            desired,
+            max_unavailable,
+            progress_deadline_ms: 300_000,
+            now_ms: 1_000,
+            halted: false,
+        };
+        plan(units, slots, &t)
+    }
+
     fn unit(id: &str, generation: u64, state: UnitState, node: &str, template: &str) -> (String, UnitRecord) {
         let u = UnitRecord {
             template: Some(template.into()),
@@ -117,7 +312,7 @@ mod tests {
     #[test]
     fn nothing_to_do_when_nodes_stay_and_templates_match() {
         let units = BTreeMap::from([unit("a-1", 1, UnitState::Running, "n1", "t1")]);
-        assert_eq!(plan(&units, &slots(&[], &[]), "t1", 1, 1), RolloutPlan::default());
+        assert_eq!(plan_(&units, &slots(&[], &[]), "t1", 1, 1), RolloutPlan::default());
     }
 
     #[test]
@@ -127,7 +322,7 @@ mod tests {
             unit("a-2", 2, UnitState::Running, "n2", "t1"),
             unit("a-3", 3, UnitState::Starting, "n3", "t1"),
         ]);
-        let p = plan(&units, &slots(&["n1"], &["n3"]), "t1", 3, 1);
+        let p = plan_(&units, &slots(&["n1"], &["n3"]), "t1", 3, 1);
         assert_eq!(
             p.replace,
             vec![
@@ -145,17 +340,17 @@ mod tests {
             unit("a-2", 2, UnitState::Running, "n2", "old"),
         ]);
         let s = slots(&[], &[]);
-        assert_eq!(plan(&units, &s, "new", 3, 1).replace, vec![("a-1".into(), "its template changed".into())]);
-        assert_eq!(plan(&units, &s, "new", 3, 2).replace.len(), 2);
+        assert_eq!(plan_(&units, &s, "new", 3, 1).replace, vec![("a-1".into(), "its template changed".into())]);
+        assert_eq!(plan_(&units, &s, "new", 3, 2).replace.len(), 2);
 
         // a-1's replacement is still starting: nothing more rolls.
         units.get_mut("a-1").unwrap().replaced_by = Some("a-4".into());
         units.extend([unit("a-4", 4, UnitState::Starting, "n4", "new")]);
-        assert_eq!(plan(&units, &s, "new", 3, 1), RolloutPlan::default());
+        assert_eq!(plan_(&units, &s, "new", 3, 1), RolloutPlan::default());
 
         // Once it runs, a-1 drains and the next one rolls.
         units.get_mut("a-4").unwrap().state = UnitState::Running;
-        let p = plan(&units, &s, "new", 3, 1);
+        let p = plan_(&units, &s, "new", 3, 1);
         assert_eq!(p.drain, vec!["a-1".to_string()]);
         assert_eq!(p.replace, vec![("a-2".into(), "its template changed".into())]);
     }
@@ -167,7 +362,7 @@ mod tests {
             unit("a-2", 2, UnitState::Terminated, "n2", "t1"),
         ]);
         units.get_mut("a-1").unwrap().replaced_by = Some("a-2".into());
-        let p = plan(&units, &slots(&["n1"], &[]), "t1", 1, 1);
+        let p = plan_(&units, &slots(&["n1"], &[]), "t1", 1, 1);
         assert_eq!(p.orphaned, vec!["a-1".to_string()]);
         assert_eq!(p.replace, vec![("a-1".to_string(), "its node is being drained".to_string())], "and tried again");
     }
@@ -178,6 +373,114 @@ mod tests {
             unit("a-1", 1, UnitState::Running, "n1", "t1"),
             unit("a-2", 2, UnitState::Running, "n2", "t1"),
         ]);
-        assert!(plan(&units, &slots(&["n1"], &[]), "t2", 1, 1).replace.is_empty());
+        assert!(plan_(&units, &slots(&["n1"], &[]), "t2", 1, 1).replace.is_empty());
+    }
+
+    /// echo-1 and echo-2 run template "old"; "new" is applied and echo-1 gets echo-3.
+    fn rolling() -> BTreeMap<String, UnitRecord> {
+        let mut units = BTreeMap::from([
+            unit("a-1", 1, UnitState::Running, "n1", "old"),
+            unit("a-2", 2, UnitState::Running, "n2", "old"),
+            unit("a-3", 3, UnitState::Starting, "n3", "new"),
+        ]);
+        units.get_mut("a-1").unwrap().replaced_by = Some("a-3".into());
+        let r = units.get_mut("a-3").unwrap();
+        r.created_unix_ms = 10_000;
+        r.members[0].state = Some("failed".into());
+        units
+    }
+
+    fn target(fingerprint: &str, now_ms: u64) -> Target<'_> {
+        Target { fingerprint, desired: 2, max_unavailable: 1, progress_deadline_ms: 5_000, now_ms, halted: false }
+    }
+
+    #[test]
+    fn a_replacement_past_the_progress_deadline_fails_the_rollout_and_is_released() {
+        let units = rolling();
+        let s = slots(&[], &[]);
+        assert_eq!(plan(&units, &s, &target("new", 14_999)), RolloutPlan::default(), "within the deadline: wait");
+        let p = plan(&units, &s, &target("new", 15_000));
+        assert_eq!(p.orphaned, vec!["a-1".to_string()], "the old unit counts again and keeps serving");
+        assert_eq!(p.release.len(), 1);
+        let (id, why) = &p.release[0];
+        assert_eq!(id, "a-3");
+        assert!(why.contains("progress deadline of 5s") && why.contains("head failed"), "{why}");
+        assert_eq!(p.failed.as_deref(), Some(why.as_str()));
+        assert!(p.replace.is_empty(), "a failed rollout rolls nothing more");
+        assert!(p.drain.is_empty());
+
+        // Once failed (halted), a-2 is not rolled to that template again.
+        let mut units = units;
+        units.get_mut("a-3").unwrap().state = UnitState::Terminated;
+        units.get_mut("a-1").unwrap().replaced_by = None;
+        let halted = Target { halted: true, ..target("new", 20_000) };
+        assert_eq!(plan(&units, &s, &halted), RolloutPlan::default());
+        // A new apply (not halted) rolls again.
+        assert_eq!(
+            plan(&units, &s, &target("new", 20_000)).replace,
+            vec![("a-1".into(), "its template changed".into())]
+        );
+    }
+
+    #[test]
+    fn a_crash_looping_replacement_is_not_progress() {
+        let mut units = rolling();
+        units.get_mut("a-3").unwrap().state = UnitState::Running;
+        let s = slots(&[], &[]);
+        assert!(plan(&units, &s, &target("new", 11_000)).drain.is_empty(), "a member is failed: no drain");
+        assert_eq!(plan(&units, &s, &target("new", 15_000)).release.len(), 1, "and the deadline applies");
+        units.get_mut("a-3").unwrap().members[0].state = Some("running".into());
+        assert_eq!(plan(&units, &s, &target("new", 15_000)).drain, vec!["a-1".to_string()]);
+    }
+
+    #[test]
+    fn a_newer_spec_supersedes_the_replacements_coming_up_at_once() {
+        let units = rolling();
+        let s = slots(&[], &[]);
+        // A third template: a-3 (of "new") goes at once, a-1 rolls to "newer" instead.
+        let p = plan(&units, &s, &target("newer", 11_000));
+        assert_eq!(p.release.len(), 1);
+        assert!(p.release[0].1.starts_with("superseded"), "{:?}", p.release);
+        assert_eq!(p.failed, None, "superseded is not failed");
+        assert_eq!(p.replace, vec![("a-1".into(), "its template changed".into())]);
+        // Back to "old" (a revert): a-1 already matches; its replacement goes and nothing rolls.
+        let p = plan(&units, &s, &target("old", 11_000));
+        assert_eq!(p.release.iter().map(|(id, _)| id.as_str()).collect::<Vec<_>>(), vec!["a-3"]);
+        assert_eq!(p.orphaned, vec!["a-1".to_string()]);
+        assert!(p.replace.is_empty(), "units matching the spec in force are left alone: {p:?}");
+    }
+
+    #[test]
+    fn a_replacement_still_placing_settles_first() {
+        let mut units = rolling();
+        units.get_mut("a-3").unwrap().state = UnitState::Placing;
+        assert_eq!(plan(&units, &slots(&[], &[]), &target("newer", 60_000)), RolloutPlan::default());
+    }
+
+    #[test]
+    fn a_rollout_record_moves_only_while_in_progress_for_the_spec_in_force() {
+        let r = RolloutRecord::started("new", 1);
+        assert_eq!(r.advance("new", None, false, 2), None);
+        let done = r.advance("new", None, true, 3).unwrap();
+        assert_eq!((done.state, done.finished_unix_ms), (RolloutState::Complete, Some(3)));
+        let failed = r.advance("new", Some("late"), true, 4).unwrap();
+        assert_eq!((failed.state, failed.reason.as_deref()), (RolloutState::Failed, Some("late")));
+        assert!(failed.halts("new") && !failed.halts("old") && !r.halts("new"));
+        assert_eq!(failed.advance("new", None, true, 5), None, "failed stays failed until the next apply");
+        assert_eq!(r.advance("other", None, true, 5), None, "another template's record does not move");
+        assert_eq!(RolloutRecord::nothing_to_roll("t", 7).state, RolloutState::Complete);
+    }
+
+    #[test]
+    fn settled_means_every_unit_runs_the_template() {
+        let mut units = rolling();
+        assert!(!settled(&units, "new"), "a replacement is coming up");
+        units.remove("a-3");
+        units.get_mut("a-1").unwrap().replaced_by = None;
+        assert!(settled(&units, "old"));
+        assert!(!settled(&units, "new"));
+        units.get_mut("a-2").unwrap().members[0].state = Some("failed".into());
+        assert!(!settled(&units, "old"), "a member is not running");
+        assert!(!settled(&BTreeMap::new(), "old"), "no unit ran it");
     }
 }

@@ -6,6 +6,8 @@ use std::collections::BTreeMap;
 use flotilla_core::Resources;
 use serde::{Deserialize, Serialize};
 
+use crate::autoscale::Span;
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AppSpec {
@@ -105,15 +107,52 @@ pub struct Rollout {
     /// Units being replaced at once (replacement not yet Running).
     #[serde(default = "one")]
     pub max_unavailable: u32,
+    /// How long a replacement may take to be Running (every member running) before it is
+    /// failed and released and the rollout is marked failed, so a spec that never comes
+    /// up cannot hold the app's rollout slot for good (Kubernetes'
+    /// `progressDeadlineSeconds`, Nomad's `progress_deadline`). Default 5m.
+    #[serde(default = "default_progress_deadline")]
+    pub progress_deadline: Span,
+    /// When a rollout fails, go back to the last spec that ran (Nomad's `auto_revert`).
+    #[serde(default)]
+    pub auto_revert: bool,
 }
 
 fn one() -> u32 {
     1
 }
 
+fn default_progress_deadline() -> Span {
+    Span::secs(300)
+}
+
+/// Bounds of `rollout.progress_deadline`.
+const MIN_PROGRESS_DEADLINE_SECS: u64 = 1;
+const MAX_PROGRESS_DEADLINE_SECS: u64 = 86_400;
+
 impl Default for Rollout {
     fn default() -> Self {
-        Rollout { max_unavailable: 1 }
+        Rollout { max_unavailable: 1, progress_deadline: default_progress_deadline(), auto_revert: false }
+    }
+}
+
+/// Where the spec in force came from, kept in the store beside it (`apps` shows it): the
+/// stored spec is the truth, and a restart with the same `--app` file does not replace it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SpecOrigin {
+    /// `file` (the `--app` file at start), `api` (`flotilla apply`), `rollback`
+    /// (`POST /v1/apps/{app}/rollback`) or `revert` (a failed rollout's `auto_revert`).
+    pub source: String,
+    /// When it was put in force.
+    pub at_unix_ms: u64,
+    /// Why, for a revert.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+impl SpecOrigin {
+    pub fn new(source: &str, at_unix_ms: u64) -> SpecOrigin {
+        SpecOrigin { source: source.to_string(), at_unix_ms, reason: None }
     }
 }
 
@@ -194,6 +233,12 @@ pub fn parse_cpu(s: &str) -> Result<u64, String> {
 /// A Kubernetes memory quantity ("256Mi", "1Gi", "129e6", "1024") in bytes.
 pub fn parse_memory(s: &str) -> Result<u64, String> {
     flotilla_core::quantity::memory_bytes(s)
+}
+
+/// FNV-1a, hex: stable across runs and builds.
+fn fnv(text: &str) -> String {
+    let h = text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+    format!("{h:016x}")
 }
 
 pub(crate) fn is_name(s: &str) -> bool {
@@ -300,6 +345,13 @@ impl AppSpec {
         if !(1..=MAX_UNITS).contains(&self.rollout.max_unavailable) {
             e.push(format!("rollout.max_unavailable: {} (1..={MAX_UNITS})", self.rollout.max_unavailable));
         }
+        let deadline = self.rollout.progress_deadline.as_secs();
+        if !(MIN_PROGRESS_DEADLINE_SECS..=MAX_PROGRESS_DEADLINE_SECS).contains(&deadline) {
+            e.push(format!(
+                "rollout.progress_deadline: {} (at least {MIN_PROGRESS_DEADLINE_SECS}s, at most a day)",
+                self.rollout.progress_deadline
+            ));
+        }
         if self.spread.max_units_per_domain == Some(0) {
             e.push("spread.max_units_per_domain: must be at least 1".into());
         }
@@ -365,8 +417,14 @@ impl AppSpec {
             toml::to_string(&self.unit).unwrap_or_default(),
             toml::to_string(&self.constraints).unwrap_or_default()
         );
-        let h = text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
-        format!("{h:016x}")
+        fnv(&text)
+    }
+
+    /// Identifies the whole spec (its canonical TOML, so comments and layout do not
+    /// count): a scheduler restarted with the same `--app` file keeps the spec in force
+    /// when the file's fingerprint is the one it last applied.
+    pub fn fingerprint(&self) -> String {
+        fnv(&toml::to_string(self).unwrap_or_default())
     }
 
     /// What one unit asks of the node pool, for the pool autoscaler.
@@ -510,6 +568,23 @@ roles = ["boss"]
         assert_eq!(s.rollout.max_unavailable, 1, "one at a time by default");
         let err = AppSpec::parse(&format!("{ECHO}\n[rollout]\nmax_unavailable = 0\n")).unwrap_err().to_string();
         assert!(err.contains("rollout.max_unavailable"), "{err}");
+    }
+
+    #[test]
+    fn the_progress_deadline_is_a_duration_with_a_default() {
+        let s = AppSpec::parse(ECHO).unwrap();
+        assert_eq!((s.rollout.progress_deadline.as_secs(), s.rollout.auto_revert), (300, false), "5m by default");
+        let r =
+            AppSpec::parse(&format!("{ECHO}\n[rollout]\nprogress_deadline = \"1m30s\"\nauto_revert = true\n")).unwrap();
+        assert_eq!((r.rollout.progress_deadline.as_secs(), r.rollout.auto_revert), (90, true));
+        assert_eq!(AppSpec::parse(&toml::to_string(&r).unwrap()).unwrap(), r, "round-trips");
+        for bad in ["\"0s\"", "\"2d\"", "\"soon\""] {
+            let err = AppSpec::parse(&format!("{ECHO}\n[rollout]\nprogress_deadline = {bad}\n")).unwrap_err();
+            assert!(err.to_string().contains("progress_deadline"), "{bad}: {err}");
+        }
+        // The whole-spec fingerprint follows the canonical spec, not the file's layout.
+        assert_eq!(AppSpec::parse(&format!("# hi\n{ECHO}")).unwrap().fingerprint(), s.fingerprint());
+        assert_ne!(r.fingerprint(), s.fingerprint());
     }
 
     #[test]

@@ -12,6 +12,8 @@ use redb::{Database, ReadableDatabase, TableDefinition};
 use serde::{Deserialize, Serialize};
 
 use crate::lifecycle::UnitState;
+use crate::rollout::RolloutRecord;
+use crate::spec::SpecOrigin;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct MemberRecord {
@@ -105,6 +107,15 @@ pub struct Stored {
     pub intents: BTreeMap<String, Intent>,
     /// The last autoscaling decisions (JSON records), oldest first, by sequence number.
     pub decisions: BTreeMap<u64, String>,
+    /// Where the spec in force came from.
+    pub spec_origin: Option<SpecOrigin>,
+    /// The fingerprint of the last spec applied from a file at start (`--app`): the
+    /// file applies again only when it changed.
+    pub file_fingerprint: Option<String>,
+    /// The last spec whose units all ran (`auto_revert` goes back to it).
+    pub good_spec: Option<String>,
+    /// The app's last rollout.
+    pub rollout: Option<RolloutRecord>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -123,6 +134,10 @@ pub enum Write {
     DeleteUnit(String),
     Intent(Intent),
     DeleteIntent(String),
+    SpecOrigin(SpecOrigin),
+    FileFingerprint(String),
+    GoodSpec(String),
+    Rollout(RolloutRecord),
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -159,6 +174,10 @@ fn apply(s: &mut Stored, w: &Write) {
         Write::DeleteIntent(id) => {
             s.intents.remove(id);
         }
+        Write::SpecOrigin(o) => s.spec_origin = Some(o.clone()),
+        Write::FileFingerprint(f) => s.file_fingerprint = Some(f.clone()),
+        Write::GoodSpec(t) => s.good_spec = Some(t.clone()),
+        Write::Rollout(r) => s.rollout = Some(r.clone()),
     }
 }
 
@@ -220,6 +239,35 @@ impl RedbStore {
     }
 }
 
+/// The meta key and value of the spec origin, file fingerprint, good spec and rollout
+/// writes.
+fn rollout_key(app: &str, w: &Write) -> Result<(String, String), StoreError> {
+    Ok(match w {
+        Write::SpecOrigin(o) => (format!("{app}/spec_origin"), serde_json::to_string(o).map_err(err)?),
+        Write::FileFingerprint(f) => (format!("{app}/file_fingerprint"), f.clone()),
+        Write::GoodSpec(t) => (format!("{app}/good_spec"), t.clone()),
+        Write::Rollout(r) => (format!("{app}/rollout"), serde_json::to_string(r).map_err(err)?),
+        _ => return Err(StoreError("not a rollout key".into())),
+    })
+}
+
+/// Reads what `rollout_key` wrote.
+fn load_rollout_keys(meta: &redb::ReadOnlyTable<&str, &str>, app: &str, s: &mut Stored) -> Result<(), StoreError> {
+    if let Some(v) = meta.get(format!("{app}/spec_origin").as_str()).map_err(err)? {
+        s.spec_origin = serde_json::from_str(v.value()).ok();
+    }
+    if let Some(v) = meta.get(format!("{app}/file_fingerprint").as_str()).map_err(err)? {
+        s.file_fingerprint = Some(v.value().to_string());
+    }
+    if let Some(v) = meta.get(format!("{app}/good_spec").as_str()).map_err(err)? {
+        s.good_spec = Some(v.value().to_string());
+    }
+    if let Some(v) = meta.get(format!("{app}/rollout").as_str()).map_err(err)? {
+        s.rollout = serde_json::from_str(v.value()).ok();
+    }
+    Ok(())
+}
+
 /// Keys are `app/…`; `app` is a validated name without '/'.
 fn prefix_range(app: &str) -> (String, String) {
     (format!("{app}/"), format!("{app}0")) // '0' follows '/' in ASCII
@@ -249,6 +297,7 @@ impl Store for RedbStore {
         if let Some(v) = meta.get(format!("{app}/next_generation").as_str()).map_err(err)? {
             s.next_generation = v.value().parse().unwrap_or(0);
         }
+        load_rollout_keys(&meta, app, &mut s)?;
         let units = r.open_table(UNITS).map_err(err)?;
         for row in units.range(lo.as_str()..hi.as_str()).map_err(err)? {
             let (_, v) = row.map_err(err)?;
@@ -321,6 +370,10 @@ impl Store for RedbStore {
                     }
                     Write::DeleteIntent(id) => {
                         intents.remove(format!("{app}/{id}").as_str()).map_err(err)?;
+                    }
+                    Write::SpecOrigin(_) | Write::FileFingerprint(_) | Write::GoodSpec(_) | Write::Rollout(_) => {
+                        let (key, value) = rollout_key(app, op)?;
+                        meta.insert(key.as_str(), value.as_str()).map_err(err)?;
                     }
                 }
             }
@@ -407,6 +460,25 @@ mod tests {
         assert_eq!(s.load("echo").unwrap().override_bounds, Some(pin));
         s.write("echo", &[Write::Override(None)]).unwrap();
         assert_eq!(s.load("echo").unwrap().override_bounds, None);
+        // Where the spec came from, the file's fingerprint, the last good spec, the rollout.
+        let origin = SpecOrigin { reason: Some("why".into()), ..SpecOrigin::new("revert", 9) };
+        let rollout = RolloutRecord::started("t2", 10);
+        s.write(
+            "echo",
+            &[
+                Write::SpecOrigin(origin.clone()),
+                Write::FileFingerprint("f1".into()),
+                Write::GoodSpec("name = \"good\"".into()),
+                Write::Rollout(rollout.clone()),
+            ],
+        )
+        .unwrap();
+        let got = s.load("echo").unwrap();
+        assert_eq!(got.spec_origin, Some(origin));
+        assert_eq!(got.file_fingerprint.as_deref(), Some("f1"));
+        assert_eq!(got.good_spec.as_deref(), Some("name = \"good\""));
+        assert_eq!(got.rollout, Some(rollout));
+        assert_eq!(s.load("echoes").unwrap().rollout, None);
     }
 
     #[test]

@@ -15,31 +15,56 @@ pub struct Up {
     child: Option<Child>,
     pub data: PathBuf,
     pub addr: String,
+    /// The arguments `up` was started with (for [`Up::restart`]).
+    args: Vec<String>,
 }
 
 impl Up {
     /// `flotilla up --listen 127.0.0.1:0` with `extra` flags, in a fresh data dir named
     /// after `name`; returns once its control API's address is written.
     pub fn start(name: &str, extra: &[&str]) -> Up {
-        use std::os::unix::process::CommandExt;
         let data = fresh_dir(name);
         let mut args = vec!["up", "--listen", "127.0.0.1:0", "--data", data.to_str().unwrap()];
         args.extend_from_slice(extra);
+        let args: Vec<String> = args.into_iter().map(str::to_string).collect();
+        let (child, addr) = Self::spawn(&data, &args);
+        Up { child: Some(child), data, addr, args }
+    }
+
+    /// Stops `up` (SIGTERM, as [`Up::stop`]) and starts it again with the same arguments
+    /// and data dir, as an operator restarting it would; returns whether it had exited
+    /// cleanly.
+    pub fn restart(&mut self) -> bool {
+        let clean = self.stop();
+        if let Some(mut child) = self.child.take() {
+            signal(-(child.id() as i32), libc::SIGKILL);
+            let _ = child.wait();
+        }
+        let _ = std::fs::remove_file(self.data.join("control.addr"));
+        let (child, addr) = Self::spawn(&self.data, &self.args);
+        self.child = Some(child);
+        self.addr = addr;
+        clean
+    }
+
+    fn spawn(data: &Path, args: &[String]) -> (Child, String) {
+        use std::os::unix::process::CommandExt;
+        let log = |name: &str| std::fs::OpenOptions::new().create(true).append(true).open(data.join(name)).unwrap();
         let child = crate::flotilla()
-            .args(&args)
+            .args(args)
             .stdin(Stdio::null())
-            .stdout(std::fs::File::create(data.join("up.out")).unwrap())
-            .stderr(std::fs::File::create(data.join("up.err")).unwrap())
+            .stdout(log("up.out"))
+            .stderr(log("up.err"))
             .process_group(0)
             .spawn()
             .unwrap();
         let addr_file = data.join("control.addr");
         let addr = wait_for("control address", Duration::from_secs(30), || std::fs::read_to_string(&addr_file).ok());
-        Up { child: Some(child), data, addr }
+        (child, addr)
     }
 
     pub fn attach(data: &Path, addr: &str) -> Up {
-        Up { child: None, data: data.to_path_buf(), addr: addr.to_string() }
+        Up { child: None, data: data.to_path_buf(), addr: addr.to_string(), args: Vec::new() }
     }
 
     /// A `flotilla` command aimed at this cluster's API, with its data dir (and so its

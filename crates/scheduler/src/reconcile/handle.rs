@@ -15,7 +15,8 @@ use super::Scheduler;
 use super::autoscale::{Demand, DemandRequest};
 use super::error::CommandError;
 use crate::planner::ClassCache;
-use crate::spec::AppSpec;
+use crate::rollout::{RolloutRecord, RolloutState};
+use crate::spec::{AppSpec, SpecOrigin};
 use crate::store::{Override, UnitRecord, Write};
 
 /// What the API shows about an app.
@@ -38,6 +39,13 @@ pub struct AppStatus {
     /// Whether a rollback has a spec to go back to.
     #[serde(skip)]
     pub has_previous_spec: bool,
+    /// Where the spec in force came from (`file`, `api`, `rollback`, `revert`).
+    pub spec_origin: Option<SpecOrigin>,
+    /// The template fingerprint of the spec in force (each unit's `template` is the one
+    /// it was started from).
+    pub template: String,
+    /// The app's last rollout: in progress, complete, or failed and why.
+    pub rollout: Option<RolloutRecord>,
 }
 
 /// What `apps` shows about an autoscaled app.
@@ -185,7 +193,8 @@ impl Scheduler {
                 let _ = reply.send(self.scale(n));
             }
             Command::Apply(spec, reply) => {
-                let _ = reply.send(self.apply(*spec));
+                let origin = SpecOrigin::new("api", flotilla_core::now_ms());
+                let _ = reply.send(self.apply_from(*spec, origin));
             }
             Command::Rollback(reply) => {
                 let _ = reply.send(self.rollback());
@@ -246,10 +255,13 @@ impl Scheduler {
         let spec = AppSpec::parse(&text).map_err(|e| CommandError::InvalidSpec(format!("the previous spec: {e}")))?;
         tracing::info!(app = %self.spec.name, "rolling back to the previous spec");
         metrics::counter!(m::SPEC_ROLLBACKS.name, "app" => self.spec.name.clone()).increment(1);
-        self.apply(spec)
+        self.apply_from(spec, SpecOrigin::new("rollback", flotilla_core::now_ms()))
     }
 
-    fn apply(&mut self, spec: AppSpec) -> Result<String, CommandError> {
+    /// Puts `spec` in force, recording where it came from: the one it replaces becomes
+    /// the previous, and a rollout to its template starts (superseding one in flight,
+    /// whose replacements the next pass releases).
+    pub(super) fn apply_from(&mut self, spec: AppSpec, origin: SpecOrigin) -> Result<String, CommandError> {
         if spec.name != self.spec.name {
             return Err(CommandError::WrongApp { app: self.spec.name.clone(), got: spec.name });
         }
@@ -257,29 +269,47 @@ impl Scheduler {
         let text = toml::to_string(&spec).map_err(|e| CommandError::InvalidSpec(e.to_string()))?;
         // The spec being replaced becomes the previous one, unless nothing changed.
         let previous = self.stored.spec.clone().filter(|old| *old != text);
-        let mut writes = vec![Write::Spec(text.clone())];
-        writes.extend(previous.clone().map(Write::PreviousSpec));
-        self.store.write(&self.spec.name, &writes).map_err(|e| CommandError::Store(e.to_string()))?;
-        if previous.is_some() {
-            self.stored.previous_spec = previous;
-        }
-        self.spec_text = Arc::from(text.as_str());
-        self.stored.spec = Some(text);
         let fingerprint = spec.template_fingerprint();
+        // Units that will roll: every active one of another template that is not itself
+        // a replacement coming up (those of an older spec are released instead).
+        let replacements: Vec<&str> = self.stored.units.values().filter_map(|u| u.replaced_by.as_deref()).collect();
         let stale = self
             .stored
             .units
             .values()
             .filter(|u| {
-                crate::rollout::counts_toward_desired(u) && u.template.as_deref().is_some_and(|t| t != fingerprint)
+                u.state.is_active()
+                    && !replacements.contains(&u.unit_id.as_str())
+                    && u.template.as_deref().is_some_and(|t| t != fingerprint)
             })
             .count();
+        let now = origin.at_unix_ms;
+        let rollout = if stale == 0 {
+            crate::rollout::RolloutRecord::nothing_to_roll(&fingerprint, now)
+        } else {
+            crate::rollout::RolloutRecord::started(&fingerprint, now)
+        };
+        let superseded = self.stored.rollout.as_ref().is_some_and(|r| r.state == RolloutState::InProgress);
+        let mut writes =
+            vec![Write::Spec(text.clone()), Write::SpecOrigin(origin.clone()), Write::Rollout(rollout.clone())];
+        writes.extend(previous.clone().map(Write::PreviousSpec));
+        self.store.write(&self.spec.name, &writes).map_err(|e| CommandError::Store(e.to_string()))?;
+        if previous.is_some() {
+            self.stored.previous_spec = previous;
+        }
+        if superseded {
+            metrics::counter!(m::ROLLOUTS_SUPERSEDED.name, "app" => self.spec.name.clone()).increment(1);
+        }
+        self.spec_text = Arc::from(text.as_str());
+        self.stored.spec = Some(text);
+        self.stored.spec_origin = Some(origin);
+        self.stored.rollout = Some(rollout);
         let message = if stale == 0 {
             "no unit's template changed".to_string()
         } else {
             format!("{stale} unit(s) will roll, {} at a time", spec.rollout.max_unavailable)
         };
-        tracing::info!(app = %spec.name, %fingerprint, stale, "spec applied");
+        tracing::info!(app = %spec.name, %fingerprint, stale, superseded, "spec applied");
         metrics::counter!(m::SPEC_APPLIED.name, "app" => spec.name.clone()).increment(1);
         self.spec = spec;
         self.fingerprint = fingerprint;
@@ -340,5 +370,31 @@ mod tests {
         let (_s, h2) = Scheduler::new(spec("300m"), cluster, vec![], store.clone()).unwrap();
         assert!(h2.status().has_previous_spec);
         assert_eq!(store.load("echo").unwrap().previous_spec, Some(toml::to_string(&spec("100m")).unwrap()));
+    }
+
+    #[test]
+    fn an_applied_spec_survives_a_restart_with_the_same_file_and_a_changed_file_applies() {
+        let store: Arc<dyn Store> = Arc::new(MemStore::default());
+        let cluster = flotilla_view::ClusterView::new(0);
+        let text = |cpu: &str| toml::to_string(&spec(cpu)).unwrap();
+        let (mut s, h) = Scheduler::new(spec("100m"), cluster.clone(), vec![], store.clone()).unwrap();
+        assert_eq!(h.status().spec_origin.as_ref().map(|o| o.source.as_str()), Some("file"));
+        run(&mut s, |tx| Command::Apply(Box::new(spec("200m")), tx)).unwrap();
+        drop(s);
+
+        // The same file: the applied spec stays in force, and says it came from the API.
+        let (s, h) = Scheduler::new(spec("100m"), cluster.clone(), vec![], store.clone()).unwrap();
+        assert_eq!(&*h.status().spec_toml, text("200m"));
+        assert_eq!(h.status().spec_origin.as_ref().map(|o| o.source.as_str()), Some("api"));
+        assert_eq!(h.status().template, spec("200m").template_fingerprint());
+        drop(s);
+
+        // A changed file applies; the spec it replaces becomes the previous.
+        let (_s, h) = Scheduler::new(spec("300m"), cluster, vec![], store.clone()).unwrap();
+        assert_eq!(&*h.status().spec_toml, text("300m"));
+        assert_eq!(h.status().spec_origin.as_ref().map(|o| o.source.as_str()), Some("file"));
+        let stored = store.load("echo").unwrap();
+        assert_eq!(stored.previous_spec, Some(text("200m")));
+        assert_eq!(stored.file_fingerprint, Some(spec("300m").fingerprint()));
     }
 }

@@ -98,25 +98,52 @@ pub struct Scheduler {
 impl Scheduler {
     /// Loads the app's state from `store` (adopting what a previous run left) and
     /// returns the scheduler with its handle.
+    ///
+    /// `spec` is the one given at start (`--app FILE`). The stored spec is the truth: the
+    /// file's spec is put in force only when the store has none, or when the file changed
+    /// since it was last applied from a file (its fingerprint is kept in the store), so a
+    /// spec applied through the API survives a restart with the same file.
     pub fn new(
         spec: AppSpec,
         cluster: Arc<ClusterView>,
         shard_addrs: Vec<String>,
         store: Arc<dyn Store>,
     ) -> anyhow::Result<(Scheduler, AppHandle)> {
-        let mut stored = store.load(&spec.name)?;
-        let spec_text = toml::to_string(&spec)?;
-        if stored.spec.as_deref() != Some(spec_text.as_str()) {
-            // Started with another spec than the stored one: like an apply, the stored
-            // one becomes the previous.
-            let mut writes = vec![Write::Spec(spec_text.clone())];
-            if let Some(old) = stored.spec.take() {
-                writes.push(Write::PreviousSpec(old.clone()));
-                stored.previous_spec = Some(old);
+        let stored = store.load(&spec.name)?;
+        let file_fingerprint = spec.fingerprint();
+        let in_force = stored.spec.as_deref().and_then(|text| match AppSpec::parse(text) {
+            Ok(s) if s.name == spec.name => Some(s),
+            Ok(_) => None,
+            Err(e) => {
+                tracing::warn!(app = %spec.name, error = %e, "the stored spec no longer parses; the file's applies");
+                None
             }
-            store.write(&spec.name, &writes)?;
-            stored.spec = Some(spec_text.clone());
+        });
+        let file_applies = in_force.is_none() || stored.file_fingerprint.as_deref() != Some(file_fingerprint.as_str());
+        let (mut scheduler, handle) =
+            Self::with_spec(in_force.unwrap_or_else(|| spec.clone()), cluster, shard_addrs, store, stored)?;
+        if file_applies {
+            let origin = crate::spec::SpecOrigin::new("file", now_ms());
+            let result = scheduler.apply_from(spec, origin).map_err(|e| anyhow::anyhow!("{e}"))?;
+            scheduler.store.write(&scheduler.spec.name, &[Write::FileFingerprint(file_fingerprint.clone())])?;
+            scheduler.stored.file_fingerprint = Some(file_fingerprint);
+            tracing::info!(app = %scheduler.spec.name, %result, "the --app file's spec is in force");
+        } else {
+            let source = scheduler.stored.spec_origin.as_ref().map_or("file", |o| o.source.as_str());
+            tracing::info!(app = %scheduler.spec.name, source, "the stored spec stays in force (the --app file did not change)");
         }
+        scheduler.publish();
+        Ok((scheduler, handle))
+    }
+
+    fn with_spec(
+        spec: AppSpec,
+        cluster: Arc<ClusterView>,
+        shard_addrs: Vec<String>,
+        store: Arc<dyn Store>,
+        stored: Stored,
+    ) -> anyhow::Result<(Scheduler, AppHandle)> {
+        let spec_text = toml::to_string(&spec)?;
         let spec_text: Arc<str> = Arc::from(spec_text.as_str());
         let status = Arc::new(ArcSwap::from_pointee(AppStatus {
             app: spec.name.clone(),
@@ -129,6 +156,9 @@ impl Scheduler {
             autoscaling: None,
             spec_toml: spec_text.clone(),
             has_previous_spec: stored.previous_spec.is_some(),
+            spec_origin: stored.spec_origin.clone(),
+            template: spec.template_fingerprint(),
+            rollout: stored.rollout.clone(),
         }));
         let stats = Arc::new(Stats::new());
         let (tx, commands) = tokio::sync::mpsc::channel(16);
@@ -274,7 +304,7 @@ impl Scheduler {
         self.heal(&slots, &mut writes).await;
         self.autoscale(&mut writes);
         self.scale_in(&slots, &mut writes).await;
-        self.roll(&slots, &mut writes);
+        self.roll(&slots, &mut writes).await;
 
         let (desired, counted) = (self.desired_groups(), self.counted_groups());
         for (group, (want, have)) in desired.into_iter().zip(counted).enumerate() {
@@ -397,6 +427,9 @@ impl Scheduler {
             }),
             spec_toml: self.spec_text.clone(),
             has_previous_spec: self.stored.previous_spec.is_some(),
+            spec_origin: self.stored.spec_origin.clone(),
+            template: self.fingerprint.clone(),
+            rollout: self.stored.rollout.clone(),
         }));
         let newest = self.autoscaler.decisions.back();
         if !self.decisions.load().first().zip(newest).is_some_and(|(a, b)| Arc::ptr_eq(a, b)) && newest.is_some() {

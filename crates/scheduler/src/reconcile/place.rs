@@ -187,6 +187,8 @@ impl Scheduler {
             unit.domain = Some(p.domain.clone());
             unit.unplaced_reason = None;
             unit.members = member_records(&self.spec, &p, shard);
+            // It runs the spec in force, whatever was in force when it was queued.
+            unit.template = Some(self.fingerprint.clone());
             for (m, (_, _, t)) in p.members.iter().zip(self.spec.members()) {
                 self.pending.push(PendingAlloc { shard, shown_in, node: m.node.clone(), resources: t.resources() });
             }
