@@ -6,6 +6,7 @@
 use flotilla_core::LockExt;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -156,7 +157,20 @@ async fn connection(
     stop: watch::Receiver<bool>,
 ) {
     let _ = tcp.set_nodelay(true);
-    let Some(acceptor) = tls else { return http(tcp, peer, app, builder, stop).await };
+    let Some(acceptor) = tls else {
+        // hyper's header timeout starts once it knows the protocol: a client that sends
+        // nothing at all is cut here.
+        let mut first = [0u8; 1];
+        match tokio::time::timeout(HANDSHAKE_TIMEOUT, tcp.peek(&mut first)).await {
+            Ok(Ok(1)) => return http(tcp, peer, app, builder, stop).await,
+            Ok(_) => return,
+            Err(_) => {
+                rejected("header_timeout");
+                tracing::debug!(%peer, "no request within the header timeout");
+                return;
+            }
+        }
+    };
     // A TLS connection starts with a handshake record (0x16); anything else is most
     // likely plain HTTP sent to the HTTPS port, and gets an answer that says so.
     let mut first = [0u8; 1];
@@ -189,7 +203,10 @@ async fn http<I>(
 ) where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    let requests = Arc::new(AtomicU64::new(0));
+    let seen = requests.clone();
     let svc = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
+        seen.fetch_add(1, Ordering::Relaxed);
         req.extensions_mut().insert(ConnectInfo(peer));
         app.clone().oneshot(req)
     });
@@ -198,6 +215,9 @@ async fn http<I>(
     tokio::select! {
         r = conn.as_mut() => {
             if let Err(e) = r {
+                if let Some(reason) = refusal(&*e, requests.load(Ordering::Relaxed)) {
+                    rejected(reason);
+                }
                 tracing::debug!(%peer, error = %e, "HTTP connection ended with an error");
             }
         }
@@ -206,6 +226,23 @@ async fn http<I>(
             let _ = conn.await;
         }
     }
+}
+
+/// The refusal a connection's error stands for, if hyper refused the client itself (it
+/// answers a malformed request 400, an over-long target 414, over-large headers 431,
+/// before any route sees them), or cut it for sending its headers too slowly. A
+/// keep-alive connection that served requests and then idled past the header timeout
+/// is no refusal.
+fn refusal(e: &(dyn std::error::Error + 'static), requests: u64) -> Option<&'static str> {
+    let e = e.downcast_ref::<hyper::Error>()?;
+    if e.is_timeout() {
+        return (requests == 0).then_some("header_timeout");
+    }
+    if e.is_parse_too_large() {
+        // hyper tells an over-long target from over-large headers only in its message.
+        return Some(if e.to_string().contains("URI") { "uri_too_long" } else { "header_too_large" });
+    }
+    e.is_parse().then_some("bad_request")
 }
 
 /// Answers a plain HTTP request on the HTTPS port with a JSON error naming the right URL.
