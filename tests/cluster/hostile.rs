@@ -205,12 +205,13 @@ fn hostile_requests_get_json_refusals_and_every_refusal_is_counted() {
     // 422: read, and refused for what it asks.
     let r = request(&addr, "PUT", "/v1/apps/echo/scale", &json, "{\"units\": 100000}");
     assert_eq!(r.status, 422, "{:?}", r.json);
-    // 414: over the API's limit (JSON), and over hyper's own (64 KiB).
+    // 414 over the API's target limit (JSON); a head over what a connection buffers
+    // (64 KiB) gets hyper's 431.
     let r = request(&addr, "GET", &format!("/v1/nodes?label={}", "a".repeat(9000)), "", "");
     assert_eq!((r.status, r.json["error"]["code"].as_str()), (414, Some("uri_too_long")));
-    let (out, _) =
-        send(&addr, &format!("GET /{} HTTP/1.1\r\nHost: x\r\n\r\n", "a".repeat(70_000)), b"", Duration::from_secs(5));
-    assert_eq!(status(&out), 414, "{}", &out[..out.len().min(200)]);
+    let long = format!("GET /{} HTTP/1.1\r\nHost: x\r\n\r\n", "a".repeat(70_000));
+    let (out, _) = send(&addr, &long, b"", Duration::from_secs(5));
+    assert!(out.is_empty() || status(&out) == 431, "{}", &out[..out.len().min(200)]);
 
     // The bearer scheme in any case (RFC 7235).
     for scheme in ["bearer", "BEARER", "Bearer"] {
@@ -240,6 +241,7 @@ fn hostile_requests_get_json_refusals_and_every_refusal_is_counted() {
     };
     assert_eq!(count("bad_request"), 5.0, "three 400s, two refused registrations: {page}");
     assert_eq!(count("unprocessable"), 1.0, "{page}");
-    assert_eq!(count("uri_too_long"), 2.0, "{page}");
+    assert_eq!(count("uri_too_long"), 1.0, "{page}");
+    assert_eq!(count("header_too_large"), 1.0, "{page}");
     assert_eq!(count("unauthenticated"), 0.0, "{page}");
 }

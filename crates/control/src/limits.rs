@@ -30,8 +30,8 @@ pub const MAX_BODY_BYTES: usize = 1 << 20;
 /// Time a client has to send a request's whole body once its headers are read: a client
 /// that trickles one is cut, so it cannot hold a connection (and its buffer) for long.
 pub const BODY_TIMEOUT: Duration = Duration::from_secs(10);
-/// The longest request target (path and query) the API reads; hyper itself refuses
-/// targets over 64 KiB before any route sees them.
+/// The longest request target (path and query) the API reads; a request head over
+/// what a connection buffers (64 KiB) is refused by hyper before any route sees it.
 pub const MAX_URI_BYTES: usize = 8 * 1024;
 /// The gRPC services on the API's port ([`crate::routes_grpc`]) live under this prefix.
 const GRPC_PREFIX: &str = "/flotilla.v1.";

@@ -60,6 +60,11 @@ pub const MAX_CONNECTIONS_PER_PEER: u32 = 256;
 pub const MAX_STREAMS_PER_CONNECTION: u32 = 128;
 /// Time a client has to finish its TLS handshake, or to send a request's headers.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// The largest request head (line and headers) a connection buffers: a client sending
+/// headers slowly holds at most this much until the header timeout cuts it. Over it,
+/// hyper answers 431 (counted `header_too_large`); targets over the API's own limit
+/// ([`crate::limits::MAX_URI_BYTES`]) and under this get its JSON 414.
+const MAX_HEAD_BYTES: usize = 64 * 1024;
 /// How long open connections may finish after a shutdown signal.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 
@@ -108,7 +113,7 @@ pub async fn serve_router(
     let local = listener.local_addr()?;
     let tls = tls.map(tokio_rustls::TlsAcceptor::from);
     let mut builder = Builder::new(TokioExecutor::new());
-    builder.http1().timer(TokioTimer::new()).header_read_timeout(HANDSHAKE_TIMEOUT);
+    builder.http1().timer(TokioTimer::new()).header_read_timeout(HANDSHAKE_TIMEOUT).max_buf_size(MAX_HEAD_BYTES);
     builder.http2().timer(TokioTimer::new()).max_concurrent_streams(MAX_STREAMS_PER_CONNECTION);
     let builder = Arc::new(builder);
     let peers = Arc::new(PeerConnections::default());
