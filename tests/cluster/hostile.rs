@@ -99,11 +99,11 @@ fn slow_bodies_without_a_token_cost_nothing_and_slow_clients_are_cut() {
     assert!(t.elapsed() < Duration::from_secs(2), "GET /v1/apps took {:?}", t.elapsed());
     // The anonymous ones were answered (401, unless the close reset the answer away) and
     // closed at once: the server holds none of them.
-    let quick = start + Duration::from_secs(8);
     for s in anonymous {
+        let t = Instant::now();
         let (out, at) = read_all(s, Duration::from_secs(5));
         assert!(out.is_empty() || status(&out) == 401, "{}", &out[..out.len().min(300)]);
-        assert!(at < quick, "an unauthenticated slow body was held for {:?}", at - start);
+        assert!(at - t < Duration::from_secs(4), "an unauthenticated slow body is held open");
     }
     assert!(rejected(&addr, "unauthenticated") >= 300.0);
     // The authenticated ones are cut after the body timeout (10 s) with a JSON 408.
