@@ -61,7 +61,7 @@ export function appsPage() {
           h('td', { class: 'r num muted', text: num(s.min_units, 0) }),
           h('td', { class: 'r num muted', text: num(s.max_units, 0) }),
           h('td', {}, s.unreachable ? unreachablePill(s) : unitCounts(s.units)),
-          h('td', {}, policyText(s.autoscaling), s.autoscaling?.override ? h('span', { class: 'tag', text: `override ${s.autoscaling.override.floor}..${s.autoscaling.override.ceiling}` }) : null),
+          h('td', {}, s.unreachable ? h('span', { class: 'muted', text: '–' }) : policyText(s.autoscaling), s.autoscaling?.override ? h('span', { class: 'tag', text: `override ${s.autoscaling.override.floor}..${s.autoscaling.override.ceiling}` }) : null),
           h('td', { class: 'r num', text: servingText(a) }),
           h('td', {}, last ? [pill(last.action), ' ', h('span', { class: 'muted', text: `${reasonText(last.reason)} · ` }), agoEl(last.at_ms)] : h('span', { class: 'muted', text: '–' })));
       }));
