@@ -4,6 +4,7 @@ Starts a real `flotilla up --agents 4 --app examples/echo.toml` (and, for the po
 a second `up --autoscale`), opens the page and checks, without ever reloading it:
 
 - the page lists the agents;
+- an app whose standalone scheduler does not answer is listed as unreachable;
 - scaling the app from the page changes the units shown;
 - `kill -9` of an agent turns that node dead on the page within 5 s;
 - a wrong token is refused with the server's message and nothing changes;
