@@ -245,6 +245,13 @@ pub async fn apps(a: ListArgs) -> anyhow::Result<()> {
             .as_object()
             .map(|m| m.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" "))
             .unwrap_or_default();
+        // A standalone scheduler the control plane could not reach: say so, with why.
+        let states = match r["unreachable"].as_bool() {
+            Some(true) => {
+                format!("unreachable: {}", r.pointer("/error/message").and_then(Value::as_str).unwrap_or("?"))
+            }
+            _ => states,
+        };
         let a = &r["autoscaling"];
         let policy = match (a["policy_name"].as_str(), a["policy"].as_str()) {
             (Some(name), _) => name.to_string(),

@@ -4,6 +4,7 @@ Starts a real `flotilla up --agents 4 --app examples/echo.toml` (and, for the po
 a second `up --autoscale`), opens the page and checks, without ever reloading it:
 
 - the page lists the agents;
+- an app whose standalone scheduler does not answer is listed as unreachable;
 - scaling the app from the page changes the units shown;
 - `kill -9` of an agent turns that node dead on the page within 5 s;
 - a wrong token is refused with the server's message and nothing changes;
@@ -149,6 +150,21 @@ def main():
             page.click("[data-testid=nav-nodes]")
             expect(page.locator("[data-testid=node-row]")).to_have_count(4, timeout=10000)
             page.screenshot(path=os.path.join(a.out, "nodes.png"), full_page=True)
+
+            # A standalone scheduler that does not answer: its app is listed as unreachable
+            # (with the error as the pill's title), and echo is listed as before.
+            ghost = f"http://127.0.0.1:{free_port()}"
+            req = urllib.request.Request(
+                up.url + "/v1/schedulers", method="POST",
+                data=json.dumps({"app": "ghost", "url": ghost}).encode(),
+                headers={"Authorization": f"bearer {up.token}", "Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=10) as r:
+                assert r.status == 204, r.status
+            page.click("[data-testid=nav-apps]")
+            ghost_row = page.locator("[data-testid=app-row][data-app=ghost]")
+            expect(ghost_row).to_contain_text("unreachable", timeout=15000)
+            expect(page.locator("[data-testid=app-row][data-app=echo]")).to_have_count(1)
+            page.screenshot(path=os.path.join(a.out, "apps-unreachable.png"), full_page=True)
 
             # A wrong token is refused with the server's message; nothing changes.
             page.goto(up.url + "/#/apps/echo")

@@ -8,6 +8,7 @@ mod autoscaling;
 mod cli;
 mod common;
 mod health;
+mod hostile;
 mod metrics;
 mod nodes;
 mod pool;

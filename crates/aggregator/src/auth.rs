@@ -95,7 +95,7 @@ impl GrpcAuth {
         if self.is_open() {
             return Ok(());
         }
-        let presented = request.metadata().get("authorization").map(|v| v.to_str().map(|s| s.strip_prefix("Bearer ")));
+        let presented = request.metadata().get("authorization").map(|v| v.to_str().map(flotilla_core::bearer_token));
         match presented {
             None => Err(GrpcRefusal::NoToken),
             Some(Ok(Some(token)))
@@ -138,6 +138,9 @@ mod tests {
         let auth = GrpcAuth::new(vec!["old".into(), "new".into()], 0);
         assert!(auth.check(&with(Some("Bearer new"))).is_ok());
         assert!(auth.check(&with(Some("Bearer old"))).is_ok());
+        // RFC 7235: the scheme is case-insensitive.
+        assert!(auth.check(&with(Some("bearer new"))).is_ok());
+        assert!(auth.check(&with(Some("BEARER new"))).is_ok());
         assert_eq!(auth.check(&with(None)), Err(GrpcRefusal::NoToken));
         let missing = auth.clone().call(with(None)).unwrap_err();
         assert_eq!(missing.code(), tonic::Code::Unauthenticated);

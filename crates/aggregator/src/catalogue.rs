@@ -10,7 +10,7 @@ pub const HEARTBEATS_RECEIVED: Family = Family::counter(
 );
 pub const HEARTBEATS_REJECTED: Family = Family::counter(
     "flotilla_heartbeats_rejected_total",
-    "Heartbeat datagrams the shard dropped, by reason (forged, replayed, unknown_session, wrong_node, dead_node, forgotten_session, ...).",
+    "Heartbeat datagrams the shard dropped, by reason (forged, replayed, unknown_session, wrong_node, dead_node, forgotten_session, empty, truncated, ...).",
     &["shard", "reason"],
 );
 pub const HEARTBEAT_BATCH_DATAGRAMS: Family = Family::histogram(

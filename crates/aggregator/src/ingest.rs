@@ -52,6 +52,9 @@ impl Ingest {
     }
 
     fn handle_inner(&mut self, datagram: &[u8], now_ms: u64, reply: &mut Vec<u8>) -> Result<(), HeartbeatDrop> {
+        if datagram.is_empty() {
+            return Err(HeartbeatDrop::Empty);
+        }
         let header = seal::parse_header(datagram).map_err(HeartbeatDrop::Datagram)?;
         if header.magic != MAGIC_HEARTBEAT {
             return Err(HeartbeatDrop::Datagram(DatagramError::BadMagic));
@@ -176,6 +179,12 @@ pub async fn run(
             let now = flotilla_core::now_ms();
             let mut datagrams = 0u64;
             for (meta, buf) in metas.iter().zip(bufs.iter()).take(n) {
+                // A 0-byte datagram yields no chunk below, but is a refusal to count.
+                if meta.len == 0 {
+                    datagrams += 1;
+                    let _ = ingest.handle(&[], now, &mut reply);
+                    continue;
+                }
                 let stride = meta.stride.max(1);
                 for d in buf[..meta.len].chunks(stride) {
                     datagrams += 1;
@@ -264,6 +273,8 @@ mod tests {
         assert_eq!(ing.handle(&spoof, 4, &mut reply), Err(HeartbeatDrop::Datagram(DatagramError::BadSeal)));
         // Malformed and oversized.
         assert_eq!(ing.handle(b"garbage", 5, &mut reply), Err(HeartbeatDrop::Datagram(DatagramError::Truncated)));
+        assert_eq!(ing.handle(b"", 5, &mut reply), Err(HeartbeatDrop::Empty));
+        assert_eq!(stats.rejected(HeartbeatDrop::Empty), 1);
         assert_eq!(ing.handle(&vec![0u8; 5000], 5, &mut reply), Err(HeartbeatDrop::Datagram(DatagramError::Oversized)));
         let mut truncated = beat(&live.key, live.session_id, 1, "n1", 14, 0.5);
         truncated.truncate(truncated.len() - 3);

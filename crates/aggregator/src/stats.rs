@@ -21,6 +21,8 @@ pub enum HeartbeatDrop {
     DeadNode,
     /// The sealed session is valid but this shard forgot it (it restarted): re-register.
     Forgotten,
+    /// A datagram of 0 bytes: no agent sends one, so a probe or a flood.
+    Empty,
 }
 
 impl HeartbeatDrop {
@@ -37,6 +39,7 @@ impl HeartbeatDrop {
         HeartbeatDrop::WrongNode,
         HeartbeatDrop::DeadNode,
         HeartbeatDrop::Forgotten,
+        HeartbeatDrop::Empty,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -47,6 +50,7 @@ impl HeartbeatDrop {
             HeartbeatDrop::WrongNode => "wrong_node",
             HeartbeatDrop::DeadNode => "dead_node",
             HeartbeatDrop::Forgotten => "forgotten_session",
+            HeartbeatDrop::Empty => "empty",
         }
     }
 
@@ -58,11 +62,12 @@ impl HeartbeatDrop {
             HeartbeatDrop::WrongNode => 9,
             HeartbeatDrop::DeadNode => 10,
             HeartbeatDrop::Forgotten => 11,
+            HeartbeatDrop::Empty => 12,
         }
     }
 }
 
-const REASONS: usize = 12;
+const REASONS: usize = 13;
 
 pub struct ShardStats {
     accepted: AtomicU64,

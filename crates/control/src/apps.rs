@@ -49,10 +49,6 @@ impl Apps {
         }
     }
 
-    fn names(&self) -> Vec<String> {
-        self.0.read_or_recover().keys().cloned().collect()
-    }
-
     /// Every app with its in-process scheduler or its live standalone one's URL.
     pub(crate) fn endpoints(&self) -> Vec<(String, Result<AppHandle, String>)> {
         let g = self.0.read_or_recover();
@@ -156,25 +152,90 @@ fn unreachable(url: &str, e: reqwest::Error) -> ControlError {
 }
 
 pub(crate) async fn remote(http: &reqwest::Client, url: &str, path: &str) -> Result<Value, ControlError> {
+    remote_within(http, url, path, Duration::from_secs(5)).await
+}
+
+/// GET `path` of a standalone scheduler's API, allowing `timeout` for the whole answer;
+/// its refusal (a JSON error) comes back as one.
+pub(crate) async fn remote_within(
+    http: &reqwest::Client,
+    url: &str,
+    path: &str,
+    timeout: Duration,
+) -> Result<Value, ControlError> {
     let resp = http
         .get(format!("{}{path}", url.trim_end_matches('/')))
-        .timeout(Duration::from_secs(5))
+        .timeout(timeout)
         .send()
         .await
         .map_err(|e| unreachable(url, e))?;
-    resp.json().await.map_err(|e| unreachable(url, e))
+    let status = resp.status();
+    let v: Value = resp.json().await.map_err(|e| unreachable(url, e))?;
+    if !status.is_success() {
+        let message = v.pointer("/error/message").and_then(Value::as_str).unwrap_or("refused").to_string();
+        return Err(ControlError::Forwarded { status, message: format!("{url}: {message}") });
+    }
+    Ok(v)
 }
 
-async fn list_apps(State(s): State<Arc<ControlState>>) -> Result<Json<Value>, ControlError> {
-    let mut out = Vec::new();
-    for app in s.apps.names() {
-        match s.apps.get(&app) {
-            Some(Ok(h)) => out.push(summary(&h.status())),
-            Some(Err(url)) => out.push(remote(&s.http, &url, &format!("/v1/apps/{app}")).await?),
-            None => {}
+/// How long `GET /v1/apps` waits for a standalone scheduler before it lists its app as
+/// unreachable (they are asked at once, so this bounds the whole answer).
+const LIST_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The row of an app whose standalone scheduler did not answer: the app, where it was
+/// asked, `"unreachable": true` and the error. A reachable app's row carries no such
+/// field, so readers of the summary shape only gain one.
+pub(crate) fn unreachable_row(app: &str, url: &str, e: &ControlError) -> Value {
+    use flotilla_core::ServiceError;
+    json!({
+        "app": app,
+        "scheduler_url": url,
+        "unreachable": true,
+        "error": {"code": e.code(), "message": e.to_string()},
+    })
+}
+
+/// A standalone scheduler's summary of `app`, or its unreachable row.
+pub(crate) async fn remote_summary(http: &reqwest::Client, app: &str, url: &str, timeout: Duration) -> Value {
+    match remote_within(http, url, &format!("/v1/apps/{app}"), timeout).await {
+        Ok(mut v) => {
+            if v.get("scheduler_url").is_none_or(Value::is_null) {
+                v["scheduler_url"] = json!(url);
+            }
+            v
+        }
+        Err(e) => {
+            tracing::debug!(app, url, error = %e, "a standalone scheduler did not answer");
+            unreachable_row(app, url, &e)
         }
     }
-    Ok(Json(Value::Array(out)))
+}
+
+/// `GET /v1/apps`: every app, its standalone schedulers asked concurrently; one that
+/// does not answer within [`LIST_TIMEOUT`] is listed unreachable, never failing the rest.
+async fn list_apps(State(s): State<Arc<ControlState>>) -> Json<Value> {
+    let rows: Vec<_> = s
+        .apps
+        .endpoints()
+        .into_iter()
+        .map(|(app, e)| match e {
+            Ok(h) => Ok(summary(&h.status())),
+            Err(url) => {
+                let http = s.http.clone();
+                let fetch = tokio::spawn(async move { remote_summary(&http, &app, &url, LIST_TIMEOUT).await });
+                Err(fetch)
+            }
+        })
+        .collect();
+    let mut out = Vec::with_capacity(rows.len());
+    for r in rows {
+        out.push(match r {
+            Ok(v) => v,
+            Err(fetch) => fetch.await.unwrap_or(Value::Null),
+        });
+    }
+    out.retain(|v| !v.is_null());
+    Json(Value::Array(out))
 }
 
 /// The app's summary; `scheduler_url` names the standalone scheduler serving it (watch its
@@ -394,18 +455,12 @@ struct Registration {
     url: String,
 }
 
-/// Checks `Authorization: Bearer <token>` for mutating calls.
+/// Checks `Authorization: Bearer <token>` for mutating calls (the serving layer checked
+/// it already, before reading the body: see [`crate::limits`]).
 pub fn authorize(s: &ControlState, headers: &HeaderMap) -> Result<(), ControlError> {
-    let Some(want) = &s.api_token else { return Ok(()) };
-    let got = headers.get(axum::http::header::AUTHORIZATION).and_then(|v| v.to_str().ok());
-    let unauthorized = |m: &'static str| {
-        crate::limits::rejected("unauthenticated");
-        ControlError::Unauthorized(m)
-    };
-    match got.and_then(|v| v.strip_prefix("Bearer ")) {
-        None => Err(unauthorized("this call needs Authorization: Bearer <API token> (see $FLOTILLA_DATA/api-token)")),
-        Some(t) if flotilla_core::constant_time_eq(t.as_bytes(), want.as_bytes()) => Ok(()),
-        Some(_) => Err(unauthorized("the bearer token is wrong")),
+    match &s.api_token {
+        Some(want) => crate::limits::check_token(want, headers),
+        None => Ok(()),
     }
 }
 
@@ -416,16 +471,69 @@ async fn register_scheduler(
 ) -> Result<StatusCode, ControlError> {
     authorize(&s, &headers)?;
     let Json(r) = body.map_err(|e| ControlError::BadRequest(e.body_text()))?;
-    if r.app.is_empty() || r.app.len() > 63 {
-        return Err(ControlError::BadRequest("app: 1..=63 bytes".into()));
+    if !flotilla_scheduler::AppSpec::is_valid_name(&r.app) {
+        return Err(ControlError::BadRequest(format!(
+            "app {:?}: 1..=63 of a-z, 0-9 and '-', not starting with '-' (as an app spec's name)",
+            r.app
+        )));
     }
-    if !(r.url.starts_with("http://") || r.url.starts_with("https://")) || r.url.len() > 256 {
-        return Err(ControlError::BadRequest("url: an http(s) URL of at most 256 bytes".into()));
-    }
+    let url = scheduler_url(&r.url).map_err(|why| ControlError::BadRequest(format!("url {:?}: {why}", r.url)))?;
     let mut g = s.apps.0.write_or_recover();
     if matches!(g.get(&r.app), Some(AppEndpoint::Local(_))) {
         return Err(ControlError::AppRunsHere(r.app));
     }
-    g.insert(r.app, AppEndpoint::Remote { url: r.url, seen: Instant::now() });
+    g.insert(r.app, AppEndpoint::Remote { url, seen: Instant::now() });
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// A standalone scheduler's base URL as the control plane will use it: http or https,
+/// with a host, no credentials, query or fragment, and a plain path (no `.` or `..`
+/// segment, no escapes or backslashes) so that what is appended to it stays under it.
+fn scheduler_url(url: &str) -> Result<String, &'static str> {
+    if url.len() > 256 {
+        return Err("longer than 256 bytes");
+    }
+    if url.contains(['%', '\\', '?', '#', '@']) || url.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err("escapes, backslashes, credentials, a query or a fragment are not accepted");
+    }
+    let u = reqwest::Url::parse(url).map_err(|_| "not a URL")?;
+    if !matches!(u.scheme(), "http" | "https") {
+        return Err("not an http or https URL");
+    }
+    if u.host_str().is_none_or(str::is_empty) {
+        return Err("no host");
+    }
+    let path = url.split_once("://").map_or("", |(_, rest)| rest.split_once('/').map_or("", |(_, p)| p));
+    if path.split('/').any(|seg| seg == "." || seg == "..") {
+        return Err("a '.' or '..' path segment");
+    }
+    Ok(u.as_str().trim_end_matches('/').to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::scheduler_url;
+
+    #[test]
+    fn a_scheduler_url_is_a_plain_http_base() {
+        assert_eq!(scheduler_url("http://127.0.0.1:7899"), Ok("http://127.0.0.1:7899".into()));
+        assert_eq!(scheduler_url("https://sched.example:443/"), Ok("https://sched.example".into()));
+        assert_eq!(scheduler_url("http://10.0.0.5:8080/prefix"), Ok("http://10.0.0.5:8080/prefix".into()));
+        for bad in [
+            "ftp://h",
+            "http://",
+            "127.0.0.1:7899",
+            "http://h/../x",
+            "http://h/a/./b",
+            "http://h/%2e%2e/x",
+            "http://h\\..\\x",
+            "http://u:p@h",
+            "http://h/?x=1",
+            "http://h/#f",
+            "http://h /x",
+        ] {
+            assert!(scheduler_url(bad).is_err(), "{bad}");
+        }
+        assert!(scheduler_url(&format!("http://{}", "a".repeat(260))).is_err());
+    }
 }

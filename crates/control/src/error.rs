@@ -17,6 +17,10 @@ use flotilla_scheduler::CommandError;
 const BAD_REQUEST: &str = "bad_request";
 /// The code of plain HTTP sent to the HTTPS port: a 400 too.
 const TLS_REQUIRED: &str = "tls_required";
+/// The code of a request target over the API's limit: 414 URI Too Long.
+const URI_TOO_LONG: &str = "uri_too_long";
+/// The code of a body not sent in time: 408 Request Timeout.
+const BODY_TIMEOUT: &str = "body_timeout";
 
 /// The HTTP status of each kind of failure. `InvalidInput` splits by whether the
 /// request could be read: unreadable ([`BAD_REQUEST`], [`TLS_REQUIRED`]) is 400 Bad
@@ -26,6 +30,8 @@ const TLS_REQUIRED: &str = "tls_required";
 pub fn http_status(kind: ErrorKind, code: &str) -> StatusCode {
     match kind {
         ErrorKind::InvalidInput if code == BAD_REQUEST || code == TLS_REQUIRED => StatusCode::BAD_REQUEST,
+        ErrorKind::InvalidInput if code == URI_TOO_LONG => StatusCode::URI_TOO_LONG,
+        ErrorKind::InvalidInput if code == BODY_TIMEOUT => StatusCode::REQUEST_TIMEOUT,
         ErrorKind::InvalidInput => StatusCode::UNPROCESSABLE_ENTITY,
         ErrorKind::Unauthenticated => StatusCode::UNAUTHORIZED,
         ErrorKind::NotFound => StatusCode::NOT_FOUND,
@@ -78,6 +84,11 @@ pub enum ControlError {
     Forwarded { status: StatusCode, message: String },
     #[error("the request body is larger than {max} bytes")]
     TooLarge { max: usize },
+    #[error("the request target (path and query) is longer than {max} bytes")]
+    UriTooLong { max: usize },
+    /// A client that did not send its whole body within the time allowed.
+    #[error("the request body did not arrive within {secs} s")]
+    BodyTimeout { secs: u64 },
     #[error("more than {per_second} requests per second from {peer}: retry in {} ms", retry_in.as_millis().max(1))]
     RateLimited { per_second: u32, peer: IpAddr, retry_in: Duration },
     /// `GET /v1/events` with every stream place taken.
@@ -95,6 +106,7 @@ impl ServiceError for ControlError {
         match self {
             NoSuchEndpoint | NoSuchAction(_) | NoSuchNode(_) | NoSuchApp(_) | NoSuchPool(_) => ErrorKind::NotFound,
             BadRequest(_) | InvalidSpec(_) | InvalidPolicy(_) | TlsRequired { .. } => ErrorKind::InvalidInput,
+            UriTooLong { .. } | BodyTimeout { .. } => ErrorKind::InvalidInput,
             Storage(_) => ErrorKind::Internal,
             Unauthorized(_) => ErrorKind::Unauthenticated,
             AppRunsHere(_) | ScheduledElsewhere { .. } => ErrorKind::Conflict,
@@ -124,6 +136,8 @@ impl ServiceError for ControlError {
             SchedulerUnreachable { .. } => "scheduler_unreachable",
             Forwarded { .. } => "refused",
             TooLarge { .. } => "too_large",
+            UriTooLong { .. } => URI_TOO_LONG,
+            BodyTimeout { .. } => BODY_TIMEOUT,
             RateLimited { .. } => "rate_limited",
             TooManySubscribers { .. } => "too_many_subscribers",
             TlsRequired { .. } => TLS_REQUIRED,
@@ -232,6 +246,8 @@ mod tests {
             (502, "scheduler_unreachable")
         );
         assert_eq!(answer(TooLarge { max: 1 }), (413, "too_large"));
+        assert_eq!(answer(UriTooLong { max: 1 }), (414, "uri_too_long"));
+        assert_eq!(answer(BodyTimeout { secs: 10 }), (408, "body_timeout"));
         let peer = IpAddr::from([127, 0, 0, 1]);
         assert_eq!(answer(RateLimited { per_second: 1, peer, retry_in: Duration::ZERO }), (429, "rate_limited"));
         assert_eq!(answer(TlsRequired { url: "https://x".into() }), (400, "tls_required"));

@@ -160,7 +160,8 @@ pub async fn serve(
     let addr: SocketAddr = listener.local_addr()?;
     tracing::info!(%addr, scheme = options.scheme(), rate_limit = options.rate_limit, "control API listening");
     let limiter = limits::RateLimiter::new(options.rate_limit).map(Arc::new);
-    let app = limits::apply(router(state), limiter);
+    let token = state.api_token.clone();
+    let app = limits::apply(router(state), limiter, token);
     serve::serve_router(listener, app, options.tls, shutdown).await
 }
 

@@ -1,16 +1,22 @@
-//! Bounds on what one peer may ask of the HTTP API: the per-peer rate limit
-//! ([`RateLimiter`]) and a cap on request bodies. Every refusal is a JSON error and
-//! counts in `flotilla_http_requests_rejected_total{reason}`.
+//! Bounds on what one peer may ask of the HTTP API, put in front of every route by
+//! [`apply`]: the per-peer rate limit ([`RateLimiter`]), the request target's length, the
+//! API token of a mutating call (checked from the headers, before any body is read), one
+//! cap on every request body whatever its content type ([`MAX_BODY_BYTES`]) and the time
+//! a client has to send it ([`BODY_TIMEOUT`]). Only gRPC calls to the gRPC services that
+//! share the port pass without a buffered body (tonic bounds their messages). Every
+//! refusal is a JSON error and counts once in `flotilla_http_requests_rejected_total{reason}`:
+//! a handler's 400 or 422 too, by its status, unless the handler counted it itself.
 
 use crate::catalogue as m;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Instant;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{ConnectInfo, Request, State};
-use axum::http::header;
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use http_body_util::BodyExt;
@@ -18,58 +24,160 @@ use http_body_util::BodyExt;
 use crate::ControlError;
 pub use flotilla_core::RateLimiter;
 
-/// The largest request body the API reads (a spec applied with `flotilla apply` too).
+/// The largest request body the API reads (a spec applied with `flotilla apply` too), on
+/// every route and whatever the content type.
 pub const MAX_BODY_BYTES: usize = 1 << 20;
+/// Time a client has to send a request's whole body once its headers are read: a client
+/// that trickles one is cut, so it cannot hold a connection (and its buffer) for long.
+pub const BODY_TIMEOUT: Duration = Duration::from_secs(10);
+/// The longest request target (path and query) the API reads; a request head over
+/// what a connection buffers (64 KiB) is refused by hyper before any route sees it.
+pub const MAX_URI_BYTES: usize = 8 * 1024;
+/// The gRPC services on the API's port ([`crate::routes_grpc`]) live under this prefix.
+const GRPC_PREFIX: &str = "/flotilla.v1.";
+
+tokio::task_local! {
+    /// Set while a request runs through [`guard`]: [`rejected`] marks it, so a refusal a
+    /// handler counted with its own reason is not counted again by its status.
+    static COUNTED: Arc<AtomicBool>;
+}
 
 /// Counts one refused request or connection.
 pub fn rejected(reason: &'static str) {
     metrics::counter!(m::HTTP_REQUESTS_REJECTED.name, "reason" => reason).increment(1);
+    let _ = COUNTED.try_with(|c| c.store(true, Ordering::Relaxed));
 }
 
-/// Puts the rate limit (when `limiter` is set) and the body cap in front of every route.
-/// The serving loop puts each connection's peer address in the request's extensions.
-pub fn apply(router: Router, limiter: Option<Arc<RateLimiter>>) -> Router {
-    router.layer(axum::middleware::from_fn_with_state(limiter, guard))
+/// What [`guard`] holds: the rate limiter and the API token mutating calls need.
+#[derive(Clone)]
+struct Guard {
+    limiter: Option<Arc<RateLimiter>>,
+    token: Option<Arc<str>>,
 }
 
-fn is_grpc(req: &Request) -> bool {
-    req.headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("application/grpc"))
+/// Puts the limits in front of every route: the rate limit (when `limiter` is set), the
+/// target length, the API token for mutating calls (when `token` is set) and the body
+/// cap and timeout. The serving loop puts each connection's peer address in the
+/// request's extensions.
+pub fn apply(router: Router, limiter: Option<Arc<RateLimiter>>, token: Option<String>) -> Router {
+    let guard = Guard { limiter, token: token.map(Arc::from) };
+    router.layer(axum::middleware::from_fn_with_state(guard, self::guard))
+}
+
+/// Checks `Authorization: Bearer <token>` (the scheme in any case, RFC 7235) against
+/// `want`; a refusal is counted.
+pub fn check_token(want: &str, headers: &HeaderMap) -> Result<(), ControlError> {
+    let got = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+    let unauthorized = |m: &'static str| {
+        rejected("unauthenticated");
+        ControlError::Unauthorized(m)
+    };
+    match got.and_then(flotilla_core::bearer_token) {
+        None => Err(unauthorized("this call needs Authorization: Bearer <API token> (see $FLOTILLA_DATA/api-token)")),
+        Some(t) if flotilla_core::constant_time_eq(t.as_bytes(), want.as_bytes()) => Ok(()),
+        Some(_) => Err(unauthorized("the bearer token is wrong")),
+    }
+}
+
+/// A gRPC call to one of the port's gRPC services: its messages are framed and bounded
+/// by tonic, and it may stream for as long as it is watched, so it is not buffered.
+/// A gRPC content type anywhere else gets the same treatment as any other body.
+fn is_grpc_call(req: &Request) -> bool {
+    req.uri().path().starts_with(GRPC_PREFIX)
+        && req
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("application/grpc"))
+}
+
+fn refuse(reason: &'static str, e: ControlError) -> Response {
+    rejected(reason);
+    e.into_response()
 }
 
 fn too_large() -> Response {
-    rejected("too_large");
-    ControlError::TooLarge { max: MAX_BODY_BYTES }.into_response()
+    refuse("too_large", ControlError::TooLarge { max: MAX_BODY_BYTES })
 }
 
 #[tracing::instrument(name = "http_limits", skip_all, fields(method = %req.method(), path = %req.uri().path()))]
-async fn guard(State(limiter): State<Option<Arc<RateLimiter>>>, req: Request, next: Next) -> Response {
+async fn guard(State(g): State<Guard>, req: Request, next: Next) -> Response {
     let peer = req.extensions().get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip());
-    if let (Some(limiter), Some(peer)) = (&limiter, peer)
+    if let (Some(limiter), Some(peer)) = (&g.limiter, peer)
         && let Err(wait) = limiter.check(peer, Instant::now())
     {
-        rejected("rate_limited");
         tracing::debug!(%peer, "rate limited");
-        return ControlError::RateLimited { per_second: limiter.per_second(), peer, retry_in: wait }.into_response();
+        let e = ControlError::RateLimited { per_second: limiter.per_second(), peer, retry_in: wait };
+        return refuse("rate_limited", e);
     }
-    // gRPC streams are bounded by their own message size limit, never buffered here.
-    if is_grpc(&req) {
+    let target = req.uri().path_and_query().map_or(0, |p| p.as_str().len());
+    if target > MAX_URI_BYTES {
+        return refuse("uri_too_long", ControlError::UriTooLong { max: MAX_URI_BYTES });
+    }
+    if is_grpc_call(&req) {
         return next.run(req).await;
+    }
+    // Authenticate from the headers alone: a caller without the token never gets a
+    // byte of its body read (hyper closes the connection after the answer).
+    if !req.method().is_safe()
+        && let Some(want) = &g.token
+        && let Err(e) = check_token(want, req.headers())
+    {
+        return e.into_response();
     }
     let declared = req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
     if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
         return too_large();
     }
+    // Read as it arrives (never sized from Content-Length), up to the cap, in time.
     let (parts, body) = req.into_parts();
-    let bytes = match http_body_util::Limited::new(body, MAX_BODY_BYTES).collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(e) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => return too_large(),
-        Err(e) => {
-            rejected("bad_body");
-            return ControlError::BadRequest(format!("reading the request body: {e}")).into_response();
-        }
+    let bytes =
+        match tokio::time::timeout(BODY_TIMEOUT, http_body_util::Limited::new(body, MAX_BODY_BYTES).collect()).await {
+            Ok(Ok(b)) => b.to_bytes(),
+            Ok(Err(e)) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => return too_large(),
+            Ok(Err(e)) => {
+                return refuse("bad_body", ControlError::BadRequest(format!("reading the request body: {e}")));
+            }
+            Err(_) => return refuse("body_timeout", ControlError::BodyTimeout { secs: BODY_TIMEOUT.as_secs() }),
+        };
+    let counted = Arc::new(AtomicBool::new(false));
+    let resp = COUNTED.scope(counted.clone(), next.run(Request::from_parts(parts, Body::from(bytes)))).await;
+    if counted.load(Ordering::Relaxed) {
+        return resp;
+    }
+    count_refusal(resp).await
+}
+
+/// Counts a handler's refusal by its status, and gives a framework's plain-text one
+/// (an extractor's) the API's JSON shape.
+async fn count_refusal(resp: Response) -> Response {
+    let reason = match resp.status() {
+        StatusCode::BAD_REQUEST => "bad_request",
+        StatusCode::UNPROCESSABLE_ENTITY => "unprocessable",
+        StatusCode::PAYLOAD_TOO_LARGE => "too_large",
+        StatusCode::URI_TOO_LONG => "uri_too_long",
+        _ => return resp,
     };
-    next.run(Request::from_parts(parts, Body::from(bytes))).await
+    rejected(reason);
+    let json = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if json {
+        return resp;
+    }
+    let status = resp.status();
+    let text = match axum::body::to_bytes(resp.into_body(), 16 * 1024).await {
+        Ok(b) => String::from_utf8_lossy(&b).trim().to_string(),
+        Err(_) => String::new(),
+    };
+    let message = if text.is_empty() { status.canonical_reason().unwrap_or("refused").to_string() } else { text };
+    match status {
+        StatusCode::PAYLOAD_TOO_LARGE => ControlError::TooLarge { max: MAX_BODY_BYTES },
+        StatusCode::URI_TOO_LONG => ControlError::UriTooLong { max: MAX_URI_BYTES },
+        StatusCode::BAD_REQUEST => ControlError::BadRequest(message),
+        _ => ControlError::Forwarded { status, message },
+    }
+    .into_response()
 }

@@ -6,6 +6,7 @@
 use flotilla_core::LockExt;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -59,6 +60,11 @@ pub const MAX_CONNECTIONS_PER_PEER: u32 = 256;
 pub const MAX_STREAMS_PER_CONNECTION: u32 = 128;
 /// Time a client has to finish its TLS handshake, or to send a request's headers.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// The largest request head (line and headers) a connection buffers: a client sending
+/// headers slowly holds at most this much until the header timeout cuts it. Over it,
+/// hyper answers 431 (counted `header_too_large`); targets over the API's own limit
+/// ([`crate::limits::MAX_URI_BYTES`]) and under this get its JSON 414.
+const MAX_HEAD_BYTES: usize = 64 * 1024;
 /// How long open connections may finish after a shutdown signal.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 
@@ -107,7 +113,7 @@ pub async fn serve_router(
     let local = listener.local_addr()?;
     let tls = tls.map(tokio_rustls::TlsAcceptor::from);
     let mut builder = Builder::new(TokioExecutor::new());
-    builder.http1().timer(TokioTimer::new()).header_read_timeout(HANDSHAKE_TIMEOUT);
+    builder.http1().timer(TokioTimer::new()).header_read_timeout(HANDSHAKE_TIMEOUT).max_buf_size(MAX_HEAD_BYTES);
     builder.http2().timer(TokioTimer::new()).max_concurrent_streams(MAX_STREAMS_PER_CONNECTION);
     let builder = Arc::new(builder);
     let peers = Arc::new(PeerConnections::default());
@@ -156,7 +162,20 @@ async fn connection(
     stop: watch::Receiver<bool>,
 ) {
     let _ = tcp.set_nodelay(true);
-    let Some(acceptor) = tls else { return http(tcp, peer, app, builder, stop).await };
+    let Some(acceptor) = tls else {
+        // hyper's header timeout starts once it knows the protocol: a client that sends
+        // nothing at all is cut here.
+        let mut first = [0u8; 1];
+        match tokio::time::timeout(HANDSHAKE_TIMEOUT, tcp.peek(&mut first)).await {
+            Ok(Ok(1)) => return http(tcp, peer, app, builder, stop).await,
+            Ok(_) => return,
+            Err(_) => {
+                rejected("header_timeout");
+                tracing::debug!(%peer, "no request within the header timeout");
+                return;
+            }
+        }
+    };
     // A TLS connection starts with a handshake record (0x16); anything else is most
     // likely plain HTTP sent to the HTTPS port, and gets an answer that says so.
     let mut first = [0u8; 1];
@@ -189,7 +208,10 @@ async fn http<I>(
 ) where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    let requests = Arc::new(AtomicU64::new(0));
+    let seen = requests.clone();
     let svc = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
+        seen.fetch_add(1, Ordering::Relaxed);
         req.extensions_mut().insert(ConnectInfo(peer));
         app.clone().oneshot(req)
     });
@@ -198,6 +220,9 @@ async fn http<I>(
     tokio::select! {
         r = conn.as_mut() => {
             if let Err(e) = r {
+                if let Some(reason) = refusal(&*e, requests.load(Ordering::Relaxed)) {
+                    rejected(reason);
+                }
                 tracing::debug!(%peer, error = %e, "HTTP connection ended with an error");
             }
         }
@@ -206,6 +231,23 @@ async fn http<I>(
             let _ = conn.await;
         }
     }
+}
+
+/// The refusal a connection's error stands for, if hyper refused the client itself (it
+/// answers a malformed request 400, an over-long target 414, over-large headers 431,
+/// before any route sees them), or cut it for sending its headers too slowly. A
+/// keep-alive connection that served requests and then idled past the header timeout
+/// is no refusal.
+fn refusal(e: &(dyn std::error::Error + 'static), requests: u64) -> Option<&'static str> {
+    let e = e.downcast_ref::<hyper::Error>()?;
+    if e.is_timeout() {
+        return (requests == 0).then_some("header_timeout");
+    }
+    if e.is_parse_too_large() {
+        // hyper tells an over-long target from over-large headers only in its message.
+        return Some(if e.to_string().contains("URI") { "uri_too_long" } else { "header_too_large" });
+    }
+    e.is_parse().then_some("bad_request")
 }
 
 /// Answers a plain HTTP request on the HTTPS port with a JSON error naming the right URL.

@@ -1,6 +1,7 @@
 //! The dashboard's server side over a real socket: the embedded page, the event
 //! stream's snapshot and a change after it, node pages and their refusals, an app's
-//! spec and a refused rollback, and a pool's node type bounds.
+//! spec and a refused rollback, a pool's node type bounds, and a standalone scheduler
+//! that does not answer, listed and streamed as unreachable.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -273,4 +274,38 @@ async fn the_event_stream_sends_a_snapshot_then_what_changed() {
     let metrics = reqwest::get(format!("http://{addr}/metrics")).await.unwrap().text().await.unwrap();
     assert!(flotilla_testkit::metric(&metrics, "flotilla_events_snapshots_total", "").unwrap_or(0.0) >= 1.0);
     assert!(flotilla_testkit::metric(&metrics, "flotilla_events_subscribers", "").unwrap_or(0.0) >= 1.0);
+}
+
+#[tokio::test]
+async fn an_unreachable_standalone_scheduler_is_listed_and_streamed_as_unreachable() {
+    let (addr, _c, _stop) = start().await;
+    let http = reqwest::Client::new();
+    let register = |app: &str, url: &str| {
+        http.post(format!("http://{addr}/v1/schedulers"))
+            .bearer_auth("secret")
+            .json(&json!({"app": app, "url": url}))
+            .send()
+    };
+    // A name that would steer the URL the control plane fetches is refused.
+    assert_eq!(register("../../x", "http://127.0.0.1:7899").await.unwrap().status(), 400);
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let ghost = format!("http://{closed}");
+    assert_eq!(register("ghost", &ghost).await.unwrap().status(), 204);
+
+    let r = http.get(format!("http://{addr}/v1/apps")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let rows: Vec<Value> = r.json().await.unwrap();
+    assert_eq!(rows.iter().map(|a| a["app"].as_str().unwrap()).collect::<Vec<_>>(), ["echo", "ghost"]);
+    assert!(rows[0].get("unreachable").is_none());
+    assert_eq!(rows[1]["unreachable"], true);
+    assert_eq!(rows[1]["scheduler_url"], ghost.as_str());
+    assert_eq!(rows[1]["error"]["code"], "scheduler_unreachable");
+
+    // The dashboard's stream shows it too, with the same summary.
+    let mut resp = reqwest::get(format!("http://{addr}/v1/events")).await.unwrap();
+    let mut buf = String::new();
+    let seen = read_events(&mut resp, &mut buf, |e, d| e == "app" && d["app"] == "ghost").await;
+    let (_, app) = seen.last().unwrap();
+    assert_eq!(app["summary"]["unreachable"], true, "{app}");
+    assert_eq!(app["units"], json!([]));
 }

@@ -160,7 +160,8 @@ async fn rate_limits_body_caps_and_missing_tokens_are_refused_and_counted() {
     assert_eq!(r.status(), 200);
 
     // A body over 1 MiB: refused from its declared length before it is sent, or once
-    // 1 MiB of a chunked one has been read.
+    // 1 MiB of a chunked one has been read (a caller with the token: without one, no
+    // body is read at all).
     let declared = format!(
         "PUT /v1/apps/echo/spec HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer secret\r\nContent-Length: {}\r\n\r\n",
         flotilla_control::limits::MAX_BODY_BYTES + 1
@@ -169,7 +170,7 @@ async fn rate_limits_body_caps_and_missing_tokens_are_refused_and_counted() {
     assert_eq!(status, 413, "{out}");
     assert!(out.contains("\"too_large\""), "{out}");
     let mut chunked =
-        b"PUT /v1/apps/echo/spec HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+        b"PUT /v1/apps/echo/spec HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer secret\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
             .to_vec();
     for _ in 0..17 {
         chunked.extend_from_slice(format!("{:x}\r\n", 64 * 1024).as_bytes());

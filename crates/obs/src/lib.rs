@@ -197,13 +197,50 @@ pub async fn serve_metrics(addr: SocketAddr) -> anyhow::Result<SocketAddr> {
     let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| anyhow::anyhow!("binding {addr}: {e}"))?;
     let local = listener.local_addr()?;
     let app = metrics_router().merge(health::router());
-    tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
-            tracing::warn!(error = %e, "metrics server stopped");
-        }
-    });
+    tokio::spawn(serve_bounded(listener, app));
     tracing::info!(%local, "serving /metrics");
     Ok(local)
+}
+
+/// Connections the metrics port holds at once: scrapers and probes need a few.
+const METRICS_CONNECTIONS: usize = 64;
+/// Time a client of the metrics port has to send its first byte, and its headers.
+const METRICS_HEADER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// The largest request head the metrics port reads (its routes take no body).
+const METRICS_MAX_HEAD: usize = 16 * 1024;
+
+/// Serves `app` so that a slow or idle client cannot hold the port: a bounded number of
+/// connections, a first-byte and header timeout, and a small head buffer.
+async fn serve_bounded(listener: tokio::net::TcpListener, app: axum::Router) {
+    use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    builder.http1().timer(TokioTimer::new()).header_read_timeout(METRICS_HEADER_TIMEOUT).max_buf_size(METRICS_MAX_HEAD);
+    let builder = std::sync::Arc::new(builder);
+    let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(METRICS_CONNECTIONS));
+    loop {
+        let tcp = match listener.accept().await {
+            Ok((tcp, _)) => tcp,
+            Err(e) => {
+                tracing::warn!(error = %e, "accepting a metrics connection failed");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        // Full: the newcomer is closed at once; the scraper retries on its next round.
+        let Ok(slot) = slots.clone().try_acquire_owned() else { continue };
+        let (app, builder) = (app.clone(), builder.clone());
+        tokio::spawn(async move {
+            let _slot = slot;
+            let mut first = [0u8; 1];
+            if !matches!(tokio::time::timeout(METRICS_HEADER_TIMEOUT, tcp.peek(&mut first)).await, Ok(Ok(1))) {
+                return;
+            }
+            let svc = hyper_util::service::TowerToHyperService::new(app);
+            if let Err(e) = builder.serve_connection(TokioIo::new(tcp), svc).await {
+                tracing::debug!(error = %e, "metrics connection ended with an error");
+            }
+        });
+    }
 }
 
 #[cfg(test)]

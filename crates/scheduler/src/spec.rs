@@ -248,6 +248,15 @@ pub(crate) fn is_name(s: &str) -> bool {
         && !s.starts_with('-')
 }
 
+impl AppSpec {
+    /// Whether `s` may name an app (1..=63 of `a-z`, `0-9`, `-`, not starting with `-`):
+    /// the rule a spec's `name` follows, for names that arrive some other way (a
+    /// standalone scheduler's registration), since they end up in URL paths.
+    pub fn is_valid_name(s: &str) -> bool {
+        is_name(s)
+    }
+}
+
 impl MemberTemplate {
     pub fn resources(&self) -> Resources {
         Resources::new(parse_cpu(&self.cpu).unwrap_or(0), parse_memory(&self.memory).unwrap_or(0), self.gpu)

@@ -545,25 +545,33 @@ impl Hub {
         }
         let hub = self.clone();
         tokio::spawn(async move {
+            // Every scheduler at once: one that does not answer delays no other.
+            let fetches: Vec<_> = remotes
+                .into_iter()
+                .map(|(app, url)| {
+                    let http = hub.control.http.clone();
+                    let name = app.clone();
+                    (app, tokio::spawn(async move { fetch_app(&http, &name, &url).await.map_err(|e| (url, e)) }))
+                })
+                .collect();
             let mut fetched = BTreeMap::new();
-            for (app, url) in remotes {
-                match fetch_app(&hub.control.http, &app, &url).await {
-                    Ok(v) => {
-                        // Unchanged: keep the old Arc, so the tick sees no change.
-                        let old = hub.remote.lock_or_recover().get(&app).cloned();
-                        let v = match old {
-                            Some(o) if *o == v => o,
-                            _ => Arc::new(v),
-                        };
-                        fetched.insert(app, v);
-                    }
-                    Err(e) => {
+            for (app, fetch) in fetches {
+                let v = match fetch.await {
+                    Ok(Ok(v)) => v,
+                    // Shown as unreachable (with the error), not dropped or left stale.
+                    Ok(Err((url, e))) => {
                         tracing::debug!(app, error = %e, "fetching a standalone scheduler's app for the stream");
-                        if let Some(old) = hub.remote.lock_or_recover().get(&app).cloned() {
-                            fetched.insert(app, old);
-                        }
+                        unreachable_app(&app, &url, &e)
                     }
-                }
+                    Err(_) => continue,
+                };
+                // Unchanged: keep the old Arc, so the tick sees no change.
+                let old = hub.remote.lock_or_recover().get(&app).cloned();
+                let v = match old {
+                    Some(o) if *o == v => o,
+                    _ => Arc::new(v),
+                };
+                fetched.insert(app, v);
             }
             *hub.remote.lock_or_recover() = fetched;
             hub.fetching.store(false, Ordering::SeqCst);
@@ -577,17 +585,22 @@ async fn fetch_app(http: &reqwest::Client, app: &str, url: &str) -> Result<Value
         let path = format!("/v1/apps/{app}{path}");
         async move { crate::apps::remote(http, url, &path).await }
     };
-    let mut summary = get("").await?;
+    let (summary, units, routes, decisions, capacity) =
+        tokio::join!(get(""), get("/units"), get("/routes"), get("/decisions"), get("/capacity"));
+    let (mut summary, units, routes, decisions, capacity) = (summary?, units?, routes?, decisions?, capacity?);
     if summary.get("scheduler_url").is_none_or(Value::is_null) {
         summary["scheduler_url"] = json!(url);
     }
-    let units = get("/units").await?;
-    let routes = get("/routes").await?;
-    let decisions = get("/decisions").await?;
     let decisions: Vec<Value> = decisions.as_array().into_iter().flatten().take(DECISIONS_SHOWN).cloned().collect();
-    let capacity = get("/capacity").await?;
     Ok(json!({"app": app, "summary": summary, "units": units, "routes": routes, "decisions": decisions,
               "capacity": capacity}))
+}
+
+/// The `app` payload of an app whose standalone scheduler did not answer: its summary is
+/// the unreachable row of `GET /v1/apps`, and it has no units, routes or decisions.
+fn unreachable_app(app: &str, url: &str, e: &ControlError) -> Value {
+    json!({"app": app, "summary": crate::apps::unreachable_row(app, url, e), "units": [],
+           "routes": {"app": app, "routes": []}, "decisions": [], "capacity": null})
 }
 
 /// `nodes` messages of at most [`SNAPSHOT_CHUNK`] rows; the removed ids go in the last.

@@ -23,6 +23,13 @@ function unitCounts(units) {
   return entries.map(([s, n]) => h('span', { class: 'count' }, pill(s), h('span', { class: 'num', text: num(n, 0) })));
 }
 
+/** An app whose standalone scheduler did not answer the control plane (`unreachable: true`). */
+function unreachablePill(s) {
+  const el = pill('unreachable', 's-disconnected');
+  el.title = s.error?.message || 'its scheduler did not answer';
+  return el;
+}
+
 // ---- the list --------------------------------------------------------------------------------
 
 export function appsPage() {
@@ -53,8 +60,8 @@ export function appsPage() {
           h('td', { class: 'r num', text: num(s.desired_units, 0) }),
           h('td', { class: 'r num muted', text: num(s.min_units, 0) }),
           h('td', { class: 'r num muted', text: num(s.max_units, 0) }),
-          h('td', {}, unitCounts(s.units)),
-          h('td', {}, policyText(s.autoscaling), s.autoscaling?.override ? h('span', { class: 'tag', text: `override ${s.autoscaling.override.floor}..${s.autoscaling.override.ceiling}` }) : null),
+          h('td', {}, s.unreachable ? unreachablePill(s) : unitCounts(s.units)),
+          h('td', {}, s.unreachable ? h('span', { class: 'muted', text: '–' }) : policyText(s.autoscaling), s.autoscaling?.override ? h('span', { class: 'tag', text: `override ${s.autoscaling.override.floor}..${s.autoscaling.override.ceiling}` }) : null),
           h('td', { class: 'r num', text: servingText(a) }),
           h('td', {}, last ? [pill(last.action), ' ', h('span', { class: 'muted', text: `${reasonText(last.reason)} · ` }), agoEl(last.at_ms)] : h('span', { class: 'muted', text: '–' })));
       }));
@@ -148,7 +155,8 @@ export function appPage(name) {
         statBox('max', num(s.max_units, 0)),
         statBox('units', num(sum(s.units), 0)),
         h('div', { class: 'stat wide' }, h('div', { class: 'stat-value' }, unitCounts(s.units)), h('div', { class: 'stat-label', text: 'by state' })),
-        s.scheduler_url ? statBox('scheduler', s.scheduler_url) : null));
+        s.scheduler_url ? statBox('scheduler', s.scheduler_url) : null),
+      s.unreachable ? h('p', { class: 'muted', 'data-testid': 'app-unreachable' }, unreachablePill(s), ' ', s.error?.message || '') : null);
   }
 
   function renderScale(a) {
