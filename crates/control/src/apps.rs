@@ -109,6 +109,11 @@ pub(crate) fn summary(s: &AppStatus) -> Value {
         "unit_shape": s.unit_shape,
         "scheduler_url": null,
         "autoscaling": s.autoscaling,
+        // Set while the scheduler's store refuses writes: changes answer 503.
+        "store": match &s.store_error {
+            None => json!({"healthy": true}),
+            Some(e) => json!({"healthy": false, "error": e}),
+        },
     })
 }
 
