@@ -18,7 +18,7 @@ use std::time::Duration;
 use flotilla_testkit::{TempDir, Up, alive, http, metric, metrics_page, signal, wait_for};
 use serde_json::Value;
 
-use crate::common::{ECHO, running};
+use crate::common::{ECHO, head_of, running};
 
 /// A private mount namespace with a tmpfs of `size` over a dir, held open by a `sleep`
 /// until dropped.
@@ -154,6 +154,19 @@ fn a_full_disk_kills_nothing_and_the_scheduler_recovers_by_itself() {
     }
     assert!(up.nodes().iter().all(|n| n["status"] == "alive"), "{:?}", up.nodes());
     assert_eq!(running(&up).len(), 2, "{:?}", up.units("echo"));
+    // A workload that logs (the echo server logs each PUT /load) keeps answering; its
+    // agent drops the lines and counts them (past what the log file's last page holds).
+    let head = head_of(&running(&up)[0]);
+    let (addr, node) = (head["address"].as_str().unwrap().to_string(), head["node_id"].as_str().unwrap().to_string());
+    for _ in 0..100 {
+        let (status, body) = http(&addr, "PUT", "/load?memory_mib=0", None, "");
+        assert_eq!(status, 200, "the workload answers: {body}");
+    }
+    let agent_metrics = std::fs::read_to_string(up.agent_dir(&node).join("metrics.addr")).unwrap();
+    wait_for("the agent counting dropped log bytes", Duration::from_secs(10), || {
+        let page = metrics_page(agent_metrics.trim());
+        metric(&page, "flotilla_agent_log_bytes_dropped_total", "").filter(|n| *n > 0.0)
+    });
 
     // A change the store cannot write is refused, and says why; so is the next one while
     // the store is being reopened.
