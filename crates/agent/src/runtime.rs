@@ -824,4 +824,23 @@ mod tests {
         assert!(t.elapsed() >= Duration::from_millis(250), "the grace period was honoured");
         assert!(rt.stopping.is_empty() || !std::path::Path::new(&format!("/proc/{pid}/status")).exists());
     }
+
+    /// A log file every write to which fails (/dev/full: ENOSPC, as a full disk) still
+    /// has its pipe drained to the end, so the workload never blocks or gets EPIPE; the
+    /// tail for `units` is kept.
+    #[tokio::test]
+    async fn output_that_cannot_be_written_is_drained_and_dropped() {
+        let (mut child_side, agent_side) = tokio::io::duplex(4096);
+        let tail = Arc::new(Mutex::new(Vec::new()));
+        let pumping = tokio::spawn(pump(agent_side, PathBuf::from("/dev/full"), 1 << 20, Some(tail.clone())));
+        let writer = async move {
+            for i in 0..256 {
+                child_side.write_all(format!("line {i:04} {}\n", "x".repeat(1000)).as_bytes()).await.unwrap();
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(10), writer).await.expect("the workload's writes never block");
+        tokio::time::timeout(Duration::from_secs(10), pumping).await.unwrap().unwrap();
+        let tail = String::from_utf8_lossy(&tail.lock_or_recover()).to_string();
+        assert!(tail.contains("line 0255"), "{tail}");
+    }
 }

@@ -81,7 +81,11 @@ fn sync_dir(path: &Path) -> std::io::Result<()> {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
     };
-    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(|e| context("syncing the dir of", path, e))
+    match std::fs::File::open(dir).and_then(|d| d.sync_all()) {
+        // Some file systems cannot sync a dir (EINVAL); the rename is done all the same.
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(()),
+        r => r.map_err(|e| context("syncing the dir of", path, e)),
+    }
 }
 
 /// Replaces `path` with `bytes` atomically (permissions `mode`, e.g. 0o600 for a
