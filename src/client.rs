@@ -260,6 +260,12 @@ pub async fn apps(a: ListArgs) -> anyhow::Result<()> {
             (None, None) => "(unknown)".to_string(),
         };
         let app = r["app"].as_str().unwrap_or("-").to_string();
+        if r["store"]["healthy"] == Value::Bool(false) {
+            let error = r["store"]["error"].as_str().unwrap_or("?");
+            decisions.push(format!(
+                "{app}: store failing: {error} (changes are refused with store_unavailable; the scheduler reopens it and resumes by itself)"
+            ));
+        }
         if let Some(d) = a.get("last_decision").filter(|d| !d.is_null()) {
             let action = d["action"].as_str().unwrap_or("-");
             decisions.push(format!("{app}: last decision: {action}: {}", d["explanation"].as_str().unwrap_or("")));

@@ -24,7 +24,7 @@ pub fn ensure_token(path: &Path) -> anyhow::Result<String> {
         }
     }
     let t = random_token();
-    write_private(path, t.as_bytes()).with_context(|| format!("writing {}", path.display()))?;
+    write_private(path, t.as_bytes())?;
     Ok(t)
 }
 
@@ -41,10 +41,8 @@ pub fn read_tokens(path: &Path) -> anyhow::Result<Vec<String>> {
 
 /// Replaces a token-list file at once (readers see the old list or the new one).
 fn write_tokens(path: &Path, tokens: &[String]) -> anyhow::Result<()> {
-    let tmp = path.with_extension("tmp");
     let text: String = tokens.iter().map(|t| format!("{t}\n")).collect();
-    write_private(&tmp, text.as_bytes()).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("replacing {}", path.display()))
+    Ok(write_private(path, text.as_bytes())?)
 }
 
 /// The tokens in `path`, creating the file with one random token if it has none.
@@ -202,7 +200,7 @@ impl DataDir {
     /// Reads the secrets in `dir`, creating those that are missing (`flotilla up`, and a
     /// shard whose secrets live in its data dir).
     pub fn prepare(dir: &Path) -> anyhow::Result<Self> {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating data dir {}", dir.display()))?;
+        flotilla_obs::fsutil::create_dir_all(dir)?;
         let (tls_cert, tls_key) = TlsMaterial::ensure_in(dir)?;
         Ok(DataDir {
             dir: dir.to_path_buf(),

@@ -291,8 +291,8 @@ pub async fn aggregator(a: AggregatorArgs) -> anyhow::Result<()> {
     // writable) before anything is served, so a data dir that cannot take it fails here.
     let ran_before = a.data.join(format!("shard-{}-of-{}.ran", a.shard, a.shards));
     let restarted = ran_before.exists();
-    std::fs::write(&ran_before, format!("{}\n", std::process::id()))
-        .with_context(|| format!("writing {} (--data must be writable)", ran_before.display()))?;
+    flotilla_obs::fsutil::write_atomic(&ran_before, format!("{}\n", std::process::id()).as_bytes(), 0o644)
+        .context("--data must be writable")?;
     // /readyz: ready once the shard serves (its listeners bound, its tasks running).
     let ready = flotilla_obs::health::readiness().flag("shard", "starting");
     let metrics = flotilla_obs::serve_metrics(a.metrics).await?;

@@ -119,7 +119,8 @@ struct Agent {
 
 fn spawn(spec: &AgentSpec, dir: &Path) -> anyhow::Result<Child> {
     let exe = std::env::current_exe().context("finding this binary")?;
-    let log = std::fs::File::create(dir.join(format!("{}.log", spec.node_id)))?;
+    let log_path = dir.join(format!("{}.log", spec.node_id));
+    let log = std::fs::File::create(&log_path).with_context(|| format!("creating {}", log_path.display()))?;
     let mut cmd = Command::new(exe);
     cmd.args(&spec.args).stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log).process_group(0);
     // SAFETY: prctl is async-signal-safe; it only asks the kernel to SIGTERM the child
@@ -133,7 +134,11 @@ fn spawn(spec: &AgentSpec, dir: &Path) -> anyhow::Result<Child> {
         });
     }
     let child = cmd.spawn().with_context(|| format!("starting agent {}", spec.node_id))?;
-    std::fs::write(dir.join(format!("{}.pid", spec.node_id)), child.id().to_string())?;
+    flotilla_obs::fsutil::write_atomic(
+        &dir.join(format!("{}.pid", spec.node_id)),
+        child.id().to_string().as_bytes(),
+        0o644,
+    )?;
     Ok(child)
 }
 
@@ -152,7 +157,7 @@ pub async fn run(a: UpArgs, log_format: LogFormat) -> anyhow::Result<()> {
     let pool = if a.autoscale { Some(crate::pool::load_pool(&a.pool)?) } else { None };
     let data = DataDir::prepare(&a.data)?;
     let agents_dir = data.dir.join("agents");
-    std::fs::create_dir_all(&agents_dir)?;
+    flotilla_obs::fsutil::create_dir_all(&agents_dir)?;
 
     let mut shards = Vec::new();
     for i in 0..a.shards {
@@ -196,7 +201,11 @@ pub async fn run(a: UpArgs, log_format: LogFormat) -> anyhow::Result<()> {
         .with_context(|| format!("binding the control API on {} (is another `flotilla up` running?)", a.listen))?;
     let listen = listener.local_addr()?;
     // For scripts and tests that started us on port 0.
-    std::fs::write(data.dir.join("control.addr"), format!("{scheme}://{listen}"))?;
+    flotilla_obs::fsutil::write_atomic(
+        &data.dir.join("control.addr"),
+        format!("{scheme}://{listen}").as_bytes(),
+        0o644,
+    )?;
     let (stop_api, api_stopped) = tokio::sync::oneshot::channel::<()>();
     let api = tokio::spawn(flotilla_control::serve(listener, state, options, async {
         let _ = api_stopped.await;

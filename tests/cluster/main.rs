@@ -7,6 +7,7 @@
 mod autoscaling;
 mod cli;
 mod common;
+mod full_disk;
 mod health;
 mod hostile;
 mod metrics;

@@ -22,6 +22,24 @@ pub const ASSIGNMENTS_REFUSED: Family = Family::counter(
     "Assignment pushes refused because they were meant for another node.",
     &[],
 );
+pub const LOG_BYTES_DROPPED: Family = Family::counter(
+    "flotilla_agent_log_bytes_dropped_total",
+    "Bytes of workload stdout/stderr dropped because the log file could not be written (a full disk); the workload keeps running.",
+    &[],
+);
+pub const FILE_WRITE_ERRORS: Family = Family::counter(
+    "flotilla_agent_file_write_errors_total",
+    "Failed writes of the agent's state files in its data dir (agent.pid, metrics.addr, assignments.json), by file; each is retried.",
+    &["file"],
+);
 
 /// Every family a node agent exports.
-pub const FAMILIES: &[Family] = &[HEARTBEATS_SENT, HEARTBEAT_REPLIES, REGISTRATIONS, ASSIGNMENTS, ASSIGNMENTS_REFUSED];
+pub const FAMILIES: &[Family] = &[
+    HEARTBEATS_SENT,
+    HEARTBEAT_REPLIES,
+    REGISTRATIONS,
+    ASSIGNMENTS,
+    ASSIGNMENTS_REFUSED,
+    LOG_BYTES_DROPPED,
+    FILE_WRITE_ERRORS,
+];

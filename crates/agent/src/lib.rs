@@ -71,17 +71,17 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     let incarnation = unix_nanos();
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("creating data dir {}", config.data_dir.display()))?;
-    let write = |name: &str, text: String| {
-        let path = config.data_dir.join(name);
-        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))
-    };
-    write(PID_FILE, std::process::id().to_string())?;
+    let files = StateFiles::spawn(config.data_dir.clone());
+    files.set(PID_FILE, std::process::id().to_string());
     // /readyz: ready once registered with the shard that owns this node's domain.
     let ready = flotilla_obs::health::readiness().flag("agent", "not registered with its shard yet");
     let metrics_addr = flotilla_obs::serve_metrics(config.metrics.unwrap_or(([127, 0, 0, 1], 0).into())).await?;
-    write("metrics.addr", metrics_addr.to_string())?;
+    files.set("metrics.addr", metrics_addr.to_string());
     let (stop_tx, mut stop_rx) = mpsc::channel::<Stop>(4);
-    spawn_control_socket(&config.data_dir, stop_tx.clone())?;
+    if let Err(e) = spawn_control_socket(&config.data_dir, stop_tx.clone()) {
+        // Not worth dying for (a full disk may refuse the socket's inode): SIGTERM drains too.
+        tracing::warn!(error = %format!("{e:#}"), "no control socket: `flotilla-agent drain` cannot reach this agent");
+    }
     spawn_signals(stop_tx)?;
 
     let (shard, addr, host) = owning_shard(&config).await?;
@@ -127,7 +127,7 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
         tracing::info!(session = session.session_id, "registered");
         let receiver = tokio::spawn(receive_assignments(
             conn.clone(),
-            config.data_dir.clone(),
+            files.clone(),
             assignments.clone(),
             runtime.clone(),
             config.node_id.to_string(),
@@ -196,6 +196,73 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     }
 }
 
+/// How often a state file that could not be written is tried again.
+const STATE_RETRY: Duration = Duration::from_secs(5);
+
+/// The agent's state files in its data dir (agent.pid, metrics.addr, assignments.json),
+/// written atomically by a task of their own. A write that fails (a full disk) is kept
+/// and tried again every [`STATE_RETRY`] until it succeeds or a newer content replaces
+/// it; the agent never stops for it. One warning when a file starts failing, one note
+/// when it is written again.
+#[derive(Clone)]
+struct StateFiles {
+    tx: mpsc::UnboundedSender<(&'static str, String)>,
+}
+
+impl StateFiles {
+    fn spawn(dir: PathBuf) -> Self {
+        let (tx, mut rx) = mpsc::unbounded_channel::<(&'static str, String)>();
+        tokio::spawn(async move {
+            let mut pending: std::collections::BTreeMap<&'static str, String> = Default::default();
+            let mut failing: std::collections::BTreeSet<&'static str> = Default::default();
+            loop {
+                if pending.is_empty() {
+                    match rx.recv().await {
+                        Some((name, text)) => pending.insert(name, text),
+                        None => return,
+                    };
+                } else {
+                    tokio::select! {
+                        msg = rx.recv() => match msg {
+                            Some((name, text)) => { pending.insert(name, text); }
+                            None => return,
+                        },
+                        _ = tokio::time::sleep(STATE_RETRY) => {}
+                    }
+                }
+                // Newer contents that arrived meanwhile replace what is pending.
+                while let Ok((name, text)) = rx.try_recv() {
+                    pending.insert(name, text);
+                }
+                pending.retain(|name, text| {
+                    let path = dir.join(name);
+                    match flotilla_obs::fsutil::write_atomic(&path, text.as_bytes(), 0o644) {
+                        Ok(()) => {
+                            if failing.remove(name) {
+                                tracing::info!(path = %path.display(), "state file written again");
+                            }
+                            false
+                        }
+                        Err(e) => {
+                            metrics::counter!(m::FILE_WRITE_ERRORS.name, "file" => *name).increment(1);
+                            if failing.insert(name) {
+                                tracing::warn!(error = %e, retry_every = ?STATE_RETRY, "state file not written; will retry");
+                            }
+                            true
+                        }
+                    }
+                });
+            }
+        });
+        StateFiles { tx }
+    }
+
+    /// Sets the content of `name`; written at once, or later if it cannot be now.
+    fn set(&self, name: &'static str, text: String) {
+        let _ = self.tx.send((name, text));
+    }
+}
+
 /// The file in the data dir holding the assignments this node was last given.
 pub const ASSIGNMENTS_FILE: &str = "assignments.json";
 
@@ -220,7 +287,7 @@ fn admit(push: &v1::AssignmentPush, node_id: &str, held: u64) -> Result<(), Refu
 /// runtime acts on it).
 async fn receive_assignments(
     conn: ShardConnection,
-    data: PathBuf,
+    files: StateFiles,
     version: std::sync::Arc<std::sync::atomic::AtomicU64>,
     runtime: mpsc::Sender<RuntimeCmd>,
     node_id: String,
@@ -259,13 +326,7 @@ async fn receive_assignments(
             })
             .collect();
         let doc = serde_json::json!({"assignment_version": push.assignment_version, "assignments": rows});
-        let tmp = data.join(format!("{ASSIGNMENTS_FILE}.tmp"));
-        if std::fs::write(&tmp, doc.to_string())
-            .and_then(|_| std::fs::rename(&tmp, data.join(ASSIGNMENTS_FILE)))
-            .is_err()
-        {
-            tracing::warn!("could not write {ASSIGNMENTS_FILE}");
-        }
+        files.set(ASSIGNMENTS_FILE, doc.to_string());
         if runtime.send(RuntimeCmd::Assign(push.assignments)).await.is_err() {
             return;
         }

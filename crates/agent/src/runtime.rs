@@ -20,6 +20,7 @@ use flotilla_proto::v1::{self, WorkloadState};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::time::Instant;
 
+use crate::catalogue as m;
 use crate::cgroup::{Cgroup, Cgroups, Counters};
 
 #[derive(Debug, Clone)]
@@ -118,13 +119,45 @@ fn safe_name(s: &str) -> String {
     s.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '.' { c } else { '_' }).take(100).collect()
 }
 
+/// How long a log file that failed to take a write is left alone before it is tried
+/// again (a full disk is not retried per chunk).
+const LOG_RETRY: Duration = Duration::from_secs(5);
+
 /// Copies a child's output to `path`, rotating past `cap`; keeps the last bytes in `tail`.
+///
+/// The child's pipe is always drained: a log file that cannot be opened or written (a
+/// full disk) costs the lines, never the workload, which would otherwise block on a
+/// full pipe or die of EPIPE. Dropped bytes are counted; a warning is logged when the
+/// file starts failing and a note when it takes writes again, not one per write.
 async fn pump(mut from: impl AsyncRead + Unpin, path: PathBuf, cap: u64, tail: Option<Arc<Mutex<Vec<u8>>>>) {
     async fn open(p: &PathBuf) -> std::io::Result<tokio::fs::File> {
         tokio::fs::OpenOptions::new().create(true).append(true).open(p).await
     }
-    let Ok(mut file) = open(&path).await else { return };
-    let mut written = file.metadata().await.map(|m| m.len()).unwrap_or(0);
+    let dropped_total = metrics::counter!(m::LOG_BYTES_DROPPED.name);
+    let mut file = None;
+    let mut written = 0;
+    // While the file fails: when to try again, and the bytes dropped since it started.
+    let mut failing: Option<(Instant, u64)> = None;
+    let note_failure = |failing: &mut Option<(Instant, u64)>, e: &std::io::Error, n: u64| {
+        dropped_total.increment(n);
+        match failing {
+            Some((retry, dropped)) => {
+                *retry = Instant::now() + LOG_RETRY;
+                *dropped += n;
+            }
+            None => {
+                tracing::warn!(path = %path.display(), error = %e, "workload output cannot be written; dropping it until it can");
+                *failing = Some((Instant::now() + LOG_RETRY, n));
+            }
+        }
+    };
+    match open(&path).await {
+        Ok(f) => {
+            written = f.metadata().await.map(|m| m.len()).unwrap_or(0);
+            file = Some(f);
+        }
+        Err(e) => note_failure(&mut failing, &e, 0),
+    }
     let mut buf = vec![0u8; 8192];
     while let Ok(n) = from.read(&mut buf).await {
         if n == 0 {
@@ -136,18 +169,42 @@ async fn pump(mut from: impl AsyncRead + Unpin, path: PathBuf, cap: u64, tail: O
             let excess = t.len().saturating_sub(2048);
             t.drain(..excess);
         }
-        if written + n as u64 > cap {
-            let _ = tokio::fs::rename(&path, path.with_extension("log.1")).await;
-            match open(&path).await {
-                Ok(f) => file = f,
-                Err(_) => return,
+        if let Some((retry, _)) = failing
+            && Instant::now() < retry
+        {
+            dropped_total.increment(n as u64);
+            if let Some((_, dropped)) = failing.as_mut() {
+                *dropped += n as u64;
             }
-            written = 0;
+            continue;
         }
-        if file.write_all(&buf[..n]).await.is_err() {
-            return;
+        if file.is_none() || written + n as u64 > cap {
+            if file.is_some() {
+                // Rotating also frees the space the older file held.
+                let _ = tokio::fs::rename(&path, path.with_extension("log.1")).await;
+            }
+            match open(&path).await {
+                Ok(f) => {
+                    written = f.metadata().await.map(|m| m.len()).unwrap_or(0);
+                    file = Some(f);
+                }
+                Err(e) => {
+                    file = None;
+                    note_failure(&mut failing, &e, n as u64);
+                    continue;
+                }
+            }
         }
-        written += n as u64;
+        let Some(f) = file.as_mut() else { continue };
+        match f.write_all(&buf[..n]).await {
+            Ok(()) => {
+                written += n as u64;
+                if let Some((_, dropped)) = failing.take() {
+                    tracing::info!(path = %path.display(), dropped_bytes = dropped, "workload output is written again");
+                }
+            }
+            Err(e) => note_failure(&mut failing, &e, n as u64),
+        }
     }
 }
 
@@ -266,7 +323,12 @@ impl Runtime {
             PathBuf::from(&w.command)
         };
         let dir = cfg.data_dir.join("workloads").join(safe_name(&format!("{}-{}-{}-g{}", key.0, key.1, key.2, key.3)));
-        let _ = std::fs::create_dir_all(&dir);
+        if let Err(e) = std::fs::create_dir_all(&dir) {
+            // A full disk may refuse even a dir: the member runs in the data dir and its
+            // output goes nowhere, rather than not running at all.
+            tracing::warn!(dir = %dir.display(), error = %e, "cannot create the member's dir; its output is dropped");
+        }
+        let cwd = if dir.is_dir() { dir.clone() } else { cfg.data_dir.clone() };
         let mut cmd = tokio::process::Command::new(&program);
         cmd.args(&w.args)
             .envs(&w.env)
@@ -276,7 +338,7 @@ impl Runtime {
             .env("FLOTILLA_ROLE", &w.role)
             .env("FLOTILLA_NODE_ID", &cfg.node_id)
             .env("FLOTILLA_PORT", port.to_string())
-            .current_dir(&dir)
+            .current_dir(&cwd)
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
@@ -761,5 +823,24 @@ mod tests {
         }
         assert!(t.elapsed() >= Duration::from_millis(250), "the grace period was honoured");
         assert!(rt.stopping.is_empty() || !std::path::Path::new(&format!("/proc/{pid}/status")).exists());
+    }
+
+    /// A log file every write to which fails (/dev/full: ENOSPC, as a full disk) still
+    /// has its pipe drained to the end, so the workload never blocks or gets EPIPE; the
+    /// tail for `units` is kept.
+    #[tokio::test]
+    async fn output_that_cannot_be_written_is_drained_and_dropped() {
+        let (mut child_side, agent_side) = tokio::io::duplex(4096);
+        let tail = Arc::new(Mutex::new(Vec::new()));
+        let pumping = tokio::spawn(pump(agent_side, PathBuf::from("/dev/full"), 1 << 20, Some(tail.clone())));
+        let writer = async move {
+            for i in 0..256 {
+                child_side.write_all(format!("line {i:04} {}\n", "x".repeat(1000)).as_bytes()).await.unwrap();
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(10), writer).await.expect("the workload's writes never block");
+        tokio::time::timeout(Duration::from_secs(10), pumping).await.unwrap().unwrap();
+        let tail = String::from_utf8_lossy(&tail.lock_or_recover()).to_string();
+        assert!(tail.contains("line 0255"), "{tail}");
     }
 }

@@ -44,13 +44,43 @@ impl TlsMaterial {
 
     /// Writes a self-signed certificate and key for loopback use into `dir`
     /// (`tls.crt`, `tls.key`), unless they exist already.
+    ///
+    /// Both are written before either is put in place ([`flotilla_obs::fsutil`]), so a
+    /// full disk leaves neither. A pair an older version left half-written (a file
+    /// missing or empty: it wrote the certificate, then the key, not atomically) is
+    /// regenerated with a warning: without its key the certificate serves nobody, so
+    /// nothing can depend on it. A pair whose files both hold something but do not
+    /// parse is refused with the path named: that is not an interrupted start, and
+    /// replacing it silently could hide someone's own certificate.
     pub fn ensure_in(dir: &Path) -> anyhow::Result<(std::path::PathBuf, std::path::PathBuf)> {
         let cert = dir.join("tls.crt");
         let key = dir.join("tls.key");
-        if !cert.exists() || !key.exists() {
+        let (cert_blank, key_blank) = (blank(&cert), blank(&key));
+        if cert_blank || key_blank {
+            if !(cert_blank && key_blank) {
+                let (gone, kept) = if key_blank { (&key, &cert) } else { (&cert, &key) };
+                tracing::warn!(
+                    missing = %gone.display(),
+                    replaced = %kept.display(),
+                    "the TLS pair is incomplete (an interrupted first start?): generating a new one; \
+                     agents given the old tls.crt as their CA need the new one"
+                );
+            }
             let (_, cert_pem, key_pem) = Self::self_signed(&["localhost", "127.0.0.1"])?;
-            std::fs::write(&cert, cert_pem).with_context(|| format!("writing {}", cert.display()))?;
-            write_private(&key, key_pem.as_bytes()).with_context(|| format!("writing {}", key.display()))?;
+            flotilla_obs::fsutil::write_atomic_all(&[
+                (&key, key_pem.as_bytes(), 0o600),
+                (&cert, cert_pem.as_bytes(), 0o644),
+            ])?;
+        } else {
+            Self::load(&cert, &key).with_context(|| {
+                format!(
+                    "the TLS pair in {} is damaged: remove {} and {} to have a new pair generated \
+                     (agents then need the new tls.crt as their --ca)",
+                    dir.display(),
+                    cert.display(),
+                    key.display()
+                )
+            })?;
         }
         Ok((cert, key))
     }
@@ -72,10 +102,48 @@ impl TlsMaterial {
     }
 }
 
-/// Writes a secret readable by its owner only.
+/// Writes a secret readable by its owner only, atomically (a full disk leaves the old
+/// file or none, never an empty one); the error names the path.
 pub fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)?;
-    f.write_all(bytes)
+    flotilla_obs::fsutil::write_atomic(path, bytes, 0o600)
+}
+
+/// Whether `path` is absent or holds only whitespace (what an interrupted write left).
+fn blank(path: &Path) -> bool {
+    match std::fs::read(path) {
+        Ok(b) => b.iter().all(u8::is_ascii_whitespace),
+        Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fresh(name: &str) -> std::path::PathBuf {
+        let d = std::env::temp_dir().join(format!("flotilla-tls-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn a_half_written_pair_is_regenerated_and_a_damaged_one_refused_with_its_path() {
+        let d = fresh("pair");
+        let (cert, key) = TlsMaterial::ensure_in(&d).unwrap();
+        let first = std::fs::read(&cert).unwrap();
+        TlsMaterial::ensure_in(&d).unwrap();
+        assert_eq!(std::fs::read(&cert).unwrap(), first, "a whole pair is kept");
+        // What an older version left on a full disk: the certificate, an empty key.
+        std::fs::write(&key, b"").unwrap();
+        TlsMaterial::ensure_in(&d).unwrap();
+        assert_ne!(std::fs::read(&cert).unwrap(), first, "a new pair");
+        TlsMaterial::load(&cert, &key).unwrap();
+        // Both files hold something, but the key is not one: refused, path named.
+        std::fs::write(&key, b"not a key\n").unwrap();
+        let e = format!("{:#}", TlsMaterial::ensure_in(&d).unwrap_err());
+        assert!(e.contains(&key.display().to_string()) && e.contains("remove"), "{e}");
+        assert_eq!(std::fs::read(&key).unwrap(), b"not a key\n", "left as it was");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
 }

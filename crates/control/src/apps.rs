@@ -114,6 +114,11 @@ pub(crate) fn summary(s: &AppStatus) -> Value {
         },
         // The last rollout: in_progress, complete, or failed with its reason.
         "rollout": s.rollout,
+        // Set while the scheduler's store refuses writes: changes answer 503.
+        "store": match &s.store_error {
+            None => json!({"healthy": true}),
+            Some(e) => json!({"healthy": false, "error": e}),
+        },
     })
 }
 

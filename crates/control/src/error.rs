@@ -26,9 +26,11 @@ const BODY_TIMEOUT: &str = "body_timeout";
 /// request could be read: unreadable ([`BAD_REQUEST`], [`TLS_REQUIRED`]) is 400 Bad
 /// Request, readable but refused for what it asks (a count out of range, an invalid
 /// spec) is 422 Unprocessable Entity. Every dependency the API may miss (a shard, a
-/// scheduler) sits behind it, so `Unavailable` is 502 Bad Gateway.
+/// scheduler) sits behind it, so `Unavailable` is 502 Bad Gateway; but a scheduler
+/// whose own store refuses writes (a full disk) is this service being unavailable: 503.
 pub fn http_status(kind: ErrorKind, code: &str) -> StatusCode {
     match kind {
+        ErrorKind::Unavailable if code == flotilla_scheduler::STORE_UNAVAILABLE => StatusCode::SERVICE_UNAVAILABLE,
         ErrorKind::InvalidInput if code == BAD_REQUEST || code == TLS_REQUIRED => StatusCode::BAD_REQUEST,
         ErrorKind::InvalidInput if code == URI_TOO_LONG => StatusCode::URI_TOO_LONG,
         ErrorKind::InvalidInput if code == BODY_TIMEOUT => StatusCode::REQUEST_TIMEOUT,
@@ -261,7 +263,7 @@ mod tests {
         let wrong = CommandError::WrongApp { app: "a".into(), got: "b".into() };
         assert_eq!(answer(wrong.into()), (422, "wrong_app"));
         // A failed store write is the server's fault, not the caller's.
-        assert_eq!(answer(CommandError::Store("disk full".into()).into()), (500, "store_failed"));
+        assert_eq!(answer(CommandError::Store("disk full".into()).into()), (503, "store_unavailable"));
         assert_eq!(answer(CommandError::Stopped.into()), (502, "scheduler_stopped"));
     }
 

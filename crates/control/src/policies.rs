@@ -79,10 +79,8 @@ impl Policies {
             return Err(ControlError::InvalidPolicy(format!("at most {MAX_POLICIES} named policies")));
         }
         if let Some(dir) = &self.dir {
-            let tmp = dir.join(format!(".{name}.toml.tmp"));
-            std::fs::write(&tmp, text)
-                .and_then(|()| std::fs::rename(&tmp, dir.join(format!("{name}.toml"))))
-                .map_err(|e| ControlError::Storage(format!("{}: {e}", dir.display())))?;
+            flotilla_obs::fsutil::write_atomic(&dir.join(format!("{name}.toml")), text.as_bytes(), 0o644)
+                .map_err(|e| ControlError::Storage(e.to_string()))?;
         }
         tracing::info!(policy = name, "named autoscaling policy applied");
         metrics::counter!(m::POLICIES_APPLIED.name).increment(1);

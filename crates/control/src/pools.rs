@@ -96,11 +96,9 @@ impl Pools {
     /// Writes `DATA/pools/NAME.SUFFIX` (through a temporary file) when there is a data dir.
     fn persist(&self, pool: &str, suffix: &str, v: &impl serde::Serialize) -> Result<(), ControlError> {
         let Some(dir) = &self.dir else { return Ok(()) };
-        let tmp = dir.join(format!(".{pool}.{suffix}.tmp"));
         let text = serde_json::to_string_pretty(v).map_err(|e| ControlError::Storage(e.to_string()))?;
-        std::fs::write(&tmp, text)
-            .and_then(|()| std::fs::rename(&tmp, dir.join(format!("{pool}.{suffix}"))))
-            .map_err(|e| ControlError::Storage(format!("{}: {e}", dir.display())))
+        flotilla_obs::fsutil::write_atomic(&dir.join(format!("{pool}.{suffix}")), text.as_bytes(), 0o644)
+            .map_err(|e| ControlError::Storage(e.to_string()))
     }
 
     fn set_bounds(

@@ -5,6 +5,7 @@
 
 pub mod alloc;
 pub mod catalogue;
+pub mod fsutil;
 pub mod health;
 pub mod process;
 
@@ -39,7 +40,34 @@ pub const FAMILIES: &[Family] = &[
     process::MAX_FDS,
     process::START_TIME,
     process::THREADS,
+    LOG_LINES_DROPPED,
 ];
+
+pub const LOG_LINES_DROPPED: Family = Family::counter(
+    "flotilla_log_lines_dropped_total",
+    "Log lines this process could not write (its stderr failed, e.g. a full disk under its log file) and dropped.",
+    &[],
+);
+
+/// Stderr that never fails: a line that cannot be written (a full disk under a log
+/// file) is dropped and counted, and the process goes on. tracing-subscriber would
+/// otherwise report the failure with `eprintln!`, which panics on that same stderr:
+/// that is how a full disk killed every agent.
+struct LossyStderr;
+
+impl std::io::Write for LossyStderr {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if std::io::stderr().write_all(buf).is_err() {
+            metrics::counter!(LOG_LINES_DROPPED.name).increment(1);
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        let _ = std::io::stderr().flush();
+        Ok(())
+    }
+}
 
 /// How log lines are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -85,7 +113,8 @@ pub fn init_tracing(format: LogFormat) {
     use std::io::IsTerminal;
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder =
+        tracing_subscriber::fmt().with_env_filter(filter).with_writer(|| LossyStderr).log_internal_errors(false);
     let _ = match format {
         LogFormat::Json => builder.json().try_init(),
         // Colours are for a person at a terminal, never for a log file or a pipe.

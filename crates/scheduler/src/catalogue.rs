@@ -56,6 +56,21 @@ pub const ORPHANS_RELEASED: Family = Family::counter(
 );
 pub const STORE_WRITES: Family =
     Family::counter("flotilla_store_writes_total", "Transactions written to the scheduler's durable store.", &[]);
+pub const STORE_ERRORS: Family = Family::counter(
+    "flotilla_store_errors_total",
+    "Failed operations of the scheduler's durable store (a write, or a reopen while it is failing), by op.",
+    &["op"],
+);
+pub const STORE_REOPENS: Family = Family::counter(
+    "flotilla_store_reopens_total",
+    "Times the scheduler closed and reopened its store after a write failed (with back-off), by result.",
+    &["result"],
+);
+pub const STORE_HEALTHY: Family = Family::gauge(
+    "flotilla_store_healthy",
+    "1 while the scheduler's store takes writes, 0 from a failed write until a reopen succeeds.",
+    &[],
+);
 pub const SPEC_APPLIED: Family =
     Family::counter("flotilla_spec_applied_total", "New app specs the scheduler accepted.", &["app"]);
 pub const SPEC_ROLLBACKS: Family =
@@ -112,6 +127,9 @@ pub const FAMILIES: &[Family] = &[
     REPLACEMENTS_RATE_LIMITED,
     ORPHANS_RELEASED,
     STORE_WRITES,
+    STORE_ERRORS,
+    STORE_REOPENS,
+    STORE_HEALTHY,
     SPEC_APPLIED,
     SPEC_ROLLBACKS,
     ROLLOUTS_FAILED,

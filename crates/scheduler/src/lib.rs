@@ -23,7 +23,7 @@ mod testing;
 pub use lifecycle::UnitState;
 pub use reconcile::{
     AppHandle, AppStatus, AutoscalingStatus, Command, CommandError, Demand, DemandRequest, MAX_DEMAND_COUNT,
-    MAX_DEMAND_ENTRIES, PolicyBook, Scheduler, Stats,
+    MAX_DEMAND_ENTRIES, PolicyBook, STORE_UNAVAILABLE, Scheduler, Stats,
 };
 pub use rollout::{RolloutRecord, RolloutState, counts_toward_desired};
 pub use spec::{AppSpec, MAX_UNITS, SpecOrigin, UnitShape, parse_cpu, parse_memory};

@@ -146,8 +146,14 @@ pub struct StoreError(pub String);
 
 pub trait Store: Send + Sync {
     fn load(&self, app: &str) -> Result<Stored, StoreError>;
-    /// Applies every write in one transaction.
+    /// Applies every write in one transaction. Called at least once a second (with an
+    /// empty batch when nothing changed), which lets a failing store recover.
     fn write(&self, app: &str, batch: &[Write]) -> Result<(), StoreError>;
+    /// Why the store does not take writes now (since a write failed, until it was
+    /// reopened), for `apps`; `None` while it is healthy.
+    fn failing(&self) -> Option<String> {
+        None
+    }
 }
 
 fn apply(s: &mut Stored, w: &Write) {
@@ -213,29 +219,108 @@ fn decision_key(app: &str, seq: u64) -> String {
 }
 
 /// The embedded store: one redb file.
+///
+/// A write that fails (a full disk) leaves redb refusing every later one ("Previous I/O
+/// error occurred. Please close and re-open the database."), so the store marks itself
+/// failing, and the next writes close and reopen the file with back-off (2 s doubling
+/// to 10 s) until a reopen succeeds, then carry on. Meanwhile writes fail fast with an
+/// error saying the store is unavailable; callers keep what they could not write (the
+/// scheduler retries the failed pass) or refuse the request (`scale`, `apply`: 503).
 pub struct RedbStore {
-    db: Database,
+    path: std::path::PathBuf,
+    inner: Mutex<Inner>,
 }
+
+struct Inner {
+    /// `None` once closed after a failure and not reopened yet.
+    db: Option<Database>,
+    failing: Option<Failing>,
+}
+
+/// Since when and why the store fails, and when it is reopened next.
+struct Failing {
+    error: String,
+    since_unix_ms: u64,
+    next_reopen: std::time::Instant,
+    backoff: flotilla_core::Backoff,
+}
+
+/// The first wait before a failed store is reopened, doubling up to [`REOPEN_MAX`]. Not
+/// shorter: a full disk is not fixed in milliseconds, and each reopen costs a commit.
+const REOPEN_FIRST: std::time::Duration = std::time::Duration::from_secs(2);
+const REOPEN_MAX: std::time::Duration = std::time::Duration::from_secs(10);
 
 fn err(e: impl std::fmt::Display) -> StoreError {
     StoreError(e.to_string())
 }
 
+/// Opens (creating, or repairing after a crash) the file and its tables; the tables'
+/// commit proves the store takes writes.
+fn open_db(path: &Path) -> Result<Database, StoreError> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| StoreError(format!("creating {}: {e}", dir.display())))?;
+    }
+    let at = |e: &dyn std::fmt::Display| StoreError(format!("{}: {e}", path.display()));
+    let db = Database::create(path).map_err(|e| at(&e))?;
+    let w = db.begin_write().map_err(|e| at(&e))?;
+    {
+        w.open_table(META).map_err(|e| at(&e))?;
+        w.open_table(UNITS).map_err(|e| at(&e))?;
+        w.open_table(INTENTS).map_err(|e| at(&e))?;
+        w.open_table(DECISIONS).map_err(|e| at(&e))?;
+    }
+    w.commit().map_err(|e| at(&e))?;
+    Ok(db)
+}
+
 impl RedbStore {
     pub fn open(path: &Path) -> Result<Self, StoreError> {
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir).map_err(err)?;
+        let db = open_db(path)?;
+        metrics::gauge!(m::STORE_HEALTHY.name).set(1.0);
+        Ok(RedbStore { path: path.to_path_buf(), inner: Mutex::new(Inner { db: Some(db), failing: None }) })
+    }
+
+    /// Notes a failure: the first one of a period is logged, later ones only counted.
+    fn fail(&self, inner: &mut Inner, op: &'static str, e: &StoreError) {
+        metrics::counter!(m::STORE_ERRORS.name, "op" => op).increment(1);
+        metrics::gauge!(m::STORE_HEALTHY.name).set(0.0);
+        let f = inner.failing.get_or_insert_with(|| {
+            tracing::warn!(path = %self.path.display(), error = %e.0, "the store failed; reopening it with back-off until it takes writes again");
+            Failing {
+                error: String::new(),
+                since_unix_ms: flotilla_core::now_ms(),
+                next_reopen: std::time::Instant::now(),
+                backoff: flotilla_core::Backoff::new(REOPEN_FIRST, REOPEN_MAX),
+            }
+        });
+        f.error = e.0.clone();
+        f.next_reopen = std::time::Instant::now() + f.backoff.next_wait();
+    }
+
+    /// While failing: closes and reopens the file once the back-off allows. Ok when the
+    /// store takes writes.
+    fn recover(&self, inner: &mut Inner) -> Result<(), StoreError> {
+        let Some(f) = &inner.failing else { return Ok(()) };
+        if std::time::Instant::now() < f.next_reopen {
+            return Err(StoreError(format!("unavailable since a write failed: {}", f.error)));
         }
-        let db = Database::create(path).map_err(|e| StoreError(format!("{}: {e}", path.display())))?;
-        let w = db.begin_write().map_err(err)?;
-        {
-            w.open_table(META).map_err(err)?;
-            w.open_table(UNITS).map_err(err)?;
-            w.open_table(INTENTS).map_err(err)?;
-            w.open_table(DECISIONS).map_err(err)?;
+        // redb refuses a second handle on one file: close first.
+        inner.db = None;
+        match open_db(&self.path) {
+            Ok(db) => {
+                metrics::counter!(m::STORE_REOPENS.name, "result" => "ok").increment(1);
+                metrics::gauge!(m::STORE_HEALTHY.name).set(1.0);
+                let since = inner.failing.take().map(|f| f.since_unix_ms).unwrap_or(0);
+                tracing::info!(path = %self.path.display(), failed_for_ms = flotilla_core::now_ms().saturating_sub(since), "the store was reopened and takes writes again");
+                inner.db = Some(db);
+                Ok(())
+            }
+            Err(e) => {
+                metrics::counter!(m::STORE_REOPENS.name, "result" => "error").increment(1);
+                self.fail(inner, "reopen", &e);
+                Err(StoreError(format!("unavailable: reopening failed: {}", e.0)))
+            }
         }
-        w.commit().map_err(err)?;
-        Ok(RedbStore { db })
     }
 }
 
@@ -274,8 +359,15 @@ fn prefix_range(app: &str) -> (String, String) {
 }
 
 impl Store for RedbStore {
+    fn failing(&self) -> Option<String> {
+        self.inner.lock_or_recover().failing.as_ref().map(|f| f.error.clone())
+    }
+
     fn load(&self, app: &str) -> Result<Stored, StoreError> {
-        let r = self.db.begin_read().map_err(err)?;
+        let mut inner = self.inner.lock_or_recover();
+        self.recover(&mut inner)?;
+        let db = inner.db.as_ref().ok_or_else(|| StoreError("unavailable: closed".into()))?;
+        let r = db.begin_read().map_err(err)?;
         let mut s = Stored::default();
         let (lo, hi) = prefix_range(app);
         let meta = r.open_table(META).map_err(err)?;
@@ -321,67 +413,77 @@ impl Store for RedbStore {
     }
 
     fn write(&self, app: &str, batch: &[Write]) -> Result<(), StoreError> {
+        let mut inner = self.inner.lock_or_recover();
+        self.recover(&mut inner)?;
         if batch.is_empty() {
             return Ok(());
         }
-        let w = self.db.begin_write().map_err(err)?;
-        {
-            let mut meta = w.open_table(META).map_err(err)?;
-            let mut units = w.open_table(UNITS).map_err(err)?;
-            let mut intents = w.open_table(INTENTS).map_err(err)?;
-            let mut decisions = w.open_table(DECISIONS).map_err(err)?;
-            for op in batch {
-                match op {
-                    Write::Spec(t) => {
-                        meta.insert(format!("{app}/spec").as_str(), t.as_str()).map_err(err)?;
-                    }
-                    Write::PreviousSpec(t) => {
-                        meta.insert(format!("{app}/previous_spec").as_str(), t.as_str()).map_err(err)?;
-                    }
-                    Write::DesiredUnits(n) => {
-                        meta.insert(format!("{app}/desired").as_str(), n.to_string().as_str()).map_err(err)?;
-                    }
-                    Write::DesiredSecondary(n) => {
-                        meta.insert(format!("{app}/desired_secondary").as_str(), n.to_string().as_str())
-                            .map_err(err)?;
-                    }
-                    Write::Override(o) => {
-                        let v = serde_json::to_string(o).map_err(err)?;
-                        meta.insert(format!("{app}/override").as_str(), v.as_str()).map_err(err)?;
-                    }
-                    Write::Decision(seq, json) => {
-                        decisions.insert(decision_key(app, *seq).as_str(), json.as_str()).map_err(err)?;
-                        let old = decision_key(app, seq.wrapping_sub(DECISIONS_KEPT as u64));
-                        decisions.remove(old.as_str()).map_err(err)?;
-                    }
-                    Write::NextGeneration(g) => {
-                        meta.insert(format!("{app}/next_generation").as_str(), g.to_string().as_str()).map_err(err)?;
-                    }
-                    Write::Unit(u) => {
-                        let v = serde_json::to_string(u).map_err(err)?;
-                        units.insert(format!("{app}/{}", u.unit_id).as_str(), v.as_str()).map_err(err)?;
-                    }
-                    Write::DeleteUnit(id) => {
-                        units.remove(format!("{app}/{id}").as_str()).map_err(err)?;
-                    }
-                    Write::Intent(i) => {
-                        let v = serde_json::to_string(i).map_err(err)?;
-                        intents.insert(format!("{app}/{}", i.txn_id).as_str(), v.as_str()).map_err(err)?;
-                    }
-                    Write::DeleteIntent(id) => {
-                        intents.remove(format!("{app}/{id}").as_str()).map_err(err)?;
-                    }
-                    Write::SpecOrigin(_) | Write::FileFingerprint(_) | Write::GoodSpec(_) | Write::Rollout(_) => {
-                        let (key, value) = rollout_key(app, op)?;
-                        meta.insert(key.as_str(), value.as_str()).map_err(err)?;
-                    }
+        let db = inner.db.as_ref().ok_or_else(|| StoreError("unavailable: closed".into()))?;
+        let r = write_batch(db, app, batch);
+        if let Err(e) = &r {
+            self.fail(&mut inner, "write", e);
+        }
+        r
+    }
+}
+
+fn write_batch(db: &Database, app: &str, batch: &[Write]) -> Result<(), StoreError> {
+    let w = db.begin_write().map_err(err)?;
+    {
+        let mut meta = w.open_table(META).map_err(err)?;
+        let mut units = w.open_table(UNITS).map_err(err)?;
+        let mut intents = w.open_table(INTENTS).map_err(err)?;
+        let mut decisions = w.open_table(DECISIONS).map_err(err)?;
+        for op in batch {
+            match op {
+                Write::Spec(t) => {
+                    meta.insert(format!("{app}/spec").as_str(), t.as_str()).map_err(err)?;
+                }
+                Write::PreviousSpec(t) => {
+                    meta.insert(format!("{app}/previous_spec").as_str(), t.as_str()).map_err(err)?;
+                }
+                Write::DesiredUnits(n) => {
+                    meta.insert(format!("{app}/desired").as_str(), n.to_string().as_str()).map_err(err)?;
+                }
+                Write::DesiredSecondary(n) => {
+                    meta.insert(format!("{app}/desired_secondary").as_str(), n.to_string().as_str()).map_err(err)?;
+                }
+                Write::Override(o) => {
+                    let v = serde_json::to_string(o).map_err(err)?;
+                    meta.insert(format!("{app}/override").as_str(), v.as_str()).map_err(err)?;
+                }
+                Write::Decision(seq, json) => {
+                    decisions.insert(decision_key(app, *seq).as_str(), json.as_str()).map_err(err)?;
+                    let old = decision_key(app, seq.wrapping_sub(DECISIONS_KEPT as u64));
+                    decisions.remove(old.as_str()).map_err(err)?;
+                }
+                Write::NextGeneration(g) => {
+                    meta.insert(format!("{app}/next_generation").as_str(), g.to_string().as_str()).map_err(err)?;
+                }
+                Write::Unit(u) => {
+                    let v = serde_json::to_string(u).map_err(err)?;
+                    units.insert(format!("{app}/{}", u.unit_id).as_str(), v.as_str()).map_err(err)?;
+                }
+                Write::DeleteUnit(id) => {
+                    units.remove(format!("{app}/{id}").as_str()).map_err(err)?;
+                }
+                Write::Intent(i) => {
+                    let v = serde_json::to_string(i).map_err(err)?;
+                    intents.insert(format!("{app}/{}", i.txn_id).as_str(), v.as_str()).map_err(err)?;
+                }
+                Write::DeleteIntent(id) => {
+                    intents.remove(format!("{app}/{id}").as_str()).map_err(err)?;
+                }
+                Write::SpecOrigin(_) | Write::FileFingerprint(_) | Write::GoodSpec(_) | Write::Rollout(_) => {
+                    let (key, value) = rollout_key(app, op)?;
+                    meta.insert(key.as_str(), value.as_str()).map_err(err)?;
                 }
             }
         }
-        w.commit().map_err(err)?;
-        metrics::counter!(m::STORE_WRITES.name).increment(1);
-        Ok(())
     }
+    w.commit().map_err(err)?;
+    metrics::counter!(m::STORE_WRITES.name).increment(1);
+    Ok(())
 }
 
 #[cfg(test)]

@@ -313,10 +313,8 @@ fn io_err(what: String, source: std::io::Error) -> ProviderError {
 }
 
 fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ProviderError> {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, bytes)
-        .and_then(|()| std::fs::rename(&tmp, path))
-        .map_err(|e| io_err(format!("writing {}", path.display()), e))
+    // The error names the path already.
+    flotilla_obs::fsutil::write_atomic(path, bytes, 0o644).map_err(|e| io_err("recording an instance".into(), e))
 }
 
 /// True when `pid` is a live (not zombie) process with `arg` among its arguments.

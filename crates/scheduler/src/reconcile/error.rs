@@ -2,6 +2,9 @@
 
 use flotilla_core::{ErrorKind, ServiceError};
 
+/// The code of a change the store could not record; answered with 503.
+pub const STORE_UNAVAILABLE: &str = "store_unavailable";
+
 /// Why the scheduler refused or could not carry out a request of the control plane.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CommandError {
@@ -16,7 +19,8 @@ pub enum CommandError {
     /// Floor and ceiling of an override must be within the spec's bounds, floor ≤ ceiling.
     #[error("{0}")]
     InvalidOverride(String),
-    /// The store refused the write: nothing changed, and it is not the caller's fault.
+    /// The store refused the write (a full disk): nothing changed, it is not the
+    /// caller's fault, and the same request works once the store is back (503).
     #[error("cannot record the change: {0}")]
     Store(String),
     /// A rollback with no earlier spec to go back to.
@@ -35,8 +39,7 @@ impl ServiceError for CommandError {
             | CommandError::InvalidDemand(_)
             | CommandError::InvalidOverride(_) => ErrorKind::InvalidInput,
             CommandError::NoPreviousSpec(_) => ErrorKind::Conflict,
-            CommandError::Store(_) => ErrorKind::Internal,
-            CommandError::Stopped => ErrorKind::Unavailable,
+            CommandError::Store(_) | CommandError::Stopped => ErrorKind::Unavailable,
         }
     }
 
@@ -48,7 +51,7 @@ impl ServiceError for CommandError {
             CommandError::InvalidDemand(_) => "invalid_demand",
             CommandError::InvalidOverride(_) => "invalid_override",
             CommandError::NoPreviousSpec(_) => "no_previous_spec",
-            CommandError::Store(_) => "store_failed",
+            CommandError::Store(_) => STORE_UNAVAILABLE,
             CommandError::Stopped => "scheduler_stopped",
         }
     }

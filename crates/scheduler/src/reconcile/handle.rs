@@ -46,6 +46,9 @@ pub struct AppStatus {
     pub template: String,
     /// The app's last rollout: in progress, complete, or failed and why.
     pub rollout: Option<RolloutRecord>,
+    /// Why the store refuses writes now (a full disk), while it does: changes are
+    /// refused (`store_unavailable`) and the scheduler retries until it is back.
+    pub store_error: Option<String>,
 }
 
 /// What `apps` shows about an autoscaled app.
@@ -188,19 +191,28 @@ impl Scheduler {
     /// Carries out a command of the control plane; its answer goes back on the command's
     /// channel.
     pub fn command(&mut self, cmd: Command) {
+        let mut store_refused = false;
         match cmd {
             Command::Scale(n, reply) => {
-                let _ = reply.send(self.scale(n));
+                let r = self.scale(n);
+                store_refused = matches!(r, Err(CommandError::Store(_)));
+                let _ = reply.send(r);
             }
             Command::Apply(spec, reply) => {
                 let origin = SpecOrigin::new("api", flotilla_core::now_ms());
-                let _ = reply.send(self.apply_from(*spec, origin));
+                let r = self.apply_from(*spec, origin);
+                store_refused = matches!(r, Err(CommandError::Store(_)));
+                let _ = reply.send(r);
             }
             Command::Rollback(reply) => {
-                let _ = reply.send(self.rollback());
+                let r = self.rollback();
+                store_refused = matches!(r, Err(CommandError::Store(_)));
+                let _ = reply.send(r);
             }
             Command::Override(bounds, reply) => {
-                let _ = reply.send(self.set_override(bounds));
+                let r = self.set_override(bounds);
+                store_refused = matches!(r, Err(CommandError::Store(_)));
+                let _ = reply.send(r);
             }
             Command::Demand(requests, ttl_ms, reply) => {
                 let r = Demand::new(requests, ttl_ms, flotilla_core::now_ms()).inspect(|d| {
@@ -209,6 +221,10 @@ impl Scheduler {
                 });
                 let _ = reply.send(r);
             }
+        }
+        if store_refused {
+            // `apps` says the store is failing at once, not after the next pass.
+            self.publish();
         }
     }
 
@@ -396,5 +412,65 @@ mod tests {
         let stored = store.load("echo").unwrap();
         assert_eq!(stored.previous_spec, Some(text("200m")));
         assert_eq!(stored.file_fingerprint, Some(spec("300m").fingerprint()));
+    }
+
+    /// A store that refuses every write while `down` is set, as a full disk does.
+    #[derive(Default)]
+    struct Flaky {
+        mem: MemStore,
+        down: std::sync::atomic::AtomicBool,
+    }
+
+    impl Store for Flaky {
+        fn load(&self, app: &str) -> Result<crate::store::Stored, crate::store::StoreError> {
+            self.mem.load(app)
+        }
+        fn write(&self, app: &str, batch: &[crate::store::Write]) -> Result<(), crate::store::StoreError> {
+            if self.down.load(std::sync::atomic::Ordering::Relaxed) {
+                return Err(crate::store::StoreError("No space left on device (os error 28)".into()));
+            }
+            self.mem.write(app, batch)
+        }
+        fn failing(&self) -> Option<String> {
+            self.down.load(std::sync::atomic::Ordering::Relaxed).then(|| "No space left on device".into())
+        }
+    }
+
+    #[tokio::test]
+    async fn a_pass_the_store_refused_is_written_once_it_is_back_and_commands_answer_store_unavailable() {
+        use std::sync::atomic::Ordering::Relaxed;
+        let flaky = Arc::new(Flaky::default());
+        let store: Arc<dyn Store> = flaky.clone();
+        let cluster = flotilla_view::ClusterView::new(0);
+        let (mut s, h) = Scheduler::new(spec("100m"), cluster, vec![], store.clone()).unwrap();
+        flaky.down.store(true, Relaxed);
+        // Scaling is refused, and says why; nothing changes.
+        let (tx, mut rx) = tokio::sync::oneshot::channel();
+        s.command(Command::Scale(2, tx));
+        let e = rx.try_recv().unwrap().unwrap_err();
+        assert_eq!(flotilla_core::ServiceError::code(&e), crate::STORE_UNAVAILABLE);
+        assert_eq!(flotilla_core::ServiceError::kind(&e), flotilla_core::ErrorKind::Unavailable);
+        assert_eq!(s.desired(), 0);
+        // A pass that queues units (initial 0: set the desired count directly) fails to
+        // write them; the scheduler keeps them and says the store is failing.
+        s.stored.desired_units = Some(2);
+        assert!(s.reconcile().await.is_err());
+        assert_eq!(s.stored.units.len(), 2);
+        assert!(store.load("echo").unwrap().units.is_empty());
+        assert!(h.status().store_error.as_deref().is_some_and(|e| e.contains("No space left")));
+        // Nothing more happens while it is down: the next pass fails before acting.
+        assert!(s.reconcile().await.is_err());
+        assert_eq!(s.stored.units.len(), 2, "no unit queued twice");
+        // The store is back: the refused writes land first, then the pass runs.
+        flaky.down.store(false, Relaxed);
+        s.reconcile().await.unwrap();
+        let stored = store.load("echo").unwrap();
+        assert_eq!(stored.units.keys().collect::<Vec<_>>(), s.stored.units.keys().collect::<Vec<_>>());
+        assert_eq!(stored.next_generation, s.stored.next_generation);
+        assert_eq!(h.status().store_error, None);
+        let (tx, mut rx) = tokio::sync::oneshot::channel();
+        s.command(Command::Scale(3, tx));
+        assert_eq!(rx.try_recv().unwrap(), Ok(3));
+        assert_eq!(store.load("echo").unwrap().desired_units, Some(3));
     }
 }

@@ -101,6 +101,8 @@ impl Scheduler {
         u.unplaced_reason = Some(why);
         if let Err(e) = self.store.write(&self.spec.name, &[Write::Unit(u.clone())]) {
             tracing::warn!(unit = %id, error = %e, "cannot record the failure; will retry");
+            // Kept with the pass's writes, so it is written once the store is back.
+            writes.push(Write::Unit(u.clone()));
             return;
         }
         // Failed units whose release does not go through are retried by `heal`.
@@ -137,6 +139,8 @@ impl Scheduler {
         }
         if let Err(e) = self.store.write(&self.spec.name, &[Write::Unit(u.clone())]) {
             tracing::warn!(unit = %id, error = %e, "cannot record the lost workers; will retry");
+            // Kept with the pass's writes, so it is written once the store is back.
+            writes.push(Write::Unit(u.clone()));
             return;
         }
         if let Err(e) = self.release_unit(&unit, members).await {

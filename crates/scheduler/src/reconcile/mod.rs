@@ -38,7 +38,7 @@ use rand::Rng;
 
 use autoscale::Autoscaler;
 pub use autoscale::{Demand, DemandRequest, MAX_DEMAND_COUNT, MAX_DEMAND_ENTRIES, PolicyBook};
-pub use error::CommandError;
+pub use error::{CommandError, STORE_UNAVAILABLE};
 pub use handle::{AppHandle, AppStatus, AutoscalingStatus, Command, Stats};
 use ledgers::Ledgers;
 
@@ -93,6 +93,9 @@ pub struct Scheduler {
     rng: rand::rngs::StdRng,
     autoscaler: Autoscaler,
     decisions: Arc<ArcSwap<Vec<Arc<serde_json::Value>>>>,
+    /// The writes of the last pass the store refused, in order: written before anything
+    /// else once it takes writes again, so no state the scheduler acted on is lost.
+    unsaved: Vec<Write>,
 }
 
 impl Scheduler {
@@ -159,6 +162,7 @@ impl Scheduler {
             spec_origin: stored.spec_origin.clone(),
             template: spec.template_fingerprint(),
             rollout: stored.rollout.clone(),
+            store_error: None,
         }));
         let stats = Arc::new(Stats::new());
         let (tx, commands) = tokio::sync::mpsc::channel(16);
@@ -202,6 +206,7 @@ impl Scheduler {
             rng: rand::SeedableRng::seed_from_u64(rand::random()),
             autoscaler,
             decisions,
+            unsaved: Vec::new(),
         };
         Ok((scheduler, handle))
     }
@@ -257,10 +262,17 @@ impl Scheduler {
     /// and at least once a second.
     pub async fn run(mut self) {
         let mut changes = self.cluster.changes();
+        // The same failure pass after pass (a store that stays down) is logged once.
+        let mut last_error = String::new();
         loop {
             let started = Instant::now();
-            if let Err(e) = self.reconcile().await {
-                tracing::warn!(app = %self.spec.name, error = %format!("{e:#}"), "reconcile failed");
+            match self.reconcile().await {
+                Err(e) if format!("{e:#}") != last_error => {
+                    last_error = format!("{e:#}");
+                    tracing::warn!(app = %self.spec.name, error = %last_error, "reconcile failed");
+                }
+                Err(e) => tracing::debug!(app = %self.spec.name, error = %format!("{e:#}"), "reconcile failed again"),
+                Ok(()) => last_error.clear(),
             }
             metrics::histogram!(m::RECONCILE_SECONDS.name).record(started.elapsed().as_secs_f64());
             self.publish_routes();
@@ -282,6 +294,15 @@ impl Scheduler {
     /// One pass of the loop.
     #[tracing::instrument(skip_all, fields(app = %self.spec.name))]
     pub async fn reconcile(&mut self) -> anyhow::Result<()> {
+        if !self.unsaved.is_empty() {
+            // The store refused the last pass: nothing more happens until it is written.
+            if let Err(e) = self.store.write(&self.spec.name, &self.unsaved) {
+                self.publish();
+                return Err(e.into());
+            }
+            tracing::info!(app = %self.spec.name, writes = self.unsaved.len(), "the writes the store refused are written now");
+            self.unsaved.clear();
+        }
         let slots = self.cluster.slots();
         let mut writes = Vec::new();
         if !self.started {
@@ -314,7 +335,12 @@ impl Scheduler {
         }
         self.place_queued(&mut writes).await;
 
-        self.store.write(&self.spec.name, &writes)?;
+        // An empty batch too: a failing store reopens from here.
+        if let Err(e) = self.store.write(&self.spec.name, &writes) {
+            self.unsaved = writes;
+            self.publish();
+            return Err(e.into());
+        }
         self.publish();
         Ok(())
     }
@@ -430,6 +456,7 @@ impl Scheduler {
             spec_origin: self.stored.spec_origin.clone(),
             template: self.fingerprint.clone(),
             rollout: self.stored.rollout.clone(),
+            store_error: self.store.failing(),
         }));
         let newest = self.autoscaler.decisions.back();
         if !self.decisions.load().first().zip(newest).is_some_and(|(a, b)| Arc::ptr_eq(a, b)) && newest.is_some() {

@@ -141,7 +141,9 @@ impl Scheduler {
                 writes.push(Write::Unit(u.clone()));
             }
         }
-        self.store.write(&self.spec.name, &std::mem::take(writes))
+        let batch = std::mem::take(writes);
+        // Not written: the pass keeps the batch (it is retried with the pass's other writes).
+        self.store.write(&self.spec.name, &batch).inspect_err(|_| *writes = batch)
     }
 
     /// Applies a shard's verdicts: a unit all of whose claims were accepted is Allocated,
