@@ -4,7 +4,10 @@
 //! Churn, one operation every `--every` (seeded; the seed is printed): `kill -9` of an
 //! agent (up brings it back as a new incarnation), a PreStop drain of an agent (same),
 //! an operator `node drain` later undone by `uncordon`, a scale to a random size, and an
-//! `apply` of a changed template (a rolling update).
+//! `apply` of a changed template (a rolling update), an `apply` of a template that never
+//! runs (a rollout that must fail at its `progress_deadline` and be superseded by the next
+//! apply), and a full disk for `FULL_FOR` (as root: the data dir is a tmpfs, filled to the
+//! last byte, then freed; agents must live on and the scheduler's store must recover).
 //!
 //! Invariants, checked every second:
 //! - no node is allocated beyond its capacity (CPU or memory);
@@ -29,6 +32,66 @@ const ECHO: &str = include_str!("../../examples/echo.toml");
 /// How long a ledger/unit mismatch may last (a commit or release in flight, a node's
 /// replacement after a loss) before it counts as a violation.
 const SETTLE: Duration = Duration::from_secs(20);
+/// How long a full-disk operation keeps the data dir full.
+const FULL_FOR: Duration = Duration::from_secs(8);
+/// The size of the data dir's tmpfs: room for 10 minutes of logs at `warn`.
+const TMPFS_SIZE: &str = "size=256m";
+
+/// A tmpfs mounted on the data dir for the full-disk operations; unmounted on drop.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    /// Mounts one, or says why it could not (not root, no mount permission).
+    fn mount(dir: &std::path::Path) -> Result<Tmpfs, String> {
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", TMPFS_SIZE, "tmpfs"])
+            .arg(dir)
+            .output()
+            .map_err(|e| format!("running mount: {e}"))?;
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).trim().to_string());
+        }
+        Ok(Tmpfs(dir.to_path_buf()))
+    }
+
+    /// Fills it to the last byte with one file; how many bytes that took.
+    fn fill(&self) -> u64 {
+        use std::io::Write;
+        let Ok(mut f) = std::fs::File::create(self.0.join("filler")) else { return 0 };
+        let chunk = vec![0u8; 1 << 20];
+        let mut written = 0u64;
+        while let Ok(n) = f.write(&chunk) {
+            if n == 0 {
+                break;
+            }
+            written += n as u64;
+        }
+        written
+    }
+
+    fn free(&self) {
+        let _ = std::fs::remove_file(self.0.join("filler"));
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        self.free();
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// The echo spec at `version` (an env change rolls every unit); `broken` makes the head's
+/// command one that cannot start, with a short progress deadline so the rollout fails.
+fn echo_spec(version: u32, broken: bool) -> String {
+    let mut text =
+        ECHO.replacen("serves_http = true", &format!("serves_http = true\nenv = {{ V = \"{version}\" }}"), 1);
+    if broken {
+        text = text.replacen("command = \"flotilla\"", "command = \"/nonexistent/bin\"", 1);
+        text.push_str("\n[rollout]\nprogress_deadline = \"10s\"\n");
+    }
+    text
+}
 
 #[derive(Debug, Args)]
 pub struct SoakArgs {
@@ -122,9 +185,20 @@ pub async fn run(a: SoakArgs) -> anyhow::Result<()> {
     println!("machine: {}", machine());
     println!("soak: {} min, {} agents, an operation every {every:?}, seed {seed}", a.minutes, a.agents);
     println!("replay: flotilla-loadtest soak --minutes {} --agents {} --seed {seed}", a.minutes, a.agents);
-    let up = UpProc::start(&bin, &dir, a.agents, &["--restart-delay", "4s"], &spec)?;
+    // The data dir apart from the spec file, so a full data dir never stops the soak itself.
+    let data = dir.join("data");
+    std::fs::create_dir_all(&data)?;
+    let tmpfs = match Tmpfs::mount(&data) {
+        Ok(t) => Some(t),
+        Err(e) => {
+            println!("full-disk operations skipped: cannot mount a tmpfs on {}: {e}", data.display());
+            None
+        }
+    };
+    let tmpfs_mounted = tmpfs.is_some();
+    let up = UpProc::start(&bin, &data, a.agents, &["--restart-delay", "4s"], &spec)?;
     let addr = up.addr().await?;
-    let token = std::fs::read_to_string(dir.join("api-token"))?.trim().to_string();
+    let token = std::fs::read_to_string(data.join("api-token"))?.trim().to_string();
     let client = reqwest::Client::new();
     let cli = |args: &[&str]| {
         Command::new(&bin)
@@ -147,24 +221,29 @@ pub async fn run(a: SoakArgs) -> anyhow::Result<()> {
     let mut mismatch_since: HashMap<String, Instant> = HashMap::new();
     let mut reported: std::collections::HashSet<String> = Default::default();
     let mut drained: Vec<(String, Instant)> = Vec::new();
+    let mut full_until: Option<Instant> = None;
     let mut version = 1u32;
     let mut desired = 2u32;
     let mut checks = 0u64;
+    let mut settled_spec = false;
     loop {
         let now = Instant::now();
         let churning = now.duration_since(started) < churn_for;
         if churning && now >= next_op {
             next_op = now + every;
             let node = format!("node-{}", rng.random_range(1..=a.agents));
-            let kind = match rng.random_range(0..10) {
+            let kind = match rng.random_range(0..12) {
                 0..=2 => "kill",
                 3..=4 => "prestop",
                 5 => "node-drain",
                 6..=7 => "scale",
+                8..=9 => "apply",
+                10 => "failing-apply",
+                _ if tmpfs.is_some() && full_until.is_none() => "full-disk",
                 _ => "apply",
             };
             let ok = match kind {
-                "kill" => std::fs::read_to_string(dir.join("agents").join(format!("{node}.pid")))
+                "kill" => std::fs::read_to_string(data.join("agents").join(format!("{node}.pid")))
                     .ok()
                     .and_then(|p| p.trim().parse::<i32>().ok())
                     .map(|pid| {
@@ -174,7 +253,7 @@ pub async fn run(a: SoakArgs) -> anyhow::Result<()> {
                     .unwrap_or(false),
                 "prestop" => Command::new(&bin)
                     .args(["agent", "drain", "--data"])
-                    .arg(dir.join("agents").join(&node))
+                    .arg(data.join("agents").join(&node))
                     .stdout(Stdio::null())
                     .stderr(Stdio::null())
                     .spawn()
@@ -184,14 +263,21 @@ pub async fn run(a: SoakArgs) -> anyhow::Result<()> {
                     cli(&["node", "drain", &node])
                 }
                 "scale" => {
-                    desired = rng.random_range(1..=6);
-                    cli(&["scale", "echo", "--units", &desired.to_string()])
+                    // A refused scale (503 while the disk is full) leaves the app's count as it was.
+                    let n = rng.random_range(1..=6);
+                    let ok = cli(&["scale", "echo", "--units", &n.to_string()]);
+                    if ok {
+                        desired = n;
+                    }
+                    ok
+                }
+                "full-disk" => {
+                    full_until = Some(now + FULL_FOR);
+                    tmpfs.as_ref().is_some_and(|t| t.fill() > 0)
                 }
                 _ => {
                     version += 1;
-                    let text = ECHO
-                        .replace("serves_http = true", &format!("serves_http = true\nenv = {{ V = \"{version}\" }}"));
-                    std::fs::write(&spec, text)?;
+                    std::fs::write(&spec, echo_spec(version, kind == "failing-apply"))?;
                     cli(&["apply", spec.to_str().unwrap_or("")])
                 }
             };
@@ -206,6 +292,24 @@ pub async fn run(a: SoakArgs) -> anyhow::Result<()> {
             cli(&["node", "uncordon", node]);
         }
         drained.retain(|(_, at)| now < *at);
+        if full_until.is_some_and(|at| now >= at) {
+            if let Some(t) = &tmpfs {
+                t.free();
+            }
+            full_until = None;
+        }
+        // The churn is over: one good apply, so a failing rollout is not the last word.
+        if !churning && !settled_spec {
+            settled_spec = true;
+            if let Some(t) = &tmpfs {
+                t.free();
+            }
+            version += 1;
+            std::fs::write(&spec, echo_spec(version, false))?;
+            if !cli(&["apply", spec.to_str().unwrap_or("")]) {
+                violations.push("the last, good apply was refused".to_string());
+            }
+        }
 
         let nodes = get(&client, &format!("{addr}/v1/nodes")).await.and_then(|v| v.as_array().cloned());
         let units = get(&client, &format!("{addr}/v1/apps/echo/units")).await.and_then(|v| v.as_array().cloned());
@@ -238,6 +342,13 @@ pub async fn run(a: SoakArgs) -> anyhow::Result<()> {
                 if now.duration_since(started) > churn_for + SETTLE * 3 {
                     let v = format!("did not converge: {live} running units, {desired} desired");
                     println!("VIOLATION: {v}");
+                    // What the app and its units say, for whoever replays the seed.
+                    if let Some(app) = get(&client, &format!("{addr}/v1/apps/echo")).await {
+                        println!("app: {app}");
+                    }
+                    for u in &units {
+                        println!("unit {} {} {}", u["unit_id"], u["state"], u["reason"]);
+                    }
                     violations.push(v);
                     break;
                 }
@@ -246,11 +357,14 @@ pub async fn run(a: SoakArgs) -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
     drop(up);
+    drop(tmpfs);
     let result = serde_json::json!({
         "scenario": "soak",
         "minutes": a.minutes,
         "agents": a.agents,
+        "every_ms": every.as_millis() as u64,
         "seed": seed,
+        "full_disk": tmpfs_mounted,
         "operations": operations,
         "operations_by_kind": by_kind,
         "operations_failed": failed_ops,

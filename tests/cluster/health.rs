@@ -51,6 +51,33 @@ pub fn write_secrets(dir: &Path) {
 }
 
 /// The one JSON line of a not-ready `/readyz`.
+/// Starts agent `n1` (data under `dir/agent`, log in `dir/agent.err`) joining the shard at
+/// `shard_addr` with the join token and CA in `secrets`; its metrics address.
+pub fn spawn_agent(procs: &mut Group, shard_addr: &str, secrets: &Path, dir: &Path) -> String {
+    let s = |name: &str| secrets.join(name).display().to_string();
+    let agent_metrics = format!("127.0.0.1:{}", free_port());
+    let agent_data = dir.join("agent").display().to_string();
+    procs.spawn(
+        &[
+            "agent",
+            "--aggregators",
+            shard_addr,
+            "--node-id",
+            "n1",
+            "--join-token-file",
+            &s("join-token"),
+            "--ca",
+            &s("ca.crt"),
+            "--data",
+            &agent_data,
+            "--metrics",
+            &agent_metrics,
+        ],
+        &dir.join("agent.err"),
+    );
+    agent_metrics
+}
+
 fn reason(body: &str) -> String {
     assert_eq!(body.trim_end().lines().count(), 1, "one line: {body:?}");
     let v: Value = serde_json::from_str(body.trim()).unwrap_or_else(|e| panic!("{e}: {body:?}"));
@@ -69,26 +96,7 @@ fn every_process_answers_healthz_and_readyz() {
     let shard_addr = format!("127.0.0.1:{shard_port}");
 
     // An agent started before its shard: alive, not ready, and it says why.
-    let agent_metrics = format!("127.0.0.1:{}", free_port());
-    let agent_data = dir.join("agent").display().to_string();
-    procs.spawn(
-        &[
-            "agent",
-            "--aggregators",
-            &shard_addr,
-            "--node-id",
-            "n1",
-            "--join-token-file",
-            &s("join-token"),
-            "--ca",
-            &s("ca.crt"),
-            "--data",
-            &agent_data,
-            "--metrics",
-            &agent_metrics,
-        ],
-        &dir.join("agent.err"),
-    );
+    let agent_metrics = spawn_agent(&mut procs, &shard_addr, &secrets, &dir);
     let why = reason(&wait_probes("the agent without its shard", &agent_metrics, 503));
     assert!(why.starts_with("agent: "), "{why}");
 

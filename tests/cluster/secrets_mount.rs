@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use flotilla_testkit::{Group, TempDir, bin, free_port, signal, wait_for};
 
-use crate::health::{wait_probes, write_secrets};
+use crate::health::{spawn_agent, wait_probes, write_secrets};
 
 /// Every file of `dir` with its bytes.
 fn snapshot(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
@@ -100,27 +100,7 @@ fn a_shard_starts_with_read_only_secrets_and_writes_only_to_its_data_dir() {
     });
     // An agent registers with it.
     let mut procs = Group::new();
-    let agent_metrics = format!("127.0.0.1:{}", free_port());
-    let s = |name: &str| secrets.join(name).display().to_string();
-    let agent_data = dir.join("agent").display().to_string();
-    procs.spawn(
-        &[
-            "agent",
-            "--aggregators",
-            &shard_addr,
-            "--node-id",
-            "n1",
-            "--join-token-file",
-            &s("join-token"),
-            "--ca",
-            &s("ca.crt"),
-            "--data",
-            &agent_data,
-            "--metrics",
-            &agent_metrics,
-        ],
-        &dir.join("agent.err"),
-    );
+    let agent_metrics = spawn_agent(&mut procs, &shard_addr, &secrets, &dir);
     wait_probes("the agent registered with the shard", &agent_metrics, 200);
     let nodes = flotilla_testkit::metric(&flotilla_testkit::metrics_page(&metrics), "flotilla_nodes", "alive");
     assert!(nodes.is_none_or(|n| n >= 1.0), "{nodes:?}");
