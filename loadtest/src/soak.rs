@@ -357,7 +357,12 @@ pub async fn run(a: SoakArgs) -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
     drop(up);
+    // The logs outlive the tmpfs, for whoever replays a seed that failed.
+    for log in ["up.err", "up.out"] {
+        let _ = std::fs::copy(data.join(log), dir.join(log));
+    }
     drop(tmpfs);
+    println!("logs: {}", dir.join("up.err").display());
     let result = serde_json::json!({
         "scenario": "soak",
         "minutes": a.minutes,
