@@ -113,14 +113,38 @@ struct Agent {
     spec: AgentSpec,
     child: Option<Child>,
     pid_file: PathBuf,
+    /// Whether `pid_file` names the running child; written again on the next tick when
+    /// it could not be (a full disk), so operators and tests can always find the agent.
+    pid_written: bool,
     /// When a dead agent is due to be started again (with --restart-agents).
     restart_at: Option<Instant>,
 }
 
+impl Agent {
+    /// Writes the pid file of the running child if it is not written yet; a failure
+    /// (a full disk) is logged once and retried on the next tick.
+    fn write_pid(&mut self) {
+        let Some(child) = &self.child else { return };
+        if self.pid_written {
+            return;
+        }
+        match flotilla_obs::fsutil::write_atomic(&self.pid_file, child.id().to_string().as_bytes(), 0o644) {
+            Ok(()) => self.pid_written = true,
+            Err(e) => tracing::warn!(node = %self.spec.node_id, error = %e, "cannot write the agent's pid file yet"),
+        }
+    }
+}
+
+/// Starts an agent in its own process group, its output appended to its log file (every
+/// incarnation's, for whoever looks into a restart).
 fn spawn(spec: &AgentSpec, dir: &Path) -> anyhow::Result<Child> {
     let exe = std::env::current_exe().context("finding this binary")?;
     let log_path = dir.join(format!("{}.log", spec.node_id));
-    let log = std::fs::File::create(&log_path).with_context(|| format!("creating {}", log_path.display()))?;
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)
+        .with_context(|| format!("opening {}", log_path.display()))?;
     let mut cmd = Command::new(exe);
     cmd.args(&spec.args).stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log).process_group(0);
     // SAFETY: prctl is async-signal-safe; it only asks the kernel to SIGTERM the child
@@ -133,13 +157,7 @@ fn spawn(spec: &AgentSpec, dir: &Path) -> anyhow::Result<Child> {
             Ok(())
         });
     }
-    let child = cmd.spawn().with_context(|| format!("starting agent {}", spec.node_id))?;
-    flotilla_obs::fsutil::write_atomic(
-        &dir.join(format!("{}.pid", spec.node_id)),
-        child.id().to_string().as_bytes(),
-        0o644,
-    )?;
-    Ok(child)
+    cmd.spawn().with_context(|| format!("starting agent {}", spec.node_id))
 }
 
 fn signal_group(pid: u32, sig: i32) {
@@ -245,7 +263,9 @@ pub async fn run(a: UpArgs, log_format: LogFormat) -> anyhow::Result<()> {
     for spec in agent_specs(n_agents, &joined, &data, log_format) {
         let child = spawn(&spec, &agents_dir)?;
         let pid_file = agents_dir.join(format!("{}.pid", spec.node_id));
-        agents.push(Agent { spec, child: Some(child), pid_file, restart_at: None });
+        let mut agent = Agent { spec, child: Some(child), pid_file, pid_written: false, restart_at: None };
+        agent.write_pid();
+        agents.push(agent);
     }
     println!("flotilla is up: {} shard(s) at {joined}, {n_agents} agent(s)", a.shards);
     println!("  control API and /metrics: {scheme}://{listen}");
@@ -269,18 +289,26 @@ pub async fn run(a: UpArgs, log_format: LogFormat) -> anyhow::Result<()> {
             {
                 tracing::warn!(node = %agent.spec.node_id, %status, "agent exited");
                 agent.child = None;
+                agent.pid_written = false;
                 let _ = std::fs::remove_file(&agent.pid_file);
                 if a.restart_agents {
                     agent.restart_at = Some(Instant::now() + a.restart_delay);
                 }
             }
             if agent.restart_at.is_some_and(|t| Instant::now() >= t) {
-                agent.restart_at = None;
                 match spawn(&agent.spec, &agents_dir) {
-                    Ok(c) => agent.child = Some(c),
-                    Err(e) => tracing::error!(error = %e, "restarting agent"),
+                    Ok(c) => {
+                        agent.child = Some(c);
+                        agent.restart_at = None;
+                    }
+                    // A full disk or a lack of processes passes: try again after the delay.
+                    Err(e) => {
+                        tracing::error!(node = %agent.spec.node_id, error = %format!("{e:#}"), "restarting agent; retrying");
+                        agent.restart_at = Some(Instant::now() + a.restart_delay);
+                    }
                 }
             }
+            agent.write_pid();
         }
     }
 

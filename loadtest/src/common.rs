@@ -263,7 +263,8 @@ impl UpProc {
             .arg(dir)
             .arg("--app")
             .arg(app)
-            .env("RUST_LOG", "warn")
+            // Warnings only, unless the caller asks for more.
+            .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()))
             .stdin(Stdio::null())
             .stdout(std::fs::File::create(dir.join("up.out"))?)
             .stderr(std::fs::File::create(dir.join("up.err"))?)

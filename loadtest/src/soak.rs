@@ -112,6 +112,9 @@ pub struct SoakArgs {
     pub json: bool,
     #[arg(long)]
     pub flotilla: Option<PathBuf>,
+    /// On a violation, keep the cluster running (until interrupted) for inspection.
+    #[arg(long)]
+    pub hold_on_failure: bool,
 }
 
 async fn get(client: &reqwest::Client, url: &str) -> Option<Value> {
@@ -343,11 +346,15 @@ pub async fn run(a: SoakArgs) -> anyhow::Result<()> {
                     let v = format!("did not converge: {live} running units, {desired} desired");
                     println!("VIOLATION: {v}");
                     // What the app and its units say, for whoever replays the seed.
-                    if let Some(app) = get(&client, &format!("{addr}/v1/apps/echo")).await {
-                        println!("app: {app}");
+                    match client.get(format!("{addr}/v1/apps/echo")).timeout(Duration::from_secs(5)).send().await {
+                        Ok(r) => println!("app: {} {}", r.status(), r.text().await.unwrap_or_default()),
+                        Err(e) => println!("app: {e}"),
                     }
-                    for u in &units {
-                        println!("unit {} {} {}", u["unit_id"], u["state"], u["reason"]);
+                    for u in units.iter().filter(|u| u["state"] != "terminated") {
+                        println!("unit {} {} {} {}", u["unit_id"], u["state"], u["unplaced_reason"], u["members"]);
+                    }
+                    for n in &nodes {
+                        println!("node {}", n);
                     }
                     violations.push(v);
                     break;
@@ -356,11 +363,15 @@ pub async fn run(a: SoakArgs) -> anyhow::Result<()> {
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
-    drop(up);
-    // The logs outlive the tmpfs, for whoever replays a seed that failed.
+    if a.hold_on_failure && !violations.is_empty() {
+        println!("holding the cluster for inspection at {addr} (data {}); interrupt to stop", data.display());
+        let _ = tokio::signal::ctrl_c().await;
+    }
+    // The logs outlive the tmpfs and `up`'s data dir, for whoever replays a seed that failed.
     for log in ["up.err", "up.out"] {
         let _ = std::fs::copy(data.join(log), dir.join(log));
     }
+    drop(up);
     drop(tmpfs);
     println!("logs: {}", dir.join("up.err").display());
     let result = serde_json::json!({
