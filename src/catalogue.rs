@@ -19,7 +19,14 @@ pub const GRPC_TOKENS: Family =
     Family::gauge("flotilla_grpc_tokens", "gRPC tokens the shards accept now (more than one while rotating).", &[]);
 pub const GRPC_TOKENS_RELOADED: Family = Family::counter(
     "flotilla_grpc_tokens_reloaded_total",
-    "Reads of DATA/grpc-token (every 10 s and on SIGHUP), by result (changed, unchanged, error).",
+    "Reads of the gRPC token file (DATA/grpc-token, or --grpc-token-file: shards accept its tokens, callers send \
+     the first) every 10 s and on SIGHUP, by result (changed, unchanged, error).",
+    &["result"],
+);
+pub const API_TOKEN_RELOADED: Family = Family::counter(
+    "flotilla_api_token_reloaded_total",
+    "Reads of the API token file (DATA/api-token, or --api-token-file) every 10 s and on SIGHUP, by result \
+     (changed, unchanged, error).",
     &["result"],
 );
 pub const APP_SPECS_REJECTED: Family =
@@ -27,7 +34,7 @@ pub const APP_SPECS_REJECTED: Family =
 
 /// The families the binary's own server code records (token files, spec loading).
 pub const FAMILIES: &[Family] =
-    &[JOIN_TOKENS, JOIN_TOKENS_RELOADED, GRPC_TOKENS, GRPC_TOKENS_RELOADED, APP_SPECS_REJECTED];
+    &[JOIN_TOKENS, JOIN_TOKENS_RELOADED, GRPC_TOKENS, GRPC_TOKENS_RELOADED, API_TOKEN_RELOADED, APP_SPECS_REJECTED];
 
 /// Every family any Flotilla process exports, by process. `flotilla up` runs the shards,
 /// schedulers and control plane in one process; agents and routers are processes of

@@ -66,6 +66,9 @@ pub struct ShardClientArgs {
 }
 
 impl ShardClientArgs {
+    /// The dialer of a server (control plane, scheduler): it carries the first token of
+    /// the token file, and follows the file (every 10 s and on SIGHUP) so a rotation
+    /// needs no restart.
     pub fn dialer(&self) -> anyhow::Result<Dialer> {
         let file = self.grpc_token_file.clone().or_else(|| {
             let default = crate::client::data_dir().join("grpc-token");
@@ -73,11 +76,10 @@ impl ShardClientArgs {
         });
         let mut dialer = Dialer::network();
         if let Some(file) = file {
-            let token = crate::secrets::read_tokens(&file)?
-                .into_iter()
-                .next()
-                .ok_or_else(|| anyhow::anyhow!("{} holds no token", file.display()))?;
-            dialer = dialer.with_token(&token).with_context(|| format!("the token in {}", file.display()))?;
+            let tokens = crate::secrets::read_tokens(&file)?;
+            let token = tokens.first().ok_or_else(|| anyhow::anyhow!("{} holds no token", file.display()))?;
+            dialer = dialer.with_token(token).with_context(|| format!("the token in {}", file.display()))?;
+            reload_tokens(grpc_caller_token_file(file, tokens, dialer.clone()))?;
         }
         if let Some(ca) = &self.grpc_ca {
             dialer = dialer.with_ca(std::fs::read(ca).with_context(|| format!("reading --grpc-ca {}", ca.display()))?);
@@ -92,13 +94,14 @@ const TOKEN_RELOAD: Duration = Duration::from_secs(10);
 /// Makes a new token list the accepted one.
 pub type ApplyTokens = Box<dyn Fn(&[String]) + Send>;
 
-/// A token-list file in the data dir that running shards follow.
+/// A token-list file that a running process follows: shards accept its tokens, callers
+/// send the first.
 pub struct TokenFile {
-    /// `join` or `grpc`: the file is DATA/NAME-token.
+    /// `join`, `grpc` or `api`, for the logs.
     pub name: &'static str,
-    /// How many tokens are accepted now (`flotilla_NAME_tokens`), and the reads of the
-    /// file (`flotilla_NAME_tokens_reloaded_total{result}`).
-    pub metrics: (flotilla_obs::Family, flotilla_obs::Family),
+    /// How many tokens are accepted now (shards' `flotilla_NAME_tokens`; none for a
+    /// caller), and the reads of the file (`flotilla_NAME_token(s)_reloaded_total{result}`).
+    pub metrics: (Option<flotilla_obs::Family>, flotilla_obs::Family),
     pub path: PathBuf,
     /// What is accepted now.
     pub current: Vec<String>,
@@ -109,21 +112,59 @@ pub struct TokenFile {
 pub fn join_token_file(data: &DataDir, registries: Vec<Arc<Registry>>) -> TokenFile {
     TokenFile {
         name: "join",
-        metrics: (crate::catalogue::JOIN_TOKENS, crate::catalogue::JOIN_TOKENS_RELOADED),
+        metrics: (Some(crate::catalogue::JOIN_TOKENS), crate::catalogue::JOIN_TOKENS_RELOADED),
         path: data.dir.join("join-token"),
         current: data.join_tokens.clone(),
         apply: Box::new(move |t| registries.iter().for_each(|r| r.set_join_tokens(t.to_vec()))),
     }
 }
 
-/// The gRPC tokens of `auths` (the shards' token checks), followed in DATA/grpc-token.
-pub fn grpc_token_file(data: &DataDir, auths: Vec<flotilla_aggregator::GrpcAuth>) -> TokenFile {
+/// The gRPC tokens of `auths` (the shards' token checks), followed in DATA/grpc-token;
+/// `callers` (the dialers of schedulers and a control plane in the same process) send
+/// the first.
+pub fn grpc_token_file(data: &DataDir, auths: Vec<flotilla_aggregator::GrpcAuth>, callers: Vec<Dialer>) -> TokenFile {
     TokenFile {
         name: "grpc",
-        metrics: (crate::catalogue::GRPC_TOKENS, crate::catalogue::GRPC_TOKENS_RELOADED),
+        metrics: (Some(crate::catalogue::GRPC_TOKENS), crate::catalogue::GRPC_TOKENS_RELOADED),
         path: data.dir.join("grpc-token"),
         current: data.grpc_tokens.clone(),
-        apply: Box::new(move |t| auths.iter().for_each(|a| a.set_tokens(t.to_vec()))),
+        apply: Box::new(move |t| {
+            auths.iter().for_each(|a| a.set_tokens(t.to_vec()));
+            callers.iter().for_each(|d| send_first(d, t));
+        }),
+    }
+}
+
+/// A caller's gRPC token file (`--grpc-token-file`, else DATA/grpc-token): its calls carry
+/// the first token. Put the new token first in every shard's file and in this one, then
+/// retire the old: calls never carry a token no shard accepts.
+pub fn grpc_caller_token_file(path: PathBuf, current: Vec<String>, dialer: Dialer) -> TokenFile {
+    TokenFile {
+        name: "grpc",
+        metrics: (None, crate::catalogue::GRPC_TOKENS_RELOADED),
+        path,
+        current,
+        apply: Box::new(move |t| send_first(&dialer, t)),
+    }
+}
+
+fn send_first(dialer: &Dialer, tokens: &[String]) {
+    if let Some(first) = tokens.first()
+        && let Err(e) = dialer.set_token(first)
+    {
+        tracing::error!(error = %e, "keeping the gRPC token sent now");
+    }
+}
+
+/// The API token of a control plane or scheduler (mutating calls need it), followed in
+/// `path`: its first line is the token.
+pub fn api_token_file(path: PathBuf, token: flotilla_core::SharedToken) -> TokenFile {
+    TokenFile {
+        name: "api",
+        metrics: (None, crate::catalogue::API_TOKEN_RELOADED),
+        path,
+        current: token.get().map(|t| t.to_string()).into_iter().collect(),
+        apply: Box::new(move |t| token.set(t.first().cloned())),
     }
 }
 
@@ -135,7 +176,12 @@ pub fn reload_tokens(file: TokenFile) -> anyhow::Result<()> {
     // Installed before returning, so a SIGHUP from now on never kills the process.
     let mut hup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
     let TokenFile { name, path, mut current, apply, metrics: (gauge, reloads) } = file;
-    metrics::gauge!(gauge.name).set(current.len() as f64);
+    let accepted = move |n: usize| {
+        if let Some(g) = gauge {
+            metrics::gauge!(g.name).set(n as f64);
+        }
+    };
+    accepted(current.len());
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(TOKEN_RELOAD);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -155,7 +201,7 @@ pub fn reload_tokens(file: TokenFile) -> anyhow::Result<()> {
                 Ok(tokens) => {
                     apply(&tokens);
                     tracing::info!(before = current.len(), now = tokens.len(), "{name} tokens reloaded");
-                    metrics::gauge!(gauge.name).set(tokens.len() as f64);
+                    accepted(tokens.len());
                     current = tokens;
                     "changed"
                 }
@@ -306,7 +352,7 @@ pub async fn aggregator(a: AggregatorArgs) -> anyhow::Result<()> {
     }
     let mut shard = flotilla_aggregator::start(config).await?;
     reload_tokens(join_token_file(&data, vec![shard.registry.clone()]))?;
-    reload_tokens(grpc_token_file(&data, vec![shard.grpc_auth.clone()]))?;
+    reload_tokens(grpc_token_file(&data, vec![shard.grpc_auth.clone()], Vec::new()))?;
     ready.ready();
     if a.print_addrs {
         println!(
@@ -349,12 +395,13 @@ pub struct ControlArgs {
 }
 
 pub async fn control(a: ControlArgs) -> anyhow::Result<()> {
-    let api_token = match &a.api_token_file {
-        Some(f) => {
-            Some(std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?.trim().to_string())
-        }
-        None => None,
-    };
+    let api_token = flotilla_core::SharedToken::default();
+    if let Some(f) = &a.api_token_file {
+        let tokens = crate::secrets::read_tokens(f)?;
+        let first = tokens.first().ok_or_else(|| anyhow::anyhow!("{} holds no token", f.display()))?;
+        api_token.set(Some(first.clone()));
+        reload_tokens(api_token_file(f.clone(), api_token.clone()))?;
+    }
     let cluster = flotilla_view::ClusterView::new(a.aggregators.len());
     let dialer = a.shards.dialer()?;
     flotilla_control::follow_all(&cluster, &a.aggregators, &dialer);
@@ -455,11 +502,15 @@ pub async fn scheduler(a: SchedulerArgs) -> anyhow::Result<()> {
     let app = spec.name.clone();
     let (scheduler, handle) = flotilla_scheduler::Scheduler::new(spec, cluster.clone(), a.aggregators.clone(), store)?;
     let scheduler = scheduler.with_dialer(dialer.clone()).with_unknown_grace(a.unknown_grace);
-    let token = a.token.or_else(|| crate::client::token_from_data().ok());
+    // Its own API takes mutating calls with the same token it registers with: the flag's,
+    // else DATA/api-token's, followed for rotation.
+    let token = flotilla_core::SharedToken::new(a.token.clone().or_else(|| crate::client::token_from_data().ok()));
+    if a.token.is_none() && token.get().is_some() {
+        reload_tokens(api_token_file(crate::client::data_dir().join("api-token"), token.clone()))?;
+    }
     let state = Arc::new(flotilla_control::ControlState {
         cluster,
         shards: a.aggregators.clone(),
-        // Its own API takes mutating calls with the same token it registers with.
         api_token: token.clone(),
         apps: Default::default(),
         http: a.http.client()?,
@@ -491,7 +542,7 @@ pub async fn scheduler(a: SchedulerArgs) -> anyhow::Result<()> {
 async fn register_with_control(
     client: reqwest::Client,
     control: String,
-    token: Option<String>,
+    token: flotilla_core::SharedToken,
     app: String,
     url: String,
 ) {
@@ -499,7 +550,7 @@ async fn register_with_control(
         let mut req = client
             .post(format!("{}/v1/schedulers", control.trim_end_matches('/')))
             .json(&serde_json::json!({"app": app, "url": url}));
-        if let Some(t) = &token {
+        if let Some(t) = token.get() {
             req = req.bearer_auth(t);
         }
         match req.send().await {

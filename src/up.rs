@@ -183,18 +183,22 @@ pub async fn run(a: UpArgs, log_format: LogFormat) -> anyhow::Result<()> {
         shards.push(flotilla_aggregator::start(config).await?);
     }
     let addrs: Vec<String> = shards.iter().map(|s| s.addr.to_string()).collect();
-    use crate::servers::{grpc_token_file, join_token_file, reload_tokens};
-    reload_tokens(join_token_file(&data, shards.iter().map(|s| s.registry.clone()).collect()))?;
-    reload_tokens(grpc_token_file(&data, shards.iter().map(|s| s.grpc_auth.clone()).collect()))?;
-
-    let cluster = flotilla_view::ClusterView::new(a.shards);
     let token = data.grpc_tokens.first().map(String::as_str).unwrap_or_default();
     let dialer = flotilla_proto::dial::Dialer::network().with_token(token)?;
+    // Shards, schedulers and the control plane follow the token files: no restart rotates.
+    use crate::servers::{api_token_file, grpc_token_file, join_token_file, reload_tokens};
+    reload_tokens(join_token_file(&data, shards.iter().map(|s| s.registry.clone()).collect()))?;
+    let auths = shards.iter().map(|s| s.grpc_auth.clone()).collect();
+    reload_tokens(grpc_token_file(&data, auths, vec![dialer.clone()]))?;
+    let api_token = flotilla_core::SharedToken::new(Some(data.api_token.clone()));
+    reload_tokens(api_token_file(data.dir.join("api-token"), api_token.clone()))?;
+
+    let cluster = flotilla_view::ClusterView::new(a.shards);
     flotilla_control::follow_all(&cluster, &addrs, &dialer);
     let state = Arc::new(flotilla_control::ControlState {
         cluster: cluster.clone(),
         shards: addrs.clone(),
-        api_token: Some(data.api_token.clone()),
+        api_token,
         apps: Default::default(),
         http: a.http.client()?,
         dialer: dialer.clone(),

@@ -495,7 +495,7 @@ pub fn control_json(data: &[u8]) {
     let state = Arc::new(flotilla_control::ControlState {
         cluster: flotilla_view::ClusterView::new(1),
         shards: vec![],
-        api_token: Some(API_TOKEN.into()),
+        api_token: flotilla_core::SharedToken::new(Some(API_TOKEN.into())),
         apps: Default::default(),
         http: HTTP.with(Clone::clone),
         dialer: Default::default(),

@@ -1,14 +1,17 @@
 //! Security with real processes on loopback: the HTTP API over HTTPS with a user CA and
 //! the CLI reading it; per-peer rate limits, the body cap and missing tokens refused and
-//! counted; join tokens rotated and retired under a running shard; a session that tries
+//! counted; join tokens rotated and retired under a running shard; gRPC and API tokens
+//! rotated under a running control plane and standalone scheduler; a session that tries
 //! to heartbeat or report for another node; a shard's gRPC over TLS only for callers with
 //! its token.
 
 use std::time::Duration;
 
 use flotilla_testkit::{
-    Group, Pki, TempDir, Up, exchange, free_port, metric, metrics_page, request, run, signal, stderr, wait_for,
+    Group, Pki, TempDir, Up, exchange, free_port, http, metric, metrics_page, request, run, signal, stderr, wait_for,
 };
+
+use crate::common::{ECHO, running};
 use serde_json::Value;
 
 /// Processes a test started and the directory they share (a shard's data dir); the
@@ -260,6 +263,76 @@ fn join_tokens_rotate_and_retire_while_the_shard_runs() {
     wait_for("4 nodes alive", Duration::from_secs(10), || {
         (metric(&page(), "flotilla_nodes", "status=\"alive\"") == Some(4.0)).then_some(())
     });
+}
+
+#[test]
+fn grpc_and_api_tokens_rotate_under_a_running_control_plane_and_scheduler_without_a_restart() {
+    let up = Up::start("rotation", &["--agents", "2"]);
+    wait_for("2 alive nodes", Duration::from_secs(20), || (up.nodes().len() == 2).then_some(()));
+    let (_, shards) = http(&up.addr, "GET", "/v1/shards", None, "");
+    let addrs: Vec<&str> = shards.as_array().unwrap().iter().map(|s| s["address"].as_str().unwrap()).collect();
+    // A standalone scheduler whose tokens are the data dir's (DATA/grpc-token, DATA/api-token).
+    let api = format!("127.0.0.1:{}", free_port());
+    let store = format!("redb:{}", up.data.join("echo.redb").display());
+    let args = ["scheduler", "--app", ECHO, "--aggregators", &addrs.join(","), "--control", &up.addr];
+    let mut procs = Group::new();
+    let data = up.data.to_str().unwrap();
+    let log = up.data.join("scheduler.err");
+    let scheduler = procs.spawn_with_env(
+        &[&args[..], &["--store", &store, "--listen", &api]].concat(),
+        &log,
+        &[("FLOTILLA_DATA", data)],
+    ) as i32;
+    wait_for("2 echo units running", Duration::from_secs(30), || (running(&up).len() == 2).then_some(()));
+    let hup = || {
+        signal(up.pid().unwrap(), libc::SIGHUP);
+        signal(scheduler, libc::SIGHUP);
+    };
+    let reloaded = |addr: &str, family: &str| metric(&metrics_page(addr), family, "result=\"changed\"").unwrap_or(0.0);
+
+    // gRPC: the new token first everywhere, then the old one retired. The scheduler's
+    // commits carry the new one from the first reload on, so the shards' refusal of the
+    // old one stops nothing.
+    let grpc = up.data.join("grpc-token");
+    let old = std::fs::read_to_string(&grpc).unwrap().trim().to_string();
+    std::fs::write(&grpc, format!("{}\n{old}\n", "n".repeat(64))).unwrap();
+    hup();
+    wait_for("both processes reloaded the gRPC token", Duration::from_secs(10), || {
+        (reloaded(&up.addr, "flotilla_grpc_tokens_reloaded_total") == 1.0
+            && reloaded(&api, "flotilla_grpc_tokens_reloaded_total") == 1.0)
+            .then_some(())
+    });
+    std::fs::write(&grpc, format!("{}\n", "n".repeat(64))).unwrap();
+    hup();
+    wait_for("the old gRPC token retired", Duration::from_secs(10), || {
+        (metric(&metrics_page(&up.addr), "flotilla_grpc_tokens", "") == Some(1.0)).then_some(())
+    });
+    let old_api = up.token();
+    let (status, body) = http(&up.addr, "PUT", "/v1/apps/echo/scale", Some(&old_api), r#"{"units": 3}"#);
+    assert_eq!(status, 200, "{body}");
+    wait_for("3 units: commits carry the new gRPC token", Duration::from_secs(30), || {
+        (running(&up).len() == 3).then_some(())
+    });
+    let page = metrics_page(&up.addr);
+    assert!(metric(&page, "flotilla_grpc_requests_rejected_total", "").is_none(), "no call was refused:\n{page}");
+
+    // API: the control plane and the scheduler take the new token and refuse the old one.
+    let new_api = "a".repeat(64);
+    std::fs::write(up.data.join("api-token"), format!("{new_api}\n")).unwrap();
+    hup();
+    wait_for("both processes reloaded the API token", Duration::from_secs(10), || {
+        (reloaded(&up.addr, "flotilla_api_token_reloaded_total") == 1.0
+            && reloaded(&api, "flotilla_api_token_reloaded_total") == 1.0)
+            .then_some(())
+    });
+    let (status, _) = http(&up.addr, "PUT", "/v1/apps/echo/scale", Some(&old_api), r#"{"units": 2}"#);
+    assert_eq!(status, 401, "the old API token is refused");
+    let (status, _) = http(&api, "PUT", "/v1/apps/echo/scale", Some(&old_api), r#"{"units": 2}"#);
+    assert_eq!(status, 401, "the scheduler refuses the old API token too");
+    let (status, body) = http(&up.addr, "PUT", "/v1/apps/echo/scale", Some(&new_api), r#"{"units": 2}"#);
+    assert_eq!(status, 200, "forwarded with the new token: {body}");
+    wait_for("back to 2 units", Duration::from_secs(30), || (running(&up).len() == 2).then_some(()));
+    drop(procs);
 }
 
 #[tokio::test]

@@ -37,8 +37,8 @@ pub struct ControlState {
     pub cluster: Arc<ClusterView>,
     /// Shard addresses in index order, shown by `/v1/shards`.
     pub shards: Vec<String>,
-    /// Bearer token for mutating calls.
-    pub api_token: Option<String>,
+    /// Bearer token for mutating calls (none: they are open); a reload replaces it.
+    pub api_token: flotilla_core::SharedToken,
     pub apps: apps::Apps,
     /// For calls to standalone schedulers' APIs (trusting the CA they may serve HTTPS with).
     pub http: reqwest::Client,

@@ -52,15 +52,15 @@ pub fn rejected(reason: &'static str) {
 #[derive(Clone)]
 struct Guard {
     limiter: Option<Arc<RateLimiter>>,
-    token: Option<Arc<str>>,
+    token: flotilla_core::SharedToken,
 }
 
 /// Puts the limits in front of every route: the rate limit (when `limiter` is set), the
 /// target length, the API token for mutating calls (when `token` is set) and the body
 /// cap and timeout. The serving loop puts each connection's peer address in the
 /// request's extensions.
-pub fn apply(router: Router, limiter: Option<Arc<RateLimiter>>, token: Option<String>) -> Router {
-    let guard = Guard { limiter, token: token.map(Arc::from) };
+pub fn apply(router: Router, limiter: Option<Arc<RateLimiter>>, token: flotilla_core::SharedToken) -> Router {
+    let guard = Guard { limiter, token };
     router.layer(axum::middleware::from_fn_with_state(guard, self::guard))
 }
 
@@ -120,8 +120,8 @@ async fn guard(State(g): State<Guard>, req: Request, next: Next) -> Response {
     // Authenticate from the headers alone: a caller without the token never gets a
     // byte of its body read (hyper closes the connection after the answer).
     if !req.method().is_safe()
-        && let Some(want) = &g.token
-        && let Err(e) = check_token(want, req.headers())
+        && let Some(want) = g.token.get()
+        && let Err(e) = check_token(&want, req.headers())
     {
         return e.into_response();
     }

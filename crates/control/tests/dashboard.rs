@@ -57,7 +57,7 @@ async fn start() -> (SocketAddr, Arc<ClusterView>, tokio::sync::oneshot::Sender<
     let state = Arc::new(ControlState {
         cluster: cluster.clone(),
         shards: vec!["s0:1".into(), "s1:1".into()],
-        api_token: Some("secret".into()),
+        api_token: flotilla_core::SharedToken::new(Some("secret".into())),
         apps,
         http: reqwest::Client::new(),
         dialer: Default::default(),

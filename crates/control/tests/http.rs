@@ -20,7 +20,7 @@ async fn start(options: HttpOptions) -> (SocketAddr, tokio::sync::oneshot::Sende
     let state = Arc::new(ControlState {
         cluster: flotilla_view::ClusterView::new(0),
         shards: vec![],
-        api_token: Some("secret".into()),
+        api_token: flotilla_core::SharedToken::new(Some("secret".into())),
         apps: Default::default(),
         http: reqwest::Client::new(),
         dialer: Default::default(),

@@ -24,6 +24,6 @@ pub use limits::*;
 pub use node::{Incarnation, LabelError, Labels, NodeId, NodeIdError, NodeStatus};
 pub use rate::RateLimiter;
 pub use resources::{ResourceError, Resources};
-pub use secret::{bearer_token, constant_time_eq};
+pub use secret::{SharedToken, bearer_token, constant_time_eq};
 pub use shard::{DEFAULT_DOMAIN, shard_for_domain};
 pub use sync::{LockExt, RwLockExt};

@@ -1,5 +1,35 @@
-//! Comparing secrets (join tokens, bearer tokens) and reading them from an
-//! `Authorization` header.
+//! Comparing secrets (join tokens, bearer tokens), reading them from an `Authorization`
+//! header, and holding one that rotates while the process runs.
+
+use std::sync::Arc;
+
+use arc_swap::ArcSwapOption;
+
+/// A bearer token that a reload may replace while requests read it, so a rotation never
+/// needs a restart. Clones share the token; reads take no lock.
+#[derive(Clone, Default)]
+pub struct SharedToken(Arc<ArcSwapOption<String>>);
+
+impl SharedToken {
+    pub fn new(token: Option<String>) -> Self {
+        SharedToken(Arc::new(ArcSwapOption::new(token.map(Arc::new))))
+    }
+
+    /// The token now (`None`: none is required or sent).
+    pub fn get(&self) -> Option<Arc<String>> {
+        self.0.load_full()
+    }
+
+    pub fn set(&self, token: Option<String>) {
+        self.0.store(token.map(Arc::new));
+    }
+}
+
+impl std::fmt::Debug for SharedToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.load().is_some() { "SharedToken(<redacted>)" } else { "SharedToken(None)" })
+    }
+}
 
 /// Compares without leaking where the first difference is.
 pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
@@ -17,7 +47,18 @@ pub fn bearer_token(value: &str) -> Option<&str> {
 
 #[cfg(test)]
 mod tests {
-    use super::{bearer_token, constant_time_eq};
+    use super::{SharedToken, bearer_token, constant_time_eq};
+
+    #[test]
+    fn a_shared_token_is_replaced_for_every_clone_and_never_printed() {
+        let t = SharedToken::new(Some("old".into()));
+        let reader = t.clone();
+        t.set(Some("new".into()));
+        assert_eq!(reader.get().as_deref().map(String::as_str), Some("new"));
+        assert_eq!(format!("{reader:?}"), "SharedToken(<redacted>)");
+        t.set(None);
+        assert_eq!(reader.get(), None);
+    }
 
     #[test]
     fn the_bearer_scheme_is_matched_in_any_case() {

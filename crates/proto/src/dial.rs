@@ -6,6 +6,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use arc_swap::ArcSwapOption;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tonic::metadata::{Ascii, MetadataValue};
@@ -24,14 +25,15 @@ pub type Transport = Arc<dyn Fn(String) -> Connecting + Send + Sync>;
 /// A channel whose every call carries the dialer's bearer token (if it has one).
 pub type GrpcChannel = InterceptedService<Channel, Bearer>;
 
-/// Adds `authorization: Bearer <token>` to every request.
+/// Adds `authorization: Bearer <token>` to every request: the token at the time of the
+/// request, so a reload ([`Dialer::set_token`]) reaches channels already open.
 #[derive(Clone, Default)]
-pub struct Bearer(Option<MetadataValue<Ascii>>);
+pub struct Bearer(Arc<ArcSwapOption<MetadataValue<Ascii>>>);
 
 impl tonic::service::Interceptor for Bearer {
     fn call(&mut self, mut request: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
-        if let Some(v) = &self.0 {
-            request.metadata_mut().insert("authorization", v.clone());
+        if let Some(v) = &*self.0.load() {
+            request.metadata_mut().insert("authorization", MetadataValue::clone(v));
         }
         Ok(request)
     }
@@ -75,11 +77,20 @@ impl Dialer {
         Dialer { transport: Some(transport), ..Dialer::default() }
     }
 
-    /// Every call carries `authorization: Bearer <token>`.
+    /// Every call carries `authorization: Bearer <token>`. Dialers cloned before this
+    /// keep their own token.
     pub fn with_token(mut self, token: &str) -> Result<Self, BadToken> {
-        let value = format!("Bearer {token}").parse().map_err(|_| BadToken)?;
-        self.bearer = Bearer(Some(value));
+        self.bearer = Bearer::default();
+        self.set_token(token)?;
         Ok(self)
+    }
+
+    /// Replaces the token of this dialer, of its clones made since [`Dialer::with_token`],
+    /// and of every channel they opened: the next call carries the new one.
+    pub fn set_token(&self, token: &str) -> Result<(), BadToken> {
+        let value: MetadataValue<Ascii> = format!("Bearer {token}").parse().map_err(|_| BadToken)?;
+        self.bearer.0.store(Some(Arc::new(value)));
+        Ok(())
     }
 
     /// Channels speak TLS (`https://` for bare `host:port` addresses), trusting `ca_pem`.

@@ -75,6 +75,11 @@ impl Up {
         cmd
     }
 
+    /// The pid of the `up` this started (to signal it); `None` when attached.
+    pub fn pid(&self) -> Option<i32> {
+        self.child.as_ref().map(|c| c.id() as i32)
+    }
+
     /// The API token `up` wrote into its data dir.
     pub fn token(&self) -> String {
         std::fs::read_to_string(self.data.join("api-token")).unwrap().trim().to_string()
