@@ -121,3 +121,52 @@ fn a_worker_on_another_node_starts_after_its_head_and_gets_its_address_and_named
     assert_eq!(routes.len(), 1, "{routes:?}");
     assert_eq!(routes[0]["endpoint"], format!("{head_host}:{serve}"));
 }
+
+/// The spec of an app "big" whose head asks for a block of `block` ports.
+fn big(block: u32) -> String {
+    SPEC.replace("name = \"ray\"", "name = \"big\"")
+        .replace("workers = 1", "workers = 0")
+        .replace("port_ranges = { worker_ports = 5 }", &format!("port_ranges = {{ worker_ports = {block} }}"))
+        .replace("cpu = \"5\"", "cpu = \"1\"")
+}
+
+/// A member asking for more ports than any agent offers (`up`'s agents hand out 50
+/// each) is not placed, and `units` says why: the planner counts ports.
+#[test]
+fn a_member_no_agent_has_the_ports_for_is_not_placed() {
+    let dir = TempDir::new("ports-unplaced-spec");
+    let spec = dir.path().join("big.toml");
+    std::fs::write(&spec, big(60)).unwrap();
+    let up = Up::start("ports-unplaced", &["--agents", "2", "--shards", "1", "--app", spec.to_str().unwrap()]);
+    let why = wait_for("the unit unplaced for want of ports", Duration::from_secs(30), || {
+        let u = up.units("big").into_iter().next()?;
+        let why = u["unplaced_reason"].as_str()?.to_string();
+        why.contains("lacking free ports").then_some(why)
+    });
+    assert!(why.contains("2 nodes lacking free ports"), "{why}");
+    assert!(run_ok(up.cli().args(["units", "big"])).contains("lacking free ports"));
+}
+
+/// Ports the agent counted free but the host holds (another process bound them): the
+/// agent refuses the start, and `units` says why.
+#[test]
+fn an_agent_without_free_ports_refuses_the_start_and_units_says_why() {
+    // node-1's range under `up` is 20000-20049: hold every port of it that is free.
+    let held: Vec<std::net::TcpListener> =
+        (20_000..=20_049).filter_map(|p| std::net::TcpListener::bind(("127.0.0.1", p)).ok()).collect();
+    assert!(!held.is_empty());
+    let dir = TempDir::new("ports-busy-spec");
+    let spec = dir.path().join("big.toml");
+    std::fs::write(&spec, big(2)).unwrap();
+    let up = Up::start("ports-busy", &["--agents", "1", "--shards", "1", "--app", spec.to_str().unwrap()]);
+    let head = wait_for("the head refused for want of ports", Duration::from_secs(30), || {
+        let u = up.units("big").into_iter().next()?;
+        let head = member(&u, "head").clone();
+        (head["state"] == "failed").then_some(head)
+    });
+    let why = head["message"].as_str().unwrap();
+    assert!(why.contains("no free port in the agent's range 20000-20049"), "{why}");
+    let text = run_ok(up.cli().args(["units", "big"]));
+    assert!(text.contains("head failed: no free port in the agent's range"), "{text}");
+    drop(held);
+}

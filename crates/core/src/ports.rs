@@ -10,6 +10,25 @@ pub const MAX_NAMED_PORTS: usize = 32;
 pub const MAX_PORT_NAME_LEN: usize = 32;
 /// Largest block of contiguous ports one range may ask for.
 pub const MAX_PORT_RANGE: u32 = 1024;
+/// The custom resource that counts ports: an agent offers the size of its `--port-range`,
+/// a member with named ports asks for as many as it needs, so the planner and the ledger
+/// never put it on a node whose agent has too few left.
+pub const PORTS_RESOURCE: &str = "ports";
+/// What a node of a pool's type offers when its type does not say: the agent's default
+/// `--port-range` (20000-29999).
+pub const DEFAULT_PORTS_OFFERED: u64 = 10_000;
+
+/// How many ports a member with these named ports and blocks holds: each named port,
+/// each block, and its main port (counted apart, though `routing.port` may make it one
+/// of the named ones: one too many is the safe side). Zero without named ports: such a
+/// member's one port is not counted, so specs without them place as before.
+pub fn ports_needed<'a>(ports: usize, ranges: impl IntoIterator<Item = &'a u32>) -> u64 {
+    if ports == 0 {
+        let blocks: u64 = ranges.into_iter().map(|n| u64::from(*n)).sum();
+        return if blocks == 0 { 0 } else { blocks + 1 };
+    }
+    ports as u64 + ranges.into_iter().map(|n| u64::from(*n)).sum::<u64>() + 1
+}
 
 /// The variable suffix of a port name: upper-cased, `-` as `_` (`dashboard-agent` →
 /// `DASHBOARD_AGENT`), so `FLOTILLA_PORT_` + it is a shell variable name.
@@ -68,6 +87,13 @@ mod tests {
 
     fn names(v: &[&str]) -> Vec<String> {
         v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn a_member_asks_for_the_ports_it_holds() {
+        assert_eq!(ports_needed(0, &[]), 0, "no named ports: nothing counted, as before");
+        assert_eq!(ports_needed(2, &[100]), 103);
+        assert_eq!(ports_needed(0, &[5]), 6);
     }
 
     #[test]

@@ -277,8 +277,17 @@ impl AppSpec {
 }
 
 impl MemberTemplate {
+    /// What the member asks of a node: CPU, memory, GPUs and, with named ports, the
+    /// ports it holds (the `ports` custom resource every agent offers), so a node whose
+    /// agent has too few left is not chosen.
     pub fn resources(&self) -> Resources {
-        Resources::new(parse_cpu(&self.cpu).unwrap_or(0), parse_memory(&self.memory).unwrap_or(0), self.gpu)
+        let mut r =
+            Resources::new(parse_cpu(&self.cpu).unwrap_or(0), parse_memory(&self.memory).unwrap_or(0), self.gpu);
+        let ports = flotilla_core::ports::ports_needed(self.ports.len(), self.port_ranges.values());
+        if ports > 0 {
+            r.custom.insert(flotilla_core::ports::PORTS_RESOURCE.to_string(), ports);
+        }
+        r
     }
 
     fn validate(&self, path: &str, errors: &mut Vec<String>) {
@@ -627,6 +636,8 @@ roles = ["boss"]
         assert_eq!(s.unit.head.port_ranges["worker_ports"], 100);
         assert_eq!(s.unit.worker.as_ref().unwrap().after.as_deref(), Some("head"));
         assert_eq!(s.routing.port.as_deref(), Some("serve"));
+        assert_eq!(s.unit.head.resources().custom["ports"], 103, "2 named, a block of 100, its main port");
+        assert!(s.unit.worker.as_ref().unwrap().resources().custom.is_empty(), "no named ports: none counted");
         assert_eq!(AppSpec::parse(&toml::to_string(&s).unwrap()).unwrap(), s, "round-trips");
         // Unset, the new fields are not serialized: running units' fingerprints do not
         // move, so an upgraded scheduler rolls nothing.
