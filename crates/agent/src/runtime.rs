@@ -840,7 +840,9 @@ mod tests {
         let s = rt.statuses()[0].clone();
         assert_eq!(s.exit_code, 3);
         assert!(s.message.contains("boom-u1"), "the tail of stderr: {:?}", s.message);
-        assert!(s.restarts >= 2 && s.restarts <= 4, "backed off: {} restarts in 2.5 s", s.restarts);
+        // Restarted, and backed off (0.5 s doubling: 2 in 2.5 s, fewer on a loaded machine;
+        // without back-off it would be dozens).
+        assert!(s.restarts >= 1 && s.restarts <= 4, "backed off: {} restarts in 2.5 s", s.restarts);
         let log = std::fs::read_dir(cfg.data_dir.join("workloads")).unwrap().next().unwrap().unwrap().path();
         assert!(std::fs::metadata(log.join("stderr.log")).unwrap().len() <= 64, "logs are capped");
         let _ = std::fs::remove_dir_all(&cfg.data_dir);
