@@ -44,6 +44,7 @@ pub fn unit(id: &str, generation: u64, state: UnitState, members: &[(&str, &str)
                 address: Some(format!("{node}:80")),
                 state: Some("running".into()),
                 usage: None,
+                generation: None,
             })
             .collect(),
         created_unix_ms: 0,
@@ -53,5 +54,7 @@ pub fn unit(id: &str, generation: u64, state: UnitState, members: &[(&str, &str)
         replaced_by: None,
         secondary: false,
         drain_timeout_ms: None,
+        placement_note: None,
+        surge: Vec::new(),
     }
 }

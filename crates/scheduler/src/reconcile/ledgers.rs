@@ -106,22 +106,31 @@ pub fn claim_key(app: &str, unit: &str, member: &str, generation: u64) -> v1::Cl
 /// holds each.
 pub fn keys_by_shard(unit: &UnitRecord, members: &[String]) -> BTreeMap<usize, Vec<v1::ClaimKey>> {
     let mut by_shard: BTreeMap<usize, Vec<v1::ClaimKey>> = BTreeMap::new();
-    for m in unit.members.iter().filter(|m| members.is_empty() || members.contains(&m.member)) {
+    // All of them includes the members coming up to replace one (the surge).
+    let surge = unit.surge.iter().filter(|_| members.is_empty());
+    for m in unit.members.iter().filter(|m| members.is_empty() || members.contains(&m.member)).chain(surge) {
         if let Some(shard) = m.shard {
             by_shard.entry(shard as usize).or_default().push(claim_key(
                 &unit.app,
                 &unit.unit_id,
                 &m.member,
-                unit.generation,
+                m.key_generation(unit.generation),
             ));
         }
     }
     by_shard
 }
 
-/// The claims that place unit `unit_id` (of `generation`) as `p` says; a secondary
-/// unit may take low-priority nodes.
-pub fn claims(spec: &AppSpec, unit_id: &str, generation: u64, secondary: bool, p: &Placement) -> Vec<v1::Claim> {
+/// The claims that place unit `unit_id` as `p` says, each member under the generation
+/// `generation` gives it (the unit's, or its own when replaced alone); a secondary unit
+/// may take low-priority nodes.
+pub fn claims(
+    spec: &AppSpec,
+    unit_id: &str,
+    generation: &dyn Fn(&str) -> u64,
+    secondary: bool,
+    p: &Placement,
+) -> Vec<v1::Claim> {
     let templates = spec.members();
     p.members
         .iter()
@@ -129,7 +138,7 @@ pub fn claims(spec: &AppSpec, unit_id: &str, generation: u64, secondary: bool, p
             templates.iter().find(|(name, _, _)| *name == m.member).map(|(member, role, t)| (m, member, role, t))
         })
         .map(|(m, member, role, t)| v1::Claim {
-            key: Some(claim_key(&spec.name, unit_id, member, generation)),
+            key: Some(claim_key(&spec.name, unit_id, member, generation(member))),
             node_id: m.node.to_string(),
             incarnation: m.incarnation,
             resources: Some((&t.resources()).into()),
@@ -162,6 +171,7 @@ pub fn member_records(spec: &AppSpec, p: &Placement, shard: usize) -> Vec<Member
             address: None,
             state: None,
             usage: None,
+            generation: None,
         })
         .collect()
 }
