@@ -21,5 +21,6 @@ mod scaling;
 mod secrets_mount;
 mod security;
 mod shards;
+mod spread;
 mod standalone;
 mod units;
