@@ -63,6 +63,7 @@ impl Scheduler {
                 writes.push(Write::Unit(u.clone()));
             }
         }
+        self.drop_lost_surge(slots, writes).await;
         for (id, members, why) in plan.replace_members {
             self.surge_members(&id, &members, &why, slots, writes).await;
         }
@@ -165,6 +166,52 @@ impl Scheduler {
             .increment(1);
         u.placement_note = Some(note);
         writes.push(Write::Unit(u.clone()));
+    }
+
+    /// A member coming up to replace one whose node was lost (or whose workload failed)
+    /// leaves the surge and is released; the next pass places another. Written first, so
+    /// a release that fails leaves an orphan the sweep releases.
+    async fn drop_lost_surge(&mut self, slots: &[Arc<ShardSlot>], writes: &mut Vec<Write>) {
+        let now = now_ms();
+        let lost: Vec<(String, Vec<String>, String)> = self
+            .stored
+            .units
+            .values()
+            .filter(|u| u.state.is_active())
+            .filter_map(|u| {
+                let mut why = String::new();
+                let members: Vec<String> = u
+                    .surge
+                    .iter()
+                    .filter(|m| {
+                        let w = match crate::repair::member_health(m, slots, now) {
+                            crate::repair::MemberHealth::Lost(w) => w,
+                            _ if m.state.as_deref() == Some("failed") => "it failed",
+                            _ => return false,
+                        };
+                        why = format!("{} on {}: {w}", m.member, m.node_id.as_deref().unwrap_or("-"));
+                        true
+                    })
+                    .map(|m| m.member.clone())
+                    .collect();
+                (!members.is_empty()).then(|| (u.unit_id.clone(), members, why))
+            })
+            .collect();
+        for (id, members, why) in lost {
+            let Some(u) = self.stored.units.get_mut(&id) else { continue };
+            let dropped: Vec<_> = u.surge.iter().filter(|m| members.contains(&m.member)).cloned().collect();
+            u.surge.retain(|m| !members.contains(&m.member));
+            u.placement_note = Some(format!("{DRAIN_WAITS} the replacement {why}; placing another"));
+            tracing::warn!(unit = %id, %why, "a member coming up to replace one was lost; placing another");
+            if let Err(e) = self.store.write(&self.spec.name, &[Write::Unit(u.clone())]) {
+                tracing::warn!(unit = %id, error = %e, "cannot record the lost surge member; the sweep releases it");
+            }
+            writes.push(Write::Unit(u.clone()));
+            let gone = UnitRecord { members: dropped, surge: Vec::new(), ..u.clone() };
+            if let Err(e) = self.release_unit(&gone, &[]).await {
+                tracing::warn!(unit = %id, error = %e, "releasing a lost surge member; the orphan sweep retries");
+            }
+        }
     }
 
     /// Surge members that run take their member's place; the member they replace is
