@@ -320,6 +320,14 @@ pub async fn units(a: UnitsArgs) -> anyhow::Result<()> {
         if let Some(r) = u["unplaced_reason"].as_str() {
             why.push(format!("{id}: why: {r}"));
         }
+        // A member that waits (start order), or cannot start (no free port): why.
+        for m in u["members"].as_array().into_iter().flatten() {
+            let state = m["state"].as_str().unwrap_or("");
+            if let Some(msg) = m["message"].as_str().filter(|_| matches!(state, "waiting" | "failed")) {
+                let member = m["member"].as_str().unwrap_or("?");
+                why.push(format!("{id}: {member} {state}: {}", msg.lines().last().unwrap_or(msg)));
+            }
+        }
         t.row(vec![
             id,
             u["state"].as_str().unwrap_or("-").to_string(),

@@ -1,7 +1,10 @@
 //! `flotilla echo-server`: a tiny HTTP workload that answers with who it is (node,
 //! app, unit, role), for demos and tests. It listens on `$FLOTILLA_PORT` by default.
 //! `PUT /load?memory_mib=N` makes it hold N MiB (0 lets go), so a test can load a member
-//! and watch the autoscaler react.
+//! and watch the autoscaler react. `GET /env` answers with the variables the agent gave it
+//! and when it started, so a test can see the ports and head address it was given and
+//! the order members started in; `--ready-after` keeps `/healthz` failing for a while (a
+//! head slow to come up).
 
 use flotilla_core::LockExt;
 use std::net::SocketAddr;
@@ -26,6 +29,9 @@ pub struct EchoArgs {
     /// Deprecated spelling of --delay, in milliseconds.
     #[arg(long, hide = true, conflicts_with = "delay")]
     pub delay_ms: Option<u64>,
+    /// `/healthz` answers 503 until this long after start (a slow head, for start-order tests).
+    #[arg(long, default_value = "0s", value_parser = crate::servers::parse_duration)]
+    pub ready_after: Duration,
 }
 
 pub async fn run(a: EchoArgs) -> anyhow::Result<()> {
@@ -46,9 +52,32 @@ pub async fn run(a: EchoArgs) -> anyhow::Result<()> {
         "role": var("FLOTILLA_ROLE"),
         "pid": std::process::id(),
     });
+    anyhow::ensure!(a.ready_after <= Duration::from_secs(600), "--ready-after must be at most 10m");
+    let started = std::time::Instant::now();
+    let ready_after = a.ready_after;
+    // Only what the agent passes about the member (never the rest of the environment,
+    // which may hold an agent's token): identity, ports, the head's address and ports.
+    let identity_vars = ["FLOTILLA_APP", "FLOTILLA_UNIT", "FLOTILLA_MEMBER", "FLOTILLA_ROLE", "FLOTILLA_NODE_ID"];
+    let env: serde_json::Map<String, serde_json::Value> = std::env::vars()
+        .filter(|(k, _)| {
+            k.starts_with("FLOTILLA_PORT") || k.starts_with("FLOTILLA_HEAD_") || identity_vars.contains(&k.as_str())
+        })
+        .map(|(k, v)| (k, serde_json::Value::String(v)))
+        .collect();
+    let env = serde_json::json!({"env": env, "started_unix_ms": flotilla_core::system_ms()});
     let held: Arc<Mutex<Vec<u8>>> = Arc::default();
     let app = axum::Router::new()
-        .route("/healthz", get(|| async { "ok" }))
+        .route(
+            "/healthz",
+            get(move || async move {
+                if started.elapsed() >= ready_after {
+                    (StatusCode::OK, "ok")
+                } else {
+                    (StatusCode::SERVICE_UNAVAILABLE, "starting")
+                }
+            }),
+        )
+        .route("/env", get(move || async move { Json(env) }))
         .route("/load", put(move |q: Query<Load>| hold(held.clone(), q.0)))
         .fallback(get(move || {
             let body = identity.clone();

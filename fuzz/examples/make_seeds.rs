@@ -149,6 +149,7 @@ fn workload(command: &str) -> v1::Workload {
         env: [("PORT".to_string(), "8080".to_string())].into_iter().collect(),
         readiness_path: "/healthz".into(),
         restart: "always".into(),
+        ..Default::default()
     }
 }
 

@@ -14,6 +14,7 @@ mod metrics;
 mod nodes;
 mod pool;
 mod pool_exec;
+mod ports;
 mod prometheus;
 mod rollouts;
 mod routing;

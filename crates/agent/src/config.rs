@@ -387,6 +387,13 @@ impl AgentArgs {
                     None
                 }
             };
+        // The ports it hands out are a resource the planner counts (named ports); an
+        // operator's own `--resource ports=N` wins.
+        if let Some((a, b)) = ports
+            && capacity.custom.len() < flotilla_core::MAX_CUSTOM_RESOURCES
+        {
+            capacity.custom.entry(flotilla_core::ports::PORTS_RESOURCE.to_string()).or_insert(u64::from(b - a) + 1);
+        }
         if ms(drain_delay) > 600_000 {
             errors.push("--drain-delay: at most 10m".into());
         }

@@ -9,6 +9,7 @@ pub mod cgroup;
 pub mod client;
 pub mod config;
 pub mod nodelabels;
+pub mod ports;
 pub mod probe;
 pub mod runtime;
 

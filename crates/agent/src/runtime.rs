@@ -1,16 +1,18 @@
 //! The workload runtime: turns the node's assignment set into child processes, the
 //! way Nomad's exec driver or a kubelet does.
 //!
-//! Each member gets a port from the agent's range (`FLOTILLA_PORT`), its own process
+//! Each member gets a port from the agent's range (`FLOTILLA_PORT`) and the named ports
+//! and blocks its spec asks for (`FLOTILLA_PORT_<NAME>`, see [`crate::ports`]), its own process
 //! group, a cgroup with its CPU and memory limits where the agent may create one, and
 //! size-capped stdout/stderr files in the data dir. It is `running` once its readiness
 //! path answers 2xx (or once started, without one). It is restarted when it exits, with
 //! crash-loop back-off; it is stopped with SIGTERM, then SIGKILL after the grace period,
 //! when it is no longer assigned. Workloads die with the agent, even a killed one
-//! (PR_SET_PDEATHSIG).
+//! (PR_SET_PDEATHSIG). A member whose workload names one it starts `after` is held back
+//! (`waiting`) until the scheduler sends it again with its head's address and ports.
 
 use flotilla_core::LockExt;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -22,6 +24,7 @@ use tokio::time::Instant;
 
 use crate::catalogue as m;
 use crate::cgroup::{Cgroup, Cgroups, Counters};
+use crate::ports::{MemberPorts, PortRequest};
 
 #[derive(Debug, Clone)]
 pub struct RuntimeConfig {
@@ -58,7 +61,8 @@ struct Proc {
 
 struct Member {
     assignment: v1::Assignment,
-    port: Option<u16>,
+    /// Assigned at its first start, kept across restarts, freed with the member.
+    ports: Option<MemberPorts>,
     proc: Option<Proc>,
     state: WorkloadState,
     exit_code: i32,
@@ -257,7 +261,7 @@ impl Runtime {
                 self.dirty = true;
                 Member {
                     assignment: a,
-                    port: None,
+                    ports: None,
                     proc: None,
                     state: WorkloadState::Starting,
                     exit_code: 0,
@@ -284,11 +288,33 @@ impl Runtime {
         }
     }
 
-    fn free_port(&self) -> Option<u16> {
-        let used: Vec<u16> = self.members.values().filter_map(|m| m.port).collect();
-        (self.cfg.ports.0..=self.cfg.ports.1)
-            .filter(|p| !used.contains(p))
-            .find(|p| std::net::TcpListener::bind(("0.0.0.0", *p)).is_ok())
+    /// The member's ports: those it holds, else new ones from the range.
+    fn ports_for(&self, key: &MemberKey) -> Result<MemberPorts, String> {
+        let Some(m) = self.members.get(key) else { return Err("not assigned".into()) };
+        if let Some(p) = &m.ports {
+            return Ok(p.clone());
+        }
+        let used: BTreeSet<u16> =
+            self.members.values().filter_map(|m| m.ports.as_ref()).flat_map(|p| p.all()).collect();
+        let w = m.assignment.workload.clone().unwrap_or_default();
+        let req = PortRequest { named: &w.ports, ranges: &w.port_ranges, main: &w.main_port };
+        crate::ports::assign(self.cfg.ports, &used, req, &|p| std::net::TcpListener::bind(("0.0.0.0", p)).is_ok())
+    }
+
+    /// The head of `key`'s unit on this node, when it has its ports: its address and
+    /// ports for a member the scheduler did not give them to (one that does not wait).
+    fn local_head_env(&self, key: &MemberKey) -> Vec<(String, String)> {
+        let head = self.members.iter().find(|(k, m)| {
+            k.1 == key.1 && k.3 == key.3 && m.assignment.workload.as_ref().is_some_and(|w| w.role == "head")
+        });
+        match head.and_then(|(_, m)| m.ports.as_ref()) {
+            Some(p) => {
+                let mut env = vec![("FLOTILLA_HEAD_ADDR".to_string(), self.cfg.advertise_host.clone())];
+                env.extend(p.env("FLOTILLA_HEAD_PORT"));
+                env
+            }
+            None => Vec::new(),
+        }
     }
 
     fn address(&self, port: u16) -> String {
@@ -296,25 +322,33 @@ impl Runtime {
     }
 
     fn start(&mut self, key: &MemberKey) {
-        let port = match self.members.get(key).and_then(|m| m.port).or_else(|| self.free_port()) {
-            Some(p) => p,
-            None => {
-                let (lo, hi) = self.cfg.ports;
-                self.fail(key, format!("no free port in the agent's range {lo}-{hi}"));
+        let after = self.members.get(key).and_then(|m| m.assignment.workload.as_ref()).map(|w| w.after.clone());
+        if let Some(after) = after.filter(|a| !a.is_empty()) {
+            // Start order: held until the scheduler sends the workload without `after`
+            // (a changed assignment, so a new member), once `after` is running.
+            if let Some(m) = self.members.get_mut(key)
+                && m.state != WorkloadState::Waiting
+            {
+                tracing::info!(unit = %key.1, member = %key.2, %after, "member waits for its start");
+                m.state = WorkloadState::Waiting;
+                m.message = format!("waits for {after} to be running");
+                m.next_start = Instant::now() + Duration::from_secs(u64::from(u32::MAX));
+                self.dirty = true;
+            }
+            return;
+        }
+        let ports = match self.ports_for(key) {
+            Ok(p) => p,
+            Err(why) => {
+                self.fail(key, why);
                 return;
             }
         };
-        let head_addr = self
-            .members
-            .iter()
-            .find(|(k, m)| {
-                k.1 == key.1 && k.3 == key.3 && m.assignment.workload.as_ref().is_some_and(|w| w.role == "head")
-            })
-            .and_then(|(_, m)| m.port)
-            .map(|p| self.address(p));
+        let port = ports.main;
+        let head_env = self.local_head_env(key);
         let (cfg, cgroups) = (self.cfg.clone(), self.cgroups.clone());
         let Some(m) = self.members.get_mut(key) else { return };
-        m.port = Some(port);
+        m.ports = Some(ports.clone());
         let w = m.assignment.workload.clone().unwrap_or_default();
         let program = if w.command == "flotilla" {
             // The agent's own binary: `flotilla echo-server` works without a PATH entry.
@@ -337,15 +371,17 @@ impl Runtime {
             .env("FLOTILLA_MEMBER", &key.2)
             .env("FLOTILLA_ROLE", &w.role)
             .env("FLOTILLA_NODE_ID", &cfg.node_id)
-            .env("FLOTILLA_PORT", port.to_string())
+            .envs(ports.env("FLOTILLA_PORT"))
             .current_dir(&cwd)
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .process_group(0)
             .kill_on_drop(false);
-        if let Some(h) = head_addr.or_else(|| w.env.get("FLOTILLA_HEAD_ADDR").cloned()) {
-            cmd.env("FLOTILLA_HEAD_ADDR", h);
+        // The head's address and ports: the scheduler's (in `env`, for a member that
+        // waited for its head) win; else the head's on this node, if it runs here.
+        if !w.env.contains_key("FLOTILLA_HEAD_ADDR") {
+            cmd.envs(head_env);
         }
         // SAFETY: prctl is async-signal-safe. The workload is killed when the agent's
         // thread that started it dies, so a killed agent leaves no workload behind.
@@ -447,7 +483,8 @@ impl Runtime {
                         let ready = if path.is_empty() {
                             true
                         } else {
-                            let url = format!("http://127.0.0.1:{}{path}", m.port.unwrap_or(0));
+                            let port = m.ports.as_ref().map_or(0, |p| p.main);
+                            let url = format!("http://127.0.0.1:{port}{path}");
                             self.http.get(url).send().await.is_ok_and(|r| r.status().is_success())
                         };
                         if ready && let Some(m) = self.members.get_mut(&k) {
@@ -520,7 +557,22 @@ impl Runtime {
                 member: k.2.clone(),
                 generation: k.3,
                 state: m.state as i32,
-                address: m.port.map(|p| self.address(p)).unwrap_or_default(),
+                address: m.ports.as_ref().map(|p| self.address(p.main)).unwrap_or_default(),
+                ports: m
+                    .ports
+                    .as_ref()
+                    .map(|p| p.named.iter().map(|(k, v)| (k.clone(), u32::from(*v))).collect())
+                    .unwrap_or_default(),
+                port_ranges: m
+                    .ports
+                    .as_ref()
+                    .map(|p| {
+                        p.ranges
+                            .iter()
+                            .map(|(k, (a, b))| (k.clone(), v1::PortRange { first: u32::from(*a), last: u32::from(*b) }))
+                            .collect()
+                    })
+                    .unwrap_or_default(),
                 exit_code: m.exit_code,
                 message: m.message.chars().take(1024).collect(),
                 restarts: m.restarts,
@@ -693,6 +745,7 @@ mod tests {
                 env: Default::default(),
                 readiness_path: String::new(),
                 restart: String::new(),
+                ..Default::default()
             }),
         }
     }
@@ -790,6 +843,73 @@ mod tests {
         assert!(s.restarts >= 2 && s.restarts <= 4, "backed off: {} restarts in 2.5 s", s.restarts);
         let log = std::fs::read_dir(cfg.data_dir.join("workloads")).unwrap().next().unwrap().unwrap().path();
         assert!(std::fs::metadata(log.join("stderr.log")).unwrap().len() <= 64, "logs are capped");
+        let _ = std::fs::remove_dir_all(&cfg.data_dir);
+    }
+
+    /// Named ports reach the process as `FLOTILLA_PORT_<NAME>` and are reported; a
+    /// worker that starts `after` the head waits (not started, `waiting` with a reason)
+    /// until its workload comes again without `after`; a worker that does not wait gets
+    /// its head's address and ports from the head on the same node.
+    #[tokio::test]
+    async fn named_ports_start_order_and_the_head_s_env() {
+        let mut cfg = config("named");
+        cfg.ports = (41801, 41900);
+        let mut rt = Runtime::new(cfg.clone());
+        let dump = |name: &str| format!("env > {}/{name}.env; sleep 30", cfg.data_dir.display());
+        std::fs::create_dir_all(&cfg.data_dir).unwrap();
+        let mut head = assignment("u1", "sh", &["-c", &dump("head")]);
+        let w = head.workload.as_mut().unwrap();
+        w.ports = vec!["gcs".into(), "serve".into()];
+        w.port_ranges = [("worker_ports".to_string(), 5)].into();
+        w.main_port = "serve".into();
+        let worker = |name: &str, after: &str| {
+            let mut a = assignment("u1", "sh", &["-c", &dump(name)]);
+            a.member = name.into();
+            let w = a.workload.as_mut().unwrap();
+            w.role = "worker".into();
+            w.after = after.into();
+            a
+        };
+        rt.assign(vec![head.clone(), worker("worker-0", "head"), worker("worker-1", "")]);
+        settle(&mut rt, 400).await;
+        let by: BTreeMap<String, v1::WorkloadStatus> =
+            rt.statuses().into_iter().map(|s| (s.member.clone(), s)).collect();
+        assert_eq!(by["worker-0"].state, WorkloadState::Waiting as i32);
+        assert!(by["worker-0"].message.contains("waits for head"), "{:?}", by["worker-0"]);
+        assert!(by["worker-0"].address.is_empty(), "no ports while it waits");
+        assert_eq!(rt.pids().len(), 2, "the waiting worker is not started");
+        let h = &by["head"];
+        let (gcs, serve) = (h.ports["gcs"], h.ports["serve"]);
+        assert_eq!(h.address, format!("127.0.0.1:{serve}"), "the named serving port is its address");
+        let block = &h.port_ranges["worker_ports"];
+        assert_eq!(block.last - block.first, 4);
+        let read = |name: &str| {
+            let text = std::fs::read_to_string(cfg.data_dir.join(format!("{name}.env"))).unwrap_or_default();
+            text.lines()
+                .filter_map(|l| l.split_once('='))
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect::<BTreeMap<_, _>>()
+        };
+        let env = read("head");
+        assert_eq!(env["FLOTILLA_PORT"], serve.to_string());
+        assert_eq!(env["FLOTILLA_PORT_GCS"], gcs.to_string());
+        assert_eq!(env["FLOTILLA_PORT_WORKER_PORTS_MIN"], block.first.to_string());
+        assert_eq!(env["FLOTILLA_PORT_WORKER_PORTS_MAX"], block.last.to_string());
+        let env = read("worker-1");
+        assert_eq!(env["FLOTILLA_HEAD_ADDR"], "127.0.0.1");
+        assert_eq!(env["FLOTILLA_HEAD_PORT_GCS"], gcs.to_string());
+        assert_eq!(env["FLOTILLA_HEAD_PORT"], serve.to_string());
+        // Released as the scheduler does: without `after`, the head's address in env.
+        let mut released = worker("worker-0", "");
+        released.workload.as_mut().unwrap().env =
+            [("FLOTILLA_HEAD_ADDR".to_string(), "10.1.2.3".to_string()), ("FLOTILLA_HEAD_PORT_GCS".into(), "7".into())]
+                .into();
+        rt.assign(vec![head, released, worker("worker-1", "")]);
+        settle(&mut rt, 400).await;
+        assert_eq!(rt.pids().len(), 3, "released, it starts");
+        let env = read("worker-0");
+        assert_eq!((env["FLOTILLA_HEAD_ADDR"].as_str(), env["FLOTILLA_HEAD_PORT_GCS"].as_str()), ("10.1.2.3", "7"));
+        rt.stop_all().await;
         let _ = std::fs::remove_dir_all(&cfg.data_dir);
     }
 

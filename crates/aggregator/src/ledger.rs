@@ -223,7 +223,15 @@ impl Ledger {
                 results[i] = Some(match v {
                     Err(r) => Err(r),
                     Ok(_) if !all_ok => Err(ClaimReject::Group),
-                    Ok(false) => Ok(()), // already held: a replay
+                    Ok(false) => {
+                        // Already held: a replay. One with another workload changes what
+                        // the member runs (a held member released with its head's address).
+                        let c = &claims[i];
+                        if self.update_workload(c) && !changed.contains(&c.node) {
+                            changed.push(c.node.clone());
+                        }
+                        Ok(())
+                    }
                     Ok(true) => {
                         let c = &claims[i];
                         let f = facts(&c.node).map(|f| f.incarnation).unwrap_or(c.incarnation);
@@ -301,6 +309,20 @@ impl Ledger {
         book.version += 1;
         self.placed.insert(claim.key.clone(), claim.node.clone());
         book.entries.insert(claim.key.clone(), Entry { claim, reserved_until_ms });
+    }
+
+    /// Puts `c`'s workload in the entry its key holds on its node, if it differs: the
+    /// scheduler releases a member held back for start order this way (the same key, so
+    /// nothing is allocated twice). Returns whether the node's assignment set changed.
+    fn update_workload(&mut self, c: &Claim) -> bool {
+        let Some(book) = self.nodes.get_mut(&c.node) else { return false };
+        let Some(entry) = book.entries.get_mut(&c.key) else { return false };
+        if entry.claim.workload == c.workload {
+            return false;
+        }
+        entry.claim.workload = c.workload.clone();
+        book.version += 1;
+        true
     }
 
     fn remember(&mut self, txn: &str, outcome: Outcome) {
@@ -577,6 +599,29 @@ mod tests {
         assert!(l.allocated(&node(0)).is_zero());
         let cs = [claim("u1", "head", 0, 500, "u1"), claim("u1", "w0", 1, 500, "u1")];
         assert!(l.commit("t2", &cs, &facts).0.iter().all(|(_, r)| r.is_ok()));
+        l.check_invariant(&cap).unwrap();
+    }
+
+    /// Start order: a member held back (`after`) is released by claiming its key again
+    /// with the new workload; the node's set changes (its agent is told), the resources
+    /// do not, and a plain replay changes nothing.
+    #[test]
+    fn a_replay_with_a_new_workload_updates_the_member_in_place() {
+        let mut l = Ledger::new();
+        let mut held = claim("u1", "worker-0", 0, 400, "u1");
+        held.workload.after = "head".into();
+        l.commit("t1", std::slice::from_ref(&held), &facts);
+        let v = l.assignments(&node(0)).0;
+        assert!(l.commit("t2", std::slice::from_ref(&held), &facts).1.is_empty(), "same workload: no change");
+        let mut released = held.clone();
+        released.workload.after.clear();
+        released.workload.env.insert("FLOTILLA_HEAD_ADDR".into(), "10.0.0.1".into());
+        let (out, changed) = l.commit("t3", &[released.clone()], &facts);
+        assert_eq!((out[0].1, changed), (Ok(()), vec![node(0)]));
+        let (v2, list) = l.assignments(&node(0));
+        assert!(v2 > v);
+        assert_eq!(list[0].workload, released.workload);
+        assert_eq!(l.allocated(&node(0)).cpu_millis, 400, "nothing allocated twice");
         l.check_invariant(&cap).unwrap();
     }
 

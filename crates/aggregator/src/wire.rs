@@ -105,6 +105,17 @@ fn workload_from_wire(field: &str, workload: Option<v1::Workload>) -> Result<v1:
     {
         return Err(InvalidRequest::new(field, "larger than 64 KiB, 256 args or 256 variables"));
     }
+    let ranges: std::collections::BTreeMap<String, u32> =
+        workload.port_ranges.iter().map(|(k, v)| (k.clone(), *v)).collect();
+    if let Some(problem) = flotilla_core::ports::port_problems(&workload.ports, &ranges).into_iter().next() {
+        return Err(InvalidRequest::new(format!("{field}.ports"), problem));
+    }
+    if !workload.main_port.is_empty() && !workload.ports.contains(&workload.main_port) {
+        return Err(InvalidRequest::new(format!("{field}.main_port"), "is not one of its ports"));
+    }
+    if workload.after.len() > MAX_NAME {
+        return Err(InvalidRequest::new(format!("{field}.after"), "too long"));
+    }
     Ok(workload)
 }
 

@@ -145,6 +145,11 @@ pub fn unit_rows(s: &AppStatus) -> Value {
                     "state": m.state.clone().unwrap_or_else(|| if m.node_id.is_some() { "allocated".into() } else { "pending".into() }),
                     "address": m.address,
                     "usage": m.usage,
+                    // Named ports (`{"gcs": 41001}`) and blocks (`{"worker_ports":
+                    // {"min": 41010, "max": 41109}}`), as its agent assigned them.
+                    "ports": m.ports.named,
+                    "port_ranges": m.ports.ranges.iter().map(|(k, (a, b))| (k.clone(), json!({"min": a, "max": b}))).collect::<serde_json::Map<_, _>>(),
+                    "message": m.message,
                 })).collect::<Vec<_>>(),
             })
         })

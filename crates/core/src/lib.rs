@@ -9,6 +9,7 @@ mod error;
 mod health;
 mod limits;
 mod node;
+pub mod ports;
 pub mod quantity;
 mod rate;
 mod resources;

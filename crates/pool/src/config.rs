@@ -219,6 +219,12 @@ impl PoolConfig {
             };
             let mut resources = Resources::new(cpu, memory, t.gpu);
             resources.custom = t.custom.clone();
+            // Its agents offer their port range as a resource (members with named ports
+            // ask for it): the default range, unless the type says.
+            resources
+                .custom
+                .entry(flotilla_core::ports::PORTS_RESOURCE.to_string())
+                .or_insert(flotilla_core::ports::DEFAULT_PORTS_OFFERED);
             if let Err(e) = resources.validate_node_capacity() {
                 errors.push(format!("{path}: {e}"));
             }

@@ -67,6 +67,18 @@ impl std::fmt::Display for Unplaced {
     }
 }
 
+/// What a node lacks, for `units`: free ports (named ports, see `flotilla_core::ports`)
+/// when only they are short, else resources.
+fn lacking(wanted: &Resources, capacity: &Resources) -> &'static str {
+    let ports = flotilla_core::ports::PORTS_RESOURCE;
+    let mut without = wanted.clone();
+    if without.custom.remove(ports).is_some() && without.fits_in(capacity) {
+        "lacking free ports"
+    } else {
+        "lacking resources"
+    }
+}
+
 /// Request classes known not to fit a domain at a shard view version.
 #[derive(Debug, Default)]
 pub struct ClassCache {
@@ -220,7 +232,7 @@ fn place_in_domain(
             }
             let Ok(after) = used.checked_add(&m.resources) else { continue };
             if !after.fits_in(&node.capacity) {
-                *why.excluded.entry("lacking resources").or_default() += 1;
+                *why.excluded.entry(lacking(&after, &node.capacity)).or_default() += 1;
                 continue;
             }
             feasible += 1;
@@ -301,6 +313,26 @@ mod tests {
         let domain = &p.domain;
         assert!(nodes.iter().all(|n| n.starts_with(domain.as_str())), "{nodes:?} in {domain}");
         assert!(!nodes.contains(&"a1".to_string()), "a1 has only 100m free");
+    }
+
+    /// Named ports count as the `ports` resource agents offer: a node whose agent has
+    /// too few left is not chosen, and the reason says ports.
+    #[test]
+    fn a_node_without_enough_free_ports_is_not_chosen() {
+        let with_ports = |id: &str, offered: u64, held: u64| {
+            let mut r = Arc::unwrap_or_clone(rec(id, "a", 4000, 0, NodeStatus::Alive, 0, false));
+            r.capacity.custom.insert("ports".into(), offered);
+            r.allocated.custom.insert("ports".into(), held);
+            r
+        };
+        let mut m = members(1, 100);
+        m[0].resources.custom.insert("ports".into(), 10);
+        let s = crate::testing::slots([with_ports("a1", 50, 45), with_ports("a2", 50, 0)], true);
+        let p = plan(&s, &Constraints::default(), &HashMap::new(), None, &m).unwrap();
+        assert_eq!(p.members[0].node.as_str(), "a2", "a1 has 5 ports left");
+        let s = crate::testing::slots([with_ports("a1", 50, 45)], true);
+        let err = plan(&s, &Constraints::default(), &HashMap::new(), None, &m).unwrap_err();
+        assert!(err.to_string().contains("1 nodes lacking free ports"), "{err}");
     }
 
     #[test]

@@ -64,6 +64,20 @@ pub struct MemberTemplate {
     /// `always` (the default), `on-failure` or `never`.
     #[serde(default)]
     pub restart: Option<String>,
+    /// Named ports the agent assigns from its range, each passed as
+    /// `FLOTILLA_PORT_<NAME>` (upper-cased, `-` as `_`): a Ray node needs several, and
+    /// several share a host.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<String>,
+    /// Named blocks of contiguous ports by size (`worker_ports = 100`), passed as
+    /// `FLOTILLA_PORT_<NAME>_MIN` and `FLOTILLA_PORT_<NAME>_MAX` (inclusive).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub port_ranges: BTreeMap<String, u32>,
+    /// Start order: the member this one starts after (only `"head"`, on workers). It is
+    /// held back until that member is running, then started with the head's address and
+    /// ports (`FLOTILLA_HEAD_ADDR`, `FLOTILLA_HEAD_PORT_<NAME>`) wherever the head runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -165,11 +179,16 @@ pub struct Routing {
     /// factor; see `routes`).
     #[serde(default)]
     pub performance: Performance,
+    /// Which named port of the routed members serves (`"serve"`): it becomes their main
+    /// port (`FLOTILLA_PORT`, their address, their readiness check) and so the routes'.
+    /// Without it, the member's own `FLOTILLA_PORT`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<String>,
 }
 
 impl Default for Routing {
     fn default() -> Self {
-        Routing { roles: vec!["head".into()], performance: Performance::default() }
+        Routing { roles: vec!["head".into()], performance: Performance::default(), port: None }
     }
 }
 
@@ -258,8 +277,17 @@ impl AppSpec {
 }
 
 impl MemberTemplate {
+    /// What the member asks of a node: CPU, memory, GPUs and, with named ports, the
+    /// ports it holds (the `ports` custom resource every agent offers), so a node whose
+    /// agent has too few left is not chosen.
     pub fn resources(&self) -> Resources {
-        Resources::new(parse_cpu(&self.cpu).unwrap_or(0), parse_memory(&self.memory).unwrap_or(0), self.gpu)
+        let mut r =
+            Resources::new(parse_cpu(&self.cpu).unwrap_or(0), parse_memory(&self.memory).unwrap_or(0), self.gpu);
+        let ports = flotilla_core::ports::ports_needed(self.ports.len(), self.port_ranges.values());
+        if ports > 0 {
+            r.custom.insert(flotilla_core::ports::PORTS_RESOURCE.to_string(), ports);
+        }
+        r
     }
 
     fn validate(&self, path: &str, errors: &mut Vec<String>) {
@@ -309,6 +337,14 @@ impl MemberTemplate {
             && !matches!(r.as_str(), "always" | "on-failure" | "never")
         {
             errors.push(format!("{path}.restart: {r:?} is not always, on-failure or never"));
+        }
+        for problem in flotilla_core::ports::port_problems(&self.ports, &self.port_ranges) {
+            let field = if self.port_ranges.keys().any(|k| problem.starts_with(&format!("{k:?}"))) {
+                "port_ranges"
+            } else {
+                "ports"
+            };
+            errors.push(format!("{path}.{field}: {problem}"));
         }
     }
 }
@@ -387,6 +423,26 @@ impl AppSpec {
             if r != "head" && r != "worker" {
                 e.push(format!("routing.roles: {r:?} is not a role (head or worker)"));
             }
+        }
+        if let Some(port) = &self.routing.port {
+            for r in &self.routing.roles {
+                let t = if r == "head" { Some(&self.unit.head) } else { self.unit.worker.as_ref() };
+                if let Some(t) = t
+                    && !t.ports.contains(port)
+                {
+                    e.push(format!(
+                        "routing.port: {port:?} is not among unit.{r}.ports (the routed members serve on it)"
+                    ));
+                }
+            }
+        }
+        if let Some(a) = &self.unit.head.after {
+            e.push(format!("unit.head.after: {a:?}: the head starts first (only a worker may start after the head)"));
+        }
+        if let Some(a) = self.unit.worker.as_ref().and_then(|w| w.after.as_ref())
+            && a != "head"
+        {
+            e.push(format!("unit.worker.after: {a:?} is not a member a worker may wait for (only \"head\")"));
         }
         if let Some(a) = &self.autoscaling {
             if a.name.is_some() {
@@ -561,6 +617,49 @@ roles = ["boss"]
         ] {
             assert!(text.contains(needle), "{needle} missing from:\n{text}");
         }
+    }
+
+    /// Named ports, blocks, start order and the routing port: valid input parses (and
+    /// leaves the template fingerprint of a spec without them alone); bad input is named.
+    #[test]
+    fn named_ports_start_order_and_the_routing_port_are_validated() {
+        let ray = ECHO
+            .replacen(
+                "serves_http = true",
+                "serves_http = true\nports = [\"gcs\", \"serve\"]\nport_ranges = { worker_ports = 100 }",
+                1,
+            )
+            .replacen("[unit.worker]", "[unit.worker]\nafter = \"head\"", 1)
+            .replacen("roles = [\"head\"]", "roles = [\"head\"]\nport = \"serve\"", 1);
+        let s = AppSpec::parse(&ray).unwrap();
+        assert_eq!(s.unit.head.ports, ["gcs", "serve"]);
+        assert_eq!(s.unit.head.port_ranges["worker_ports"], 100);
+        assert_eq!(s.unit.worker.as_ref().unwrap().after.as_deref(), Some("head"));
+        assert_eq!(s.routing.port.as_deref(), Some("serve"));
+        assert_eq!(s.unit.head.resources().custom["ports"], 103, "2 named, a block of 100, its main port");
+        assert!(s.unit.worker.as_ref().unwrap().resources().custom.is_empty(), "no named ports: none counted");
+        assert_eq!(AppSpec::parse(&toml::to_string(&s).unwrap()).unwrap(), s, "round-trips");
+        // Unset, the new fields are not serialized: running units' fingerprints do not
+        // move, so an upgraded scheduler rolls nothing.
+        let plain = toml::to_string(&AppSpec::parse(ECHO).unwrap().unit).unwrap();
+        assert!(!plain.contains("ports") && !plain.contains("after"), "{plain}");
+        let bad = ray
+            .replacen("ports = [\"gcs\", \"serve\"]", "ports = [\"GCS\", \"serve\", \"serve\"]", 1)
+            .replacen("worker_ports = 100", "worker_ports = 100000", 1)
+            .replacen("after = \"head\"", "after = \"worker-0\"", 1)
+            .replacen("port = \"serve\"", "port = \"http\"", 1);
+        let err = AppSpec::parse(&bad).unwrap_err().to_string();
+        for needle in [
+            "unit.head.ports: \"GCS\" is not a port name",
+            "unit.head.ports: \"serve\" repeats",
+            "unit.head.port_ranges: \"worker_ports\" asks for 100000 ports",
+            "unit.worker.after: \"worker-0\"",
+            "routing.port: \"http\" is not among unit.head.ports",
+        ] {
+            assert!(err.contains(needle), "{needle} missing from:\n{err}");
+        }
+        let err = AppSpec::parse(&ray.replacen("[unit.head]", "[unit.head]\nafter = \"head\"", 1)).unwrap_err();
+        assert!(err.to_string().contains("unit.head.after"), "{err}");
     }
 
     #[test]

@@ -32,6 +32,29 @@ pub struct MemberRecord {
     /// record: it changes all the time.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
+    /// The named ports its agent assigned it (the spec's `ports` and `port_ranges`):
+    /// shown by `units APP --json`, and passed to members that start after it.
+    #[serde(default, skip_serializing_if = "NamedPorts::is_empty")]
+    pub ports: NamedPorts,
+    /// Why it waits, failed or exited, as its agent last said (`units` shows it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// A member's named ports and blocks of ports, as its agent reported them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NamedPorts {
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub named: BTreeMap<String, u16>,
+    /// Inclusive (first, last).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub ranges: BTreeMap<String, (u16, u16)>,
+}
+
+impl NamedPorts {
+    pub fn is_empty(&self) -> bool {
+        self.named.is_empty() && self.ranges.is_empty()
+    }
 }
 
 /// Resources a member uses now.
@@ -506,6 +529,8 @@ mod tests {
                 address: None,
                 state: None,
                 usage: None,
+                ports: Default::default(),
+                message: None,
             }],
             created_unix_ms: 5,
             unplaced_reason: None,

@@ -44,6 +44,8 @@ pub fn unit(id: &str, generation: u64, state: UnitState, members: &[(&str, &str)
                 address: Some(format!("{node}:80")),
                 state: Some("running".into()),
                 usage: None,
+                ports: Default::default(),
+                message: None,
             })
             .collect(),
         created_unix_ms: 0,

@@ -9,7 +9,7 @@ use flotilla_proto::status::RemoteError;
 use flotilla_proto::v1::{self, ledger_service_client::LedgerServiceClient};
 
 use crate::planner::Placement;
-use crate::spec::AppSpec;
+use crate::spec::{AppSpec, MemberTemplate};
 use crate::store::{MemberRecord, UnitRecord};
 
 /// How long a shard may take to accept a connection.
@@ -135,16 +135,27 @@ pub fn claims(spec: &AppSpec, unit_id: &str, generation: u64, secondary: bool, p
             resources: Some((&t.resources()).into()),
             allow_low_priority: spec.constraints.allow_low_priority || secondary,
             group: unit_id.to_string(),
-            workload: Some(v1::Workload {
-                role: role.to_string(),
-                command: t.command.clone(),
-                args: t.args.clone(),
-                env: t.env.clone().into_iter().collect(),
-                readiness_path: t.readiness_path.clone().unwrap_or_default(),
-                restart: t.restart.clone().unwrap_or_default(),
-            }),
+            workload: Some(workload(spec, role, t)),
         })
         .collect()
+}
+
+/// What a member of `role` built from `t` runs: the template's command, its named ports
+/// (the routing port, when it declares it, as its main port) and whom it starts after.
+pub fn workload(spec: &AppSpec, role: &str, t: &MemberTemplate) -> v1::Workload {
+    let main_port = spec.routing.port.clone().filter(|p| t.ports.contains(p)).unwrap_or_default();
+    v1::Workload {
+        role: role.to_string(),
+        command: t.command.clone(),
+        args: t.args.clone(),
+        env: t.env.clone().into_iter().collect(),
+        readiness_path: t.readiness_path.clone().unwrap_or_default(),
+        restart: t.restart.clone().unwrap_or_default(),
+        ports: t.ports.clone(),
+        port_ranges: t.port_ranges.clone().into_iter().collect(),
+        main_port,
+        after: t.after.clone().unwrap_or_default(),
+    }
 }
 
 /// The members of a unit as placed by `p` on `shard`.
@@ -162,6 +173,8 @@ pub fn member_records(spec: &AppSpec, p: &Placement, shard: usize) -> Vec<Member
             address: None,
             state: None,
             usage: None,
+            ports: Default::default(),
+            message: None,
         })
         .collect()
 }
@@ -173,6 +186,7 @@ pub fn workload_state(w: &v1::WorkloadStatus) -> &'static str {
         v1::WorkloadState::Running => "running",
         v1::WorkloadState::Exited => "exited",
         v1::WorkloadState::Failed => "failed",
+        v1::WorkloadState::Waiting => "waiting",
         v1::WorkloadState::Unspecified => "unknown",
     }
 }

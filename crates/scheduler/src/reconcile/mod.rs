@@ -2,6 +2,7 @@
 //! a 1 s tick. A pass runs its steps in order, one file each:
 //!
 //! 1. sync ([`observe`]): member states from the view, the orphan sweep, adopt on start;
+//!    members held for start order start once their head runs ([`order`]);
 //! 2. heal ([`heal`]): failed units, lost workers;
 //! 3. [`autoscale`]: every interval, the app's policy sets the desired units;
 //! 4. [`scale_in`] past the desired count, and [`roll`]: replacements for units on
@@ -20,6 +21,7 @@ mod handle;
 mod heal;
 mod ledgers;
 mod observe;
+mod order;
 mod place;
 mod roll;
 mod scale_in;
@@ -90,6 +92,8 @@ pub struct Scheduler {
     next_sweep_ms: u64,
     /// Since when each (unit, member) has been absent from the live node it is placed on.
     absent_since: HashMap<(String, String), u64>,
+    /// When each held (unit, member) was last released (start order; see [`order`]).
+    released: HashMap<(String, String), u64>,
     rng: rand::rngs::StdRng,
     autoscaler: Autoscaler,
     decisions: Arc<ArcSwap<Vec<Arc<serde_json::Value>>>>,
@@ -203,6 +207,7 @@ impl Scheduler {
             started: false,
             next_sweep_ms: 0,
             absent_since: HashMap::new(),
+            released: HashMap::new(),
             rng: rand::SeedableRng::seed_from_u64(rand::random()),
             autoscaler,
             decisions,
@@ -321,6 +326,7 @@ impl Scheduler {
         });
 
         self.observe(&slots, &mut writes);
+        self.start_waiting().await;
         self.sweep_orphans(&slots).await;
         self.heal(&slots, &mut writes).await;
         self.autoscale(&mut writes);

@@ -14,7 +14,18 @@ use super::Scheduler;
 use super::ledgers::{claim_key, workload_state};
 use crate::lifecycle::UnitState;
 use crate::repair::{MISSING, MISSING_AFTER_MS, runs_nowhere};
-use crate::store::{UnitRecord, Usage, Write};
+use crate::store::{NamedPorts, UnitRecord, Usage, Write};
+
+/// A member's named ports and message as its agent reports them (ports outside `u16`
+/// are dropped: no agent assigns them).
+fn reported_ports(w: &v1::WorkloadStatus) -> (NamedPorts, Option<String>) {
+    let port = |p: u32| u16::try_from(p).ok();
+    let ports = NamedPorts {
+        named: w.ports.iter().filter_map(|(k, p)| Some((k.clone(), port(*p)?))).collect(),
+        ranges: w.port_ranges.iter().filter_map(|(k, r)| Some((k.clone(), (port(r.first)?, port(r.last)?)))).collect(),
+    };
+    (ports, (!w.message.is_empty()).then(|| w.message.clone()))
+}
 
 /// How often the view is swept for members no unit accounts for (it reads every node).
 const SWEEP_EVERY_MS: u64 = 5_000;
@@ -70,6 +81,14 @@ impl Scheduler {
                     .map(|u| Usage { cpu_millis: u.cpu_millis, memory_bytes: u.memory_bytes });
                 // Usage changes all the time: it is kept, not a reason to write the record.
                 m.usage = usage;
+                if let Some(w) = &status {
+                    let (ports, message) = reported_ports(w);
+                    if m.ports != ports || m.message != message {
+                        m.ports = ports;
+                        m.message = message;
+                        changed = true;
+                    }
+                }
                 any_reported |= status.is_some();
                 all_running &= state.as_deref() == Some("running");
                 if m.state != state || m.address != address {
