@@ -195,6 +195,15 @@ pub async fn nodes(a: ListArgs) -> anyhow::Result<()> {
     }
     t.print();
     println!("{} nodes", rows.len());
+    // A drain that waits says why, under the table (one request per draining node).
+    for r in rows.iter().filter(|r| r["drain_requested"] == true) {
+        let Some(id) = r["node_id"].as_str() else { continue };
+        if let Ok(v) = get(&a, &format!("/v1/nodes/{id}")).await {
+            for line in drain_waiting(&v) {
+                println!("{id}: {line}");
+            }
+        }
+    }
     Ok(())
 }
 
@@ -328,6 +337,19 @@ pub async fn units(a: UnitsArgs) -> anyhow::Result<()> {
                 why.push(format!("{id}: {member} {state}: {}", msg.lines().last().unwrap_or(msg)));
             }
         }
+        if let Some(n) = u["placement_note"].as_str() {
+            why.push(format!("{id}: note: {n}"));
+        }
+        for m in u["surge"].as_array().into_iter().flatten() {
+            let s = |k: &str| m[k].as_str().unwrap_or("-").to_string();
+            why.push(format!(
+                "{id}: surge: {}@{} {} (replaces its {})",
+                s("member"),
+                s("node_id"),
+                s("state"),
+                s("member")
+            ));
+        }
         t.row(vec![
             id,
             u["state"].as_str().unwrap_or("-").to_string(),
@@ -434,7 +456,23 @@ async fn drain_progress(api: &Api, node: &str) -> anyhow::Result<(bool, String)>
         line.push_str(&format!(" ({}{more})", shown.join(", ")));
     }
     line.push_str(&format!(", {cpu}m CPU and {} allocated", gib(mem)));
+    for w in drain_waiting(&v) {
+        line.push_str(&format!("; {w}"));
+    }
     Ok((false, line))
+}
+
+/// Why a drain waits, one line per unit, from a `GET /v1/nodes/{node}` answer.
+fn drain_waiting(v: &Value) -> Vec<String> {
+    v.pointer("/drain/waiting")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .map(|w| {
+            let s = |k: &str| w[k].as_str().unwrap_or("?");
+            format!("drain waits on {}/{}: {}", s("app"), s("unit_id"), s("reason"))
+        })
+        .collect()
 }
 
 /// Where a mutating command sends its request, and with which token.

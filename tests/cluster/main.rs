@@ -22,5 +22,6 @@ mod scaling;
 mod secrets_mount;
 mod security;
 mod shards;
+mod spread;
 mod standalone;
 mod units;

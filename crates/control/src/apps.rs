@@ -135,6 +135,17 @@ pub fn unit_rows(s: &AppStatus) -> Value {
                 "state": u.state,
                 "generation": u.generation,
                 "unplaced_reason": u.unplaced_reason,
+                // Why the unit sits where it does when spread could not be honoured, a
+                // surge past a spread maximum, a worker moving, or why a drain waits.
+                "placement_note": u.placement_note,
+                // Members coming up to replace one of its members, make before break.
+                "surge": u.surge.iter().map(|m| json!({
+                    "member": m.member,
+                    "role": m.role,
+                    "node_id": m.node_id,
+                    "state": m.state.clone().unwrap_or_else(|| "allocated".into()),
+                    "address": m.address,
+                })).collect::<Vec<_>>(),
                 "replaced_by": u.replaced_by,
                 "template": u.template,
                 "secondary": u.secondary,

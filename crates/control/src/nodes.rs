@@ -158,19 +158,42 @@ pub async fn get(State(s): State<Arc<ControlState>>, Path(node): Path<String>) -
     let mut v =
         serde_json::to_value(crate::json::row(&r, connected)).map_err(|e| ControlError::BadRequest(e.to_string()))?;
     let mut members = Vec::new();
+    let mut waiting = Vec::new();
     for h in s.apps.locals() {
         let status = h.status();
         // A terminated unit's members keep their last node and state: they run nowhere.
         for u in status.units.iter().filter(|u| u.state != flotilla_scheduler::UnitState::Terminated) {
-            for m in u.members.iter().filter(|m| m.node_id.as_deref() == Some(node.as_str())) {
+            let here: Vec<_> = u.members.iter().filter(|m| m.node_id.as_deref() == Some(node.as_str())).collect();
+            for m in &here {
                 let state = m.state.clone().unwrap_or_else(|| "allocated".into());
                 members.push(json!({"app": h.app, "unit_id": u.unit_id, "member": m.member, "role": m.role,
                                     "state": state, "address": m.address}));
             }
+            if !here.is_empty()
+                && let Some(why) = drain_waits(u, &status.units)
+            {
+                waiting.push(json!({"app": h.app, "unit_id": u.unit_id, "reason": why}));
+            }
         }
     }
     v["members"] = Value::Array(members);
+    // A drain that cannot finish says why, unit by unit (never a silent hang).
+    if r.drain_requested {
+        v["drain"] = json!({"waiting": waiting});
+    }
     Ok(axum::Json(v).into_response())
+}
+
+/// Why a drain of a node holding unit `u` waits on it, if it does: its replacement
+/// cannot be placed, or its workers cannot move.
+fn drain_waits(u: &flotilla_scheduler::UnitRecord, units: &[flotilla_scheduler::UnitRecord]) -> Option<String> {
+    if let Some(r) = u.replaced_by.as_deref().and_then(|id| units.iter().find(|r| r.unit_id == id))
+        && r.state == flotilla_scheduler::UnitState::Queued
+        && let Some(why) = r.unplaced_reason.as_deref()
+    {
+        return Some(format!("replacement {} cannot be placed: {why}", r.unit_id));
+    }
+    u.placement_note.as_deref().and_then(|n| n.strip_prefix("drain waits:")).map(|n| n.trim().to_string())
 }
 
 #[cfg(test)]

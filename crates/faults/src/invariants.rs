@@ -91,7 +91,7 @@ pub fn converged(w: &World) -> Result<(), String> {
                 app: u.app.clone(),
                 unit: u.unit_id.clone(),
                 member: m.member.clone(),
-                generation: u.generation,
+                generation: m.key_generation(u.generation),
             };
             let at = all.get(&key).map(|(_, n)| n.as_str());
             if at != m.node_id.as_deref() {

@@ -7,6 +7,16 @@
 //! nodes (Borg's relaxed randomisation), scored by the Ray autoscaler v2 tuple extended
 //! with health. A domain that could not hold a request class at a view version is not
 //! scanned again for that class until its shard's view changes (equivalence classes).
+//!
+//! Node spread: a unit counts on a node if any of its members runs there. With
+//! `spread.max_units_per_node` a node at the max takes no new unit; without it a serving
+//! app still prefers nodes holding fewer of its units (compared before bin packing), and
+//! the placement says so when it could not avoid sharing a node. `spread.members` puts a
+//! unit's members on one node (`pack`) or on distinct nodes (`spread`).
+//!
+//! Surge: a replacement made before the unit it replaces breaks (drain, rollout) may go
+//! past both maxima by the number of units leaving, so a drain never waits on spread; the
+//! placement's note says when it did.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -15,7 +25,7 @@ use flotilla_core::{NodeId, NodeStatus, Resources};
 use flotilla_view::{NodeRecord, ShardSlot, Version};
 use rand::Rng;
 
-use crate::spec::Constraints;
+use crate::spec::{Constraints, MemberSpread};
 
 /// Feasible nodes compared per member (the sample).
 pub const SAMPLE: usize = 16;
@@ -43,6 +53,9 @@ pub struct Placement {
     pub domain: String,
     pub shard: usize,
     pub members: Vec<PlacedMember>,
+    /// Why the unit sits where it does when spread could not be honoured (nodes shared
+    /// with other units of the app, a maximum passed by a surge); `units APP` shows it.
+    pub note: Option<String>,
 }
 
 /// How many nodes each filter excluded, as Nomad reports an unplaceable job.
@@ -95,6 +108,45 @@ pub struct PlanInput<'a> {
     pub pending: &'a HashMap<NodeId, Resources>,
     /// Place in this domain only (replacing a unit's lost members).
     pub only_domain: Option<&'a str>,
+    /// `spread.max_units_per_node`: a hard limit.
+    pub max_units_per_node: Option<u32>,
+    /// Units of this app per node, not counting the unit being placed.
+    pub units_per_node: &'a HashMap<NodeId, u32>,
+    /// Prefer nodes holding fewer of the app's units (see `Spread::spreads_over_nodes`).
+    pub prefer_spread: bool,
+    /// `spread.members`: `None` places each member on its own merits.
+    pub members: Option<MemberSpread>,
+    /// Nodes the unit already holds (its other members, when only some are placed).
+    pub unit_nodes: &'a [NodeId],
+    /// A make-before-break replacement may exceed both maxima by this many (the units
+    /// leaving); 0 for anything else.
+    pub surge: u32,
+}
+
+impl<'a> PlanInput<'a> {
+    /// An input with no node spread, no surge and nothing pending: callers set the rest.
+    pub fn new(
+        slots: &'a [Arc<ShardSlot>],
+        constraints: &'a Constraints,
+        units_per_domain: &'a HashMap<String, u32>,
+        units_per_node: &'a HashMap<NodeId, u32>,
+        pending: &'a HashMap<NodeId, Resources>,
+    ) -> Self {
+        PlanInput {
+            slots,
+            constraints,
+            max_units_per_domain: None,
+            units_per_domain,
+            pending,
+            only_domain: None,
+            max_units_per_node: None,
+            units_per_node,
+            prefer_spread: false,
+            members: None,
+            unit_nodes: &[],
+            surge: 0,
+        }
+    }
 }
 
 /// See [`score`].
@@ -153,7 +205,7 @@ pub fn place_unit(
         .collect();
     domains.sort_by_key(|&(_, _, _, units, tie)| (units, tie));
     for (shard, domain, ids, units, _) in domains.into_iter().take(MAX_DOMAINS) {
-        if input.max_units_per_domain.is_some_and(|m| units >= m) {
+        if input.max_units_per_domain.is_some_and(|m| units >= m.saturating_add(input.surge)) {
             why.domains_full += 1;
             continue;
         }
@@ -169,14 +221,42 @@ pub fn place_unit(
         }
         why.domains_tried += 1;
         match place_in_domain(input, slot, ids, members, rng, &mut why) {
-            Some(placed) => return Ok(Placement { domain: domain.clone(), shard, members: placed }),
-            None => {
+            Some((placed, mut notes)) => {
+                if let Some(m) = input.max_units_per_domain.filter(|m| units >= *m) {
+                    notes.insert(
+                        0,
+                        format!(
+                            "surge: {} units in {domain}, above max_units_per_domain {m} while {} leave",
+                            units + 1,
+                            input.surge
+                        ),
+                    );
+                }
+                let note = (!notes.is_empty()).then(|| notes.join("; "));
+                return Ok(Placement { domain: domain.clone(), shard, members: placed, note });
+            }
+            // Known full for the class only when nothing about this unit or the app's
+            // other units (which change within a pass) excluded a node.
+            None if class_only(input) => {
                 cache.infeasible.insert(key, slot.view.version);
             }
+            None => {}
         }
     }
     Err(why)
 }
+
+/// Does only the request class decide whether a domain can hold the unit (so a
+/// failure may be cached for it)?
+fn class_only(input: &PlanInput<'_>) -> bool {
+    input.max_units_per_node.is_none() && input.unit_nodes.is_empty() && input.members != Some(MemberSpread::Spread)
+}
+
+/// A candidate's rank: fewer of the app's units first (when spreading), then [`score`].
+type Ranked = (std::cmp::Reverse<u32>, Score);
+
+/// The members placed in one domain, and notes on spread that could not be honoured.
+type InDomain = (Vec<PlacedMember>, Vec<String>);
 
 fn place_in_domain(
     input: &PlanInput<'_>,
@@ -185,23 +265,52 @@ fn place_in_domain(
     members: &[MemberRequest],
     rng: &mut impl Rng,
     why: &mut Unplaced,
-) -> Option<Vec<PlacedMember>> {
+) -> Option<InDomain> {
     if ids.is_empty() {
         return None;
     }
+    // `pack`: the members together are one request on one node.
+    if input.members == Some(MemberSpread::Pack) && members.len() > 1 {
+        let total = members.iter().fold(Resources::default(), |acc, m| acc.checked_add(&m.resources).unwrap_or(acc));
+        let together = [MemberRequest { member: String::new(), resources: total }];
+        let (one, notes) = place_members(input, slot, ids, &together, rng, why)?;
+        let at = one.into_iter().next()?;
+        let placed = members
+            .iter()
+            .map(|m| PlacedMember { member: m.member.clone(), node: at.node.clone(), incarnation: at.incarnation })
+            .collect();
+        return Some((placed, notes));
+    }
+    place_members(input, slot, ids, members, rng, why)
+}
+
+fn place_members(
+    input: &PlanInput<'_>,
+    slot: &ShardSlot,
+    ids: &[NodeId],
+    members: &[MemberRequest],
+    rng: &mut impl Rng,
+    why: &mut Unplaced,
+) -> Option<InDomain> {
     // What this plan already put on each node.
     let mut planned: HashMap<&NodeId, Resources> = HashMap::new();
-    let mut out = Vec::with_capacity(members.len());
+    let mut out: Vec<PlacedMember> = Vec::with_capacity(members.len());
+    let mut notes = Vec::new();
+    let node_max = input.max_units_per_node.map(|m| m.saturating_add(input.surge));
     for m in members {
         let start = rng.random_range(0..ids.len());
-        let mut best: Option<(Score, &NodeRecord)> = None;
+        // (fewer of the app's units first, then the score), the node, its units
+        let mut best: Option<(Ranked, &NodeRecord, u32)> = None;
         let mut feasible = 0;
+        let mut scanned_all = true;
         for (scanned, k) in (0..ids.len()).enumerate() {
             if feasible >= SAMPLE {
+                scanned_all = false;
                 break;
             }
             if scanned >= MAX_SCAN {
                 *why.excluded.entry("left unexamined (scan limit)").or_default() += ids.len() - scanned;
+                scanned_all = false;
                 break;
             }
             let id = &ids[(start + k) % ids.len()];
@@ -226,6 +335,16 @@ fn place_in_domain(
                 *why.excluded.entry("of low priority").or_default() += 1;
                 continue;
             }
+            let holds_unit = planned.contains_key(id) || input.unit_nodes.contains(id);
+            if input.members == Some(MemberSpread::Spread) && holds_unit {
+                *why.excluded.entry("holding another member of the unit (spread.members)").or_default() += 1;
+                continue;
+            }
+            let units_here = input.units_per_node.get(id).copied().unwrap_or(0);
+            if !holds_unit && node_max.is_some_and(|max| units_here >= max) {
+                *why.excluded.entry("at max_units_per_node").or_default() += 1;
+                continue;
+            }
             let mut used = node.allocated.clone();
             for extra in [input.pending.get(id), planned.get(id)].into_iter().flatten() {
                 used = used.checked_add(extra).unwrap_or(used);
@@ -236,12 +355,31 @@ fn place_in_domain(
                 continue;
             }
             feasible += 1;
-            let s = score(node, &after, &m.resources);
-            if best.as_ref().is_none_or(|(b, _)| s.partial_cmp(b) == Some(std::cmp::Ordering::Greater)) {
-                best = Some((s, node));
+            let crowd = if input.prefer_spread { units_here } else { 0 };
+            let s = (std::cmp::Reverse(crowd), score(node, &after, &m.resources));
+            if best.as_ref().is_none_or(|(b, _, _)| s.partial_cmp(b) == Some(std::cmp::Ordering::Greater)) {
+                best = Some((s, node, units_here));
             }
         }
-        let (_, node) = best?;
+        let (_, node, units_here) = best?;
+        let new_here = !planned.contains_key(&node.node_id) && !input.unit_nodes.contains(&node.node_id);
+        if new_here && units_here > 0 {
+            if let Some(max) = input.max_units_per_node.filter(|max| units_here >= *max) {
+                notes.push(format!(
+                    "surge: {} units on {}, above max_units_per_node {max} while {} leave",
+                    units_here + 1,
+                    node.node_id,
+                    input.surge
+                ));
+            } else if input.prefer_spread {
+                let fit = if scanned_all {
+                    format!("only {feasible} nodes fit")
+                } else {
+                    format!("each of the {feasible} nodes sampled holds some")
+                };
+                notes.push(format!("{} units on {}: {fit}", units_here + 1, node.node_id));
+            }
+        }
         let p = planned.entry(&node.node_id).or_default();
         *p = p.checked_add(&m.resources).unwrap_or_else(|_| p.clone());
         out.push(PlacedMember {
@@ -250,7 +388,7 @@ fn place_in_domain(
             incarnation: node.incarnation.0,
         });
     }
-    Some(out)
+    Some((out, notes))
 }
 
 #[cfg(test)]
@@ -289,15 +427,8 @@ mod tests {
         max: Option<u32>,
         ms: &[MemberRequest],
     ) -> Result<Placement, Unplaced> {
-        let pending = HashMap::new();
-        let input = PlanInput {
-            slots: s,
-            constraints: c,
-            max_units_per_domain: max,
-            units_per_domain: per_domain,
-            pending: &pending,
-            only_domain: None,
-        };
+        let (pending, per_node) = (HashMap::new(), HashMap::new());
+        let input = PlanInput { max_units_per_domain: max, ..PlanInput::new(s, c, per_domain, &per_node, &pending) };
         place_unit(&input, ms, &mut ClassCache::default(), &mut rand::rngs::StdRng::seed_from_u64(7))
     }
 
@@ -408,21 +539,140 @@ mod tests {
     #[test]
     fn a_full_domain_is_not_rescanned_for_the_same_class() {
         let s = slots(vec![rec("a1", "a", 100, 0, NodeStatus::Alive, 0, false)]);
-        let (pending, per) = (HashMap::new(), HashMap::new());
+        let (pending, per, per_node) = (HashMap::new(), HashMap::new(), HashMap::new());
         let c = Constraints::default();
-        let input = PlanInput {
-            slots: &s,
-            constraints: &c,
-            max_units_per_domain: None,
-            units_per_domain: &per,
-            pending: &pending,
-            only_domain: None,
-        };
+        let input = PlanInput::new(&s, &c, &per, &per_node, &pending);
         let mut cache = ClassCache::default();
         let mut rng = rand::rngs::StdRng::seed_from_u64(1);
         let first = place_unit(&input, &members(1, 500), &mut cache, &mut rng).unwrap_err();
         assert_eq!(first.domains_tried, 1);
         let second = place_unit(&input, &members(1, 500), &mut cache, &mut rng).unwrap_err();
         assert_eq!(second.domains_tried, 0, "known full at this version");
+    }
+
+    fn node_id(s: &str) -> NodeId {
+        NodeId::new(s).unwrap()
+    }
+
+    /// Places `n` units one after another as the scheduler does (counting each placed
+    /// unit on its nodes), and returns each unit's nodes and note.
+    fn place_many(
+        s: &[Arc<ShardSlot>],
+        n: usize,
+        tune: impl Fn(&mut PlanInput<'_>),
+    ) -> Vec<(Vec<String>, Option<String>)> {
+        let (c, per_domain) = (Constraints::default(), HashMap::new());
+        let mut pending: HashMap<NodeId, Resources> = HashMap::new();
+        let mut per_node: HashMap<NodeId, u32> = HashMap::new();
+        let mut out = Vec::new();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+        for _ in 0..n {
+            let mut input = PlanInput::new(s, &c, &per_domain, &per_node, &pending);
+            tune(&mut input);
+            let Ok(p) = place_unit(&input, &members(2, 100), &mut ClassCache::default(), &mut rng) else { break };
+            for m in &p.members {
+                let e = pending.entry(m.node.clone()).or_default();
+                *e = e.checked_add(&Resources::new(100, 1 << 20, 0)).unwrap();
+            }
+            let mut nodes: Vec<String> = p.members.iter().map(|m| m.node.to_string()).collect();
+            nodes.dedup();
+            for n in &nodes {
+                *per_node.entry(node_id(n)).or_default() += 1;
+            }
+            out.push((nodes, p.note));
+        }
+        out
+    }
+
+    fn four_nodes() -> Vec<Arc<ShardSlot>> {
+        slots((1..=4).map(|i| rec(&format!("a{i}"), "a", 4000, 0, NodeStatus::Alive, 0, false)).collect())
+    }
+
+    #[test]
+    fn soft_spread_puts_units_on_distinct_nodes_while_nodes_allow_and_says_when_not() {
+        let placed = place_many(&four_nodes(), 6, |i| i.prefer_spread = true);
+        let firsts: std::collections::BTreeSet<&String> = placed[..4].iter().map(|(n, _)| &n[0]).collect();
+        assert_eq!(firsts.len(), 4, "four units on four distinct nodes: {placed:?}");
+        assert!(placed[..4].iter().all(|(n, note)| n.len() == 1 && note.is_none()), "{placed:?}");
+        let note = placed[4].1.as_deref().unwrap_or_default();
+        assert!(note.contains("2 units on a") && note.contains("only 4 nodes fit"), "{note}");
+        // Without the preference (a batch app), bin packing stacks units on one node.
+        let packed = place_many(&four_nodes(), 4, |_| {});
+        assert!(packed.iter().all(|(n, note)| n == &packed[0].0 && note.is_none()), "{packed:?}");
+    }
+
+    #[test]
+    fn max_units_per_node_is_a_hard_limit_a_surge_may_pass() {
+        let placed = place_many(&four_nodes(), 9, |i| {
+            i.prefer_spread = true;
+            i.max_units_per_node = Some(2);
+        });
+        assert_eq!(placed.len(), 8, "four nodes of two units each, then no room: {placed:?}");
+        let s = four_nodes();
+        let per_node: HashMap<NodeId, u32> = (1..=4).map(|i| (node_id(&format!("a{i}")), 2)).collect();
+        let (c, pending, per_domain) = (Constraints::default(), HashMap::new(), HashMap::new());
+        let full =
+            PlanInput { max_units_per_node: Some(2), ..PlanInput::new(&s, &c, &per_domain, &per_node, &pending) };
+        let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+        let err = place_unit(&full, &members(1, 100), &mut ClassCache::default(), &mut rng).unwrap_err();
+        assert_eq!(err.excluded.get("at max_units_per_node"), Some(&4));
+        let surge = PlanInput { surge: 1, ..full };
+        let p = place_unit(&surge, &members(1, 100), &mut ClassCache::default(), &mut rng).unwrap();
+        let note = p.note.unwrap_or_default();
+        assert!(note.contains("surge: 3 units on a") && note.contains("max_units_per_node 2 while 1 leave"), "{note}");
+    }
+
+    #[test]
+    fn a_surge_passes_max_units_per_domain_by_the_units_leaving() {
+        let s = slots(vec![rec("a1", "a", 4000, 0, NodeStatus::Alive, 0, false)]);
+        let (c, pending, per_node) = (Constraints::default(), HashMap::new(), HashMap::new());
+        let per_domain = HashMap::from([("a".to_string(), 3)]);
+        let full =
+            PlanInput { max_units_per_domain: Some(3), ..PlanInput::new(&s, &c, &per_domain, &per_node, &pending) };
+        let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+        assert_eq!(
+            place_unit(&full, &members(1, 1), &mut ClassCache::default(), &mut rng).unwrap_err().domains_full,
+            1
+        );
+        let p =
+            place_unit(&PlanInput { surge: 1, ..full }, &members(1, 1), &mut ClassCache::default(), &mut rng).unwrap();
+        let note = p.note.unwrap_or_default();
+        assert!(note.contains("surge: 4 units in a, above max_units_per_domain 3 while 1 leave"), "{note}");
+        let per_domain = HashMap::from([("a".to_string(), 4)]);
+        let past = PlanInput {
+            surge: 1,
+            max_units_per_domain: Some(3),
+            ..PlanInput::new(&s, &c, &per_domain, &per_node, &pending)
+        };
+        assert!(place_unit(&past, &members(1, 1), &mut ClassCache::default(), &mut rng).is_err(), "by 1, no more");
+    }
+
+    #[test]
+    fn members_pack_on_one_node_or_spread_over_distinct_nodes() {
+        let s = four_nodes();
+        let (c, pending, per_domain, per_node) =
+            (Constraints::default(), HashMap::new(), HashMap::new(), HashMap::new());
+        let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+        let nodes =
+            |p: &Placement| p.members.iter().map(|m| m.node.to_string()).collect::<std::collections::BTreeSet<_>>();
+        let spread = PlanInput {
+            members: Some(MemberSpread::Spread),
+            ..PlanInput::new(&s, &c, &per_domain, &per_node, &pending)
+        };
+        let p = place_unit(&spread, &members(4, 100), &mut ClassCache::default(), &mut rng).unwrap();
+        assert_eq!(nodes(&p).len(), 4, "{p:?}");
+        let err = place_unit(&spread, &members(5, 100), &mut ClassCache::default(), &mut rng).unwrap_err();
+        assert!(err.excluded.contains_key("holding another member of the unit (spread.members)"), "{err}");
+        let pack =
+            PlanInput { members: Some(MemberSpread::Pack), ..PlanInput::new(&s, &c, &per_domain, &per_node, &pending) };
+        let p = place_unit(&pack, &members(4, 900), &mut ClassCache::default(), &mut rng).unwrap();
+        assert_eq!(nodes(&p).len(), 1, "{p:?}");
+        assert_eq!(p.members.len(), 4);
+        assert!(place_unit(&pack, &members(5, 900), &mut ClassCache::default(), &mut rng).is_err(), "4500m on 4000m");
+        // A member placed alone keeps off the nodes its unit already holds.
+        let held = [node_id("a1"), node_id("a2"), node_id("a3")];
+        let alone = PlanInput { unit_nodes: &held, ..spread };
+        let p = place_unit(&alone, &members(1, 100), &mut ClassCache::default(), &mut rng).unwrap();
+        assert_eq!(p.members[0].node.as_str(), "a4");
     }
 }

@@ -43,6 +43,9 @@ pub struct RolloutPlan {
     pub release: Vec<(String, String)>,
     /// Why the rollout failed in this pass (a replacement missed the progress deadline).
     pub failed: Option<String>,
+    /// Workers on leaving nodes whose unit's head stays: each is replaced alone, make
+    /// before break (unit, members, why). The unit keeps its id and its head serves on.
+    pub replace_members: Vec<(String, Vec<String>, String)>,
 }
 
 /// What a rollout is rolling to and how it stands.
@@ -172,8 +175,33 @@ fn node_leaving(node: Option<&str>, shard: Option<u32>, slots: &[Arc<ShardSlot>]
     }
 }
 
+/// Why the unit must be replaced whole: its head's node is leaving. (A worker's leaving
+/// node replaces only that worker: see [`members_leaving`].)
 fn unit_leaving(u: &UnitRecord, slots: &[Arc<ShardSlot>]) -> Option<&'static str> {
-    u.members.iter().find_map(|m| node_leaving(m.node_id.as_deref(), m.shard, slots))
+    u.members.iter().filter(|m| m.role == "head").find_map(|m| node_leaving(m.node_id.as_deref(), m.shard, slots))
+}
+
+/// The members of `u` (not its head) on leaving nodes that have no replacement coming
+/// up yet, and why the first one leaves.
+pub fn members_leaving(u: &UnitRecord, slots: &[Arc<ShardSlot>]) -> Option<(Vec<String>, &'static str)> {
+    let mut why = None;
+    let members: Vec<String> = u
+        .members
+        .iter()
+        .filter(|m| m.role != "head" && !u.surge.iter().any(|s| s.member == m.member))
+        .filter_map(|m| {
+            let w = node_leaving(m.node_id.as_deref(), m.shard, slots)?;
+            why.get_or_insert(w);
+            Some(m.member.clone())
+        })
+        .collect();
+    Some((members, why?))
+}
+
+/// Members coming up in `u`'s surge that now run: each takes its member's place (and the
+/// member it replaces is released).
+pub fn surge_ready(u: &UnitRecord) -> Vec<String> {
+    u.surge.iter().filter(|m| m.state.as_deref() == Some("running")).map(|m| m.member.clone()).collect()
 }
 
 /// Why replacement `r` has not made it: its state, and each member's that is not running.
@@ -252,6 +280,8 @@ pub fn plan(units: &BTreeMap<String, UnitRecord>, slots: &[Arc<ShardSlot>], t: &
     for u in units.values().filter(placed) {
         if let Some(why) = unit_leaving(u, slots) {
             p.replace.push((u.unit_id.clone(), why.to_string()));
+        } else if let Some((members, why)) = members_leaving(u, slots) {
+            p.replace_members.push((u.unit_id.clone(), members, why.to_string()));
         } else if u.template.as_deref().is_some_and(|tpl| tpl != t.fingerprint) {
             rolls.push(u);
         }
@@ -268,6 +298,7 @@ pub fn plan(units: &BTreeMap<String, UnitRecord>, slots: &[Arc<ShardSlot>], t: &
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::MemberRecord;
     use flotilla_core::HealthSample;
     use flotilla_view::NodeRecord;
 
@@ -330,6 +361,32 @@ mod tests {
                 ("a-3".to_string(), "its node has a preemption notice".to_string()),
             ]
         );
+    }
+
+    #[test]
+    fn a_worker_on_a_leaving_node_is_replaced_alone_and_a_head_replaces_the_unit() {
+        let worker_leaves = crate::testing::unit("a-1", 1, UnitState::Running, &[("head", "n1"), ("worker-0", "n2")]);
+        let head_leaves = crate::testing::unit("a-2", 2, UnitState::Running, &[("head", "n2"), ("worker-0", "n3")]);
+        let units = BTreeMap::from([("a-1".to_string(), worker_leaves.clone()), ("a-2".to_string(), head_leaves)]);
+        let p = plan_(&units, &slots(&["n2"], &[]), "t1", 2, 1);
+        assert_eq!(p.replace, vec![("a-2".to_string(), "its node is being drained".to_string())]);
+        assert_eq!(
+            p.replace_members,
+            vec![("a-1".to_string(), vec!["worker-0".to_string()], "its node is being drained".to_string())]
+        );
+        // Once its replacement is coming up, nothing more is asked; once it runs, it is ready.
+        let mut moving = worker_leaves;
+        moving.surge.push(MemberRecord {
+            node_id: Some("n4".into()),
+            generation: Some(9),
+            state: Some("starting".into()),
+            ..moving.members[1].clone()
+        });
+        assert_eq!(members_leaving(&moving, &slots(&["n2"], &[])), None);
+        assert!(surge_ready(&moving).is_empty());
+        moving.surge[0].state = Some("running".into());
+        assert_eq!(surge_ready(&moving), vec!["worker-0".to_string()]);
+        assert_eq!(moving.generation_of("worker-0"), 1, "the old worker's key until the swap");
     }
 
     #[test]

@@ -95,6 +95,32 @@ pub struct Constraints {
 #[serde(deny_unknown_fields)]
 pub struct Spread {
     pub max_units_per_domain: Option<u32>,
+    /// At most this many of the app's units on one node (a unit counts on a node if any
+    /// of its members runs there). Unset: a serving app still prefers nodes holding fewer
+    /// of its units (a soft preference), so one node loss takes few of its units.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_units_per_node: Option<u32>,
+    /// Where a unit's members go relative to each other: `pack` (all on one node) or
+    /// `spread` (each on its own node). Unset: each member takes the best node on its
+    /// own (bin packing, so usually together).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub members: Option<MemberSpread>,
+}
+
+/// `spread.members`: a unit's members on one node, or on distinct nodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MemberSpread {
+    Pack,
+    Spread,
+}
+
+impl Spread {
+    /// Does placement prefer (or, with a max, require) nodes holding few of the app's
+    /// units? Yes with `max_units_per_node`, and by default for an app that serves.
+    pub fn spreads_over_nodes(&self, serves: bool) -> bool {
+        self.max_units_per_node.is_some() || serves
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -400,6 +426,9 @@ impl AppSpec {
         if self.spread.max_units_per_domain == Some(0) {
             e.push("spread.max_units_per_domain: must be at least 1".into());
         }
+        if self.spread.max_units_per_node == Some(0) {
+            e.push("spread.max_units_per_node: must be at least 1".into());
+        }
         for (k, v) in &self.constraints.labels {
             if let Err(err) = flotilla_core::Labels::parse_pair(&format!("{k}={v}")) {
                 e.push(format!("constraints.labels: {err}"));
@@ -499,6 +528,12 @@ impl AppSpec {
             labels: self.constraints.labels.clone(),
             allow_low_priority: self.constraints.allow_low_priority,
         }
+    }
+
+    /// Does the app serve traffic (a routed role whose member serves HTTP)? A serving
+    /// app spreads its units over nodes by default (`Spread::spreads_over_nodes`).
+    pub fn serves(&self) -> bool {
+        self.members().iter().any(|(_, role, t)| t.serves_http && self.routing.roles.iter().any(|r| r == role))
     }
 
     /// The members of one unit: the head, then `workers` workers.
@@ -693,6 +728,28 @@ roles = ["boss"]
         // The whole-spec fingerprint follows the canonical spec, not the file's layout.
         assert_eq!(AppSpec::parse(&format!("# hi\n{ECHO}")).unwrap().fingerprint(), s.fingerprint());
         assert_ne!(r.fingerprint(), s.fingerprint());
+    }
+
+    #[test]
+    fn node_spread_knobs_parse_with_defaults_and_named_errors() {
+        let s = AppSpec::parse(ECHO).unwrap();
+        assert_eq!((s.spread.max_units_per_node, s.spread.members), (None, None));
+        assert!(s.serves() && s.spread.spreads_over_nodes(s.serves()), "a serving app spreads by default");
+        let t = AppSpec::parse(&ECHO.replace(
+            "max_units_per_domain = 3",
+            "max_units_per_domain = 3\nmax_units_per_node = 2\nmembers = \"spread\"",
+        ))
+        .unwrap();
+        assert_eq!((t.spread.max_units_per_node, t.spread.members), (Some(2), Some(MemberSpread::Spread)));
+        assert_eq!(AppSpec::parse(&toml::to_string(&t).unwrap()).unwrap(), t, "round-trips");
+        let pack = AppSpec::parse(&ECHO.replace("max_units_per_domain = 3", "members = \"pack\"")).unwrap();
+        assert_eq!(pack.spread.members, Some(MemberSpread::Pack));
+        let err = AppSpec::parse(&ECHO.replace("max_units_per_domain = 3", "max_units_per_node = 0")).unwrap_err();
+        assert!(err.to_string().contains("spread.max_units_per_node"), "{err}");
+        let err = AppSpec::parse(&ECHO.replace("max_units_per_domain = 3", "members = \"scatter\"")).unwrap_err();
+        assert!(err.to_string().contains("members"), "{err}");
+        let quiet = AppSpec::parse(&ECHO.replace("roles = [\"head\"]", "roles = []")).unwrap();
+        assert!(!quiet.serves() && !quiet.spread.spreads_over_nodes(quiet.serves()), "batch apps pack");
     }
 
     #[test]

@@ -39,6 +39,18 @@ pub struct MemberRecord {
     /// Why it waits, failed or exited, as its agent last said (`units` shows it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// The generation in this member's ledger key when it is not the unit's: a member
+    /// replaced alone, make before break, takes a fresh one from the app's counter, so
+    /// its claim never collides with the claim of the member it replaces.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<u64>,
+}
+
+impl MemberRecord {
+    /// The generation in this member's ledger key (and its agent's reports).
+    pub fn key_generation(&self, unit_generation: u64) -> u64 {
+        self.generation.unwrap_or(unit_generation)
+    }
 }
 
 /// A member's named ports and blocks of ports, as its agent reported them.
@@ -94,6 +106,24 @@ pub struct UnitRecord {
     /// timeout (`graceful_decommission_timeout`); else the spec's drain timeout.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drain_timeout_ms: Option<u64>,
+    /// Why the unit sits where it does when spread could not be honoured (it shares a
+    /// node with other units of the app; a surge passed a maximum), or why a drain of
+    /// its node waits; `units APP` shows it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement_note: Option<String>,
+    /// Members coming up to replace the same-named member, make before break (a worker
+    /// on a drained node): each takes its member's place once its agent says it runs,
+    /// and only then is the old one released. The unit, its id and its head stay.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub surge: Vec<MemberRecord>,
+}
+
+impl UnitRecord {
+    /// The generation in the ledger key of `member` (the unit's unless it was replaced
+    /// alone).
+    pub fn generation_of(&self, member: &str) -> u64 {
+        self.members.iter().find(|m| m.member == member).map_or(self.generation, |m| m.key_generation(self.generation))
+    }
 }
 
 /// Written before a reserve leaves, so a restarted scheduler can release it.
@@ -531,6 +561,7 @@ mod tests {
                 usage: None,
                 ports: Default::default(),
                 message: None,
+                generation: None,
             }],
             created_unix_ms: 5,
             unplaced_reason: None,
@@ -539,6 +570,8 @@ mod tests {
             replaced_by: None,
             secondary: false,
             drain_timeout_ms: None,
+            placement_note: None,
+            surge: Vec::new(),
         }
     }
 

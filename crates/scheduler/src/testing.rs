@@ -46,6 +46,7 @@ pub fn unit(id: &str, generation: u64, state: UnitState, members: &[(&str, &str)
                 usage: None,
                 ports: Default::default(),
                 message: None,
+                generation: None,
             })
             .collect(),
         created_unix_ms: 0,
@@ -55,5 +56,7 @@ pub fn unit(id: &str, generation: u64, state: UnitState, members: &[(&str, &str)
         replaced_by: None,
         secondary: false,
         drain_timeout_ms: None,
+        placement_note: None,
+        surge: Vec::new(),
     }
 }

@@ -11,7 +11,7 @@ use flotilla_view::ShardSlot;
 use super::Scheduler;
 use super::ledgers::claims;
 use crate::lifecycle::UnitState;
-use crate::planner::{MemberRequest, PlanInput, place_unit};
+use crate::planner::{MemberRequest, Placement, PlanInput, Unplaced, place_unit};
 use crate::repair::{MemberHealth, Repair, decide, member_health};
 use crate::store::{UnitRecord, Write};
 
@@ -165,19 +165,7 @@ impl Scheduler {
         if missing.is_empty() {
             return;
         }
-        let pending: HashMap<NodeId, Resources> = HashMap::new();
-        let per_domain = HashMap::new();
-        let constraints = self.constraints(unit.secondary);
-        let input = PlanInput {
-            slots,
-            constraints: &constraints,
-            max_units_per_domain: None,
-            units_per_domain: &per_domain,
-            pending: &pending,
-            only_domain: unit.domain.as_deref(),
-        };
-        let classes = if unit.secondary { &mut self.classes_secondary } else { &mut self.classes };
-        let p = match place_unit(&input, &missing, classes, &mut self.rng) {
+        let p = match self.plan_members(&unit, &missing, 0, slots) {
             Ok(p) => p,
             Err(why) => {
                 if let Some(u) = self.stored.units.get_mut(id) {
@@ -186,7 +174,7 @@ impl Scheduler {
                 return;
             }
         };
-        let claims = claims(&self.spec, id, unit.generation, unit.secondary, &p);
+        let claims = claims(&self.spec, id, &|m| unit.generation_of(m), unit.secondary, &p);
         let txn_id = self.txn_id(&format!("{id}-replace"));
         let Ok(resp) = self.ledgers.commit(p.shard, txn_id, claims).await else { return };
         let Some(u) = self.stored.units.get_mut(id) else { return };
@@ -203,5 +191,38 @@ impl Scheduler {
         }
         u.unplaced_reason = None;
         tracing::info!(unit = %id, "replacement members allocated");
+    }
+
+    /// Plans `missing` members of a placed unit in its domain, keeping the node spread
+    /// (other units' nodes counted, the unit's own nodes known for `spread.members`);
+    /// `surge` is how far past `max_units_per_node` it may go (the members leaving).
+    pub(super) fn plan_members(
+        &mut self,
+        unit: &UnitRecord,
+        missing: &[MemberRequest],
+        surge: u32,
+        slots: &[Arc<ShardSlot>],
+    ) -> Result<Placement, Unplaced> {
+        let pending: HashMap<NodeId, Resources> = HashMap::new();
+        let per_domain = HashMap::new();
+        let per_node = self.units_per_node(Some(&unit.unit_id));
+        let held: Vec<NodeId> = unit
+            .members
+            .iter()
+            .filter(|m| !missing.iter().any(|r| r.member == m.member))
+            .filter_map(|m| NodeId::new(m.node_id.as_deref()?).ok())
+            .collect();
+        let constraints = self.constraints(unit.secondary);
+        let input = PlanInput {
+            only_domain: unit.domain.as_deref(),
+            max_units_per_node: self.spec.spread.max_units_per_node,
+            prefer_spread: self.spec.spread.spreads_over_nodes(self.spec.serves()),
+            members: self.spec.spread.members,
+            unit_nodes: &held,
+            surge,
+            ..PlanInput::new(slots, &constraints, &per_domain, &per_node, &pending)
+        };
+        let classes = if unit.secondary { &mut self.classes_secondary } else { &mut self.classes };
+        place_unit(&input, missing, classes, &mut self.rng)
     }
 }

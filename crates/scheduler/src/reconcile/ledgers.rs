@@ -106,22 +106,31 @@ pub fn claim_key(app: &str, unit: &str, member: &str, generation: u64) -> v1::Cl
 /// holds each.
 pub fn keys_by_shard(unit: &UnitRecord, members: &[String]) -> BTreeMap<usize, Vec<v1::ClaimKey>> {
     let mut by_shard: BTreeMap<usize, Vec<v1::ClaimKey>> = BTreeMap::new();
-    for m in unit.members.iter().filter(|m| members.is_empty() || members.contains(&m.member)) {
+    // All of them includes the members coming up to replace one (the surge).
+    let surge = unit.surge.iter().filter(|_| members.is_empty());
+    for m in unit.members.iter().filter(|m| members.is_empty() || members.contains(&m.member)).chain(surge) {
         if let Some(shard) = m.shard {
             by_shard.entry(shard as usize).or_default().push(claim_key(
                 &unit.app,
                 &unit.unit_id,
                 &m.member,
-                unit.generation,
+                m.key_generation(unit.generation),
             ));
         }
     }
     by_shard
 }
 
-/// The claims that place unit `unit_id` (of `generation`) as `p` says; a secondary
-/// unit may take low-priority nodes.
-pub fn claims(spec: &AppSpec, unit_id: &str, generation: u64, secondary: bool, p: &Placement) -> Vec<v1::Claim> {
+/// The claims that place unit `unit_id` as `p` says, each member under the generation
+/// `generation` gives it (the unit's, or its own when replaced alone); a secondary unit
+/// may take low-priority nodes.
+pub fn claims(
+    spec: &AppSpec,
+    unit_id: &str,
+    generation: &dyn Fn(&str) -> u64,
+    secondary: bool,
+    p: &Placement,
+) -> Vec<v1::Claim> {
     let templates = spec.members();
     p.members
         .iter()
@@ -129,7 +138,7 @@ pub fn claims(spec: &AppSpec, unit_id: &str, generation: u64, secondary: bool, p
             templates.iter().find(|(name, _, _)| *name == m.member).map(|(member, role, t)| (m, member, role, t))
         })
         .map(|(m, member, role, t)| v1::Claim {
-            key: Some(claim_key(&spec.name, unit_id, member, generation)),
+            key: Some(claim_key(&spec.name, unit_id, member, generation(member))),
             node_id: m.node.to_string(),
             incarnation: m.incarnation,
             resources: Some((&t.resources()).into()),
@@ -175,6 +184,7 @@ pub fn member_records(spec: &AppSpec, p: &Placement, shard: usize) -> Vec<Member
             usage: None,
             ports: Default::default(),
             message: None,
+            generation: None,
         })
         .collect()
 }
@@ -216,5 +226,52 @@ impl super::Scheduler {
     ) -> anyhow::Result<()> {
         let txn_id = self.txn_id(tag);
         self.ledgers.release(shard, txn_id, keys).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lifecycle::UnitState;
+    use crate::planner::PlacedMember;
+
+    const ECHO: &str = include_str!("../../../../examples/echo.toml");
+
+    fn node(s: &str) -> flotilla_core::NodeId {
+        flotilla_core::NodeId::new(s).unwrap()
+    }
+
+    #[test]
+    fn a_member_replaced_alone_has_its_own_generation_in_its_key() {
+        let mut u = crate::testing::unit("echo-3", 3, UnitState::Running, &[("head", "n1"), ("worker-0", "n2")]);
+        u.app = "echo".into();
+        // The old worker's key, then a new worker coming up under generation 9 (the surge).
+        let old = keys_by_shard(&u, &["worker-0".to_string()]);
+        assert_eq!(old[&0], vec![claim_key("echo", "echo-3", "worker-0", 3)]);
+        u.surge.push(MemberRecord { node_id: Some("n4".into()), generation: Some(9), ..u.members[1].clone() });
+        let all: Vec<v1::ClaimKey> = keys_by_shard(&u, &[]).into_values().flatten().collect();
+        assert_eq!(all.len(), 3, "releasing the whole unit releases the surge too: {all:?}");
+        assert!(all.contains(&claim_key("echo", "echo-3", "worker-0", 9)));
+        assert!(all.contains(&claim_key("echo", "echo-3", "worker-0", 3)));
+        // Naming the member releases only the one in place, not the one coming up.
+        assert_eq!(keys_by_shard(&u, &["worker-0".to_string()])[&0], vec![claim_key("echo", "echo-3", "worker-0", 3)]);
+        // After the swap the member's key carries its own generation; the head keeps the unit's.
+        u.members[1] = u.surge.remove(0);
+        assert_eq!((u.generation_of("worker-0"), u.generation_of("head")), (9, 3));
+        let spec = AppSpec::parse(ECHO).unwrap();
+        let p = Placement {
+            domain: "d".into(),
+            shard: 0,
+            members: vec![PlacedMember { member: "worker-0".into(), node: node("n5"), incarnation: 1 }],
+            note: None,
+        };
+        let c = claims(&spec, "echo-3", &|m| u.generation_of(m), false, &p);
+        assert_eq!(c[0].key, Some(claim_key("echo", "echo-3", "worker-0", 9)));
+        // A unit record from before per-member generations reads back with none.
+        let json =
+            serde_json::to_string(&crate::testing::unit("a-1", 1, UnitState::Running, &[("head", "n1")])).unwrap();
+        assert!(!json.contains("\"generation\":null") && !json.contains("surge"), "{json}");
+        let back: UnitRecord = serde_json::from_str(&json).unwrap();
+        assert_eq!((back.generation_of("head"), back.surge.len()), (1, 0));
     }
 }

@@ -399,6 +399,8 @@ impl Scheduler {
             replaced_by: None,
             secondary,
             drain_timeout_ms: None,
+            placement_note: None,
+            surge: Vec::new(),
         };
         tracing::info!(unit = %unit.unit_id, "unit queued");
         writes.push(Write::Unit(unit.clone()));

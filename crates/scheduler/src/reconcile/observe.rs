@@ -14,7 +14,7 @@ use super::Scheduler;
 use super::ledgers::{claim_key, workload_state};
 use crate::lifecycle::UnitState;
 use crate::repair::{MISSING, MISSING_AFTER_MS, runs_nowhere};
-use crate::store::{NamedPorts, UnitRecord, Usage, Write};
+use crate::store::{MemberRecord, NamedPorts, UnitRecord, Usage, Write};
 
 /// A member's named ports and message as its agent reports them (ports outside `u16`
 /// are dropped: no agent assigns them).
@@ -47,14 +47,8 @@ impl Scheduler {
             let mut all_running = !unit.members.is_empty();
             let mut any_reported = false;
             for m in &mut unit.members {
-                let status = m.node_id.as_deref().and_then(|n| {
-                    let slot = slots.get(m.shard? as usize)?;
-                    let rec = slot.view.get(&NodeId::new(n).ok()?)?;
-                    rec.workloads
-                        .iter()
-                        .find(|w| w.unit == unit.unit_id && w.member == m.member && w.generation == unit.generation)
-                        .cloned()
-                });
+                let generation = m.key_generation(unit.generation);
+                let status = reported(&unit.unit_id, m, generation, slots);
                 let (state, address) = match &status {
                     Some(w) => {
                         (Some(workload_state(w).to_string()), (!w.address.is_empty()).then(|| w.address.clone()))
@@ -62,7 +56,7 @@ impl Scheduler {
                     // A live node that does not run the member although it should: after
                     // the grace the member is missing (a shard that restarted before the
                     // agent took the push forgot it), and repair replaces it.
-                    None if runs_nowhere(&unit.unit_id, unit.generation, m, slots, now) => {
+                    None if runs_nowhere(&unit.unit_id, generation, m, slots, now) => {
                         let key = (unit.unit_id.clone(), m.member.clone());
                         let since = self.absent_since.get(&key).copied().unwrap_or(now);
                         absent.insert(key, since);
@@ -94,6 +88,18 @@ impl Scheduler {
                 if m.state != state || m.address != address {
                     m.state = state;
                     m.address = address;
+                    changed = true;
+                }
+            }
+            // Members coming up to replace one (make before break): their state as
+            // reported; they take their member's place in `roll` once running.
+            for m in &mut unit.surge {
+                let status = reported(&unit.unit_id, m, m.key_generation(unit.generation), slots);
+                let state = status.as_ref().map(|w| workload_state(w).to_string()).or_else(|| m.state.clone());
+                let address = status.as_ref().filter(|w| !w.address.is_empty()).map(|w| w.address.clone());
+                if m.state != state || (address.is_some() && m.address != address) {
+                    m.state = state;
+                    m.address = address.or_else(|| m.address.clone());
                     changed = true;
                 }
             }
@@ -131,11 +137,12 @@ impl Scheduler {
             for rec in slot.view.nodes.values() {
                 for w in rec.workloads.iter().filter(|w| w.app == self.spec.name) {
                     let owned = self.stored.units.get(&w.unit).is_some_and(|u| {
-                        u.generation == w.generation
-                            && u.state != UnitState::Terminated
-                            && (u.state == UnitState::Placing
-                                || u.members.iter().any(|m| {
-                                    m.member == w.member && m.node_id.as_deref() == Some(rec.node_id.as_str())
+                        u.state != UnitState::Terminated
+                            && ((u.state == UnitState::Placing && u.generation == w.generation)
+                                || u.members.iter().chain(&u.surge).any(|m| {
+                                    m.member == w.member
+                                        && m.key_generation(u.generation) == w.generation
+                                        && m.node_id.as_deref() == Some(rec.node_id.as_str())
                                 }))
                     });
                     if !owned {
@@ -193,4 +200,12 @@ impl Scheduler {
         }
         tracing::info!(units = keys.len(), "replacing the units a previous run was placing");
     }
+}
+
+/// What the agent of member `m`'s node reports about it (under `generation`), if it does.
+fn reported(unit: &str, m: &MemberRecord, generation: u64, slots: &[Arc<ShardSlot>]) -> Option<v1::WorkloadStatus> {
+    let n = m.node_id.as_deref()?;
+    let slot = slots.get(m.shard? as usize)?;
+    let rec = slot.view.get(&NodeId::new(n).ok()?)?;
+    rec.workloads.iter().find(|w| w.unit == unit && w.member == m.member && w.generation == generation).cloned()
 }

@@ -59,7 +59,8 @@ pub fn releases<'a>(spec: &AppSpec, units: impl IntoIterator<Item = &'a UnitReco
         {
             continue;
         }
-        for m in unit.members.iter().filter(|m| m.state.as_deref() == Some("waiting")) {
+        // Members coming up to replace one alone (the surge) wait for the head as well.
+        for m in unit.members.iter().chain(&unit.surge).filter(|m| m.state.as_deref() == Some("waiting")) {
             let Some((_, role, t)) = templates.iter().find(|(name, _, _)| *name == m.member) else { continue };
             let Some(after) = t.after.as_deref() else { continue };
             let Some(env) = unit
@@ -82,7 +83,7 @@ pub fn releases<'a>(spec: &AppSpec, units: impl IntoIterator<Item = &'a UnitReco
                 member: m.member.clone(),
                 shard: shard as usize,
                 claim: v1::Claim {
-                    key: Some(claim_key(&spec.name, &unit.unit_id, &m.member, unit.generation)),
+                    key: Some(claim_key(&spec.name, &unit.unit_id, &m.member, m.key_generation(unit.generation))),
                     node_id: node.clone(),
                     incarnation: m.incarnation,
                     resources: Some((&t.resources()).into()),

@@ -87,19 +87,31 @@ impl Scheduler {
             add_pending(&mut pending, &p.node, &p.resources);
         }
         let mut per_domain = self.units_per_domain();
+        let mut per_node = self.units_per_node(None);
+        // Make-before-break replacements may pass the spread maxima by the units leaving.
+        let replacing: std::collections::HashSet<&str> = self
+            .stored
+            .units
+            .values()
+            .filter(|u| u.state.is_active())
+            .filter_map(|u| u.replaced_by.as_deref())
+            .collect();
+        let leaving = replacing.len() as u32;
+        let replacements: Vec<bool> = ids.iter().map(|id| replacing.contains(id.as_str())).collect();
+        let prefer_spread = self.spec.spread.spreads_over_nodes(self.spec.serves());
         let mut by_shard = ByShard::new();
         let mut still = Vec::new();
         let constraints = [self.constraints(false), self.constraints(true)];
-        for id in ids {
+        for (id, replacement) in ids.iter().zip(replacements) {
             let started = Instant::now();
             let secondary = self.stored.units.get(id).is_some_and(|u| u.secondary);
             let input = PlanInput {
-                slots,
-                constraints: &constraints[usize::from(secondary)],
                 max_units_per_domain: self.spec.spread.max_units_per_domain,
-                units_per_domain: &per_domain,
-                pending: &pending,
-                only_domain: None,
+                max_units_per_node: self.spec.spread.max_units_per_node,
+                prefer_spread,
+                members: self.spec.spread.members,
+                surge: if replacement { leaving } else { 0 },
+                ..PlanInput::new(slots, &constraints[usize::from(secondary)], &per_domain, &per_node, &pending)
             };
             let classes = if secondary { &mut self.classes_secondary } else { &mut self.classes };
             let plan = place_unit(&input, &requests, classes, &mut self.rng);
@@ -122,6 +134,12 @@ impl Scheduler {
                 Ok(p) => {
                     for (m, r) in p.members.iter().zip(&requests) {
                         add_pending(&mut pending, &m.node, &r.resources);
+                    }
+                    let mut nodes: Vec<&NodeId> = p.members.iter().map(|m| &m.node).collect();
+                    nodes.sort();
+                    nodes.dedup();
+                    for n in nodes {
+                        *per_node.entry(n.clone()).or_insert(0) += 1;
                     }
                     *per_domain.entry(p.domain.clone()).or_insert(0) += 1;
                     unit.state = UnitState::Placing;
@@ -188,6 +206,10 @@ impl Scheduler {
             unit.state = UnitState::Allocated;
             unit.domain = Some(p.domain.clone());
             unit.unplaced_reason = None;
+            if let Some(note) = &p.note {
+                tracing::info!(unit = %id, %note, "unit placed where spread could not be honoured");
+            }
+            unit.placement_note = p.note.clone();
             unit.members = member_records(&self.spec, &p, shard);
             // It runs the spec in force, whatever was in force when it was queued.
             unit.template = Some(self.fingerprint.clone());
@@ -239,7 +261,7 @@ impl Scheduler {
     fn claims_of(&self, unit_id: &str, p: &Placement) -> Vec<v1::Claim> {
         let unit = self.stored.units.get(unit_id);
         let generation = unit.map_or(0, |u| u.generation);
-        claims(&self.spec, unit_id, generation, unit.is_some_and(|u| u.secondary), p)
+        claims(&self.spec, unit_id, &|_| generation, unit.is_some_and(|u| u.secondary), p)
     }
 
     /// Where units of a group may go: secondary units also on low-priority nodes
@@ -248,6 +270,24 @@ impl Scheduler {
         let mut c = self.spec.constraints.clone();
         c.allow_low_priority |= secondary;
         c
+    }
+
+    /// Active units of the app on each node (a unit counts once on every node where one
+    /// of its members, or a member coming up to replace one, is placed), leaving out
+    /// unit `except`: for node spread.
+    pub(super) fn units_per_node(&self, except: Option<&str>) -> HashMap<NodeId, u32> {
+        let mut m: HashMap<NodeId, u32> = HashMap::new();
+        for u in self.stored.units.values().filter(|u| u.state.is_active() && Some(u.unit_id.as_str()) != except) {
+            let mut nodes: Vec<&str> = u.members.iter().chain(&u.surge).filter_map(|m| m.node_id.as_deref()).collect();
+            nodes.sort_unstable();
+            nodes.dedup();
+            for n in nodes {
+                if let Ok(id) = NodeId::new(n) {
+                    *m.entry(id).or_insert(0) += 1;
+                }
+            }
+        }
+        m
     }
 
     /// Active units of the app in each domain, for the spread limit.

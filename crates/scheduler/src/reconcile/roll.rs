@@ -10,9 +10,15 @@ use flotilla_view::ShardSlot;
 
 use super::Scheduler;
 use crate::lifecycle::UnitState;
+use crate::planner::MemberRequest;
 use crate::rollout::Target;
 use crate::spec::{AppSpec, SpecOrigin};
-use crate::store::Write;
+use crate::store::{UnitRecord, Write};
+
+/// How a note on a unit a drain waits for starts (`units APP`, the node's drain status).
+pub const DRAIN_WAITS: &str = "drain waits:";
+/// How a note on a unit whose replacement cannot be placed starts.
+pub const WAITS_FOR: &str = "waits for its replacement";
 
 impl Scheduler {
     /// Replacements first; the old unit drains once its replacement is Running.
@@ -57,7 +63,249 @@ impl Scheduler {
                 writes.push(Write::Unit(u.clone()));
             }
         }
+        self.drop_lost_surge(slots, writes).await;
+        for (id, members, why) in plan.replace_members {
+            self.surge_members(&id, &members, &why, slots, writes).await;
+        }
+        self.swap_surge(writes).await;
+        self.note_waiting_drains(slots, writes);
         self.follow_rollout(plan.failed, now, writes);
+    }
+
+    /// Workers of unit `id` on leaving nodes: each gets a replacement in the unit's
+    /// domain under a fresh generation (so its claim never collides with the old one's),
+    /// recorded in the unit's surge. The old worker runs on until the new one does. The
+    /// node spread may be passed by the members leaving (the note says so).
+    async fn surge_members(
+        &mut self,
+        id: &str,
+        members: &[String],
+        why: &str,
+        slots: &[Arc<ShardSlot>],
+        writes: &mut Vec<Write>,
+    ) {
+        let Some(unit) = self.stored.units.get(id).cloned() else { return };
+        let requests: Vec<MemberRequest> = self
+            .spec
+            .members()
+            .iter()
+            .filter(|(member, _, _)| members.contains(member))
+            .map(|(member, _, t)| MemberRequest { member: member.clone(), resources: t.resources() })
+            .collect();
+        if requests.is_empty() {
+            return;
+        }
+        let placed = self.plan_members(&unit, &requests, requests.len() as u32, slots);
+        let p = match placed {
+            Ok(p) => p,
+            Err(e) => {
+                let note = format!("{DRAIN_WAITS} {} cannot move ({why}): {e}", members.join(", "));
+                self.set_note(id, note, writes);
+                return;
+            }
+        };
+        // A fresh generation per member, written before the claim leaves: a scheduler
+        // that dies with the commit in flight never reuses it (the orphan sweep releases
+        // a claim that landed but no unit records).
+        let mut generations = std::collections::HashMap::new();
+        for m in &p.members {
+            let g = self.stored.next_generation.max(1);
+            self.stored.next_generation = g + 1;
+            generations.insert(m.member.clone(), g);
+        }
+        if let Err(e) = self.store.write(&self.spec.name, &[Write::NextGeneration(self.stored.next_generation)]) {
+            tracing::warn!(unit = %id, error = %e, "cannot record the generation; will retry");
+            return;
+        }
+        let claims = super::ledgers::claims(
+            &self.spec,
+            id,
+            &|m| generations.get(m).copied().unwrap_or(unit.generation),
+            unit.secondary,
+            &p,
+        );
+        let txn_id = self.txn_id(&format!("{id}-surge"));
+        let verdict = self.ledgers.commit(p.shard, txn_id, claims).await;
+        let accepted = match &verdict {
+            Ok(resp) => resp.results.iter().all(|r| r.accepted),
+            Err(_) => false,
+        };
+        if !accepted {
+            let detail = match verdict {
+                Ok(resp) => resp.results.iter().find(|r| !r.accepted).map(|r| r.detail.clone()).unwrap_or_default(),
+                Err(e) => e.to_string(),
+            };
+            tracing::info!(unit = %id, %detail, "moving workers off a leaving node: commit refused; retrying");
+            self.set_note(
+                id,
+                format!("{DRAIN_WAITS} moving {} was refused ({detail}); retrying", members.join(", ")),
+                writes,
+            );
+            return;
+        }
+        let records = super::ledgers::member_records(&self.spec, &p, p.shard);
+        let Some(u) = self.stored.units.get_mut(id) else { return };
+        let mut moves = Vec::new();
+        for mut r in records {
+            let from = u.members.iter().find(|m| m.member == r.member).and_then(|m| m.node_id.clone());
+            moves.push(format!(
+                "{} moving {} → {}",
+                r.member,
+                from.as_deref().unwrap_or("-"),
+                r.node_id.as_deref().unwrap_or("-")
+            ));
+            r.generation = generations.get(&r.member).copied();
+            u.surge.push(r);
+        }
+        let mut note = format!("{} ({why}), make before break", moves.join(", "));
+        if let Some(n) = p.note {
+            note.push_str(&format!("; {n}"));
+        }
+        tracing::info!(unit = %id, %note, "replacing workers alone");
+        metrics::counter!(m::UNITS_REPLACED.name, "app" => self.spec.name.clone(), "why" => "worker on a leaving node")
+            .increment(1);
+        u.placement_note = Some(note);
+        writes.push(Write::Unit(u.clone()));
+    }
+
+    /// A member coming up to replace one whose node was lost (or whose workload failed)
+    /// leaves the surge and is released; the next pass places another. Written first, so
+    /// a release that fails leaves an orphan the sweep releases.
+    async fn drop_lost_surge(&mut self, slots: &[Arc<ShardSlot>], writes: &mut Vec<Write>) {
+        let now = now_ms();
+        let lost: Vec<(String, Vec<String>, String)> = self
+            .stored
+            .units
+            .values()
+            .filter(|u| u.state.is_active())
+            .filter_map(|u| {
+                let mut why = String::new();
+                let members: Vec<String> = u
+                    .surge
+                    .iter()
+                    .filter(|m| {
+                        let w = match crate::repair::member_health(m, slots, now) {
+                            crate::repair::MemberHealth::Lost(w) => w,
+                            _ if m.state.as_deref() == Some("failed") => "it failed",
+                            _ => return false,
+                        };
+                        why = format!("{} on {}: {w}", m.member, m.node_id.as_deref().unwrap_or("-"));
+                        true
+                    })
+                    .map(|m| m.member.clone())
+                    .collect();
+                (!members.is_empty()).then(|| (u.unit_id.clone(), members, why))
+            })
+            .collect();
+        for (id, members, why) in lost {
+            let Some(u) = self.stored.units.get_mut(&id) else { continue };
+            let dropped: Vec<_> = u.surge.iter().filter(|m| members.contains(&m.member)).cloned().collect();
+            u.surge.retain(|m| !members.contains(&m.member));
+            u.placement_note = Some(format!("{DRAIN_WAITS} the replacement {why}; placing another"));
+            tracing::warn!(unit = %id, %why, "a member coming up to replace one was lost; placing another");
+            if let Err(e) = self.store.write(&self.spec.name, &[Write::Unit(u.clone())]) {
+                tracing::warn!(unit = %id, error = %e, "cannot record the lost surge member; the sweep releases it");
+            }
+            writes.push(Write::Unit(u.clone()));
+            let gone = UnitRecord { members: dropped, surge: Vec::new(), ..u.clone() };
+            if let Err(e) = self.release_unit(&gone, &[]).await {
+                tracing::warn!(unit = %id, error = %e, "releasing a lost surge member; the orphan sweep retries");
+            }
+        }
+    }
+
+    /// Surge members that run take their member's place; the member they replace is
+    /// released after the unit is written (write ahead: if the release fails, the old
+    /// member belongs to no unit and the orphan sweep releases it).
+    async fn swap_surge(&mut self, writes: &mut Vec<Write>) {
+        let ready: Vec<(String, Vec<String>)> = self
+            .stored
+            .units
+            .values()
+            .filter(|u| u.state.is_active())
+            .map(|u| (u.unit_id.clone(), crate::rollout::surge_ready(u)))
+            .filter(|(_, r)| !r.is_empty())
+            .collect();
+        for (id, members) in ready {
+            let Some(u) = self.stored.units.get_mut(&id) else { continue };
+            let old = u.clone();
+            let mut moved = Vec::new();
+            for name in &members {
+                let Some(i) = u.surge.iter().position(|m| &m.member == name) else { continue };
+                let new = u.surge.remove(i);
+                if let Some(slot) = u.members.iter_mut().find(|m| &m.member == name) {
+                    moved.push(format!(
+                        "{name} moved {} → {}",
+                        slot.node_id.as_deref().unwrap_or("-"),
+                        new.node_id.as_deref().unwrap_or("-")
+                    ));
+                    *slot = new;
+                }
+            }
+            let note = format!("{}, make before break", moved.join(", "));
+            tracing::info!(unit = %id, %note, "replacement workers run: releasing the old ones");
+            u.placement_note = Some(note);
+            if let Err(e) = self.store.write(&self.spec.name, &[Write::Unit(u.clone())]) {
+                tracing::warn!(unit = %id, error = %e, "cannot record the swap; will retry");
+                *u = old;
+                continue;
+            }
+            // Last in the pass's batch too, after any earlier write of the unit.
+            writes.push(Write::Unit(u.clone()));
+            let old_members = UnitRecord { surge: Vec::new(), ..old };
+            if let Err(e) = self.release_unit(&old_members, &members).await {
+                tracing::warn!(unit = %id, error = %e, "releasing moved workers; the orphan sweep retries");
+            }
+        }
+    }
+
+    /// A unit whose replacement cannot be placed says so (a drain of its node, or a
+    /// rollout, waits on it), so `units APP` and the node's drain status show why.
+    /// A note that no longer holds (the replacement was placed, the node uncordoned) is
+    /// cleared.
+    fn note_waiting_drains(&mut self, slots: &[Arc<ShardSlot>], writes: &mut Vec<Write>) {
+        let notes: Vec<(String, Option<String>)> = self
+            .stored
+            .units
+            .values()
+            .filter(|u| u.state.is_active())
+            .filter_map(|u| {
+                let waiting = u.replaced_by.as_deref().and_then(|r| self.stored.units.get(r)).and_then(|r| {
+                    let reason = r.unplaced_reason.as_deref().filter(|_| r.state == UnitState::Queued)?;
+                    Some(format!("{WAITS_FOR} {}: {reason}", r.unit_id))
+                });
+                let stale = u.placement_note.as_deref().is_some_and(|n| {
+                    n.starts_with(WAITS_FOR)
+                        || (n.starts_with(DRAIN_WAITS) && crate::rollout::members_leaving(u, slots).is_none())
+                });
+                match waiting {
+                    Some(w) => Some((u.unit_id.clone(), Some(w))),
+                    None if stale => Some((u.unit_id.clone(), None)),
+                    None => None,
+                }
+            })
+            .collect();
+        for (id, note) in notes {
+            match note {
+                Some(n) => self.set_note(&id, n, writes),
+                None => {
+                    if let Some(u) = self.stored.units.get_mut(&id) {
+                        u.placement_note = None;
+                        writes.push(Write::Unit(u.clone()));
+                    }
+                }
+            }
+        }
+    }
+
+    fn set_note(&mut self, id: &str, note: String, writes: &mut Vec<Write>) {
+        if let Some(u) = self.stored.units.get_mut(id)
+            && u.placement_note.as_deref() != Some(note.as_str())
+        {
+            tracing::info!(unit = %id, %note, "unit");
+            u.placement_note = Some(note);
+            writes.push(Write::Unit(u.clone()));
+        }
     }
 
     /// A replacement that is not wanted any more (superseded, not needed, or past the
@@ -148,7 +396,7 @@ fn with_agent_messages(why: &str, u: &crate::store::UnitRecord, slots: &[Arc<Sha
             let rec = slots.get(shard as usize)?.view.get(&flotilla_core::NodeId::new(node).ok()?)?.clone();
             rec.workloads
                 .iter()
-                .find(|w| w.unit == u.unit_id && w.member == m.member && w.generation == u.generation)
+                .find(|w| w.unit == u.unit_id && w.member == m.member && w.generation == m.key_generation(u.generation))
                 .map(|w| w.message.trim().to_string())
                 .filter(|s| !s.is_empty())
         });

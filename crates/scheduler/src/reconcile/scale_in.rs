@@ -98,10 +98,12 @@ impl Scheduler {
 
 /// Whether an agent still reports any member of `u` running.
 fn still_runs(u: &UnitRecord, slots: &[Arc<ShardSlot>]) -> bool {
-    u.members.iter().any(|m| {
+    u.members.iter().chain(&u.surge).any(|m| {
         m.node_id.as_deref().zip(m.shard).is_some_and(|(n, s)| {
             slots.get(s as usize).and_then(|slot| slot.view.get(&NodeId::new(n).ok()?).cloned()).is_some_and(|r| {
-                r.workloads.iter().any(|w| w.unit == u.unit_id && w.member == m.member && w.generation == u.generation)
+                r.workloads.iter().any(|w| {
+                    w.unit == u.unit_id && w.member == m.member && w.generation == m.key_generation(u.generation)
+                })
             })
         })
     })
