@@ -60,13 +60,19 @@ fn ray_nodes(gcs: &str) -> Option<usize> {
 /// (it names nodes by id only, and counts a lost one as active until its health checks
 /// fail).
 fn ray_node_ports(gcs: &str) -> Option<BTreeSet<u64>> {
+    ray_node_ids(gcs).map(|ids| ids.into_keys().collect())
+}
+
+/// The alive Ray nodes of that cluster: node manager port → Ray node id (a restarted
+/// raylet gets a new id).
+fn ray_node_ids(gcs: &str) -> Option<std::collections::BTreeMap<u64, String>> {
     let script = "import json, sys, ray\n\
 ray.init(address=sys.argv[1], logging_level='ERROR', log_to_driver=False)\n\
-print(json.dumps([n['NodeManagerPort'] for n in ray.nodes() if n['Alive']]))\n";
+print(json.dumps([[n['NodeManagerPort'], n['NodeID']] for n in ray.nodes() if n['Alive']]))\n";
     let out = Command::new("timeout").args(["60", "python3", "-c", script, gcs]).output().ok()?;
     let text = String::from_utf8_lossy(&out.stdout);
-    let ports: Vec<u64> = serde_json::from_str(text.lines().last()?).ok()?;
-    out.status.success().then(|| ports.into_iter().collect())
+    let nodes: Vec<(u64, String)> = serde_json::from_str(text.lines().last()?).ok()?;
+    out.status.success().then(|| nodes.into_iter().collect())
 }
 
 /// The node manager ports of a unit's members (each a Ray node).
@@ -240,6 +246,8 @@ fn ray_serve_units_join_their_heads_on_other_nodes_and_survive_a_worker_loss_a_d
         (ray_node_ports(&gcs) == Some(member_ports(&a2))).then_some(())
     });
     let worker_move = t_worker.elapsed();
+    let worker_port = member(&a2, "worker")["ports"]["node_manager"].as_u64().unwrap_or_default();
+    let worker_ray_id = ray_node_ids(&gcs).and_then(|ids| ids.get(&worker_port).cloned());
     wait_for("the lost worker's Ray processes gone", Duration::from_secs(30), || {
         ray_processes(&old_worker_dir).is_empty().then_some(())
     });
@@ -273,8 +281,23 @@ fn ray_serve_units_join_their_heads_on_other_nodes_and_survive_a_worker_loss_a_d
     let (ok, lost_drain) = load.since(t_drain);
     println!("head node drained: {b_id} → {b_new} in {drain_took:.1?}; {ok} answered, {lost_drain} not");
 
-    // 3. A head's agent killed (-9): the unit is replaced, the routes move.
+    // The replaced worker stayed (its key is its own: releasing the lost worker's, which
+    // the dead node still lists, does not stop it), still in its head's cluster.
     let a3 = up.units(APP).into_iter().find(|u| u["unit_id"] == a_id.as_str()).unwrap();
+    assert_eq!(
+        (node_of(&a3, "worker"), member_ports(&a3)),
+        (node_of(&a2, "worker"), member_ports(&a2)),
+        "the replacement worker was not replaced again"
+    );
+    let ids = ray_node_ids(&gcs_of(&a3));
+    assert_eq!(ids.as_ref().map(|ids| ids.keys().copied().collect()), Some(member_ports(&a3)));
+    assert_eq!(
+        ids.and_then(|ids| ids.get(&worker_port).cloned()),
+        worker_ray_id,
+        "the same Ray worker node, never restarted"
+    );
+
+    // 3. A head's agent killed (-9): the unit is replaced, the routes move.
     let old_endpoint = member(&a3, "head")["address"].as_str().unwrap().to_string();
     let t_head = Instant::now();
     flotilla_testkit::signal(up.agent_pid(&node_of(&a3, "head")), libc::SIGKILL);
