@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use flotilla_testkit::{TempDir, Up, http, run_ok, wait_for};
+use flotilla_testkit::{TempDir, Up, http, run_ok, signal, wait_for};
 use serde_json::Value;
 
 /// A unit that cannot share a node: in `up`'s domain-b (node-2: 8 cores, node-4: 4
@@ -169,4 +169,38 @@ fn an_agent_without_free_ports_refuses_the_start_and_units_says_why() {
     let text = run_ok(up.cli().args(["units", "big"]));
     assert!(text.contains("head failed: no free port in the agent's range"), "{text}");
     drop(held);
+}
+
+/// A lost head replaces the whole unit, as before, and the new unit's worker starts after
+/// the new head, with the new head's address and ports. With six agents both domains can
+/// hold the unit (head on the 8-core node, worker on the 4-core one of the same domain).
+#[test]
+fn a_replaced_head_gives_the_new_unit_s_worker_the_new_head_address() {
+    let dir = TempDir::new("ports-replace-spec");
+    let spec = dir.path().join("ray.toml");
+    std::fs::write(&spec, SPEC.replace("\"--ready-after\", \"3s\"", "\"--ready-after\", \"1s\"")).unwrap();
+    let up = Up::start("ports-replace", &["--agents", "6", "--shards", "1", "--app", spec.to_str().unwrap()]);
+    let running = |not: Option<&str>| {
+        wait_for("a running unit", Duration::from_secs(60), || {
+            up.units("ray").into_iter().find(|u| u["state"] == "running" && u["unit_id"].as_str() != not)
+        })
+    };
+    let first = running(None);
+    let old_head = member(&first, "head").clone();
+    let old_id = first["unit_id"].as_str().unwrap().to_string();
+    signal(up.agent_pid(old_head["node_id"].as_str().unwrap()), libc::SIGKILL);
+
+    let second = running(Some(&old_id));
+    let (head, worker) = (member(&second, "head"), member(&second, "worker-0"));
+    assert_ne!(head["node_id"], old_head["node_id"], "the new head runs elsewhere");
+    assert_ne!(head["node_id"], worker["node_id"]);
+    let head_addr = head["address"].as_str().unwrap();
+    assert_ne!(head_addr, old_head["address"].as_str().unwrap(), "a new head address");
+    let (host, _) = head_addr.rsplit_once(':').unwrap();
+    let we = env_of(worker["address"].as_str().unwrap());
+    assert_eq!(we["env"]["FLOTILLA_HEAD_ADDR"], host);
+    assert_eq!(we["env"]["FLOTILLA_HEAD_PORT_GCS"], head["ports"]["gcs"].as_u64().unwrap().to_string());
+    assert_eq!(we["env"]["FLOTILLA_HEAD_PORT_SERVE"], head["ports"]["serve"].as_u64().unwrap().to_string());
+    let old = up.units("ray").into_iter().find(|u| u["unit_id"] == old_id.as_str());
+    assert!(old.as_ref().is_none_or(|u| u["state"] != "running"), "the old unit was replaced as a whole: {old:?}");
 }

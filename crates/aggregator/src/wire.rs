@@ -208,6 +208,14 @@ pub fn workload_report_from_wire(mut list: Vec<v1::WorkloadStatus>) -> Result<Ve
                 format!("names must be 1..={MAX_NAME} bytes and the address at most {MAX_REPORTED_ADDRESS}"),
             ));
         }
+        let ports_ok = w.ports.len() + w.port_ranges.len() <= flotilla_core::ports::MAX_NAMED_PORTS
+            && w.ports.keys().chain(w.port_ranges.keys()).all(|n| flotilla_core::ports::is_port_name(n));
+        if !ports_ok {
+            return Err(InvalidRequest::new(
+                format!("workloads[{i}].ports"),
+                format!("at most {} named ports, each a port name", flotilla_core::ports::MAX_NAMED_PORTS),
+            ));
+        }
         if w.message.len() > MAX_REPORTED_MESSAGE {
             let mut end = MAX_REPORTED_MESSAGE;
             while !w.message.is_char_boundary(end) {
@@ -316,5 +324,27 @@ mod tests {
         assert_eq!(workload_report_from_wire(vec![w("", String::new())]).unwrap_err().field, "workloads[0]");
         let many = vec![w("m", String::new()); MAX_REPORTED_WORKLOADS + 1];
         assert_eq!(workload_report_from_wire(many).unwrap_err().field, "workloads");
+        let mut ports = w("m", String::new());
+        ports.ports = (0..33).map(|i| (format!("p{i}"), 20_000 + i)).collect();
+        assert_eq!(workload_report_from_wire(vec![ports.clone()]).unwrap_err().field, "workloads[0].ports");
+        ports.ports = [("Not A Name".to_string(), 1)].into();
+        assert!(workload_report_from_wire(vec![ports]).is_err());
+    }
+
+    /// A claim's named ports are checked as the spec's are (the shard trusts no scheduler).
+    #[test]
+    fn a_claim_s_named_ports_are_bounded() {
+        let with = |f: &dyn Fn(&mut v1::Workload)| {
+            let mut c = claim("u1", "n1");
+            f(c.workload.get_or_insert_with(Default::default));
+            claims_from_wire("t", vec![c])
+        };
+        assert!(with(&|w| w.ports = vec!["gcs".into(), "serve".into()]).is_ok());
+        assert_eq!(
+            with(&|w| w.ports = vec!["gcs".into(), "gcs".into()]).unwrap_err().field,
+            "claims[0].workload.ports"
+        );
+        assert!(with(&|w| w.port_ranges = [("w".to_string(), 5000)].into()).is_err());
+        assert_eq!(with(&|w| w.main_port = "serve".into()).unwrap_err().field, "claims[0].workload.main_port");
     }
 }
