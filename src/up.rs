@@ -109,6 +109,28 @@ fn agent_specs(n: usize, aggregators: &str, data: &DataDir, log_format: LogForma
         .collect()
 }
 
+/// How long the app schedulers wait for `up`'s own agents to register.
+const AGENTS_WAIT: Duration = Duration::from_secs(10);
+
+/// Waits (at most `limit`) until `n` nodes are Alive in the view, so the first units are
+/// placed over every local node rather than packed on the first to register (node
+/// spread holds only over the nodes a placement sees).
+async fn wait_for_agents(cluster: &flotilla_view::ClusterView, n: usize, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        let alive: usize = cluster
+            .slots()
+            .iter()
+            .map(|s| s.view.nodes.values().filter(|r| r.status == flotilla_core::NodeStatus::Alive).count())
+            .sum();
+        if alive >= n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tracing::warn!(agents = n, "not every local agent registered in time; the app schedulers start anyway");
+}
+
 struct Agent {
     spec: AgentSpec,
     child: Option<Child>,
@@ -203,6 +225,8 @@ pub async fn run(a: UpArgs, log_format: LogFormat) -> anyhow::Result<()> {
     });
     let options = a.http.options()?;
     let scheme = options.scheme();
+    // Started once the local agents registered (see `wait_for_agents`).
+    let mut schedulers = Vec::new();
     if !a.apps.is_empty() {
         let store: Arc<dyn flotilla_scheduler::Store> =
             Arc::new(flotilla_scheduler::RedbStore::open(&data.dir.join("state.redb"))?);
@@ -211,7 +235,7 @@ pub async fn run(a: UpArgs, log_format: LogFormat) -> anyhow::Result<()> {
             let (scheduler, handle) =
                 flotilla_scheduler::Scheduler::new(spec, cluster.clone(), addrs.clone(), store.clone())?;
             state.apps.add_local(handle);
-            tokio::spawn(scheduler.with_dialer(dialer.clone()).with_policies(state.policies.book()).run());
+            schedulers.push(scheduler.with_dialer(dialer.clone()).with_policies(state.policies.book()));
         }
     }
     let listener = tokio::net::TcpListener::bind(a.listen)
@@ -266,6 +290,12 @@ pub async fn run(a: UpArgs, log_format: LogFormat) -> anyhow::Result<()> {
         let mut agent = Agent { spec, child: Some(child), pid_file, pid_written: false, restart_at: None };
         agent.write_pid();
         agents.push(agent);
+    }
+    if !schedulers.is_empty() {
+        wait_for_agents(&cluster, n_agents, AGENTS_WAIT).await;
+    }
+    for scheduler in schedulers {
+        tokio::spawn(scheduler.run());
     }
     println!("flotilla is up: {} shard(s) at {joined}, {n_agents} agent(s)", a.shards);
     println!("  control API and /metrics: {scheme}://{listen}");

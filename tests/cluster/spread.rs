@@ -6,7 +6,7 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use flotilla_testkit::{Up, alive, fresh_dir, http, run_ok, wait_for};
+use flotilla_testkit::{Up, alive, fresh_dir, http, run_ok, wait_for, who};
 use serde_json::Value;
 
 use crate::common::{ECHO, head_of, running, workload_pid};
@@ -23,16 +23,10 @@ fn nodes_of(unit: &Value, role: &str) -> Vec<String> {
 
 #[test]
 fn six_units_spread_over_six_nodes_and_a_drain_at_every_domains_max_completes_by_a_surge() {
-    // One initial unit: units placed while only the first agent has registered share its
-    // node (spread holds while nodes allow; their note says so), which is not this test.
-    let dir = fresh_dir("spread6-spec");
-    let spec = dir.join("echo.toml");
-    std::fs::write(&spec, std::fs::read_to_string(ECHO).unwrap().replace("initial = 2", "initial = 1")).unwrap();
-    let up = Up::start("spread6", &["--agents", "6", "--shards", "2", "--app", spec.to_str().unwrap()]);
-    wait_for("6 alive nodes and a running unit", Duration::from_secs(30), || {
-        let alive = up.nodes().iter().filter(|n| n["status"] == "alive").count();
-        (alive == 6 && running(&up).len() == 1).then_some(())
-    });
+    // The reproduction as it stands: `up --agents 6 --app examples/echo.toml`
+    // (2 initial units, placed once every local agent registered), then scale to 6.
+    let up = Up::start("spread6", &["--agents", "6", "--shards", "2", "--app", ECHO]);
+    running_units(&up, 2);
     run_ok(up.cli().args(["scale", "echo", "--units", "6"]));
     let units = wait_for("6 running echo units", Duration::from_secs(40), || {
         let r = running(&up);
@@ -73,27 +67,52 @@ fn six_units_spread_over_six_nodes_and_a_drain_at_every_domains_max_completes_by
     assert_eq!(running(&up).len(), 6, "the app never dropped below its size");
 }
 
-/// Polls until the old worker (`old_pid`) has exited, recording when the unit's new
-/// worker was first seen running and when the old one exited.
-fn watch_worker_move(up: &Up, id: &str, old_pid: i32, old_node: &str) -> (Duration, Duration) {
+/// The units and the newest lines of `up`'s log, for a failure's message.
+fn dump(up: &Up) -> String {
+    let log = std::fs::read_to_string(up.data.join("up.err")).unwrap_or_default();
+    let tail: Vec<&str> = log.lines().rev().take(60).collect();
+    format!("units: {:#?}\nup.err (newest first):\n{}", up.units("echo"), tail.join("\n"))
+}
+
+/// Waits for `n` running echo units, or panics with what there is.
+fn running_units(up: &Up, n: usize) -> Vec<Value> {
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(30) {
+        let r = running(up);
+        if r.len() == n {
+            return r;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("{n} running echo units not seen within 30s\n{}", dump(up))
+}
+
+/// Polls (through the API, quickly) until the old worker (`old_pid`) has exited, and
+/// returns when the unit's new worker was first seen running, answering at its address,
+/// and when the old one exited.
+fn watch_worker_move(up: &Up, id: &str, old_pid: i32) -> (Duration, Duration) {
     let t0 = Instant::now();
     let (mut new_running, mut old_exited) = (None, None);
     while t0.elapsed() < Duration::from_secs(40) && old_exited.is_none() {
-        let units = up.units("echo");
-        if let Some(u) = units.iter().find(|u| u["unit_id"] == id) {
-            let surge_runs = u["surge"].as_array().into_iter().flatten().any(|m| m["state"] == "running");
-            let moved = nodes_of(u, "worker").iter().all(|n| n != old_node)
-                && u["members"].as_array().into_iter().flatten().all(|m| m["state"] == "running");
-            if surge_runs || moved {
-                new_running.get_or_insert(t0.elapsed());
+        let old_alive = alive(old_pid);
+        let (_, units) = http(&up.addr, "GET", "/v1/apps/echo/units", None, "");
+        let unit = units.as_array().into_iter().flatten().find(|u| u["unit_id"] == id);
+        let surge = unit.into_iter().flat_map(|u| u["surge"].as_array().into_iter().flatten());
+        for m in surge.filter(|m| m["state"] == "running") {
+            if new_running.is_none() && m["address"].as_str().and_then(who).is_some() {
+                assert!(old_alive, "the old worker had exited before its replacement ran");
+                new_running = Some(t0.elapsed());
             }
         }
-        if !alive(old_pid) {
+        if !old_alive {
             old_exited = Some(t0.elapsed());
         }
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(Duration::from_millis(5));
     }
-    (new_running.expect("the new worker ran"), old_exited.expect("the old worker stopped"))
+    match (new_running, old_exited) {
+        (Some(r), Some(e)) => (r, e),
+        (r, e) => panic!("new worker running: {r:?}, old worker exited: {e:?}\n{}", dump(up)),
+    }
 }
 
 #[test]
@@ -104,10 +123,7 @@ fn a_worker_on_a_drained_node_is_replaced_alone_make_before_break_and_a_drain_wi
     std::fs::write(&spec, text.replace("max_units_per_domain = 3", "max_units_per_domain = 3\nmembers = \"spread\""))
         .unwrap();
     let up = Up::start("spread-worker", &["--agents", "6", "--shards", "2", "--app", spec.to_str().unwrap()]);
-    let units = wait_for("2 running echo units", Duration::from_secs(30), || {
-        let r = running(&up);
-        (r.len() == 2).then_some(r)
-    });
+    let units = running_units(&up, 2);
     let u = &units[0];
     let (head, worker) = (nodes_of(u, "head")[0].clone(), nodes_of(u, "worker")[0].clone());
     assert_ne!(head, worker, "spread.members = \"spread\": head and worker on distinct nodes");
@@ -120,7 +136,7 @@ fn a_worker_on_a_drained_node_is_replaced_alone_make_before_break_and_a_drain_wi
     // Drain the worker's node: only the worker moves, and the old one stops only after
     // the new one runs.
     run_ok(up.cli().args(["node", "drain", &worker]));
-    let (new_running, old_exited) = watch_worker_move(&up, &id, worker_pid, &worker);
+    let (new_running, old_exited) = watch_worker_move(&up, &id, worker_pid);
     eprintln!("{id}: new worker running after {new_running:?}, old worker exited after {old_exited:?}");
     assert!(new_running < old_exited, "make before break: new ran at {new_running:?}, old exited at {old_exited:?}");
     let after = wait_for("the unit with its moved worker", Duration::from_secs(20), || {

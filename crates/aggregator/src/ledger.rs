@@ -559,6 +559,30 @@ mod tests {
     }
 
     #[test]
+    fn a_member_replaced_alone_under_its_own_generation_is_a_second_entry_and_survives_a_restart() {
+        // A worker moving off a drained node, make before break: the new claim carries the
+        // member's own generation, so the old worker's entry stays until it is released.
+        let mut l = Ledger::new();
+        let old = claim("u1", "worker-0", 0, 300, "u1");
+        let new = Claim { key: ClaimKey { generation: 7, ..old.key.clone() }, node: node(1), ..old.clone() };
+        assert!(l.commit("t1", std::slice::from_ref(&old), &facts).0.iter().all(|(_, r)| r.is_ok()));
+        let (out, _) = l.commit("t2", std::slice::from_ref(&new), &facts);
+        assert_eq!(out[0].1, Ok(()), "not already_placed: another generation is another key");
+        assert_eq!((l.placement(&old.key), l.placement(&new.key)), (Some(&node(0)), Some(&node(1))));
+        l.release(std::slice::from_ref(&old.key));
+        assert_eq!((l.placement(&old.key), l.allocated(&node(0))), (None, Resources::default()));
+        // A restarted shard rebuilds the new entry from the agent's report (its generation
+        // included), and the old key, released before, never comes back.
+        let mut r = Ledger::new();
+        let c = Resources::new(1000, 0, 0);
+        assert_eq!(r.adopt(&node(1), 1, &c, vec![new.clone()], 2), (1, 0));
+        assert_eq!(r.placement(&new.key), Some(&node(1)));
+        r.release(std::slice::from_ref(&old.key));
+        assert_eq!(r.adopt(&node(0), 1, &c, vec![old], 2), (0, 1), "a tombstone keeps the released key out");
+        r.check_invariant(&cap).unwrap();
+    }
+
+    #[test]
     fn each_claim_is_checked_on_its_own() {
         let mut l = Ledger::new();
         let cs = [

@@ -121,6 +121,9 @@ pub struct PlanInput<'a> {
     /// A make-before-break replacement may exceed both maxima by this many (the units
     /// leaving); 0 for anything else.
     pub surge: u32,
+    /// Among domains holding as many units, try this one first (a replacement's old
+    /// domain: once the old unit leaves, the domains stay balanced).
+    pub prefer_domain: Option<&'a str>,
 }
 
 impl<'a> PlanInput<'a> {
@@ -145,6 +148,7 @@ impl<'a> PlanInput<'a> {
             members: None,
             unit_nodes: &[],
             surge: 0,
+            prefer_domain: None,
         }
     }
 }
@@ -191,8 +195,8 @@ pub fn place_unit(
 ) -> Result<Placement, Unplaced> {
     let mut why = Unplaced::default();
     let class = members.iter().fold(Resources::default(), |acc, m| acc.checked_add(&m.resources).unwrap_or(acc));
-    // (shard, domain, its nodes, units of this app there, random tie-break)
-    type Candidate<'s> = (usize, &'s String, &'s Arc<Vec<NodeId>>, u32, u32);
+    // (shard, domain, its nodes, units of this app there, (not preferred, random tie-break))
+    type Candidate<'s> = (usize, &'s String, &'s Arc<Vec<NodeId>>, u32, (bool, u32));
     let mut domains: Vec<Candidate<'_>> = input
         .slots
         .iter()
@@ -200,10 +204,12 @@ pub fn place_unit(
         .flat_map(|(shard, slot)| slot.domains.iter().map(move |(d, ids)| (shard, d, ids)))
         .filter(|(_, d, _)| input.only_domain.is_none_or(|only| only == d.as_str()))
         .map(|(shard, d, ids)| {
-            (shard, d, ids, input.units_per_domain.get(d).copied().unwrap_or(0), rng.random::<u32>())
+            let preferred = input.prefer_domain == Some(d.as_str());
+            (shard, d, ids, input.units_per_domain.get(d).copied().unwrap_or(0), (!preferred, rng.random::<u32>()))
         })
         .collect();
-    domains.sort_by_key(|&(_, _, _, units, tie)| (units, tie));
+    // A replacement's old domain counts without the unit leaving it.
+    domains.sort_by_key(|&(_, _, _, units, (other, tie))| (units.saturating_sub(u32::from(!other)), other, tie));
     for (shard, domain, ids, units, _) in domains.into_iter().take(MAX_DOMAINS) {
         if input.max_units_per_domain.is_some_and(|m| units >= m.saturating_add(input.surge)) {
             why.domains_full += 1;
@@ -674,5 +680,26 @@ mod tests {
         let alone = PlanInput { unit_nodes: &held, ..spread };
         let p = place_unit(&alone, &members(1, 100), &mut ClassCache::default(), &mut rng).unwrap();
         assert_eq!(p.members[0].node.as_str(), "a4");
+    }
+
+    #[test]
+    fn a_replacement_prefers_the_domain_its_unit_leaves() {
+        let s = slots(vec![
+            rec("a1", "a", 4000, 0, NodeStatus::Alive, 0, false),
+            rec("b1", "b", 4000, 0, NodeStatus::Alive, 0, false),
+        ]);
+        let (c, pending, per_node) = (Constraints::default(), HashMap::new(), HashMap::new());
+        let per_domain = HashMap::from([("a".to_string(), 3), ("b".to_string(), 2)]);
+        for seed in 0..8 {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+            let input = PlanInput {
+                prefer_domain: Some("a"),
+                surge: 1,
+                max_units_per_domain: Some(3),
+                ..PlanInput::new(&s, &c, &per_domain, &per_node, &pending)
+            };
+            let p = place_unit(&input, &members(1, 1), &mut ClassCache::default(), &mut rng).unwrap();
+            assert_eq!(p.domain, "a", "a holds 2 once its unit leaves, b 2: the old domain first");
+        }
     }
 }

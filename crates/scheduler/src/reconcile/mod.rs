@@ -325,6 +325,10 @@ impl Scheduler {
             slots.get(p.shard).is_none_or(|s| s.view.version.epoch == p.shown_in.epoch && s.view.version < p.shown_in)
         });
 
+        // Workers coming up to replace one (make before break) that ran as of the last
+        // pass take their member's place, and only then is the old one released; they
+        // were shown running (API, `units`) for at least that one pass.
+        self.swap_surge(&mut writes).await;
         self.observe(&slots, &mut writes);
         self.start_waiting().await;
         self.sweep_orphans(&slots).await;

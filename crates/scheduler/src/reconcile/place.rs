@@ -89,15 +89,17 @@ impl Scheduler {
         let mut per_domain = self.units_per_domain();
         let mut per_node = self.units_per_node(None);
         // Make-before-break replacements may pass the spread maxima by the units leaving.
-        let replacing: std::collections::HashSet<&str> = self
+        // replacement id → the domain of the unit it replaces
+        let replacing: HashMap<&str, Option<&str>> = self
             .stored
             .units
             .values()
             .filter(|u| u.state.is_active())
-            .filter_map(|u| u.replaced_by.as_deref())
+            .filter_map(|u| Some((u.replaced_by.as_deref()?, u.domain.as_deref())))
             .collect();
         let leaving = replacing.len() as u32;
-        let replacements: Vec<bool> = ids.iter().map(|id| replacing.contains(id.as_str())).collect();
+        let replacements: Vec<Option<Option<String>>> =
+            ids.iter().map(|id| replacing.get(id.as_str()).map(|d| d.map(str::to_string))).collect();
         let prefer_spread = self.spec.spread.spreads_over_nodes(self.spec.serves());
         let mut by_shard = ByShard::new();
         let mut still = Vec::new();
@@ -110,7 +112,8 @@ impl Scheduler {
                 max_units_per_node: self.spec.spread.max_units_per_node,
                 prefer_spread,
                 members: self.spec.spread.members,
-                surge: if replacement { leaving } else { 0 },
+                surge: if replacement.is_some() { leaving } else { 0 },
+                prefer_domain: replacement.as_ref().and_then(|d| d.as_deref()),
                 ..PlanInput::new(slots, &constraints[usize::from(secondary)], &per_domain, &per_node, &pending)
             };
             let classes = if secondary { &mut self.classes_secondary } else { &mut self.classes };

@@ -67,7 +67,6 @@ impl Scheduler {
         for (id, members, why) in plan.replace_members {
             self.surge_members(&id, &members, &why, slots, writes).await;
         }
-        self.swap_surge(writes).await;
         self.note_waiting_drains(slots, writes);
         self.follow_rollout(plan.failed, now, writes);
     }
@@ -217,7 +216,7 @@ impl Scheduler {
     /// Surge members that run take their member's place; the member they replace is
     /// released after the unit is written (write ahead: if the release fails, the old
     /// member belongs to no unit and the orphan sweep releases it).
-    async fn swap_surge(&mut self, writes: &mut Vec<Write>) {
+    pub(super) async fn swap_surge(&mut self, writes: &mut Vec<Write>) {
         let ready: Vec<(String, Vec<String>)> = self
             .stored
             .units
