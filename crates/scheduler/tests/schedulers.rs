@@ -251,6 +251,12 @@ async fn a_lost_worker_is_replaced_in_place_and_a_lost_head_replaces_the_unit() 
         if w.is_some_and(|w| w != worker) {
             assert_eq!(node_of(&u, "head"), head, "the head did not move");
             assert_eq!(u.state, UnitState::Degraded, "degraded until the new worker runs");
+            // Under a ledger key of its own: releasing the lost worker's key (which its
+            // node may still list, so the orphan sweep releases it) never stops it.
+            let g = u.members.iter().find(|m| m.member == "worker-0").and_then(|m| m.generation);
+            assert!(g.is_some_and(|g| g > unit.generation), "a fresh generation for the replacement: {u:?}");
+            assert_eq!(u.generation_of("worker-0"), g.unwrap_or_default());
+            assert_eq!(u.generation_of("head"), unit.generation, "the head keeps the unit's");
             break;
         }
         assert!(Instant::now() < deadline, "the worker was never replaced: {u:?}");

@@ -174,7 +174,27 @@ impl Scheduler {
                 return;
             }
         };
-        let claims = claims(&self.spec, id, &|m| unit.generation_of(m), unit.secondary, &p);
+        // A fresh generation per replaced member, written before the claim leaves: the
+        // lost member's key stays with the lost member (its dead node may still list it,
+        // and the orphan sweep releases that key), so releasing it never stops the
+        // replacement, which runs under a key of its own.
+        let mut generations = HashMap::new();
+        for m in &p.members {
+            let g = self.stored.next_generation.max(1);
+            self.stored.next_generation = g + 1;
+            generations.insert(m.member.clone(), g);
+        }
+        if let Err(e) = self.store.write(&self.spec.name, &[Write::NextGeneration(self.stored.next_generation)]) {
+            tracing::warn!(unit = %id, error = %e, "cannot record the generation; will retry");
+            return;
+        }
+        let claims = claims(
+            &self.spec,
+            id,
+            &|m| generations.get(m).copied().unwrap_or_else(|| unit.generation_of(m)),
+            unit.secondary,
+            &p,
+        );
         let txn_id = self.txn_id(&format!("{id}-replace"));
         let Ok(resp) = self.ledgers.commit(p.shard, txn_id, claims).await else { return };
         let Some(u) = self.stored.units.get_mut(id) else { return };
@@ -187,6 +207,7 @@ impl Scheduler {
                 m.node_id = Some(pm.node.to_string());
                 m.incarnation = pm.incarnation;
                 m.shard = Some(p.shard as u32);
+                m.generation = generations.get(&pm.member).copied().or(m.generation);
             }
         }
         u.unplaced_reason = None;
