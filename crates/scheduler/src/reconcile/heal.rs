@@ -174,20 +174,10 @@ impl Scheduler {
                 return;
             }
         };
-        // A fresh generation per replaced member, written before the claim leaves: the
-        // lost member's key stays with the lost member (its dead node may still list it,
-        // and the orphan sweep releases that key), so releasing it never stops the
-        // replacement, which runs under a key of its own.
-        let mut generations = HashMap::new();
-        for m in &p.members {
-            let g = self.stored.next_generation.max(1);
-            self.stored.next_generation = g + 1;
-            generations.insert(m.member.clone(), g);
-        }
-        if let Err(e) = self.store.write(&self.spec.name, &[Write::NextGeneration(self.stored.next_generation)]) {
-            tracing::warn!(unit = %id, error = %e, "cannot record the generation; will retry");
-            return;
-        }
+        // A key of its own for the replacement: the lost member's key stays with the
+        // lost member (its dead node may still list it, and the orphan sweep releases
+        // that key), so releasing it never stops the replacement.
+        let Some(generations) = self.fresh_generations(id, &p) else { return };
         let claims = claims(
             &self.spec,
             id,

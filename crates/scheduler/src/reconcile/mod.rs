@@ -414,6 +414,24 @@ impl Scheduler {
         id
     }
 
+    /// A fresh generation for each member of `p` (a member replaced alone), from the app's
+    /// counter, written before any claim under it leaves: a scheduler that dies with the
+    /// commit in flight never reuses it (the orphan sweep releases a claim that landed
+    /// but no unit records). `None` when the store refuses; the caller retries next pass.
+    fn fresh_generations(&mut self, unit: &str, p: &crate::planner::Placement) -> Option<HashMap<String, u64>> {
+        let mut generations = HashMap::new();
+        for m in &p.members {
+            let g = self.stored.next_generation.max(1);
+            self.stored.next_generation = g + 1;
+            generations.insert(m.member.clone(), g);
+        }
+        if let Err(e) = self.store.write(&self.spec.name, &[Write::NextGeneration(self.stored.next_generation)]) {
+            tracing::warn!(%unit, error = %e, "cannot record the generation; will retry");
+            return None;
+        }
+        Some(generations)
+    }
+
     /// Recomputes the route table and publishes it under a new version if it changed.
     pub fn publish_routes(&mut self) {
         let slots = self.cluster.slots();

@@ -16,15 +16,19 @@ use crate::lifecycle::UnitState;
 use crate::repair::{MISSING, MISSING_AFTER_MS, runs_nowhere};
 use crate::store::{MemberRecord, NamedPorts, UnitRecord, Usage, Write};
 
-/// A member's named ports and message as its agent reports them (ports outside `u16`
-/// are dropped: no agent assigns them).
-fn reported_ports(w: &v1::WorkloadStatus) -> (NamedPorts, Option<String>) {
+/// Takes a member's named ports and message as its agent reports them (ports outside
+/// `u16` are dropped: no agent assigns them); whether the record changed.
+fn take_reported_ports(m: &mut MemberRecord, w: &v1::WorkloadStatus) -> bool {
     let port = |p: u32| u16::try_from(p).ok();
     let ports = NamedPorts {
         named: w.ports.iter().filter_map(|(k, p)| Some((k.clone(), port(*p)?))).collect(),
         ranges: w.port_ranges.iter().filter_map(|(k, r)| Some((k.clone(), (port(r.first)?, port(r.last)?)))).collect(),
     };
-    (ports, (!w.message.is_empty()).then(|| w.message.clone()))
+    let message = (!w.message.is_empty()).then(|| w.message.clone());
+    let changed = m.ports != ports || m.message != message;
+    m.ports = ports;
+    m.message = message;
+    changed
 }
 
 /// How often the view is swept for members no unit accounts for (it reads every node).
@@ -76,12 +80,7 @@ impl Scheduler {
                 // Usage changes all the time: it is kept, not a reason to write the record.
                 m.usage = usage;
                 if let Some(w) = &status {
-                    let (ports, message) = reported_ports(w);
-                    if m.ports != ports || m.message != message {
-                        m.ports = ports;
-                        m.message = message;
-                        changed = true;
-                    }
+                    changed |= take_reported_ports(m, w);
                 }
                 any_reported |= status.is_some();
                 all_running &= state.as_deref() == Some("running");
@@ -98,12 +97,7 @@ impl Scheduler {
                 let state = status.as_ref().map(|w| workload_state(w).to_string()).or_else(|| m.state.clone());
                 let address = status.as_ref().filter(|w| !w.address.is_empty()).map(|w| w.address.clone());
                 if let Some(w) = &status {
-                    let (ports, message) = reported_ports(w);
-                    if m.ports != ports || m.message != message {
-                        m.ports = ports;
-                        m.message = message;
-                        changed = true;
-                    }
+                    changed |= take_reported_ports(m, w);
                 }
                 if m.state != state || (address.is_some() && m.address != address) {
                     m.state = state;

@@ -103,19 +103,7 @@ impl Scheduler {
                 return;
             }
         };
-        // A fresh generation per member, written before the claim leaves: a scheduler
-        // that dies with the commit in flight never reuses it (the orphan sweep releases
-        // a claim that landed but no unit records).
-        let mut generations = std::collections::HashMap::new();
-        for m in &p.members {
-            let g = self.stored.next_generation.max(1);
-            self.stored.next_generation = g + 1;
-            generations.insert(m.member.clone(), g);
-        }
-        if let Err(e) = self.store.write(&self.spec.name, &[Write::NextGeneration(self.stored.next_generation)]) {
-            tracing::warn!(unit = %id, error = %e, "cannot record the generation; will retry");
-            return;
-        }
+        let Some(generations) = self.fresh_generations(id, &p) else { return };
         let claims = super::ledgers::claims(
             &self.spec,
             id,
