@@ -420,6 +420,7 @@ pub async fn control(a: ControlArgs) -> anyhow::Result<()> {
             Some(dir) => flotilla_control::Pools::open(dir.clone())?,
             None => Default::default(),
         },
+        replicas: None,
     });
     let options = a.http.options()?;
     let listener = tokio::net::TcpListener::bind(a.listen).await.with_context(|| format!("binding {}", a.listen))?;
@@ -517,6 +518,7 @@ pub async fn scheduler(a: SchedulerArgs) -> anyhow::Result<()> {
         dialer,
         policies: Default::default(),
         pools: Default::default(),
+        replicas: None,
     });
     let scheduler = scheduler.with_policies(state.policies.book());
     state.apps.add_local(handle);
