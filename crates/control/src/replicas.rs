@@ -19,7 +19,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::{GetOptions, PutOptions};
+use flotilla_etcd::etcd_client::{GetOptions, PutOptions};
+use flotilla_etcd::{REQUEST_TIMEOUT, within};
 use serde_json::Value;
 
 use crate::{ControlError, ControlState};
@@ -27,12 +28,10 @@ use crate::{ControlError, ControlState};
 /// How often a replica reloads etcd's copy: changes made through another replica show
 /// within this long.
 pub const MIRROR_EVERY: Duration = Duration::from_secs(1);
-/// Each etcd call's deadline: a replica never hangs a request on a dead etcd.
-const CALL_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// The shared part of the control plane's state, in etcd.
 pub struct Replicas {
-    client: etcd_client::Client,
+    client: flotilla_etcd::Client,
     /// `PREFIX/control/`, with its trailing slash.
     root: String,
 }
@@ -131,8 +130,8 @@ impl Mirror {
 impl Replicas {
     /// `prefix` is the store prefix (`/flotilla`); the control plane keeps its part under
     /// `PREFIX/control/`.
-    pub fn new(client: etcd_client::Client, prefix: &str) -> Replicas {
-        Replicas { client, root: format!("{}/control/", prefix.trim_end_matches('/')) }
+    pub fn new(client: flotilla_etcd::Client, prefix: &str) -> Replicas {
+        Replicas { client, root: flotilla_etcd::key(prefix, "control/") }
     }
 
     /// Keeps `what` in etcd (soft state under a lease of its TTL); the caller answers
@@ -149,24 +148,17 @@ impl Replicas {
             };
             c.put(format!("{}{key}", self.root), value, options).await
         };
-        let result = match tokio::time::timeout(CALL_TIMEOUT, put).await {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(_) => Err(format!("no answer within {} s", CALL_TIMEOUT.as_secs())),
-        };
+        let result = within(REQUEST_TIMEOUT, "a shared put", put).await;
         let label = if result.is_ok() { "ok" } else { "error" };
         metrics::counter!(m::REPLICA_WRITES.name, "kind" => kind, "result" => label).increment(1);
-        result.map_err(ControlError::SharedStoreUnavailable)
+        result.map(drop).map_err(|e| ControlError::SharedStoreUnavailable(e.to_string()))
     }
 
     /// One listing of etcd's copy.
-    async fn list(&self) -> Result<Mirror, String> {
+    async fn list(&self) -> Result<Mirror, flotilla_etcd::EtcdError> {
         let mut c = self.client.clone();
-        let get = c.get(self.root.clone(), Some(GetOptions::new().with_prefix()));
-        let r = match tokio::time::timeout(CALL_TIMEOUT, get).await {
-            Ok(r) => r.map_err(|e| e.to_string())?,
-            Err(_) => return Err(format!("no answer within {} s", CALL_TIMEOUT.as_secs())),
-        };
+        let r = within(REQUEST_TIMEOUT, "a listing", c.get(self.root.clone(), Some(GetOptions::new().with_prefix())))
+            .await?;
         let entries: Vec<(&str, &str)> = r
             .kvs()
             .iter()
