@@ -80,7 +80,7 @@ pub async fn run(a: RouteArgs) -> anyhow::Result<()> {
         if table.endpoints().is_empty() { Err("no route table with an endpoint yet".to_string()) } else { Ok(()) }
     });
     let metrics = flotilla_obs::serve_metrics(a.metrics).await?;
-    let listener = tokio::net::TcpListener::bind(a.listen).await.with_context(|| format!("binding {}", a.listen))?;
+    let listener = flotilla_router::proxy::listen(a.listen).with_context(|| format!("binding {}", a.listen))?;
     let listen = listener.local_addr()?;
     if a.print_addrs {
         println!("{}", serde_json::json!({"listen": listen.to_string(), "metrics": metrics.to_string()}));
