@@ -17,6 +17,7 @@ mod rollout;
 mod routes;
 mod spec;
 mod store;
+mod store_etcd;
 #[cfg(test)]
 mod testing;
 
@@ -28,3 +29,4 @@ pub use reconcile::{
 pub use rollout::{RolloutRecord, RolloutState, counts_toward_desired};
 pub use spec::{AppSpec, MAX_UNITS, SpecOrigin, UnitShape, parse_cpu, parse_memory};
 pub use store::{DECISIONS_KEPT, MemStore, MemberRecord, Override, RedbStore, Store, Stored, UnitRecord, Usage, Write};
+pub use store_etcd::{EtcdStore, FENCED, MAX_TXN_BYTES, MAX_TXN_OPS};
