@@ -9,6 +9,7 @@
 
 pub mod autoscale;
 pub mod catalogue;
+mod leader;
 mod lifecycle;
 mod planner;
 mod reconcile;
@@ -21,6 +22,7 @@ mod store_etcd;
 #[cfg(test)]
 mod testing;
 
+pub use leader::{LOCAL_TOKEN, Leader, Role, default_instance};
 pub use lifecycle::UnitState;
 pub use reconcile::{
     AppHandle, AppStatus, AutoscalingStatus, Command, CommandError, Demand, DemandRequest, MAX_DEMAND_COUNT,

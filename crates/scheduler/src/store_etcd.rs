@@ -488,7 +488,7 @@ mod tests {
         assert!(unfenced.failing().is_some());
         etcd.restart();
         let probe = unfenced.clone();
-        flotilla_testkit::wait_for_async("etcd to answer again", Duration::from_secs(30), || {
+        flotilla_testkit::wait_for_async("etcd to answer again", Duration::from_secs(90), || {
             let p = probe.clone();
             std::thread::spawn(move || p.write("echo", &[])).join().ok()?.ok()
         })
