@@ -68,6 +68,18 @@ fn schedule_scenario_reports_every_figure() {
 }
 
 #[test]
+fn schedule_scenario_runs_each_store_asked_for() {
+    let v = run(
+        &["schedule", "--nodes", "200", "--schedulers", "4", "--placements", "400", "--store", "redb,etcd"],
+        &["etcd_vs_redb", "placements_per_second"],
+    );
+    assert_eq!(v["store"], "redb");
+    assert_eq!(v["placements_committed"], 400);
+    let by = v["placements_per_second_by_store"].as_object().unwrap();
+    assert!(by["redb"].as_f64().unwrap() > 0.0 && by["etcd"].as_f64().unwrap() > 0.0, "{v}");
+}
+
+#[test]
 fn failover_scenario_reports_every_figure() {
     let v = run(
         &["failover", "--trials", "2"],
