@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use flotilla_aggregator::{
-    Change, HeartbeatDrop, Ingest, Ledger, NodeFacts, NodeLive, Registry, ShardStats, claims_from_wire,
+    Change, HeartbeatDrop, Ingest, Ledger, NodeFacts, Registered, Registry, ShardStats, claims_from_wire,
 };
 use flotilla_core::{MAX_LABELS, NodeId, NodeStatus, PROTOCOL_VERSION, Resources, ServiceError};
 use flotilla_proto::seal::{self, Direction, Header, MAGIC_HEARTBEAT, MAGIC_REPLY};
@@ -81,7 +81,7 @@ pub fn heartbeat(data: &[u8]) {
     if mode % 2 == 0 {
         raw_datagram(&mut ingest, rest);
     } else {
-        sealed_records(&mut ingest, &live, rest);
+        sealed_records(&mut ingest, &registry, &live, rest);
     }
 }
 
@@ -123,7 +123,15 @@ fn check_reply(reply: &[u8], key: &seal::SessionKey, to: &Header<'_>) {
     assert_eq!(r.action, v1::HeartbeatAction::Reregister as i32);
 }
 
-fn sealed_records(ingest: &mut Ingest, live: &Arc<NodeLive>, mut rest: &[u8]) {
+fn sealed_records(ingest: &mut Ingest, registry: &Registry, live: &Registered, mut rest: &[u8]) {
+    // (status, last sequence, last seen) of the session, which stays held throughout.
+    let state = || {
+        registry
+            .with_session(live.session_id, |l| {
+                (l.status(), l.last_seq.load(Ordering::Acquire), l.last_seen_ms.load(Ordering::Acquire))
+            })
+            .expect("the fixed session stays held")
+    };
     let mut seq = 0u64;
     let mut now = 1_000u64;
     let mut dgram = Vec::new();
@@ -165,10 +173,9 @@ fn sealed_records(ingest: &mut Ingest, live: &Arc<NodeLive>, mut rest: &[u8]) {
             _ => None,
         };
         if let Some(to) = target {
-            live.transition(live.status(), to, now);
+            registry.with_session(live.session_id, |l| l.transition(l.status(), to, now));
         }
-        let last_seq = live.last_seq.load(Ordering::Acquire);
-        let status = live.status();
+        let (status, last_seq, _) = state();
         reply.clear();
         let r = ingest.handle(&dgram, now, &mut reply);
         let authentic = tamper == 0
@@ -178,9 +185,9 @@ fn sealed_records(ingest: &mut Ingest, live: &Arc<NodeLive>, mut rest: &[u8]) {
             Ok(()) => {
                 assert!(authentic, "accepted a datagram that is not the session's own: flags {flags:#x}");
                 assert!(seq > last_seq, "accepted sequence {seq} after {last_seq}");
-                assert_eq!(live.last_seq.load(Ordering::Acquire), seq);
-                assert_eq!(live.last_seen_ms.load(Ordering::Acquire), now);
-                assert!(matches!(live.status(), NodeStatus::Alive | NodeStatus::Draining), "{:?}", live.status());
+                let (status, last, seen) = state();
+                assert_eq!((last, seen), (seq, now));
+                assert!(matches!(status, NodeStatus::Alive | NodeStatus::Draining), "{status:?}");
                 assert!(reply.is_empty());
             }
             Err(HeartbeatDrop::DeadNode) => {
@@ -195,7 +202,7 @@ fn sealed_records(ingest: &mut Ingest, live: &Arc<NodeLive>, mut rest: &[u8]) {
         }
         // Only an authenticated, newer datagram moves the sequence.
         if !matches!(r, Ok(()) | Err(HeartbeatDrop::DeadNode)) {
-            assert_eq!(live.last_seq.load(Ordering::Acquire), last_seq, "{r:?} moved the sequence");
+            assert_eq!(state().1, last_seq, "{r:?} moved the sequence");
         }
     }
 }
