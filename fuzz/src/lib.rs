@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use flotilla_aggregator::{
-    Change, HeartbeatDrop, Ingest, Ledger, NodeFacts, NodeLive, Registry, ShardStats, claims_from_wire,
+    Change, HeartbeatDrop, Ingest, Ledger, NodeFacts, Registered, Registry, ShardStats, claims_from_wire,
 };
 use flotilla_core::{MAX_LABELS, NodeId, NodeStatus, PROTOCOL_VERSION, Resources, ServiceError};
 use flotilla_proto::seal::{self, Direction, Header, MAGIC_HEARTBEAT, MAGIC_REPLY};
@@ -81,7 +81,7 @@ pub fn heartbeat(data: &[u8]) {
     if mode % 2 == 0 {
         raw_datagram(&mut ingest, rest);
     } else {
-        sealed_records(&mut ingest, &live, rest);
+        sealed_records(&mut ingest, &registry, &live, rest);
     }
 }
 
@@ -123,7 +123,15 @@ fn check_reply(reply: &[u8], key: &seal::SessionKey, to: &Header<'_>) {
     assert_eq!(r.action, v1::HeartbeatAction::Reregister as i32);
 }
 
-fn sealed_records(ingest: &mut Ingest, live: &Arc<NodeLive>, mut rest: &[u8]) {
+fn sealed_records(ingest: &mut Ingest, registry: &Registry, live: &Registered, mut rest: &[u8]) {
+    // (status, last sequence, last seen) of the session, which stays held throughout.
+    let state = || {
+        registry
+            .with_session(live.session_id, |l| {
+                (l.status(), l.last_seq.load(Ordering::Acquire), l.last_seen_ms.load(Ordering::Acquire))
+            })
+            .expect("the fixed session stays held")
+    };
     let mut seq = 0u64;
     let mut now = 1_000u64;
     let mut dgram = Vec::new();
@@ -165,10 +173,9 @@ fn sealed_records(ingest: &mut Ingest, live: &Arc<NodeLive>, mut rest: &[u8]) {
             _ => None,
         };
         if let Some(to) = target {
-            live.transition(live.status(), to, now);
+            registry.with_session(live.session_id, |l| l.transition(l.status(), to, now));
         }
-        let last_seq = live.last_seq.load(Ordering::Acquire);
-        let status = live.status();
+        let (status, last_seq, _) = state();
         reply.clear();
         let r = ingest.handle(&dgram, now, &mut reply);
         let authentic = tamper == 0
@@ -178,9 +185,9 @@ fn sealed_records(ingest: &mut Ingest, live: &Arc<NodeLive>, mut rest: &[u8]) {
             Ok(()) => {
                 assert!(authentic, "accepted a datagram that is not the session's own: flags {flags:#x}");
                 assert!(seq > last_seq, "accepted sequence {seq} after {last_seq}");
-                assert_eq!(live.last_seq.load(Ordering::Acquire), seq);
-                assert_eq!(live.last_seen_ms.load(Ordering::Acquire), now);
-                assert!(matches!(live.status(), NodeStatus::Alive | NodeStatus::Draining), "{:?}", live.status());
+                let (status, last, seen) = state();
+                assert_eq!((last, seen), (seq, now));
+                assert!(matches!(status, NodeStatus::Alive | NodeStatus::Draining), "{status:?}");
                 assert!(reply.is_empty());
             }
             Err(HeartbeatDrop::DeadNode) => {
@@ -195,7 +202,7 @@ fn sealed_records(ingest: &mut Ingest, live: &Arc<NodeLive>, mut rest: &[u8]) {
         }
         // Only an authenticated, newer datagram moves the sequence.
         if !matches!(r, Ok(()) | Err(HeartbeatDrop::DeadNode)) {
-            assert_eq!(live.last_seq.load(Ordering::Acquire), last_seq, "{r:?} moved the sequence");
+            assert_eq!(state().1, last_seq, "{r:?} moved the sequence");
         }
     }
 }
@@ -232,7 +239,7 @@ pub fn registration(data: &[u8]) {
             let r = registry.drain(live.session_id, &d.node_id, now);
             assert_eq!(r.is_some(), d.node_id == NODE, "a session drains its own node only");
             if r.is_some() {
-                assert_eq!(live.status(), NodeStatus::Draining);
+                assert_eq!(registry.with_session(live.session_id, |l| l.status()), Some(NodeStatus::Draining));
             }
         }
     }
@@ -256,13 +263,13 @@ fn register_and_check(
     assert_eq!((protocol, token.as_str()), (PROTOCOL_VERSION, JOIN_TOKEN), "registered without credentials");
     assert_eq!((live.node_id.as_str(), live.incarnation), (node_id.as_str(), incarnation));
     assert_eq!(live.key, seal::derive_session_key(MASTER, live.session_id, incarnation, &node_id));
-    assert!(registry.is_current(&live));
+    assert!(registry.is_current(live.session_id));
     let Ok(Change::Registered(told, d)) = changes.try_recv() else { panic!("the applier was not told") };
-    assert!(Arc::ptr_eq(&told, &live));
+    assert_eq!((told.session_id, &told.node_id), (live.session_id, &live.node_id));
     d.capacity.validate_node_capacity().expect("an accepted capacity is sane");
     assert!(d.labels.len() <= MAX_LABELS);
     // What the applier does with it on a restarted shard: adopt what the agent runs.
-    let capacity = d.capacity.clone();
+    let capacity = (*d.capacity).clone();
     let running = d.running.len();
     let mut ledger = Ledger::new();
     let (adopted, left_out) = ledger.adopt(&live.node_id, incarnation, &capacity, d.running, d.running_version);

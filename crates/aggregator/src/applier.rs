@@ -16,7 +16,7 @@ use tokio::time::Instant;
 
 use crate::ledger::{Claim, Ledger};
 use crate::liveness::{Timeouts, Verdict, Wheel, evaluate};
-use crate::registry::{Change, NodeLive, Registry};
+use crate::registry::{Change, Registry, SessionRef};
 
 /// Wheel granularity: deadlines fire within this much of their time.
 pub const WHEEL_SLOT_MS: u64 = 100;
@@ -36,13 +36,16 @@ pub struct Applier {
     timeouts: Timeouts,
     batch_window: Duration,
     wheel: Wheel,
-    dirty: HashMap<NodeId, Arc<NodeLive>>,
+    /// Nodes to republish (from their current session, whichever spoke).
+    dirty: HashSet<NodeId>,
     samples: HashMap<NodeId, HealthSample>,
     /// Descriptors of nodes registered since the last flush.
-    fresh: HashMap<NodeId, (Arc<flotilla_core::Labels>, flotilla_core::Resources)>,
+    fresh: HashMap<NodeId, (Arc<flotilla_core::Labels>, Arc<flotilla_core::Resources>)>,
+    /// The allocation every idle node's record shares.
+    nothing_allocated: Arc<flotilla_core::Resources>,
     /// What newly registered agents run, for the ledger to adopt (see `Ledger::adopt`).
     adopt: HashMap<NodeId, (Vec<Claim>, u64)>,
-    removed: Vec<Arc<NodeLive>>,
+    removed: Vec<SessionRef>,
     counts: [i64; 5],
     metrics: Metrics,
 }
@@ -92,9 +95,10 @@ impl Applier {
             timeouts,
             batch_window,
             wheel: Wheel::new(WHEEL_SLOT_MS, slots, flotilla_core::now_ms()),
-            dirty: HashMap::new(),
+            dirty: HashSet::new(),
             samples: HashMap::new(),
             fresh: HashMap::new(),
+            nothing_allocated: Arc::default(),
             adopt: HashMap::new(),
             removed: Vec::new(),
             counts: [0; 5],
@@ -111,26 +115,22 @@ impl Applier {
                     self.adopt.insert(live.node_id.clone(), (d.running, d.running_version));
                 }
                 self.fresh.insert(live.node_id.clone(), (d.labels, d.capacity));
-                self.dirty.insert(live.node_id.clone(), live);
+                self.dirty.insert(live.node_id);
             }
             Change::Dirty(live) => {
-                self.dirty.insert(live.node_id.clone(), live);
+                self.dirty.insert(live.node_id);
             }
             Change::Health(live, sample) => {
                 self.samples.insert(live.node_id.clone(), sample);
-                self.dirty.insert(live.node_id.clone(), live);
+                self.dirty.insert(live.node_id);
             }
             Change::Removed(live) => self.removed.push(live),
             Change::Workloads(n) => {
-                if let Some(live) = self.registry.node(&n) {
-                    self.dirty.insert(n, live);
-                }
+                self.dirty.insert(n);
             }
             Change::Ledger(nodes, ack) => {
                 for n in nodes {
-                    if let Some(live) = self.registry.node(&n) {
-                        self.dirty.insert(n.clone(), live);
-                    }
+                    self.dirty.insert(n.clone());
                     self.ledger_dirty.insert(n);
                 }
                 self.acks.extend(ack);
@@ -148,27 +148,37 @@ impl Applier {
         let mut due = Vec::new();
         self.wheel.expire(now, &mut due);
         for sid in due {
-            let Some(live) = self.registry.sessions.get(&sid).map(|e| e.value().clone()) else { continue };
-            let status = live.status();
-            let verdict = evaluate(
-                status,
-                live.last_seen_ms.load(Ordering::Acquire),
-                live.status_since_ms.load(Ordering::Acquire),
-                now,
-                &self.timeouts,
-            );
+            let timeouts = &self.timeouts;
+            let Some((verdict, from, node)) = self.registry.with_session(sid, |live| {
+                let status = live.status();
+                let verdict = evaluate(
+                    status,
+                    live.last_seen_ms.load(Ordering::Acquire),
+                    live.status_since_ms.load(Ordering::Acquire),
+                    now,
+                    timeouts,
+                );
+                let node = match verdict {
+                    Verdict::Keep { .. } => None,
+                    Verdict::Transition { to, .. } if !live.transition(status, to, now) => None,
+                    Verdict::Transition { .. } | Verdict::Remove => Some(live.node_id.clone()),
+                };
+                (verdict, status, node)
+            }) else {
+                continue;
+            };
             match verdict {
                 Verdict::Keep { check_at } => self.wheel.schedule(sid, check_at),
                 Verdict::Transition { to, check_at } => {
-                    if live.transition(status, to, now) {
-                        tracing::info!(node = %live.node_id, from = %status, %to, "node status changed");
-                        self.dirty.insert(live.node_id.clone(), live.clone());
+                    if let Some(node) = node {
+                        tracing::info!(%node, %from, %to, "node status changed");
+                        self.dirty.insert(node);
                     }
                     self.wheel.schedule(sid, check_at);
                 }
                 Verdict::Remove => {
-                    tracing::info!(node = %live.node_id, "dead node leaves the view");
-                    self.registry.remove(&live);
+                    tracing::info!(node = ?node.map(|n| n.to_string()), "dead node leaves the view");
+                    self.registry.remove(sid);
                 }
             }
         }
@@ -185,10 +195,18 @@ impl Applier {
         let mut upserts = Vec::with_capacity(self.dirty.len());
         let ledger = self.ledger.clone();
         let mut ledger = ledger.lock_or_recover();
-        for (id, live) in self.dirty.drain() {
-            if !self.registry.is_current(&live) {
+        for id in self.dirty.drain() {
+            // A node forgotten since (Dead past retention) is not republished.
+            let Some((incarnation, status, status_since, health_millis)) = self.registry.with_node(&id, |l| {
+                (
+                    l.incarnation,
+                    l.status(),
+                    l.status_since_ms.load(Ordering::Acquire),
+                    l.health_millis.load(Ordering::Acquire),
+                )
+            }) else {
                 continue;
-            }
+            };
             let prev = view.get(&id);
             let (labels, capacity) = match (self.fresh.remove(&id), prev) {
                 (Some(d), _) => d,
@@ -196,7 +214,7 @@ impl Applier {
                 (None, None) => continue,
             };
             let sample = self.samples.remove(&id).or_else(|| prev.map(|p| p.health)).unwrap_or_default();
-            if prev.is_some_and(|p| p.incarnation.0 != live.incarnation) {
+            if prev.is_some_and(|p| p.incarnation.0 != incarnation) {
                 // A new incarnation is a new node: nothing the old one held carries over.
                 ledger.forget_node(&id);
                 self.ledger_dirty.insert(id.clone());
@@ -205,7 +223,7 @@ impl Applier {
             if let Some((running, version)) = self.adopt.remove(&id)
                 && ledger.book(&id).is_none()
             {
-                let (adopted, left_out) = ledger.adopt(&id, live.incarnation, &capacity, running, version);
+                let (adopted, left_out) = ledger.adopt(&id, incarnation, &capacity, running, version);
                 tracing::info!(node = %id, adopted, left_out, "ledger rebuilt from what the agent runs");
                 metrics::counter!(m::LEDGER_ADOPTED.name, "result" => "adopted").increment(adopted as u64);
                 metrics::counter!(m::LEDGER_ADOPTED.name, "result" => "left_out").increment(left_out as u64);
@@ -214,20 +232,24 @@ impl Applier {
                     self.ledger_dirty.insert(id.clone());
                 }
             }
-            let allocated = ledger.allocated(&id);
-            let cordon = self.registry.cordon(&live.node_id);
+            let allocated = match ledger.allocated(&id) {
+                a if a == *self.nothing_allocated => self.nothing_allocated.clone(),
+                a => Arc::new(a),
+            };
+            let cordon = self.registry.cordon(&id);
+            let workloads = self.registry.workloads(&id);
             let rec = NodeRecord {
                 node_id: id,
-                incarnation: flotilla_core::Incarnation(live.incarnation),
-                status: live.status(),
-                status_since_unix_ms: live.status_since_ms.load(Ordering::Acquire),
+                incarnation: flotilla_core::Incarnation(incarnation),
+                status,
+                status_since_unix_ms: status_since,
                 shard: self.registry.shard as u32,
                 labels,
-                health_millis: live.health_millis.load(Ordering::Acquire),
+                health_millis,
                 health: sample,
                 capacity,
                 allocated,
-                workloads: self.registry.workloads(&live.node_id),
+                workloads,
                 cordoned: cordon.is_some(),
                 drain_requested: cordon == Some(true),
             };

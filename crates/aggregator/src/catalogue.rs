@@ -15,7 +15,7 @@ pub const HEARTBEATS_REJECTED: Family = Family::counter(
 );
 pub const HEARTBEAT_BATCH_DATAGRAMS: Family = Family::histogram(
     "flotilla_heartbeat_batch_datagrams",
-    "Heartbeat datagrams received per receive system call (at most 32).",
+    "Heartbeat datagrams received per receive system call (at most 64).",
     &[],
     buckets::DATAGRAMS,
 );

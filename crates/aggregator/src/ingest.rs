@@ -24,6 +24,8 @@ pub struct Ingest {
     /// Key derivations for unknown sessions allowed in the current second (HKDF is
     /// the one costly step an attacker could trigger).
     unknown_budget: (u64, u32),
+    /// Accepted, not yet added to `stats`.
+    accepted: u64,
 }
 
 /// Derivations of unknown-session keys per second before further ones are dropped.
@@ -37,18 +39,36 @@ impl Ingest {
             hysteresis: Hysteresis::default(),
             scratch: Vec::with_capacity(256),
             unknown_budget: (0, 0),
+            accepted: 0,
         }
     }
 
     /// Processes one datagram. On success returns the reply to send, if the agent
     /// must act; every drop is counted with its reason.
     pub fn handle(&mut self, datagram: &[u8], now_ms: u64, reply: &mut Vec<u8>) -> Result<(), HeartbeatDrop> {
+        let r = self.receive(datagram, now_ms, reply);
+        self.flush_counts();
+        r
+    }
+
+    /// [`Ingest::handle`] without publishing the count of accepted heartbeats: the
+    /// receive loop publishes it once per batch ([`Ingest::flush_counts`]), sparing a
+    /// shared atomic per datagram. Refusals are counted at once (they are rare).
+    fn receive(&mut self, datagram: &[u8], now_ms: u64, reply: &mut Vec<u8>) -> Result<(), HeartbeatDrop> {
         let r = self.handle_inner(datagram, now_ms, reply);
         match r {
-            Ok(_) => self.stats.accept(1),
+            Ok(_) => self.accepted += 1,
             Err(e) => self.stats.reject(e),
         }
         r
+    }
+
+    /// Adds the heartbeats accepted since the last call to the shard's counters.
+    pub fn flush_counts(&mut self) {
+        if self.accepted > 0 {
+            self.stats.accept(self.accepted);
+            self.accepted = 0;
+        }
     }
 
     fn handle_inner(&mut self, datagram: &[u8], now_ms: u64, reply: &mut Vec<u8>) -> Result<(), HeartbeatDrop> {
@@ -59,39 +79,43 @@ impl Ingest {
         if header.magic != MAGIC_HEARTBEAT {
             return Err(HeartbeatDrop::Datagram(DatagramError::BadMagic));
         }
-        let Some(live) = self.registry.sessions.get(&header.session_id).map(|e| e.value().clone()) else {
-            return self.unknown_session(datagram, &header, now_ms, reply);
-        };
-        if live.node_id.as_str() != header.node_id || live.incarnation != header.incarnation {
-            return Err(HeartbeatDrop::WrongNode);
-        }
-        let plain = seal::open(&live.key, Direction::ToShard, datagram, &header, &mut self.scratch)
-            .map_err(HeartbeatDrop::Datagram)?;
-        let body = v1::HeartbeatBody::decode(plain).map_err(|_| HeartbeatDrop::Datagram(DatagramError::BadBody))?;
-        let sample = convert::health(body.health).map_err(|_| HeartbeatDrop::Datagram(DatagramError::BadBody))?;
-        // Only an authenticated datagram may advance the sequence.
-        if live.last_seq.fetch_max(header.seq, Ordering::AcqRel) >= header.seq {
-            return Err(HeartbeatDrop::Replayed);
-        }
-        match live.status() {
-            NodeStatus::Dead => {
-                self.reply(&live.key, &header, v1::HeartbeatAction::Reregister, "declared dead", reply);
-                return Err(HeartbeatDrop::DeadNode);
+        let (registry, scratch, hysteresis) = (&self.registry, &mut self.scratch, &self.hysteresis);
+        let held = registry.with_session(header.session_id, |live| {
+            if live.node_id.as_str() != header.node_id || live.incarnation != header.incarnation {
+                return Err(HeartbeatDrop::WrongNode);
             }
-            NodeStatus::Suspect | NodeStatus::Unknown => {
-                live.last_seen_ms.store(now_ms, Ordering::Release);
-                if live.transition(live.status(), NodeStatus::Alive, now_ms) {
-                    self.registry.emit(Change::Dirty(live.clone()));
+            let plain = seal::open(&live.key, Direction::ToShard, datagram, &header, scratch)
+                .map_err(HeartbeatDrop::Datagram)?;
+            let body = v1::HeartbeatBody::decode(plain).map_err(|_| HeartbeatDrop::Datagram(DatagramError::BadBody))?;
+            let sample = convert::health(body.health).map_err(|_| HeartbeatDrop::Datagram(DatagramError::BadBody))?;
+            // Only an authenticated datagram may advance the sequence.
+            if live.last_seq.fetch_max(header.seq, Ordering::AcqRel) >= header.seq {
+                return Err(HeartbeatDrop::Replayed);
+            }
+            match live.status() {
+                NodeStatus::Dead => {
+                    reply_to(&live.key, &header, v1::HeartbeatAction::Reregister, "declared dead", reply);
+                    return Err(HeartbeatDrop::DeadNode);
                 }
+                status @ (NodeStatus::Suspect | NodeStatus::Unknown) => {
+                    live.last_seen_ms.store(now_ms, Ordering::Release);
+                    if live.transition(status, NodeStatus::Alive, now_ms) {
+                        registry.emit(Change::Dirty(live.session()));
+                    }
+                }
+                NodeStatus::Alive | NodeStatus::Draining => live.last_seen_ms.store(now_ms, Ordering::Release),
             }
-            NodeStatus::Alive | NodeStatus::Draining => live.last_seen_ms.store(now_ms, Ordering::Release),
+            let published = live.health_millis.load(Ordering::Acquire);
+            if let Some(new) = hysteresis.update(published, health_score(&sample)) {
+                live.health_millis.store(new, Ordering::Release);
+                registry.emit(Change::Health(live.session(), sample));
+            }
+            Ok(())
+        });
+        match held {
+            Some(r) => r,
+            None => self.unknown_session(datagram, &header, now_ms, reply),
         }
-        let published = live.health_millis.load(Ordering::Acquire);
-        if let Some(new) = self.hysteresis.update(published, health_score(&sample)) {
-            live.health_millis.store(new, Ordering::Release);
-            self.registry.emit(Change::Health(live, sample));
-        }
-        Ok(())
     }
 
     /// A session this shard does not hold. If the seal verifies under the key this
@@ -117,92 +141,149 @@ impl Ingest {
         if seal::open(&key, Direction::ToShard, datagram, header, &mut self.scratch).is_err() {
             return Err(HeartbeatDrop::UnknownSession);
         }
-        self.reply(&key, header, v1::HeartbeatAction::Reregister, "unknown session", reply);
+        reply_to(&key, header, v1::HeartbeatAction::Reregister, "unknown session", reply);
         Err(HeartbeatDrop::Forgotten)
     }
+}
 
-    fn reply(
-        &self,
-        key: &seal::SessionKey,
-        hb: &Header<'_>,
-        action: v1::HeartbeatAction,
-        why: &str,
-        out: &mut Vec<u8>,
-    ) {
-        let body = v1::HeartbeatReply { action: action as i32, reason: why.to_string() }.encode_to_vec();
-        let header = Header {
-            magic: MAGIC_REPLY,
-            session_id: hb.session_id,
-            seq: hb.seq,
-            incarnation: hb.incarnation,
-            node_id: "",
-        };
-        if seal::seal(key, Direction::ToAgent, &header, &body, out).is_err() {
-            out.clear();
-        }
+/// Seals a reply telling the agent what to do into `out` (left empty if it cannot be sealed).
+fn reply_to(key: &seal::SessionKey, hb: &Header<'_>, action: v1::HeartbeatAction, why: &str, out: &mut Vec<u8>) {
+    let body = v1::HeartbeatReply { action: action as i32, reason: why.to_string() }.encode_to_vec();
+    let header =
+        Header { magic: MAGIC_REPLY, session_id: hb.session_id, seq: hb.seq, incarnation: hb.incarnation, node_id: "" };
+    if seal::seal(key, Direction::ToAgent, &header, &body, out).is_err() {
+        out.clear();
     }
 }
 
-/// Receives heartbeats on `socket` in batches until `shutdown` fires.
+/// Datagrams one receive call takes at most.
+const BATCH: usize = 64;
+/// Receive buffer per datagram: anything above `MAX_DATAGRAM_LEN` is refused as
+/// oversized, so a longer one cut to this length is refused all the same.
+const DATAGRAM_BUFFER: usize = 2048;
+/// After a receive call that found fewer than [`BATCH`] datagrams, the loop waits this
+/// long before the next, so that at any rate one call takes many datagrams (each one
+/// heartbeat from its own agent) instead of the shard waking per datagram. It delays a
+/// heartbeat by at most this much, against seconds of failure detection.
+const GATHER: std::time::Duration = std::time::Duration::from_millis(1);
+/// How often a blocked receive looks at the stop flag.
+const STOP_POLL: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// Receives heartbeats on `socket` in batches until `shutdown` fires. The receiving is
+/// a thread of its own blocked in `recvmmsg` (no readiness polling through the async
+/// runtime), so an idle shard spends nothing and a busy one one system call per batch.
 pub async fn run(
     socket: std::net::UdpSocket,
-    mut ingest: Ingest,
+    ingest: Ingest,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) -> std::io::Result<()> {
-    use quinn_udp::{RecvMeta, UdpSocketState};
-    use std::io::IoSliceMut;
-    socket.set_nonblocking(true)?;
-    let state = UdpSocketState::new((&socket).into())?;
-    let socket = tokio::net::UdpSocket::from_std(socket)?;
-    const BATCH: usize = 32;
-    let mut storage = vec![[0u8; 2048]; BATCH];
-    let mut metas = [RecvMeta::default(); BATCH];
-    let mut reply = Vec::with_capacity(128);
-    let batch_sizes = metrics::histogram!(m::HEARTBEAT_BATCH_DATAGRAMS.name);
-    loop {
-        tokio::select! {
-            r = socket.readable() => r?,
-            _ = shutdown.changed() => return Ok(()),
+    use std::sync::atomic::AtomicBool;
+    /// Stops the thread however this future ends (shutdown, or the task aborted).
+    struct StopOnDrop(Arc<AtomicBool>);
+    impl Drop for StopOnDrop {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Relaxed);
         }
-        loop {
-            let mut bufs: Vec<IoSliceMut<'_>> = storage.iter_mut().map(|b| IoSliceMut::new(&mut b[..])).collect();
-            let n = match socket
-                .try_io(tokio::io::Interest::READABLE, || state.recv((&socket).into(), &mut bufs, &mut metas))
-            {
-                Ok(n) => n,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-                Err(e) => {
+    }
+    socket.set_nonblocking(false)?;
+    socket.set_read_timeout(Some(STOP_POLL))?;
+    let stop = StopOnDrop(Arc::new(AtomicBool::new(false)));
+    let flag = stop.0.clone();
+    let thread =
+        std::thread::Builder::new().name("heartbeats".into()).spawn(move || receive_loop(&socket, ingest, &flag))?;
+    while !*shutdown.borrow_and_update() {
+        if shutdown.changed().await.is_err() {
+            break;
+        }
+    }
+    drop(stop);
+    let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+    Ok(())
+}
+
+/// The receiving thread: `recvmmsg` into fixed buffers, [`Ingest::handle`] per datagram.
+fn receive_loop(socket: &std::net::UdpSocket, mut ingest: Ingest, stop: &std::sync::atomic::AtomicBool) {
+    use std::os::fd::AsRawFd;
+    let fd = socket.as_raw_fd();
+    let batch_sizes = metrics::histogram!(m::HEARTBEAT_BATCH_DATAGRAMS.name);
+    let mut bufs = vec![[0u8; DATAGRAM_BUFFER]; BATCH];
+    // SAFETY: all-zero sockaddr_storage, iovec and mmsghdr values are valid (null
+    // pointers, zero lengths); every pointer is set below before the call.
+    let mut addrs: Vec<libc::sockaddr_storage> = vec![unsafe { std::mem::zeroed() }; BATCH];
+    let mut iovs: Vec<libc::iovec> = vec![unsafe { std::mem::zeroed() }; BATCH];
+    let mut hdrs: Vec<libc::mmsghdr> = vec![unsafe { std::mem::zeroed() }; BATCH];
+    let mut reply = Vec::with_capacity(128);
+    while !stop.load(Ordering::Relaxed) {
+        for i in 0..BATCH {
+            iovs[i] = libc::iovec { iov_base: bufs[i].as_mut_ptr().cast(), iov_len: DATAGRAM_BUFFER };
+            let h = &mut hdrs[i].msg_hdr;
+            h.msg_name = (&mut addrs[i] as *mut libc::sockaddr_storage).cast();
+            h.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+            h.msg_iov = &mut iovs[i];
+            h.msg_iovlen = 1;
+            h.msg_control = std::ptr::null_mut();
+            h.msg_controllen = 0;
+            hdrs[i].msg_len = 0;
+        }
+        // Blocks (up to STOP_POLL) for the first datagram, then takes what is queued.
+        // SAFETY: hdrs point at BATCH live buffers and addresses owned by this frame.
+        let n = unsafe {
+            libc::recvmmsg(fd, hdrs.as_mut_ptr(), BATCH as libc::c_uint, libc::MSG_WAITFORONE, std::ptr::null_mut())
+        };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            match e.kind() {
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut | std::io::ErrorKind::Interrupted => {}
+                _ => {
                     tracing::warn!(error = %e, "heartbeat receive failed");
-                    break;
-                }
-            };
-            let now = flotilla_core::now_ms();
-            let mut datagrams = 0u64;
-            for (meta, buf) in metas.iter().zip(bufs.iter()).take(n) {
-                // A 0-byte datagram yields no chunk below, but is a refusal to count.
-                if meta.len == 0 {
-                    datagrams += 1;
-                    let _ = ingest.handle(&[], now, &mut reply);
-                    continue;
-                }
-                let stride = meta.stride.max(1);
-                for d in buf[..meta.len].chunks(stride) {
-                    datagrams += 1;
-                    reply.clear();
-                    let _ = ingest.handle(d, now, &mut reply);
-                    if !reply.is_empty() {
-                        send_reply(&socket, &reply, meta.addr);
-                    }
+                    std::thread::sleep(GATHER);
                 }
             }
-            batch_sizes.record(datagrams as f64);
+            continue;
+        }
+        let n = n as usize;
+        let now = flotilla_core::now_ms();
+        for i in 0..n {
+            let len = (hdrs[i].msg_len as usize).min(DATAGRAM_BUFFER);
+            reply.clear();
+            let _ = ingest.receive(&bufs[i][..len], now, &mut reply);
+            if !reply.is_empty()
+                && let Some(to) = socket_addr(&addrs[i], hdrs[i].msg_hdr.msg_namelen)
+            {
+                // Best effort: the agent asks again with its next heartbeat.
+                let _ = socket.send_to(&reply, to);
+            }
+        }
+        ingest.flush_counts();
+        batch_sizes.record(n as f64);
+        if n < BATCH {
+            std::thread::sleep(GATHER);
         }
     }
 }
 
-fn send_reply(socket: &tokio::net::UdpSocket, reply: &[u8], to: SocketAddr) {
-    // Best effort: the agent asks again with its next heartbeat.
-    let _ = socket.try_send_to(reply, to);
+/// The sender's address as `recvmmsg` filled it in.
+fn socket_addr(a: &libc::sockaddr_storage, len: libc::socklen_t) -> Option<SocketAddr> {
+    match i32::from(a.ss_family) {
+        libc::AF_INET if len as usize >= std::mem::size_of::<libc::sockaddr_in>() => {
+            // SAFETY: the family says the storage holds a sockaddr_in, and it is large enough.
+            let v4 = unsafe { &*(a as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
+            let ip = std::net::Ipv4Addr::from(u32::from_be(v4.sin_addr.s_addr));
+            Some(SocketAddr::from((ip, u16::from_be(v4.sin_port))))
+        }
+        libc::AF_INET6 if len as usize >= std::mem::size_of::<libc::sockaddr_in6>() => {
+            // SAFETY: as above, for a sockaddr_in6.
+            let v6 = unsafe { &*(a as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
+            let ip = std::net::Ipv6Addr::from(v6.sin6_addr.s6_addr);
+            Some(SocketAddr::V6(std::net::SocketAddrV6::new(
+                ip,
+                u16::from_be(v6.sin6_port),
+                v6.sin6_flowinfo,
+                v6.sin6_scope_id,
+            )))
+        }
+        _ => None,
+    }
 }
 
 #[cfg(test)]
@@ -242,7 +323,7 @@ mod tests {
             assert_eq!(ing.handle(&d, 100 * seq, &mut reply), Ok(()));
         }
         assert_eq!(stats.accepted(), 5);
-        assert_eq!(live.last_seen_ms.load(Ordering::Relaxed), 500);
+        assert_eq!(reg.with_session(live.session_id, |l| l.last_seen_ms.load(Ordering::Relaxed)), Some(500));
         assert!(rx.try_recv().is_err(), "jitter inside the band changes nothing in the view");
         // A big health change is published once.
         let d = beat(&live.key, live.session_id, 1, "n1", 6, 0.3);
@@ -320,17 +401,19 @@ mod tests {
         let (mut ing, reg, _stats, mut rx) = setup();
         let live = reg.register(request("n1", 1, "a"), 0).unwrap();
         while rx.try_recv().is_ok() {}
-        assert!(live.transition(NodeStatus::Alive, NodeStatus::Suspect, 2000));
+        let transition = |from, to, at| reg.with_session(live.session_id, |l| l.transition(from, to, at)) == Some(true);
+        let status = || reg.with_session(live.session_id, |l| l.status());
+        assert!(transition(NodeStatus::Alive, NodeStatus::Suspect, 2000));
         let mut reply = Vec::new();
         ing.handle(&beat(&live.key, live.session_id, 1, "n1", 1, 0.0), 2100, &mut reply).unwrap();
-        assert_eq!(live.status(), NodeStatus::Alive);
+        assert_eq!(status(), Some(NodeStatus::Alive));
         assert!(matches!(rx.try_recv(), Ok(Change::Dirty(_))));
-        assert!(live.transition(NodeStatus::Alive, NodeStatus::Dead, 5000));
+        assert!(transition(NodeStatus::Alive, NodeStatus::Dead, 5000));
         assert_eq!(
             ing.handle(&beat(&live.key, live.session_id, 1, "n1", 2, 0.0), 5100, &mut reply),
             Err(HeartbeatDrop::DeadNode)
         );
         assert!(!reply.is_empty());
-        assert_eq!(live.status(), NodeStatus::Dead);
+        assert_eq!(status(), Some(NodeStatus::Dead));
     }
 }

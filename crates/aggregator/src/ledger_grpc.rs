@@ -41,7 +41,7 @@ impl LedgerGrpc {
             view.get(id).map(|r| NodeFacts {
                 status: if recovering { flotilla_core::NodeStatus::Unknown } else { r.status },
                 incarnation: r.incarnation.0,
-                capacity: r.capacity.clone(),
+                capacity: (*r.capacity).clone(),
                 low_priority: r.labels.get("priority") == Some("low"),
                 cordoned: r.cordoned,
             })

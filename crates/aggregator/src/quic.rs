@@ -5,9 +5,10 @@
 use crate::catalogue as m;
 use flotilla_core::LockExt;
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
-use flotilla_core::{ErrorKind, NodeId, ServiceError, now_ms};
+use flotilla_core::{ErrorKind, ServiceError, now_ms};
 use flotilla_proto::{MAX_CONTROL_MESSAGE, v1};
 use prost::Message;
 use quinn::VarInt;
@@ -26,8 +27,9 @@ pub struct QuicContext {
     pub stats: Arc<ShardStats>,
     pub heartbeat_port: u16,
     pub epoch: u64,
-    /// The connection each node registered over: assignment pushes travel on it.
-    pub agents: dashmap::DashMap<NodeId, quinn::Connection>,
+    /// Open control connections by their number (see [`connection_number`]); a session
+    /// remembers the number of the one it registered over, and its pushes travel on it.
+    pub agents: dashmap::DashMap<u32, quinn::Connection>,
     pub ledger: Arc<Mutex<Ledger>>,
 }
 
@@ -45,7 +47,8 @@ pub async fn push_assignments(mut rx: tokio::sync::mpsc::UnboundedReceiver<Push>
             batch.insert(p.node);
         }
         for node in batch.drain() {
-            let Some(conn) = ctx.agents.get(&node).map(|c| c.value().clone()) else {
+            let owner = ctx.registry.with_node(&node, |l| l.owner);
+            let Some(conn) = owner.and_then(|o| ctx.agents.get(&o)).map(|c| c.value().clone()) else {
                 unreachable.increment(1);
                 continue;
             };
@@ -90,17 +93,29 @@ pub async fn serve(endpoint: quinn::Endpoint, ctx: Arc<QuicContext>) {
     }
 }
 
+/// Numbers control connections for the life of the process (0 is "none"). Unlike
+/// quinn's `stable_id`, a number is never reused, so a session opened over a closed
+/// connection is never owned by a later one.
+fn connection_number() -> u32 {
+    static NEXT: AtomicU32 = AtomicU32::new(1);
+    // Four billion connections would wrap it: the last number is then shared, never 0.
+    NEXT.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| Some(n.saturating_add(1))).unwrap_or(u32::MAX)
+}
+
 async fn connection(conn: quinn::Connection, ctx: Arc<QuicContext>) {
-    // Sessions registered over this connection: only they may be drained through it.
-    let owned = Arc::new(Mutex::new(HashSet::<u64>::new()));
+    // Sessions registered over this connection carry its number: only they may be
+    // drained or reported for through it.
+    let number = connection_number();
+    ctx.agents.insert(number, conn.clone());
     loop {
         let (send, recv) = match conn.accept_bi().await {
             Ok(s) => s,
-            Err(_) => return,
+            Err(_) => break,
         };
-        let (ctx, conn, owned) = (ctx.clone(), conn.clone(), owned.clone());
-        tokio::spawn(async move { stream(send, recv, &conn, &ctx, &owned).await });
+        let (ctx, conn) = (ctx.clone(), conn.clone());
+        tokio::spawn(async move { stream(send, recv, &conn, number, &ctx).await });
     }
+    ctx.agents.remove(&number);
 }
 
 /// Why a control request was refused (a registration answers its [`RegisterError`], a
@@ -146,16 +161,16 @@ fn refuse<E: ServiceError>(e: &E) -> v1::AgentResponse {
     error_reply(e)
 }
 
-fn owns(owned: &Mutex<HashSet<u64>>, session_id: u64) -> bool {
-    owned.lock_or_recover().contains(&session_id)
+fn owns(ctx: &QuicContext, number: u32, session_id: u64) -> bool {
+    ctx.registry.owner(session_id) == Some(number)
 }
 
 async fn stream(
     mut send: quinn::SendStream,
     mut recv: quinn::RecvStream,
     conn: &quinn::Connection,
+    number: u32,
     ctx: &QuicContext,
-    owned: &Mutex<HashSet<u64>>,
 ) {
     use v1::agent_request::Request;
     use v1::agent_response::Response;
@@ -173,7 +188,7 @@ async fn stream(
         Ok(v1::AgentRequest { request: None }) => refuse(&ControlError::Empty),
         Ok(v1::AgentRequest { request: Some(Request::Register(req)) }) => {
             let _g = tracing::info_span!("register", node = %req.node_id, incarnation = req.incarnation).entered();
-            match register(ctx, conn, owned, req, now) {
+            match register(ctx, number, req, now) {
                 Ok(session) => answer(Response::Session(session)),
                 Err(e) if e.closes_connection() => {
                     conn.close(VarInt::from_u32(CLOSE_REJECTED), e.to_string().as_bytes());
@@ -182,13 +197,13 @@ async fn stream(
                 Err(e) => error_reply(&e),
             }
         }
-        Ok(v1::AgentRequest { request: Some(Request::Workloads(req)) }) => match report(ctx, owned, req) {
+        Ok(v1::AgentRequest { request: Some(Request::Workloads(req)) }) => match report(ctx, number, req) {
             Ok(()) => answer(Response::Workloads(v1::WorkloadsAck {})),
             Err(e) => refuse(&e),
         },
         Ok(v1::AgentRequest { request: Some(Request::Drain(req)) }) => {
             let _g = tracing::info_span!("drain", node = %req.node_id).entered();
-            match drain(ctx, owned, req, now) {
+            match drain(ctx, number, req, now) {
                 Ok(ack) => answer(Response::Drain(ack)),
                 Err(e) => refuse(&e),
             }
@@ -199,20 +214,12 @@ async fn stream(
 }
 
 /// Opens a session over this connection; a refusal is counted here.
-fn register(
-    ctx: &QuicContext,
-    conn: &quinn::Connection,
-    owned: &Mutex<HashSet<u64>>,
-    req: v1::RegisterRequest,
-    now: u64,
-) -> Result<v1::Session, RegisterError> {
+fn register(ctx: &QuicContext, number: u32, req: v1::RegisterRequest, now: u64) -> Result<v1::Session, RegisterError> {
     use std::sync::atomic::Ordering::Relaxed;
-    match ctx.registry.register(req, now) {
+    match ctx.registry.register_over(req, now, number) {
         Ok(live) => {
             ctx.stats.registrations.fetch_add(1, Relaxed);
             metrics::counter!(m::REGISTRATIONS.name, "result" => "accepted").increment(1);
-            owned.lock_or_recover().insert(live.session_id);
-            ctx.agents.insert(live.node_id.clone(), conn.clone());
             tracing::debug!(session = live.session_id, "registered");
             Ok(v1::Session {
                 session_id: live.session_id,
@@ -235,21 +242,16 @@ fn register(
 }
 
 /// Takes a workload report for a session this connection registered.
-fn report(ctx: &QuicContext, owned: &Mutex<HashSet<u64>>, req: v1::ReportWorkloads) -> Result<(), ReportError> {
-    if !owns(owned, req.session_id) {
+fn report(ctx: &QuicContext, number: u32, req: v1::ReportWorkloads) -> Result<(), ReportError> {
+    if !owns(ctx, number, req.session_id) {
         return Err(ReportError::NotOwner);
     }
     ctx.registry.report_workloads(req.session_id, &req.node_id, req.workloads)
 }
 
 /// Drains the node of a session this connection registered.
-fn drain(
-    ctx: &QuicContext,
-    owned: &Mutex<HashSet<u64>>,
-    req: v1::DrainRequest,
-    now: u64,
-) -> Result<v1::DrainAck, ControlError> {
-    let status = owns(owned, req.session_id)
+fn drain(ctx: &QuicContext, number: u32, req: v1::DrainRequest, now: u64) -> Result<v1::DrainAck, ControlError> {
+    let status = owns(ctx, number, req.session_id)
         .then(|| ctx.registry.drain(req.session_id, &req.node_id, now))
         .flatten()
         .ok_or(ControlError::NotOwner)?;

@@ -1,27 +1,38 @@
 //! Sessions and per-node liveness. A heartbeat touches only its own node's atomics;
-//! registration and drain are the only writers of the maps.
+//! registration, drain and removal are the only writers of the session table.
+//!
+//! Sessions live inline in a slab (see `slab`): the session id names its slot, so a
+//! heartbeat finds its session without hashing, and the node-id index holds one `u32`
+//! per node. Readers (ingest, the applier) share one read lock; a registration takes
+//! the write lock for the few instructions that place it.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU16, AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
 
 use arc_swap::ArcSwap;
 use dashmap::DashMap;
 use flotilla_core::{
-    ErrorKind, HealthSample, Labels, NodeId, NodeStatus, PROTOCOL_VERSION, Resources, ServiceError, shard_for_domain,
+    ErrorKind, HealthSample, Labels, NodeId, NodeStatus, PROTOCOL_VERSION, Resources, RwLockExt, ServiceError,
+    shard_for_domain,
 };
 use flotilla_proto::seal::{SessionKey, derive_session_key};
 use flotilla_proto::{convert, v1};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::ledger::Claim;
+use crate::slab::{Slab, SlotIndex, session_id_for, slot_of};
 use crate::wire::{self, InvalidRequest};
 
-/// One registered node (one session). Immutable identity, atomic liveness.
+/// One registered node (one session), stored inline in the registry's slab. Immutable
+/// identity, atomic liveness.
 pub struct NodeLive {
     pub session_id: u64,
     pub node_id: NodeId,
     pub incarnation: u64,
     pub key: SessionKey,
+    /// The control connection the session was opened over (0: none), which alone may
+    /// drain it, report for it and receive its pushes.
+    pub owner: u32,
     pub last_seen_ms: AtomicU64,
     pub last_seq: AtomicU64,
     status: AtomicU8,
@@ -43,6 +54,28 @@ impl NodeLive {
         }
         ok
     }
+
+    /// The handle change notices carry.
+    pub fn session(&self) -> SessionRef {
+        SessionRef { session_id: self.session_id, node_id: self.node_id.clone() }
+    }
+}
+
+/// Names one session of one node in change notices; the applier reads the session's
+/// current state from the registry (a session replaced meanwhile is skipped).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionRef {
+    pub session_id: u64,
+    pub node_id: NodeId,
+}
+
+/// What a registration hands back: the session's identity and key.
+#[derive(Debug, Clone)]
+pub struct Registered {
+    pub session_id: u64,
+    pub node_id: NodeId,
+    pub incarnation: u64,
+    pub key: SessionKey,
 }
 
 /// What the applier is told; it reads the node's current state itself, so the order
@@ -50,13 +83,13 @@ impl NodeLive {
 pub enum Change {
     /// A new session: start watching its deadlines and publish it. What a node
     /// declared at registration lives only in its view record, not in the session.
-    Registered(Arc<NodeLive>, Descriptor),
+    Registered(SessionRef, Descriptor),
     /// Something about this node changed (status, health): republish it.
-    Dirty(Arc<NodeLive>),
+    Dirty(SessionRef),
     /// Its published health moved; the sample that moved it.
-    Health(Arc<NodeLive>, HealthSample),
-    /// Forget this session (it was replaced, or Dead past retention).
-    Removed(Arc<NodeLive>),
+    Health(SessionRef, HealthSample),
+    /// This session was forgotten (Dead past retention) and no other took the node.
+    Removed(SessionRef),
     /// The node's agent reported new workload states.
     Workloads(NodeId),
     /// The ledger changed these nodes' allocations: fold them into the next version,
@@ -67,7 +100,7 @@ pub enum Change {
 /// What a node declares when it registers.
 pub struct Descriptor {
     pub labels: Arc<Labels>,
-    pub capacity: Resources,
+    pub capacity: Arc<Resources>,
     pub health: HealthSample,
     /// What the agent runs (validated), for a ledger that holds nothing for the node
     /// (a restarted shard), and the version of that set.
@@ -151,6 +184,27 @@ impl ServiceError for ReportError {
     }
 }
 
+/// The session table: sessions in a slab, and the node-id index of their slots.
+#[derive(Default)]
+struct Sessions {
+    slab: Slab<NodeLive>,
+    by_node: SlotIndex,
+}
+
+fn node_key(live: &NodeLive) -> &str {
+    live.node_id.as_str()
+}
+
+impl Sessions {
+    fn get(&self, session_id: u64) -> Option<&NodeLive> {
+        self.slab.get(slot_of(session_id)).filter(|l| l.session_id == session_id)
+    }
+
+    fn node(&self, id: &str) -> Option<&NodeLive> {
+        self.by_node.find(&self.slab, id, node_key).and_then(|s| self.slab.get(s))
+    }
+}
+
 pub struct Registry {
     pub shard: usize,
     pub shards: usize,
@@ -158,20 +212,35 @@ pub struct Registry {
     /// Every token a registration may carry (newest first while an old one is retired);
     /// replaced at run time by [`Registry::set_join_tokens`].
     join_tokens: ArcSwap<Vec<String>>,
-    pub sessions: DashMap<u64, Arc<NodeLive>>,
-    by_node: DashMap<NodeId, Arc<NodeLive>>,
-    /// Most nodes of a pool share their label set: keep one copy of each.
+    sessions: RwLock<Sessions>,
+    /// Most nodes of a pool share their label set and their capacity: keep one copy of each.
     label_sets: DashMap<Labels, Arc<Labels>>,
+    capacities: DashMap<Resources, Arc<Resources>>,
     /// What each node's agent last reported about the members it runs.
     workloads: DashMap<NodeId, Arc<Vec<v1::WorkloadStatus>>>,
+    /// The one empty report every node that reported nothing shares.
+    no_workloads: Arc<Vec<v1::WorkloadStatus>>,
     /// Nodes an operator cordoned (by name: a restarted node stays cordoned), and
     /// whether a drain was asked for too.
     cordoned: DashMap<NodeId, bool>,
     changes: UnboundedSender<Change>,
 }
 
-/// Distinct label sets kept for sharing; past this, new sets are simply not shared.
+/// Distinct label sets (and capacities) kept for sharing; past this, new ones are simply
+/// not shared.
 const MAX_INTERNED_LABEL_SETS: usize = 65_536;
+
+/// The shared copy of `value` (registered in `sets` unless it holds too many already).
+fn intern<T: std::hash::Hash + Eq + Clone>(sets: &DashMap<T, Arc<T>>, value: T) -> Arc<T> {
+    if let Some(shared) = sets.get(&value) {
+        return shared.value().clone();
+    }
+    let shared = Arc::new(value);
+    if sets.len() < MAX_INTERNED_LABEL_SETS {
+        sets.insert((*shared).clone(), shared.clone());
+    }
+    shared
+}
 
 impl Registry {
     pub fn new(
@@ -186,10 +255,11 @@ impl Registry {
             shards,
             master,
             join_tokens: ArcSwap::from_pointee(join_tokens),
-            sessions: DashMap::new(),
-            by_node: DashMap::new(),
+            sessions: RwLock::new(Sessions::default()),
             label_sets: DashMap::new(),
+            capacities: DashMap::new(),
             workloads: DashMap::new(),
+            no_workloads: Arc::new(Vec::new()),
             cordoned: DashMap::new(),
             changes,
         }
@@ -214,19 +284,49 @@ impl Registry {
         &self.master
     }
 
-    pub fn node(&self, id: &NodeId) -> Option<Arc<NodeLive>> {
-        self.by_node.get(id).map(|e| e.value().clone())
+    /// Runs `f` on the session `session_id` names, if it is still held. `f` runs under
+    /// the table's read lock: it must not call back into the registry's writers.
+    pub fn with_session<R>(&self, session_id: u64, f: impl FnOnce(&NodeLive) -> R) -> Option<R> {
+        self.sessions.read_or_recover().get(session_id).map(f)
     }
 
-    /// True while `live` is still the session that speaks for its node.
-    pub fn is_current(&self, live: &NodeLive) -> bool {
-        self.by_node.get(&live.node_id).is_some_and(|e| e.session_id == live.session_id)
+    /// Runs `f` on the node's current session, if it has one (same rule as
+    /// [`Registry::with_session`]).
+    pub fn with_node<R>(&self, id: &NodeId, f: impl FnOnce(&NodeLive) -> R) -> Option<R> {
+        self.sessions.read_or_recover().node(id.as_str()).map(f)
     }
 
-    /// Validates a registration and opens a session for it. A newer incarnation
-    /// replaces the node; the same incarnation (the agent lost its connection or the
-    /// shard restarted) gets a fresh session for the same node.
-    pub fn register(&self, req: v1::RegisterRequest, now_ms: u64) -> Result<Arc<NodeLive>, RegisterError> {
+    /// The node's current session.
+    pub fn node(&self, id: &NodeId) -> Option<SessionRef> {
+        self.with_node(id, NodeLive::session)
+    }
+
+    /// True while `session_id` is still a session this shard holds (each node has at
+    /// most one: a newer one replaces it).
+    pub fn is_current(&self, session_id: u64) -> bool {
+        self.sessions.read_or_recover().get(session_id).is_some()
+    }
+
+    /// The control connection `session_id` was opened over, if the session is held.
+    pub fn owner(&self, session_id: u64) -> Option<u32> {
+        self.with_session(session_id, |l| l.owner)
+    }
+
+    /// Validates a registration and opens a session for it (owned by no connection).
+    pub fn register(&self, req: v1::RegisterRequest, now_ms: u64) -> Result<Registered, RegisterError> {
+        self.register_over(req, now_ms, 0)
+    }
+
+    /// Validates a registration and opens a session for it, owned by the control
+    /// connection `owner`. A newer incarnation replaces the node; the same incarnation
+    /// (the agent lost its connection or the shard restarted) gets a fresh session for
+    /// the same node.
+    pub fn register_over(
+        &self,
+        req: v1::RegisterRequest,
+        now_ms: u64,
+        owner: u32,
+    ) -> Result<Registered, RegisterError> {
         if req.protocol_version != PROTOCOL_VERSION {
             return Err(RegisterError::ProtocolVersion(req.protocol_version));
         }
@@ -244,69 +344,96 @@ impl Registry {
         let health = convert::health(req.health).map_err(|e| RegisterError::Invalid(e.to_string()))?;
         let running = wire::running_from_wire(&node_id, req.incarnation, req.assignments)
             .map_err(|e| RegisterError::Invalid(format!("assignments: {e}")))?;
-        let owner = shard_for_domain(labels.domain(), self.shards);
-        if owner != self.shard {
-            return Err(RegisterError::WrongShard { domain: labels.domain().to_string(), owner, this: self.shard });
+        let owner_shard = shard_for_domain(labels.domain(), self.shards);
+        if owner_shard != self.shard {
+            return Err(RegisterError::WrongShard {
+                domain: labels.domain().to_string(),
+                owner: owner_shard,
+                this: self.shard,
+            });
         }
-        if let Some(old) = self.node(&node_id)
-            && old.incarnation > req.incarnation
-        {
-            return Err(RegisterError::StaleIncarnation(req.incarnation, old.incarnation));
-        }
-        let session_id = loop {
-            let id: u64 = rand::random();
-            if id != 0 && !self.sessions.contains_key(&id) {
-                break id;
+        let health_millis = flotilla_core::Hysteresis::to_millis(flotilla_core::health_score(&health));
+        let random: u64 = rand::random();
+        let registered = {
+            let mut guard = self.sessions.write_or_recover();
+            let sessions = &mut *guard;
+            let existing = sessions.by_node.find(&sessions.slab, node_id.as_str(), node_key);
+            if let Some(old) = existing.and_then(|s| sessions.slab.get(s))
+                && old.incarnation > req.incarnation
+            {
+                return Err(RegisterError::StaleIncarnation(req.incarnation, old.incarnation));
             }
+            let live = |session_id: u64| NodeLive {
+                session_id,
+                key: derive_session_key(&self.master, session_id, req.incarnation, node_id.as_str()),
+                node_id: node_id.clone(),
+                incarnation: req.incarnation,
+                owner,
+                last_seen_ms: AtomicU64::new(now_ms),
+                last_seq: AtomicU64::new(0),
+                status: AtomicU8::new(NodeStatus::Alive.to_u8()),
+                status_since_ms: AtomicU64::new(now_ms),
+                health_millis: AtomicU16::new(health_millis),
+            };
+            let slot = match existing {
+                // The node keeps its slot; the old session id stops matching it.
+                Some(slot) => {
+                    let mut session_id = session_id_for(slot, random);
+                    if sessions.slab.get(slot).is_some_and(|o| o.session_id == session_id) {
+                        session_id ^= 1 << crate::slab::SLOT_BITS;
+                    }
+                    if let Some(cell) = sessions.slab.get_mut(slot) {
+                        *cell = live(session_id);
+                    }
+                    slot
+                }
+                None => {
+                    let slot = sessions.slab.vacant_slot().ok_or_else(|| {
+                        RegisterError::Invalid(format!(
+                            "this shard holds its limit of {} nodes",
+                            crate::slab::MAX_SLOTS
+                        ))
+                    })?;
+                    let placed = sessions.slab.insert(live(session_id_for(slot, random)));
+                    debug_assert_eq!(placed, Some(slot), "the vacant slot is the one filled");
+                    sessions.by_node.insert(&sessions.slab, slot, node_id.as_str(), node_key);
+                    slot
+                }
+            };
+            let l = sessions.slab.get(slot).ok_or_else(|| RegisterError::Invalid("session table".into()))?;
+            Registered { session_id: l.session_id, node_id: l.node_id.clone(), incarnation: l.incarnation, key: l.key }
         };
-        let live = Arc::new(NodeLive {
-            session_id,
-            key: derive_session_key(&self.master, session_id, req.incarnation, node_id.as_str()),
-            node_id: node_id.clone(),
-            incarnation: req.incarnation,
-            last_seen_ms: AtomicU64::new(now_ms),
-            last_seq: AtomicU64::new(0),
-            status: AtomicU8::new(NodeStatus::Alive.to_u8()),
-            status_since_ms: AtomicU64::new(now_ms),
-            health_millis: AtomicU16::new(flotilla_core::Hysteresis::to_millis(flotilla_core::health_score(&health))),
-        });
-        self.sessions.insert(session_id, live.clone());
-        if let Some(old) = self.by_node.insert(node_id, live.clone()) {
-            self.sessions.remove(&old.session_id);
-        }
         let running_version = req.assignment_version;
         self.emit(Change::Registered(
-            live.clone(),
-            Descriptor { labels: self.intern(labels), capacity, health, running, running_version },
+            SessionRef { session_id: registered.session_id, node_id: registered.node_id.clone() },
+            Descriptor {
+                labels: intern(&self.label_sets, labels),
+                capacity: intern(&self.capacities, capacity),
+                health,
+                running,
+                running_version,
+            },
         ));
-        Ok(live)
-    }
-
-    fn intern(&self, labels: Labels) -> Arc<Labels> {
-        if let Some(shared) = self.label_sets.get(&labels) {
-            return shared.value().clone();
-        }
-        let shared = Arc::new(labels);
-        if self.label_sets.len() < MAX_INTERNED_LABEL_SETS {
-            self.label_sets.insert((*shared).clone(), shared.clone());
-        }
-        shared
+        Ok(registered)
     }
 
     /// Marks the node of `session_id` Draining. The caller has checked that the
     /// request came over the connection that owns the session.
     pub fn drain(&self, session_id: u64, node_id: &str, now_ms: u64) -> Option<NodeStatus> {
-        let live = self.sessions.get(&session_id).map(|e| e.value().clone())?;
-        if live.node_id.as_str() != node_id {
-            return None;
-        }
-        for from in [NodeStatus::Alive, NodeStatus::Suspect, NodeStatus::Unknown] {
-            if live.transition(from, NodeStatus::Draining, now_ms) {
-                self.emit(Change::Dirty(live.clone()));
-                break;
+        let (changed, status) = self.with_session(session_id, |live| {
+            if live.node_id.as_str() != node_id {
+                return None;
             }
+            let changed = [NodeStatus::Alive, NodeStatus::Suspect, NodeStatus::Unknown]
+                .into_iter()
+                .find(|&from| live.transition(from, NodeStatus::Draining, now_ms))
+                .map(|_| live.session());
+            Some((changed, live.status()))
+        })??;
+        if let Some(s) = changed {
+            self.emit(Change::Dirty(s));
         }
-        Some(live.status())
+        Some(status)
     }
 
     /// Most members one report may carry.
@@ -320,13 +447,13 @@ impl Registry {
         node_id: &str,
         list: Vec<v1::WorkloadStatus>,
     ) -> Result<(), ReportError> {
-        let live = self.sessions.get(&session_id).map(|e| e.value().clone()).ok_or(ReportError::UnknownSession)?;
-        if live.node_id.as_str() != node_id {
+        let node = self.with_session(session_id, |l| l.node_id.clone()).ok_or(ReportError::UnknownSession)?;
+        if node.as_str() != node_id {
             return Err(ReportError::OtherNode);
         }
         let list = wire::workload_report_from_wire(list)?;
-        self.workloads.insert(live.node_id.clone(), Arc::new(list));
-        self.emit(Change::Workloads(live.node_id.clone()));
+        self.workloads.insert(node.clone(), Arc::new(list));
+        self.emit(Change::Workloads(node));
         Ok(())
     }
 
@@ -349,25 +476,36 @@ impl Registry {
     }
 
     pub fn workloads(&self, node: &NodeId) -> Arc<Vec<v1::WorkloadStatus>> {
-        self.workloads.get(node).map(|e| e.value().clone()).unwrap_or_default()
+        self.workloads.get(node).map(|e| e.value().clone()).unwrap_or_else(|| self.no_workloads.clone())
     }
 
-    /// Forgets a session, and its node when the session is still the node's current one.
-    pub fn remove(&self, live: &Arc<NodeLive>) {
-        self.sessions.remove(&live.session_id);
-        let removed = self.by_node.remove_if(&live.node_id, |_, cur| cur.session_id == live.session_id);
-        if removed.is_some() {
-            self.workloads.remove(&live.node_id);
-            self.emit(Change::Removed(live.clone()));
+    /// Forgets a session, and its node when the session is still the node's current
+    /// one (a session id names one session only, so that is whenever it is held).
+    pub fn remove(&self, session_id: u64) {
+        let removed = {
+            let mut guard = self.sessions.write_or_recover();
+            let sessions = &mut *guard;
+            let slot = slot_of(session_id);
+            match sessions.slab.get(slot) {
+                Some(l) if l.session_id == session_id => {
+                    sessions.by_node.remove(l.node_id.as_str(), slot);
+                    sessions.slab.remove(slot).map(|l| l.session())
+                }
+                _ => None,
+            }
+        };
+        if let Some(s) = removed {
+            self.workloads.remove(&s.node_id);
+            self.emit(Change::Removed(s));
         }
     }
 
     pub fn len(&self) -> usize {
-        self.by_node.len()
+        self.sessions.read_or_recover().slab.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.by_node.is_empty()
+        self.len() == 0
     }
 }
 
@@ -435,13 +573,14 @@ pub(crate) mod tests {
         let a = r.register(request("n1", 5, "a"), 0).unwrap();
         let b = r.register(request("n1", 6, "a"), 0).unwrap();
         assert_eq!(r.len(), 1);
-        assert!(!r.sessions.contains_key(&a.session_id), "the old session is gone");
-        assert!(r.is_current(&b));
+        assert!(!r.is_current(a.session_id), "the old session is gone");
+        assert!(r.is_current(b.session_id));
         assert_eq!(r.register(request("n1", 5, "a"), 0).err(), Some(RegisterError::StaleIncarnation(5, 6)));
         // The same incarnation re-registers (after a lost connection) with a new session.
         let c = r.register(request("n1", 6, "a"), 0).unwrap();
         assert_ne!(c.session_id, b.session_id);
-        assert_eq!(r.sessions.len(), 1);
+        assert!(!r.is_current(b.session_id));
+        assert_eq!(r.len(), 1);
     }
 
     #[test]
@@ -505,6 +644,57 @@ pub(crate) mod tests {
         let a = r.register(request("n1", 1, "a"), 0).unwrap();
         assert_eq!(r.drain(a.session_id, "n2", 5), None, "a session cannot drain another node");
         assert_eq!(r.drain(a.session_id, "n1", 5), Some(NodeStatus::Draining));
-        assert_eq!(a.status_since_ms.load(Ordering::Relaxed), 5);
+        assert_eq!(r.with_session(a.session_id, |l| l.status_since_ms.load(Ordering::Relaxed)), Some(5));
+    }
+
+    /// Sessions come and go through the slab: every held node is found by its id and by
+    /// its session, a forgotten session's id never finds the slot's next occupant, and
+    /// the index holds exactly the nodes held.
+    #[test]
+    fn slots_are_reused_and_the_index_stays_consistent() {
+        let (tx, mut rx) = unbounded_channel();
+        let r = Registry::new(0, 1, b"m".to_vec(), vec!["tok".into()], tx);
+        let mut held = std::collections::HashMap::new();
+        for round in 0..4u64 {
+            for i in 0..500 {
+                let s = r.register_over(request(&format!("n{i}"), round + 1, "a"), 0, 9).unwrap();
+                if let Some(old) = held.insert(s.node_id.clone(), s.session_id) {
+                    assert!(!r.is_current(old), "a newer incarnation replaced the old session");
+                }
+            }
+            // Forget every third node; its slot goes to a node registered later.
+            let gone: Vec<_> = held
+                .iter()
+                .filter(|(n, _)| n.as_str().len() % 3 == (round % 3) as usize)
+                .map(|(n, s)| (n.clone(), *s))
+                .collect();
+            for (n, sid) in gone {
+                r.remove(sid);
+                r.remove(sid); // twice: the second finds nothing
+                assert!(r.node(&n).is_none());
+                assert!(!r.is_current(sid));
+                held.remove(&n);
+            }
+            for i in 0..50 {
+                let s = r.register(request(&format!("fresh{round}-{i}"), 1, "a"), 0).unwrap();
+                held.insert(s.node_id.clone(), s.session_id);
+            }
+            assert_eq!(r.len(), held.len());
+            for (n, &sid) in &held {
+                assert_eq!(r.node(n).map(|s| s.session_id), Some(sid), "{n}");
+                assert_eq!(r.with_session(sid, |l| l.node_id.clone()).as_ref(), Some(n));
+            }
+        }
+        assert_eq!(r.owner(held[&NodeId::new("n1").unwrap()]), Some(9));
+        let removed = std::iter::from_fn(|| rx.try_recv().ok()).filter(|c| matches!(c, Change::Removed(_))).count();
+        assert!(removed > 0, "forgotten nodes were announced");
+    }
+
+    #[test]
+    fn nodes_without_a_report_share_one_empty_list() {
+        let r = registry();
+        let a = r.register(request("n1", 1, "a"), 0).unwrap();
+        let b = r.register(request("n2", 1, "a"), 0).unwrap();
+        assert!(Arc::ptr_eq(&r.workloads(&a.node_id), &r.workloads(&b.node_id)));
     }
 }

@@ -21,7 +21,7 @@ fn node(id: &str, shard: u32, domain: &str, priority: Option<&str>) -> NodeRecor
     }
     r.labels = Arc::new(l);
     r.shard = shard;
-    r.capacity = Resources::new(4000, 8 << 30, 0);
+    r.capacity = Resources::new(4000, 8 << 30, 0).into();
     r
 }
 

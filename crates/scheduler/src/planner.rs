@@ -351,7 +351,7 @@ fn place_members(
                 *why.excluded.entry("at max_units_per_node").or_default() += 1;
                 continue;
             }
-            let mut used = node.allocated.clone();
+            let mut used = (*node.allocated).clone();
             for extra in [input.pending.get(id), planned.get(id)].into_iter().flatten() {
                 used = used.checked_add(extra).unwrap_or(used);
             }
@@ -412,8 +412,8 @@ mod tests {
         Arc::new(NodeRecord {
             status,
             labels: Arc::new(l),
-            capacity: Resources::new(cpu, 1 << 34, gpu),
-            allocated: Resources::new(used, 0, 0),
+            capacity: Resources::new(cpu, 1 << 34, gpu).into(),
+            allocated: Resources::new(used, 0, 0).into(),
             ..crate::testing::node(id)
         })
     }
@@ -458,8 +458,8 @@ mod tests {
     fn a_node_without_enough_free_ports_is_not_chosen() {
         let with_ports = |id: &str, offered: u64, held: u64| {
             let mut r = Arc::unwrap_or_clone(rec(id, "a", 4000, 0, NodeStatus::Alive, 0, false));
-            r.capacity.custom.insert("ports".into(), offered);
-            r.allocated.custom.insert("ports".into(), held);
+            Arc::make_mut(&mut r.capacity).custom.insert("ports".into(), offered);
+            Arc::make_mut(&mut r.allocated).custom.insert("ports".into(), held);
             r
         };
         let mut m = members(1, 100);

@@ -172,7 +172,7 @@ mod tests {
                 status: *status,
                 health_millis: *health,
                 labels: Arc::new(labels),
-                capacity: Resources { cpu_millis: 8000, ..Default::default() },
+                capacity: Resources { cpu_millis: 8000, ..Default::default() }.into(),
                 ..crate::testing::node(id)
             }
         });

@@ -105,7 +105,7 @@ mod tests {
     pub(crate) fn rec(id: &str, status: NodeStatus) -> Arc<NodeRecord> {
         Arc::new(NodeRecord {
             status,
-            capacity: Resources::new(1000, 1 << 30, 0),
+            capacity: Arc::new(Resources::new(1000, 1 << 30, 0)),
             ..NodeRecord::blank(NodeId::new(id).unwrap())
         })
     }

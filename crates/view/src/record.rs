@@ -25,8 +25,11 @@ pub struct NodeRecord {
     pub health_millis: u16,
     /// The sample that produced the published score.
     pub health: HealthSample,
-    pub capacity: Resources,
-    pub allocated: Resources,
+    /// Out of line and shared: the registry interns capacities (most nodes of a pool
+    /// offer the same), and every idle node shares one zero allocation, so a record
+    /// stays small at a million nodes.
+    pub capacity: Arc<Resources>,
+    pub allocated: Arc<Resources>,
     /// The members the node's agent runs and their states, as last reported.
     pub workloads: Arc<Vec<flotilla_proto::v1::WorkloadStatus>>,
     /// An operator cordoned it: no new placements.
@@ -49,8 +52,8 @@ impl NodeRecord {
             labels: Arc::new(Labels::new()),
             health_millis: 1000,
             health: HealthSample::default(),
-            capacity: Resources::default(),
-            allocated: Resources::default(),
+            capacity: Arc::default(),
+            allocated: Arc::default(),
             workloads: Default::default(),
             cordoned: false,
             drain_requested: false,

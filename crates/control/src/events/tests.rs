@@ -8,8 +8,8 @@ fn node(id: &str, domain: &str, health_millis: u16) -> Arc<NodeRecord> {
     l.insert("domain", domain).unwrap();
     r.labels = Arc::new(l);
     r.health_millis = health_millis;
-    r.capacity = Resources::new(4000, 8 << 30, 1);
-    r.allocated = Resources::new(1000, 1 << 30, 0);
+    r.capacity = Resources::new(4000, 8 << 30, 1).into();
+    r.allocated = Resources::new(1000, 1 << 30, 0).into();
     Arc::new(r)
 }
 
