@@ -33,7 +33,7 @@ pub struct Ledgers {
     clients: Vec<Option<LedgerServiceClient<GrpcChannel>>>,
     pub(super) dialer: Dialer,
     /// Carried on every request, so a deposed scheduler can be refused once leases exist.
-    fencing_token: u64,
+    pub(super) fencing_token: u64,
 }
 
 impl Ledgers {

@@ -235,6 +235,13 @@ impl Scheduler {
         self
     }
 
+    /// Carries `token` (its lease's epoch, which only grows) on every ledger request, so
+    /// shards refuse this scheduler once a newer one has spoken to them (default 1).
+    pub fn with_fencing_token(mut self, token: u64) -> Self {
+        self.ledgers.fencing_token = token;
+        self
+    }
+
     /// Seeds the scheduler's choices (sampling, back-off, transaction ids), so a
     /// simulation replays them.
     pub fn with_seed(mut self, seed: u64) -> Self {
