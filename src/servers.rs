@@ -298,8 +298,9 @@ pub struct AggregatorArgs {
     #[arg(long, default_value = "127.0.0.1:0")]
     pub metrics: SocketAddr,
     /// The shard's writable state (the marker that it ran, which makes a restart wait
-    /// for its agents to come back). Also where its secrets are, created when absent,
-    /// unless --secrets names another dir.
+    /// for its agents to come back; `shard-I-of-N.state.json`, its cordons, drains and
+    /// fencing marks). Also where its secrets are, created when absent, unless --secrets
+    /// names another dir.
     #[arg(long, default_value = "./.flotilla")]
     pub data: PathBuf,
     /// A dir the shard only reads its secrets from (shard-secret, join-token, grpc-token,
@@ -346,6 +347,11 @@ pub async fn aggregator(a: AggregatorArgs) -> anyhow::Result<()> {
     if restarted {
         config.recovery_window = a.recovery_window;
     }
+    // Cordons, drains and fencing marks: kept in the data dir across restarts.
+    let state =
+        flotilla_aggregator::FileState::new(a.data.join(format!("shard-{}-of-{}.state.json", a.shard, a.shards)));
+    config.initial_state = state.load()?;
+    config.state_store = Some(Arc::new(state));
     if let (Some(cert), Some(key)) = (&a.grpc_tls_cert, &a.grpc_tls_key) {
         let read = |p: &PathBuf| std::fs::read(p).with_context(|| format!("reading {}", p.display()));
         config.grpc_tls = Some(flotilla_aggregator::GrpcTls { cert_pem: read(cert)?, key_pem: read(key)? });
