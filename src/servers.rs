@@ -391,6 +391,14 @@ pub struct ControlArgs {
     /// memory only).
     #[arg(long)]
     pub pools_dir: Option<PathBuf>,
+    /// Share scheduler registrations, named policies and pool floors, bounds and reports
+    /// with every other control process on the same etcd (`etcd://HOST:PORT,…`), so any
+    /// number of replicas behind one address give the same answers.
+    #[arg(long)]
+    pub store: Option<String>,
+    /// The etcd key prefix (the schedulers' `--store-prefix`).
+    #[arg(long, default_value = flotilla_etcd::DEFAULT_PREFIX)]
+    pub store_prefix: String,
     /// Print the bound address as one JSON line on stdout (for scripts and tests).
     #[arg(long)]
     pub print_addrs: bool,
@@ -408,6 +416,15 @@ pub async fn control(a: ControlArgs) -> anyhow::Result<()> {
         api_token.set(Some(first.clone()));
         reload_tokens(api_token_file(f.clone(), api_token.clone()))?;
     }
+    let replicas = match &a.store {
+        Some(store) => {
+            let endpoints = flotilla_etcd::Endpoints::parse(store).context("--store")?;
+            flotilla_etcd::check_prefix(&a.store_prefix).context("--store-prefix")?;
+            let client = flotilla_etcd::connect(&endpoints, flotilla_etcd::REQUEST_TIMEOUT).await?;
+            Some(Arc::new(flotilla_control::replicas::Replicas::new(client, &a.store_prefix)))
+        }
+        None => None,
+    };
     let cluster = flotilla_view::ClusterView::new(a.aggregators.len());
     let dialer = a.shards.dialer()?;
     flotilla_control::follow_all(&cluster, &a.aggregators, &dialer);
@@ -426,7 +443,11 @@ pub async fn control(a: ControlArgs) -> anyhow::Result<()> {
             Some(dir) => flotilla_control::Pools::open(dir.clone())?,
             None => Default::default(),
         },
+        replicas,
     });
+    if let Some(replicas) = &state.replicas {
+        tokio::spawn(replicas.clone().mirror(state.clone()));
+    }
     let options = a.http.options()?;
     let listener = tokio::net::TcpListener::bind(a.listen).await.with_context(|| format!("binding {}", a.listen))?;
     if a.print_addrs {
@@ -523,6 +544,7 @@ pub async fn scheduler(a: SchedulerArgs) -> anyhow::Result<()> {
         dialer,
         policies: Default::default(),
         pools: Default::default(),
+        replicas: None,
     });
     let scheduler = scheduler.with_policies(state.policies.book());
     state.apps.add_local(handle);

@@ -226,6 +226,7 @@ pub async fn run(a: UpArgs, log_format: LogFormat) -> anyhow::Result<()> {
         dialer: dialer.clone(),
         policies: flotilla_control::Policies::open(data.dir.join("policies"))?,
         pools: flotilla_control::Pools::open(data.dir.join("pools"))?,
+        replicas: None,
     });
     let options = a.http.options()?;
     let scheme = options.scheme();

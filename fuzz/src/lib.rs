@@ -501,6 +501,7 @@ pub fn control_json(data: &[u8]) {
         dialer: Default::default(),
         policies: Default::default(),
         pools: Default::default(),
+        replicas: None,
     });
     let router = flotilla_control::router(state);
     let (status, content_type, bytes) = RUNTIME.with(|rt| {

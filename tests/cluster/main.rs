@@ -16,6 +16,7 @@ mod pool;
 mod pool_exec;
 mod ports;
 mod prometheus;
+mod replicas;
 mod rollouts;
 mod routing;
 mod scaling;

@@ -29,7 +29,7 @@ pub enum AppEndpoint {
 }
 
 /// A standalone scheduler that stops re-registering is dropped after this long.
-const REMOTE_TTL: Duration = Duration::from_secs(30);
+pub(crate) const REMOTE_TTL: Duration = Duration::from_secs(30);
 
 #[derive(Default)]
 pub struct Apps(RwLock<BTreeMap<String, AppEndpoint>>);
@@ -61,6 +61,18 @@ impl Apps {
                 AppEndpoint::Remote { .. } => None,
             })
             .collect()
+    }
+
+    /// Makes the standalone schedulers those of `remote` (app → URL), as the replicas'
+    /// shared store lists them: registered through any replica, live while their lease is.
+    pub(crate) fn replace_remote(&self, remote: &BTreeMap<String, String>) {
+        let mut g = self.0.write_or_recover();
+        g.retain(|app, e| matches!(e, AppEndpoint::Local(_)) || remote.contains_key(app));
+        for (app, url) in remote {
+            if !matches!(g.get(app), Some(AppEndpoint::Local(_))) {
+                g.insert(app.clone(), AppEndpoint::Remote { url: url.clone(), seen: Instant::now() });
+            }
+        }
     }
 
     /// The in-process schedulers.
@@ -499,11 +511,13 @@ async fn register_scheduler(
         )));
     }
     let url = scheduler_url(&r.url).map_err(|why| ControlError::BadRequest(format!("url {:?}: {why}", r.url)))?;
-    let mut g = s.apps.0.write_or_recover();
-    if matches!(g.get(&r.app), Some(AppEndpoint::Local(_))) {
+    if matches!(s.apps.0.read_or_recover().get(&r.app), Some(AppEndpoint::Local(_))) {
         return Err(ControlError::AppRunsHere(r.app));
     }
-    g.insert(r.app, AppEndpoint::Remote { url, seen: Instant::now() });
+    if let Some(replicas) = &s.replicas {
+        replicas.put(crate::replicas::Shared::Scheduler { app: &r.app, url: &url }).await?;
+    }
+    s.apps.0.write_or_recover().insert(r.app, AppEndpoint::Remote { url, seen: Instant::now() });
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -119,5 +119,8 @@ async fn apply_policy(
     metrics::counter!(m::API_REQUESTS.name, "route" => "/v1/policies/{name}").increment(1);
     authorize(&s, &headers)?;
     s.policies.apply(&name, &body)?;
+    if let Some(replicas) = &s.replicas {
+        replicas.put(crate::replicas::Shared::Policy { name: &name, toml: &body }).await?;
+    }
     Ok(Json(json!({"name": name, "result": "applied"})))
 }

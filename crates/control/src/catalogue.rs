@@ -62,6 +62,22 @@ pub const WATCHCAPACITY_STREAMS: Family = Family::counter(
 );
 
 /// Every family the control plane exports.
+pub const REPLICA_WRITES: Family = Family::counter(
+    "flotilla_control_replica_writes_total",
+    "Changes a control-plane replica put in the shared store (etcd), by kind (scheduler, policy, constraints, bounds, report) and result (ok, error).",
+    &["kind", "result"],
+);
+pub const REPLICA_SYNCS: Family = Family::counter(
+    "flotilla_control_replica_syncs_total",
+    "Reloads of the shared store's copy by a control-plane replica, by result (ok, error).",
+    &["result"],
+);
+pub const REPLICA_ENTRIES_SKIPPED: Family = Family::counter(
+    "flotilla_control_replica_entries_skipped_total",
+    "Entries of the shared store a control-plane replica skipped because they do not parse.",
+    &[],
+);
+
 pub const FAMILIES: &[Family] = &[
     API_REQUESTS,
     API_ERRORS,
@@ -77,4 +93,7 @@ pub const FAMILIES: &[Family] = &[
     EVENTS_TICK_SECONDS,
     WATCHROUTES_STREAMS,
     WATCHCAPACITY_STREAMS,
+    REPLICA_WRITES,
+    REPLICA_SYNCS,
+    REPLICA_ENTRIES_SKIPPED,
 ];

@@ -68,6 +68,9 @@ pub enum ControlError {
     /// The control plane could not keep what it was given (its data dir).
     #[error("cannot store it: {0}")]
     Storage(String),
+    /// The store the control-plane replicas share (etcd) did not take a change: retry.
+    #[error("the shared store is unavailable: {0}")]
+    SharedStoreUnavailable(String),
     #[error("{0}")]
     Unauthorized(&'static str),
     /// A standalone scheduler registering for an app this process schedules itself.
@@ -110,6 +113,7 @@ impl ServiceError for ControlError {
             BadRequest(_) | InvalidSpec(_) | InvalidPolicy(_) | TlsRequired { .. } => ErrorKind::InvalidInput,
             UriTooLong { .. } | BodyTimeout { .. } => ErrorKind::InvalidInput,
             Storage(_) => ErrorKind::Internal,
+            SharedStoreUnavailable(_) => ErrorKind::Unavailable,
             Unauthorized(_) => ErrorKind::Unauthenticated,
             AppRunsHere(_) | ScheduledElsewhere { .. } => ErrorKind::Conflict,
             ShardUnreachable { .. } | SchedulerUnreachable { .. } => ErrorKind::Unavailable,
@@ -131,6 +135,7 @@ impl ServiceError for ControlError {
             InvalidSpec(_) => "invalid_spec",
             InvalidPolicy(_) => "invalid_policy",
             Storage(_) => "storage_failed",
+            SharedStoreUnavailable(_) => flotilla_scheduler::STORE_UNAVAILABLE,
             Unauthorized(_) => "unauthorized",
             AppRunsHere(_) => "conflict",
             ScheduledElsewhere { .. } => "scheduled_elsewhere",

@@ -11,6 +11,7 @@ pub mod limits;
 pub mod nodes;
 mod policies;
 mod pools;
+pub mod replicas;
 pub mod routes_grpc;
 mod serve;
 pub mod ui;
@@ -48,6 +49,8 @@ pub struct ControlState {
     pub policies: Policies,
     /// Node pools as their autoscalers report them, and their floors.
     pub pools: Pools,
+    /// The store shared with other control-plane replicas (etcd), when there is one.
+    pub replicas: Option<Arc<replicas::Replicas>>,
 }
 
 /// The whole API. Its `/v1/events` stream has one [`events::Hub`] per router.

@@ -25,10 +25,11 @@ use serde_json::{Value, json};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::apps::authorize;
+use crate::replicas::Shared;
 use crate::{ControlError, ControlState};
 
 /// A pool whose autoscaler stops reporting for this long shows as stale.
-const STALE_AFTER: Duration = Duration::from_secs(60);
+pub(crate) const STALE_AFTER: Duration = Duration::from_secs(60);
 /// Most pools one control plane tracks.
 pub const MAX_POOLS: usize = 64;
 
@@ -133,6 +134,36 @@ impl Pools {
         self.entry(pool, |p| p.constraints = c)
     }
 
+    /// Makes the pools those the replicas' shared store lists: floors, bounds and the
+    /// last report, whichever replica was told. A pool's version moves only when what it
+    /// shows changed.
+    pub(crate) fn replace_shared(&self, shared: BTreeMap<String, crate::replicas::SharedPool>) {
+        let mut g = self.pools.write_or_recover();
+        g.retain(|name, _| shared.contains_key(name));
+        for (name, sp) in shared.into_iter().take(MAX_POOLS) {
+            let constraints = sp.constraints.and_then(|v| serde_json::from_value(v).ok()).unwrap_or_default();
+            let bounds = sp.bounds.and_then(|v| serde_json::from_value(v).ok()).unwrap_or_default();
+            let p = g.entry(name).or_default();
+            let same_report = match (&p.report, &sp.report) {
+                (Some((mine, _)), Some((theirs, _))) => **mine == *theirs,
+                (None, None) => true,
+                _ => false,
+            };
+            if same_report && p.constraints == constraints && p.bounds == bounds {
+                continue;
+            }
+            if !same_report {
+                p.report = sp.report.map(|(v, at_unix_ms)| {
+                    let age = Duration::from_millis(flotilla_core::system_ms().saturating_sub(at_unix_ms));
+                    (Arc::new(v), Instant::now().checked_sub(age).unwrap_or_else(Instant::now))
+                });
+            }
+            p.constraints = constraints;
+            p.bounds = bounds;
+            p.version = self.versions.fetch_add(1, Ordering::Relaxed) + 1;
+        }
+    }
+
     fn row(name: &str, p: &Pool) -> Value {
         let mut v = p.report.as_ref().map(|(r, _)| r.as_ref().clone()).unwrap_or_else(|| json!({}));
         v["pool"] = json!(name);
@@ -183,6 +214,10 @@ async fn put_constraints(
     let Json(c) = body.map_err(|e| ControlError::BadRequest(e.body_text()))?;
     c.validate().map_err(ControlError::BadRequest)?;
     s.pools.set_constraints(&pool, c.clone())?;
+    if let Some(replicas) = &s.replicas {
+        let json = serde_json::to_string(&c).map_err(|e| ControlError::Storage(e.to_string()))?;
+        replicas.put(Shared::Constraints { pool: &pool, json }).await?;
+    }
     tracing::info!(pool, requests = c.resource_requests.len(), "pool floor set");
     metrics::counter!(m::POOL_CONSTRAINTS_SET.name).increment(1);
     Ok(Json(json!(c)))
@@ -201,10 +236,14 @@ async fn report(
     if !v.is_object() || !v.get("instances").is_some_and(Value::is_array) {
         return Err(ControlError::BadRequest("a report is an object with an \"instances\" array".into()));
     }
+    let shared = json!({"at_unix_ms": flotilla_core::system_ms(), "report": &v}).to_string();
     let (constraints, bounds) = s.pools.entry(&pool, |p| {
         p.report = Some((Arc::new(v), Instant::now()));
         (p.constraints.clone(), p.bounds.clone())
     })?;
+    if let Some(replicas) = &s.replicas {
+        replicas.put(Shared::Report { pool: &pool, json: shared }).await?;
+    }
     Ok(Json(json!({"constraints": constraints, "bounds": bounds})))
 }
 
@@ -241,6 +280,10 @@ async fn put_bounds(
         )));
     }
     let all = s.pools.set_bounds(&pool, &node_type, b)?;
+    if let Some(replicas) = &s.replicas {
+        let json = serde_json::to_string(&all).map_err(|e| ControlError::Storage(e.to_string()))?;
+        replicas.put(Shared::Bounds { pool: &pool, json }).await?;
+    }
     tracing::info!(pool, node_type, min = b.min, max = b.max, "pool node type bounds set");
     metrics::counter!(m::POOL_BOUNDS_SET.name).increment(1);
     Ok(Json(json!({"pool": pool, "bounds": all})))

@@ -63,6 +63,7 @@ async fn start() -> (SocketAddr, Arc<ClusterView>, tokio::sync::oneshot::Sender<
         dialer: Default::default(),
         policies: Default::default(),
         pools: Default::default(),
+        replicas: None,
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

@@ -8,6 +8,7 @@
 
 mod cli;
 mod dir;
+mod etcd;
 mod http;
 mod pki;
 mod process;
@@ -17,6 +18,7 @@ mod wait;
 
 pub use cli::{bin, flotilla, run, run_ok, stderr};
 pub use dir::{TempDir, fresh_dir};
+pub use etcd::Etcd;
 pub use http::{Response, exchange, get_text, http, metric, metrics_page, request, who};
 pub use pki::Pki;
 pub use process::{Group, alive, free_port, signal};
