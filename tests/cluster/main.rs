@@ -25,4 +25,5 @@ mod security;
 mod shards;
 mod spread;
 mod standalone;
+mod standby;
 mod units;

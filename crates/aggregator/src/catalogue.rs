@@ -84,6 +84,16 @@ pub const SHARD_STATE_SAVES: Family = Family::counter(
     "Writes of the shard's persisted state (cordons, drains, fencing marks), by result (ok or error).",
     &["result"],
 );
+pub const SHARD_ACTIVE: Family = Family::gauge(
+    "flotilla_shard_active",
+    "1 while this process serves its shard index (holds the shard's lease with --store etcd://), 0 while it waits as a standby.",
+    &["shard"],
+);
+pub const SHARD_TAKEOVERS: Family = Family::counter(
+    "flotilla_shard_takeovers_total",
+    "Times this process took over its shard index after waiting for another holder's lease to lapse.",
+    &["shard"],
+);
 pub const LEDGER_ADOPTED: Family = Family::counter(
     "flotilla_ledger_adopted_total",
     "Claims rebuilt from what agents run after a shard restart, by result (adopted or left_out).",
@@ -142,6 +152,8 @@ pub const FAMILIES: &[Family] = &[
     CORDON_CHANGES,
     LEDGER_FENCED,
     SHARD_STATE_SAVES,
+    SHARD_ACTIVE,
+    SHARD_TAKEOVERS,
     LEDGER_ADOPTED,
     SHARD_RECOVERING,
     GRPC_REQUESTS_REJECTED,
