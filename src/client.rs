@@ -246,7 +246,7 @@ pub async fn apps(a: ListArgs) -> anyhow::Result<()> {
     if a.json {
         return print_json(&v);
     }
-    let mut t = Table::new(&["APP", ">DESIRED", ">MIN", ">MAX", "POLICY", "SPEC", "UNITS BY STATE"]);
+    let mut t = Table::new(&["APP", ">DESIRED", ">MIN", ">MAX", "POLICY", "SPEC", "SCHEDULER", "UNITS BY STATE"]);
     let mut decisions = Vec::new();
     for r in v.as_array().cloned().unwrap_or_default() {
         let n = |p: &str| r.pointer(p).and_then(Value::as_u64).unwrap_or(0).to_string();
@@ -281,7 +281,21 @@ pub async fn apps(a: ListArgs) -> anyhow::Result<()> {
         }
         decisions.extend(rollout_lines(&app, &r));
         let source = r.pointer("/spec/source").and_then(Value::as_str).unwrap_or("-").to_string();
-        t.row(vec![app, n("/desired_units"), n("/min_units"), n("/max_units"), policy, source, states]);
+        // The instance serving the app; `(standby)` while it holds no lease.
+        let scheduler = match (
+            r.pointer("/scheduler/instance").and_then(Value::as_str),
+            r.pointer("/scheduler/role").and_then(Value::as_str),
+        ) {
+            (Some(i), Some("active")) => i.to_string(),
+            (Some(i), Some(role)) => {
+                if let Some(why) = r.pointer("/scheduler/waiting").and_then(Value::as_str) {
+                    decisions.push(format!("{app}: scheduler {i} is a {role}: {why}"));
+                }
+                format!("{i} ({role})")
+            }
+            _ => "-".to_string(),
+        };
+        t.row(vec![app, n("/desired_units"), n("/min_units"), n("/max_units"), policy, source, scheduler, states]);
     }
     t.print();
     for d in decisions {

@@ -6,6 +6,7 @@ mod autoscaling;
 mod catalogue;
 mod client;
 mod echo;
+mod ha;
 mod pool;
 mod route;
 mod secrets;

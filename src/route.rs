@@ -43,6 +43,10 @@ pub struct RouteArgs {
     /// Print the bound addresses as one JSON line on stdout (for scripts and tests).
     #[arg(long)]
     pub print_addrs: bool,
+    /// Proxy threads, each with its own listener and connection pool (default: one per
+    /// core).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub threads: Option<u16>,
 }
 
 pub async fn run(a: RouteArgs) -> anyhow::Result<()> {
@@ -80,14 +84,15 @@ pub async fn run(a: RouteArgs) -> anyhow::Result<()> {
         if table.endpoints().is_empty() { Err("no route table with an endpoint yet".to_string()) } else { Ok(()) }
     });
     let metrics = flotilla_obs::serve_metrics(a.metrics).await?;
-    let listener = tokio::net::TcpListener::bind(a.listen).await.with_context(|| format!("binding {}", a.listen))?;
+    let listener = flotilla_router::proxy::listen(a.listen).with_context(|| format!("binding {}", a.listen))?;
+    let threads = a.threads.map_or_else(|| std::thread::available_parallelism().map_or(1, usize::from), usize::from);
     let listen = listener.local_addr()?;
     if a.print_addrs {
         println!("{}", serde_json::json!({"listen": listen.to_string(), "metrics": metrics.to_string()}));
     }
     tracing::info!(%listen, %metrics, ?policy, app = ?a.app, "routing");
     tokio::select! {
-        _ = flotilla_router::proxy::serve(listener, balancer, a.timeout, labels) => Ok(()),
+        r = flotilla_router::proxy::serve_per_core(listener, threads, balancer, a.timeout, labels) => Ok(r?),
         _ = crate::servers::shutdown_signal() => Ok(()),
     }
 }

@@ -557,9 +557,22 @@ pub struct SchedulerArgs {
     /// Register with this control plane, which then forwards requests about the app here.
     #[arg(long)]
     pub control: Option<String>,
-    /// Where the app's state lives: `redb:PATH`.
+    /// Where the app's state lives: `redb:PATH` (embedded; a second scheduler on the same
+    /// file waits for the first to exit), or `etcd://HOST:PORT[,HOST:PORT]...` (any number
+    /// of schedulers per app: one active, the others standbys that take over when its
+    /// lease lapses).
     #[arg(long, default_value = "redb:./.flotilla/scheduler.redb")]
     pub store: String,
+    /// The etcd key prefix the app's state and lease live under.
+    #[arg(long, default_value = flotilla_etcd::DEFAULT_PREFIX)]
+    pub store_prefix: String,
+    /// How long the active scheduler's etcd lease outlives its last keep-alive: a standby
+    /// takes over this long after the active one dies (etcd rounds up to whole seconds).
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub lease_ttl: Duration,
+    /// This process's name in `apps` and in the lease (default `HOST:PID`).
+    #[arg(long)]
+    pub instance: Option<String>,
     /// This scheduler's own API (and /metrics).
     #[arg(long, default_value = "127.0.0.1:0")]
     pub listen: SocketAddr,
@@ -584,11 +597,11 @@ pub struct SchedulerArgs {
 /// `flotilla scheduler`: one app's scheduler as its own process.
 pub async fn scheduler(a: SchedulerArgs) -> anyhow::Result<()> {
     let spec = load_spec(&a.app)?;
-    let path = a.store.strip_prefix("redb:").ok_or_else(|| anyhow::anyhow!("--store: only redb:PATH is supported"))?;
-    let store: Arc<dyn flotilla_scheduler::Store> = Arc::new(
-        flotilla_scheduler::RedbStore::open(std::path::Path::new(path))
-            .with_context(|| format!("opening the store {path} (its dir must be writable)"))?,
-    );
+    let backend = crate::ha::Backend::parse(&a.store)?;
+    flotilla_etcd::check_prefix(&a.store_prefix).context("--store-prefix")?;
+    anyhow::ensure!(a.lease_ttl >= Duration::from_secs(1), "--lease-ttl must be at least 1s");
+    let leader =
+        flotilla_scheduler::Leader::standby(&a.instance.clone().unwrap_or_else(flotilla_scheduler::default_instance));
     let cluster = flotilla_view::ClusterView::new(a.aggregators.len());
     // /readyz: ready once the store is open (above) and a view of every shard arrived.
     let seen = cluster.clone();
@@ -601,8 +614,6 @@ pub async fn scheduler(a: SchedulerArgs) -> anyhow::Result<()> {
     let dialer = a.shards.dialer()?;
     flotilla_control::follow_all(&cluster, &a.aggregators, &dialer);
     let app = spec.name.clone();
-    let (scheduler, handle) = flotilla_scheduler::Scheduler::new(spec, cluster.clone(), a.aggregators.clone(), store)?;
-    let scheduler = scheduler.with_dialer(dialer.clone()).with_unknown_grace(a.unknown_grace);
     // Its own API takes mutating calls with the same token it registers with: the flag's,
     // else DATA/api-token's, followed for rotation.
     let token = flotilla_core::SharedToken::new(a.token.clone().or_else(|| crate::client::token_from_data().ok()));
@@ -620,24 +631,57 @@ pub async fn scheduler(a: SchedulerArgs) -> anyhow::Result<()> {
         pools: Default::default(),
         replicas: None,
     });
-    let scheduler = scheduler.with_policies(state.policies.book());
-    state.apps.add_local(handle);
     let options = a.http.options()?;
     let listener = tokio::net::TcpListener::bind(a.listen).await.with_context(|| format!("binding {}", a.listen))?;
     let url = match a.advertise_url {
         Some(u) => u.trim_end_matches('/').to_string(),
         None => format!("{}://{}", options.scheme(), listener.local_addr()?),
     };
-    tracing::info!(%app, %url, "scheduler API");
-    tokio::spawn(scheduler.run());
+    tracing::info!(%app, %url, instance = %leader.instance(), "scheduler API");
+    // The app's scheduler starts once this process holds the app's lease (at once
+    // unless another scheduler holds it); the API answers meanwhile.
+    let held = crate::ha::Held::default();
+    let parts = crate::ha::Parts {
+        spec,
+        cluster: state.cluster.clone(),
+        aggregators: a.aggregators.clone(),
+        dialer: state.dialer.clone(),
+        unknown_grace: a.unknown_grace,
+        state: state.clone(),
+        leader: leader.clone(),
+    };
+    let opts = crate::ha::LeaseOptions { prefix: a.store_prefix.clone(), ttl: a.lease_ttl };
+    let (failed_tx, failed) = tokio::sync::oneshot::channel();
+    let campaign = tokio::spawn({
+        let held = held.clone();
+        async move {
+            if let Err(e) = crate::ha::run(backend, opts, parts, held).await {
+                let _ = failed_tx.send(e);
+            }
+        }
+    });
     if let Some(control) = a.control {
         tokio::spawn(follow_policies(state.clone(), control.clone()));
-        tokio::spawn(register_with_control(state.http.clone(), control, token, app, url));
+        tokio::spawn(register_with_control(state.http.clone(), control, token, app, url, leader));
     }
-    flotilla_control::serve(listener, state, options, async {
-        shutdown_signal().await;
+    let failure = Arc::new(std::sync::Mutex::new(None));
+    let served = flotilla_control::serve(listener, state, options, {
+        let failure = failure.clone();
+        async move {
+            tokio::select! {
+                _ = shutdown_signal() => {}
+                Ok(e) = failed => *failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(e),
+            }
+        }
     })
-    .await
+    .await;
+    // Give the lease up at once: a standby takes over without waiting for the TTL.
+    campaign.abort();
+    crate::ha::resign(&held).await;
+    if let Some(e) = failure.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        return Err(e);
+    }
+    served
 }
 
 /// Registers (and keeps re-registering, as soft state) with the control plane.
@@ -647,8 +691,22 @@ async fn register_with_control(
     token: flotilla_core::SharedToken,
     app: String,
     url: String,
+    leader: flotilla_scheduler::Leader,
 ) {
+    // Only the active scheduler registers (at once on taking over, then every 5 s): the
+    // control plane forwards the app's requests to whoever registered last.
+    let mut last: Option<std::time::Instant> = None;
     loop {
+        if leader.held().is_none() {
+            last = None;
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            continue;
+        }
+        if last.is_some_and(|t| t.elapsed() < Duration::from_secs(5)) {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            continue;
+        }
+        last = Some(std::time::Instant::now());
         let mut req = client
             .post(format!("{}/v1/schedulers", control.trim_end_matches('/')))
             .json(&serde_json::json!({"app": app, "url": url}));
@@ -660,7 +718,6 @@ async fn register_with_control(
             Ok(r) => tracing::warn!(status = %r.status(), "the control plane refused the registration"),
             Err(e) => tracing::warn!(error = %e, "cannot reach the control plane"),
         }
-        tokio::time::sleep(Duration::from_secs(5)).await;
     }
 }
 

@@ -29,7 +29,7 @@ use http_body_util::{BodyExt, Empty, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 
-use crate::common::{flotilla_bin, machine, pct_ms};
+use crate::common::{flotilla_bin, machine, pct_ms, proc_cpu_seconds};
 
 #[derive(Debug, Args)]
 pub struct RoutingArgs {
@@ -80,7 +80,12 @@ impl Drop for Backend {
 }
 
 async fn backend(slots: usize, service: Duration) -> anyhow::Result<Backend> {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    // The accept queue a real server asks for (nginx and HAProxy ask for more than the
+    // default 128), so a burst of connections from the proxy under test is not dropped
+    // here and charged to the proxy as a 1 s SYN retransmit.
+    let socket = tokio::net::TcpSocket::new_v4()?;
+    socket.bind("127.0.0.1:0".parse()?)?;
+    let listener = socket.listen(4096)?;
     let addr = listener.local_addr()?;
     let factor_milli = Arc::new(AtomicU64::new(1000));
     let served = Arc::new(AtomicU64::new(0));
@@ -183,6 +188,31 @@ struct Phase {
     errors: u64,
     sent: u64,
     slow_share: f64,
+    /// CPU (user + system) the proxy process used during the phase, from /proc.
+    cpu_seconds: f64,
+    /// Connections the kernel dropped from a full accept queue during the phase (any
+    /// listener on the machine: `TcpExtListenOverflows`), the cause of 1 s SYN retransmits.
+    listen_overflows: u64,
+}
+
+impl Phase {
+    fn cpu_per_1000(&self) -> f64 {
+        self.cpu_seconds * 1000.0 / self.sent.max(1) as f64
+    }
+}
+
+/// `TcpExtListenOverflows` from /proc/net/netstat (0 where it cannot be read).
+fn listen_overflows() -> u64 {
+    let Ok(text) = std::fs::read_to_string("/proc/net/netstat") else { return 0 };
+    let mut lines = text.lines();
+    while let (Some(names), Some(values)) = (lines.next(), lines.next()) {
+        if !names.starts_with("TcpExt:") {
+            continue;
+        }
+        let found = names.split_whitespace().zip(values.split_whitespace()).find(|(n, _)| *n == "ListenOverflows");
+        return found.and_then(|(_, v)| v.parse().ok()).unwrap_or(0);
+    }
+    0
 }
 
 /// Sends `rate` requests per second to `target` for `seconds`, open loop.
@@ -245,6 +275,8 @@ async fn run_phase(target: &str, rate: f64, seconds: u64, warmup_s: u64, backend
         errors: errors.load(Ordering::Relaxed),
         sent: total,
         slow_share: slow_served as f64 / all.max(1) as f64,
+        cpu_seconds: 0.0,
+        listen_overflows: 0,
     }
 }
 
@@ -292,16 +324,23 @@ pub async fn run(a: RoutingArgs) -> anyhow::Result<()> {
             ("haproxy", Some(h)) => haproxy(h, &backends, &dir)?,
             _ => proxy(&bin, &backends, policy)?,
         };
-        let phase = run_phase(&p.listen, rate, a.seconds, a.warmup_s, &backends, a.slow).await;
+        let cpu_before = proc_cpu_seconds(p.child.id()).unwrap_or(0.0);
+        let overflows_before = listen_overflows();
+        let mut phase = run_phase(&p.listen, rate, a.seconds, a.warmup_s, &backends, a.slow).await;
+        phase.cpu_seconds = proc_cpu_seconds(p.child.id()).unwrap_or(0.0) - cpu_before;
+        phase.listen_overflows = listen_overflows().saturating_sub(overflows_before);
         drop(p);
         println!(
-            "{name:<12} p50 {:>8.2} ms  p99 {:>8.2} ms  p99.9 {:>8.2} ms  errors {}/{}  share served by slow backends {:.1}%",
+            "{name:<12} p50 {:>8.2} ms  p99 {:>8.2} ms  p99.9 {:>8.2} ms  errors {}/{}  share served by slow backends {:.1}%  \
+             proxy CPU {:.3} s per 1000 requests  listen overflows {}",
             pct_ms(&phase.latency_us, 0.5),
             pct_ms(&phase.latency_us, 0.99),
             pct_ms(&phase.latency_us, 0.999),
             phase.errors,
             phase.sent,
-            phase.slow_share * 100.0
+            phase.slow_share * 100.0,
+            phase.cpu_per_1000(),
+            phase.listen_overflows,
         );
         results.push((name, phase));
     }
@@ -336,6 +375,10 @@ pub async fn run(a: RoutingArgs) -> anyhow::Result<()> {
                 "haproxy_leastconn_p50_ms": hap_p(0.5),
                 "haproxy_leastconn_p99_ms": hap_p(0.99),
                 "haproxy_leastconn_p999_ms": hap_p(0.999),
+                "flotilla_cpu_seconds_per_1000": r(f.cpu_per_1000()),
+                "haproxy_cpu_seconds_per_1000": hap.map(|p| r(p.cpu_per_1000())),
+                "flotilla_listen_overflows": f.listen_overflows,
+                "haproxy_listen_overflows": hap.map(|p| p.listen_overflows),
                 "flotilla_slow_share": r(f.slow_share),
                 "round_robin_slow_share": r(rr.slow_share),
                 "errors": h.errors + f.errors + rr.errors + hap.map(|p| p.errors).unwrap_or(0),

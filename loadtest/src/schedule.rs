@@ -41,6 +41,82 @@ pub struct ScheduleArgs {
     pub json: bool,
     #[arg(long)]
     pub flotilla: Option<PathBuf>,
+    /// The schedulers' stores, one optimistic run each, in this order: `mem`, `redb`
+    /// (a file per scheduler), `etcd` (an etcd this loadtest starts, `etcd` on the PATH;
+    /// a client and thread per scheduler, as separate processes would have). The first
+    /// one's figures are the headline; the lock baseline runs with it too.
+    #[arg(long, value_delimiter = ',', default_value = "mem")]
+    pub store: Vec<StoreKind>,
+}
+
+/// A scheduler store the loadtest can run with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum StoreKind {
+    Mem,
+    Redb,
+    Etcd,
+}
+
+impl StoreKind {
+    fn name(self) -> &'static str {
+        match self {
+            StoreKind::Mem => "mem",
+            StoreKind::Redb => "redb",
+            StoreKind::Etcd => "etcd",
+        }
+    }
+}
+
+/// Where the stores of one run live.
+struct Stores {
+    kind: StoreKind,
+    dir: PathBuf,
+    etcd: Option<flotilla_etcd::Endpoints>,
+}
+
+impl Stores {
+    fn open(&self, i: usize) -> anyhow::Result<Arc<dyn Store>> {
+        Ok(match self.kind {
+            StoreKind::Mem => Arc::new(MemStore::default()),
+            StoreKind::Redb => Arc::new(flotilla_scheduler::RedbStore::open(&self.dir.join(format!("s{i}.redb")))?),
+            StoreKind::Etcd => {
+                let e = self.etcd.as_ref().ok_or_else(|| anyhow::anyhow!("no etcd started"))?;
+                Arc::new(flotilla_scheduler::EtcdStore::open(e, "/loadtest", flotilla_etcd::REQUEST_TIMEOUT)?)
+            }
+        })
+    }
+}
+
+/// An etcd for the run: free loopback ports, a data dir under the run's, killed on drop.
+struct EtcdProc {
+    child: std::process::Child,
+    endpoints: flotilla_etcd::Endpoints,
+}
+
+impl EtcdProc {
+    fn spawn(dir: &std::path::Path) -> anyhow::Result<EtcdProc> {
+        let port = || -> anyhow::Result<u16> { Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port()) };
+        let (client, peer) = (format!("http://127.0.0.1:{}", port()?), format!("http://127.0.0.1:{}", port()?));
+        let child = std::process::Command::new("etcd")
+            .args(["--name", "lt", "--data-dir"])
+            .arg(dir.join("etcd"))
+            .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
+            .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
+            .args(["--initial-cluster", &format!("lt={peer}")])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(dir.join("etcd.log"))?)
+            .spawn()
+            .map_err(|e| anyhow::anyhow!("starting etcd (Debian's etcd-server): {e}"))?;
+        let endpoints = flotilla_etcd::Endpoints::parse(&client.replace("http://", "etcd://"))?;
+        Ok(EtcdProc { child, endpoints })
+    }
+}
+
+impl Drop for EtcdProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 struct Run {
@@ -77,6 +153,7 @@ async fn run(
     addrs: &[String],
     dialer: &flotilla_proto::dial::Dialer,
     pessimistic: bool,
+    stores: &Stores,
 ) -> anyhow::Result<Run> {
     let k = a.schedulers;
     let lock = Arc::new(tokio::sync::Mutex::new(()));
@@ -86,7 +163,7 @@ async fn run(
     let started = Instant::now();
     for i in 0..k {
         let units = (a.placements / k + usize::from(i < a.placements % k)) as u32;
-        let store: Arc<dyn Store> = Arc::new(MemStore::default());
+        let store = stores.open(i)?;
         let (s, h) = Scheduler::new(
             spec(&format!("{prefix}-{i}"), units, &a.unit_cpu)?,
             cluster.clone(),
@@ -180,9 +257,44 @@ pub async fn run_schedule(a: ScheduleArgs) -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
-    let opt = run("opt", &a, &cluster, &addrs, &dialer, false).await?;
-    let base = run("lock", &a, &cluster, &addrs, &dialer, true).await?;
     let per_s = |r: &Run| r.committed as f64 / r.seconds.max(1e-9);
+    let etcd = if a.store.contains(&StoreKind::Etcd) {
+        let e = EtcdProc::spawn(&data.dir)?;
+        let client = flotilla_etcd::connect(&e.endpoints, flotilla_etcd::REQUEST_TIMEOUT).await?;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while client.clone().status().await.is_err() {
+            anyhow::ensure!(Instant::now() < deadline, "etcd did not answer within 20 s");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Some(e)
+    } else {
+        None
+    };
+    let mut by_store = serde_json::Map::new();
+    let mut runs = Vec::new();
+    for (n, kind) in a.store.iter().copied().enumerate() {
+        let stores = Stores {
+            kind,
+            dir: data.dir.join(format!("stores-{}", kind.name())),
+            etcd: etcd.as_ref().map(|e| e.endpoints.clone()),
+        };
+        std::fs::create_dir_all(&stores.dir)?;
+        let r = run(&format!("opt{n}"), &a, &cluster, &addrs, &dialer, false, &stores).await?;
+        println!("store {}: {} placements in {:.2}s = {:.0}/s", kind.name(), r.committed, r.seconds, per_s(&r));
+        by_store.insert(kind.name().to_string(), serde_json::json!(per_s(&r).round()));
+        runs.push(r);
+    }
+    let first = a.store.first().copied().unwrap_or(StoreKind::Mem);
+    let stores =
+        Stores { kind: first, dir: data.dir.join("stores-lock"), etcd: etcd.as_ref().map(|e| e.endpoints.clone()) };
+    std::fs::create_dir_all(&stores.dir)?;
+    let base = run("lock", &a, &cluster, &addrs, &dialer, true, &stores).await?;
+    let opt = runs.swap_remove(0);
+    let ratio = |x: &str, y: &str| {
+        let (x, y) = (by_store.get(x)?.as_f64()?, by_store.get(y)?.as_f64()?);
+        Some(((x / y.max(1e-9)) * 1000.0).round() / 1000.0)
+    };
+    let etcd_vs_redb = ratio("etcd", "redb");
     let ms = |h: &Histogram<u64>, q: f64| if h.is_empty() { 0.0 } else { h.value_at_quantile(q) as f64 / 1000.0 };
     let conflict = if opt.accepted > 0 { opt.rejected as f64 / opt.accepted as f64 } else { 0.0 };
     println!(
@@ -219,6 +331,9 @@ pub async fn run_schedule(a: ScheduleArgs) -> anyhow::Result<()> {
         "baseline_placements_committed": base.committed,
         "baseline_placements_per_second": per_s(&base).round(),
         "speedup_vs_baseline": ((per_s(&opt) / per_s(&base).max(1e-9)) * 100.0).round() / 100.0,
+        "store": first.name(),
+        "placements_per_second_by_store": by_store,
+        "etcd_vs_redb": etcd_vs_redb,
     });
     if a.json {
         println!("{}", serde_json::to_string(&result)?);

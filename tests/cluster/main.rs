@@ -8,6 +8,7 @@ mod autoscaling;
 mod cli;
 mod common;
 mod full_disk;
+mod ha;
 mod health;
 mod hostile;
 mod metrics;

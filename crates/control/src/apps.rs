@@ -126,6 +126,9 @@ pub(crate) fn summary(s: &AppStatus) -> Value {
         },
         // The last rollout: in_progress, complete, or failed with its reason.
         "rollout": s.rollout,
+        // Which instance serves the app, and whether it is the active one (holds the
+        // app's lease) or a standby.
+        "scheduler": s.scheduler,
         // Set while the scheduler's store refuses writes: changes answer 503.
         "store": match &s.store_error {
             None => json!({"healthy": true}),

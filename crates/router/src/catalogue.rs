@@ -68,27 +68,78 @@ pub const FAMILIES: &[Family] = &[
 
 /// The labels of a router's series: its app and the node of each endpoint, as the route
 /// table says (with a fixed `--backends` list, each backend is its own "node").
+///
+/// Each node's series handles are resolved once, when the table names the node, so a
+/// request's accounting is a map read and three atomic adds, not a registry lookup with
+/// freshly allocated label strings.
 pub struct Labels {
     app: String,
-    nodes: RwLock<HashMap<String, String>>,
+    nodes: RwLock<HashMap<String, Arc<Series>>>,
+    /// The series of calls whose endpoint left the table before they finished.
+    unknown: Arc<Series>,
+}
+
+/// One node's series.
+struct Series {
+    node: String,
+    ok: metrics::Counter,
+    error: metrics::Counter,
+    seconds: metrics::Histogram,
+    ejections: metrics::Counter,
+}
+
+impl Series {
+    fn new(app: &str, node: &str) -> Series {
+        let (app, node) = (app.to_string(), node.to_string());
+        let requests = |result: &'static str| metrics::counter!(REQUESTS.name, "app" => app.clone(), "node" => node.clone(), "result" => result);
+        Series {
+            ok: requests("ok"),
+            error: requests("error"),
+            seconds: metrics::histogram!(REQUEST_SECONDS.name, "app" => app.clone(), "node" => node.clone()),
+            ejections: metrics::counter!(EJECTIONS.name, "app" => app, "node" => node.clone()),
+            node,
+        }
+    }
 }
 
 impl Labels {
     pub fn new(app: impl Into<String>) -> Arc<Labels> {
-        Arc::new(Labels { app: app.into(), nodes: RwLock::default() })
+        let app = app.into();
+        let unknown = Arc::new(Series::new(&app, "unknown"));
+        Arc::new(Labels { app, nodes: RwLock::default(), unknown })
     }
 
     /// Replaces the endpoint-to-node map with the pairs of the table in force.
     pub fn set_nodes<'a>(&self, pairs: impl IntoIterator<Item = (&'a str, &'a str)>) {
-        let map = pairs.into_iter().map(|(a, n)| (a.to_string(), n.to_string())).collect();
+        let mut by_node: HashMap<&str, Arc<Series>> = HashMap::new();
+        let old = self.nodes.read().unwrap_or_else(|e| e.into_inner()).clone();
+        let old_by_node: HashMap<&str, &Arc<Series>> = old.values().map(|s| (s.node.as_str(), s)).collect();
+        let mut map = HashMap::new();
+        for (addr, node) in pairs {
+            let series = match node {
+                "" => self.unknown.clone(),
+                node => by_node
+                    .entry(node)
+                    .or_insert_with(|| match old_by_node.get(node) {
+                        Some(s) => Arc::clone(s),
+                        None => Arc::new(Series::new(&self.app, node)),
+                    })
+                    .clone(),
+            };
+            map.insert(addr.to_string(), series);
+        }
         *self.nodes.write().unwrap_or_else(|e| e.into_inner()) = map;
+    }
+
+    fn series(&self, endpoint: &str) -> Arc<Series> {
+        let nodes = self.nodes.read().unwrap_or_else(|e| e.into_inner());
+        nodes.get(endpoint).cloned().unwrap_or_else(|| self.unknown.clone())
     }
 
     /// The node of `endpoint`; `unknown` for one that left the table (a request that
     /// finished after its endpoint went).
     pub fn node(&self, endpoint: &str) -> String {
-        let nodes = self.nodes.read().unwrap_or_else(|e| e.into_inner());
-        nodes.get(endpoint).filter(|n| !n.is_empty()).cloned().unwrap_or_else(|| "unknown".to_string())
+        self.series(endpoint).node.clone()
     }
 
     pub fn app(&self) -> &str {
@@ -97,13 +148,15 @@ impl Labels {
 
     /// Counts one finished call.
     pub fn record(&self, r: CallReport) {
-        let (app, node) = (self.app.clone(), self.node(&r.endpoint));
-        let result = if r.outcome == crate::Outcome::Success { "ok" } else { "error" };
-        metrics::counter!(REQUESTS.name, "app" => app.clone(), "node" => node.clone(), "result" => result).increment(1);
-        metrics::histogram!(REQUEST_SECONDS.name, "app" => app.clone(), "node" => node.clone()).record(r.seconds);
+        let series = self.series(&r.endpoint);
+        match r.outcome {
+            crate::Outcome::Success => series.ok.increment(1),
+            crate::Outcome::Failure => series.error.increment(1),
+        }
+        series.seconds.record(r.seconds);
         if let Some(d) = r.ejected_for {
-            tracing::warn!(endpoint = %r.endpoint, %node, seconds = d.as_secs_f64(), "endpoint ejected after consecutive failures");
-            metrics::counter!(EJECTIONS.name, "app" => app, "node" => node).increment(1);
+            tracing::warn!(endpoint = %r.endpoint, node = %series.node, seconds = d.as_secs_f64(), "endpoint ejected after consecutive failures");
+            series.ejections.increment(1);
         }
     }
 

@@ -71,6 +71,36 @@ pub const STORE_HEALTHY: Family = Family::gauge(
     "1 while the scheduler's store takes writes, 0 from a failed write until a reopen succeeds.",
     &[],
 );
+pub const STORE_FENCED: Family = Family::counter(
+    "flotilla_store_fenced_total",
+    "Store writes refused because this scheduler no longer holds the app's lease (nothing was written).",
+    &[],
+);
+pub const SCHEDULER_LEADER: Family = Family::gauge(
+    "flotilla_scheduler_leader",
+    "1 while this process is the app's active scheduler (holds its lease), 0 while it is a standby.",
+    &["app"],
+);
+pub const SCHEDULER_FENCING_TOKEN: Family = Family::gauge(
+    "flotilla_scheduler_fencing_token",
+    "The fencing token of the lease this scheduler last held (the lease key's create revision); only grows.",
+    &["app"],
+);
+pub const SCHEDULER_TAKEOVERS: Family = Family::counter(
+    "flotilla_scheduler_takeovers_total",
+    "Times this process became the app's active scheduler (took its lease), the first time included.",
+    &["app"],
+);
+pub const SCHEDULER_LEASE_LOSSES: Family = Family::counter(
+    "flotilla_scheduler_lease_losses_total",
+    "Times this process lost the app's lease while active (keep-alives unanswered, key taken, write fenced).",
+    &["app"],
+);
+pub const SCHEDULER_NOT_LEADER: Family = Family::counter(
+    "flotilla_scheduler_not_leader_total",
+    "Commits and releases not sent because the lease was lost since the pass began, by op.",
+    &["op"],
+);
 pub const SPEC_APPLIED: Family =
     Family::counter("flotilla_spec_applied_total", "New app specs the scheduler accepted.", &["app"]);
 pub const SPEC_ROLLBACKS: Family =
@@ -130,6 +160,12 @@ pub const FAMILIES: &[Family] = &[
     STORE_ERRORS,
     STORE_REOPENS,
     STORE_HEALTHY,
+    STORE_FENCED,
+    SCHEDULER_LEADER,
+    SCHEDULER_FENCING_TOKEN,
+    SCHEDULER_TAKEOVERS,
+    SCHEDULER_LEASE_LOSSES,
+    SCHEDULER_NOT_LEADER,
     SPEC_APPLIED,
     SPEC_ROLLBACKS,
     ROLLOUTS_FAILED,

@@ -9,6 +9,7 @@
 
 pub mod autoscale;
 pub mod catalogue;
+mod leader;
 mod lifecycle;
 mod planner;
 mod reconcile;
@@ -17,9 +18,11 @@ mod rollout;
 mod routes;
 mod spec;
 mod store;
+mod store_etcd;
 #[cfg(test)]
 mod testing;
 
+pub use leader::{LOCAL_TOKEN, Leader, Role, default_instance};
 pub use lifecycle::UnitState;
 pub use reconcile::{
     AppHandle, AppStatus, AutoscalingStatus, Command, CommandError, Demand, DemandRequest, MAX_DEMAND_COUNT,
@@ -28,3 +31,4 @@ pub use reconcile::{
 pub use rollout::{RolloutRecord, RolloutState, counts_toward_desired};
 pub use spec::{AppSpec, MAX_UNITS, SpecOrigin, UnitShape, parse_cpu, parse_memory};
 pub use store::{DECISIONS_KEPT, MemStore, MemberRecord, Override, RedbStore, Store, Stored, UnitRecord, Usage, Write};
+pub use store_etcd::{EtcdStore, FENCED, MAX_TXN_BYTES, MAX_TXN_OPS};

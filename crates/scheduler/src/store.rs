@@ -169,6 +169,9 @@ pub struct Stored {
     pub good_spec: Option<String>,
     /// The app's last rollout.
     pub rollout: Option<RolloutRecord>,
+    /// The last fencing token a scheduler of this app took with the embedded store (its
+    /// next run takes one more); with etcd the lease key's create revision is the token.
+    pub fencing_token: u64,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -191,6 +194,9 @@ pub enum Write {
     FileFingerprint(String),
     GoodSpec(String),
     Rollout(RolloutRecord),
+    /// The fencing token a scheduler took on becoming active (the embedded store's
+    /// stand-in for a lease's revision).
+    FencingToken(u64),
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -237,6 +243,7 @@ fn apply(s: &mut Stored, w: &Write) {
         Write::FileFingerprint(f) => s.file_fingerprint = Some(f.clone()),
         Write::GoodSpec(t) => s.good_spec = Some(t.clone()),
         Write::Rollout(r) => s.rollout = Some(r.clone()),
+        Write::FencingToken(t) => s.fencing_token = *t,
     }
 }
 
@@ -385,6 +392,7 @@ fn rollout_key(app: &str, w: &Write) -> Result<(String, String), StoreError> {
         Write::FileFingerprint(f) => (format!("{app}/file_fingerprint"), f.clone()),
         Write::GoodSpec(t) => (format!("{app}/good_spec"), t.clone()),
         Write::Rollout(r) => (format!("{app}/rollout"), serde_json::to_string(r).map_err(err)?),
+        Write::FencingToken(t) => (format!("{app}/fencing_token"), t.to_string()),
         _ => return Err(StoreError("not a rollout key".into())),
     })
 }
@@ -402,6 +410,9 @@ fn load_rollout_keys(meta: &redb::ReadOnlyTable<&str, &str>, app: &str, s: &mut 
     }
     if let Some(v) = meta.get(format!("{app}/rollout").as_str()).map_err(err)? {
         s.rollout = serde_json::from_str(v.value()).ok();
+    }
+    if let Some(v) = meta.get(format!("{app}/fencing_token").as_str()).map_err(err)? {
+        s.fencing_token = v.value().parse().unwrap_or(0);
     }
     Ok(())
 }
@@ -527,7 +538,11 @@ fn write_batch(db: &Database, app: &str, batch: &[Write]) -> Result<(), StoreErr
                 Write::DeleteIntent(id) => {
                     intents.remove(format!("{app}/{id}").as_str()).map_err(err)?;
                 }
-                Write::SpecOrigin(_) | Write::FileFingerprint(_) | Write::GoodSpec(_) | Write::Rollout(_) => {
+                Write::SpecOrigin(_)
+                | Write::FileFingerprint(_)
+                | Write::GoodSpec(_)
+                | Write::Rollout(_)
+                | Write::FencingToken(_) => {
                     let (key, value) = rollout_key(app, op)?;
                     meta.insert(key.as_str(), value.as_str()).map_err(err)?;
                 }
@@ -540,10 +555,10 @@ fn write_batch(db: &Database, app: &str, batch: &[Write]) -> Result<(), StoreErr
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn unit(id: &str) -> UnitRecord {
+    pub(crate) fn unit(id: &str) -> UnitRecord {
         UnitRecord {
             unit_id: id.into(),
             app: "echo".into(),
@@ -575,7 +590,8 @@ mod tests {
         }
     }
 
-    fn exercise(s: &dyn Store) {
+    /// What every backend must do; run against memory, redb and etcd.
+    pub(crate) fn exercise(s: &dyn Store) {
         s.write(
             "echo",
             &[
@@ -639,6 +655,9 @@ mod tests {
         assert_eq!(got.good_spec.as_deref(), Some("name = \"good\""));
         assert_eq!(got.rollout, Some(rollout));
         assert_eq!(s.load("echoes").unwrap().rollout, None);
+        s.write("echo", &[Write::FencingToken(4)]).unwrap();
+        assert_eq!(s.load("echo").unwrap().fencing_token, 4);
+        assert_eq!(s.load("echoes").unwrap().fencing_token, 0);
     }
 
     #[test]

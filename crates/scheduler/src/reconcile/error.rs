@@ -28,6 +28,10 @@ pub enum CommandError {
     NoPreviousSpec(String),
     #[error("the scheduler stopped")]
     Stopped,
+    /// This process is a standby (or lost its lease): the active scheduler takes
+    /// changes (503; the control plane follows the active one).
+    #[error("this scheduler is not the app's active one: {0}")]
+    NotLeader(String),
 }
 
 impl ServiceError for CommandError {
@@ -39,7 +43,7 @@ impl ServiceError for CommandError {
             | CommandError::InvalidDemand(_)
             | CommandError::InvalidOverride(_) => ErrorKind::InvalidInput,
             CommandError::NoPreviousSpec(_) => ErrorKind::Conflict,
-            CommandError::Store(_) | CommandError::Stopped => ErrorKind::Unavailable,
+            CommandError::Store(_) | CommandError::Stopped | CommandError::NotLeader(_) => ErrorKind::Unavailable,
         }
     }
 
@@ -53,6 +57,7 @@ impl ServiceError for CommandError {
             CommandError::NoPreviousSpec(_) => "no_previous_spec",
             CommandError::Store(_) => STORE_UNAVAILABLE,
             CommandError::Stopped => "scheduler_stopped",
+            CommandError::NotLeader(_) => "not_leader",
         }
     }
 }

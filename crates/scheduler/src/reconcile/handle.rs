@@ -49,6 +49,8 @@ pub struct AppStatus {
     /// Why the store refuses writes now (a full disk), while it does: changes are
     /// refused (`store_unavailable`) and the scheduler retries until it is back.
     pub store_error: Option<String>,
+    /// Which instance serves the app and whether it is the active one (holds the lease).
+    pub scheduler: crate::leader::Role,
 }
 
 /// What `apps` shows about an autoscaled app.
@@ -192,6 +194,18 @@ impl Scheduler {
     /// channel.
     pub fn command(&mut self, cmd: Command) {
         let mut store_refused = false;
+        if self.leader.held().is_none() {
+            let role = self.leader.role();
+            let why = role.waiting.unwrap_or_else(|| "it holds no lease".into());
+            let e = CommandError::NotLeader(format!("{} is a standby: {why}", role.instance));
+            match cmd {
+                Command::Scale(_, r) => drop(r.send(Err(e))),
+                Command::Apply(_, r) | Command::Rollback(r) => drop(r.send(Err(e))),
+                Command::Override(_, r) => drop(r.send(Err(e))),
+                Command::Demand(_, _, r) => drop(r.send(Err(e))),
+            }
+            return;
+        }
         match cmd {
             Command::Scale(n, reply) => {
                 let r = self.scale(n);

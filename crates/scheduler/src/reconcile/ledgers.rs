@@ -34,8 +34,12 @@ pub struct Ledgers {
     /// Per shard, which of its addresses (`a|b`) the next connection tries.
     alternate: Vec<usize>,
     pub(super) dialer: Dialer,
-    /// Carried on every request, so a deposed scheduler can be refused once leases exist.
+    /// Carried on every request: the lease's token, so a shard refuses a deposed
+    /// scheduler whose request arrives after a newer one's.
     pub(super) fencing_token: u64,
+    /// Checked before every request: nothing leaves once the lease is lost (or a newer
+    /// one is held that the scheduler has not reloaded under yet).
+    pub(super) leader: crate::leader::Leader,
 }
 
 impl Ledgers {
@@ -45,7 +49,23 @@ impl Ledgers {
             alternate: vec![0; addrs.len()],
             addrs,
             dialer: Dialer::network(),
-            fencing_token: 1,
+            fencing_token: crate::leader::LOCAL_TOKEN,
+            leader: crate::leader::Leader::always("local"),
+        }
+    }
+
+    /// `Err(why)` unless this scheduler still holds the lease it loaded its state under.
+    fn check_lease(&self, op: &'static str) -> Result<(), String> {
+        match self.leader.held() {
+            Some(l) if l.token() == self.fencing_token => Ok(()),
+            Some(l) => {
+                metrics::counter!(crate::catalogue::SCHEDULER_NOT_LEADER.name, "op" => op).increment(1);
+                Err(format!("a newer lease (token {}) is held; the state is reloaded first", l.token()))
+            }
+            None => {
+                metrics::counter!(crate::catalogue::SCHEDULER_NOT_LEADER.name, "op" => op).increment(1);
+                Err("this scheduler no longer holds the app's lease".into())
+            }
         }
     }
 
@@ -73,6 +93,10 @@ impl Ledgers {
         txn_id: String,
         claims: Vec<v1::Claim>,
     ) -> Result<v1::CommitResponse, CommitError> {
+        if let Err(message) = self.check_lease("commit") {
+            let error = RemoteError { kind: flotilla_core::ErrorKind::Unavailable, code: "not_leader".into(), message };
+            return Err(CommitError::Refused { shard, error });
+        }
         let mut client = self
             .client(shard)
             .await
@@ -95,6 +119,7 @@ impl Ledgers {
     /// Releases `keys` on `shard` in one request. Release is idempotent, so a retry is
     /// harmless.
     pub async fn release(&mut self, shard: usize, txn_id: String, keys: Vec<v1::ClaimKey>) -> anyhow::Result<()> {
+        self.check_lease("release").map_err(|e| anyhow::anyhow!("release on shard {shard}: {e}"))?;
         let req = v1::ReleaseRequest { txn_id, fencing_token: self.fencing_token, keys };
         if let Err(e) = self.client(shard).await?.release(req).await {
             self.clients[shard] = None;

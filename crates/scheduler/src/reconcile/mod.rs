@@ -100,6 +100,10 @@ pub struct Scheduler {
     /// The writes of the last pass the store refused, in order: written before anything
     /// else once it takes writes again, so no state the scheduler acted on is lost.
     unsaved: Vec<Write>,
+    /// Whether this process is the app's active scheduler ([`crate::leader`]).
+    leader: crate::leader::Leader,
+    /// The token of the lease the state in `stored` was loaded under.
+    token: u64,
 }
 
 impl Scheduler {
@@ -167,6 +171,7 @@ impl Scheduler {
             template: spec.template_fingerprint(),
             rollout: stored.rollout.clone(),
             store_error: None,
+            scheduler: crate::leader::Leader::always("local").role(),
         }));
         let stats = Arc::new(Stats::new());
         let (tx, commands) = tokio::sync::mpsc::channel(16);
@@ -212,6 +217,8 @@ impl Scheduler {
             autoscaler,
             decisions,
             unsaved: Vec::new(),
+            leader: crate::leader::Leader::always("local"),
+            token: crate::leader::LOCAL_TOKEN,
         };
         Ok((scheduler, handle))
     }
@@ -229,17 +236,30 @@ impl Scheduler {
         self
     }
 
+    /// Acts only while `leader` holds the app's lease, under its token; the state was
+    /// just loaded under the lease it holds now.
+    pub fn with_leader(mut self, leader: crate::leader::Leader) -> Self {
+        self.token = leader.held().map_or(0, |l| l.token());
+        self.ledgers.fencing_token = self.token;
+        self.ledgers.leader = leader.clone();
+        self.leader = leader;
+        self.publish();
+        self
+    }
+
     /// Reads named autoscaling policies from `book` (the control plane's).
     pub fn with_policies(mut self, book: PolicyBook) -> Self {
         self.autoscaler.book = book;
         self
     }
 
-    /// Carries `token` (its lease's epoch, which only grows) on every ledger request, so
-    /// shards refuse this scheduler once a newer one has spoken to them (default 1).
-    pub fn with_fencing_token(mut self, token: u64) -> Self {
-        self.ledgers.fencing_token = token;
-        self
+    /// Holds a local lease of `token` for good (no etcd): every ledger request carries it,
+    /// so shards refuse this scheduler once one with a higher token has spoken to them.
+    /// The simulation gives each scheduler start a higher one.
+    pub fn with_fencing_token(self, token: u64) -> Self {
+        let leader = crate::leader::Leader::standby("local");
+        leader.set(flotilla_etcd::Lease::local("local", token));
+        self.with_leader(leader)
     }
 
     /// Seeds the scheduler's choices (sampling, back-off, transaction ids), so a
@@ -306,6 +326,11 @@ impl Scheduler {
     /// One pass of the loop.
     #[tracing::instrument(skip_all, fields(app = %self.spec.name))]
     pub async fn reconcile(&mut self) -> anyhow::Result<()> {
+        match self.leader.held() {
+            None => return self.passive(),
+            Some(l) if l.token() != self.token => self.resume(l.token())?,
+            Some(_) => {}
+        }
         if !self.unsaved.is_empty() {
             // The store refused the last pass: nothing more happens until it is written.
             if let Err(e) = self.store.write(&self.spec.name, &self.unsaved) {
@@ -359,6 +384,48 @@ impl Scheduler {
             return Err(e.into());
         }
         self.publish();
+        Ok(())
+    }
+
+    /// A pass without the lease: acts on nothing, writes nothing; keeps the status (and,
+    /// from `run`, the routes) published and learns whether the store answers.
+    fn passive(&mut self) -> anyhow::Result<()> {
+        // An empty write only asks the store whether it answers (for `apps`).
+        let _ = self.store.write(&self.spec.name, &[]);
+        self.publish();
+        Ok(())
+    }
+
+    /// Holding a newer lease than the state was loaded under (this process lost the
+    /// lease and took it again; another may have acted in between): reloads the app
+    /// from the store and adopts from the view again, as a restart would.
+    fn resume(&mut self, token: u64) -> anyhow::Result<()> {
+        let stored = self.store.load(&self.spec.name)?;
+        if let Some(text) = stored.spec.as_deref().filter(|t| **t != *self.spec_text) {
+            match AppSpec::parse(text) {
+                Ok(spec) if spec.name == self.spec.name => {
+                    self.fingerprint = spec.template_fingerprint();
+                    self.spec_text = Arc::from(text);
+                    self.spec = spec;
+                    self.classes = ClassCache::default();
+                    self.classes_secondary = ClassCache::default();
+                    self.autoscaler.own = self.spec.own_policy();
+                    self.autoscaler.force_evaluation();
+                }
+                Ok(_) | Err(_) => {
+                    tracing::warn!(app = %self.spec.name, "the stored spec does not parse; keeping this one")
+                }
+            }
+        }
+        tracing::info!(app = %self.spec.name, old_token = self.token, token, units = stored.units.len(), "active again: reloaded the app from the store");
+        self.stored = stored;
+        self.unsaved.clear();
+        self.pending.clear();
+        self.started = false;
+        self.absent_since.clear();
+        self.released.clear();
+        self.token = token;
+        self.ledgers.fencing_token = token;
         Ok(())
     }
 
@@ -494,6 +561,7 @@ impl Scheduler {
             template: self.fingerprint.clone(),
             rollout: self.stored.rollout.clone(),
             store_error: self.store.failing(),
+            scheduler: self.leader.role(),
         }));
         let newest = self.autoscaler.decisions.back();
         if !self.decisions.load().first().zip(newest).is_some_and(|(a, b)| Arc::ptr_eq(a, b)) && newest.is_some() {
