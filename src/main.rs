@@ -11,6 +11,7 @@ mod pool;
 mod route;
 mod secrets;
 mod servers;
+mod shard_state;
 mod sim;
 mod status;
 mod table;

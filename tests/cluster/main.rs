@@ -26,4 +26,5 @@ mod security;
 mod shards;
 mod spread;
 mod standalone;
+mod standby;
 mod units;

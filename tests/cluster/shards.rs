@@ -245,3 +245,56 @@ fn a_restarted_shard_rebuilds_its_ledger_from_its_agents_with_nothing_lost_or_do
     drop(up);
     drop(procs);
 }
+
+/// Cordons and drains are kept in the shard's data dir: both shards killed (-9) and
+/// started again on their addresses, a drained and a cordoned node are still so, and
+/// alive again with their agents.
+#[test]
+fn cordons_and_drains_survive_a_shard_restart() {
+    let Standalone { mut procs, dir, shard_addrs, shard_pids, api, .. } = Standalone::start("cordonrestart", 3, &[]);
+    let up = Up::attach(&dir, &api);
+    wait_for("4 alive nodes", Duration::from_secs(40), || {
+        let n = up.nodes();
+        (n.len() == 4 && n.iter().all(|n| n["status"] == "alive")).then_some(())
+    });
+    let shard_of = |node: &str| up.node(node).unwrap()["shard"].as_u64();
+    // node-0 and node-1 are in the domains of different shards.
+    assert_ne!(shard_of("node-0"), shard_of("node-1"));
+    for (node, action) in [("node-0", "drain"), ("node-1", "cordon")] {
+        let (status, body) = http(&api, "POST", &format!("/v1/nodes/{node}/{action}"), Some("t"), "");
+        assert_eq!(status, 200, "{action} {node}: {body}");
+    }
+    let held = |up: &Up| {
+        let (a, b) = (up.node("node-0")?, up.node("node-1")?);
+        let ok = a["cordoned"] == true
+            && a["drain_requested"] == true
+            && b["cordoned"] == true
+            && b["drain_requested"] == false
+            && a["status"] == "alive"
+            && b["status"] == "alive";
+        ok.then_some(())
+    };
+    wait_for("node-0 drained and node-1 cordoned", Duration::from_secs(20), || held(&up));
+    for (i, pid) in shard_pids.iter().enumerate() {
+        assert!(dir.join(format!("shard-{i}-of-2.state.json")).exists(), "shard {i} kept its state");
+        signal(*pid as i32, libc::SIGKILL);
+    }
+    for (i, addr) in shard_addrs.iter().enumerate() {
+        let pid = Standalone::spawn_shard(&mut procs, &dir, i, addr);
+        assert_eq!(procs.addrs(pid)["addr"], addr.as_str());
+    }
+    // Each restarted shard loaded its one cordon (the view the scheduler still holds from
+    // before the kill would show it anyway), then the new views show both again.
+    wait_for("both shards restored their cordon", Duration::from_secs(30), || {
+        (0..2)
+            .all(|i| {
+                let text = std::fs::read_to_string(dir.join(format!("shard-{i}.err"))).unwrap_or_default();
+                text.lines().any(|l| l.contains("restored the persisted shard state") && l.contains("cordons=1"))
+            })
+            .then_some(())
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    wait_for("the drain and the cordon back after the restart, nodes alive", Duration::from_secs(60), || held(&up));
+    drop(up);
+    drop(procs);
+}

@@ -47,17 +47,22 @@ fn unix_nanos() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1)
 }
 
-/// Resolves the shard that owns this node's domain.
-async fn owning_shard(config: &AgentConfig) -> anyhow::Result<(usize, SocketAddr, String)> {
+/// The shard that owns this node's domain: its index and its `--aggregators` entry (one
+/// address, or the active process and its standbys, `a|b`).
+fn owning_shard(config: &AgentConfig) -> (usize, String) {
     let idx = shard_for_domain(config.labels.domain(), config.aggregators.len());
-    let name = &config.aggregators[idx];
+    (idx, config.aggregators[idx].clone())
+}
+
+/// Resolves one shard address to a socket address and the host name TLS checks.
+async fn resolve(name: &str) -> anyhow::Result<(SocketAddr, String)> {
     let addr = tokio::net::lookup_host(name)
         .await
         .with_context(|| format!("resolving shard address {name}"))?
         .next()
         .ok_or_else(|| anyhow!("{name} resolves to no address"))?;
-    let host = name.rsplit_once(':').map(|(h, _)| h.to_string()).unwrap_or_else(|| name.clone());
-    Ok((idx, addr, host))
+    let host = name.rsplit_once(':').map(|(h, _)| h.to_string()).unwrap_or_else(|| name.to_string());
+    Ok((addr, host))
 }
 
 fn unspecified(for_addr: &SocketAddr) -> SocketAddr {
@@ -85,7 +90,10 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     }
     spawn_signals(stop_tx)?;
 
-    let (shard, addr, host) = owning_shard(&config).await?;
+    let (shard, entry) = owning_shard(&config);
+    let alternates = flotilla_core::shard_alternates(&entry).len();
+    let mut alternate = 0;
+    let (mut addr, mut host) = resolve(flotilla_core::shard_alternate(&entry, alternate)).await?;
     let span = tracing::info_span!("agent", node = %config.node_id, incarnation, shard);
     let _g = span.enter();
     tracing::info!(%addr, capacity = ?config.capacity, labels = ?config.labels, "agent starting");
@@ -118,7 +126,16 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
                 }
                 let wait = backoff.next_wait();
                 ready.not_ready(format!("registering with shard {shard} at {addr}: {e}"));
-                tracing::warn!(error = %e, retry_in = ?wait, "registration failed");
+                tracing::warn!(error = %e, retry_in = ?wait, %addr, "registration failed");
+                if alternates > 1 {
+                    // The shard's standby may serve now: the next try goes to the next address.
+                    alternate += 1;
+                    let next = flotilla_core::shard_alternate(&entry, alternate);
+                    match resolve(next).await {
+                        Ok((a, h)) => (addr, host) = (a, h),
+                        Err(e) => tracing::warn!(error = %format!("{e:#}"), next, "shard alternate does not resolve"),
+                    }
+                }
                 tokio::select! {
                     _ = tokio::time::sleep(wait) => continue,
                     stop = stop_rx.recv() => return finish(stop, None, &config, &runtime).await,

@@ -74,6 +74,26 @@ pub const COMMIT_REQUESTS_REJECTED: Family = Family::counter(
 );
 pub const CORDON_CHANGES: Family =
     Family::counter("flotilla_cordon_changes_total", "Cordon, drain or uncordon requests that changed a node.", &[]);
+pub const LEDGER_FENCED: Family = Family::counter(
+    "flotilla_ledger_fenced_total",
+    "Ledger requests refused because their fencing token was older than the app's mark (a deposed scheduler), by operation (commit, reserve, confirm, release).",
+    &["op"],
+);
+pub const SHARD_STATE_SAVES: Family = Family::counter(
+    "flotilla_shard_state_saves_total",
+    "Writes of the shard's persisted state (cordons, drains, fencing marks), by result (ok or error).",
+    &["result"],
+);
+pub const SHARD_ACTIVE: Family = Family::gauge(
+    "flotilla_shard_active",
+    "1 while this process serves its shard index (holds the shard's lease with --store etcd://), 0 while it waits as a standby.",
+    &["shard"],
+);
+pub const SHARD_TAKEOVERS: Family = Family::counter(
+    "flotilla_shard_takeovers_total",
+    "Times this process took over its shard index after waiting for another holder's lease to lapse.",
+    &["shard"],
+);
 pub const LEDGER_ADOPTED: Family = Family::counter(
     "flotilla_ledger_adopted_total",
     "Claims rebuilt from what agents run after a shard restart, by result (adopted or left_out).",
@@ -130,6 +150,10 @@ pub const FAMILIES: &[Family] = &[
     CLAIMS,
     COMMIT_REQUESTS_REJECTED,
     CORDON_CHANGES,
+    LEDGER_FENCED,
+    SHARD_STATE_SAVES,
+    SHARD_ACTIVE,
+    SHARD_TAKEOVERS,
     LEDGER_ADOPTED,
     SHARD_RECOVERING,
     GRPC_REQUESTS_REJECTED,

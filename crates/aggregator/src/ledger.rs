@@ -3,10 +3,15 @@
 //! Pure logic (no I/O, time passed in). Entries are keyed by (app, unit, member,
 //! generation), so a replayed claim finds its own entry and allocates nothing twice;
 //! a node's `allocated` is always the sum of its entries and never exceeds its capacity.
+//!
+//! Fencing: the ledger remembers, per app, the highest fencing token (the scheduler's
+//! lease epoch) any request carried, and [`Ledger::fence`] refuses a lower one, so a
+//! deposed scheduler that wakes up from a pause can neither place nor release anything.
+//! The marks are part of the shard's persisted state (`crate::persist`).
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 
-use flotilla_core::{NodeId, NodeStatus, Resources};
+use flotilla_core::{ErrorKind, NodeId, NodeStatus, Resources, ServiceError};
 use flotilla_proto::v1;
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -42,6 +47,8 @@ pub enum ClaimReject {
     Group,
     AlreadyPlaced,
     Cordoned,
+    /// The request's fencing token is older than the app's mark.
+    Fenced,
 }
 
 impl ClaimReject {
@@ -57,6 +64,7 @@ impl ClaimReject {
             ClaimReject::Group => "group",
             ClaimReject::AlreadyPlaced => "already_placed",
             ClaimReject::Cordoned => "cordoned",
+            ClaimReject::Fenced => "fenced",
         }
     }
 }
@@ -94,6 +102,36 @@ pub enum ConfirmStatus {
     Confirmed,
     Expired,
     UnknownReservation,
+    /// The token is older than the mark of the reservation's app: nothing changed.
+    Fenced,
+}
+
+/// Apps whose fencing marks one shard remembers. Past this, an app not yet known that
+/// brings a non-zero token is refused (forgetting a mark would let a deposed scheduler
+/// back in); a shard serving that many apps is far past its design.
+pub const MAX_FENCED_APPS: usize = 65_536;
+
+/// Why [`Ledger::fence`] refused a request: the whole request is refused and nothing
+/// in it is applied.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Fenced {
+    #[error(
+        "fenced: app {app:?} sent fencing token {token}, but this shard has seen {mark}: a newer scheduler holds the app's lease"
+    )]
+    Stale { app: String, token: u64, mark: u64 },
+    #[error("fenced: this shard already remembers fencing marks for {MAX_FENCED_APPS} apps")]
+    TooManyApps,
+}
+
+impl ServiceError for Fenced {
+    fn kind(&self) -> ErrorKind {
+        ErrorKind::Conflict
+    }
+
+    /// The one code a scheduler acts on: it lost its lease and must stop.
+    fn code(&self) -> &'static str {
+        "fenced"
+    }
 }
 
 /// Transactions remembered for exact replays.
@@ -111,6 +149,8 @@ pub struct Ledger {
     /// agent came back): `adopt` must not bring them back. Bounded, oldest out first.
     tombstones: HashSet<ClaimKey>,
     tomb_order: VecDeque<ClaimKey>,
+    /// The highest fencing token seen per app (absent: none above 0 yet).
+    marks: HashMap<String, u64>,
 }
 
 impl Ledger {
@@ -138,6 +178,64 @@ impl Ledger {
 
     pub fn placement(&self, key: &ClaimKey) -> Option<&NodeId> {
         self.placed.get(key)
+    }
+
+    /// Checks a request's fencing `token` against the mark of every app in `apps`: a
+    /// lower token refuses the whole request (nothing is changed); otherwise each mark
+    /// rises to `token`. Token 0 means "no lease" and passes only while no higher token
+    /// was seen. Returns whether a mark rose (the caller persists the marks before it
+    /// answers). Call it under the same lock as the operation it guards, so no request
+    /// with a newer token can slip between the check and the change.
+    pub fn fence<'a>(&mut self, token: u64, apps: impl IntoIterator<Item = &'a str>) -> Result<bool, Fenced> {
+        let apps: BTreeSet<&str> = apps.into_iter().collect();
+        let mut new_apps = 0;
+        for app in &apps {
+            match self.marks.get(*app) {
+                Some(&mark) if token < mark => {
+                    return Err(Fenced::Stale { app: (*app).to_string(), token, mark });
+                }
+                None if token > 0 => new_apps += 1,
+                _ => {}
+            }
+        }
+        if self.marks.len() + new_apps > MAX_FENCED_APPS {
+            return Err(Fenced::TooManyApps);
+        }
+        let mut raised = false;
+        if token > 0 {
+            for app in apps {
+                let mark = self.marks.entry(app.to_string()).or_default();
+                if *mark < token {
+                    *mark = token;
+                    raised = true;
+                }
+            }
+        }
+        Ok(raised)
+    }
+
+    /// The highest fencing token seen for `app` (0: none).
+    pub fn mark(&self, app: &str) -> u64 {
+        self.marks.get(app).copied().unwrap_or(0)
+    }
+
+    /// Every app's mark, for the shard's persisted state.
+    pub fn marks(&self) -> BTreeMap<String, u64> {
+        self.marks.iter().map(|(a, t)| (a.clone(), *t)).collect()
+    }
+
+    /// Restores persisted marks (a restarted shard): a mark only ever rises.
+    pub fn restore_marks(&mut self, marks: impl IntoIterator<Item = (String, u64)>) {
+        for (app, token) in marks {
+            let mark = self.marks.entry(app).or_default();
+            *mark = (*mark).max(token);
+        }
+    }
+
+    /// The apps of reservation `txn`'s keys (empty when it is unknown), for fencing a
+    /// confirm, which names only the transaction.
+    pub fn reservation_apps(&self, txn: &str) -> BTreeSet<String> {
+        self.reservations.get(txn).map(|(keys, _)| keys.iter().map(|k| k.app.clone()).collect()).unwrap_or_default()
     }
 
     /// Commits `claims` (see the module doc); returns each claim's result and the nodes
@@ -580,6 +678,63 @@ mod tests {
         r.release(std::slice::from_ref(&old.key));
         assert_eq!(r.adopt(&node(0), 1, &c, vec![old], 2), (0, 1), "a tombstone keeps the released key out");
         r.check_invariant(&cap).unwrap();
+    }
+
+    #[test]
+    fn a_lower_fencing_token_is_refused_and_a_higher_one_raises_the_mark() {
+        let mut l = Ledger::new();
+        // No lease yet: token 0 passes and records nothing.
+        assert_eq!(l.fence(0, ["a"]), Ok(false));
+        assert_eq!(l.mark("a"), 0);
+        assert_eq!(l.fence(5, ["a"]), Ok(true));
+        assert_eq!(l.fence(5, ["a"]), Ok(false), "the same scheduler again");
+        assert_eq!(l.fence(4, ["a"]), Err(Fenced::Stale { app: "a".into(), token: 4, mark: 5 }));
+        assert!(matches!(l.fence(0, ["a"]), Err(Fenced::Stale { .. })), "no lease, once a lease was seen");
+        // Marks are per app; one stale app in a request refuses all of it and raises nothing.
+        assert_eq!(l.fence(1, ["b"]), Ok(true));
+        assert!(l.fence(3, ["b", "a"]).is_err());
+        assert_eq!((l.mark("a"), l.mark("b")), (5, 1));
+        assert_eq!(l.fence(9, ["b", "a"]), Ok(true));
+        assert_eq!((l.mark("a"), l.mark("b")), (9, 9));
+        // What a restarted shard restores only ever raises a mark.
+        let mut r = Ledger::new();
+        r.restore_marks(l.marks());
+        r.restore_marks([("a".to_string(), 2)]);
+        assert_eq!(r.mark("a"), 9);
+        assert!(r.fence(8, ["a"]).is_err());
+    }
+
+    /// The case a deposed scheduler makes: the new one releases a member, then the old
+    /// one's commit of that member arrives; and the old one's release of what the new
+    /// one holds. Both are refused and nothing changes.
+    #[test]
+    fn a_deposed_schedulers_commit_and_release_change_nothing() {
+        let mut l = Ledger::new();
+        let c = claim("u1", "head", 0, 400, "");
+        assert_eq!(l.fence(1, ["a"]), Ok(true));
+        assert_eq!(l.commit("old-1", std::slice::from_ref(&c), &facts).0[0].1, Ok(()));
+        // The new scheduler (token 2) releases it and places another unit.
+        assert_eq!(l.fence(2, ["a"]), Ok(true));
+        l.release(std::slice::from_ref(&c.key));
+        let d = claim("u2", "head", 1, 400, "");
+        l.commit("new-1", std::slice::from_ref(&d), &facts);
+        // The old one wakes up: its commit and its release are fenced before they apply.
+        assert!(l.fence(1, ["a"]).is_err());
+        assert_eq!((l.placement(&c.key), l.placement(&d.key)), (None, Some(&node(1))));
+        // A reservation names its apps for the confirm that only names the transaction.
+        l.reserve("r1", &[claim("u3", "head", 1, 100, "")], 1000, &facts);
+        assert_eq!(l.reservation_apps("r1").into_iter().collect::<Vec<_>>(), vec!["a".to_string()]);
+        assert!(l.reservation_apps("nope").is_empty());
+        l.check_invariant(&cap).unwrap();
+    }
+
+    #[test]
+    fn the_number_of_fenced_apps_is_bounded() {
+        let mut l = Ledger::new();
+        l.restore_marks((0..MAX_FENCED_APPS).map(|i| (format!("app{i}"), 1)));
+        assert_eq!(l.fence(1, ["app1"]), Ok(false));
+        assert_eq!(l.fence(0, ["new"]), Ok(false), "no lease: nothing to remember");
+        assert_eq!(l.fence(1, ["new"]), Err(Fenced::TooManyApps));
     }
 
     #[test]

@@ -2,6 +2,12 @@
 //! through [`crate::wire`] (sizes, counts, names); the ledger decides; the applier folds
 //! accepted claims into the next view version, which the answer names. A request that
 //! does not decode is answered through `flotilla_proto::status`, the one error mapping.
+//!
+//! Fencing: every request's token is checked against the app's mark under the ledger's
+//! lock, together with the change it guards. A stale Commit or Reserve gets every claim
+//! back as `REJECT_REASON_FENCED`, a stale Confirm `CONFIRM_STATUS_FENCED`, a stale
+//! Release the status FAILED_PRECONDITION with code `fenced`; none changes anything.
+//! A request that raised a mark is answered only once the marks are persisted.
 
 use crate::catalogue as m;
 use flotilla_core::LockExt;
@@ -15,7 +21,8 @@ use flotilla_view::ViewPublisher;
 use tokio::sync::oneshot;
 use tonic::{Request, Response, Status};
 
-use crate::ledger::{Ledger, NodeFacts, Outcome};
+use crate::ledger::{ClaimReject, ConfirmStatus, Fenced, Ledger, NodeFacts, Outcome};
+use crate::persist::Persister;
 use crate::registry::{Change, Registry};
 use crate::wire::{self, InvalidRequest};
 
@@ -25,6 +32,8 @@ pub struct LedgerGrpc {
     pub registry: Arc<Registry>,
     /// Until then every node counts as Unknown for claims (`shard_recovering`).
     pub recovering_until_ms: u64,
+    /// Keeps the fencing marks across restarts.
+    pub persister: Arc<Persister>,
 }
 
 impl LedgerGrpc {
@@ -57,6 +66,29 @@ impl LedgerGrpc {
         self.registry.emit(Change::Ledger(changed, Some(tx)));
         tokio::time::timeout(Duration::from_secs(2), rx).await.ok()?.ok().map(Into::into)
     }
+
+    /// After a request raised a fencing mark: the marks are saved before the answer, or
+    /// a restarted shard would take the deposed scheduler's claims again.
+    async fn persist_marks(&self, raised: bool) -> Result<(), Status> {
+        if !raised {
+            return Ok(());
+        }
+        self.persister
+            .save()
+            .await
+            .map_err(|e| Status::unavailable(format!("the shard could not persist its fencing marks ({e:#}); retry")))
+    }
+}
+
+/// A refusal for a stale fencing token: counted and logged.
+fn fenced(op: &'static str, txn: &str, f: &Fenced) {
+    metrics::counter!(m::LEDGER_FENCED.name, "op" => op).increment(1);
+    tracing::warn!(op, txn, error = %f, "fenced: a deposed scheduler's request was refused");
+}
+
+/// Every claim refused as fenced.
+fn all_fenced(claims: &[crate::ledger::Claim]) -> Outcome {
+    claims.iter().map(|c| (c.key.clone(), Err(ClaimReject::Fenced))).collect()
 }
 
 /// A request that does not decode: counted, and answered through the one mapping.
@@ -88,7 +120,20 @@ impl LedgerService for LedgerGrpc {
         let req = request.into_inner();
         let claims = wire::claims_from_wire(&req.txn_id, req.claims).map_err(refuse)?;
         let facts = self.facts();
-        let (out, changed) = lock(&self.ledger).commit(&req.txn_id, &claims, &facts);
+        let (out, changed, raised) = {
+            let mut ledger = lock(&self.ledger);
+            match ledger.fence(req.fencing_token, claims.iter().map(|c| c.key.app.as_str())) {
+                Ok(raised) => {
+                    let (out, changed) = ledger.commit(&req.txn_id, &claims, &facts);
+                    (out, changed, raised)
+                }
+                Err(f) => {
+                    fenced("commit", &req.txn_id, &f);
+                    (all_fenced(&claims), Vec::new(), false)
+                }
+            }
+        };
+        self.persist_marks(raised).await?;
         let applied_in = self.fold(changed).await;
         count(&out);
         metrics::histogram!(m::SHARD_COMMIT_SECONDS.name).record(started.elapsed().as_secs_f64());
@@ -102,7 +147,20 @@ impl LedgerService for LedgerGrpc {
         let claims = wire::claims_from_wire(&req.txn_id, req.claims).map_err(refuse)?;
         let facts = self.facts();
         let until = now_ms() + ttl_ms;
-        let (out, changed) = lock(&self.ledger).reserve(&req.txn_id, &claims, until, &facts);
+        let (out, changed, raised) = {
+            let mut ledger = lock(&self.ledger);
+            match ledger.fence(req.fencing_token, claims.iter().map(|c| c.key.app.as_str())) {
+                Ok(raised) => {
+                    let (out, changed) = ledger.reserve(&req.txn_id, &claims, until, &facts);
+                    (out, changed, raised)
+                }
+                Err(f) => {
+                    fenced("reserve", &req.txn_id, &f);
+                    (all_fenced(&claims), Vec::new(), false)
+                }
+            }
+        };
+        self.persist_marks(raised).await?;
         self.fold(changed).await;
         count(&out);
         Ok(Response::new(v1::ReserveResponse { results: wire::results_to_wire(&out), expires_at_unix_ms: until }))
@@ -112,7 +170,21 @@ impl LedgerService for LedgerGrpc {
     async fn confirm(&self, request: Request<v1::ConfirmRequest>) -> Result<Response<v1::ConfirmResponse>, Status> {
         let req = request.into_inner();
         wire::txn_from_wire(&req.txn_id).map_err(refuse)?;
-        let (confirmed, changed) = lock(&self.ledger).confirm(&req.txn_id, now_ms());
+        let (confirmed, changed, raised) = {
+            let mut ledger = lock(&self.ledger);
+            let apps = ledger.reservation_apps(&req.txn_id);
+            match ledger.fence(req.fencing_token, apps.iter().map(String::as_str)) {
+                Ok(raised) => {
+                    let (confirmed, changed) = ledger.confirm(&req.txn_id, now_ms());
+                    (confirmed, changed, raised)
+                }
+                Err(f) => {
+                    fenced("confirm", &req.txn_id, &f);
+                    (ConfirmStatus::Fenced, Vec::new(), false)
+                }
+            }
+        };
+        self.persist_marks(raised).await?;
         self.fold(changed).await;
         Ok(Response::new(v1::ConfirmResponse { status: wire::confirm_status_to_wire(confirmed) as i32 }))
     }
@@ -122,11 +194,16 @@ impl LedgerService for LedgerGrpc {
         let req = request.into_inner();
         wire::txn_from_wire(&req.txn_id).map_err(refuse)?;
         let keys = wire::keys_from_wire(req.keys).map_err(refuse)?;
-        let (released, changed) = {
+        let (released, changed, raised) = {
             let mut ledger = lock(&self.ledger);
+            let raised = ledger.fence(req.fencing_token, keys.iter().map(|k| k.app.as_str())).map_err(|f| {
+                fenced("release", &req.txn_id, &f);
+                status(&f)
+            })?;
             let released = keys.iter().filter(|k| ledger.placement(k).is_some()).count() as u32;
-            (released, ledger.release(&keys))
+            (released, ledger.release(&keys), raised)
         };
+        self.persist_marks(raised).await?;
         self.fold(changed).await;
         Ok(Response::new(v1::ReleaseResponse { released }))
     }
@@ -135,6 +212,8 @@ impl LedgerService for LedgerGrpc {
 /// Operator actions on this shard's nodes.
 pub struct AdminGrpc {
     pub registry: Arc<Registry>,
+    /// Keeps cordons and drains across restarts.
+    pub persister: Arc<Persister>,
 }
 
 #[tonic::async_trait]
@@ -147,6 +226,10 @@ impl v1::node_admin_service_server::NodeAdminService for AdminGrpc {
         if found {
             tracing::info!("node cordon changed");
             metrics::counter!(m::CORDON_CHANGES.name).increment(1);
+            // Answered once it is kept: a cordon the operator saw succeed survives a restart.
+            self.persister.save().await.map_err(|e| {
+                Status::unavailable(format!("the cordon is set but could not be persisted ({e:#}); retry"))
+            })?;
         }
         Ok(Response::new(v1::CordonResponse { found }))
     }

@@ -18,6 +18,7 @@ mod ingest;
 mod ledger;
 mod ledger_grpc;
 mod liveness;
+pub mod persist;
 mod quic;
 mod registry;
 mod slab;
@@ -39,8 +40,9 @@ use tokio::task::JoinSet;
 pub use applier::Push;
 pub use auth::{GrpcAuth, GrpcRefusal};
 pub use ingest::Ingest;
-pub use ledger::{Claim, ClaimKey, ClaimReject, Ledger, NodeFacts};
+pub use ledger::{Claim, ClaimKey, ClaimReject, Fenced, Ledger, MAX_FENCED_APPS, NodeFacts};
 pub use liveness::Timeouts;
+pub use persist::{FileState, MemState, ShardState, StateStore};
 pub use registry::{Change, NodeLive, RegisterError, Registered, Registry, ReportError, SessionRef};
 pub use stats::{HeartbeatDrop, ShardStats};
 pub use tls::{TlsMaterial, write_private};
@@ -71,6 +73,10 @@ pub struct ShardConfig {
     /// gRPC requests one peer address may make per second, in bursts of twice that (0: no
     /// limit).
     pub grpc_rate_limit: u32,
+    /// Where cordons, drains and fencing marks are kept across restarts (none: memory only).
+    pub state_store: Option<Arc<dyn StateStore>>,
+    /// What the store held when the shard started (load it before [`start`]).
+    pub initial_state: ShardState,
 }
 
 /// A user's certificate for the shard's gRPC port.
@@ -106,6 +112,8 @@ impl ShardConfig {
             grpc_tokens: Vec::new(),
             grpc_tls: None,
             grpc_rate_limit: 0,
+            state_store: None,
+            initial_state: ShardState::default(),
         }
     }
 }
@@ -205,6 +213,8 @@ pub struct ShardCore {
     /// The gRPC token check; `set_tokens` rotates them while the shard runs.
     pub grpc_auth: GrpcAuth,
     grpc_tls: Option<GrpcTls>,
+    /// Saves cordons, drains and fencing marks after each change.
+    pub persister: Arc<persist::Persister>,
 }
 
 impl ShardCore {
@@ -226,7 +236,17 @@ impl ShardCore {
         ));
         let stats = Arc::new(ShardStats::new(config.shard));
         let publisher = Arc::new(ViewPublisher::new(config.shard as u32, epoch, config.ring_capacity));
-        let ledger = Arc::new(std::sync::Mutex::new(Ledger::new()));
+        let mut book = Ledger::new();
+        config.initial_state.apply(&registry, &mut book);
+        if !config.initial_state.cordons.is_empty() || !config.initial_state.fencing.is_empty() {
+            tracing::info!(
+                cordons = config.initial_state.cordons.len(),
+                fencing_marks = config.initial_state.fencing.len(),
+                "restored the persisted shard state"
+            );
+        }
+        let ledger = Arc::new(std::sync::Mutex::new(book));
+        let persister = Arc::new(persist::Persister::new(config.state_store.clone(), registry.clone(), ledger.clone()));
         let (push_tx, push_rx) = tokio::sync::mpsc::unbounded_channel();
         let applier = applier::Applier::new(
             registry.clone(),
@@ -259,6 +279,7 @@ impl ShardCore {
             recovering_until_ms,
             grpc_auth: GrpcAuth::new(config.grpc_tokens.clone(), config.grpc_rate_limit),
             grpc_tls: config.grpc_tls.clone(),
+            persister,
         };
         (core, push_rx)
     }
@@ -281,12 +302,14 @@ impl ShardCore {
         let admin =
             flotilla_proto::v1::node_admin_service_server::NodeAdminServiceServer::new(ledger_grpc::AdminGrpc {
                 registry: self.registry.clone(),
+                persister: self.persister.clone(),
             });
         let ledger = ledger_grpc::LedgerGrpc {
             ledger: self.ledger.clone(),
             publisher: self.publisher.clone(),
             registry: self.registry.clone(),
             recovering_until_ms: self.recovering_until_ms,
+            persister: self.persister.clone(),
         }
         .into_server();
         let mut server = tonic::transport::Server::builder().max_concurrent_streams(MAX_GRPC_STREAMS_PER_CONNECTION);

@@ -470,6 +470,17 @@ impl Registry {
         true
     }
 
+    /// Every cordoned node and whether a drain was asked for (the persisted state).
+    pub fn cordons(&self) -> Vec<(NodeId, bool)> {
+        self.cordoned.iter().map(|e| (e.key().clone(), *e.value())).collect()
+    }
+
+    /// A cordon from the persisted state, before the node registers again (cordons are
+    /// by name, so it holds for the node's next session).
+    pub fn restore_cordon(&self, node: NodeId, drain: bool) {
+        self.cordoned.insert(node, drain);
+    }
+
     /// `None`: not cordoned; `Some(drain)`: cordoned, and whether a drain was asked for.
     pub fn cordon(&self, node: &NodeId) -> Option<bool> {
         self.cordoned.get(node).map(|e| *e.value())

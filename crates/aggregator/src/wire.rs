@@ -51,7 +51,7 @@ impl ServiceError for InvalidRequest {
     }
 }
 
-fn name(field: &str, s: &str) -> Result<(), InvalidRequest> {
+pub(crate) fn name(field: &str, s: &str) -> Result<(), InvalidRequest> {
     if s.is_empty() || s.len() > MAX_NAME || s.chars().any(char::is_control) {
         return Err(InvalidRequest::new(field, format!("must be 1..={MAX_NAME} bytes without control characters")));
     }
@@ -238,6 +238,7 @@ fn reason_to_wire(r: ClaimReject) -> v1::RejectReason {
         ClaimReject::Group => v1::RejectReason::Group,
         ClaimReject::AlreadyPlaced => v1::RejectReason::AlreadyPlaced,
         ClaimReject::Cordoned => v1::RejectReason::Cordoned,
+        ClaimReject::Fenced => v1::RejectReason::Fenced,
     }
 }
 
@@ -262,6 +263,7 @@ pub fn confirm_status_to_wire(s: ConfirmStatus) -> v1::ConfirmStatus {
         ConfirmStatus::Confirmed => v1::ConfirmStatus::Confirmed,
         ConfirmStatus::Expired => v1::ConfirmStatus::Expired,
         ConfirmStatus::UnknownReservation => v1::ConfirmStatus::UnknownReservation,
+        ConfirmStatus::Fenced => v1::ConfirmStatus::Fenced,
     }
 }
 

@@ -402,3 +402,100 @@ async fn grpc_needs_tls_and_a_token_when_configured() {
     assert!(text.contains("flotilla_commit_requests_rejected_total{reason=\"invalid\"}"), "{text}");
     shard.shutdown().await;
 }
+
+/// Fencing over real gRPC: a scheduler with a newer token raises the app's mark; every
+/// request of the older one is then refused (commit and reserve per claim, confirm by
+/// status, release as a FAILED_PRECONDITION `fenced` status) and changes nothing; the
+/// mark and an operator's drain survive a restart of the shard from its state file.
+#[tokio::test]
+async fn stale_fencing_tokens_are_refused_and_the_marks_survive_a_restart() {
+    use flotilla_aggregator::{FileState, StateStore};
+    use flotilla_proto::v1::ledger_service_client::LedgerServiceClient;
+    use flotilla_proto::v1::node_admin_service_client::NodeAdminServiceClient;
+    let metrics = flotilla_obs::metrics_handle();
+    let dir = flotilla_testkit::TempDir::new("fencing-state");
+    let state = dir.join("shard-state.json");
+    let with_state = |c: &mut flotilla_aggregator::ShardConfig| {
+        let file = FileState::new(&state);
+        c.initial_state = file.load().unwrap();
+        c.state_store = Some(Arc::new(file) as Arc<dyn StateStore>);
+    };
+    let f = LocalShard::start("fencing", with_state).await;
+    let conn = f.connect().await;
+    conn.register(register_req("n1", "join")).await.unwrap();
+    f.wait_version(1).await;
+    let mut c = LedgerServiceClient::connect(format!("http://{}", f.shard.addr)).await.unwrap();
+    let commit = |txn: &str, token, unit: &str| v1::CommitRequest {
+        txn_id: txn.into(),
+        fencing_token: token,
+        claims: vec![commit_claim("n1", 7, unit, 500)],
+    };
+    // Before any lease, token 0 passes; the old scheduler (5) places u1.
+    assert!(c.commit(commit("t0", 0, "u0")).await.unwrap().into_inner().results[0].accepted);
+    assert!(c.commit(commit("t1", 5, "u1")).await.unwrap().into_inner().results[0].accepted);
+    // The new scheduler (6) releases u1 and places u2.
+    let key = |unit: &str| v1::ClaimKey { app: "app".into(), unit: unit.into(), member: "head".into(), generation: 1 };
+    let rel = |txn: &str, token, unit: &str| v1::ReleaseRequest {
+        txn_id: txn.into(),
+        fencing_token: token,
+        keys: vec![key(unit)],
+    };
+    assert_eq!(c.release(rel("t2", 6, "u1")).await.unwrap().into_inner().released, 1);
+    assert!(c.commit(commit("t3", 6, "u2")).await.unwrap().into_inner().results[0].accepted);
+    // The old one's commit of u1 arrives after the release, on another connection.
+    let mut old = LedgerServiceClient::connect(format!("http://{}", f.shard.addr)).await.unwrap();
+    let r = old.commit(commit("t4", 5, "u1")).await.unwrap().into_inner();
+    assert_eq!((r.results[0].accepted, r.results[0].reason), (false, v1::RejectReason::Fenced as i32));
+    assert_eq!(r.results[0].detail, "fenced");
+    let r = old.commit(commit("t0", 0, "u0")).await.unwrap().into_inner();
+    assert_eq!(r.results[0].reason, v1::RejectReason::Fenced as i32, "no lease is stale once a lease was seen");
+    // Its release of what the new one placed releases nothing.
+    let e = old.release(rel("t5", 5, "u2")).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition);
+    assert_eq!(flotilla_proto::status::RemoteError::from(e.clone()).code, "fenced", "{e:?}");
+    assert!(e.message().contains("fencing token 5") && e.message().contains("6"), "{}", e.message());
+    let n1 = flotilla_core::NodeId::new("n1").unwrap();
+    {
+        let l = f.shard.ledger.lock().unwrap();
+        assert!(
+            l.placement(&flotilla_aggregator::ClaimKey {
+                app: "app".into(),
+                unit: "u2".into(),
+                member: "head".into(),
+                generation: 1
+            })
+            .is_some()
+        );
+        assert_eq!(l.allocated(&n1).cpu_millis, 1000, "u0 and u2; u1 stayed released");
+    }
+    // A reservation by the new one cannot be confirmed by the old one.
+    let reserve = v1::ReserveRequest {
+        txn_id: "r1".into(),
+        fencing_token: 6,
+        claims: vec![commit_claim("n1", 7, "u3", 100)],
+        ttl_ms: 60_000,
+    };
+    assert!(c.reserve(reserve).await.unwrap().into_inner().results[0].accepted);
+    let st = old.confirm(v1::ConfirmRequest { txn_id: "r1".into(), fencing_token: 5 }).await.unwrap().into_inner();
+    assert_eq!(st.status, v1::ConfirmStatus::Fenced as i32);
+    let st = c.confirm(v1::ConfirmRequest { txn_id: "r1".into(), fencing_token: 6 }).await.unwrap().into_inner();
+    assert_eq!(st.status, v1::ConfirmStatus::Confirmed as i32);
+    // A drain, then a restart from the same state file.
+    let mut admin = NodeAdminServiceClient::connect(format!("http://{}", f.shard.addr)).await.unwrap();
+    let cordon = v1::CordonRequest { node_id: "n1".into(), cordoned: true, drain: true };
+    assert!(admin.set_cordon(cordon).await.unwrap().into_inner().found);
+    let text = metrics.render();
+    for op in ["commit", "release", "confirm"] {
+        assert!(text.contains(&format!("flotilla_ledger_fenced_total{{op=\"{op}\"}}")), "{op}: {text}");
+    }
+    drop((c, old, admin, conn));
+    f.shard.shutdown().await;
+    let g = LocalShard::start("fencing-again", with_state).await;
+    assert_eq!(g.shard.registry.cordon(&n1), Some(true), "the drain survived the restart");
+    assert_eq!(g.shard.ledger.lock().unwrap().mark("app"), 6);
+    let mut old = LedgerServiceClient::connect(format!("http://{}", g.shard.addr)).await.unwrap();
+    let r = old.commit(commit("t6", 5, "u1")).await.unwrap().into_inner();
+    assert_eq!(r.results[0].reason, v1::RejectReason::Fenced as i32, "the restarted shard still fences");
+    assert_eq!(old.release(rel("t7", 5, "u2")).await.unwrap_err().code(), tonic::Code::FailedPrecondition);
+    g.shard.shutdown().await;
+}

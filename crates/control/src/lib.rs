@@ -116,10 +116,16 @@ async fn set_cordon(
     let shard = s.cluster.slots().iter().position(|slot| slot.view.get(&id).is_some()).ok_or_else(not_found)?;
     let addr = s.shards.get(shard).ok_or_else(not_found)?;
     let unreachable = |message: String| ControlError::ShardUnreachable { shard, message };
-    let channel = s.dialer.connect(addr, Some(std::time::Duration::from_secs(10))).await;
-    let mut client = flotilla_proto::v1::node_admin_service_client::NodeAdminServiceClient::new(
-        channel.map_err(|e| unreachable(e.to_string()))?,
-    );
+    // `a|b`: the shard's active process and its standbys; the first that answers.
+    let mut channel = Err(String::from("no address"));
+    for alt in flotilla_core::shard_alternates(addr) {
+        channel = s.dialer.connect(alt, Some(std::time::Duration::from_secs(10))).await.map_err(|e| e.to_string());
+        if channel.is_ok() {
+            break;
+        }
+    }
+    let mut client =
+        flotilla_proto::v1::node_admin_service_client::NodeAdminServiceClient::new(channel.map_err(unreachable)?);
     let r = client
         .set_cordon(flotilla_proto::v1::CordonRequest { node_id: node.to_string(), cordoned, drain })
         .await

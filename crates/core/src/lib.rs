@@ -26,5 +26,5 @@ pub use node::{Incarnation, LabelError, Labels, NodeId, NodeIdError, NodeStatus}
 pub use rate::RateLimiter;
 pub use resources::{ResourceError, Resources};
 pub use secret::{SharedToken, bearer_token, constant_time_eq};
-pub use shard::{DEFAULT_DOMAIN, shard_for_domain};
+pub use shard::{DEFAULT_DOMAIN, shard_alternate, shard_alternates, shard_for_domain};
 pub use sync::{LockExt, RwLockExt};

@@ -11,9 +11,31 @@ pub fn shard_for_domain(domain: &str, shards: usize) -> usize {
     (xxh3_64(domain.as_bytes()) % shards as u64) as usize
 }
 
+/// The addresses of one shard index in an `--aggregators` entry: `host:port`, or the
+/// active process and its standbys separated by `|` (`a:7000|b:7000`). Clients try them
+/// in turn and move on when one refuses; a single address works as before. The one
+/// place that reads the syntax.
+pub fn shard_alternates(entry: &str) -> Vec<&str> {
+    entry.split('|').map(str::trim).filter(|a| !a.is_empty()).collect()
+}
+
+/// The `i`-th address to try for an entry (wrapping), or the entry itself when it has none.
+pub fn shard_alternate(entry: &str, i: usize) -> &str {
+    let all = shard_alternates(entry);
+    if all.is_empty() { entry } else { all[i % all.len()] }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_entry_names_a_shard_and_its_standbys() {
+        assert_eq!(shard_alternates("a:1"), vec!["a:1"]);
+        assert_eq!(shard_alternates(" a:1 | b:2 |"), vec!["a:1", "b:2"]);
+        assert_eq!((shard_alternate("a:1|b:2", 0), shard_alternate("a:1|b:2", 3)), ("a:1", "b:2"));
+        assert_eq!(shard_alternate("", 5), "");
+    }
 
     #[test]
     fn stable_and_in_range() {

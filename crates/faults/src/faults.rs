@@ -27,6 +27,10 @@ pub enum Fault {
     LossyLink { shard: usize, fail_rate: f64 },
     /// A node is lost and comes back later as a new incarnation.
     NodeLoss { node: usize },
+    /// The scheduler is paused as a node is lost; its successor (a higher fencing token)
+    /// replaces what the node ran; the old one wakes up and sends stale commits and
+    /// releases on new connections (see `crate::deposed`): all must be fenced.
+    DeposedScheduler { node: usize },
 }
 
 /// One fault, when it starts and how long it lasts.
@@ -56,6 +60,10 @@ pub enum Action {
     FailRate(usize, f64),
     LoseNode(usize),
     RestartNode(usize),
+    /// Pause (crash) the scheduler, remembering what it knew, until `until` at most.
+    Depose {
+        until: Duration,
+    },
     /// Crash the scheduler as soon as a ledger takes a new allocation (or at `until`).
     CrashOnNextCommit {
         lasts: Duration,
@@ -71,13 +79,14 @@ pub fn plan(rng: &mut StdRng, chaos: Duration) -> Vec<Planned> {
     let mut plan: Vec<Planned> = (0..n)
         .map(|_| {
             let shard = rng.random_range(0..SHARDS);
-            let fault = match rng.random_range(0..7) {
+            let fault = match rng.random_range(0..8) {
                 0 => Fault::Partition { shard },
                 1 => Fault::ShardCrash { shard },
                 2 => Fault::SchedulerCrash,
                 3 => Fault::CrashMidCommit { node: rng.random_range(0..nodes), late: rng.random_bool(0.5) },
                 4 => Fault::SlowLink { shard, max_latency: Duration::from_millis(rng.random_range(100..1500)) },
                 5 => Fault::LossyLink { shard, fail_rate: rng.random_range(0.01..0.2) },
+                6 => Fault::DeposedScheduler { node: rng.random_range(0..nodes) },
                 _ => Fault::NodeLoss { node: rng.random_range(0..nodes) },
             };
             let at = Duration::from_millis(rng.random_range(2_000..chaos.as_millis() as u64 - 12_000));
@@ -127,6 +136,12 @@ pub fn schedule(plan: &[Planned]) -> Vec<(Duration, Action)> {
                 out.push((p.at, Action::LoseNode(node)));
                 out.push((end, Action::RestartNode(node)));
             }
+            Fault::DeposedScheduler { node } => {
+                out.push((p.at, Action::Depose { until: end + Duration::from_secs(20) }));
+                out.push((p.at, Action::LoseNode(node)));
+                out.push((end, Action::BounceScheduler));
+                out.push((end + Duration::from_secs(10), Action::RestartNode(node)));
+            }
         }
     }
     // Stable: actions at the same time keep the plan's order.
@@ -161,6 +176,10 @@ pub fn apply(sim: &mut turmoil::Sim<'_>, world: &Shared, action: &Action) {
             if let Some(a) = world.borrow_mut().agents.get_mut(n) {
                 a.restart();
             }
+        }
+        Action::Depose { until } => {
+            crate::deposed::depose(&mut world.borrow_mut(), until);
+            sim.crash(SCHEDULER);
         }
         // The driver watches the ledgers for it (see `crate::run`).
         Action::CrashOnNextCommit { .. } => {}

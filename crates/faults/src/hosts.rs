@@ -44,6 +44,10 @@ pub async fn shard(shard: usize, world: Shared) -> turmoil::Result {
     if restarted {
         config.recovery_window = RECOVERY_WINDOW;
     }
+    // Cordons and fencing marks survive the crash, as the data dir or etcd keeps them.
+    let state = world.borrow().shard_states[shard].clone();
+    config.initial_state = state.load().map_err(|e| format!("{e:#}"))?;
+    config.state_store = Some(state);
     let (_stop, stop) = tokio::sync::watch::channel(false);
     let mut tasks = tokio::task::JoinSet::new();
     let (core, mut pushes) = ShardCore::spawn(&config, stop.clone(), &mut tasks);
@@ -81,10 +85,10 @@ pub async fn shard(shard: usize, world: Shared) -> turmoil::Result {
 
 /// The app's scheduler: view followers and the reconcile loop over simulated TCP.
 pub async fn scheduler(world: Shared) -> turmoil::Result {
-    let (store, seed) = {
+    let (store, seed, token) = {
         let mut w = world.borrow_mut();
         w.scheduler_starts += 1;
-        (w.store.clone(), w.seed.wrapping_mul(31).wrapping_add(u64::from(w.scheduler_starts)))
+        (w.store.clone(), w.seed.wrapping_mul(31).wrapping_add(u64::from(w.scheduler_starts)), w.scheduler_starts)
     };
     let dialer = Dialer::with_transport(Arc::new(|authority: String| {
         Box::pin(async move {
@@ -100,6 +104,8 @@ pub async fn scheduler(world: Shared) -> turmoil::Result {
     let addrs = (0..SHARDS).map(shard_addr).collect();
     let (scheduler, _handle) = flotilla_scheduler::Scheduler::new(spec, cluster, addrs, store)?;
     let grace = std::time::Duration::from_millis(UNKNOWN_GRACE_MS);
+    // Each start holds a newer lease: its fencing token grows.
+    let scheduler = scheduler.with_fencing_token(u64::from(token));
     scheduler.with_unknown_grace(grace).with_seed(seed).with_dialer(dialer).run().await;
     Ok(())
 }

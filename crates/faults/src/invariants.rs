@@ -53,6 +53,9 @@ fn desired(s: &Stored) -> usize {
 
 /// Safety: checked every 100 ms of simulated time.
 pub fn always(w: &World) -> Result<(), String> {
+    if let Some(v) = w.deposed_report.violations.first() {
+        return Err(format!("fencing: {v}"));
+    }
     let all = allocations(w)?;
     let mut heads: BTreeMap<&str, usize> = BTreeMap::new();
     for key in all.keys().filter(|k| k.member == "head") {

@@ -6,7 +6,9 @@
 //! shard's control path directly (register, report workloads, take pushes) and send it
 //! real sealed heartbeat datagrams. One seed draws the faults — partitions between the
 //! scheduler and a shard, shard crashes and restarts, scheduler crashes (also with a
-//! commit in flight), slow and lossy links, node losses — and the network's latencies.
+//! commit in flight), slow and lossy links, node losses, a deposed scheduler whose stale
+//! commits and releases arrive after its successor's (`deposed`) — and the network's
+//! latencies. Each scheduler start carries a higher fencing token, as a lease would give.
 //!
 //! Every 100 ms of simulated time the invariants are checked: no node holds more than
 //! its capacity (in the ledger and in what its agent runs); no member is placed twice
@@ -15,6 +17,7 @@
 //! must hold exactly the units' members: every committed claim is running or released.
 
 mod agents;
+mod deposed;
 mod faults;
 mod hosts;
 mod invariants;
@@ -80,6 +83,8 @@ pub struct Outcome {
     pub checks: u64,
     /// Units the scheduler created over the run (replacements included).
     pub units_created: u64,
+    /// Shards that refused a deposed scheduler's stale commit and release (fenced).
+    pub deposed_fenced: u32,
 }
 
 /// A broken invariant, with what is needed to replay it.
@@ -109,6 +114,13 @@ pub(crate) struct World {
     pub shard_starts: [u32; SHARDS],
     pub scheduler_starts: u32,
     pub seed: u64,
+    /// Each shard's persisted state (cordons, fencing marks): it outlives a shard crash.
+    pub shard_states: [Arc<flotilla_aggregator::MemState>; SHARDS],
+    /// A deposed scheduler waiting for its successor to speak to a shard.
+    pub deposed: Option<deposed::Pending>,
+    /// Its stale requests, for the deposed host to send.
+    pub deposed_jobs: Vec<deposed::Job>,
+    pub deposed_report: deposed::Report,
 }
 
 pub(crate) type Shared = Rc<RefCell<World>>;
@@ -138,6 +150,10 @@ pub fn run(seed: u64) -> Result<Outcome, Violation> {
         shard_starts: [0; SHARDS],
         scheduler_starts: 0,
         seed,
+        shard_states: std::array::from_fn(|_| Arc::default()),
+        deposed: None,
+        deposed_jobs: Vec::new(),
+        deposed_report: deposed::Report::default(),
     }));
     for shard in 0..SHARDS {
         let w = world.clone();
@@ -145,6 +161,8 @@ pub fn run(seed: u64) -> Result<Outcome, Violation> {
     }
     let w = world.clone();
     sim.host(hosts::SCHEDULER, move || hosts::scheduler(w.clone()));
+    let w = world.clone();
+    sim.host(deposed::HOST, move || deposed::host(w.clone()));
 
     let plan = faults::plan(&mut rng, CHAOS);
     let faults: Vec<String> = plan.iter().map(|f| f.to_string()).collect();
@@ -175,6 +193,7 @@ pub fn run(seed: u64) -> Result<Outcome, Violation> {
             actions.sort_by_key(|(at, _)| *at);
         }
         allocated = count;
+        deposed::arm(&mut world.borrow_mut(), now);
         if now >= next_check {
             next_check += CHECK_EVERY;
             checks += 1;
@@ -183,5 +202,6 @@ pub fn run(seed: u64) -> Result<Outcome, Violation> {
     }
     invariants::converged(&world.borrow()).map_err(|e| violation(sim.elapsed(), format!("after settling: {e}")))?;
     let units_created = world.borrow().store.load("sim").map(|s| s.next_generation.saturating_sub(1)).unwrap_or(0);
-    Ok(Outcome { seed, faults, checks, units_created })
+    let deposed_fenced = world.borrow().deposed_report.fenced;
+    Ok(Outcome { seed, faults, checks, units_created, deposed_fenced })
 }

@@ -45,8 +45,9 @@ fn every_seed_keeps_the_invariants() {
     }
     let failures: Vec<String> = results.iter().filter_map(|r| r.as_ref().err()).map(|v| v.to_string()).collect();
     let checks: u64 = results.iter().filter_map(|r| r.as_ref().ok()).map(|o| o.checks).sum();
+    let fenced: u32 = results.iter().filter_map(|r| r.as_ref().ok()).map(|o| o.deposed_fenced).sum();
     println!(
-        "{} seeds, {} failed, {checks} invariant checks, {:.1}s",
+        "{} seeds, {} failed, {checks} invariant checks, {fenced} deposed-scheduler requests fenced, {:.1}s",
         results.len(),
         failures.len(),
         started.elapsed().as_secs_f64()

@@ -90,10 +90,16 @@ pub async fn follow_shard(cluster: Arc<ClusterView>, shard: usize, endpoint: Str
         move || ((flotilla_core::now_ms() ^ (shard as u64).wrapping_mul(0x9E37_79B9)) % 1000) as f64 / 1000.0;
     let mut backoff =
         Backoff::new(Duration::from_millis(100), Duration::from_secs(2)).with_jitter(0.5).jitter_from(clock_jitter);
+    // `a|b`: the shard's active process and its standbys; a failed stream moves on.
+    let mut alternate = 0;
     loop {
-        match follow_once(&cluster, shard, &endpoint, &dialer).await {
+        let endpoint = flotilla_core::shard_alternate(&endpoint, alternate);
+        match follow_once(&cluster, shard, endpoint, &dialer).await {
             Ok(()) => backoff.reset(),
-            Err(e) => tracing::debug!(shard, %endpoint, error = %e, "view stream failed"),
+            Err(e) => {
+                tracing::debug!(shard, %endpoint, error = %e, "view stream failed");
+                alternate += 1;
+            }
         }
         let cur = cluster.slot(shard);
         if cur.connected {

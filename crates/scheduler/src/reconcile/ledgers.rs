@@ -31,6 +31,8 @@ pub enum CommitError {
 pub struct Ledgers {
     addrs: Vec<String>,
     clients: Vec<Option<LedgerServiceClient<GrpcChannel>>>,
+    /// Per shard, which of its addresses (`a|b`) the next connection tries.
+    alternate: Vec<usize>,
     pub(super) dialer: Dialer,
     /// Carried on every request: the lease's token, so a shard refuses a deposed
     /// scheduler whose request arrives after a newer one's.
@@ -44,6 +46,7 @@ impl Ledgers {
     pub fn new(addrs: Vec<String>) -> Self {
         Ledgers {
             clients: vec![None; addrs.len()],
+            alternate: vec![0; addrs.len()],
             addrs,
             dialer: Dialer::network(),
             fencing_token: crate::leader::LOCAL_TOKEN,
@@ -71,8 +74,12 @@ impl Ledgers {
     }
 
     async fn client(&mut self, shard: usize) -> anyhow::Result<LedgerServiceClient<GrpcChannel>> {
-        let addr = self.addrs.get(shard).ok_or_else(|| anyhow::anyhow!("no shard {shard}"))?;
+        let entry = self.addrs.get(shard).ok_or_else(|| anyhow::anyhow!("no shard {shard}"))?;
         if self.clients[shard].is_none() {
+            // `a|b`: the shard's active process and its standbys; each new connection
+            // after a failure tries the next.
+            let addr = flotilla_core::shard_alternate(entry, self.alternate[shard]);
+            self.alternate[shard] += 1;
             let channel = self.dialer.connect(addr, Some(CONNECT_TIMEOUT)).await?;
             self.clients[shard] = Some(LedgerServiceClient::new(channel));
         }

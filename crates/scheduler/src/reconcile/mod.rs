@@ -253,6 +253,15 @@ impl Scheduler {
         self
     }
 
+    /// Holds a local lease of `token` for good (no etcd): every ledger request carries it,
+    /// so shards refuse this scheduler once one with a higher token has spoken to them.
+    /// The simulation gives each scheduler start a higher one.
+    pub fn with_fencing_token(self, token: u64) -> Self {
+        let leader = crate::leader::Leader::standby("local");
+        leader.set(flotilla_etcd::Lease::local("local", token));
+        self.with_leader(leader)
+    }
+
     /// Seeds the scheduler's choices (sampling, back-off, transaction ids), so a
     /// simulation replays them.
     pub fn with_seed(mut self, seed: u64) -> Self {
