@@ -163,7 +163,10 @@ fn a_standby_takes_over_a_killed_scheduler_mid_scale_and_places_nothing_twice() 
     assert_eq!(running(&ha.up).len(), 6);
     ledgers_match_units(&ha.up).unwrap();
     let text = get_text(&b.api, "/metrics").unwrap_or_default();
-    assert_eq!(metric(&text, "flotilla_scheduler_takeovers_total", "app=\"echo\""), Some(1.0));
+    // At least this one takeover (a machine starved past the 2 s TTL can make it lose and
+    // win the lease again; what matters is above: nothing placed twice).
+    let takeovers = metric(&text, "flotilla_scheduler_takeovers_total", "app=\"echo\"");
+    assert!(takeovers.is_some_and(|n| n >= 1.0), "{takeovers:?}");
     eprintln!("takeover after kill -9: {took_over:?}");
 }
 
