@@ -623,7 +623,7 @@ mod tests {
             return;
         }
         let mut cfg = config("cgroup");
-        cfg.ports = (41301, 41400);
+        cfg.ports = (21301, 21400);
         cfg.cgroup_root = PathBuf::from("/sys/fs/cgroup");
         cfg.node_id = format!("cgtest-{}", std::process::id());
         let mut rt = Runtime::new(cfg.clone());
@@ -673,7 +673,7 @@ mod tests {
         }
         let parent = format!("flotilla-parent-{}", std::process::id());
         let mut cfg = config("cgparent");
-        cfg.ports = (41701, 41800);
+        cfg.ports = (21701, 21800);
         cfg.cgroup_root = PathBuf::from("/sys/fs/cgroup");
         cfg.cgroup_parent = Some(format!("/{parent}/"));
         cfg.node_id = format!("cgparent-{}", std::process::id());
@@ -754,7 +754,7 @@ mod tests {
     #[tokio::test]
     async fn members_report_what_they_use() {
         let mut cfg = config("usage");
-        cfg.ports = (41501, 41600);
+        cfg.ports = (21501, 21600);
         cfg.cgroup_root = PathBuf::from("/sys/fs/cgroup");
         cfg.node_id = format!("usage-{}", std::process::id());
         let mut rt = Runtime::new(cfg.clone());
@@ -791,7 +791,7 @@ mod tests {
     #[tokio::test]
     async fn restart_policies() {
         let mut cfg = config("policy");
-        cfg.ports = (41401, 41500);
+        cfg.ports = (21401, 21500);
         let mut rt = Runtime::new(cfg.clone());
         let with = |unit: &str, code: i32, policy: &str| {
             let mut a = assignment(unit, "sh", &["-c", &format!("exit {code}")]);
@@ -820,7 +820,7 @@ mod tests {
     #[tokio::test]
     async fn a_missing_command_fails_with_a_reason_and_backs_off() {
         let mut cfg = config("missing");
-        cfg.ports = (41000, 41100);
+        cfg.ports = (21000, 21100);
         let mut rt = Runtime::new(cfg);
         rt.assign(vec![assignment("u1", "/no/such/binary", &[])]);
         settle(&mut rt, 1200).await;
@@ -833,7 +833,7 @@ mod tests {
     #[tokio::test]
     async fn a_crash_loop_is_reported_with_its_exit_code_and_backs_off() {
         let mut cfg = config("crash");
-        cfg.ports = (41101, 41200);
+        cfg.ports = (21101, 21200);
         let mut rt = Runtime::new(cfg.clone());
         rt.assign(vec![assignment("u1", "sh", &["-c", "echo boom-$FLOTILLA_UNIT >&2; exit 3"])]);
         settle(&mut rt, 2500).await;
@@ -855,7 +855,7 @@ mod tests {
     #[tokio::test]
     async fn named_ports_start_order_and_the_head_s_env() {
         let mut cfg = config("named");
-        cfg.ports = (41801, 41900);
+        cfg.ports = (21801, 21900);
         let mut rt = Runtime::new(cfg.clone());
         let dump = |name: &str| format!("env > {}/{name}.env; sleep 30", cfg.data_dir.display());
         std::fs::create_dir_all(&cfg.data_dir).unwrap();
@@ -930,7 +930,7 @@ mod tests {
     #[tokio::test]
     async fn unassigned_members_get_sigterm_then_sigkill() {
         let mut cfg = config("stop");
-        cfg.ports = (41201, 41300);
+        cfg.ports = (21201, 21300);
         let mut rt = Runtime::new(cfg);
         // Ignores SIGTERM: only the SIGKILL after the grace period ends it.
         rt.assign(vec![assignment("u1", "sh", &["-c", "trap '' TERM; while true; do sleep 0.05; done"])]);

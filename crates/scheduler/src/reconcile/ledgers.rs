@@ -103,10 +103,19 @@ impl Ledgers {
             .map_err(|e| CommitError::Refused { shard, error: unreachable(format!("{e:#}")) })?;
         let req = v1::CommitRequest { txn_id, fencing_token: self.fencing_token, claims };
         match client.commit(req).await {
-            Ok(r) => Ok(r.into_inner()),
+            Ok(r) => {
+                let r = r.into_inner();
+                if r.results.iter().any(|c| c.reason == v1::RejectReason::Fenced as i32) {
+                    self.fenced(shard);
+                }
+                Ok(r)
+            }
             Err(status) => {
                 self.clients[shard] = None;
                 let error = RemoteError::from(status);
+                if error.code == FENCED_CODE {
+                    self.fenced(shard);
+                }
                 if error.certainly_not_applied() {
                     Err(CommitError::Refused { shard, error })
                 } else {
@@ -121,13 +130,30 @@ impl Ledgers {
     pub async fn release(&mut self, shard: usize, txn_id: String, keys: Vec<v1::ClaimKey>) -> anyhow::Result<()> {
         self.check_lease("release").map_err(|e| anyhow::anyhow!("release on shard {shard}: {e}"))?;
         let req = v1::ReleaseRequest { txn_id, fencing_token: self.fencing_token, keys };
-        if let Err(e) = self.client(shard).await?.release(req).await {
+        if let Err(status) = self.client(shard).await?.release(req).await {
             self.clients[shard] = None;
-            return Err(anyhow::anyhow!("release on shard {shard}: {}", e.message()));
+            let error = RemoteError::from(status);
+            if error.code == FENCED_CODE {
+                self.fenced(shard);
+            }
+            return Err(anyhow::anyhow!("release on shard {shard}: {}", error.message));
         }
         Ok(())
     }
+
+    /// A shard has seen a newer scheduler's token for the app: this one was deposed
+    /// (its lease check had not noticed yet), so it gives the lease up at once rather
+    /// than re-plan claims every shard will refuse.
+    fn fenced(&self, shard: usize) {
+        if let Some(lease) = self.leader.held() {
+            tracing::warn!(shard, token = self.fencing_token, "a shard fenced this scheduler: giving up the lease");
+            lease.lose(&format!("shard {shard} has seen a newer scheduler's fencing token"));
+        }
+    }
 }
+
+/// The code of a ledger call a shard refused for a stale fencing token.
+const FENCED_CODE: &str = "fenced";
 
 /// A connection that could not be made: nothing was sent, so nothing was applied.
 fn unreachable(message: String) -> RemoteError {
