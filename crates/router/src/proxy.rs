@@ -120,6 +120,9 @@ pub async fn serve_per_core(
             let _ = done_tx.blocking_send(served);
         })?;
     }
+    // Only the threads hold senders now: should every one of them die without a word
+    // (a panic), the channel closes and this returns rather than wait for ever.
+    drop(done_tx);
     done.recv().await.unwrap_or(Ok(()))
 }
 
