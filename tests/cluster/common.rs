@@ -27,3 +27,31 @@ pub fn head_of(unit: &Value) -> Value {
 pub fn workload_pid(addr: &str) -> i32 {
     flotilla_testkit::who(addr).unwrap()["pid"].as_i64().unwrap() as i32
 }
+
+/// No unit twice, no member twice, and every node's allocated CPU (as its shard's
+/// ledger publishes it) equals what the units hold there (250m per echo member).
+pub fn ledgers_match_units(up: &Up) -> Result<(), String> {
+    let (nodes, units) = (up.nodes(), up.units("echo"));
+    if nodes.len() != 4 || nodes.iter().any(|n| n["status"] != "alive") {
+        return Err(format!("not every node is alive: {:?}", statuses(up)));
+    }
+    let mut ids: Vec<&str> = units.iter().filter_map(|u| u["unit_id"].as_str()).collect();
+    ids.sort_unstable();
+    if ids.windows(2).any(|w| w[0] == w[1]) {
+        return Err(format!("a unit listed twice: {ids:?}"));
+    }
+    for n in &nodes {
+        let id = n["node_id"].as_str().unwrap_or("");
+        let allocated = n["allocated"]["cpu_millis"].as_u64().unwrap_or(0);
+        let held = units
+            .iter()
+            .filter(|u| !matches!(u["state"].as_str(), Some("terminated" | "queued" | "placing")))
+            .flat_map(|u| u["members"].as_array().cloned().unwrap_or_default())
+            .filter(|m| m["node_id"] == id)
+            .count() as u64;
+        if allocated != held * 250 {
+            return Err(format!("{id}: the ledger holds {allocated}m, the units {}m", held * 250));
+        }
+    }
+    Ok(())
+}

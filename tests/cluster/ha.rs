@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use flotilla_testkit::{Etcd, Group, Up, free_port, get_text, http, metric, signal, wait_for};
 use serde_json::Value;
 
-use crate::common::{ECHO, running, statuses};
+use crate::common::{ECHO, ledgers_match_units, running};
 
 /// The lease TTL the tests give schedulers: short, so takeovers are quick.
 const TTL_S: u64 = 2;
@@ -82,34 +82,6 @@ impl Ha {
 
 fn leader_gauge(s: &Sched) -> Option<f64> {
     metric(&get_text(&s.api, "/metrics")?, "flotilla_scheduler_leader", "app=\"echo\"")
-}
-
-/// No unit twice, no member twice, and every node's allocated CPU (as its shard's
-/// ledger publishes it) equals what the units hold there (250m per echo member).
-fn ledgers_match_units(up: &Up) -> Result<(), String> {
-    let (nodes, units) = (up.nodes(), up.units("echo"));
-    if nodes.len() != 4 || nodes.iter().any(|n| n["status"] != "alive") {
-        return Err(format!("not every node is alive: {:?}", statuses(up)));
-    }
-    let mut ids: Vec<&str> = units.iter().filter_map(|u| u["unit_id"].as_str()).collect();
-    ids.sort_unstable();
-    if ids.windows(2).any(|w| w[0] == w[1]) {
-        return Err(format!("a unit listed twice: {ids:?}"));
-    }
-    for n in &nodes {
-        let id = n["node_id"].as_str().unwrap_or("");
-        let allocated = n["allocated"]["cpu_millis"].as_u64().unwrap_or(0);
-        let held = units
-            .iter()
-            .filter(|u| !matches!(u["state"].as_str(), Some("terminated" | "queued" | "placing")))
-            .flat_map(|u| u["members"].as_array().cloned().unwrap_or_default())
-            .filter(|m| m["node_id"] == id)
-            .count() as u64;
-        if allocated != held * 250 {
-            return Err(format!("{id}: the ledger holds {allocated}m, the units {}m", held * 250));
-        }
-    }
-    Ok(())
 }
 
 fn unit_summary(up: &Up) -> Vec<(Value, Value)> {

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use flotilla_testkit::{Group, Up, free_port, fresh_dir, http, signal, wait_for};
 
-use crate::common::{ECHO, running, statuses};
+use crate::common::{ECHO, ledgers_match_units, running};
 
 /// Two shard processes, four agents (two in a failure domain of each shard) and a
 /// standalone scheduler for the echo app, all started by the test.
@@ -147,29 +147,6 @@ fn a_killed_shard_leaves_its_nodes_unknown_and_nothing_is_replaced_until_the_gra
     let waited = killed.elapsed();
     assert!(waited >= Duration::from_secs(15), "not before the grace: {waited:?}");
     drop(procs);
-}
-
-/// Every node's allocated CPU, as its shard publishes it, equals what the scheduler's
-/// units hold there (250m per member of the echo app): nothing lost, nothing doubled.
-fn ledgers_match_units(up: &Up) -> Result<(), String> {
-    let (nodes, units) = (up.nodes(), up.units("echo"));
-    if nodes.len() != 4 || nodes.iter().any(|n| n["status"] != "alive") {
-        return Err(format!("not every node is alive: {:?}", statuses(up)));
-    }
-    for n in &nodes {
-        let id = n["node_id"].as_str().unwrap_or("");
-        let allocated = n["allocated"]["cpu_millis"].as_u64().unwrap_or(0);
-        let held = units
-            .iter()
-            .filter(|u| !matches!(u["state"].as_str(), Some("terminated" | "queued" | "placing")))
-            .flat_map(|u| u["members"].as_array().cloned().unwrap_or_default())
-            .filter(|m| m["node_id"] == id)
-            .count() as u64;
-        if allocated != held * 250 {
-            return Err(format!("{id}: the ledger holds {allocated}m, the units {}m", held * 250));
-        }
-    }
-    Ok(())
 }
 
 #[test]
