@@ -11,9 +11,9 @@ use arc_swap::ArcSwap;
 use flotilla_proto::v1;
 use serde::Serialize;
 
-use super::Scheduler;
 use super::autoscale::{Demand, DemandRequest};
 use super::error::CommandError;
+use super::{Scheduler, save};
 use crate::planner::ClassCache;
 use crate::rollout::{RolloutRecord, RolloutState};
 use crate::spec::{AppSpec, SpecOrigin};
@@ -251,7 +251,8 @@ impl Scheduler {
             // An autoscaled app keeps deciding, within a floor and ceiling of n.
             return self.set_override(Some(Override { floor: n, ceiling: n })).map(|_| n);
         }
-        self.store.write(&self.spec.name, &[Write::DesiredUnits(n)]).map_err(|e| CommandError::Store(e.to_string()))?;
+        save(&*self.store, &self.spec.name, &[Write::DesiredUnits(n)])
+            .map_err(|e| CommandError::Store(e.to_string()))?;
         self.stored.desired_units = Some(n);
         tracing::info!(app = %self.spec.name, units = n, "desired units set");
         Ok(n)
@@ -323,7 +324,7 @@ impl Scheduler {
         let mut writes =
             vec![Write::Spec(text.clone()), Write::SpecOrigin(origin.clone()), Write::Rollout(rollout.clone())];
         writes.extend(previous.clone().map(Write::PreviousSpec));
-        self.store.write(&self.spec.name, &writes).map_err(|e| CommandError::Store(e.to_string()))?;
+        save(&*self.store, &self.spec.name, &writes).map_err(|e| CommandError::Store(e.to_string()))?;
         if previous.is_some() {
             self.stored.previous_spec = previous;
         }

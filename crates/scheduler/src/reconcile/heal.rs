@@ -8,8 +8,8 @@ use std::sync::Arc;
 use flotilla_core::{NodeId, Resources, now_ms};
 use flotilla_view::ShardSlot;
 
-use super::Scheduler;
 use super::ledgers::claims;
+use super::{Scheduler, save};
 use crate::lifecycle::UnitState;
 use crate::planner::{MemberRequest, Placement, PlanInput, Unplaced, place_unit};
 use crate::repair::{MemberHealth, Repair, decide, member_health};
@@ -99,7 +99,7 @@ impl Scheduler {
             u.state = UnitState::Failed;
         }
         u.unplaced_reason = Some(why);
-        if let Err(e) = self.store.write(&self.spec.name, &[Write::Unit(u.clone())]) {
+        if let Err(e) = save(&*self.store, &self.spec.name, &[Write::Unit(u.clone())]) {
             tracing::warn!(unit = %id, error = %e, "cannot record the failure; will retry");
             // Kept with the pass's writes, so it is written once the store is back.
             writes.push(Write::Unit(u.clone()));
@@ -137,7 +137,7 @@ impl Scheduler {
             m.state = None;
             m.address = None;
         }
-        if let Err(e) = self.store.write(&self.spec.name, &[Write::Unit(u.clone())]) {
+        if let Err(e) = save(&*self.store, &self.spec.name, &[Write::Unit(u.clone())]) {
             tracing::warn!(unit = %id, error = %e, "cannot record the lost workers; will retry");
             // Kept with the pass's writes, so it is written once the store is back.
             writes.push(Write::Unit(u.clone()));

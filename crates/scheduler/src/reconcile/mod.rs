@@ -136,7 +136,7 @@ impl Scheduler {
         if file_applies {
             let origin = crate::spec::SpecOrigin::new("file", now_ms());
             let result = scheduler.apply_from(spec, origin).map_err(|e| anyhow::anyhow!("{e}"))?;
-            scheduler.store.write(&scheduler.spec.name, &[Write::FileFingerprint(file_fingerprint.clone())])?;
+            save(&*scheduler.store, &scheduler.spec.name, &[Write::FileFingerprint(file_fingerprint.clone())])?;
             scheduler.stored.file_fingerprint = Some(file_fingerprint);
             tracing::info!(app = %scheduler.spec.name, %result, "the --app file's spec is in force");
         } else {
@@ -333,7 +333,7 @@ impl Scheduler {
         }
         if !self.unsaved.is_empty() {
             // The store refused the last pass: nothing more happens until it is written.
-            if let Err(e) = self.store.write(&self.spec.name, &self.unsaved) {
+            if let Err(e) = save(&*self.store, &self.spec.name, &self.unsaved) {
                 self.publish();
                 return Err(e.into());
             }
@@ -378,7 +378,7 @@ impl Scheduler {
         self.place_queued(&mut writes).await;
 
         // An empty batch too: a failing store reopens from here.
-        if let Err(e) = self.store.write(&self.spec.name, &writes) {
+        if let Err(e) = save(&*self.store, &self.spec.name, &writes) {
             self.unsaved = writes;
             self.publish();
             return Err(e.into());
@@ -391,7 +391,7 @@ impl Scheduler {
     /// from `run`, the routes) published and learns whether the store answers.
     fn passive(&mut self) -> anyhow::Result<()> {
         // An empty write only asks the store whether it answers (for `apps`).
-        let _ = self.store.write(&self.spec.name, &[]);
+        let _ = save(&*self.store, &self.spec.name, &[]);
         self.publish();
         Ok(())
     }
@@ -499,7 +499,7 @@ impl Scheduler {
             self.stored.next_generation = g + 1;
             generations.insert(m.member.clone(), g);
         }
-        if let Err(e) = self.store.write(&self.spec.name, &[Write::NextGeneration(self.stored.next_generation)]) {
+        if let Err(e) = save(&*self.store, &self.spec.name, &[Write::NextGeneration(self.stored.next_generation)]) {
             tracing::warn!(%unit, error = %e, "cannot record the generation; will retry");
             return None;
         }
@@ -567,5 +567,16 @@ impl Scheduler {
         if !self.decisions.load().first().zip(newest).is_some_and(|(a, b)| Arc::ptr_eq(a, b)) && newest.is_some() {
             self.decisions.store(Arc::new(self.autoscaler.decisions.iter().rev().cloned().collect()));
         }
+    }
+}
+
+/// Writes `batch` to the store. A write blocks (an fsync, an etcd round trip): on a
+/// multi-threaded runtime the worker first hands its other tasks over, so the API, the
+/// view follower and other apps' schedulers in the process do not wait behind it.
+fn save(store: &dyn Store, app: &str, batch: &[Write]) -> Result<(), crate::store::StoreError> {
+    let write = || store.write(app, batch);
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(write),
+        _ => write(),
     }
 }

@@ -14,7 +14,7 @@ use flotilla_view::{ShardSlot, Version};
 
 use super::handle::Stats;
 use super::ledgers::{CommitError, claims, member_records};
-use super::{PendingAlloc, Scheduler};
+use super::{PendingAlloc, Scheduler, save};
 use crate::lifecycle::UnitState;
 use crate::planner::{MemberRequest, Placement, PlanInput, place_unit};
 use crate::store::{StoreError, Write};
@@ -164,7 +164,7 @@ impl Scheduler {
         }
         let batch = std::mem::take(writes);
         // Not written: the pass keeps the batch (it is retried with the pass's other writes).
-        self.store.write(&self.spec.name, &batch).inspect_err(|_| *writes = batch)
+        save(&*self.store, &self.spec.name, &batch).inspect_err(|_| *writes = batch)
     }
 
     /// Applies a shard's verdicts: a unit all of whose claims were accepted is Allocated,

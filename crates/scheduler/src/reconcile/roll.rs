@@ -8,7 +8,7 @@ use std::sync::Arc;
 use flotilla_core::now_ms;
 use flotilla_view::ShardSlot;
 
-use super::Scheduler;
+use super::{Scheduler, save};
 use crate::lifecycle::UnitState;
 use crate::planner::MemberRequest;
 use crate::rollout::Target;
@@ -190,7 +190,7 @@ impl Scheduler {
             u.surge.retain(|m| !members.contains(&m.member));
             u.placement_note = Some(format!("{DRAIN_WAITS} the replacement {why}; placing another"));
             tracing::warn!(unit = %id, %why, "a member coming up to replace one was lost; placing another");
-            if let Err(e) = self.store.write(&self.spec.name, &[Write::Unit(u.clone())]) {
+            if let Err(e) = save(&*self.store, &self.spec.name, &[Write::Unit(u.clone())]) {
                 tracing::warn!(unit = %id, error = %e, "cannot record the lost surge member; the sweep releases it");
             }
             writes.push(Write::Unit(u.clone()));
@@ -232,7 +232,7 @@ impl Scheduler {
             let note = format!("{}, make before break", moved.join(", "));
             tracing::info!(unit = %id, %note, "replacement workers run: releasing the old ones");
             u.placement_note = Some(note);
-            if let Err(e) = self.store.write(&self.spec.name, &[Write::Unit(u.clone())]) {
+            if let Err(e) = save(&*self.store, &self.spec.name, &[Write::Unit(u.clone())]) {
                 tracing::warn!(unit = %id, error = %e, "cannot record the swap; will retry");
                 *u = old;
                 continue;
@@ -314,7 +314,7 @@ impl Scheduler {
         }
         // Write ahead, as `fail_unit` does: a scheduler that dies after the release finds
         // the unit Failed and retries the release.
-        if let Err(e) = self.store.write(&self.spec.name, &[Write::Unit(u.clone())]) {
+        if let Err(e) = save(&*self.store, &self.spec.name, &[Write::Unit(u.clone())]) {
             tracing::warn!(unit = %id, error = %e, "cannot record the release; will retry");
             return;
         }
@@ -359,7 +359,7 @@ impl Scheduler {
             }
         };
         // The pass's writes so far go first, so the revert's land after them.
-        if let Err(e) = self.store.write(&self.spec.name, &std::mem::take(writes)) {
+        if let Err(e) = save(&*self.store, &self.spec.name, &std::mem::take(writes)) {
             tracing::warn!(app = %self.spec.name, error = %e, "auto_revert: cannot record the pass; will retry");
             return;
         }
