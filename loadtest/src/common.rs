@@ -244,7 +244,7 @@ pub async fn register_nodes(
     Ok(nodes)
 }
 
-/// `flotilla up --shards 2 --restart-agents` with real agents and one app, in its own
+/// `flotilla up --shards 2 --restart-agents` with real agents and an app (or none), in its own
 /// process group; stopped (SIGTERM, then SIGKILL to the group) and its data dir removed
 /// on drop.
 pub struct UpProc {
@@ -253,16 +253,18 @@ pub struct UpProc {
 }
 
 impl UpProc {
-    pub fn start(bin: &Path, dir: &Path, agents: usize, extra: &[&str], app: &Path) -> anyhow::Result<UpProc> {
+    pub fn start(bin: &Path, dir: &Path, agents: usize, extra: &[&str], app: Option<&Path>) -> anyhow::Result<UpProc> {
         use std::os::unix::process::CommandExt;
-        let child = Command::new(bin)
-            .args(["up", "--shards", "2", "--listen", "127.0.0.1:0", "--restart-agents"])
+        let mut cmd = Command::new(bin);
+        cmd.args(["up", "--shards", "2", "--listen", "127.0.0.1:0", "--restart-agents"])
             .args(["--agents", &agents.to_string()])
             .args(extra)
             .arg("--data")
-            .arg(dir)
-            .arg("--app")
-            .arg(app)
+            .arg(dir);
+        if let Some(app) = app {
+            cmd.arg("--app").arg(app);
+        }
+        let child = cmd
             // Warnings only, unless the caller asks for more.
             .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()))
             .stdin(Stdio::null())
@@ -304,6 +306,68 @@ impl Drop for UpProc {
         }
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// An etcd for the run (Debian's `etcd-server`, `etcd` on the PATH): free loopback ports,
+/// a data dir under the run's, killed on drop.
+pub struct EtcdProc {
+    child: Child,
+    pub endpoints: flotilla_etcd::Endpoints,
+}
+
+impl EtcdProc {
+    /// Starts etcd and waits until it answers. With `cpus`, etcd runs on those CPUs only
+    /// (as production etcd runs on machines of its own; run the loadtest itself under
+    /// `taskset` on the others).
+    pub async fn start(dir: &Path, cpus: &[usize]) -> anyhow::Result<EtcdProc> {
+        use std::os::unix::process::CommandExt;
+        let port = || -> anyhow::Result<u16> { Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port()) };
+        let (client, peer) = (format!("http://127.0.0.1:{}", port()?), format!("http://127.0.0.1:{}", port()?));
+        let mut cmd = Command::new("etcd");
+        if !cpus.is_empty() {
+            // SAFETY: a zeroed cpu_set_t is the empty set; CPU_SET takes indices below
+            // CPU_SETSIZE (checked by the caller's parser).
+            let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+            for &c in cpus {
+                unsafe { libc::CPU_SET(c, &mut set) };
+            }
+            // SAFETY: sched_setaffinity is async-signal-safe; it runs in the child before exec.
+            unsafe {
+                cmd.pre_exec(move || {
+                    if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let child = cmd
+            .args(["--name", "lt", "--data-dir"])
+            .arg(dir.join("etcd"))
+            .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
+            .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
+            .args(["--initial-cluster", &format!("lt={peer}")])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("etcd.log"))?)
+            .spawn()
+            .map_err(|e| anyhow!("starting etcd (Debian's etcd-server): {e}"))?;
+        let endpoints = flotilla_etcd::Endpoints::parse(&client.replace("http://", "etcd://"))?;
+        let etcd = EtcdProc { child, endpoints };
+        let client = flotilla_etcd::connect(&etcd.endpoints, flotilla_etcd::REQUEST_TIMEOUT).await?;
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while client.clone().status().await.is_err() {
+            anyhow::ensure!(std::time::Instant::now() < deadline, "etcd did not answer within 20 s");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Ok(etcd)
+    }
+}
+
+impl Drop for EtcdProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 

@@ -82,7 +82,7 @@ pub async fn run(a: FailoverArgs) -> anyhow::Result<()> {
         "flotilla up --agents {} --shards 2 --app echo --restart-agents --restart-delay 6s (suspect after 2s, dead after 3s)",
         a.agents
     );
-    let up = UpProc::start(&bin, &dir, a.agents, &["--restart-delay", "6s"], &spec)?;
+    let up = UpProc::start(&bin, &dir, a.agents, &["--restart-delay", "6s"], Some(&spec))?;
     let client = reqwest::Client::new();
     let addr = up.addr().await?;
     until(Duration::from_secs(60), async || (state(&client, &addr).await.1.len() == 2).then_some(())).await?;

@@ -10,6 +10,7 @@ mod policies;
 mod routing;
 mod schedule;
 mod soak;
+mod takeover;
 
 use clap::{Parser, Subcommand};
 
@@ -28,6 +29,8 @@ enum Cmd {
     Schedule(schedule::ScheduleArgs),
     /// Route removal and replacement times when real agents are killed or drained.
     Failover(failover::FailoverArgs),
+    /// Scheduler takeover on etcd: kill -9 the active one, time the standby's first commit.
+    Takeover(takeover::TakeoverArgs),
     /// Tail latency through `flotilla route` with slow backends, against round robin.
     Routing(routing::RoutingArgs),
     /// Real agents and an app under churn, with the invariants checked all along.
@@ -47,6 +50,7 @@ async fn main() -> std::process::ExitCode {
         Cmd::Heartbeats(a) => heartbeats::run(a).await,
         Cmd::Schedule(a) => schedule::run_schedule(a).await,
         Cmd::Failover(a) => failover::run(a).await,
+        Cmd::Takeover(a) => takeover::run(a).await,
         Cmd::Routing(a) => routing::run(a).await,
         Cmd::Soak(a) => soak::run(a).await,
         Cmd::Policies(a) => policies::run(a),

@@ -15,7 +15,7 @@ use flotilla_scheduler::{AppHandle, AppSpec, MemStore, Scheduler, Store};
 use flotilla_view::ClusterView;
 use hdrhistogram::Histogram;
 
-use crate::common::{Data, ShardProc, flotilla_bin, machine, register_nodes};
+use crate::common::{Data, EtcdProc, ShardProc, flotilla_bin, machine, register_nodes};
 
 #[derive(Debug, Args)]
 pub struct ScheduleArgs {
@@ -44,9 +44,15 @@ pub struct ScheduleArgs {
     /// The schedulers' stores, one optimistic run each, in this order: `mem`, `redb`
     /// (a file per scheduler), `etcd` (an etcd this loadtest starts, `etcd` on the PATH;
     /// a client and thread per scheduler, as separate processes would have). The first
-    /// one's figures are the headline; the lock baseline runs with it too.
+    /// one's figures are the headline; the lock baseline runs with it too. A store named
+    /// twice is run twice, and `placements_per_second_by_store` is its mean.
     #[arg(long, value_delimiter = ',', default_value = "mem")]
     pub store: Vec<StoreKind>,
+    /// Runs etcd on these CPUs only, e.g. `--etcd-cpus 1` under `taskset -c 0
+    /// flotilla-loadtest …`: the schedulers then have the same CPU with either store, and
+    /// etcd's own work (on its own machines in production) is not charged to them.
+    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u16).range(0..1024))]
+    pub etcd_cpus: Vec<u16>,
 }
 
 /// A scheduler store the loadtest can run with.
@@ -84,38 +90,6 @@ impl Stores {
                 Arc::new(flotilla_scheduler::EtcdStore::open(e, "/loadtest", flotilla_etcd::REQUEST_TIMEOUT)?)
             }
         })
-    }
-}
-
-/// An etcd for the run: free loopback ports, a data dir under the run's, killed on drop.
-struct EtcdProc {
-    child: std::process::Child,
-    endpoints: flotilla_etcd::Endpoints,
-}
-
-impl EtcdProc {
-    fn spawn(dir: &std::path::Path) -> anyhow::Result<EtcdProc> {
-        let port = || -> anyhow::Result<u16> { Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port()) };
-        let (client, peer) = (format!("http://127.0.0.1:{}", port()?), format!("http://127.0.0.1:{}", port()?));
-        let child = std::process::Command::new("etcd")
-            .args(["--name", "lt", "--data-dir"])
-            .arg(dir.join("etcd"))
-            .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
-            .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
-            .args(["--initial-cluster", &format!("lt={peer}")])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::fs::File::create(dir.join("etcd.log"))?)
-            .spawn()
-            .map_err(|e| anyhow::anyhow!("starting etcd (Debian's etcd-server): {e}"))?;
-        let endpoints = flotilla_etcd::Endpoints::parse(&client.replace("http://", "etcd://"))?;
-        Ok(EtcdProc { child, endpoints })
-    }
-}
-
-impl Drop for EtcdProc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -259,30 +233,33 @@ pub async fn run_schedule(a: ScheduleArgs) -> anyhow::Result<()> {
 
     let per_s = |r: &Run| r.committed as f64 / r.seconds.max(1e-9);
     let etcd = if a.store.contains(&StoreKind::Etcd) {
-        let e = EtcdProc::spawn(&data.dir)?;
-        let client = flotilla_etcd::connect(&e.endpoints, flotilla_etcd::REQUEST_TIMEOUT).await?;
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while client.clone().status().await.is_err() {
-            anyhow::ensure!(Instant::now() < deadline, "etcd did not answer within 20 s");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        Some(e)
+        Some(EtcdProc::start(&data.dir, &a.etcd_cpus.iter().map(|&c| usize::from(c)).collect::<Vec<_>>()).await?)
     } else {
         None
     };
-    let mut by_store = serde_json::Map::new();
+    // A store may be named more than once (`redb,etcd,redb,etcd`) to even out the order
+    // effect: the store that runs later finds the shards and the view warm.
+    let mut rates: Vec<(StoreKind, f64)> = Vec::new();
     let mut runs = Vec::new();
     for (n, kind) in a.store.iter().copied().enumerate() {
         let stores = Stores {
             kind,
-            dir: data.dir.join(format!("stores-{}", kind.name())),
+            dir: data.dir.join(format!("stores-{n}-{}", kind.name())),
             etcd: etcd.as_ref().map(|e| e.endpoints.clone()),
         };
         std::fs::create_dir_all(&stores.dir)?;
         let r = run(&format!("opt{n}"), &a, &cluster, &addrs, &dialer, false, &stores).await?;
         println!("store {}: {} placements in {:.2}s = {:.0}/s", kind.name(), r.committed, r.seconds, per_s(&r));
-        by_store.insert(kind.name().to_string(), serde_json::json!(per_s(&r).round()));
+        rates.push((kind, per_s(&r)));
         runs.push(r);
+    }
+    let mut by_store = serde_json::Map::new();
+    for kind in a.store.iter().copied() {
+        let of_kind: Vec<f64> = rates.iter().filter(|(k, _)| *k == kind).map(|(_, r)| *r).collect();
+        by_store.insert(
+            kind.name().to_string(),
+            serde_json::json!((of_kind.iter().sum::<f64>() / of_kind.len() as f64).round()),
+        );
     }
     let first = a.store.first().copied().unwrap_or(StoreKind::Mem);
     let stores =

@@ -199,7 +199,7 @@ pub async fn run(a: SoakArgs) -> anyhow::Result<()> {
         }
     };
     let tmpfs_mounted = tmpfs.is_some();
-    let up = UpProc::start(&bin, &data, a.agents, &["--restart-delay", "4s"], &spec)?;
+    let up = UpProc::start(&bin, &data, a.agents, &["--restart-delay", "4s"], Some(&spec))?;
     let addr = up.addr().await?;
     let token = std::fs::read_to_string(data.join("api-token"))?.trim().to_string();
     let client = reqwest::Client::new();
