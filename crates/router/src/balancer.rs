@@ -25,22 +25,12 @@
 //! `flotilla-loadtest routing`: plain weighted P2C sent 3.9 % of requests to the slow
 //! endpoints (p99 2.5× the all-healthy run), the speed factor 0.4 % (p99 1.08×).
 //!
-//! The speed factor alone still lets the cost decide once a slow endpoint is drawn, and the
-//! cost (`rtt × (in_flight + 1)`) assumes an endpoint serves one request at a time: against a
-//! healthy backend serving 8 at once with 5 in flight, an idle 5× slow one looks cheaper.
-//! With 8 slots a backend the slow share hovered around 1 % (0.9–1.4 % in idle runs) and the
-//! p99 flipped between the healthy latency and the slow one from run to run. So an endpoint at
-//! the floor — at least `LATENCY_FLOOR^(-1/4)` ≈ 3.2× slower than the median — only serves
-//! **probes**: when drawn, it takes the request if its last probe is `PROBE_INTERVAL` old,
-//! and otherwise the other candidate does. Its traffic is then bounded by time, not by the
-//! request rate, and is just enough to notice a recovery.
-//!
 //! The balancer is a plain data structure: callers pass the time, so tests are exact.
 
 use flotilla_core::LockExt;
 use std::sync::Arc;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
@@ -55,8 +45,6 @@ const ERROR_DECAY: Duration = Duration::from_secs(5);
 const LATENCY_FLOOR: f64 = 0.01;
 /// Weight at the start of slow start, as a fraction of the full weight.
 const SLOW_START_FLOOR: f64 = 0.1;
-/// Least time between two probes of an endpoint at the latency floor.
-pub const PROBE_INTERVAL: Duration = Duration::from_millis(200);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Policy {
@@ -100,18 +88,12 @@ pub struct Endpoint {
     /// The route weight (the scheduler's prior; 1.0 for a fixed backend list).
     weight: Mutex<f64>,
     in_flight: AtomicU32,
-    /// When the next probe may go, in nanoseconds since the balancer's epoch (see
-    /// [`PROBE_INTERVAL`]); claimed by compare-and-swap, so threads never probe twice.
-    probe_at_ns: AtomicU64,
     stats: Mutex<Stats>,
 }
 
 #[derive(Debug, Clone)]
 struct Stats {
-    /// Until the first answer this is `default_rtt`, which that answer replaces whatever
-    /// it is (decaying from the default took healthy endpoints ~10 s to look healthy).
     rtt_ewma_s: f64,
-    sampled: bool,
     rtt_at: Instant,
     error_ewma: f64,
     error_at: Instant,
@@ -178,16 +160,12 @@ pub struct Balancer {
     config: Config,
     endpoints: ArcSwap<Vec<Arc<Endpoint>>>,
     next: AtomicU32,
-    /// The origin of the endpoints' probe clocks.
-    epoch: Instant,
 }
 
 /// A request in flight on an endpoint; report how it ended with [`Pick::finish`].
 /// Dropped unfinished (the caller gave up), it counts as neither success nor failure.
 pub struct Pick {
     pub endpoint: Arc<Endpoint>,
-    /// The endpoint is at the latency floor and got this request only as a probe.
-    pub probe: bool,
     started: Instant,
     done: bool,
 }
@@ -208,12 +186,7 @@ pub struct Finished {
 
 impl Balancer {
     pub fn new(config: Config) -> Self {
-        Balancer {
-            config,
-            endpoints: ArcSwap::from_pointee(Vec::new()),
-            next: AtomicU32::new(0),
-            epoch: Instant::now(),
-        }
+        Balancer { config, endpoints: ArcSwap::from_pointee(Vec::new()), next: AtomicU32::new(0) }
     }
 
     pub fn config(&self) -> &Config {
@@ -248,10 +221,8 @@ impl Balancer {
                         addr: addr.clone(),
                         weight: Mutex::new(weight),
                         in_flight: AtomicU32::new(0),
-                        probe_at_ns: AtomicU64::new(0),
                         stats: Mutex::new(Stats {
                             rtt_ewma_s: self.config.default_rtt.as_secs_f64(),
-                            sampled: false,
                             rtt_at: now,
                             error_ewma: 0.0,
                             error_at: now,
@@ -273,7 +244,6 @@ impl Balancer {
     pub fn pick(&self, now: Instant, rng: &mut impl Rng) -> Option<Pick> {
         let eps = self.endpoints.load();
         let slow = self.config.slow_start;
-        let mut probe = false;
         let chosen = match self.config.policy {
             Policy::RoundRobin => {
                 let live: Vec<&Arc<Endpoint>> = eps.iter().filter(|e| e.weight() > 0.0 && !e.ejected(now)).collect();
@@ -287,19 +257,19 @@ impl Balancer {
                 // Candidates are drawn by weight × (median latency / their latency)^4, floored:
                 // a 5× slower endpoint is offered ~100× less often, so it rarely even gets to
                 // compete, yet is still probed now and then and can show it recovered.
-                // Two buffers a pick: latencies that become speed factors, and a copy that
-                // finds the median and then holds the weights.
-                let mut speeds: Vec<f64> = eps.iter().map(|e| e.rtt_ewma().as_secs_f64()).collect();
-                let mut weights = speeds.clone();
-                let mid = weights.len() / 2;
+                let rtts: Vec<f64> = eps.iter().map(|e| e.rtt_ewma().as_secs_f64()).collect();
+                let mut scratch = rtts.clone();
+                let mid = scratch.len() / 2;
                 let median =
-                    if weights.is_empty() { 0.0 } else { *weights.select_nth_unstable_by(mid, f64::total_cmp).1 };
-                for s in speeds.iter_mut() {
-                    *s = (median / s.max(1e-9)).powi(4);
-                }
-                for ((w, e), speed) in weights.iter_mut().zip(eps.iter()).zip(&speeds) {
-                    *w = e.effective_weight(now, slow) * speed.clamp(LATENCY_FLOOR, 1.0);
-                }
+                    if scratch.is_empty() { 0.0 } else { *scratch.select_nth_unstable_by(mid, f64::total_cmp).1 };
+                let weights: Vec<f64> = eps
+                    .iter()
+                    .zip(&rtts)
+                    .map(|(e, rtt)| {
+                        let speed = (median / rtt.max(1e-9)).powi(4).clamp(LATENCY_FLOOR, 1.0);
+                        e.effective_weight(now, slow) * speed
+                    })
+                    .collect();
                 let total: f64 = weights.iter().sum();
                 if total <= 0.0 {
                     return None;
@@ -307,34 +277,19 @@ impl Balancer {
                 let a = sample(&weights, total, rng);
                 let b = if weights.iter().filter(|w| **w > 0.0).count() > 1 {
                     // A second, distinct candidate.
-                    let wa = std::mem::replace(&mut weights[a], 0.0);
-                    sample(&weights, total - wa, rng)
+                    let without = total - weights[a];
+                    let mut w2 = weights.clone();
+                    w2[a] = 0.0;
+                    sample(&w2, without, rng)
                 } else {
                     a
                 };
                 let (ea, eb) = (&eps[a], &eps[b]);
-                let floored = |i: usize| speeds[i] <= LATENCY_FLOOR;
-                match (floored(a), floored(b)) {
-                    (true, false) | (false, true) => {
-                        let (slow_one, other) = if floored(a) { (ea, eb) } else { (eb, ea) };
-                        probe = self.probe_due(slow_one, now);
-                        if probe { slow_one.clone() } else { other.clone() }
-                    }
-                    _ if eb.cost(now, slow) < ea.cost(now, slow) => eb.clone(),
-                    _ => ea.clone(),
-                }
+                if eb.cost(now, slow) < ea.cost(now, slow) { eb.clone() } else { ea.clone() }
             }
         };
         chosen.in_flight.fetch_add(1, Ordering::Relaxed);
-        Some(Pick { endpoint: chosen, probe, started: now, done: false })
-    }
-
-    /// Claims `e`'s next probe if it is due: at most one per [`PROBE_INTERVAL`].
-    fn probe_due(&self, e: &Endpoint, now: Instant) -> bool {
-        let now_ns = u64::try_from(now.saturating_duration_since(self.epoch).as_nanos()).unwrap_or(u64::MAX);
-        let at = e.probe_at_ns.load(Ordering::Relaxed);
-        let next = now_ns.saturating_add(PROBE_INTERVAL.as_nanos() as u64);
-        now_ns >= at && e.probe_at_ns.compare_exchange(at, next, Ordering::Relaxed, Ordering::Relaxed).is_ok()
+        Some(Pick { endpoint: chosen, started: now, done: false })
     }
 
     /// Records how a picked request ended.
@@ -351,18 +306,9 @@ impl Balancer {
         let prev = s.rtt_ewma_s;
         let w =
             (-now.saturating_duration_since(s.rtt_at).as_secs_f64() / self.config.decay.as_secs_f64().max(1e-9)).exp();
-        let failed = outcome == Outcome::Failure;
-        // A failure never makes an endpoint look faster (one that fails fast would win every
-        // comparison on latency); a slow failure still counts as slow.
-        s.rtt_ewma_s = if rtt > prev || (!s.sampled && !failed) {
-            rtt
-        } else if failed {
-            prev
-        } else {
-            prev * w + rtt * (1.0 - w)
-        };
-        s.sampled |= !failed;
+        s.rtt_ewma_s = if rtt > prev { rtt } else { prev * w + rtt * (1.0 - w) };
         s.rtt_at = now;
+        let failed = outcome == Outcome::Failure;
         let errors = decayed(s.error_ewma, now.saturating_duration_since(s.error_at), ERROR_DECAY);
         // Each failure adds a fixed share, so a burst of fast failures shows at once.
         s.error_ewma = if failed { errors + (1.0 - errors) * 0.25 } else { errors };
@@ -443,36 +389,6 @@ mod tests {
         counts
     }
 
-    /// Open-loop requests, one every `every`, each finished when its latency has passed:
-    /// per endpoint, the requests served (and of them, probes).
-    fn open_loop(
-        b: &Balancer,
-        n: usize,
-        every: Duration,
-        serve: impl Fn(&str) -> Duration,
-    ) -> std::collections::HashMap<String, (usize, usize)> {
-        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
-        let mut now = Instant::now();
-        let mut counts = std::collections::HashMap::new();
-        let mut in_flight: std::collections::BTreeMap<(Instant, usize), Pick> = Default::default();
-        for i in 0..n {
-            while let Some(entry) = in_flight.first_entry() {
-                if entry.key().0 > now {
-                    break;
-                }
-                let ((t, _), p) = entry.remove_entry();
-                b.finish(p, Outcome::Success, t);
-            }
-            let p = b.pick(now, &mut rng).expect("an endpoint");
-            let c = counts.entry(p.endpoint.addr.clone()).or_insert((0, 0));
-            c.0 += 1;
-            c.1 += usize::from(p.probe);
-            in_flight.insert((now + serve(&p.endpoint.addr), i), p);
-            now += every;
-        }
-        counts
-    }
-
     fn ten() -> Vec<(String, f64)> {
         (0..10).map(|i| (format!("e{i}"), 1.0)).collect()
     }
@@ -487,36 +403,6 @@ mod tests {
         let slow = counts.get("e0").copied().unwrap_or(0);
         let fair = 20_000 / 10;
         assert!(slow * 5 < fair, "the 5x slow endpoint got {slow} of 20000 (fair share {fair})");
-    }
-
-    #[test]
-    fn the_first_answer_replaces_the_default_latency() {
-        let b = Balancer::new(config());
-        b.update(&[("e0".into(), 1.0)], Instant::now());
-        let now = Instant::now();
-        let p = b.pick(now, &mut rand::rngs::StdRng::seed_from_u64(1)).expect("an endpoint");
-        b.finish(p, Outcome::Success, now + Duration::from_millis(4));
-        assert_eq!(b.endpoints()[0].rtt_ewma(), Duration::from_millis(4));
-    }
-
-    /// 2 of 10 endpoints 5× slow at 8,000 requests/s for 10 s: about 10 requests in flight
-    /// on each healthy endpoint, so on cost alone an idle slow one would win every time it
-    /// is drawn. It serves probes only, at most one per `PROBE_INTERVAL`, and still gets them.
-    #[test]
-    fn endpoints_at_the_latency_floor_serve_only_probes() {
-        let b = Balancer::new(config());
-        b.update(&ten(), Instant::now());
-        let counts = open_loop(&b, 80_000, Duration::from_micros(125), |a| {
-            if a == "e0" || a == "e1" { Duration::from_millis(50) } else { Duration::from_millis(10) }
-        });
-        for e in ["e0", "e1"] {
-            let (served, probes) = counts.get(e).copied().unwrap_or_default();
-            // Before its first answer (50 ms) an endpoint is not known to be slow: it takes
-            // its share of those 400 requests, about 40.
-            assert!(served - probes <= 80, "{e} served {served} requests, only {probes} of them probes");
-            assert!(probes <= 10_000 / PROBE_INTERVAL.as_millis() as usize + 1, "{e}: {probes} probes in 10 s");
-            assert!(probes >= 10, "{e} was hardly probed: {probes} probes in 10 s");
-        }
     }
 
     #[test]
