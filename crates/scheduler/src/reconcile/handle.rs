@@ -193,7 +193,6 @@ impl Scheduler {
     /// Carries out a command of the control plane; its answer goes back on the command's
     /// channel.
     pub fn command(&mut self, cmd: Command) {
-        let mut store_refused = false;
         if self.leader.held().is_none() {
             let role = self.leader.role();
             let why = role.waiting.unwrap_or_else(|| "it holds no lease".into());
@@ -206,26 +205,29 @@ impl Scheduler {
             }
             return;
         }
+        // A change (or the store refusing it) is published before it is answered, so whoever
+        // made it reads it back, from any control-plane replica, and `apps` shows a failing
+        // store at once.
         match cmd {
             Command::Scale(n, reply) => {
                 let r = self.scale(n);
-                store_refused = matches!(r, Err(CommandError::Store(_)));
+                self.publish();
                 let _ = reply.send(r);
             }
             Command::Apply(spec, reply) => {
                 let origin = SpecOrigin::new("api", flotilla_core::now_ms());
                 let r = self.apply_from(*spec, origin);
-                store_refused = matches!(r, Err(CommandError::Store(_)));
+                self.publish();
                 let _ = reply.send(r);
             }
             Command::Rollback(reply) => {
                 let r = self.rollback();
-                store_refused = matches!(r, Err(CommandError::Store(_)));
+                self.publish();
                 let _ = reply.send(r);
             }
             Command::Override(bounds, reply) => {
                 let r = self.set_override(bounds);
-                store_refused = matches!(r, Err(CommandError::Store(_)));
+                self.publish();
                 let _ = reply.send(r);
             }
             Command::Demand(requests, ttl_ms, reply) => {
@@ -235,10 +237,6 @@ impl Scheduler {
                 });
                 let _ = reply.send(r);
             }
-        }
-        if store_refused {
-            // `apps` says the store is failing at once, not after the next pass.
-            self.publish();
         }
     }
 
