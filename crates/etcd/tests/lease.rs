@@ -59,13 +59,16 @@ async fn a_silent_holder_loses_within_the_ttl_and_a_standby_takes_over() {
     // the keep-alive without revoking.
     let stopped = Instant::now();
     drop(a);
-    let b = tokio::time::timeout(Duration::from_secs(15), campaign(&c, &campaign_for("b", key), |_| {})).await.unwrap();
+    // b's lease is long: nothing but the deletion below may depose it, even on a machine
+    // too starved to renew a 2 s lease in time (CI once saw it expire first).
+    let long = Campaign { ttl: Duration::from_secs(30), ..campaign_for("b", key) };
+    let b = tokio::time::timeout(Duration::from_secs(15), campaign(&c, &long, |_| {})).await.unwrap();
     assert!(!lease_a.is_held(), "the old holder's clock says it lost before the standby got in");
     assert!(stopped.elapsed() >= Duration::from_secs(1), "the key lapsed with its lease, not earlier");
     assert!(b.token() > lease_a.token());
     // Deleting the key by hand deposes the holder.
     etcd.ctl(&["del", key]);
-    let why = tokio::time::timeout(Duration::from_secs(5), b.lease().lost()).await.unwrap();
+    let why = tokio::time::timeout(Duration::from_secs(15), b.lease().lost()).await.unwrap();
     assert!(why.contains("deleted"), "{why}");
     assert!(!b.lease().is_held());
 }
