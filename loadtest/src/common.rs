@@ -309,6 +309,18 @@ impl Drop for UpProc {
     }
 }
 
+/// Polls `f` every 10 ms until it gives a value, or fails naming `what` after `limit`.
+pub async fn until<T>(what: &str, limit: Duration, mut f: impl AsyncFnMut() -> Option<T>) -> anyhow::Result<T> {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        if let Some(v) = f().await {
+            return Ok(v);
+        }
+        anyhow::ensure!(std::time::Instant::now() < deadline, "{what}: timed out after {limit:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// An etcd for the run (Debian's `etcd-server`, `etcd` on the PATH): free loopback ports,
 /// a data dir under the run's, killed on drop.
 pub struct EtcdProc {

@@ -13,7 +13,7 @@ use clap::Args;
 use hdrhistogram::Histogram;
 use serde_json::Value;
 
-use crate::common::{UpProc, flotilla_bin, machine, pct_ms};
+use crate::common::{UpProc, flotilla_bin, machine, pct_ms, until};
 
 const ECHO: &str = include_str!("../../examples/echo.toml");
 
@@ -57,17 +57,6 @@ async fn state(client: &reqwest::Client, addr: &str) -> (Vec<Value>, Vec<(String
     (running, routes)
 }
 
-async fn until<T>(limit: Duration, mut f: impl AsyncFnMut() -> Option<T>) -> anyhow::Result<T> {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(v) = f().await {
-            return Ok(v);
-        }
-        anyhow::ensure!(Instant::now() < deadline, "timed out after {limit:?}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 pub async fn run(a: FailoverArgs) -> anyhow::Result<()> {
     anyhow::ensure!((1..=200).contains(&a.trials), "--trials must be within 1..=200");
     anyhow::ensure!((4..=64).contains(&a.agents), "--agents must be within 4..=64");
@@ -85,7 +74,8 @@ pub async fn run(a: FailoverArgs) -> anyhow::Result<()> {
     let up = UpProc::start(&bin, &dir, a.agents, &["--restart-delay", "6s"], Some(&spec))?;
     let client = reqwest::Client::new();
     let addr = up.addr().await?;
-    until(Duration::from_secs(60), async || (state(&client, &addr).await.1.len() == 2).then_some(())).await?;
+    until("two routes", Duration::from_secs(60), async || (state(&client, &addr).await.1.len() == 2).then_some(()))
+        .await?;
 
     let mut route_kill = Histogram::<u64>::new(3)?;
     let mut route_drain = Histogram::<u64>::new(3)?;
@@ -109,11 +99,11 @@ pub async fn run(a: FailoverArgs) -> anyhow::Result<()> {
             drain =
                 Some(Command::new(&bin).args(["agent", "drain", "--data"]).arg(data).stdout(Stdio::null()).spawn()?);
         }
-        let gone = until(Duration::from_secs(30), async || {
+        let gone = until("the endpoint out of the routes", Duration::from_secs(30), async || {
             (!state(&client, &addr).await.1.iter().any(|(_, _, u)| *u == unit)).then(|| t0.elapsed())
         })
         .await?;
-        let back = until(Duration::from_secs(60), async || {
+        let back = until("a replacement running and routed", Duration::from_secs(60), async || {
             let (running, routes) = state(&client, &addr).await;
             let others = running.iter().filter(|u| u["unit_id"] != unit.as_str()).count();
             let served = routes.iter().filter(|(_, _, u)| *u != unit).count();

@@ -15,7 +15,7 @@ use clap::Args;
 use hdrhistogram::Histogram;
 use serde_json::Value;
 
-use crate::common::{EtcdProc, UpProc, flotilla_bin, machine, pct_ms, sum_metric};
+use crate::common::{EtcdProc, UpProc, flotilla_bin, machine, pct_ms, sum_metric, until};
 
 const ECHO: &str = include_str!("../../examples/echo.toml");
 
@@ -121,17 +121,6 @@ async fn scale(client: &reqwest::Client, control: &str, token: &str, units: u32)
     req.send().await.is_ok_and(|r| r.status().is_success())
 }
 
-async fn until<T>(what: &str, limit: Duration, mut f: impl AsyncFnMut() -> Option<T>) -> anyhow::Result<T> {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(v) = f().await {
-            return Ok(v);
-        }
-        anyhow::ensure!(Instant::now() < deadline, "{what}: timed out after {limit:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 pub async fn run(a: TakeoverArgs) -> anyhow::Result<()> {
     anyhow::ensure!((1..=200).contains(&a.trials), "--trials must be within 1..=200");
     anyhow::ensure!((1..=60).contains(&a.lease_ttl), "--lease-ttl must be within 1..=60 (seconds)");
@@ -228,8 +217,12 @@ pub async fn run(a: TakeoverArgs) -> anyhow::Result<()> {
             (scheduler_metrics(&client, &standby).await?.0 == 0.0).then_some(())
         })
         .await?;
-        until("scaled back to 2", Duration::from_secs(60), async || {
-            (scale(&client, &control, &token, 2).await && running(&client, &control).await == 2).then_some(())
+        until("scale back to 2 accepted", Duration::from_secs(30), async || {
+            scale(&client, &control, &token, 2).await.then_some(())
+        })
+        .await?;
+        until("2 running units", Duration::from_secs(60), async || {
+            (running(&client, &control).await == 2).then_some(())
         })
         .await?;
     }
