@@ -29,7 +29,7 @@ fn view(shard: u32, seq: u64, nodes: Vec<NodeRecord>) -> ShardView {
     let mut v = ShardView::empty(shard, 1);
     v.version.seq = seq;
     for n in nodes {
-        v.nodes.insert(n.node_id.clone(), Arc::new(n));
+        v.insert(Arc::new(n));
     }
     v
 }

@@ -18,7 +18,7 @@ pub fn node(id: &str) -> NodeRecord {
 pub fn slots(nodes: impl IntoIterator<Item = NodeRecord>, connected: bool) -> Vec<Arc<ShardSlot>> {
     let mut v = ShardView::empty(0, 1);
     for r in nodes {
-        v.nodes.insert(r.node_id.clone(), Arc::new(r));
+        v.insert(Arc::new(r));
     }
     let domains = flotilla_view::Domains::of(&v);
     vec![Arc::new(ShardSlot { view: Arc::new(v), connected, domains, updated_unix_ms: 0 })]

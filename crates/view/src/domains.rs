@@ -20,7 +20,15 @@ impl Domains {
         for r in view.nodes.values() {
             m.entry(r.labels.domain().to_string()).or_default().push(r.node_id.clone());
         }
-        Domains(m.into_iter().map(|(k, v)| (k, Arc::new(v))).collect())
+        // In id order, as nodes that join later are appended: the view iterates in hash order.
+        Domains(
+            m.into_iter()
+                .map(|(k, mut v)| {
+                    v.sort_unstable();
+                    (k, Arc::new(v))
+                })
+                .collect(),
+        )
     }
 
     /// The index after `delta`, given the view it applies to.

@@ -155,7 +155,7 @@ async fn follow_once(cluster: &ClusterView, shard: usize, endpoint: &str, dialer
                 });
                 for r in chunk.nodes {
                     let r = record_from_wire(r)?;
-                    b.nodes.insert(r.node_id.clone(), Arc::new(r));
+                    b.insert(Arc::new(r));
                 }
                 if chunk.last {
                     view = Arc::new(building.take().unwrap_or_else(|| ShardView::empty(shard as u32, 0)));

@@ -2,7 +2,7 @@
 //!
 //! A shard publishes an immutable [`ShardView`] per version behind an `ArcSwap`
 //! ([`ViewPublisher`]): readers load a pointer and never lock; a new version shares
-//! every untouched node with the previous one (an `imbl` B-tree), so it costs
+//! every untouched node with the previous one (an `imbl` B-tree keyed by [`ViewKey`]), so it costs
 //! O(changes · log n). A ring of recent [`Delta`]s lets a subscriber resume from a
 //! version it already has; one that fell behind the ring gets a snapshot.
 //! [`follow`] is the client side: it keeps a local copy of one shard's view
@@ -18,5 +18,5 @@ mod wire;
 pub use domains::Domains;
 pub use follow::{ClusterView, ShardSlot, follow_shard};
 pub use publish::{Start, Subscription, ViewPublisher};
-pub use record::{Delta, NodeRecord, ShardView, Version};
+pub use record::{Delta, NodeRecord, ShardView, Version, ViewKey};
 pub use wire::{WireError, delta_from_wire, delta_to_wire, record_from_wire, record_to_wire};

@@ -128,7 +128,7 @@ mod tests {
         assert_eq!(ds.iter().map(|d| d.to.seq).collect::<Vec<_>>(), vec![2, 3]);
         // Applying them to the subscriber's copy yields the current view.
         let mut mine = ShardView::empty(0, 1);
-        mine.nodes.insert(NodeId::new("n0").unwrap(), rec("n0", NodeStatus::Alive));
+        mine.insert(rec("n0", NodeStatus::Alive));
         mine.version.seq = 1;
         for d in &ds {
             mine = mine.apply(d).unwrap();

@@ -65,12 +65,36 @@ impl NodeRecord {
     }
 }
 
+/// The view's key: a node id behind its hash. The B-tree compares the inline hashes and
+/// touches an id's bytes only on a match; ordered by the id alone, a lookup compared ids
+/// as strings about 18 times, each through a pointer, and took a quarter of a
+/// scheduler's CPU (BENCHMARKS.md, issue #19). The map stays ordered, so two versions
+/// still diff in O(changes) (the dashboard's feed), but in hash order: listings sort by
+/// id ([`ShardView::sorted`]). The seed is fixed, so the order is the same in every
+/// process and a simulation replays.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ViewKey {
+    hash: u64,
+    id: NodeId,
+}
+
+impl ViewKey {
+    pub fn new(id: NodeId) -> Self {
+        use std::hash::BuildHasher;
+        ViewKey { hash: foldhash::fast::FixedState::default().hash_one(id.as_str()), id }
+    }
+
+    pub fn id(&self) -> &NodeId {
+        &self.id
+    }
+}
+
 /// One shard's nodes at one version. Cloning is O(1).
 #[derive(Debug, Clone)]
 pub struct ShardView {
     pub shard: u32,
     pub version: Version,
-    pub nodes: OrdMap<NodeId, Arc<NodeRecord>>,
+    pub nodes: OrdMap<ViewKey, Arc<NodeRecord>>,
 }
 
 impl ShardView {
@@ -79,7 +103,23 @@ impl ShardView {
     }
 
     pub fn get(&self, id: &NodeId) -> Option<&Arc<NodeRecord>> {
-        self.nodes.get(id)
+        self.nodes.get(&ViewKey::new(id.clone()))
+    }
+
+    /// Adds or replaces a node's record.
+    pub fn insert(&mut self, record: Arc<NodeRecord>) {
+        self.nodes.insert(ViewKey::new(record.node_id.clone()), record);
+    }
+
+    pub fn remove(&mut self, id: &NodeId) -> Option<Arc<NodeRecord>> {
+        self.nodes.remove(&ViewKey::new(id.clone()))
+    }
+
+    /// The records in node-id order (listings; the map is in hash order).
+    pub fn sorted(&self) -> Vec<&Arc<NodeRecord>> {
+        let mut v: Vec<&Arc<NodeRecord>> = self.nodes.values().collect();
+        v.sort_unstable_by(|a, b| a.node_id.cmp(&b.node_id));
+        v
     }
 
     pub fn len(&self) -> usize {
@@ -96,14 +136,14 @@ impl ShardView {
         if delta.from != self.version {
             return None;
         }
-        let mut nodes = self.nodes.clone();
+        let mut next = ShardView { shard: self.shard, version: delta.to, nodes: self.nodes.clone() };
         for r in &delta.upserts {
-            nodes.insert(r.node_id.clone(), r.clone());
+            next.insert(r.clone());
         }
         for id in &delta.removed {
-            nodes.remove(id);
+            next.remove(id);
         }
-        Some(ShardView { shard: self.shard, version: delta.to, nodes })
+        Some(next)
     }
 }
 

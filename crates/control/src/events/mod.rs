@@ -146,21 +146,22 @@ pub fn node_changes(prev: &[Arc<ShardSlot>], cur: &[Arc<ShardSlot>]) -> NodeChan
                         imbl::ordmap::DiffItem::Add(_, r) | imbl::ordmap::DiffItem::Update { new: (_, r), .. } => {
                             out.rows.push((r.clone(), c.connected))
                         }
-                        imbl::ordmap::DiffItem::Remove(id, _) => out.removed.push(id.clone()),
+                        imbl::ordmap::DiffItem::Remove(k, _) => out.removed.push(k.id().clone()),
                     }
                 }
             }
             _ => {
                 out.rows.extend(c.view.nodes.values().map(|r| (r.clone(), c.connected)));
                 if let Some(p) = p {
-                    out.removed.extend(p.view.nodes.keys().filter(|id| c.view.get(id).is_none()).cloned());
+                    out.removed
+                        .extend(p.view.nodes.keys().map(|k| k.id()).filter(|id| c.view.get(id).is_none()).cloned());
                 }
             }
         }
     }
     // Shards that went away (never, in practice: the shard list is fixed).
     for p in prev.iter().skip(cur.len()) {
-        out.removed.extend(p.view.nodes.keys().cloned());
+        out.removed.extend(p.view.nodes.keys().map(|k| k.id().clone()));
     }
     if !out.removed.is_empty() && !out.rows.is_empty() {
         let moved: std::collections::HashSet<&NodeId> = out.rows.iter().map(|(r, _)| &r.node_id).collect();
