@@ -186,7 +186,7 @@ pub async fn get(State(s): State<Arc<ControlState>>, Path(node): Path<String>) -
 
 /// Why a drain of a node holding unit `u` waits on it, if it does: its replacement
 /// cannot be placed, or its workers cannot move.
-fn drain_waits(u: &flotilla_scheduler::UnitRecord, units: &[flotilla_scheduler::UnitRecord]) -> Option<String> {
+fn drain_waits(u: &flotilla_scheduler::UnitRecord, units: &[Arc<flotilla_scheduler::UnitRecord>]) -> Option<String> {
     if let Some(r) = u.replaced_by.as_deref().and_then(|id| units.iter().find(|r| r.unit_id == id))
         && r.state == flotilla_scheduler::UnitState::Queued
         && let Some(why) = r.unplaced_reason.as_deref()

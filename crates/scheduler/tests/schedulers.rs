@@ -140,7 +140,7 @@ async fn a_restarted_scheduler_adopts_its_units_and_cleans_up_half_commits() {
 
     // A third unit was being committed when the scheduler died: the shard holds its
     // members and the store says Placing (written before the commit left).
-    let mut lost = h.status().units[0].clone();
+    let mut lost = h.status().units[0].as_ref().clone();
     lost.unit_id = "echo-9".into();
     lost.generation = 9;
     lost.state = UnitState::Placing;

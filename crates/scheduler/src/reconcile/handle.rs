@@ -28,7 +28,9 @@ pub struct AppStatus {
     pub desired_units: u32,
     pub min_units: u32,
     pub max_units: u32,
-    pub units: Vec<UnitRecord>,
+    /// Shared with the statuses before it where a unit did not change: a pass publishes
+    /// without copying every unit of a large app.
+    pub units: Vec<Arc<UnitRecord>>,
     /// What each unit asks of the node pool.
     pub unit_shape: crate::spec::UnitShape,
     /// Set when the app follows an autoscaling policy.

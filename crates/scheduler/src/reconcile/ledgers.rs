@@ -86,6 +86,44 @@ impl Ledgers {
         self.clients[shard].clone().ok_or_else(|| anyhow::anyhow!("no client for shard {shard}"))
     }
 
+    /// Commits each `(shard, txn_id, claims)` at once and returns the shards' verdicts in
+    /// the same order, each with how long its call took: a pass that places on several
+    /// shards waits for the slowest one, not for their sum.
+    pub async fn commit_all(
+        &mut self,
+        batches: Vec<(usize, String, Vec<v1::Claim>)>,
+    ) -> Vec<(usize, Duration, Result<v1::CommitResponse, CommitError>)> {
+        let mut calls = Vec::with_capacity(batches.len());
+        let mut refused = Vec::new();
+        for (shard, txn_id, claims) in batches {
+            if let Err(message) = self.check_lease("commit") {
+                let error =
+                    RemoteError { kind: flotilla_core::ErrorKind::Unavailable, code: "not_leader".into(), message };
+                refused.push((shard, Err(CommitError::Refused { shard, error })));
+                continue;
+            }
+            match self.client(shard).await {
+                Ok(mut client) => {
+                    let req = v1::CommitRequest { txn_id, fencing_token: self.fencing_token, claims };
+                    calls.push(async move {
+                        let started = std::time::Instant::now();
+                        let r = client.commit(req).await;
+                        (shard, started.elapsed(), r)
+                    });
+                }
+                Err(e) => {
+                    refused.push((shard, Err(CommitError::Refused { shard, error: unreachable(format!("{e:#}")) })))
+                }
+            }
+        }
+        let mut out: Vec<_> = refused.into_iter().map(|(shard, r)| (shard, Duration::ZERO, r)).collect();
+        for (shard, took, r) in futures_util::future::join_all(calls).await {
+            out.push((shard, took, self.verdicts(shard, r)));
+        }
+        out.sort_by_key(|(shard, ..)| *shard);
+        out
+    }
+
     /// Commits `claims` on `shard` in one transaction and returns the shard's verdicts.
     pub async fn commit(
         &mut self,
@@ -93,16 +131,20 @@ impl Ledgers {
         txn_id: String,
         claims: Vec<v1::Claim>,
     ) -> Result<v1::CommitResponse, CommitError> {
-        if let Err(message) = self.check_lease("commit") {
-            let error = RemoteError { kind: flotilla_core::ErrorKind::Unavailable, code: "not_leader".into(), message };
-            return Err(CommitError::Refused { shard, error });
+        match self.commit_all(vec![(shard, txn_id, claims)]).await.pop() {
+            Some((_, _, r)) => r,
+            None => Err(CommitError::Unknown { shard, message: "no answer".into() }),
         }
-        let mut client = self
-            .client(shard)
-            .await
-            .map_err(|e| CommitError::Refused { shard, error: unreachable(format!("{e:#}")) })?;
-        let req = v1::CommitRequest { txn_id, fencing_token: self.fencing_token, claims };
-        match client.commit(req).await {
+    }
+
+    /// A commit call's outcome: a fenced verdict or error marks the shard as fenced; a
+    /// failed call drops the shard's channel.
+    fn verdicts(
+        &mut self,
+        shard: usize,
+        r: Result<tonic::Response<v1::CommitResponse>, tonic::Status>,
+    ) -> Result<v1::CommitResponse, CommitError> {
+        match r {
             Ok(r) => {
                 let r = r.into_inner();
                 if r.results.iter().any(|c| c.reason == v1::RejectReason::Fenced as i32) {

@@ -162,7 +162,7 @@ impl Scheduler {
             desired_units: spec.units.initial,
             min_units: spec.units.min,
             max_units: spec.units.max,
-            units: stored.units.values().cloned().collect(),
+            units: stored.units.values().map(|u| Arc::new(u.clone())).collect(),
             unit_shape: spec.unit_shape(),
             autoscaling: None,
             spec_toml: spec_text.clone(),
@@ -361,13 +361,18 @@ impl Scheduler {
         // pass take their member's place, and only then is the old one released; they
         // were shown running (API, `units`) for at least that one pass.
         self.swap_surge(&mut writes).await;
+        // Each walk over every unit below takes milliseconds in a large app: the runtime
+        // gets a turn between them (see `place::PLAN_CHUNK`).
         self.observe(&slots, &mut writes);
+        tokio::task::yield_now().await;
         self.start_waiting().await;
         self.sweep_orphans(&slots).await;
         self.heal(&slots, &mut writes).await;
+        tokio::task::yield_now().await;
         self.autoscale(&mut writes);
         self.scale_in(&slots, &mut writes).await;
         self.roll(&slots, &mut writes).await;
+        tokio::task::yield_now().await;
 
         let (desired, counted) = (self.desired_groups(), self.counted_groups());
         for (group, (want, have)) in desired.into_iter().zip(counted).enumerate() {
@@ -448,8 +453,7 @@ impl Scheduler {
                 let ms = self.rng.random_range(5..25) * attempt as u64;
                 tokio::time::sleep(Duration::from_millis(ms)).await;
             }
-            let slots = self.cluster.slots();
-            queued = self.place_and_commit(&slots, &queued, writes).await;
+            queued = self.place_and_commit(&queued, writes).await;
         }
         for id in &queued {
             if let Some(u) = self.stored.units.get(id) {
@@ -531,6 +535,24 @@ impl Scheduler {
         }
     }
 
+    /// The units as the status shows them: each unit that equals its record in `before`
+    /// (the last status; both in id order) keeps that record's `Arc`, so a pass copies
+    /// only the units it changed.
+    fn shared_units(&self, before: &[Arc<UnitRecord>]) -> Vec<Arc<UnitRecord>> {
+        let mut old = before.iter().peekable();
+        self.stored
+            .units
+            .values()
+            .map(|u| {
+                while old.next_if(|o| o.unit_id < u.unit_id).is_some() {}
+                match old.next_if(|o| o.unit_id == u.unit_id) {
+                    Some(o) if **o == *u => o.clone(),
+                    _ => Arc::new(u.clone()),
+                }
+            })
+            .collect()
+    }
+
     /// Publishes the unit counts by state (metrics) and the status the API shows.
     fn publish(&self) {
         let mut counts = [0i64; UnitState::ALL.len()];
@@ -546,7 +568,7 @@ impl Scheduler {
             desired_units: self.desired(),
             min_units: self.spec.units.min,
             max_units: self.spec.units.max,
-            units: self.stored.units.values().cloned().collect(),
+            units: self.shared_units(&self.status.load().units),
             unit_shape: self.spec.unit_shape(),
             autoscaling: self.spec.is_autoscaled().then(|| AutoscalingStatus {
                 policy: self.policy_algorithm(),

@@ -4,13 +4,12 @@
 
 use crate::catalogue as m;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use flotilla_core::{NodeId, Resources, now_ms};
 use flotilla_proto::v1;
-use flotilla_view::{ShardSlot, Version};
+use flotilla_view::Version;
 
 use super::handle::Stats;
 use super::ledgers::{CommitError, claims, member_records};
@@ -19,19 +18,17 @@ use crate::lifecycle::UnitState;
 use crate::planner::{MemberRequest, Placement, PlanInput, place_unit};
 use crate::store::{StoreError, Write};
 
+/// Units planned between two yields to the runtime (a few milliseconds of work).
+pub(super) const PLAN_CHUNK: usize = 64;
+
 /// Placements of one pass, by the shard that must accept them.
 type ByShard = BTreeMap<usize, Vec<(String, Placement)>>;
 
 impl Scheduler {
     /// Plans every unit in `ids`, commits them grouped by shard, and returns the ids
     /// still queued (rejected or unplaceable).
-    pub(super) async fn place_and_commit(
-        &mut self,
-        slots: &[Arc<ShardSlot>],
-        ids: &[String],
-        writes: &mut Vec<Write>,
-    ) -> Vec<String> {
-        let (by_shard, mut still) = self.plan(slots, ids);
+    pub(super) async fn place_and_commit(&mut self, ids: &[String], writes: &mut Vec<Write>) -> Vec<String> {
+        let (by_shard, mut still) = self.plan(ids).await;
         if by_shard.is_empty() {
             return still;
         }
@@ -48,13 +45,16 @@ impl Scheduler {
         // Shown Placing before any claim lands: a pool autoscaler that sees a node's
         // new allocation must not still count the unit as queued demand.
         self.publish();
-        for (shard, units) in by_shard {
+        let mut batches = Vec::with_capacity(by_shard.len());
+        for (&shard, units) in &by_shard {
             let claims = units.iter().flat_map(|(id, p)| self.claims_of(id, p)).collect();
             let txn_id = self.txn_id(&format!("{}-{}", self.spec.name, now_ms()));
-            let started = Instant::now();
-            let result = self.ledgers.commit(shard, txn_id, claims).await;
-            metrics::histogram!(m::SCHEDULER_COMMIT_SECONDS.name).record(started.elapsed().as_secs_f64());
-            Stats::record(&self.stats.commit_us, started.elapsed());
+            batches.push((shard, txn_id, claims));
+        }
+        let results = self.ledgers.commit_all(batches).await;
+        for ((shard, took, result), (_, units)) in results.into_iter().zip(by_shard) {
+            metrics::histogram!(m::SCHEDULER_COMMIT_SECONDS.name).record(took.as_secs_f64());
+            Stats::record(&self.stats.commit_us, took);
             match result {
                 Ok(resp) => still.extend(self.settle(shard, units, resp, writes)),
                 Err(e @ CommitError::Unknown { .. }) => self.fail_unknown(shard, units, &e, writes),
@@ -75,7 +75,14 @@ impl Scheduler {
 
     /// Plans each unit against the view and what this scheduler committed but the view
     /// does not show yet. Planned units become Placing; the rest say why not.
-    fn plan(&mut self, slots: &[Arc<ShardSlot>], ids: &[String]) -> (ByShard, Vec<String>) {
+    ///
+    /// Yields to the runtime every [`PLAN_CHUNK`] units: planning a full pass takes tens
+    /// of milliseconds, and the schedulers, API and view followers sharing the process
+    /// would otherwise wait that long for their turn (a commit answered meanwhile is
+    /// late by as much: it set the commit p99 in the loadtest). Each chunk plans against
+    /// the view as it is then, so what others committed meanwhile is not claimed again.
+    async fn plan(&mut self, ids: &[String]) -> (ByShard, Vec<String>) {
+        let mut slots = self.cluster.slots();
         let requests: Vec<MemberRequest> = self
             .spec
             .members()
@@ -104,7 +111,11 @@ impl Scheduler {
         let mut by_shard = ByShard::new();
         let mut still = Vec::new();
         let constraints = [self.constraints(false), self.constraints(true)];
-        for (id, replacement) in ids.iter().zip(replacements) {
+        for (n, (id, replacement)) in ids.iter().zip(replacements).enumerate() {
+            if n > 0 && n % PLAN_CHUNK == 0 {
+                tokio::task::yield_now().await;
+                slots = self.cluster.slots();
+            }
             let started = Instant::now();
             let secondary = self.stored.units.get(id).is_some_and(|u| u.secondary);
             let input = PlanInput {
@@ -114,7 +125,7 @@ impl Scheduler {
                 members: self.spec.spread.members,
                 surge: if replacement.is_some() { leaving } else { 0 },
                 prefer_domain: replacement.as_ref().and_then(|d| d.as_deref()),
-                ..PlanInput::new(slots, &constraints[usize::from(secondary)], &per_domain, &per_node, &pending)
+                ..PlanInput::new(&slots, &constraints[usize::from(secondary)], &per_domain, &per_node, &pending)
             };
             let classes = if secondary { &mut self.classes_secondary } else { &mut self.classes };
             let plan = place_unit(&input, &requests, classes, &mut self.rng);
