@@ -189,12 +189,19 @@ impl Applier {
     }
 
     /// Publishes everything gathered as one version (or nothing, if nothing differs).
-    pub fn flush(&mut self) {
+    ///
+    /// Under the ledger's lock from before it absorbs what is queued in `rx` until it has
+    /// published: every ledger decision is either in this version or announced with a
+    /// later one (`LedgerGrpc::announce` sends its change under the same lock).
+    pub fn flush(&mut self, rx: &mut UnboundedReceiver<Change>) {
         let started = std::time::Instant::now();
         let view = self.publisher.load();
-        let mut upserts = Vec::with_capacity(self.dirty.len());
         let ledger = self.ledger.clone();
         let mut ledger = ledger.lock_or_recover();
+        while let Ok(c) = rx.try_recv() {
+            self.absorb(c);
+        }
+        let mut upserts = Vec::with_capacity(self.dirty.len());
         for id in self.dirty.drain() {
             // A node forgotten since (Dead past retention) is not republished.
             let Some((incarnation, status, status_since, health_millis)) = self.registry.with_node(&id, |l| {
@@ -279,9 +286,9 @@ impl Applier {
         for node in self.ledger_dirty.drain() {
             let _ = self.pushes.send(Push { node });
         }
-        drop(ledger);
         let changes = upserts.len() + removed.len();
         let (delta, bytes) = flotilla_obs::alloc::measure(|| self.publisher.publish(upserts, removed));
+        drop(ledger);
         let shown_in = delta.as_ref().map(|d| d.to).unwrap_or_else(|| self.publisher.load().version);
         for ack in self.acks.drain(..) {
             let _ = ack.send(shown_in);
@@ -322,7 +329,7 @@ impl Applier {
                 flush_at = Some(Instant::now() + self.batch_window);
             }
             if flush_at.is_some_and(|t| Instant::now() >= t) {
-                self.flush();
+                self.flush(&mut rx);
                 flush_at = None;
             }
         }

@@ -1,7 +1,9 @@
 //! The commit path and node administration over gRPC: thin adapters. Requests decode
 //! through [`crate::wire`] (sizes, counts, names); the ledger decides; the applier folds
-//! accepted claims into the next view version, which the answer names. A request that
-//! does not decode is answered through `flotilla_proto::status`, the one error mapping.
+//! accepted claims into the next view version, which the answer names. A commit is
+//! answered at the decision, naming the version that will show it (see
+//! [`LedgerGrpc::announce`]); the rarer calls wait for the fold. A request that does not
+//! decode is answered through `flotilla_proto::status`, the one error mapping.
 //!
 //! Fencing: every request's token is checked against the app's mark under the ledger's
 //! lock, together with the change it guards. A stale Commit or Reserve gets every claim
@@ -55,6 +57,23 @@ impl LedgerGrpc {
                 cordoned: r.cordoned,
             })
         }
+    }
+
+    /// Hands `changed` to the applier and names the version that will show it. Called
+    /// under the ledger's lock, which the applier's flush takes before it absorbs the
+    /// changes sent to it and holds until it has published: a change sent here is in the
+    /// flush after the version published now, so that version's successor shows it (a
+    /// later one, only if that flush found nothing to change, when the claims were
+    /// released again within it). The scheduler keeps the resources pending until its
+    /// view reaches the version, so a commit need not wait for the fold (a batch window
+    /// and more, which was most of a commit's latency).
+    fn announce(&self, changed: Vec<NodeId>) -> v1::ViewVersion {
+        let now = self.publisher.load().version;
+        if changed.is_empty() {
+            return now.into();
+        }
+        self.registry.emit(Change::Ledger(changed, None));
+        flotilla_view::Version { seq: now.seq + 1, ..now }.into()
     }
 
     /// Waits until the applier has published the version showing `changed`.
@@ -120,24 +139,23 @@ impl LedgerService for LedgerGrpc {
         let req = request.into_inner();
         let claims = wire::claims_from_wire(&req.txn_id, req.claims).map_err(refuse)?;
         let facts = self.facts();
-        let (out, changed, raised) = {
+        let (out, applied_in, raised) = {
             let mut ledger = lock(&self.ledger);
             match ledger.fence(req.fencing_token, claims.iter().map(|c| c.key.app.as_str())) {
                 Ok(raised) => {
                     let (out, changed) = ledger.commit(&req.txn_id, &claims, &facts);
-                    (out, changed, raised)
+                    (out, self.announce(changed), raised)
                 }
                 Err(f) => {
                     fenced("commit", &req.txn_id, &f);
-                    (all_fenced(&claims), Vec::new(), false)
+                    (all_fenced(&claims), self.announce(Vec::new()), false)
                 }
             }
         };
         self.persist_marks(raised).await?;
-        let applied_in = self.fold(changed).await;
         count(&out);
         metrics::histogram!(m::SHARD_COMMIT_SECONDS.name).record(started.elapsed().as_secs_f64());
-        Ok(Response::new(v1::CommitResponse { results: wire::results_to_wire(&out), applied_in }))
+        Ok(Response::new(v1::CommitResponse { results: wire::results_to_wire(&out), applied_in: Some(applied_in) }))
     }
 
     #[tracing::instrument(skip_all, fields(txn = %request.get_ref().txn_id))]

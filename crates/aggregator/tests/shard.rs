@@ -272,10 +272,15 @@ async fn commits_are_checked_idempotent_and_shown_in_the_next_version() {
             v1::RejectReason::UnknownNode as i32
         ]
     );
-    // The answer names a version that already shows the allocation.
+    // The answer comes at the decision and names the version that will show the
+    // allocation: the one after the version published when it was decided.
     let shown = resp.applied_in.unwrap();
-    let view = f.shard.publisher.load();
-    assert!(view.version.seq >= shown.seq);
+    let view = wait_for_async("the version the commit named", Duration::from_secs(5), || {
+        let view = f.shard.publisher.load();
+        (view.version.seq >= shown.seq).then_some(view)
+    })
+    .await;
+    assert_eq!(view.version.epoch, shown.epoch);
     assert_eq!(view.nodes.values().next().unwrap().allocated.cpu_millis, 1500);
     // A replay (same transaction, or the same member in a new one) allocates nothing.
     let again = c.commit(req).await.unwrap().into_inner();
