@@ -70,7 +70,7 @@ impl NodeRecord {
 /// as strings about 18 times, each through a pointer, and took a quarter of a
 /// scheduler's CPU (BENCHMARKS.md, issue #19). The map stays ordered, so two versions
 /// still diff in O(changes) (the dashboard's feed), but in hash order: listings sort by
-/// id ([`ShardView::sorted`]). The seed is fixed, so the order is the same in every
+/// id themselves. The seed is fixed, so the order is the same in every
 /// process and a simulation replays.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ViewKey {
@@ -113,13 +113,6 @@ impl ShardView {
 
     pub fn remove(&mut self, id: &NodeId) -> Option<Arc<NodeRecord>> {
         self.nodes.remove(&ViewKey::new(id.clone()))
-    }
-
-    /// The records in node-id order (listings; the map is in hash order).
-    pub fn sorted(&self) -> Vec<&Arc<NodeRecord>> {
-        let mut v: Vec<&Arc<NodeRecord>> = self.nodes.values().collect();
-        v.sort_unstable_by(|a, b| a.node_id.cmp(&b.node_id));
-        v
     }
 
     pub fn len(&self) -> usize {
