@@ -1,18 +1,37 @@
-//! The endpoint choice (docs/architecture.md §10): weighted power of two choices on peak-EWMA latency.
+//! The endpoint choice (docs/architecture.md §10): weighted power of two choices on a
+//! windowed-median latency.
 //!
 //! Two endpoints are sampled with probability proportional to their effective weight (the
 //! route weight the scheduler publishes, ramped up during slow start) times a speed factor
-//! `(median latency / their latency)^4`, floored at 1 %, and the request goes to the one with
+//! `((median + R) / (latency + R))^4`, floored at 1 %, and the request goes to the one with
 //! the lower cost:
 //!
 //! ```text
-//! cost = peak_ewma_rtt × (in_flight + 1) × (1 + ERROR_PENALTY × error_ewma) / effective_weight
+//! cost = (latency + R) × (in_flight + 1) × (1 + ERROR_PENALTY × error_ewma) / effective_weight
 //! ```
 //!
-//! - Peak EWMA jumps to a slower sample at once and decays toward faster ones (τ = `decay`),
-//!   so a node that turns slow loses traffic within a request or two.
+//! - `latency` is the median of the endpoint's last five answers. A node that turns slow
+//!   loses traffic after three slow answers; one or two stray slow answers (a page fault, a
+//!   busy host) change nothing. It replaced a peak EWMA (as in Finagle and Linkerd), which
+//!   took any single slow answer at once and kept it for seconds: between two backends that
+//!   answer in well under a millisecond, one such answer outweighed a 2.5× route-weight
+//!   difference and sent the lighter one 80 % of the traffic.
+//! - An estimate that no answer has refreshed fades toward the median endpoint's (τ =
+//!   `decay`), so an endpoint that lost every comparison since is tried again in time.
+//! - `R` (`LATENCY_RESOLUTION`, 2 ms) is how much latency difference counts. Differences
+//!   well below it are the proxy's own scheduling noise: between backends answering in
+//!   0.3 ms and 0.8 ms the route weights decide, while 10 ms against 50 ms is still a 4×
+//!   difference.
 //! - `in_flight` makes queueing visible before any response comes back.
 //! - Errors are penalised on top of latency: a node that fails fast must not look healthy.
+//! - An endpoint at the 1 % floor (≥ 3.16× the median by that ratio) serves only **probes**:
+//!   when drawn, it takes the request if its last probe is `PROBE_INTERVAL` old, and
+//!   otherwise the other candidate does. The cost assumes one request at a time, so without
+//!   this an idle slow endpoint beats a healthy one that is serving several at once. Its
+//!   traffic is then bounded by time, not by the request rate, and a recovered endpoint is
+//!   back after three probes.
+//! - Until its first answer an endpoint is assumed as fast as the median endpoint (the
+//!   configured `default_rtt` when none has answered); the first answer replaces that.
 //! - Passive outlier ejection: `eject_after` consecutive failures take an endpoint out for
 //!   `base_ejection × 2^(n-1)` (capped), never more than half of the endpoints at once; it
 //!   comes back in slow start.
@@ -23,14 +42,15 @@
 //! offers a slow endpoint as a candidate in a third of the picks, and it wins whenever the
 //! healthy candidate happens to be busy; every such request lands in the tail. Measured with
 //! `flotilla-loadtest routing`: plain weighted P2C sent 3.9 % of requests to the slow
-//! endpoints (p99 2.5× the all-healthy run), the speed factor 0.4 % (p99 1.08×).
+//! endpoints (p99 2.5× the all-healthy run), the speed factor 0.4–1.4 % (the p99 flipped
+//! between the healthy and the slow latency from run to run), probes only 0.5 %.
 //!
 //! The balancer is a plain data structure: callers pass the time, so tests are exact.
 
 use flotilla_core::LockExt;
 use std::sync::Arc;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
@@ -40,15 +60,22 @@ use rand::Rng;
 const ERROR_PENALTY: f64 = 20.0;
 /// Decay of the error EWMA.
 const ERROR_DECAY: Duration = Duration::from_secs(5);
+/// Latency difference that counts (see the module doc): added to every latency before two
+/// are compared.
+pub const LATENCY_RESOLUTION: Duration = Duration::from_millis(2);
 /// Least share of its weight an endpoint slower than the median keeps when candidates are
-/// drawn (so it is still probed and can show that it recovered).
+/// drawn; an endpoint at this floor serves only probes.
 const LATENCY_FLOOR: f64 = 0.01;
+/// Least time between two probes of an endpoint at the latency floor.
+pub const PROBE_INTERVAL: Duration = Duration::from_millis(200);
+/// Answers an endpoint's latency estimate is the median of.
+const WINDOW: usize = 5;
 /// Weight at the start of slow start, as a fraction of the full weight.
 const SLOW_START_FLOOR: f64 = 0.1;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Policy {
-    /// Weighted P2C on peak-EWMA latency (the default).
+    /// Weighted P2C on the latency estimate (the default; the name is the one operators know).
     PeakEwma,
     /// Plain round robin over the endpoints with a weight above 0 (for comparison).
     RoundRobin,
@@ -57,9 +84,10 @@ pub enum Policy {
 #[derive(Debug, Clone)]
 pub struct Config {
     pub policy: Policy,
-    /// Latency assumed for an endpoint before its first response.
+    /// Latency assumed for every endpoint while none has answered yet.
     pub default_rtt: Duration,
-    /// Time constant of the latency EWMA.
+    /// Time constant with which a latency estimate no answer refreshed fades toward the
+    /// median endpoint's.
     pub decay: Duration,
     pub eject_after: u32,
     pub base_ejection: Duration,
@@ -85,16 +113,18 @@ impl Default for Config {
 #[derive(Debug)]
 pub struct Endpoint {
     pub addr: String,
-    /// The route weight (the scheduler's prior; 1.0 for a fixed backend list).
-    weight: Mutex<f64>,
     in_flight: AtomicU32,
-    stats: Mutex<Stats>,
+    /// When the next probe may go, in nanoseconds since the balancer's epoch (see
+    /// [`PROBE_INTERVAL`]); claimed by compare-and-swap, so two threads never both probe.
+    probe_at_ns: AtomicU64,
+    state: Mutex<State>,
 }
 
 #[derive(Debug, Clone)]
-struct Stats {
-    rtt_ewma_s: f64,
-    rtt_at: Instant,
+struct State {
+    /// The route weight (the scheduler's prior; 1.0 for a fixed backend list).
+    weight: f64,
+    latency: Latency,
     error_ewma: f64,
     error_at: Instant,
     consecutive_failures: u32,
@@ -104,11 +134,73 @@ struct Stats {
     serving_since: Instant,
 }
 
+/// The latency estimate (see the module doc): the median of the last [`WINDOW`] answers, in
+/// seconds.
+#[derive(Debug, Clone, Copy)]
+struct Latency {
+    recent: [f64; WINDOW],
+    /// Answers in `recent` (up to `WINDOW`), and where the next one goes.
+    len: u8,
+    next: u8,
+    estimate: f64,
+    at: Instant,
+}
+
+impl Latency {
+    fn new(now: Instant) -> Self {
+        Latency { recent: [0.0; WINDOW], len: 0, next: 0, estimate: 0.0, at: now }
+    }
+
+    /// `None` before the first answer.
+    fn estimate(&self) -> Option<f64> {
+        (self.len > 0).then_some(self.estimate)
+    }
+
+    fn observe(&mut self, seconds: f64, now: Instant) {
+        self.recent[usize::from(self.next)] = seconds;
+        self.next = (self.next + 1) % WINDOW as u8;
+        self.len = (self.len + 1).min(WINDOW as u8);
+        let mut sorted = self.recent;
+        let known = &mut sorted[..usize::from(self.len)];
+        known.sort_unstable_by(f64::total_cmp);
+        // The lower median: of two answers, the faster.
+        self.estimate = known[(known.len() - 1) / 2];
+        self.at = now;
+    }
+}
+
 /// How a request ended, for the endpoint's statistics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
     Success,
     Failure,
+}
+
+/// One endpoint as a pick sees it (read under one lock).
+struct Seen {
+    /// Seconds; the median for an endpoint that has not answered yet.
+    latency: Option<f64>,
+    /// When the latency was last sampled.
+    latency_at: Instant,
+    /// Route weight × slow start; 0 while ejected.
+    weight: f64,
+    /// `1 + ERROR_PENALTY × error_ewma`, decayed to now.
+    penalty: f64,
+    /// Candidate weight: `weight × speed`.
+    draw: f64,
+    floored: bool,
+}
+
+impl State {
+    fn effective_weight(&self, now: Instant, slow_start: Duration) -> f64 {
+        if self.ejected_until.is_some_and(|t| now < t) {
+            return 0.0;
+        }
+        let age = now.saturating_duration_since(self.serving_since).as_secs_f64();
+        let ramp =
+            if slow_start.is_zero() { 1.0 } else { (age / slow_start.as_secs_f64()).clamp(SLOW_START_FLOOR, 1.0) };
+        self.weight * ramp
+    }
 }
 
 impl Endpoint {
@@ -117,36 +209,35 @@ impl Endpoint {
     }
 
     pub fn weight(&self) -> f64 {
-        *self.weight.lock_or_recover()
+        self.state.lock_or_recover().weight
     }
 
-    pub fn rtt_ewma(&self) -> Duration {
-        Duration::from_secs_f64(self.stats.lock_or_recover().rtt_ewma_s)
+    /// The latency estimate, `None` before the first answer.
+    pub fn latency(&self) -> Option<Duration> {
+        self.state.lock_or_recover().latency.estimate().map(Duration::from_secs_f64)
     }
 
     fn ejected(&self, now: Instant) -> bool {
-        self.stats.lock_or_recover().ejected_until.is_some_and(|t| now < t)
+        self.state.lock_or_recover().ejected_until.is_some_and(|t| now < t)
     }
 
     /// Route weight × slow-start ramp; 0 while ejected.
+    #[cfg(test)]
     fn effective_weight(&self, now: Instant, slow_start: Duration) -> f64 {
-        let w = self.weight();
-        let s = self.stats.lock_or_recover();
-        if s.ejected_until.is_some_and(|t| now < t) {
-            return 0.0;
-        }
-        let age = now.saturating_duration_since(s.serving_since).as_secs_f64();
-        let ramp =
-            if slow_start.is_zero() { 1.0 } else { (age / slow_start.as_secs_f64()).clamp(SLOW_START_FLOOR, 1.0) };
-        w * ramp
+        self.state.lock_or_recover().effective_weight(now, slow_start)
     }
 
-    fn cost(&self, now: Instant, slow_start: Duration) -> f64 {
-        let weight = self.effective_weight(now, slow_start);
-        let s = self.stats.lock_or_recover();
+    fn seen(&self, now: Instant, slow_start: Duration) -> Seen {
+        let s = self.state.lock_or_recover();
         let errors = decayed(s.error_ewma, now.saturating_duration_since(s.error_at), ERROR_DECAY);
-        let load = f64::from(self.in_flight()) + 1.0;
-        s.rtt_ewma_s * load * (1.0 + ERROR_PENALTY * errors) / weight.max(1e-9)
+        Seen {
+            latency: s.latency.estimate(),
+            latency_at: s.latency.at,
+            weight: s.effective_weight(now, slow_start),
+            penalty: 1.0 + ERROR_PENALTY * errors,
+            draw: 0.0,
+            floored: false,
+        }
     }
 }
 
@@ -160,12 +251,16 @@ pub struct Balancer {
     config: Config,
     endpoints: ArcSwap<Vec<Arc<Endpoint>>>,
     next: AtomicU32,
+    /// The origin of the endpoints' probe clocks.
+    epoch: Instant,
 }
 
-/// A request in flight on an endpoint; report how it ended with [`Pick::finish`].
+/// A request in flight on an endpoint; report how it ended with [`Balancer::finish`].
 /// Dropped unfinished (the caller gave up), it counts as neither success nor failure.
 pub struct Pick {
     pub endpoint: Arc<Endpoint>,
+    /// The endpoint is at the latency floor and got this request only as a probe.
+    pub probe: bool,
     started: Instant,
     done: bool,
 }
@@ -186,7 +281,12 @@ pub struct Finished {
 
 impl Balancer {
     pub fn new(config: Config) -> Self {
-        Balancer { config, endpoints: ArcSwap::from_pointee(Vec::new()), next: AtomicU32::new(0) }
+        Balancer {
+            config,
+            endpoints: ArcSwap::from_pointee(Vec::new()),
+            next: AtomicU32::new(0),
+            epoch: Instant::now(),
+        }
     }
 
     pub fn config(&self) -> &Config {
@@ -207,23 +307,23 @@ impl Balancer {
             let weight = if weight.is_finite() { weight.max(0.0) } else { 0.0 };
             match old.iter().find(|e| &e.addr == addr) {
                 Some(e) => {
-                    let mut w = e.weight.lock_or_recover();
-                    if *w != weight {
-                        *w = weight;
+                    let mut s = e.state.lock_or_recover();
+                    if s.weight != weight {
+                        s.weight = weight;
                         changed += 1;
                     }
-                    drop(w);
+                    drop(s);
                     next.push(e.clone());
                 }
                 None => {
                     changed += 1;
                     next.push(Arc::new(Endpoint {
                         addr: addr.clone(),
-                        weight: Mutex::new(weight),
                         in_flight: AtomicU32::new(0),
-                        stats: Mutex::new(Stats {
-                            rtt_ewma_s: self.config.default_rtt.as_secs_f64(),
-                            rtt_at: now,
+                        probe_at_ns: AtomicU64::new(0),
+                        state: Mutex::new(State {
+                            weight,
+                            latency: Latency::new(now),
                             error_ewma: 0.0,
                             error_at: now,
                             consecutive_failures: 0,
@@ -243,7 +343,7 @@ impl Balancer {
     /// Chooses an endpoint for one request, or `None` when no endpoint may take traffic.
     pub fn pick(&self, now: Instant, rng: &mut impl Rng) -> Option<Pick> {
         let eps = self.endpoints.load();
-        let slow = self.config.slow_start;
+        let mut probe = false;
         let chosen = match self.config.policy {
             Policy::RoundRobin => {
                 let live: Vec<&Arc<Endpoint>> = eps.iter().filter(|e| e.weight() > 0.0 && !e.ejected(now)).collect();
@@ -254,42 +354,73 @@ impl Balancer {
                 live[i].clone()
             }
             Policy::PeakEwma => {
-                // Candidates are drawn by weight × (median latency / their latency)^4, floored:
-                // a 5× slower endpoint is offered ~100× less often, so it rarely even gets to
-                // compete, yet is still probed now and then and can show it recovered.
-                let rtts: Vec<f64> = eps.iter().map(|e| e.rtt_ewma().as_secs_f64()).collect();
-                let mut scratch = rtts.clone();
-                let mid = scratch.len() / 2;
-                let median =
-                    if scratch.is_empty() { 0.0 } else { *scratch.select_nth_unstable_by(mid, f64::total_cmp).1 };
-                let weights: Vec<f64> = eps
-                    .iter()
-                    .zip(&rtts)
-                    .map(|(e, rtt)| {
-                        let speed = (median / rtt.max(1e-9)).powi(4).clamp(LATENCY_FLOOR, 1.0);
-                        e.effective_weight(now, slow) * speed
-                    })
-                    .collect();
-                let total: f64 = weights.iter().sum();
+                let mut seen: Vec<Seen> = eps.iter().map(|e| e.seen(now, self.config.slow_start)).collect();
+                let median = self.median(&seen);
+                let r = LATENCY_RESOLUTION.as_secs_f64();
+                let decay = self.config.decay.as_secs_f64().max(1e-9);
+                let mut total = 0.0;
+                for s in seen.iter_mut() {
+                    // An estimate nobody has refreshed fades toward the median: a slow one
+                    // that lost every comparison since is tried again in time.
+                    let age = now.saturating_duration_since(s.latency_at).as_secs_f64();
+                    let latency = match s.latency {
+                        Some(l) if l > median => median + (l - median) * (-age / decay).exp(),
+                        Some(l) => l,
+                        None => median,
+                    };
+                    s.latency = Some(latency);
+                    let speed = ((median + r) / (latency + r)).powi(4);
+                    s.floored = speed <= LATENCY_FLOOR;
+                    s.draw = s.weight * speed.clamp(LATENCY_FLOOR, 1.0);
+                    total += s.draw;
+                }
                 if total <= 0.0 {
                     return None;
                 }
-                let a = sample(&weights, total, rng);
-                let b = if weights.iter().filter(|w| **w > 0.0).count() > 1 {
-                    // A second, distinct candidate.
-                    let without = total - weights[a];
-                    let mut w2 = weights.clone();
-                    w2[a] = 0.0;
-                    sample(&w2, without, rng)
+                let a = sample(&seen, None, total, rng);
+                let b = if seen.iter().filter(|s| s.draw > 0.0).count() > 1 {
+                    sample(&seen, Some(a), total - seen[a].draw, rng)
                 } else {
                     a
                 };
-                let (ea, eb) = (&eps[a], &eps[b]);
-                if eb.cost(now, slow) < ea.cost(now, slow) { eb.clone() } else { ea.clone() }
+                let cost = |i: usize| {
+                    let s = &seen[i];
+                    let load = f64::from(eps[i].in_flight()) + 1.0;
+                    (s.latency.unwrap_or(median) + r) * load * s.penalty / s.weight.max(1e-9)
+                };
+                let pick = match (seen[a].floored, seen[b].floored) {
+                    (true, false) | (false, true) => {
+                        let (slow, other) = if seen[a].floored { (a, b) } else { (b, a) };
+                        probe = self.probe_due(&eps[slow], now);
+                        if probe { slow } else { other }
+                    }
+                    _ if cost(b) < cost(a) => b,
+                    _ => a,
+                };
+                eps[pick].clone()
             }
         };
         chosen.in_flight.fetch_add(1, Ordering::Relaxed);
-        Some(Pick { endpoint: chosen, started: now, done: false })
+        Some(Pick { endpoint: chosen, probe, started: now, done: false })
+    }
+
+    /// The (lower) median latency of the endpoints that have answered; `default_rtt` if none
+    /// has. The lower one, so that of two endpoints the faster is the reference.
+    fn median(&self, seen: &[Seen]) -> f64 {
+        let mut known: Vec<f64> = seen.iter().filter_map(|s| s.latency).collect();
+        if known.is_empty() {
+            return self.config.default_rtt.as_secs_f64();
+        }
+        let mid = (known.len() - 1) / 2;
+        *known.select_nth_unstable_by(mid, f64::total_cmp).1
+    }
+
+    /// Claims `e`'s next probe if it is due: at most one per [`PROBE_INTERVAL`].
+    fn probe_due(&self, e: &Endpoint, now: Instant) -> bool {
+        let now_ns = u64::try_from(now.saturating_duration_since(self.epoch).as_nanos()).unwrap_or(u64::MAX);
+        let at = e.probe_at_ns.load(Ordering::Relaxed);
+        let next = now_ns.saturating_add(PROBE_INTERVAL.as_nanos() as u64);
+        now_ns >= at && e.probe_at_ns.compare_exchange(at, next, Ordering::Relaxed, Ordering::Relaxed).is_ok()
     }
 
     /// Records how a picked request ended.
@@ -301,14 +432,13 @@ impl Balancer {
         let mut out = Finished::default();
         let live = self.endpoints.load();
         let ejected_now = live.iter().filter(|x| x.ejected(now)).count();
-        let mut s = e.stats.lock_or_recover();
-        // Peak EWMA: a slower sample replaces the estimate at once.
-        let prev = s.rtt_ewma_s;
-        let w =
-            (-now.saturating_duration_since(s.rtt_at).as_secs_f64() / self.config.decay.as_secs_f64().max(1e-9)).exp();
-        s.rtt_ewma_s = if rtt > prev { rtt } else { prev * w + rtt * (1.0 - w) };
-        s.rtt_at = now;
+        let mut s = e.state.lock_or_recover();
         let failed = outcome == Outcome::Failure;
+        // A failure never makes an endpoint look faster (one that fails fast would win every
+        // comparison on latency); a slow failure, a timeout, still counts as slow.
+        if !failed || s.latency.estimate().is_some_and(|est| rtt > est) {
+            s.latency.observe(rtt, now);
+        }
         let errors = decayed(s.error_ewma, now.saturating_duration_since(s.error_at), ERROR_DECAY);
         // Each failure adds a fixed share, so a burst of fast failures shows at once.
         s.error_ewma = if failed { errors + (1.0 - errors) * 0.25 } else { errors };
@@ -337,21 +467,23 @@ impl Balancer {
     }
 }
 
-/// Index drawn with probability proportional to `weights` (summing to `total` > 0).
-fn sample(weights: &[f64], total: f64, rng: &mut impl Rng) -> usize {
+/// Index drawn with probability proportional to `draw` (summing to `total` > 0 over the
+/// endpoints other than `except`).
+fn sample(seen: &[Seen], except: Option<usize>, total: f64, rng: &mut impl Rng) -> usize {
+    let draw = |i: usize| if Some(i) == except { 0.0 } else { seen[i].draw };
     let mut x = rng.random::<f64>() * total;
-    for (i, w) in weights.iter().enumerate() {
-        if *w <= 0.0 {
+    for i in 0..seen.len() {
+        let w = draw(i);
+        if w <= 0.0 {
             continue;
         }
-        if x < *w {
+        if x < w {
             return i;
         }
         x -= w;
     }
-    weights.iter().rposition(|w| *w > 0.0).unwrap_or(0)
+    (0..seen.len()).rposition(|i| draw(i) > 0.0).unwrap_or(0)
 }
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -389,6 +521,37 @@ mod tests {
         counts
     }
 
+    /// Open-loop requests, one every `every`, each finished when its latency has passed:
+    /// per endpoint, the requests served (and of them, probes). `serve` gets the endpoint
+    /// and the request's number.
+    fn open_loop(
+        b: &Balancer,
+        n: usize,
+        every: Duration,
+        serve: impl Fn(&str, usize) -> Duration,
+    ) -> std::collections::HashMap<String, (usize, usize)> {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let mut now = Instant::now();
+        let mut counts = std::collections::HashMap::new();
+        let mut in_flight: std::collections::BTreeMap<(Instant, usize), Pick> = Default::default();
+        for i in 0..n {
+            while let Some(entry) = in_flight.first_entry() {
+                if entry.key().0 > now {
+                    break;
+                }
+                let ((t, _), p) = entry.remove_entry();
+                b.finish(p, Outcome::Success, t);
+            }
+            let p = b.pick(now, &mut rng).expect("an endpoint");
+            let c = counts.entry(p.endpoint.addr.clone()).or_insert((0, 0));
+            c.0 += 1;
+            c.1 += usize::from(p.probe);
+            in_flight.insert((now + serve(&p.endpoint.addr, i), i), p);
+            now += every;
+        }
+        counts
+    }
+
     fn ten() -> Vec<(String, f64)> {
         (0..10).map(|i| (format!("e{i}"), 1.0)).collect()
     }
@@ -403,6 +566,124 @@ mod tests {
         let slow = counts.get("e0").copied().unwrap_or(0);
         let fair = 20_000 / 10;
         assert!(slow * 5 < fair, "the 5x slow endpoint got {slow} of 20000 (fair share {fair})");
+    }
+
+    #[test]
+    fn the_first_answer_replaces_the_assumed_latency() {
+        let b = Balancer::new(config());
+        b.update(&[("e0".into(), 1.0)], Instant::now());
+        assert_eq!(b.endpoints()[0].latency(), None);
+        let now = Instant::now();
+        let p = b.pick(now, &mut rand::rngs::StdRng::seed_from_u64(1)).expect("an endpoint");
+        b.finish(p, Outcome::Success, now + Duration::from_millis(4));
+        assert_eq!(b.endpoints()[0].latency(), Some(Duration::from_millis(4)));
+    }
+
+    #[test]
+    fn stray_slow_answers_are_noise_and_three_of_five_a_new_level() {
+        let t0 = Instant::now();
+        let mut l = Latency::new(t0);
+        let ms = |n: u64| t0 + Duration::from_millis(n);
+        let level = |l: &Latency| (l.estimate * 1e3).round();
+        l.observe(0.010, ms(10));
+        assert_eq!(level(&l), 10.0, "the first answer is the estimate");
+        for i in 2..=10 {
+            l.observe(0.010, ms(i * 10));
+        }
+        l.observe(0.050, ms(110));
+        l.observe(0.010, ms(120));
+        l.observe(0.050, ms(130));
+        assert_eq!(level(&l), 10.0, "two stray answers in five change nothing");
+        l.observe(0.060, ms(140));
+        assert_eq!(level(&l), 50.0, "three slow answers of the last five are the new level");
+        l.observe(0.010, ms(150));
+        assert_eq!(level(&l), 50.0, "one fast answer does not undo it");
+        l.observe(0.010, ms(160));
+        assert_eq!(level(&l), 10.0, "three fast ones of five do");
+    }
+
+    /// 2 of 10 endpoints 5× slow at 8,000 requests/s for 10 s: about 10 requests in flight
+    /// on each healthy endpoint, so on cost alone an idle slow one would win every time it
+    /// is drawn. It serves probes only, at most one per `PROBE_INTERVAL`, and still gets them.
+    #[test]
+    fn endpoints_at_the_latency_floor_serve_only_probes() {
+        let b = Balancer::new(config());
+        b.update(&ten(), Instant::now());
+        let counts = open_loop(&b, 80_000, Duration::from_micros(125), |a, _| {
+            if a == "e0" || a == "e1" { Duration::from_millis(50) } else { Duration::from_millis(10) }
+        });
+        for e in ["e0", "e1"] {
+            let (served, probes) = counts.get(e).copied().unwrap_or_default();
+            // Until three answers show an endpoint is slow it takes its share of the first
+            // 150 ms (1,200 requests), about 120.
+            assert!(served - probes <= 240, "{e} served {served} requests, only {probes} of them probes");
+            assert!(probes <= 10_000 / PROBE_INTERVAL.as_millis() as usize + 1, "{e}: {probes} probes in 10 s");
+            assert!(probes >= 10, "{e} was hardly probed: {probes} probes in 10 s");
+        }
+    }
+
+    /// e0 is 5× slow for 5 s and then recovers: three probes (0.6 s) show it, and it is back
+    /// to about its share.
+    #[test]
+    fn a_recovered_endpoint_is_back_after_a_probe_or_two() {
+        let b = Balancer::new(config());
+        b.update(&ten(), Instant::now());
+        let every = Duration::from_micros(250);
+        // 5 s slow, then 2 s to recover, then 3 s counted.
+        let (slow_until, counted_from) = (20_000, 28_000);
+        let counted = std::cell::Cell::new(0usize);
+        let counts = open_loop(&b, 40_000, every, |a, i| {
+            if a == "e0" && i >= counted_from {
+                counted.set(counted.get() + 1);
+            }
+            if a == "e0" && i < slow_until { Duration::from_millis(50) } else { Duration::from_millis(10) }
+        });
+        let fair = (40_000 - counted_from) / 10;
+        assert!(counted.get() * 2 > fair, "e0 got {} of its fair {fair} after recovering ({counts:?})", counted.get());
+    }
+
+    /// Backends answering in a fraction of a millisecond, with the odd slow answer from a
+    /// busy host: the route weights (1 against 0.4) steer, not the latency noise. With
+    /// sequential requests P2C always compares the two, so a latency gap beyond the weight
+    /// ratio would send the light endpoint everything, and here its backend is 3× faster.
+    #[test]
+    fn route_weights_steer_sub_millisecond_endpoints_despite_stray_slow_answers() {
+        let b = Balancer::new(config());
+        let routes = |light: f64| [("heavy".to_string(), 1.0), ("light".to_string(), light)];
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        let now = std::cell::Cell::new(Instant::now());
+        // One request at a time, as a test client sends them: `n` of them, how many went
+        // to the light endpoint in each hundred.
+        let mut sequential = |n: usize| {
+            let mut windows = vec![0usize; n.div_ceil(100)];
+            for i in 0..n {
+                let p = b.pick(now.get(), &mut rng).expect("an endpoint");
+                let light = p.endpoint.addr == "light";
+                // 3 % of answers take 1–6 ms.
+                let ms = if rng.random::<f64>() < 0.03 {
+                    1.0 + 5.0 * rng.random::<f64>()
+                } else if light {
+                    0.15
+                } else {
+                    0.5
+                };
+                now.set(now.get() + Duration::from_secs_f64(ms / 1000.0));
+                b.finish(p, Outcome::Success, now.get());
+                now.set(now.get() + Duration::from_micros(50));
+                windows[i / 100] += usize::from(light);
+            }
+            windows
+        };
+        // Equal weights first, so both have answered.
+        b.update(&routes(1.0), now.get());
+        let first: usize = sequential(200).iter().sum();
+        assert!(first > 0, "the light endpoint answered some of the first 200");
+        b.update(&routes(0.4), now.get());
+        let windows = sequential(10_000);
+        let light: usize = windows.iter().sum();
+        let worst = windows.iter().max().copied().unwrap_or(0);
+        assert!(light < 1_000, "the light endpoint got {light} of 10000");
+        assert!(worst < 25, "a window of 100 requests sent {worst} to the light endpoint ({windows:?})");
     }
 
     #[test]
@@ -507,8 +788,8 @@ mod tests {
         let addr = p.endpoint.addr.clone();
         b.finish(p, Outcome::Success, t + Duration::from_millis(200));
         assert_eq!(b.update(&[("a".into(), 1.0), ("b".into(), 0.5)], t), 1);
-        let kept = b.endpoints().iter().find(|e| e.addr == addr).unwrap().rtt_ewma();
-        assert_eq!(kept, Duration::from_millis(200), "peak EWMA took the slow sample and kept it");
+        let kept = b.endpoints().iter().find(|e| e.addr == addr).unwrap().latency();
+        assert_eq!(kept, Some(Duration::from_millis(200)), "the first answer set the latency, and it was kept");
         assert_eq!(b.update(&[("a".into(), 1.0)], t), 1, "b removed");
         assert_eq!(b.endpoints().len(), 1);
         assert!(b.update(&[], t) == 1 && b.pick(t, &mut rng).is_none());

@@ -47,6 +47,11 @@ pub const EJECTIONS: Family = Family::counter(
     "Endpoints ejected after consecutive failures, by node.",
     &["app", "node"],
 );
+pub const PROBES: Family = Family::counter(
+    "flotilla_route_probes_total",
+    "Requests sent to an endpoint at the latency floor (over 3x the median latency, each plus 2 ms) only to learn whether it recovered; at most 5 a second each.",
+    &["app", "node"],
+);
 pub const UNROUTABLE: Family = Family::counter(
     "flotilla_route_unroutable_total",
     "Requests answered 503 because no endpoint could take them.",
@@ -63,6 +68,7 @@ pub const FAMILIES: &[Family] = &[
     REQUESTS,
     REQUEST_SECONDS,
     EJECTIONS,
+    PROBES,
     UNROUTABLE,
 ];
 
@@ -86,6 +92,7 @@ struct Series {
     error: metrics::Counter,
     seconds: metrics::Histogram,
     ejections: metrics::Counter,
+    probes: metrics::Counter,
 }
 
 impl Series {
@@ -96,7 +103,8 @@ impl Series {
             ok: requests("ok"),
             error: requests("error"),
             seconds: metrics::histogram!(REQUEST_SECONDS.name, "app" => app.clone(), "node" => node.clone()),
-            ejections: metrics::counter!(EJECTIONS.name, "app" => app, "node" => node.clone()),
+            ejections: metrics::counter!(EJECTIONS.name, "app" => app.clone(), "node" => node.clone()),
+            probes: metrics::counter!(PROBES.name, "app" => app, "node" => node.clone()),
             node,
         }
     }
@@ -154,6 +162,9 @@ impl Labels {
             crate::Outcome::Failure => series.error.increment(1),
         }
         series.seconds.record(r.seconds);
+        if r.probe {
+            series.probes.increment(1);
+        }
         if let Some(d) = r.ejected_for {
             tracing::warn!(endpoint = %r.endpoint, node = %series.node, seconds = d.as_secs_f64(), "endpoint ejected after consecutive failures");
             series.ejections.increment(1);

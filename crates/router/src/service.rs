@@ -52,6 +52,8 @@ pub struct CallReport {
     pub outcome: Outcome,
     pub seconds: f64,
     pub ejected_for: Option<std::time::Duration>,
+    /// The endpoint was at the latency floor and served the call as a probe.
+    pub probe: bool,
 }
 
 type MakeService<S> = dyn Fn(&str) -> S + Send + Sync;
@@ -102,6 +104,9 @@ impl<S: Clone, C> Balance<S, C> {
 
     fn service_for(&self, addr: &str) -> S {
         let mut g = self.services.lock_or_recover();
+        if let Some(s) = g.get(addr) {
+            return s.clone();
+        }
         if g.len() > 4 * self.balancer.endpoints().len() + 16 {
             // Forget services of endpoints that left.
             let live = self.balancer.endpoints();
@@ -138,7 +143,7 @@ where
             let started = Instant::now();
             let result = svc.oneshot(req).await;
             let outcome = classify.classify(&result);
-            let endpoint = pick.endpoint.addr.clone();
+            let (endpoint, probe) = (pick.endpoint.addr.clone(), pick.probe);
             let finished = balancer.finish(pick, outcome, Instant::now());
             if let Some(report) = report {
                 report(CallReport {
@@ -146,6 +151,7 @@ where
                     outcome,
                     seconds: started.elapsed().as_secs_f64(),
                     ejected_for: finished.ejected_for,
+                    probe,
                 });
             }
             result.map_err(Into::into)
