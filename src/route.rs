@@ -31,8 +31,10 @@ pub struct RouteArgs {
     /// serves HTTPS.
     #[arg(long, env = "FLOTILLA_CA")]
     pub ca: Option<std::path::PathBuf>,
-    /// `peak-ewma` (weighted P2C, the default) or `round-robin` (for comparison).
-    #[arg(long, default_value = "peak-ewma")]
+    /// `p2c` (weighted power of two choices on latency and load, the default) or
+    /// `round-robin` (for comparison). `peak-ewma`, its name while latency was a peak EWMA,
+    /// is still accepted.
+    #[arg(long, default_value = "p2c")]
     pub policy: String,
     /// A new endpoint's weight ramps up over this long.
     #[arg(long, default_value = "10s", value_parser = crate::servers::parse_duration)]
@@ -51,9 +53,9 @@ pub struct RouteArgs {
 
 pub async fn run(a: RouteArgs) -> anyhow::Result<()> {
     let policy = match a.policy.as_str() {
-        "peak-ewma" => Policy::PeakEwma,
+        "p2c" | "peak-ewma" => Policy::P2c,
         "round-robin" => Policy::RoundRobin,
-        p => bail!("--policy: {p:?} is not peak-ewma or round-robin"),
+        p => bail!("--policy: {p:?} is not p2c or round-robin"),
     };
     for b in &a.backends {
         if b.parse::<SocketAddr>().is_err() && !b.contains(':') {

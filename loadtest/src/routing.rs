@@ -311,8 +311,7 @@ pub async fn run(a: RoutingArgs) -> anyhow::Result<()> {
     let haproxy_bin = find_haproxy(a.haproxy.clone());
     let dir = std::env::temp_dir().join(format!("flotilla-loadtest-routing-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
-    let mut phases =
-        vec![("healthy", "peak-ewma", false), ("flotilla", "peak-ewma", true), ("round_robin", "round-robin", true)];
+    let mut phases = vec![("healthy", "p2c", false), ("flotilla", "p2c", true), ("round_robin", "round-robin", true)];
     match &haproxy_bin {
         Some(_) => phases.push(("haproxy_leastconn", "haproxy", true)),
         None => println!("haproxy is not installed: the leastconn comparison is skipped (--haproxy PATH)"),

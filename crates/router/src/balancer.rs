@@ -75,8 +75,8 @@ const SLOW_START_FLOOR: f64 = 0.1;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Policy {
-    /// Weighted P2C on the latency estimate (the default; the name is the one operators know).
-    PeakEwma,
+    /// Weighted P2C on the latency estimate (the default).
+    P2c,
     /// Plain round robin over the endpoints with a weight above 0 (for comparison).
     RoundRobin,
 }
@@ -98,7 +98,7 @@ pub struct Config {
 impl Default for Config {
     fn default() -> Self {
         Config {
-            policy: Policy::PeakEwma,
+            policy: Policy::P2c,
             default_rtt: Duration::from_millis(30),
             decay: Duration::from_secs(10),
             eject_after: 5,
@@ -353,7 +353,7 @@ impl Balancer {
                 let i = self.next.fetch_add(1, Ordering::Relaxed) as usize % live.len();
                 live[i].clone()
             }
-            Policy::PeakEwma => {
+            Policy::P2c => {
                 let mut seen: Vec<Seen> = eps.iter().map(|e| e.seen(now, self.config.slow_start)).collect();
                 let median = self.median(&seen);
                 let r = LATENCY_RESOLUTION.as_secs_f64();
