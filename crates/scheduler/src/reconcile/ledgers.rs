@@ -86,9 +86,9 @@ impl Ledgers {
         self.clients[shard].clone().ok_or_else(|| anyhow::anyhow!("no client for shard {shard}"))
     }
 
-    /// Commits each `(shard, txn_id, claims)` at once and returns the shards' verdicts in
-    /// the same order, each with how long its call took: a pass that places on several
-    /// shards waits for the slowest one, not for their sum.
+    /// Commits each `(shard, txn_id, claims)` at once and returns each shard's verdicts,
+    /// by shard, with how long its call took: a pass that places on several shards waits
+    /// for the slowest one, not for their sum.
     pub async fn commit_all(
         &mut self,
         batches: Vec<(usize, String, Vec<v1::Claim>)>,

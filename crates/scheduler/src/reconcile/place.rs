@@ -28,7 +28,7 @@ impl Scheduler {
     /// Plans every unit in `ids`, commits them grouped by shard, and returns the ids
     /// still queued (rejected or unplaceable).
     pub(super) async fn place_and_commit(&mut self, ids: &[String], writes: &mut Vec<Write>) -> Vec<String> {
-        let (by_shard, mut still) = self.plan(ids).await;
+        let (mut by_shard, mut still) = self.plan(ids).await;
         if by_shard.is_empty() {
             return still;
         }
@@ -51,8 +51,8 @@ impl Scheduler {
             let txn_id = self.txn_id(&format!("{}-{}", self.spec.name, now_ms()));
             batches.push((shard, txn_id, claims));
         }
-        let results = self.ledgers.commit_all(batches).await;
-        for ((shard, took, result), (_, units)) in results.into_iter().zip(by_shard) {
+        for (shard, took, result) in self.ledgers.commit_all(batches).await {
+            let units = by_shard.remove(&shard).unwrap_or_default();
             metrics::histogram!(m::SCHEDULER_COMMIT_SECONDS.name).record(took.as_secs_f64());
             Stats::record(&self.stats.commit_us, took);
             match result {
