@@ -1,5 +1,5 @@
 //! Health-weighted routing for the clients of an app (docs/architecture.md §10): a `tower` balancer
-//! (weighted P2C on peak-EWMA latency, error penalty, passive ejection, slow start) fed
+//! (weighted P2C on windowed-median latency, error penalty, passive ejection, slow start) fed
 //! by the scheduler's route table, and the `flotilla route` reverse proxy built on it.
 
 pub mod balancer;
