@@ -178,10 +178,12 @@ pub enum Outcome {
 
 /// One endpoint as a pick sees it (read under one lock).
 struct Seen {
-    /// Seconds; the median for an endpoint that has not answered yet.
-    latency: Option<f64>,
-    /// When the latency was last sampled.
-    latency_at: Instant,
+    /// The estimate in seconds, `None` before the first answer.
+    estimate: Option<f64>,
+    /// When the estimate was last sampled.
+    estimate_at: Instant,
+    /// The latency a pick compares: the estimate faded toward the median, or the median.
+    latency: f64,
     /// Route weight × slow start; 0 while ejected.
     weight: f64,
     /// `1 + ERROR_PENALTY × error_ewma`, decayed to now.
@@ -231,8 +233,9 @@ impl Endpoint {
         let s = self.state.lock_or_recover();
         let errors = decayed(s.error_ewma, now.saturating_duration_since(s.error_at), ERROR_DECAY);
         Seen {
-            latency: s.latency.estimate(),
-            latency_at: s.latency.at,
+            estimate: s.latency.estimate(),
+            estimate_at: s.latency.at,
+            latency: 0.0,
             weight: s.effective_weight(now, slow_start),
             penalty: 1.0 + ERROR_PENALTY * errors,
             draw: 0.0,
@@ -362,14 +365,13 @@ impl Balancer {
                 for s in seen.iter_mut() {
                     // An estimate nobody has refreshed fades toward the median: a slow one
                     // that lost every comparison since is tried again in time.
-                    let age = now.saturating_duration_since(s.latency_at).as_secs_f64();
-                    let latency = match s.latency {
+                    let age = now.saturating_duration_since(s.estimate_at).as_secs_f64();
+                    s.latency = match s.estimate {
                         Some(l) if l > median => median + (l - median) * (-age / decay).exp(),
                         Some(l) => l,
                         None => median,
                     };
-                    s.latency = Some(latency);
-                    let speed = ((median + r) / (latency + r)).powi(4);
+                    let speed = ((median + r) / (s.latency + r)).powi(4);
                     s.floored = speed <= LATENCY_FLOOR;
                     s.draw = s.weight * speed.clamp(LATENCY_FLOOR, 1.0);
                     total += s.draw;
@@ -386,7 +388,7 @@ impl Balancer {
                 let cost = |i: usize| {
                     let s = &seen[i];
                     let load = f64::from(eps[i].in_flight()) + 1.0;
-                    (s.latency.unwrap_or(median) + r) * load * s.penalty / s.weight.max(1e-9)
+                    (s.latency + r) * load * s.penalty / s.weight.max(1e-9)
                 };
                 let pick = match (seen[a].floored, seen[b].floored) {
                     (true, false) | (false, true) => {
@@ -407,7 +409,7 @@ impl Balancer {
     /// The (lower) median latency of the endpoints that have answered; `default_rtt` if none
     /// has. The lower one, so that of two endpoints the faster is the reference.
     fn median(&self, seen: &[Seen]) -> f64 {
-        let mut known: Vec<f64> = seen.iter().filter_map(|s| s.latency).collect();
+        let mut known: Vec<f64> = seen.iter().filter_map(|s| s.estimate).collect();
         if known.is_empty() {
             return self.config.default_rtt.as_secs_f64();
         }
@@ -431,9 +433,11 @@ impl Balancer {
         let rtt = now.saturating_duration_since(pick.started).as_secs_f64();
         let mut out = Finished::default();
         let live = self.endpoints.load();
-        let ejected_now = live.iter().filter(|x| x.ejected(now)).count();
-        let mut s = e.state.lock_or_recover();
         let failed = outcome == Outcome::Failure;
+        // Only a failure may eject; counting the ejected locks every endpoint, so a success
+        // (nearly every request) skips it. Counted before `e` is locked: it is one of them.
+        let ejected_now = if failed { live.iter().filter(|x| x.ejected(now)).count() } else { 0 };
+        let mut s = e.state.lock_or_recover();
         // A failure never makes an endpoint look faster (one that fails fast would win every
         // comparison on latency); a slow failure, a timeout, still counts as slow.
         if !failed || s.latency.estimate().is_some_and(|est| rtt > est) {
