@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use flotilla_core::{HealthSample, NodeId, NodeStatus};
+use flotilla_core::{NodeId, NodeStatus, PackedHealth};
 use flotilla_view::{NodeRecord, ViewPublisher};
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::time::Instant;
@@ -38,7 +38,7 @@ pub struct Applier {
     wheel: Wheel,
     /// Nodes to republish (from their current session, whichever spoke).
     dirty: HashSet<NodeId>,
-    samples: HashMap<NodeId, HealthSample>,
+    samples: HashMap<NodeId, PackedHealth>,
     /// Descriptors of nodes registered since the last flush.
     fresh: HashMap<NodeId, (Arc<flotilla_core::Labels>, Arc<flotilla_core::Resources>)>,
     /// The allocation every idle node's record shares.
@@ -110,7 +110,7 @@ impl Applier {
         match c {
             Change::Registered(live, d) => {
                 self.wheel.schedule(live.session_id, flotilla_core::now_ms() + self.timeouts.suspect_after_ms);
-                self.samples.insert(live.node_id.clone(), d.health);
+                self.samples.insert(live.node_id.clone(), d.health.into());
                 if !d.running.is_empty() {
                     self.adopt.insert(live.node_id.clone(), (d.running, d.running_version));
                 }
@@ -121,7 +121,7 @@ impl Applier {
                 self.dirty.insert(live.node_id);
             }
             Change::Health(live, sample) => {
-                self.samples.insert(live.node_id.clone(), sample);
+                self.samples.insert(live.node_id.clone(), sample.into());
                 self.dirty.insert(live.node_id);
             }
             Change::Removed(live) => self.removed.push(live),
@@ -150,14 +150,8 @@ impl Applier {
         for sid in due {
             let timeouts = &self.timeouts;
             let Some((verdict, from, node)) = self.registry.with_session(sid, |live| {
-                let status = live.status();
-                let verdict = evaluate(
-                    status,
-                    live.last_seen_ms.load(Ordering::Acquire),
-                    live.status_since_ms.load(Ordering::Acquire),
-                    now,
-                    timeouts,
-                );
+                let (status, since) = live.status_since();
+                let verdict = evaluate(status, live.last_seen_ms.load(Ordering::Acquire), since, now, timeouts);
                 let node = match verdict {
                     Verdict::Keep { .. } => None,
                     Verdict::Transition { to, .. } if !live.transition(status, to, now) => None,
@@ -204,14 +198,10 @@ impl Applier {
         let mut upserts = Vec::with_capacity(self.dirty.len());
         for id in self.dirty.drain() {
             // A node forgotten since (Dead past retention) is not republished.
-            let Some((incarnation, status, status_since, health_millis)) = self.registry.with_node(&id, |l| {
-                (
-                    l.incarnation,
-                    l.status(),
-                    l.status_since_ms.load(Ordering::Acquire),
-                    l.health_millis.load(Ordering::Acquire),
-                )
-            }) else {
+            let Some((incarnation, (status, status_since), health_millis)) = self
+                .registry
+                .with_node(&id, |l| (l.incarnation, l.status_since(), l.health_millis.load(Ordering::Acquire)))
+            else {
                 continue;
             };
             let prev = view.get(&id);

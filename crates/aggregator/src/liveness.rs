@@ -73,15 +73,33 @@ pub fn evaluate(status: NodeStatus, last_seen: u64, status_since: u64, now: u64,
 /// beyond one turn of the wheel simply waits for a later turn.
 pub struct Wheel {
     slot_ms: u64,
-    slots: Vec<Vec<(u64, u64)>>,
+    /// The tick (`ms / slot_ms`) deadlines count from, so one fits in 32 bits.
+    origin: u64,
+    slots: Vec<Vec<Entry>>,
     /// Start of the oldest slot that may still hold due entries.
     cursor_ms: u64,
+}
+
+/// One scheduled session: 12 bytes, not the 16 of `(u64, u64)`, since a shard holds
+/// one per node (BENCHMARKS.md, issue #19). The deadline is in whole ticks from the
+/// wheel's origin, rounded up: an entry never fires before its deadline, and 32 bits
+/// of 100 ms ticks last 13 years.
+#[derive(Clone, Copy)]
+#[repr(C, packed(4))]
+struct Entry {
+    session: u64,
+    due_tick: u32,
 }
 
 impl Wheel {
     pub fn new(slot_ms: u64, slots: usize, now_ms: u64) -> Self {
         let slot_ms = slot_ms.max(1);
-        Wheel { slot_ms, slots: vec![Vec::new(); slots.max(1)], cursor_ms: now_ms - now_ms % slot_ms }
+        Wheel {
+            slot_ms,
+            origin: now_ms / slot_ms,
+            slots: vec![Vec::new(); slots.max(1)],
+            cursor_ms: now_ms - now_ms % slot_ms,
+        }
     }
 
     fn index(&self, t: u64) -> usize {
@@ -92,12 +110,14 @@ impl Wheel {
         // Never schedule into a slot that has already been passed this turn.
         let at = deadline_ms.max(self.cursor_ms);
         let i = self.index(at);
-        self.slots[i].push((session, deadline_ms));
+        let tick = deadline_ms.div_ceil(self.slot_ms).saturating_sub(self.origin);
+        self.slots[i].push(Entry { session, due_tick: u32::try_from(tick).unwrap_or(u32::MAX) });
     }
 
     /// Removes and returns every session whose deadline is at or before `now_ms`.
     pub fn expire(&mut self, now_ms: u64, out: &mut Vec<u64>) {
         let turns = self.slots.len() as u64;
+        let now_tick = (now_ms / self.slot_ms).saturating_sub(self.origin);
         let mut t = self.cursor_ms;
         let mut visited = 0;
         while t <= now_ms && visited < turns {
@@ -105,8 +125,8 @@ impl Wheel {
             let slot = &mut self.slots[i];
             let mut k = 0;
             while k < slot.len() {
-                if slot[k].1 <= now_ms {
-                    out.push(slot.swap_remove(k).0);
+                if u64::from(slot[k].due_tick) <= now_tick {
+                    out.push(slot.swap_remove(k).session);
                 } else {
                     k += 1;
                 }
@@ -167,6 +187,7 @@ mod tests {
 
     #[test]
     fn wheel_fires_each_entry_once_when_due() {
+        assert_eq!(std::mem::size_of::<Entry>(), 12);
         let mut w = Wheel::new(100, 16, 0);
         w.schedule(1, 250);
         w.schedule(2, 1000);

@@ -6,7 +6,7 @@
 //! per node. Readers (ingest, the applier) share one read lock; a registration takes
 //! the write lock for the few instructions that place it.
 
-use std::sync::atomic::{AtomicU8, AtomicU16, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use arc_swap::ArcSwap;
@@ -35,24 +35,35 @@ pub struct NodeLive {
     pub owner: u32,
     pub last_seen_ms: AtomicU64,
     pub last_seq: AtomicU64,
-    status: AtomicU8,
-    pub status_since_ms: AtomicU64,
+    /// The status in the low byte and the time it was entered (ms) above it: one word,
+    /// so a transition moves both at once, in 8 bytes of the session rather than 16.
+    status: AtomicU64,
     /// Published health score (thousandths); changes only outside the hysteresis band.
     pub health_millis: AtomicU16,
 }
 
 impl NodeLive {
+    fn pack_status(status: NodeStatus, since_ms: u64) -> u64 {
+        (since_ms << 8) | u64::from(status.to_u8())
+    }
+
+    /// The status and since when (ms) the node has had it, read together.
+    pub fn status_since(&self) -> (NodeStatus, u64) {
+        let word = self.status.load(Ordering::Acquire);
+        (NodeStatus::from_u8(word as u8).unwrap_or(NodeStatus::Unknown), word >> 8)
+    }
+
     pub fn status(&self) -> NodeStatus {
-        NodeStatus::from_u8(self.status.load(Ordering::Acquire)).unwrap_or(NodeStatus::Unknown)
+        self.status_since().0
     }
 
     /// Moves `from` -> `to` if the node is still in `from`; true when it did.
     pub fn transition(&self, from: NodeStatus, to: NodeStatus, now_ms: u64) -> bool {
-        let ok = self.status.compare_exchange(from.to_u8(), to.to_u8(), Ordering::AcqRel, Ordering::Acquire).is_ok();
-        if ok {
-            self.status_since_ms.store(now_ms, Ordering::Release);
-        }
-        ok
+        self.status
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |word| {
+                (word as u8 == from.to_u8()).then(|| Self::pack_status(to, now_ms))
+            })
+            .is_ok()
     }
 
     /// The handle change notices carry.
@@ -371,8 +382,7 @@ impl Registry {
                 owner,
                 last_seen_ms: AtomicU64::new(now_ms),
                 last_seq: AtomicU64::new(0),
-                status: AtomicU8::new(NodeStatus::Alive.to_u8()),
-                status_since_ms: AtomicU64::new(now_ms),
+                status: AtomicU64::new(NodeLive::pack_status(NodeStatus::Alive, now_ms)),
                 health_millis: AtomicU16::new(health_millis),
             };
             let slot = match existing {
@@ -649,13 +659,20 @@ pub(crate) mod tests {
         assert!(r.workloads(&b.node_id).is_empty());
     }
 
+    /// A shard holds one session per node in its slab (issue #19's 300 bytes a node).
+    #[test]
+    fn a_session_stays_at_88_bytes() {
+        assert_eq!(std::mem::size_of::<NodeLive>(), 88);
+        assert_eq!(std::mem::size_of::<Option<NodeLive>>(), 88, "a slab cell costs nothing over its session");
+    }
+
     #[test]
     fn drain_needs_the_matching_node() {
         let r = registry();
         let a = r.register(request("n1", 1, "a"), 0).unwrap();
         assert_eq!(r.drain(a.session_id, "n2", 5), None, "a session cannot drain another node");
         assert_eq!(r.drain(a.session_id, "n1", 5), Some(NodeStatus::Draining));
-        assert_eq!(r.with_session(a.session_id, |l| l.status_since_ms.load(Ordering::Relaxed)), Some(5));
+        assert_eq!(r.with_session(a.session_id, NodeLive::status_since), Some((NodeStatus::Draining, 5)));
     }
 
     /// Sessions come and go through the slab: every held node is found by its id and by

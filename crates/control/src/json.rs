@@ -44,13 +44,16 @@ pub(crate) fn row(r: &NodeRecord, connected: bool) -> NodeRow {
         status_since: rfc3339(r.status_since_unix_ms),
         shard: r.shard,
         labels: r.labels.as_map().clone(),
-        health: Health {
-            score: r.health_score(),
-            cpu_utilisation: r.health.cpu_utilisation,
-            cpu_steal: r.health.cpu_steal,
-            load_per_core: r.health.load_per_core,
-            memory_pressure: r.health.memory_pressure,
-            preemption_notice: r.health.preemption_notice,
+        health: {
+            let h = r.health.sample();
+            Health {
+                score: r.health_score(),
+                cpu_utilisation: h.cpu_utilisation,
+                cpu_steal: h.cpu_steal,
+                load_per_core: h.load_per_core,
+                memory_pressure: h.memory_pressure,
+                preemption_notice: h.preemption_notice,
+            }
         },
         capacity: (*r.capacity).clone(),
         allocated: (*r.allocated).clone(),

@@ -20,7 +20,7 @@ mod sync;
 pub use backoff::{Backoff, Jitter, ThreadJitter};
 pub use clock::{install_clock, now_ms, system_ms};
 pub use error::{ErrorKind, ServiceError};
-pub use health::{HealthSample, Hysteresis, health_score};
+pub use health::{HealthSample, Hysteresis, PackedHealth, health_score};
 pub use limits::*;
 pub use node::{Incarnation, LabelError, Labels, NodeId, NodeIdError, NodeStatus};
 pub use rate::RateLimiter;

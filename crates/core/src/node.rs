@@ -1,15 +1,45 @@
 use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
+use triomphe::ThinArc;
 
 use crate::limits::{MAX_LABEL_KEY_LEN, MAX_LABEL_VALUE_LEN, MAX_LABELS, MAX_NODE_ID_LEN};
 
 /// A node's stable name (its hostname by default). Cheap to clone: views share it.
-#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+///
+/// A thin pointer (8 bytes, the length lives in the allocation): a shard keeps a copy
+/// in the node's session, its view record and its view key, so the 8 bytes a fat
+/// `Arc<str>` spends on the length count three times a node (issue #19).
+#[derive(Clone, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
-pub struct NodeId(Arc<str>);
+pub struct NodeId(ThinArc<(), u8>);
+
+impl PartialEq for NodeId {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.ptr() == other.0.ptr() || self.as_str() == other.as_str()
+    }
+}
+
+impl Eq for NodeId {}
+
+impl PartialOrd for NodeId {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for NodeId {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.as_str().cmp(other.as_str())
+    }
+}
+
+impl std::hash::Hash for NodeId {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.as_str().hash(state)
+    }
+}
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum NodeIdError {
@@ -32,11 +62,12 @@ impl NodeId {
         if !s.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b)) {
             return Err(NodeIdError::BadCharacter(s.to_string()));
         }
-        Ok(NodeId(Arc::from(s)))
+        Ok(NodeId(ThinArc::from_header_and_slice((), s.as_bytes())))
     }
 
     pub fn as_str(&self) -> &str {
-        &self.0
+        // SAFETY: the bytes were copied from a `&str` in `new` and are never changed.
+        unsafe { std::str::from_utf8_unchecked(&self.0.slice) }
     }
 }
 
@@ -49,19 +80,19 @@ impl TryFrom<String> for NodeId {
 
 impl From<NodeId> for String {
     fn from(n: NodeId) -> String {
-        n.0.to_string()
+        n.as_str().to_owned()
     }
 }
 
 impl fmt::Display for NodeId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(self.as_str())
     }
 }
 
 impl fmt::Debug for NodeId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:?}", &*self.0)
+        write!(f, "{:?}", self.as_str())
     }
 }
 
@@ -221,6 +252,25 @@ impl From<Labels> for BTreeMap<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_node_id_is_one_thin_pointer_that_compares_by_its_text() {
+        assert_eq!(std::mem::size_of::<NodeId>(), 8);
+        assert_eq!(std::mem::size_of::<Option<NodeId>>(), 8);
+        let (a, b) = (NodeId::new("node-a").unwrap(), NodeId::new("node-b").unwrap());
+        assert_eq!(a, NodeId::new("node-a").unwrap(), "equal text, separate allocations");
+        assert!(a < b);
+        assert_eq!(a.as_str(), "node-a");
+        assert_eq!(format!("{a} {a:?}"), "node-a \"node-a\"");
+        let state = std::hash::RandomState::new();
+        assert_eq!(
+            std::hash::BuildHasher::hash_one(&state, &a),
+            std::hash::BuildHasher::hash_one(&state, "node-a"),
+            "hashes as its text, so a map keyed by ids can be probed with a &str"
+        );
+        assert_eq!(serde_json::to_string(&a).unwrap(), "\"node-a\"");
+        assert_eq!(serde_json::from_str::<NodeId>("\"node-b\"").unwrap(), b);
+    }
 
     #[test]
     fn node_ids_are_validated() {

@@ -329,7 +329,7 @@ fn place_members(
                 *why.excluded.entry("cordoned").or_default() += 1;
                 continue;
             }
-            if node.health.preemption_notice {
+            if node.health.preemption_notice() {
                 *why.excluded.entry("under a preemption notice").or_default() += 1;
                 continue;
             }

@@ -168,7 +168,7 @@ fn node_leaving(node: Option<&str>, shard: Option<u32>, slots: &[Arc<ShardSlot>]
     let rec = slot.view.get(&NodeId::new(node?).ok()?)?;
     if rec.drain_requested {
         Some("its node is being drained")
-    } else if rec.health.preemption_notice {
+    } else if rec.health.preemption_notice() {
         Some("its node has a preemption notice")
     } else {
         None
@@ -305,7 +305,7 @@ mod tests {
     /// Nodes n1..n4; `drained` are being drained, `noticed` have a preemption notice.
     fn slots(drained: &[&str], noticed: &[&str]) -> Vec<Arc<ShardSlot>> {
         let records = ["n1", "n2", "n3", "n4"].map(|id| NodeRecord {
-            health: HealthSample { preemption_notice: noticed.contains(&id), ..Default::default() },
+            health: HealthSample { preemption_notice: noticed.contains(&id), ..Default::default() }.into(),
             cordoned: drained.contains(&id),
             drain_requested: drained.contains(&id),
             ..crate::testing::node(id)

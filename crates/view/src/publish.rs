@@ -14,9 +14,29 @@ pub struct ViewPublisher {
     current: ArcSwap<ShardView>,
     /// Recent deltas, oldest first. Locked only by publish and by a new subscriber,
     /// never by readers of the view.
-    ring: Mutex<VecDeque<Arc<Delta>>>,
+    ring: Mutex<Ring>,
     ring_capacity: usize,
     tx: broadcast::Sender<Arc<Delta>>,
+}
+
+/// The ring holds at most this many records (upserts and removals) while a quarter of
+/// the view is fewer.
+const RING_MIN_RECORDS: usize = 4096;
+
+/// Recent deltas and how many records they hold together. The ring is bounded in
+/// records as well as in versions: replaying deltas that hold more than a quarter of the
+/// view saves a subscriber little over a snapshot, and a registration storm's deltas
+/// would otherwise keep a pointer per node (and every record replaced since) alive for
+/// as long as the shard takes to publish `ring_capacity` more versions, which in a quiet
+/// cluster is hours.
+#[derive(Default)]
+struct Ring {
+    deltas: VecDeque<Arc<Delta>>,
+    records: usize,
+}
+
+fn records_in(d: &Delta) -> usize {
+    d.upserts.len() + d.removed.len()
 }
 
 /// Where a new subscriber starts.
@@ -38,7 +58,7 @@ impl ViewPublisher {
         let (tx, _) = broadcast::channel(ring_capacity.max(16));
         ViewPublisher {
             current: ArcSwap::from_pointee(ShardView::empty(shard, epoch)),
-            ring: Mutex::new(VecDeque::with_capacity(ring_capacity)),
+            ring: Mutex::new(Ring::default()),
             ring_capacity: ring_capacity.max(1),
             tx,
         }
@@ -63,12 +83,17 @@ impl ViewPublisher {
             unreachable!("a delta built from the current version applies to it")
         };
         let delta = Arc::new(delta);
+        let budget = RING_MIN_RECORDS.max(next.len() / 4);
         let mut ring = self.ring.lock_or_recover();
         self.current.store(Arc::new(next));
-        if ring.len() == self.ring_capacity {
-            ring.pop_front();
+        ring.records += records_in(&delta);
+        ring.deltas.push_back(delta.clone());
+        // The newest delta always stays: a subscriber one version behind resumes.
+        while ring.deltas.len() > self.ring_capacity || (ring.records > budget && ring.deltas.len() > 1) {
+            if let Some(old) = ring.deltas.pop_front() {
+                ring.records -= records_in(&old);
+            }
         }
-        ring.push_back(delta.clone());
         // No receivers is fine: nobody is watching.
         let _ = self.tx.send(delta.clone());
         Some(delta)
@@ -83,8 +108,8 @@ impl ViewPublisher {
         let current = self.current.load_full();
         let start = match from {
             Some(v) if v == current.version => Start::Deltas(Vec::new()),
-            Some(v) if v.epoch == current.version.epoch => match ring.iter().position(|d| d.from == v) {
-                Some(i) => Start::Deltas(ring.iter().skip(i).cloned().collect()),
+            Some(v) if v.epoch == current.version.epoch => match ring.deltas.iter().position(|d| d.from == v) {
+                Some(i) => Start::Deltas(ring.deltas.iter().skip(i).cloned().collect()),
                 None => Start::Snapshot(current),
             },
             _ => Start::Snapshot(current),
@@ -150,6 +175,27 @@ mod tests {
             assert_eq!(s.len(), 5);
             assert_eq!(s.version.seq, 5);
         }
+    }
+
+    #[test]
+    fn the_ring_keeps_no_more_records_than_a_quarter_of_the_view() {
+        let p = ViewPublisher::new(0, 1, 1024);
+        let storm: Vec<_> = (0..RING_MIN_RECORDS + 10).map(|i| rec(&format!("n{i}"), NodeStatus::Alive)).collect();
+        p.publish(storm, vec![]);
+        assert!(
+            matches!(p.subscribe(Some(Version { epoch: 1, seq: 0 })).start, Start::Deltas(ref d) if d.len() == 1),
+            "the newest delta stays however large"
+        );
+        p.publish(vec![rec("n0", NodeStatus::Suspect)], vec![]);
+        p.publish(vec![rec("n1", NodeStatus::Suspect)], vec![]);
+        // The storm's delta is gone (it held the old n0 and n1): resuming before it takes a
+        // snapshot, resuming after it replays the two small deltas.
+        assert!(matches!(p.subscribe(Some(Version { epoch: 1, seq: 0 })).start, Start::Snapshot(_)));
+        let Start::Deltas(ds) = p.subscribe(Some(Version { epoch: 1, seq: 1 })).start else {
+            panic!("expected deltas")
+        };
+        assert_eq!(ds.iter().map(|d| d.to.seq).collect::<Vec<_>>(), vec![2, 3]);
+        assert_eq!(p.ring.lock_or_recover().records, 2);
     }
 
     #[test]

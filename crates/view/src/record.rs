@@ -1,6 +1,6 @@
 use std::sync::Arc;
 
-use flotilla_core::{HealthSample, Incarnation, Labels, NodeId, NodeStatus, Resources};
+use flotilla_core::{Incarnation, Labels, NodeId, NodeStatus, PackedHealth, Resources};
 use imbl::OrdMap;
 
 /// (epoch, sequence). The epoch changes whenever the shard restarts, so a version
@@ -23,8 +23,8 @@ pub struct NodeRecord {
     pub labels: Arc<Labels>,
     /// Published health score in thousandths (see `flotilla_core::Hysteresis`).
     pub health_millis: u16,
-    /// The sample that produced the published score.
-    pub health: HealthSample,
+    /// The sample that produced the published score, packed (a shard keeps one per node).
+    pub health: PackedHealth,
     /// Out of line and shared: the registry interns capacities (most nodes of a pool
     /// offer the same), and every idle node shares one zero allocation, so a record
     /// stays small at a million nodes.
@@ -51,7 +51,7 @@ impl NodeRecord {
             shard: 0,
             labels: Arc::new(Labels::new()),
             health_millis: 1000,
-            health: HealthSample::default(),
+            health: PackedHealth::default(),
             capacity: Arc::default(),
             allocated: Arc::default(),
             workloads: Default::default(),
@@ -148,4 +148,17 @@ pub struct Delta {
     pub to: Version,
     pub upserts: Vec<Arc<NodeRecord>>,
     pub removed: Vec<NodeId>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A shard keeps one record per node (issue #19's 300 bytes a node): a field that
+    /// grows it should be a decision, not an accident.
+    #[test]
+    fn a_record_stays_at_80_bytes() {
+        assert_eq!(std::mem::size_of::<NodeRecord>(), 80);
+        assert_eq!(std::mem::size_of::<ViewKey>(), 16);
+    }
 }
