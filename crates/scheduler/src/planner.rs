@@ -23,6 +23,7 @@ use std::sync::Arc;
 
 use flotilla_core::{NodeId, NodeStatus, Resources};
 use flotilla_view::{NodeRecord, ShardSlot, Version};
+use imbl::Vector;
 use rand::Rng;
 
 use crate::spec::{Constraints, MemberSpread};
@@ -33,6 +34,10 @@ pub const SAMPLE: usize = 16;
 pub const MAX_SCAN: usize = 1024;
 /// Domains tried per unit at most.
 pub const MAX_DOMAINS: usize = 16;
+
+/// Per-node figures the planner reads for every candidate: hashed with foldhash, as
+/// SipHash over the id was a measurable share of a placement.
+pub type NodeMap<V> = HashMap<NodeId, V, foldhash::fast::FixedState>;
 
 /// One member to place.
 #[derive(Debug, Clone)]
@@ -105,13 +110,13 @@ pub struct PlanInput<'a> {
     /// Active units of this app per domain.
     pub units_per_domain: &'a HashMap<String, u32>,
     /// Resources this scheduler holds that the view may not show yet.
-    pub pending: &'a HashMap<NodeId, Resources>,
+    pub pending: &'a NodeMap<Resources>,
     /// Place in this domain only (replacing a unit's lost members).
     pub only_domain: Option<&'a str>,
     /// `spread.max_units_per_node`: a hard limit.
     pub max_units_per_node: Option<u32>,
     /// Units of this app per node, not counting the unit being placed.
-    pub units_per_node: &'a HashMap<NodeId, u32>,
+    pub units_per_node: &'a NodeMap<u32>,
     /// Prefer nodes holding fewer of the app's units (see `Spread::spreads_over_nodes`).
     pub prefer_spread: bool,
     /// `spread.members`: `None` places each member on its own merits.
@@ -132,8 +137,8 @@ impl<'a> PlanInput<'a> {
         slots: &'a [Arc<ShardSlot>],
         constraints: &'a Constraints,
         units_per_domain: &'a HashMap<String, u32>,
-        units_per_node: &'a HashMap<NodeId, u32>,
-        pending: &'a HashMap<NodeId, Resources>,
+        units_per_node: &'a NodeMap<u32>,
+        pending: &'a NodeMap<Resources>,
     ) -> Self {
         PlanInput {
             slots,
@@ -164,21 +169,19 @@ pub type Score = (u8, u8, f32, f32, f32);
 /// 5. the node's health score.
 pub fn score(node: &NodeRecord, used_after: &Resources, req: &Resources) -> Score {
     let gpu_ok = u8::from(req.gpu > 0 || node.capacity.gpu == 0);
-    let mut types = 0;
-    let mut utils = Vec::with_capacity(3);
-    let mut dim = |want: u64, used: u64, cap: u64| {
+    let (mut types, mut dims, mut min, mut sum) = (0, 0u8, f32::INFINITY, 0.0);
+    for (want, used, cap) in [
+        (req.cpu_millis, used_after.cpu_millis, node.capacity.cpu_millis),
+        (req.memory_bytes, used_after.memory_bytes, node.capacity.memory_bytes),
+        (u64::from(req.gpu), u64::from(used_after.gpu), u64::from(node.capacity.gpu)),
+    ] {
         if cap > 0 {
-            utils.push(used as f32 / cap as f32);
-            if want > 0 {
-                types += 1;
-            }
+            let u = used as f32 / cap as f32;
+            (dims, min, sum) = (dims + 1, min.min(u), sum + u);
+            types += u8::from(want > 0);
         }
-    };
-    dim(req.cpu_millis, used_after.cpu_millis, node.capacity.cpu_millis);
-    dim(req.memory_bytes, used_after.memory_bytes, node.capacity.memory_bytes);
-    dim(u64::from(req.gpu), u64::from(used_after.gpu), u64::from(node.capacity.gpu));
-    let min = utils.iter().copied().fold(f32::INFINITY, f32::min);
-    let mean = if utils.is_empty() { 0.0 } else { utils.iter().sum::<f32>() / utils.len() as f32 };
+    }
+    let mean = if dims == 0 { 0.0 } else { sum / f32::from(dims) };
     (gpu_ok, types, if min.is_finite() { min } else { 0.0 }, mean, node.health_score())
 }
 
@@ -196,37 +199,37 @@ pub fn place_unit(
     let mut why = Unplaced::default();
     let class = members.iter().fold(Resources::default(), |acc, m| acc.checked_add(&m.resources).unwrap_or(acc));
     // (shard, domain, its nodes, units of this app there, (not preferred, random tie-break))
-    type Candidate<'s> = (usize, &'s String, &'s Arc<Vec<NodeId>>, u32, (bool, u32));
+    type Candidate<'s> = (usize, &'s str, &'s Vector<Arc<NodeRecord>>, u32, (bool, u32));
     let mut domains: Vec<Candidate<'_>> = input
         .slots
         .iter()
         .enumerate()
         .flat_map(|(shard, slot)| slot.domains.iter().map(move |(d, ids)| (shard, d, ids)))
-        .filter(|(_, d, _)| input.only_domain.is_none_or(|only| only == d.as_str()))
+        .filter(|(_, d, _)| input.only_domain.is_none_or(|only| only == *d))
         .map(|(shard, d, ids)| {
-            let preferred = input.prefer_domain == Some(d.as_str());
+            let preferred = input.prefer_domain == Some(d);
             (shard, d, ids, input.units_per_domain.get(d).copied().unwrap_or(0), (!preferred, rng.random::<u32>()))
         })
         .collect();
     // A replacement's old domain counts without the unit leaving it.
     domains.sort_by_key(|&(_, _, _, units, (other, tie))| (units.saturating_sub(u32::from(!other)), other, tie));
-    for (shard, domain, ids, units, _) in domains.into_iter().take(MAX_DOMAINS) {
+    for (shard, domain, nodes, units, _) in domains.into_iter().take(MAX_DOMAINS) {
         if input.max_units_per_domain.is_some_and(|m| units >= m.saturating_add(input.surge)) {
             why.domains_full += 1;
             continue;
         }
         let slot = &input.slots[shard];
         if !slot.connected {
-            *why.excluded.entry("in a shard that is unreachable").or_default() += ids.len();
+            *why.excluded.entry("in a shard that is unreachable").or_default() += nodes.len();
             continue;
         }
-        let key = (domain.clone(), class.clone());
+        let key = (domain.to_string(), class.clone());
         if cache.infeasible.get(&key) == Some(&slot.view.version) {
             *why.excluded.entry("in domains known to be full for this request").or_default() += 1;
             continue;
         }
         why.domains_tried += 1;
-        match place_in_domain(input, slot, ids, members, rng, &mut why) {
+        match place_in_domain(input, nodes, members, rng, &mut why) {
             Some((placed, mut notes)) => {
                 if let Some(m) = input.max_units_per_domain.filter(|m| units >= *m) {
                     notes.insert(
@@ -239,7 +242,7 @@ pub fn place_unit(
                     );
                 }
                 let note = (!notes.is_empty()).then(|| notes.join("; "));
-                return Ok(Placement { domain: domain.clone(), shard, members: placed, note });
+                return Ok(Placement { domain: domain.to_string(), shard, members: placed, note });
             }
             // Known full for the class only when nothing about this unit or the app's
             // other units (which change within a pass) excluded a node.
@@ -266,20 +269,19 @@ type InDomain = (Vec<PlacedMember>, Vec<String>);
 
 fn place_in_domain(
     input: &PlanInput<'_>,
-    slot: &ShardSlot,
-    ids: &[NodeId],
+    nodes: &Vector<Arc<NodeRecord>>,
     members: &[MemberRequest],
     rng: &mut impl Rng,
     why: &mut Unplaced,
 ) -> Option<InDomain> {
-    if ids.is_empty() {
+    if nodes.is_empty() {
         return None;
     }
     // `pack`: the members together are one request on one node.
     if input.members == Some(MemberSpread::Pack) && members.len() > 1 {
         let total = members.iter().fold(Resources::default(), |acc, m| acc.checked_add(&m.resources).unwrap_or(acc));
         let together = [MemberRequest { member: String::new(), resources: total }];
-        let (one, notes) = place_members(input, slot, ids, &together, rng, why)?;
+        let (one, notes) = place_members(input, nodes, &together, rng, why)?;
         let at = one.into_iter().next()?;
         let placed = members
             .iter()
@@ -287,40 +289,45 @@ fn place_in_domain(
             .collect();
         return Some((placed, notes));
     }
-    place_members(input, slot, ids, members, rng, why)
+    place_members(input, nodes, members, rng, why)
 }
 
+/// Each member takes the best of a sample of feasible nodes, scanned from a random
+/// place in the domain. A candidate costs an indexed read of the domain's records and,
+/// only when this app has units or pending claims, two hash lookups: this loop runs
+/// up to [`SAMPLE`] times per member and is most of a placement's CPU.
 fn place_members(
     input: &PlanInput<'_>,
-    slot: &ShardSlot,
-    ids: &[NodeId],
+    nodes: &Vector<Arc<NodeRecord>>,
     members: &[MemberRequest],
     rng: &mut impl Rng,
     why: &mut Unplaced,
 ) -> Option<InDomain> {
-    // What this plan already put on each node.
-    let mut planned: HashMap<&NodeId, Resources> = HashMap::new();
+    // What this plan already put on each node (a few members at most).
+    let mut planned: Vec<(&NodeRecord, Resources)> = Vec::with_capacity(members.len());
     let mut out: Vec<PlacedMember> = Vec::with_capacity(members.len());
     let mut notes = Vec::new();
     let node_max = input.max_units_per_node.map(|m| m.saturating_add(input.surge));
+    let len = nodes.len();
+    let mut focus = nodes.focus();
     for m in members {
-        let start = rng.random_range(0..ids.len());
-        // (fewer of the app's units first, then the score), the node, its units
-        let mut best: Option<(Ranked, &NodeRecord, u32)> = None;
+        let start = rng.random_range(0..len);
+        // (fewer of the app's units first, then the score), the node's index, its units
+        let mut best: Option<(Ranked, usize, u32)> = None;
         let mut feasible = 0;
         let mut scanned_all = true;
-        for (scanned, k) in (0..ids.len()).enumerate() {
+        for scanned in 0..len {
             if feasible >= SAMPLE {
                 scanned_all = false;
                 break;
             }
             if scanned >= MAX_SCAN {
-                *why.excluded.entry("left unexamined (scan limit)").or_default() += ids.len() - scanned;
+                *why.excluded.entry("left unexamined (scan limit)").or_default() += len - scanned;
                 scanned_all = false;
                 break;
             }
-            let id = &ids[(start + k) % ids.len()];
-            let Some(node) = slot.view.get(id) else { continue };
+            let at = (start + scanned) % len;
+            let Some(node) = focus.get(at) else { continue };
             if node.status != NodeStatus::Alive {
                 *why.excluded.entry("not alive").or_default() += 1;
                 continue;
@@ -341,18 +348,19 @@ fn place_members(
                 *why.excluded.entry("of low priority").or_default() += 1;
                 continue;
             }
-            let holds_unit = planned.contains_key(id) || input.unit_nodes.contains(id);
+            let planned_here = planned.iter().find(|(n, _)| std::ptr::eq(*n, &**node)).map(|(_, r)| r);
+            let holds_unit = planned_here.is_some() || input.unit_nodes.contains(&node.node_id);
             if input.members == Some(MemberSpread::Spread) && holds_unit {
                 *why.excluded.entry("holding another member of the unit (spread.members)").or_default() += 1;
                 continue;
             }
-            let units_here = input.units_per_node.get(id).copied().unwrap_or(0);
+            let units_here = lookup(input.units_per_node, &node.node_id).copied().unwrap_or(0);
             if !holds_unit && node_max.is_some_and(|max| units_here >= max) {
                 *why.excluded.entry("at max_units_per_node").or_default() += 1;
                 continue;
             }
             let mut used = (*node.allocated).clone();
-            for extra in [input.pending.get(id), planned.get(id)].into_iter().flatten() {
+            for extra in [lookup(input.pending, &node.node_id), planned_here].into_iter().flatten() {
                 used = used.checked_add(extra).unwrap_or(used);
             }
             let Ok(after) = used.checked_add(&m.resources) else { continue };
@@ -364,11 +372,13 @@ fn place_members(
             let crowd = if input.prefer_spread { units_here } else { 0 };
             let s = (std::cmp::Reverse(crowd), score(node, &after, &m.resources));
             if best.as_ref().is_none_or(|(b, _, _)| s.partial_cmp(b) == Some(std::cmp::Ordering::Greater)) {
-                best = Some((s, node, units_here));
+                best = Some((s, at, units_here));
             }
         }
-        let (_, node, units_here) = best?;
-        let new_here = !planned.contains_key(&node.node_id) && !input.unit_nodes.contains(&node.node_id);
+        let (_, at, units_here) = best?;
+        let node: &NodeRecord = nodes.get(at)?;
+        let planned_here = planned.iter().position(|(n, _)| std::ptr::eq(*n, node));
+        let new_here = planned_here.is_none() && !input.unit_nodes.contains(&node.node_id);
         if new_here && units_here > 0 {
             if let Some(max) = input.max_units_per_node.filter(|max| units_here >= *max) {
                 notes.push(format!(
@@ -386,8 +396,13 @@ fn place_members(
                 notes.push(format!("{} units on {}: {fit}", units_here + 1, node.node_id));
             }
         }
-        let p = planned.entry(&node.node_id).or_default();
-        *p = p.checked_add(&m.resources).unwrap_or_else(|_| p.clone());
+        match planned_here {
+            Some(i) => {
+                let p = &mut planned[i].1;
+                *p = p.checked_add(&m.resources).unwrap_or_else(|_| p.clone());
+            }
+            None => planned.push((node, m.resources.clone())),
+        }
         out.push(PlacedMember {
             member: m.member.clone(),
             node: node.node_id.clone(),
@@ -395,6 +410,12 @@ fn place_members(
         });
     }
     Some((out, notes))
+}
+
+/// A map lookup that skips hashing the id when the map is empty (an app's first pass,
+/// or nothing pending).
+fn lookup<'m, V>(map: &'m NodeMap<V>, id: &NodeId) -> Option<&'m V> {
+    if map.is_empty() { None } else { map.get(id) }
 }
 
 #[cfg(test)]
@@ -433,7 +454,7 @@ mod tests {
         max: Option<u32>,
         ms: &[MemberRequest],
     ) -> Result<Placement, Unplaced> {
-        let (pending, per_node) = (HashMap::new(), HashMap::new());
+        let (pending, per_node) = (NodeMap::default(), NodeMap::default());
         let input = PlanInput { max_units_per_domain: max, ..PlanInput::new(s, c, per_domain, &per_node, &pending) };
         place_unit(&input, ms, &mut ClassCache::default(), &mut rand::rngs::StdRng::seed_from_u64(7))
     }
@@ -545,7 +566,7 @@ mod tests {
     #[test]
     fn a_full_domain_is_not_rescanned_for_the_same_class() {
         let s = slots(vec![rec("a1", "a", 100, 0, NodeStatus::Alive, 0, false)]);
-        let (pending, per, per_node) = (HashMap::new(), HashMap::new(), HashMap::new());
+        let (pending, per, per_node) = (NodeMap::default(), HashMap::new(), NodeMap::default());
         let c = Constraints::default();
         let input = PlanInput::new(&s, &c, &per, &per_node, &pending);
         let mut cache = ClassCache::default();
@@ -568,8 +589,8 @@ mod tests {
         tune: impl Fn(&mut PlanInput<'_>),
     ) -> Vec<(Vec<String>, Option<String>)> {
         let (c, per_domain) = (Constraints::default(), HashMap::new());
-        let mut pending: HashMap<NodeId, Resources> = HashMap::new();
-        let mut per_node: HashMap<NodeId, u32> = HashMap::new();
+        let mut pending: NodeMap<Resources> = NodeMap::default();
+        let mut per_node: NodeMap<u32> = NodeMap::default();
         let mut out = Vec::new();
         let mut rng = rand::rngs::StdRng::seed_from_u64(3);
         for _ in 0..n {
@@ -615,8 +636,8 @@ mod tests {
         });
         assert_eq!(placed.len(), 8, "four nodes of two units each, then no room: {placed:?}");
         let s = four_nodes();
-        let per_node: HashMap<NodeId, u32> = (1..=4).map(|i| (node_id(&format!("a{i}")), 2)).collect();
-        let (c, pending, per_domain) = (Constraints::default(), HashMap::new(), HashMap::new());
+        let per_node: NodeMap<u32> = (1..=4).map(|i| (node_id(&format!("a{i}")), 2)).collect();
+        let (c, pending, per_domain) = (Constraints::default(), NodeMap::default(), HashMap::new());
         let full =
             PlanInput { max_units_per_node: Some(2), ..PlanInput::new(&s, &c, &per_domain, &per_node, &pending) };
         let mut rng = rand::rngs::StdRng::seed_from_u64(1);
@@ -631,7 +652,7 @@ mod tests {
     #[test]
     fn a_surge_passes_max_units_per_domain_by_the_units_leaving() {
         let s = slots(vec![rec("a1", "a", 4000, 0, NodeStatus::Alive, 0, false)]);
-        let (c, pending, per_node) = (Constraints::default(), HashMap::new(), HashMap::new());
+        let (c, pending, per_node) = (Constraints::default(), NodeMap::default(), NodeMap::default());
         let per_domain = HashMap::from([("a".to_string(), 3)]);
         let full =
             PlanInput { max_units_per_domain: Some(3), ..PlanInput::new(&s, &c, &per_domain, &per_node, &pending) };
@@ -657,7 +678,7 @@ mod tests {
     fn members_pack_on_one_node_or_spread_over_distinct_nodes() {
         let s = four_nodes();
         let (c, pending, per_domain, per_node) =
-            (Constraints::default(), HashMap::new(), HashMap::new(), HashMap::new());
+            (Constraints::default(), NodeMap::default(), HashMap::new(), NodeMap::default());
         let mut rng = rand::rngs::StdRng::seed_from_u64(5);
         let nodes =
             |p: &Placement| p.members.iter().map(|m| m.node.to_string()).collect::<std::collections::BTreeSet<_>>();
@@ -688,7 +709,7 @@ mod tests {
             rec("a1", "a", 4000, 0, NodeStatus::Alive, 0, false),
             rec("b1", "b", 4000, 0, NodeStatus::Alive, 0, false),
         ]);
-        let (c, pending, per_node) = (Constraints::default(), HashMap::new(), HashMap::new());
+        let (c, pending, per_node) = (Constraints::default(), NodeMap::default(), NodeMap::default());
         let per_domain = HashMap::from([("a".to_string(), 3), ("b".to_string(), 2)]);
         for seed in 0..8 {
             let mut rng = rand::rngs::StdRng::seed_from_u64(seed);

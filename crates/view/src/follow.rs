@@ -171,7 +171,7 @@ async fn follow_once(cluster: &ClusterView, shard: usize, endpoint: &str, dialer
             Some(Update::Delta(d)) => {
                 let d = delta_from_wire(d)?;
                 let next = view.apply(&d).ok_or(FollowError::Gap(d.from, view.version))?;
-                domains = domains.apply(&view, &d);
+                domains.apply(&d);
                 view = Arc::new(next);
                 connected = true;
                 cluster.store(

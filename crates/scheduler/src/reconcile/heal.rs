@@ -5,7 +5,7 @@ use crate::catalogue as m;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use flotilla_core::{NodeId, Resources, now_ms};
+use flotilla_core::{NodeId, now_ms};
 use flotilla_view::ShardSlot;
 
 use super::ledgers::claims;
@@ -214,7 +214,7 @@ impl Scheduler {
         surge: u32,
         slots: &[Arc<ShardSlot>],
     ) -> Result<Placement, Unplaced> {
-        let pending: HashMap<NodeId, Resources> = HashMap::new();
+        let pending = crate::planner::NodeMap::default();
         let per_domain = HashMap::new();
         let per_node = self.units_per_node(Some(&unit.unit_id));
         let held: Vec<NodeId> = unit

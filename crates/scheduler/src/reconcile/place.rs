@@ -15,7 +15,7 @@ use super::handle::Stats;
 use super::ledgers::{CommitError, claims, member_records};
 use super::{PendingAlloc, Scheduler, save};
 use crate::lifecycle::UnitState;
-use crate::planner::{MemberRequest, Placement, PlanInput, place_unit};
+use crate::planner::{MemberRequest, NodeMap, Placement, PlanInput, place_unit};
 use crate::store::{StoreError, Write};
 
 /// Units planned between two yields to the runtime (a few milliseconds of work).
@@ -89,7 +89,7 @@ impl Scheduler {
             .iter()
             .map(|(member, _, t)| MemberRequest { member: member.clone(), resources: t.resources() })
             .collect();
-        let mut pending: HashMap<NodeId, Resources> = HashMap::new();
+        let mut pending: NodeMap<Resources> = NodeMap::default();
         for p in &self.pending {
             add_pending(&mut pending, &p.node, &p.resources);
         }
@@ -289,8 +289,8 @@ impl Scheduler {
     /// Active units of the app on each node (a unit counts once on every node where one
     /// of its members, or a member coming up to replace one, is placed), leaving out
     /// unit `except`: for node spread.
-    pub(super) fn units_per_node(&self, except: Option<&str>) -> HashMap<NodeId, u32> {
-        let mut m: HashMap<NodeId, u32> = HashMap::new();
+    pub(super) fn units_per_node(&self, except: Option<&str>) -> NodeMap<u32> {
+        let mut m: NodeMap<u32> = NodeMap::default();
         for u in self.stored.units.values().filter(|u| u.state.is_active() && Some(u.unit_id.as_str()) != except) {
             let mut nodes: Vec<&str> = u.members.iter().chain(&u.surge).filter_map(|m| m.node_id.as_deref()).collect();
             nodes.sort_unstable();
@@ -316,7 +316,7 @@ impl Scheduler {
     }
 }
 
-fn add_pending(pending: &mut HashMap<NodeId, Resources>, node: &NodeId, r: &Resources) {
+fn add_pending(pending: &mut NodeMap<Resources>, node: &NodeId, r: &Resources) {
     let e = pending.entry(node.clone()).or_default();
     *e = e.checked_add(r).unwrap_or_else(|_| e.clone());
 }
