@@ -15,7 +15,7 @@ use flotilla_scheduler::{AppHandle, AppSpec, MemStore, Scheduler, Store};
 use flotilla_view::ClusterView;
 use hdrhistogram::Histogram;
 
-use crate::common::{Data, EtcdProc, ShardProc, flotilla_bin, machine, register_nodes};
+use crate::common::{Data, EtcdProc, ShardProc, flotilla_bin, machine, proc_cpu_seconds, register_nodes};
 
 #[derive(Debug, Args)]
 pub struct ScheduleArgs {
@@ -241,7 +241,9 @@ pub async fn run_schedule(a: ScheduleArgs) -> anyhow::Result<()> {
     // effect: the store that runs later finds the shards and the view warm.
     let mut rates: Vec<(StoreKind, f64)> = Vec::new();
     let mut runs = Vec::new();
+    let mut split = None;
     for (n, kind) in a.store.iter().copied().enumerate() {
+        let before = CpuSplit::read(&shards).await?;
         let stores = Stores {
             kind,
             dir: data.dir.join(format!("stores-{n}-{}", kind.name())),
@@ -251,6 +253,9 @@ pub async fn run_schedule(a: ScheduleArgs) -> anyhow::Result<()> {
         let r = run(&format!("opt{n}"), &a, &cluster, &addrs, &dialer, false, &stores).await?;
         println!("store {}: {} placements in {:.2}s = {:.0}/s", kind.name(), r.committed, r.seconds, per_s(&r));
         rates.push((kind, per_s(&r)));
+        if n == 0 {
+            split = Some(CpuSplit::read(&shards).await?.since(&before, r.committed));
+        }
         runs.push(r);
     }
     let mut by_store = serde_json::Map::new();
@@ -284,6 +289,12 @@ pub async fn run_schedule(a: ScheduleArgs) -> anyhow::Result<()> {
         ms(&opt.commit_us, 0.99),
         opt.decision_us.value_at_quantile(0.99)
     );
+    let split = split.unwrap_or_default();
+    println!(
+        "  CPU per placement: {:.1} us in the loadtest process (schedulers, view), {:.1} us in the shards; \
+         a commit takes {:.2} ms on its shard on average",
+        split.process_us, split.shards_us, split.shard_commit_ms
+    );
     println!(
         "pessimistic (one lock around plan + commit): {} placements in {:.2}s = {:.0}/s",
         base.committed,
@@ -305,6 +316,9 @@ pub async fn run_schedule(a: ScheduleArgs) -> anyhow::Result<()> {
         "commit_latency_p50_ms": ms(&opt.commit_us, 0.5),
         "commit_latency_p99_ms": ms(&opt.commit_us, 0.99),
         "decision_p99_us": opt.decision_us.value_at_quantile(0.99),
+        "process_cpu_us_per_placement": (split.process_us * 10.0).round() / 10.0,
+        "shard_cpu_us_per_placement": (split.shards_us * 10.0).round() / 10.0,
+        "shard_commit_mean_ms": (split.shard_commit_ms * 1000.0).round() / 1000.0,
         "baseline_placements_committed": base.committed,
         "baseline_placements_per_second": per_s(&base).round(),
         "speedup_vs_baseline": ((per_s(&opt) / per_s(&base).max(1e-9)) * 100.0).round() / 100.0,
@@ -318,4 +332,45 @@ pub async fn run_schedule(a: ScheduleArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&result)?);
     }
     Ok(())
+}
+
+/// Where a run's CPU went, and how long its commits took on the shards (as opposed to
+/// the scheduler's whole call, which adds its own queueing): cumulative readings, and
+/// the difference of two.
+#[derive(Debug, Default)]
+struct CpuSplit {
+    process_us: f64,
+    shards_us: f64,
+    /// Read as a sum, then reported as a mean.
+    shard_commit_ms: f64,
+    commits: f64,
+}
+
+impl CpuSplit {
+    async fn read(shards: &[ShardProc]) -> anyhow::Result<Self> {
+        let mut s =
+            CpuSplit { process_us: proc_cpu_seconds(std::process::id()).unwrap_or(0.0) * 1e6, ..Default::default() };
+        for shard in shards {
+            s.shards_us += shard.cpu_seconds() * 1e6;
+            s.shard_commit_ms += shard.metric("flotilla_shard_commit_seconds_sum").await? * 1e3;
+            s.commits += shard.metric("flotilla_shard_commit_seconds_count").await?;
+        }
+        Ok(s)
+    }
+
+    /// Per placement committed, and the mean commit, from `before` to `self`.
+    fn since(&self, before: &CpuSplit, placements: usize) -> CpuSplit {
+        let n = placements.max(1) as f64;
+        let commits = self.commits - before.commits;
+        CpuSplit {
+            process_us: (self.process_us - before.process_us) / n,
+            shards_us: (self.shards_us - before.shards_us) / n,
+            shard_commit_ms: if commits > 0.0 {
+                (self.shard_commit_ms - before.shard_commit_ms) / commits
+            } else {
+                0.0
+            },
+            commits,
+        }
+    }
 }

@@ -41,6 +41,14 @@ impl std::hash::Hash for NodeId {
     }
 }
 
+/// Eq, Ord and Hash are the text's, so a map keyed by ids can be searched with a `&str`
+/// without building an id (an allocation) first.
+impl std::borrow::Borrow<str> for NodeId {
+    fn borrow(&self) -> &str {
+        self.as_str()
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum NodeIdError {
     #[error("node id is empty")]

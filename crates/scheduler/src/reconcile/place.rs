@@ -44,7 +44,7 @@ impl Scheduler {
         }
         // Shown Placing before any claim lands: a pool autoscaler that sees a node's
         // new allocation must not still count the unit as queued demand.
-        self.publish();
+        self.publish_units(by_shard.values().flatten().map(|(id, _)| id));
         let mut batches = Vec::with_capacity(by_shard.len());
         for (&shard, units) in &by_shard {
             let claims = units.iter().flat_map(|(id, p)| self.claims_of(id, p)).collect();
@@ -292,12 +292,18 @@ impl Scheduler {
     pub(super) fn units_per_node(&self, except: Option<&str>) -> NodeMap<u32> {
         let mut m: NodeMap<u32> = NodeMap::default();
         for u in self.stored.units.values().filter(|u| u.state.is_active() && Some(u.unit_id.as_str()) != except) {
-            let mut nodes: Vec<&str> = u.members.iter().chain(&u.surge).filter_map(|m| m.node_id.as_deref()).collect();
-            nodes.sort_unstable();
-            nodes.dedup();
-            for n in nodes {
-                if let Ok(id) = NodeId::new(n) {
-                    *m.entry(id).or_insert(0) += 1;
+            let nodes = || u.members.iter().chain(&u.surge).filter_map(|m| m.node_id.as_deref());
+            for (i, n) in nodes().enumerate() {
+                if nodes().take(i).any(|earlier| earlier == n) {
+                    continue;
+                }
+                match m.get_mut(n) {
+                    Some(count) => *count += 1,
+                    None => {
+                        if let Ok(id) = NodeId::new(n) {
+                            m.insert(id, 1);
+                        }
+                    }
                 }
             }
         }
@@ -306,10 +312,14 @@ impl Scheduler {
 
     /// Active units of the app in each domain, for the spread limit.
     fn units_per_domain(&self) -> HashMap<String, u32> {
-        let mut m = HashMap::new();
+        let mut m: HashMap<String, u32> = HashMap::new();
         for u in self.stored.units.values().filter(|u| u.state.is_active()) {
-            if let Some(d) = &u.domain {
-                *m.entry(d.clone()).or_insert(0) += 1;
+            let Some(d) = &u.domain else { continue };
+            match m.get_mut(d) {
+                Some(count) => *count += 1,
+                None => {
+                    m.insert(d.clone(), 1);
+                }
             }
         }
         m
