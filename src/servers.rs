@@ -74,7 +74,7 @@ impl ShardClientArgs {
             let default = crate::client::data_dir().join("grpc-token");
             default.exists().then_some(default)
         });
-        let mut dialer = Dialer::network();
+        let mut dialer = Dialer::network().on_io_thread();
         if let Some(file) = file {
             let tokens = crate::secrets::read_tokens(&file)?;
             let token = tokens.first().ok_or_else(|| anyhow::anyhow!("{} holds no token", file.display()))?;

@@ -206,7 +206,7 @@ pub async fn run(a: UpArgs, log_format: LogFormat) -> anyhow::Result<()> {
     }
     let addrs: Vec<String> = shards.iter().map(|s| s.addr.to_string()).collect();
     let token = data.grpc_tokens.first().map(String::as_str).unwrap_or_default();
-    let dialer = flotilla_proto::dial::Dialer::network().with_token(token)?;
+    let dialer = flotilla_proto::dial::Dialer::network().on_io_thread().with_token(token)?;
     // Shards, schedulers and the control plane follow the token files: no restart rotates.
     use crate::servers::{api_token_file, grpc_token_file, join_token_file, reload_tokens};
     reload_tokens(join_token_file(&data, shards.iter().map(|s| s.registry.clone()).collect()))?;

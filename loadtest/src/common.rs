@@ -44,7 +44,7 @@ impl Data {
 
     /// Reaches the shards' gRPC with this data dir's token.
     pub fn dialer(&self) -> anyhow::Result<flotilla_proto::dial::Dialer> {
-        Ok(flotilla_proto::dial::Dialer::network().with_token(&self.grpc_token)?)
+        Ok(flotilla_proto::dial::Dialer::network().on_io_thread().with_token(&self.grpc_token)?)
     }
 }
 

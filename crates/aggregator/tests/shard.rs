@@ -504,3 +504,33 @@ async fn stale_fencing_tokens_are_refused_and_the_marks_survive_a_restart() {
     assert_eq!(old.release(rel("t7", 5, "u2")).await.unwrap_err().code(), tonic::Code::FailedPrecondition);
     g.shard.shutdown().await;
 }
+
+/// A scheduler process's channels run on the I/O thread: the connection's tasks (HTTP/2
+/// framing, reads, writes) never queue behind the app schedulers on the caller's runtime.
+#[test]
+fn channels_on_the_io_thread_leave_no_task_on_the_callers_runtime() {
+    use flotilla_proto::dial::Dialer;
+    use flotilla_proto::v1::ledger_service_client::LedgerServiceClient;
+    let server = tokio::runtime::Runtime::new().unwrap();
+    let f = server.block_on(fixture("io-thread", 64));
+    let addr = f.shard.addr.to_string();
+    let caller = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    // Tasks a connect and a commit leave alive on the caller's runtime while the client lives.
+    let tasks_left = |dialer: Dialer| {
+        caller.block_on(async {
+            let before = tokio::runtime::Handle::current().metrics().num_alive_tasks();
+            let mut c = LedgerServiceClient::new(dialer.connect(&addr, None).await.unwrap());
+            let commit = v1::CommitRequest {
+                txn_id: "io".into(),
+                fencing_token: 1,
+                claims: vec![commit_claim("n1", 7, "u1", 10)],
+            };
+            let r = c.commit(commit).await.unwrap().into_inner();
+            assert_eq!(r.results[0].reason, v1::RejectReason::UnknownNode as i32, "the shard answered");
+            tokio::runtime::Handle::current().metrics().num_alive_tasks() - before
+        })
+    };
+    assert_eq!(tasks_left(Dialer::network().on_io_thread()), 0);
+    assert!(tasks_left(Dialer::network()) > 0, "a plain dialer's connection runs on the caller's runtime");
+    server.block_on(f.shard.shutdown());
+}

@@ -45,6 +45,34 @@ pub struct Dialer {
     bearer: Bearer,
     /// PEM of the CA that signs the shards' gRPC certificates: channels use TLS.
     ca_pem: Option<Arc<Vec<u8>>>,
+    /// The runtime the channels' connections run on (the caller's when `None`); see
+    /// [`Dialer::on_io_thread`].
+    io: Option<tokio::runtime::Handle>,
+}
+
+/// Spawns a channel's connection and buffer tasks on a given runtime.
+#[derive(Clone)]
+struct OnRuntime(tokio::runtime::Handle);
+
+impl<F: Future<Output = ()> + Send + 'static> hyper::rt::Executor<F> for OnRuntime {
+    fn execute(&self, fut: F) {
+        self.0.spawn(fut);
+    }
+}
+
+/// The process's I/O thread: a current-thread runtime that only runs channel connections.
+fn io_thread() -> Option<tokio::runtime::Handle> {
+    static IO: std::sync::OnceLock<Option<tokio::runtime::Handle>> = std::sync::OnceLock::new();
+    IO.get_or_init(|| {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
+        let handle = rt.handle().clone();
+        std::thread::Builder::new()
+            .name("flotilla-io".into())
+            .spawn(move || rt.block_on(std::future::pending::<()>()))
+            .ok()?;
+        Some(handle)
+    })
+    .clone()
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -99,10 +127,35 @@ impl Dialer {
         self
     }
 
+    /// Channels run their connections (HTTP/2 framing, reads and writes) on the process's
+    /// I/O thread instead of the caller's runtime.
+    ///
+    /// Why: in a scheduler process the app schedulers' passes keep every worker of the
+    /// runtime busy for milliseconds at a time, and a connection task queued behind them
+    /// delivers a shard's answer that much later. With sixteen apps in one process that
+    /// queueing was most of a commit's median time (about 50 ms, against 11–17 ms on
+    /// the I/O thread; BENCHMARKS.md). Falls back to the caller's runtime if the thread cannot
+    /// start.
+    pub fn on_io_thread(mut self) -> Self {
+        self.io = io_thread();
+        self
+    }
+
     /// Connects to `addr` (`host:port` or a URL). `timeout` bounds every call on the
     /// channel when given.
     pub async fn connect(&self, addr: &str, timeout: Option<Duration>) -> Result<GrpcChannel, tonic::transport::Error> {
-        let channel = self.channel(addr, timeout).await?;
+        let channel = match self.io.clone() {
+            // Connected there too: a socket belongs to the runtime it was opened on.
+            Some(io) => {
+                let (dialer, owned) = (self.clone(), addr.to_string());
+                match io.spawn(async move { dialer.channel(&owned, timeout).await }).await {
+                    Ok(r) => r?,
+                    // The connect panicked there: connect here, with the connection here.
+                    Err(_) => Dialer { io: None, ..self.clone() }.channel(addr, timeout).await?,
+                }
+            }
+            None => self.channel(addr, timeout).await?,
+        };
         Ok(InterceptedService::new(channel, self.bearer.clone()))
     }
 
@@ -120,6 +173,9 @@ impl Dialer {
             .keep_alive_while_idle(true);
         if let Some(t) = timeout {
             endpoint = endpoint.timeout(t);
+        }
+        if let Some(io) = &self.io {
+            endpoint = endpoint.executor(OnRuntime(io.clone()));
         }
         if let Some(ca) = &self.ca_pem {
             let tls = tonic::transport::ClientTlsConfig::new()
