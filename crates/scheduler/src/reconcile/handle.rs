@@ -355,7 +355,6 @@ impl Scheduler {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::UnitState;
     use crate::store::{MemStore, Store};
 
     fn spec(cpu: &str) -> AppSpec {
@@ -428,33 +427,6 @@ mod tests {
         let stored = store.load("echo").unwrap();
         assert_eq!(stored.previous_spec, Some(text("200m")));
         assert_eq!(stored.file_fingerprint, Some(spec("300m").fingerprint()));
-    }
-
-    /// The partial publish before a commit shows the units being placed as they are now,
-    /// new ones in id order, and shares every other unit's record with the last status.
-    #[test]
-    fn publishing_some_units_shows_them_and_shares_the_rest() {
-        let store: Arc<dyn Store> = Arc::new(MemStore::default());
-        let (mut s, h) = Scheduler::new(spec("100m"), flotilla_view::ClusterView::new(0), vec![], store).unwrap();
-        let mut writes = Vec::new();
-        let ids: Vec<String> = (0..3).map(|_| s.queue_unit(false, &mut writes)).collect();
-        s.publish();
-        let before = h.status();
-        let fourth = s.queue_unit(false, &mut writes);
-        for id in [&ids[1], &fourth] {
-            s.stored.units.get_mut(id).unwrap().state = UnitState::Placing;
-        }
-        s.publish_units([&ids[1], &fourth].into_iter());
-        let after = h.status();
-        let shown: Vec<(&str, UnitState)> = after.units.iter().map(|u| (u.unit_id.as_str(), u.state)).collect();
-        let want: Vec<(&str, UnitState)> = vec![
-            (&ids[0], UnitState::Queued),
-            (&ids[1], UnitState::Placing),
-            (&ids[2], UnitState::Queued),
-            (&fourth, UnitState::Placing),
-        ];
-        assert_eq!(shown, want);
-        assert!(Arc::ptr_eq(&before.units[0], &after.units[0]) && Arc::ptr_eq(&before.units[2], &after.units[2]));
     }
 
     /// A store that refuses every write while `down` is set, as a full disk does.

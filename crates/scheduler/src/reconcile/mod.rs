@@ -553,21 +553,6 @@ impl Scheduler {
             .collect()
     }
 
-    /// Publishes the units `ids` as they are now into the status, leaving the rest as the
-    /// last [`publish`](Self::publish) showed them: the cost is one copy of the status's
-    /// unit pointers, not a comparison of every unit with its last published record.
-    fn publish_units<'i>(&self, ids: impl Iterator<Item = &'i String>) {
-        let mut next = AppStatus::clone(&self.status.load());
-        for id in ids {
-            let Some(u) = self.stored.units.get(id) else { continue };
-            match next.units.binary_search_by(|o| o.unit_id.as_str().cmp(id)) {
-                Ok(i) => next.units[i] = Arc::new(u.clone()),
-                Err(i) => next.units.insert(i, Arc::new(u.clone())),
-            }
-        }
-        self.status.store(Arc::new(next));
-    }
-
     /// Publishes the unit counts by state (metrics) and the status the API shows.
     fn publish(&self) {
         let mut counts = [0i64; UnitState::ALL.len()];

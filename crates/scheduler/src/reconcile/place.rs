@@ -43,8 +43,11 @@ impl Scheduler {
             return still;
         }
         // Shown Placing before any claim lands: a pool autoscaler that sees a node's
-        // new allocation must not still count the unit as queued demand.
-        self.publish_units(by_shard.values().flatten().map(|(id, _)| id));
+        // new allocation must not still count the unit as queued demand. The whole
+        // status, not only these units: the pass may have changed others (a replacement
+        // now Running, the unit it replaces draining), and a status showing the new
+        // units beside the old states of those says the rollout broke its own limits.
+        self.publish();
         let mut batches = Vec::with_capacity(by_shard.len());
         for (&shard, units) in &by_shard {
             let claims = units.iter().flat_map(|(id, p)| self.claims_of(id, p)).collect();
