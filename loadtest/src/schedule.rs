@@ -292,8 +292,8 @@ pub async fn run_schedule(a: ScheduleArgs) -> anyhow::Result<()> {
     let split = split.unwrap_or_default();
     println!(
         "  CPU per placement: {:.1} us in the loadtest process (schedulers, view), {:.1} us in the shards; \
-         a commit takes {:.2} ms on its shard on average",
-        split.process_us, split.shards_us, split.shard_commit_ms
+         a commit takes {:.2} ms on its shard on average, {:.2} ms of it waiting for the ledger's lock",
+        split.process_us, split.shards_us, split.shard_commit_ms, split.lock_wait_ms
     );
     println!(
         "pessimistic (one lock around plan + commit): {} placements in {:.2}s = {:.0}/s",
@@ -319,6 +319,7 @@ pub async fn run_schedule(a: ScheduleArgs) -> anyhow::Result<()> {
         "process_cpu_us_per_placement": (split.process_us * 10.0).round() / 10.0,
         "shard_cpu_us_per_placement": (split.shards_us * 10.0).round() / 10.0,
         "shard_commit_mean_ms": (split.shard_commit_ms * 1000.0).round() / 1000.0,
+        "shard_lock_wait_mean_ms": (split.lock_wait_ms * 1000.0).round() / 1000.0,
         "baseline_placements_committed": base.committed,
         "baseline_placements_per_second": per_s(&base).round(),
         "speedup_vs_baseline": ((per_s(&opt) / per_s(&base).max(1e-9)) * 100.0).round() / 100.0,
@@ -344,6 +345,9 @@ struct CpuSplit {
     /// Read as a sum, then reported as a mean.
     shard_commit_ms: f64,
     commits: f64,
+    /// The same for the waits for a ledger's lock (a commit's, mostly, in this loadtest).
+    lock_wait_ms: f64,
+    lock_waits: f64,
 }
 
 impl CpuSplit {
@@ -354,6 +358,8 @@ impl CpuSplit {
             s.shards_us += shard.cpu_seconds() * 1e6;
             s.shard_commit_ms += shard.metric("flotilla_shard_commit_seconds_sum").await? * 1e3;
             s.commits += shard.metric("flotilla_shard_commit_seconds_count").await?;
+            s.lock_wait_ms += shard.metric("flotilla_ledger_lock_wait_seconds_sum").await? * 1e3;
+            s.lock_waits += shard.metric("flotilla_ledger_lock_wait_seconds_count").await?;
         }
         Ok(s)
     }
@@ -361,16 +367,16 @@ impl CpuSplit {
     /// Per placement committed, and the mean commit, from `before` to `self`.
     fn since(&self, before: &CpuSplit, placements: usize) -> CpuSplit {
         let n = placements.max(1) as f64;
+        let mean = |sum: f64, before: f64, count: f64| if count > 0.0 { (sum - before) / count } else { 0.0 };
         let commits = self.commits - before.commits;
+        let lock_waits = self.lock_waits - before.lock_waits;
         CpuSplit {
             process_us: (self.process_us - before.process_us) / n,
             shards_us: (self.shards_us - before.shards_us) / n,
-            shard_commit_ms: if commits > 0.0 {
-                (self.shard_commit_ms - before.shard_commit_ms) / commits
-            } else {
-                0.0
-            },
+            shard_commit_ms: mean(self.shard_commit_ms, before.shard_commit_ms, commits),
             commits,
+            lock_wait_ms: mean(self.lock_wait_ms, before.lock_wait_ms, lock_waits),
+            lock_waits,
         }
     }
 }

@@ -62,6 +62,12 @@ pub const SHARD_COMMIT_SECONDS: Family = Family::histogram(
     &[],
     buckets::SECONDS,
 );
+pub const LEDGER_LOCK_WAIT_SECONDS: Family = Family::histogram(
+    "flotilla_ledger_lock_wait_seconds",
+    "Time a ledger request (commit, reserve, confirm, release) waits for the ledger's lock, held by other requests and by the applier while it publishes a version, in seconds.",
+    &[],
+    buckets::SECONDS,
+);
 pub const CLAIMS: Family = Family::counter(
     "flotilla_claims_total",
     "Claims the shard judged, by result (accepted or the reason of the refusal).",
@@ -147,6 +153,7 @@ pub const FAMILIES: &[Family] = &[
     WATCHVIEW_SUBSCRIBERS,
     WATCHVIEW_RESNAPSHOTS,
     SHARD_COMMIT_SECONDS,
+    LEDGER_LOCK_WAIT_SECONDS,
     CLAIMS,
     COMMIT_REQUESTS_REJECTED,
     CORDON_CHANGES,

@@ -127,8 +127,13 @@ fn count(out: &Outcome) {
     }
 }
 
+/// The ledger, once its lock is free: how long that took is the part of a request's time
+/// that other requests and the applier's flush cost it.
 fn lock(l: &Mutex<Ledger>) -> std::sync::MutexGuard<'_, Ledger> {
-    l.lock_or_recover()
+    let started = Instant::now();
+    let guard = l.lock_or_recover();
+    metrics::histogram!(m::LEDGER_LOCK_WAIT_SECONDS.name).record(started.elapsed().as_secs_f64());
+    guard
 }
 
 #[tonic::async_trait]
