@@ -57,6 +57,11 @@ pub const UNROUTABLE: Family = Family::counter(
     "Requests answered 503 because no endpoint could take them.",
     &[],
 );
+pub const GENERAL_PATH: Family = Family::counter(
+    "flotilla_route_general_path_connections_total",
+    "Client connections the proxy handed from byte forwarding to its general HTTP/1 path, by the first request it could not forward as bytes (chunked or large upload, Connection, Upgrade or Expect header, HTTP/1.0, ...).",
+    &["reason"],
+);
 
 /// Every family a router exports.
 pub const FAMILIES: &[Family] = &[
@@ -70,6 +75,7 @@ pub const FAMILIES: &[Family] = &[
     EJECTIONS,
     PROBES,
     UNROUTABLE,
+    GENERAL_PATH,
 ];
 
 /// The labels of a router's series: its app and the node of each endpoint, as the route
@@ -156,17 +162,31 @@ impl Labels {
 
     /// Counts one finished call.
     pub fn record(&self, r: CallReport) {
-        let series = self.series(&r.endpoint);
-        match r.outcome {
+        self.count(&r.endpoint, r.outcome, r.seconds, r.probe, r.ejected_for);
+    }
+
+    /// [`Labels::record`] without building a report (the proxy's fast path allocates nothing
+    /// per request).
+    pub fn count(
+        &self,
+        endpoint: &str,
+        outcome: crate::Outcome,
+        seconds: f64,
+        probe: bool,
+        ejected_for: Option<std::time::Duration>,
+    ) {
+        let nodes = self.nodes.read().unwrap_or_else(|e| e.into_inner());
+        let series = nodes.get(endpoint).unwrap_or(&self.unknown);
+        match outcome {
             crate::Outcome::Success => series.ok.increment(1),
             crate::Outcome::Failure => series.error.increment(1),
         }
-        series.seconds.record(r.seconds);
-        if r.probe {
+        series.seconds.record(seconds);
+        if probe {
             series.probes.increment(1);
         }
-        if let Some(d) = r.ejected_for {
-            tracing::warn!(endpoint = %r.endpoint, node = %series.node, seconds = d.as_secs_f64(), "endpoint ejected after consecutive failures");
+        if let Some(d) = ejected_for {
+            tracing::warn!(%endpoint, node = %series.node, seconds = d.as_secs_f64(), "endpoint ejected after consecutive failures");
             series.ejections.increment(1);
         }
     }

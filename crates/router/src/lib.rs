@@ -5,6 +5,7 @@
 pub mod balancer;
 pub mod catalogue;
 pub mod follow;
+mod forward;
 pub mod pace;
 pub mod proxy;
 pub mod service;

@@ -1,5 +1,6 @@
 //! `flotilla route`: an HTTP/1.1 reverse proxy over the balancer. Every request goes to
-//! the endpoint the balancer picks; its latency and outcome feed the balancer back.
+//! the endpoint the balancer picks; its latency and outcome feed the balancer back. Plain
+//! keep-alive requests are forwarded as bytes (`forward.rs`); the rest go through hyper.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -18,6 +19,7 @@ use tower::ServiceExt;
 
 use crate::balancer::Balancer;
 use crate::catalogue::{self as m, Labels};
+use crate::forward::Forwarder;
 use crate::service::{Balance, BoxError, HttpClassify, NoEndpoint};
 
 type Body = BoxBody<Bytes, hyper::Error>;
@@ -126,8 +128,11 @@ pub async fn serve_per_core(
     done.recv().await.unwrap_or(Ok(()))
 }
 
-/// Serves the proxy on `listener` until the task is dropped or aborted.
+/// Serves the proxy on `listener` until the task is dropped or aborted. Each connection
+/// starts on the byte-forwarding fast path (`forward.rs`); one that sends a request it does
+/// not take continues on hyper, through the same balancer.
 pub async fn serve(listener: TcpListener, balancer: Arc<Balancer>, timeout: Duration, labels: Arc<Labels>) {
+    let forwarder = Arc::new(Forwarder::new(balancer.clone(), timeout, labels.clone()));
     let svc = balanced_client(balancer, timeout, labels);
     loop {
         let (stream, _) = match listener.accept().await {
@@ -140,8 +145,10 @@ pub async fn serve(listener: TcpListener, balancer: Arc<Balancer>, timeout: Dura
             }
         };
         let _ = stream.set_nodelay(true);
-        let svc = svc.clone();
+        let (svc, forwarder) = (svc.clone(), forwarder.clone());
         tokio::spawn(async move {
+            let Some((stream, reason)) = forwarder.serve(stream).await else { return };
+            metrics::counter!(m::GENERAL_PATH.name, "reason" => reason).increment(1);
             let handler = hyper::service::service_fn(move |req: Request<Incoming>| {
                 let svc = svc.clone();
                 async move {
