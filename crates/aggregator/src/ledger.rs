@@ -11,6 +11,11 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 
+/// The hasher of the maps every claim visits several times (its key, its node): SipHash
+/// was a twentieth of a shard's commit CPU. Seeded per process, and only schedulers
+/// holding the shard's token choose the keys.
+type Fast = foldhash::fast::RandomState;
+
 use flotilla_core::{ErrorKind, NodeId, NodeStatus, Resources, ServiceError};
 use flotilla_proto::v1;
 
@@ -90,9 +95,65 @@ pub struct Entry {
 pub struct NodeBook {
     pub incarnation: u64,
     pub allocated: Resources,
-    pub entries: BTreeMap<ClaimKey, Entry>,
+    pub entries: Entries,
     /// Bumped on every change to the node's assignment set.
     pub version: u64,
+}
+
+/// A node's entries, sorted by key: a vector of boxed entries (8 bytes a slot, the key read
+/// from the entry). A `BTreeMap` kept keys and 480-byte entries inline in 6 KB nodes, so
+/// every insert shifted and split whole entries and every node that held anything paid
+/// for a full leaf; in the roomy schedule loadtest this took a shard's commit from 19-24
+/// to 7-9 ms and its peak RSS from 228 to 152 MB (BENCHMARKS.md, issue #19 item 1).
+#[derive(Debug, Default, Clone)]
+#[allow(clippy::vec_box, reason = "an insert shifts 8-byte pointers, not 480-byte entries")]
+pub struct Entries(Vec<Box<Entry>>);
+
+impl Entries {
+    fn find(&self, key: &ClaimKey) -> Result<usize, usize> {
+        self.0.binary_search_by(|e| e.claim.key.cmp(key))
+    }
+
+    pub fn get(&self, key: &ClaimKey) -> Option<&Entry> {
+        self.find(key).ok().map(|i| &*self.0[i])
+    }
+
+    pub fn get_mut(&mut self, key: &ClaimKey) -> Option<&mut Entry> {
+        self.find(key).ok().map(|i| &mut *self.0[i])
+    }
+
+    pub fn contains_key(&self, key: &ClaimKey) -> bool {
+        self.find(key).is_ok()
+    }
+
+    /// Adds `entry`, or replaces the one with its key.
+    pub fn insert(&mut self, entry: Entry) {
+        match self.find(&entry.claim.key) {
+            Ok(i) => *self.0[i] = entry,
+            Err(i) => self.0.insert(i, Box::new(entry)),
+        }
+    }
+
+    pub fn remove(&mut self, key: &ClaimKey) -> Option<Entry> {
+        self.find(key).ok().map(|i| *self.0.remove(i))
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// In key order.
+    pub fn values(&self) -> impl Iterator<Item = &Entry> {
+        self.0.iter().map(|e| &**e)
+    }
+
+    pub fn keys(&self) -> impl Iterator<Item = &ClaimKey> {
+        self.values().map(|e| &e.claim.key)
+    }
 }
 
 pub type Outcome = Vec<(ClaimKey, Result<(), ClaimReject>)>;
@@ -139,15 +200,15 @@ const TXN_MEMORY: usize = 65_536;
 
 #[derive(Default)]
 pub struct Ledger {
-    nodes: HashMap<NodeId, NodeBook>,
-    placed: HashMap<ClaimKey, NodeId>,
+    nodes: HashMap<NodeId, NodeBook, Fast>,
+    placed: HashMap<ClaimKey, NodeId, Fast>,
     txns: HashMap<String, Outcome>,
     txn_order: VecDeque<String>,
     reservations: HashMap<String, (Vec<ClaimKey>, u64)>,
     confirmed: HashSet<String>,
     /// Keys released while this ledger did not hold them (a restarted shard, before the
     /// agent came back): `adopt` must not bring them back. Bounded, oldest out first.
-    tombstones: HashSet<ClaimKey>,
+    tombstones: HashSet<ClaimKey, Fast>,
     tomb_order: VecDeque<ClaimKey>,
     /// The highest fencing token seen per app (absent: none above 0 yet).
     marks: HashMap<String, u64>,
@@ -289,52 +350,62 @@ impl Ledger {
         }
         let mut results: Vec<Option<Result<(), ClaimReject>>> = vec![None; claims.len()];
         let mut changed = Vec::new();
+        let mut changed_set: HashSet<&NodeId, Fast> = HashSet::with_capacity_and_hasher(claims.len(), Fast::default());
         // A key claimed twice in one request is one member: the second claim is a replay.
-        let mut in_request: HashMap<&ClaimKey, &NodeId> = HashMap::new();
+        let mut in_request: HashMap<&ClaimKey, &NodeId, Fast> =
+            HashMap::with_capacity_and_hasher(claims.len(), Fast::default());
+        // What the unit being checked adds, by node and by key: a unit is a few members, so
+        // these are short vectors, reused from unit to unit.
+        let mut extra: Vec<(&NodeId, Resources)> = Vec::new();
+        let mut unit_keys: Vec<(&ClaimKey, &NodeId)> = Vec::new();
+        let mut verdicts = Vec::new();
         for unit in order {
             // Check the whole unit against the books plus what it adds itself.
-            let mut extra: HashMap<&NodeId, Resources> = HashMap::new();
-            let mut unit_keys: HashMap<&ClaimKey, &NodeId> = HashMap::new();
-            let mut verdicts = Vec::with_capacity(unit.len());
+            extra.clear();
+            unit_keys.clear();
             for &i in &unit {
                 let c = &claims[i];
-                let v = match in_request.get(&c.key).or_else(|| unit_keys.get(&c.key)) {
+                let earlier =
+                    in_request.get(&c.key).or_else(|| unit_keys.iter().find(|(k, _)| *k == &c.key).map(|(_, n)| n));
+                let v = match earlier {
                     Some(n) if **n == c.node => Ok(false),
                     Some(_) => Err(ClaimReject::AlreadyPlaced),
-                    None => self.check(c, extra.get(&c.node), facts),
+                    None => self.check(c, extra.iter().find(|(n, _)| **n == c.node).map(|(_, r)| r), facts),
                 };
                 if v == Ok(true) {
-                    unit_keys.insert(&c.key, &c.node);
-                }
-                if v == Ok(true)
-                    && let Ok(sum) = extra.get(&c.node).cloned().unwrap_or_default().checked_add(&c.resources)
-                {
-                    extra.insert(&c.node, sum);
+                    unit_keys.push((&c.key, &c.node));
+                    match extra.iter_mut().find(|(n, _)| **n == c.node) {
+                        Some((_, sum)) => {
+                            if let Ok(more) = sum.checked_add(&c.resources) {
+                                *sum = more;
+                            }
+                        }
+                        None => extra.push((&c.node, c.resources.clone())),
+                    }
                 }
                 verdicts.push(v);
             }
             let all_ok = verdicts.iter().all(|v| v.is_ok());
             if all_ok {
-                in_request.extend(unit_keys);
+                in_request.extend(unit_keys.iter().copied());
             }
-            for (&i, v) in unit.iter().zip(verdicts) {
+            for (&i, v) in unit.iter().zip(verdicts.drain(..)) {
+                let c = &claims[i];
                 results[i] = Some(match v {
                     Err(r) => Err(r),
                     Ok(_) if !all_ok => Err(ClaimReject::Group),
                     Ok(false) => {
                         // Already held: a replay. One with another workload changes what
                         // the member runs (a held member released with its head's address).
-                        let c = &claims[i];
-                        if self.update_workload(c) && !changed.contains(&c.node) {
+                        if self.update_workload(c) && changed_set.insert(&c.node) {
                             changed.push(c.node.clone());
                         }
                         Ok(())
                     }
                     Ok(true) => {
-                        let c = &claims[i];
-                        let f = facts(&c.node).map(|f| f.incarnation).unwrap_or(c.incarnation);
-                        self.insert(c.clone(), f, reserve_until);
-                        if !changed.contains(&c.node) {
+                        // `check` matched the claim's incarnation with the node's.
+                        self.insert(c.clone(), c.incarnation, reserve_until);
+                        if changed_set.insert(&c.node) {
                             changed.push(c.node.clone());
                         }
                         Ok(())
@@ -406,7 +477,7 @@ impl Ledger {
         book.allocated = book.allocated.checked_add(&claim.resources).unwrap_or_else(|_| book.allocated.clone());
         book.version += 1;
         self.placed.insert(claim.key.clone(), claim.node.clone());
-        book.entries.insert(claim.key.clone(), Entry { claim, reserved_until_ms });
+        book.entries.insert(Entry { claim, reserved_until_ms });
     }
 
     /// Puts `c`'s workload in the entry its key holds on its node, if it differs: the
@@ -539,7 +610,7 @@ impl Ledger {
                 {
                     book.allocated = sum;
                     self.placed.insert(c.key.clone(), node.clone());
-                    book.entries.insert(c.key.clone(), Entry { claim: c, reserved_until_ms: None });
+                    book.entries.insert(Entry { claim: c, reserved_until_ms: None });
                 }
                 _ => left_out += 1,
             }
@@ -568,7 +639,8 @@ impl Ledger {
         let mut seen = HashSet::new();
         for (node, b) in &self.nodes {
             let mut sum = Resources::default();
-            for (k, e) in &b.entries {
+            for e in b.entries.values() {
+                let k = &e.claim.key;
                 sum = sum.checked_add(&e.claim.resources).map_err(|e| e.to_string())?;
                 if !seen.insert(k.clone()) {
                     return Err(format!("{k:?} is placed twice"));

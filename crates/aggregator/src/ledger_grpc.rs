@@ -116,14 +116,21 @@ fn refuse(e: InvalidRequest) -> Status {
     status(&e)
 }
 
-/// Counts each claim's verdict.
+/// Counts the claims' verdicts: one registry lookup per verdict, not per claim.
 fn count(out: &Outcome) {
+    let mut by_label: Vec<(&'static str, u64)> = Vec::new();
     for (_, r) in out {
         let label = match r {
             Ok(()) => "accepted",
             Err(e) => e.as_str(),
         };
-        metrics::counter!(m::CLAIMS.name, "result" => label).increment(1);
+        match by_label.iter_mut().find(|(l, _)| *l == label) {
+            Some((_, n)) => *n += 1,
+            None => by_label.push((label, 1)),
+        }
+    }
+    for (label, n) in by_label {
+        metrics::counter!(m::CLAIMS.name, "result" => label).increment(n);
     }
 }
 

@@ -64,8 +64,9 @@ pub fn txn_from_wire(txn: &str) -> Result<(), InvalidRequest> {
 }
 
 /// A node id named in `field`.
-pub fn node_id_from_wire(field: &str, id: &str) -> Result<NodeId, InvalidRequest> {
-    NodeId::new(id).map_err(|e| InvalidRequest::new(field, e))
+/// `field` is formatted only on error (a commit names 512 claims' fields).
+pub fn node_id_from_wire(field: impl std::fmt::Display, id: &str) -> Result<NodeId, InvalidRequest> {
+    NodeId::new(id).map_err(|e| InvalidRequest::new(field.to_string(), e))
 }
 
 /// A reservation's time to live, in milliseconds.
@@ -96,14 +97,17 @@ pub fn keys_from_wire(keys: Vec<v1::ClaimKey>) -> Result<Vec<ClaimKey>, InvalidR
     keys.into_iter().map(|k| key_from_wire(Some(k))).collect()
 }
 
-fn workload_from_wire(field: &str, workload: Option<v1::Workload>) -> Result<v1::Workload, InvalidRequest> {
+fn workload_from_wire(
+    field: impl std::fmt::Display,
+    workload: Option<v1::Workload>,
+) -> Result<v1::Workload, InvalidRequest> {
     let workload = workload.unwrap_or_default();
     let size = workload.command.len()
         + workload.args.iter().map(String::len).sum::<usize>()
         + workload.env.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>();
     if size > MAX_WORKLOAD_BYTES || workload.args.len() > MAX_WORKLOAD_ITEMS || workload.env.len() > MAX_WORKLOAD_ITEMS
     {
-        return Err(InvalidRequest::new(field, "larger than 64 KiB, 256 args or 256 variables"));
+        return Err(InvalidRequest::new(field.to_string(), "larger than 64 KiB, 256 args or 256 variables"));
     }
     let ranges: std::collections::BTreeMap<String, u32> =
         workload.port_ranges.iter().map(|(k, v)| (k.clone(), *v)).collect();
@@ -129,13 +133,13 @@ pub fn claims_from_wire(txn: &str, claims: Vec<v1::Claim>) -> Result<Vec<Claim>,
         .into_iter()
         .enumerate()
         .map(|(i, c)| {
-            let node = node_id_from_wire(&format!("claims[{i}].node_id"), &c.node_id)?;
+            let node = node_id_from_wire(format_args!("claims[{i}].node_id"), &c.node_id)?;
             let resources: Resources = c.resources.unwrap_or_default().into();
             resources.validate_node_capacity().map_err(|e| InvalidRequest::new(format!("claims[{i}].resources"), e))?;
             if c.group.len() > MAX_NAME {
                 return Err(InvalidRequest::new(format!("claims[{i}].group"), "too long"));
             }
-            let workload = workload_from_wire(&format!("claims[{i}].workload"), c.workload)?;
+            let workload = workload_from_wire(format_args!("claims[{i}].workload"), c.workload)?;
             Ok(Claim {
                 key: key_from_wire(c.key).map_err(|e| InvalidRequest::new(format!("claims[{i}]"), e))?,
                 node,
