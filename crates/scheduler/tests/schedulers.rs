@@ -418,3 +418,33 @@ async fn a_basic_policy_follows_consumer_demand_and_the_operators_override() {
     assert_eq!(h2.decisions()[0], h.decisions()[0]);
     c.shard.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_burst_of_queued_units_starts_with_a_small_pass_and_doubles() {
+    let c = cluster("burst", 40).await;
+    let spec = AppSpec::parse(
+        r#"
+name = "burst"
+[unit]
+workers = 0
+[unit.head]
+command = "sleep"
+cpu = "10m"
+memory = "1Mi"
+[units]
+min = 0
+max = 1000
+initial = 700
+"#,
+    )
+    .unwrap();
+    let store: Arc<dyn Store> = Arc::new(MemStore::default());
+    let (mut s, h) = Scheduler::new(spec, c.view.clone(), vec![c.shard.addr.to_string()], store).unwrap();
+    let placed = || h.status().units.iter().filter(|u| u.state != UnitState::Queued).count();
+    // 256 in the first pass; the second may take 512, which is the other 444.
+    for expected in [256, 700] {
+        s.reconcile().await.unwrap();
+        assert_eq!(placed(), expected);
+    }
+    c.shard.shutdown().await;
+}
