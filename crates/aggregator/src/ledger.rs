@@ -11,13 +11,13 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 
+use flotilla_core::{ErrorKind, NodeId, NodeStatus, Resources, ServiceError};
+use flotilla_proto::v1;
+
 /// The hasher of the maps every claim visits several times (its key, its node): SipHash
 /// was a twentieth of a shard's commit CPU. Seeded per process, and only schedulers
 /// holding the shard's token choose the keys.
 type Fast = foldhash::fast::RandomState;
-
-use flotilla_core::{ErrorKind, NodeId, NodeStatus, Resources, ServiceError};
-use flotilla_proto::v1;
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ClaimKey {
