@@ -6,6 +6,7 @@ pub mod balancer;
 pub mod catalogue;
 pub mod follow;
 mod forward;
+mod framing;
 pub mod pace;
 pub mod proxy;
 pub mod service;
