@@ -397,7 +397,7 @@ pub fn app_spec(data: &[u8]) {
 /// apply`, `flotilla sim --policy`); 1: a load trace (`flotilla sim --trace`); 2: a demand
 /// body (`PUT /v1/apps/{app}/demand`).
 pub fn autoscaling(data: &[u8]) {
-    use flotilla_scheduler::autoscale::{AutoscalingConfig, Trace, policy_file_from_toml};
+    use flotilla_autoscale::{AutoscalingConfig, Trace, policy_file_from_toml};
     let Some((&selector, rest)) = data.split_first() else { return };
     let Ok(text) = std::str::from_utf8(rest) else { return };
     match selector % 3 {
@@ -548,7 +548,7 @@ pub fn control_json(data: &[u8]) {
 /// and a valid pool name (`may`) succeeds exactly when its body is valid, and answers
 /// with the floor; anything else is refused.
 fn check_pool_call(call: u8, may: bool, body: &[u8], status: axum::http::StatusCode, answer: &[u8]) {
-    use flotilla_pool::reconciler::Constraints;
+    use flotilla_pool::model::Constraints;
     let text = String::from_utf8_lossy(answer);
     let valid = if call == 4 {
         serde_json::from_slice::<Constraints>(body).is_ok_and(|c| c.validate().is_ok())
@@ -685,7 +685,8 @@ pub const EXAMPLE_POOL: &str = include_str!("../../examples/pool.toml");
 /// example pool; 3 an exec provider's `list` output.
 pub fn pool(data: &[u8]) {
     use flotilla_pool::config::{MAX_POOL_NODES, PoolConfig};
-    use flotilla_pool::reconciler::{self, Constraints, IdleClock, Observation};
+    use flotilla_pool::model::{self, Constraints, IdleClock, Observation};
+    use flotilla_pool::reconciler;
     let Some((&selector, rest)) = data.split_first() else { return };
     if rest.len() > POOL_MAX_INPUT {
         return;
@@ -768,9 +769,9 @@ pub fn pool(data: &[u8]) {
                 assert!(!e.is_empty());
                 return;
             }
-            assert!(c.resource_requests.len() <= reconciler::MAX_FLOOR_REQUESTS);
+            assert!(c.resource_requests.len() <= model::MAX_FLOOR_REQUESTS);
             for r in &c.resource_requests {
-                assert!(r.count <= reconciler::MAX_FLOOR_COUNT);
+                assert!(r.count <= model::MAX_FLOOR_COUNT);
                 r.resources.validate_node_capacity().expect("an accepted floor request is sane");
             }
             // The control plane keeps the floor as JSON and hands it back: the same.

@@ -5,9 +5,7 @@
 use std::time::Instant;
 
 use clap::Args;
-use flotilla_scheduler::autoscale::{
-    AutoscalingConfig, GroupUnits, Load, MemberUsage, Policy, Res, Signals, State, evaluate,
-};
+use flotilla_autoscale::{AutoscalingConfig, GroupUnits, Load, MemberUsage, Policy, Res, Signals, State, evaluate};
 use hdrhistogram::Histogram;
 
 use crate::common::machine;

@@ -195,9 +195,9 @@ pub async fn run_schedule(a: ScheduleArgs) -> anyhow::Result<()> {
     anyhow::ensure!(a.schedulers >= 1 && a.schedulers <= 256, "--schedulers must be within 1..=256");
     anyhow::ensure!(a.shards >= 1 && a.shards <= 64, "--shards must be within 1..=64");
     anyhow::ensure!(
-        a.placements >= a.schedulers && a.placements / a.schedulers <= flotilla_scheduler::MAX_UNITS as usize,
+        a.placements >= a.schedulers && a.placements / a.schedulers <= flotilla_core::MAX_UNITS as usize,
         "--placements must give each scheduler 1..={} units",
-        flotilla_scheduler::MAX_UNITS
+        flotilla_core::MAX_UNITS
     );
     let bin = flotilla_bin(a.flotilla.clone())?;
     let data = Data::create("sched")?;

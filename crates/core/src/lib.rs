@@ -16,6 +16,7 @@ mod resources;
 mod secret;
 mod shard;
 mod sync;
+mod unit_shape;
 
 pub use backoff::{Backoff, Jitter, ThreadJitter};
 pub use clock::{install_clock, now_ms, system_ms};
@@ -28,3 +29,4 @@ pub use resources::{ResourceError, Resources};
 pub use secret::{SharedToken, bearer_token, constant_time_eq};
 pub use shard::{DEFAULT_DOMAIN, shard_alternate, shard_alternates, shard_for_domain};
 pub use sync::{LockExt, RwLockExt};
+pub use unit_shape::UnitShape;

@@ -4,10 +4,9 @@
 //! - the app's data: [`spec`] (the TOML spec, validated) and [`store`] (redb or memory);
 //! - pure deciders, no I/O: `lifecycle` (the unit state table), `planner` (placement),
 //!   `repair` (lost heads and workers, scale-in order), `rollout` (make-before-break
-//!   replacements), `routes` (route weights), [`autoscale`] (Dataproc's and MR3's policies);
+//!   replacements), `routes` (route weights); the autoscaling policies are `flotilla-autoscale`'s;
 //! - `reconcile`: the loop that carries their decisions out, one file per step.
 
-pub mod autoscale;
 pub mod catalogue;
 mod leader;
 mod lifecycle;
@@ -28,7 +27,10 @@ pub use reconcile::{
     AppHandle, AppStatus, AutoscalingStatus, Command, CommandError, Demand, DemandRequest, MAX_DEMAND_COUNT,
     MAX_DEMAND_ENTRIES, PolicyBook, STORE_UNAVAILABLE, Scheduler, Stats,
 };
-pub use rollout::{RolloutRecord, RolloutState, counts_toward_desired};
-pub use spec::{AppSpec, MAX_UNITS, SpecOrigin, UnitShape, parse_cpu, parse_memory};
-pub use store::{DECISIONS_KEPT, MemStore, MemberRecord, Override, RedbStore, Store, Stored, UnitRecord, Usage, Write};
+pub use rollout::counts_toward_desired;
+pub use spec::{AppSpec, SpecOrigin};
+pub use store::{
+    DECISIONS_KEPT, MemStore, MemberRecord, Override, RedbStore, RolloutRecord, RolloutState, Store, Stored,
+    UnitRecord, Usage, Write,
+};
 pub use store_etcd::{EtcdStore, FENCED, MAX_TXN_BYTES, MAX_TXN_OPS};

@@ -3,10 +3,10 @@
 
 use std::collections::BTreeMap;
 
-use flotilla_core::Resources;
+use flotilla_autoscale::Span;
+use flotilla_core::quantity::{cpu_millis, memory_bytes};
+use flotilla_core::{MAX_UNITS, MAX_WORKERS, Resources, UnitShape, is_name};
 use serde::{Deserialize, Serialize};
-
-use crate::autoscale::Span;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -25,7 +25,7 @@ pub struct AppSpec {
     /// The app's own autoscaling policy (`[autoscaling]`); without one (and without
     /// `autoscaling_policy`) the app's size changes only by `flotilla scale`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub autoscaling: Option<crate::autoscale::AutoscalingConfig>,
+    pub autoscaling: Option<flotilla_autoscale::AutoscalingConfig>,
     /// A named policy (`flotilla policy apply`) shared with other apps, as Dataproc
     /// clusters name their autoscaling policy: changing it changes every app using it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -245,21 +245,6 @@ impl Performance {
     }
 }
 
-/// Most units an app may ask for, and most workers per unit.
-/// One unit's members and where they may run: the pool autoscaler packs the queued
-/// units of every app by it (all members of a unit in one domain).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct UnitShape {
-    /// Each member's resources, the head first.
-    pub members: Vec<Resources>,
-    /// Labels a node must carry.
-    pub labels: BTreeMap<String, String>,
-    /// Whether primary units may use low-priority nodes (secondary ones always may).
-    pub allow_low_priority: bool,
-}
-
-pub const MAX_UNITS: u32 = 10_000;
-pub const MAX_WORKERS: u32 = 256;
 /// Bounds of one member's workload, the same as the shard's for a claim.
 pub const MAX_ARGS: usize = 256;
 pub const MAX_ENV: usize = 256;
@@ -270,36 +255,10 @@ const MAX_SPEC_BYTES: usize = 256 * 1024;
 #[error("invalid app spec:\n  - {}", .0.join("\n  - "))]
 pub struct SpecError(pub Vec<String>);
 
-/// A Kubernetes CPU quantity ("500m", "0.5", "2") in millicores.
-pub fn parse_cpu(s: &str) -> Result<u64, String> {
-    flotilla_core::quantity::cpu_millis(s)
-}
-
-/// A Kubernetes memory quantity ("256Mi", "1Gi", "129e6", "1024") in bytes.
-pub fn parse_memory(s: &str) -> Result<u64, String> {
-    flotilla_core::quantity::memory_bytes(s)
-}
-
 /// FNV-1a, hex: stable across runs and builds.
 fn fnv(text: &str) -> String {
     let h = text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
     format!("{h:016x}")
-}
-
-pub(crate) fn is_name(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-}
-
-impl AppSpec {
-    /// Whether `s` may name an app (1..=63 of `a-z`, `0-9`, `-`, not starting with `-`):
-    /// the rule a spec's `name` follows, for names that arrive some other way (a
-    /// standalone scheduler's registration), since they end up in URL paths.
-    pub fn is_valid_name(s: &str) -> bool {
-        is_name(s)
-    }
 }
 
 impl MemberTemplate {
@@ -308,7 +267,7 @@ impl MemberTemplate {
     /// agent has too few left is not chosen.
     pub fn resources(&self) -> Resources {
         let mut r =
-            Resources::new(parse_cpu(&self.cpu).unwrap_or(0), parse_memory(&self.memory).unwrap_or(0), self.gpu);
+            Resources::new(cpu_millis(&self.cpu).unwrap_or(0), memory_bytes(&self.memory).unwrap_or(0), self.gpu);
         let ports = flotilla_core::ports::ports_needed(self.ports.len(), self.port_ranges.values());
         if ports > 0 {
             r.custom.insert(flotilla_core::ports::PORTS_RESOURCE.to_string(), ports);
@@ -320,7 +279,7 @@ impl MemberTemplate {
         if self.command.trim().is_empty() {
             errors.push(format!("{path}.command: must not be empty"));
         }
-        match parse_cpu(&self.cpu) {
+        match cpu_millis(&self.cpu) {
             Ok(0) => errors.push(format!("{path}.cpu: must be above 0")),
             Ok(m) if m > flotilla_core::MAX_NODE_CPU_MILLIS => {
                 errors.push(format!("{path}.cpu: {:?} is more than any node has", self.cpu))
@@ -331,7 +290,7 @@ impl MemberTemplate {
         if self.gpu > flotilla_core::MAX_NODE_GPUS {
             errors.push(format!("{path}.gpu: {} is more than any node has", self.gpu));
         }
-        match parse_memory(&self.memory) {
+        match memory_bytes(&self.memory) {
             Ok(0) => errors.push(format!("{path}.memory: must be above 0")),
             Ok(_) => {}
             Err(e) => errors.push(format!("{path}.memory: {e}")),
@@ -498,7 +457,7 @@ impl AppSpec {
     }
 
     /// The app's own policy, validated (`validate` refused the spec if it is not valid).
-    pub fn own_policy(&self) -> Option<crate::autoscale::Policy> {
+    pub fn own_policy(&self) -> Option<flotilla_autoscale::Policy> {
         self.autoscaling.as_ref().and_then(|a| a.validate().ok())
     }
 
@@ -565,18 +524,18 @@ mod tests {
 
     #[test]
     fn quantities() {
-        assert_eq!(parse_cpu("500m"), Ok(500));
-        assert_eq!(parse_cpu("1.5"), Ok(1500));
-        assert!(parse_cpu("lots").is_err());
-        assert_eq!(parse_memory("256Mi"), Ok(256 << 20));
-        assert_eq!(parse_memory("1G"), Ok(1_000_000_000));
-        assert_eq!(parse_memory("4096"), Ok(4096));
-        assert!(parse_memory("3 parsecs").is_err());
-        assert!(parse_memory("1000Ti").is_err());
+        assert_eq!(cpu_millis("500m"), Ok(500));
+        assert_eq!(cpu_millis("1.5"), Ok(1500));
+        assert!(cpu_millis("lots").is_err());
+        assert_eq!(memory_bytes("256Mi"), Ok(256 << 20));
+        assert_eq!(memory_bytes("1G"), Ok(1_000_000_000));
+        assert_eq!(memory_bytes("4096"), Ok(4096));
+        assert!(memory_bytes("3 parsecs").is_err());
+        assert!(memory_bytes("1000Ti").is_err());
         // The Kubernetes grammar: decimal exponents and exa suffixes (the latter too large
         // for any node, and refused for that reason alone).
-        assert_eq!(parse_memory("129e6"), Ok(129_000_000));
-        assert!(parse_memory("1Ei").unwrap_err().contains("more than any node has"));
+        assert_eq!(memory_bytes("129e6"), Ok(129_000_000));
+        assert!(memory_bytes("1Ei").unwrap_err().contains("more than any node has"));
         let spec = AppSpec::parse(&ECHO.replacen("memory = \"", "memory = \"129e6\" # was \"", 1)).unwrap();
         assert_eq!(spec.unit.head.resources().memory_bytes, 129_000_000);
     }

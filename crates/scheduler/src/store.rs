@@ -12,7 +12,6 @@ use redb::{Database, ReadableDatabase, TableDefinition};
 use serde::{Deserialize, Serialize};
 
 use crate::lifecycle::UnitState;
-use crate::rollout::RolloutRecord;
 use crate::spec::SpecOrigin;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -141,6 +140,75 @@ pub struct Intent {
 pub struct Override {
     pub floor: u32,
     pub ceiling: u32,
+}
+
+/// How the app's last rollout stands (kept in the store, shown by `apps`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RolloutState {
+    InProgress,
+    Complete,
+    Failed,
+}
+
+/// The app's last rollout: the template it rolls to, since when, and how it ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RolloutRecord {
+    /// The template fingerprint units roll to (`units APP --json` shows each unit's).
+    pub template: String,
+    pub state: RolloutState,
+    pub started_unix_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_unix_ms: Option<u64>,
+    /// Why it failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+impl RolloutRecord {
+    pub fn started(template: &str, now_ms: u64) -> RolloutRecord {
+        RolloutRecord {
+            template: template.to_string(),
+            state: RolloutState::InProgress,
+            started_unix_ms: now_ms,
+            finished_unix_ms: None,
+            reason: None,
+        }
+    }
+
+    /// A rollout with nothing to roll: complete as it starts.
+    pub fn nothing_to_roll(template: &str, now_ms: u64) -> RolloutRecord {
+        RolloutRecord {
+            state: RolloutState::Complete,
+            finished_unix_ms: Some(now_ms),
+            ..Self::started(template, now_ms)
+        }
+    }
+
+    /// The record after a pass that found the rollout `failed` (why) or `done`, if it
+    /// changed. Only an in-progress rollout of the spec in force moves.
+    pub fn advance(&self, fingerprint: &str, failed: Option<&str>, done: bool, now_ms: u64) -> Option<RolloutRecord> {
+        if self.state != RolloutState::InProgress || self.template != fingerprint {
+            return None;
+        }
+        match (failed, done) {
+            (Some(why), _) => Some(RolloutRecord {
+                state: RolloutState::Failed,
+                finished_unix_ms: Some(now_ms),
+                reason: Some(why.to_string()),
+                ..self.clone()
+            }),
+            (None, true) => {
+                Some(RolloutRecord { state: RolloutState::Complete, finished_unix_ms: Some(now_ms), ..self.clone() })
+            }
+            (None, false) => None,
+        }
+    }
+
+    /// Did the rollout to `fingerprint` fail (so nothing more rolls to it)?
+    pub fn halts(&self, fingerprint: &str) -> bool {
+        self.state == RolloutState::Failed && self.template == fingerprint
+    }
 }
 
 /// Autoscaling decision records kept per app (the newest).
@@ -557,6 +625,20 @@ fn write_batch(db: &Database, app: &str, batch: &[Write]) -> Result<(), StoreErr
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+
+    #[test]
+    fn a_rollout_record_moves_only_while_in_progress_for_the_spec_in_force() {
+        let r = RolloutRecord::started("new", 1);
+        assert_eq!(r.advance("new", None, false, 2), None);
+        let done = r.advance("new", None, true, 3).unwrap();
+        assert_eq!((done.state, done.finished_unix_ms), (RolloutState::Complete, Some(3)));
+        let failed = r.advance("new", Some("late"), true, 4).unwrap();
+        assert_eq!((failed.state, failed.reason.as_deref()), (RolloutState::Failed, Some("late")));
+        assert!(failed.halts("new") && !failed.halts("old") && !r.halts("new"));
+        assert_eq!(failed.advance("new", None, true, 5), None, "failed stays failed until the next apply");
+        assert_eq!(r.advance("other", None, true, 5), None, "another template's record does not move");
+        assert_eq!(RolloutRecord::nothing_to_roll("t", 7).state, RolloutState::Complete);
+    }
 
     pub(crate) fn unit(id: &str) -> UnitRecord {
         UnitRecord {

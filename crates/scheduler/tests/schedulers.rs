@@ -344,7 +344,7 @@ async fn a_basic_policy_follows_consumer_demand_and_the_operators_override() {
     let store: Arc<dyn Store> = Arc::new(MemStore::default());
     let mut sp = spec("auto", 1, "100m");
     sp.autoscaling = Some(
-        flotilla_scheduler::autoscale::AutoscalingConfig::from_toml(
+        flotilla_autoscale::AutoscalingConfig::from_toml(
             r#"
             [autoscaling]
             policy = "basic"

@@ -1,5 +1,5 @@
 //! Autoscale: every `interval` the app's policy (its own, or the named one it uses) reads
-//! the app's signals and decides its desired units per group. `crate::autoscale` decides;
+//! the app's signals and decides its desired units per group. `flotilla_autoscale` decides;
 //! this samples the signals, applies the decision within the operator's override, and
 //! records it (store, log, metrics).
 
@@ -13,10 +13,10 @@ use serde::Serialize;
 
 use super::Scheduler;
 use super::error::CommandError;
-use crate::autoscale::{Action, GroupUnits, Load, MemberUsage, Policy, Res, Signals, State, evaluate};
 use crate::lifecycle::UnitState;
 use crate::rollout::counts_toward_desired;
 use crate::store::{DECISIONS_KEPT, Write};
+use flotilla_autoscale::{Action, GroupUnits, Load, MemberUsage, Policy, Res, Signals, State, evaluate};
 
 /// Named autoscaling policies by name. The embedded control plane and its schedulers
 /// share one book; a standalone scheduler's book is refreshed from its control plane.

@@ -15,9 +15,9 @@ use super::autoscale::{Demand, DemandRequest};
 use super::error::CommandError;
 use super::{Scheduler, save};
 use crate::planner::ClassCache;
-use crate::rollout::{RolloutRecord, RolloutState};
 use crate::spec::{AppSpec, SpecOrigin};
 use crate::store::{Override, UnitRecord, Write};
+use crate::store::{RolloutRecord, RolloutState};
 
 /// What the API shows about an app.
 #[derive(Debug, Clone, Serialize)]
@@ -32,7 +32,7 @@ pub struct AppStatus {
     /// without copying every unit of a large app.
     pub units: Vec<Arc<UnitRecord>>,
     /// What each unit asks of the node pool.
-    pub unit_shape: crate::spec::UnitShape,
+    pub unit_shape: flotilla_core::UnitShape,
     /// Set when the app follows an autoscaling policy.
     pub autoscaling: Option<AutoscalingStatus>,
     /// The current spec as TOML (`GET /v1/apps/{app}/spec`); shared between statuses.
@@ -316,9 +316,9 @@ impl Scheduler {
             .count();
         let now = origin.at_unix_ms;
         let rollout = if stale == 0 {
-            crate::rollout::RolloutRecord::nothing_to_roll(&fingerprint, now)
+            RolloutRecord::nothing_to_roll(&fingerprint, now)
         } else {
-            crate::rollout::RolloutRecord::started(&fingerprint, now)
+            RolloutRecord::started(&fingerprint, now)
         };
         let superseded = self.stored.rollout.as_ref().is_some_and(|r| r.state == RolloutState::InProgress);
         let mut writes =

@@ -118,8 +118,14 @@ pub fn policy_file_from_toml(doc: &str) -> Result<(Policy, Model), PolicyFileErr
     };
     let mut unit = Res::default();
     for (field, q, default, parse, slot) in [
-        ("unit_cpu", s.unit_cpu, "1", crate::spec::parse_cpu as fn(&str) -> Result<u64, String>, &mut unit.cpu_millis),
-        ("unit_memory", s.unit_memory, "4Gi", crate::spec::parse_memory, &mut unit.memory_bytes),
+        (
+            "unit_cpu",
+            s.unit_cpu,
+            "1",
+            flotilla_core::quantity::cpu_millis as fn(&str) -> Result<u64, String>,
+            &mut unit.cpu_millis,
+        ),
+        ("unit_memory", s.unit_memory, "4Gi", flotilla_core::quantity::memory_bytes, &mut unit.memory_bytes),
     ] {
         match quantity(q, default, parse) {
             Ok(0) => push(field, "must be more than 0".into()),
@@ -146,7 +152,7 @@ pub fn policy_file_from_toml(doc: &str) -> Result<(Policy, Model), PolicyFileErr
         if !(lo..=hi).contains(&initial_units) {
             push("initial_units", format!("{initial_units} is not within the policy's bounds [{lo}, {hi}]"));
         }
-        if hi > crate::spec::MAX_UNITS {
+        if hi > flotilla_core::MAX_UNITS {
             // An app's spec allows no more, and the simulation holds one member per running unit.
             let (field, what) = match &p.algorithm {
                 Algorithm::Basic(_) => {
@@ -156,7 +162,7 @@ pub fn policy_file_from_toml(doc: &str) -> Result<(Policy, Model), PolicyFileErr
             };
             problems.push(Problem {
                 field: field.into(),
-                message: format!("{hi} units{what} is more than an app may have ({})", crate::spec::MAX_UNITS),
+                message: format!("{hi} units{what} is more than an app may have ({})", flotilla_core::MAX_UNITS),
             });
         }
     }

@@ -16,7 +16,7 @@
 //!
 //! Blank lines and lines starting with `#` are skipped. Every refusal names the line.
 
-use crate::autoscale::signals::Res;
+use crate::signals::Res;
 
 /// Traces longer than this are refused: a bigger file is almost certainly a mistake, and the
 /// whole trace is held in memory.

@@ -366,7 +366,7 @@ impl AutoscalingConfig {
     /// Checks every field against the originals' bounds and returns all problems at once.
     pub fn validate(&self) -> Result<Policy, Problems> {
         let mut v = Check(Vec::new());
-        if let Some(name) = self.name.as_deref().filter(|n| !crate::spec::is_name(n)) {
+        if let Some(name) = self.name.as_deref().filter(|n| !flotilla_core::is_name(n)) {
             v.push("autoscaling.name".into(), format!("{name:?} must be 1-63 of [a-z0-9-], not starting with '-'"));
         }
         v.choice("autoscaling.policy", &self.policy, PolicyChoice::EXPECTED, |c| matches!(c, PolicyChoice::Unknown(_)));
