@@ -15,10 +15,11 @@ use tracing::Instrument;
 use crate::cluster::{Cluster, ClusterError, ReportAnswer, TypeBounds};
 use crate::config::PoolConfig;
 use crate::instance::{Change, InstanceState, Instances, NodeSeen};
+use crate::model::{Constraints, IdleClock, Observation, Phase, PoolInstance};
 use crate::pack::Cause;
 use crate::policy::PolicyState;
 use crate::provider::{InstanceProvider, LaunchSpec, ProviderError};
-use crate::reconciler::{self, Constraints, IdleClock, Observation, Phase, PoolInstance};
+use crate::reconciler;
 use crate::store::{PoolStore, StoreError};
 
 /// Decisions kept for `GET /v1/pools/{pool}` (newest first there).
@@ -397,11 +398,11 @@ mod tests {
     use std::sync::Mutex;
 
     use flotilla_core::Resources;
-    use flotilla_scheduler::UnitShape;
+    use flotilla_core::UnitShape;
 
     use super::*;
+    use crate::model::{AppRow, NodeRow, Queued};
     use crate::provider::{BoxFuture, CloudInstance};
-    use crate::reconciler::{AppRow, NodeRow, Queued};
 
     #[derive(Default)]
     struct FakeProvider {

@@ -9,8 +9,8 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::model::{AppRow, Constraints, NodeRow};
 use crate::provider::BoxFuture;
-use crate::reconciler::{AppRow, Constraints, NodeRow};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {

@@ -4,14 +4,14 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use flotilla_autoscale::{AutoscalingConfig, Span};
 use flotilla_core::Resources;
-use flotilla_scheduler::autoscale::{AutoscalingConfig, Span};
-use flotilla_scheduler::{parse_cpu, parse_memory};
+use flotilla_core::quantity;
 use serde::Deserialize;
 
 use crate::instance::Timeouts;
+use crate::model::PoolPolicy;
 use crate::pack::{Labels, NodeType};
-use crate::policy::PoolPolicy;
 use crate::shape::{ResourceNames, Shape};
 
 const MAX_POOL_BYTES: usize = 256 * 1024;
@@ -208,8 +208,8 @@ impl PoolConfig {
             if !name_ok(name) {
                 errors.push(format!("{path}: the name must be 1 to 63 letters, digits, '-' or '_'"));
             }
-            let cpu = parse_cpu(&t.cpu.text()).map_err(|e| format!("{path}.cpu: {e}"));
-            let memory = parse_memory(&t.memory.text()).map_err(|e| format!("{path}.memory: {e}"));
+            let cpu = quantity::cpu_millis(&t.cpu.text()).map_err(|e| format!("{path}.cpu: {e}"));
+            let memory = quantity::memory_bytes(&t.memory.text()).map_err(|e| format!("{path}.memory: {e}"));
             let (cpu, memory) = match (cpu, memory) {
                 (Ok(c), Ok(m)) => (c, m),
                 (c, m) => {

@@ -17,6 +17,7 @@ pub mod cluster;
 pub mod config;
 pub mod demand;
 pub mod instance;
+pub mod model;
 pub mod pack;
 pub mod policy;
 pub mod provider;

@@ -10,20 +10,10 @@
 
 use std::collections::BTreeMap;
 
-use flotilla_scheduler::autoscale::{
-    Decision, GroupUnits, Load, MemberUsage, Policy, Res, Signals, State, Units, evaluate,
-};
+use flotilla_autoscale::{Decision, GroupUnits, Load, MemberUsage, Res, Signals, State, Units, evaluate};
 
 use crate::config::PoolConfig;
-use crate::reconciler::{Observation, Phase};
-
-/// Which types the policy sizes.
-#[derive(Debug, Clone)]
-pub struct PoolPolicy {
-    pub primary: String,
-    pub secondary: Option<String>,
-    pub policy: Policy,
-}
+use crate::model::{Observation, Phase, PoolPolicy};
 
 /// The policy's memory between passes, and its last answer (held between evaluations,
 /// which come every `interval` of the policy, not every pass).
@@ -38,13 +28,6 @@ pub struct PolicyState {
 pub struct Sizing {
     pub desired: BTreeMap<String, u32>,
     pub decision: Decision,
-}
-
-impl PoolPolicy {
-    /// The types this policy sizes.
-    pub fn types(&self) -> impl Iterator<Item = &str> {
-        std::iter::once(self.primary.as_str()).chain(self.secondary.as_deref())
-    }
 }
 
 fn res(r: &flotilla_core::Resources) -> Res {
@@ -132,8 +115,9 @@ mod tests {
     use flotilla_core::Resources;
 
     use crate::config::PoolConfig;
+    use crate::model::{AppRow, Constraints, IdleClock, NodeRow, Observation, Phase, PoolInstance};
     use crate::pack::Cause;
-    use crate::reconciler::{AppRow, Constraints, IdleClock, NodeRow, Observation, Phase, PoolInstance, decide};
+    use crate::reconciler::decide;
 
     use super::PolicyState;
 

@@ -4,7 +4,7 @@
 use std::cmp::Ordering;
 use std::sync::Arc;
 
-use super::{Group, Labels, Source};
+use super::problem::{Group, Labels, Source};
 use crate::shape::{GPU, ResourceNames, Shape};
 
 /// Where a simulated node comes from.

@@ -1,0 +1,177 @@
+//! The packing problem and its answer as plain data: node types, nodes, requests and
+//! gangs in, a [`Plan`] out, and the merged request groups the passes work on.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use crate::shape::{ResourceNames, Shape};
+
+/// Node labels.
+pub type Labels = BTreeMap<String, String>;
+
+/// A kind of node the pool can launch.
+#[derive(Debug, Clone)]
+pub struct NodeType {
+    pub name: String,
+    pub resources: Shape,
+    pub labels: Labels,
+    pub min: u32,
+    pub max: u32,
+    /// Price per hour; when every type has one, the cheapest capacity per request wins.
+    pub cost: Option<f64>,
+    /// A node of this type idle longer than this is terminated (None: never).
+    pub idle_timeout_ms: Option<u64>,
+}
+
+/// A node that exists (running, or launched and not yet running).
+#[derive(Debug, Clone)]
+pub struct Node {
+    pub id: String,
+    /// The pool's node type; `None` for a node the pool does not manage (its capacity
+    /// is used, but it is never terminated or counted against a type).
+    pub node_type: Option<String>,
+    pub total: Shape,
+    pub available: Shape,
+    pub labels: Labels,
+    /// How long the node has held nothing (0 when busy).
+    pub idle_ms: u64,
+    /// Launched but not yet running: it counts as capacity, never as idle.
+    pub pending: bool,
+}
+
+/// Which nodes a request may use: all `require`d labels present with these values, no
+/// `forbid`den label with that value.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Selector {
+    pub require: Labels,
+    pub forbid: Labels,
+}
+
+impl Selector {
+    pub fn is_empty(&self) -> bool {
+        self.require.is_empty() && self.forbid.is_empty()
+    }
+
+    pub fn matches(&self, labels: &Labels) -> bool {
+        self.require.iter().all(|(k, v)| labels.get(k) == Some(v))
+            && self.forbid.iter().all(|(k, v)| labels.get(k) != Some(v))
+    }
+}
+
+/// `count` identical bundles of resources.
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub shape: Shape,
+    pub count: u64,
+    pub selector: Selector,
+}
+
+/// Ray's placement group strategies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum Strategy {
+    /// Every bundle on a different node.
+    StrictSpread,
+    /// All bundles on one node.
+    StrictPack,
+    /// Best effort: the autoscaler only needs the bundles to fit somewhere.
+    Pack,
+    Spread,
+}
+
+/// Bundles placed all or nothing.
+#[derive(Debug, Clone)]
+pub struct Gang {
+    pub id: String,
+    pub strategy: Strategy,
+    pub bundles: Vec<Shape>,
+    pub selector: Selector,
+    /// Every bundle on nodes sharing this label's value (a unit's one domain).
+    pub same: Option<String>,
+}
+
+/// One packing problem.
+#[derive(Debug, Clone, Default)]
+pub struct Problem {
+    pub names: ResourceNames,
+    pub node_types: Vec<NodeType>,
+    /// Most nodes of all types together (existing included).
+    pub max_nodes: Option<u32>,
+    pub nodes: Vec<Node>,
+    pub requests: Vec<Request>,
+    pub gangs: Vec<Gang>,
+    /// Capacity the pool must hold whatever the demand (`request_resources`).
+    pub floor: Vec<Request>,
+}
+
+/// Why a node is terminated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Cause {
+    MaxPerType,
+    MaxNodes,
+    Idle,
+    /// A pool policy wants fewer nodes of the type.
+    Policy,
+}
+
+impl Cause {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Cause::MaxPerType => "max_per_type",
+            Cause::MaxNodes => "max_nodes",
+            Cause::Idle => "idle",
+            Cause::Policy => "policy",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Termination {
+    pub node_id: String,
+    pub node_type: String,
+    pub cause: Cause,
+    pub detail: String,
+}
+
+/// What could not be placed.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Infeasible {
+    /// `request[i]`, `gang <id>` or `floor`.
+    pub request: String,
+    pub count: u64,
+    pub reason: String,
+}
+
+/// The decision of one pass.
+#[derive(Debug, Clone, Default)]
+pub struct Plan {
+    /// New nodes by type, with why (the first reason per type).
+    pub launch: BTreeMap<String, u32>,
+    pub launch_reasons: BTreeMap<String, Vec<String>>,
+    pub terminate: Vec<Termination>,
+    pub infeasible: Vec<Infeasible>,
+    /// Capacity of the new nodes, and the part of it this pass placed demand on.
+    pub new_capacity: Shape,
+    pub new_used: Shape,
+    /// Existing nodes that took demand or floor in this pass (never terminated).
+    pub needed: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Source {
+    Demand = 0,
+    Floor = 1,
+}
+
+/// Identical requests of the pass, merged, in Ray's order.
+#[derive(Debug, Clone)]
+pub(crate) struct Group {
+    pub shape: Shape,
+    pub selector: Arc<Selector>,
+    /// STRICT_SPREAD: at most one bundle carrying this tag per node.
+    pub anti: Option<u32>,
+    pub kinds: u64,
+    /// What the group stands for, for reports: (label, count) in input order.
+    pub sources: Vec<(String, u64)>,
+}
