@@ -17,6 +17,9 @@ use flotilla_scheduler::{AppHandle, AppStatus};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use crate::auth::authorize;
+use crate::forward::{forward, remote, remote_summary, unreachable};
+use crate::replicas::REMOTE_TTL;
 use crate::{ControlError, ControlState};
 
 pub enum AppEndpoint {
@@ -27,9 +30,6 @@ pub enum AppEndpoint {
         seen: Instant,
     },
 }
-
-/// A standalone scheduler that stops re-registering is dropped after this long.
-pub(crate) const REMOTE_TTL: Duration = Duration::from_secs(30);
 
 #[derive(Default)]
 pub struct Apps(RwLock<BTreeMap<String, AppEndpoint>>);
@@ -183,69 +183,9 @@ pub fn unit_rows(s: &AppStatus) -> Value {
     Value::Array(rows)
 }
 
-fn unreachable(url: &str, e: reqwest::Error) -> ControlError {
-    ControlError::SchedulerUnreachable { url: url.to_string(), message: e.to_string() }
-}
-
-pub(crate) async fn remote(http: &reqwest::Client, url: &str, path: &str) -> Result<Value, ControlError> {
-    remote_within(http, url, path, Duration::from_secs(5)).await
-}
-
-/// GET `path` of a standalone scheduler's API, allowing `timeout` for the whole answer;
-/// its refusal (a JSON error) comes back as one.
-pub(crate) async fn remote_within(
-    http: &reqwest::Client,
-    url: &str,
-    path: &str,
-    timeout: Duration,
-) -> Result<Value, ControlError> {
-    let resp = http
-        .get(format!("{}{path}", url.trim_end_matches('/')))
-        .timeout(timeout)
-        .send()
-        .await
-        .map_err(|e| unreachable(url, e))?;
-    let status = resp.status();
-    let v: Value = resp.json().await.map_err(|e| unreachable(url, e))?;
-    if !status.is_success() {
-        let message = v.pointer("/error/message").and_then(Value::as_str).unwrap_or("refused").to_string();
-        return Err(ControlError::Forwarded { status, message: format!("{url}: {message}") });
-    }
-    Ok(v)
-}
-
 /// How long `GET /v1/apps` waits for a standalone scheduler before it lists its app as
 /// unreachable (they are asked at once, so this bounds the whole answer).
 const LIST_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// The row of an app whose standalone scheduler did not answer: the app, where it was
-/// asked, `"unreachable": true` and the error. A reachable app's row carries no such
-/// field, so readers of the summary shape only gain one.
-pub(crate) fn unreachable_row(app: &str, url: &str, e: &ControlError) -> Value {
-    use flotilla_core::ServiceError;
-    json!({
-        "app": app,
-        "scheduler_url": url,
-        "unreachable": true,
-        "error": {"code": e.code(), "message": e.to_string()},
-    })
-}
-
-/// A standalone scheduler's summary of `app`, or its unreachable row.
-pub(crate) async fn remote_summary(http: &reqwest::Client, app: &str, url: &str, timeout: Duration) -> Value {
-    match remote_within(http, url, &format!("/v1/apps/{app}"), timeout).await {
-        Ok(mut v) => {
-            if v.get("scheduler_url").is_none_or(Value::is_null) {
-                v["scheduler_url"] = json!(url);
-            }
-            v
-        }
-        Err(e) => {
-            tracing::debug!(app, url, error = %e, "a standalone scheduler did not answer");
-            unreachable_row(app, url, &e)
-        }
-    }
-}
 
 /// `GET /v1/apps`: every app, its standalone schedulers asked concurrently; one that
 /// does not answer within [`LIST_TIMEOUT`] is listed unreachable, never failing the rest.
@@ -462,42 +402,11 @@ async fn rollback(
     }
 }
 
-/// Sends a mutating call on to a standalone scheduler with the caller's token, and
-/// passes its answer (or its error) back.
-pub(crate) async fn forward(
-    req: reqwest::RequestBuilder,
-    url: &str,
-    headers: &HeaderMap,
-) -> Result<Json<Value>, ControlError> {
-    let mut req = req.timeout(Duration::from_secs(5));
-    if let Some(v) = headers.get(axum::http::header::AUTHORIZATION).and_then(|v| v.to_str().ok()) {
-        req = req.header("authorization", v);
-    }
-    let resp = req.send().await.map_err(|e| unreachable(url, e))?;
-    let status = resp.status();
-    let v: Value = resp.json().await.map_err(|e| unreachable(url, e))?;
-    if status.is_success() {
-        Ok(Json(v))
-    } else {
-        let msg = v.pointer("/error/message").and_then(Value::as_str).unwrap_or("refused").to_string();
-        Err(ControlError::Forwarded { status, message: msg })
-    }
-}
-
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Registration {
     app: String,
     url: String,
-}
-
-/// Checks `Authorization: Bearer <token>` for mutating calls (the serving layer checked
-/// it already, before reading the body: see [`crate::limits`]).
-pub fn authorize(s: &ControlState, headers: &HeaderMap) -> Result<(), ControlError> {
-    match s.api_token.get() {
-        Some(want) => crate::limits::check_token(&want, headers),
-        None => Ok(()),
-    }
 }
 
 async fn register_scheduler(
@@ -507,7 +416,7 @@ async fn register_scheduler(
 ) -> Result<StatusCode, ControlError> {
     authorize(&s, &headers)?;
     let Json(r) = body.map_err(|e| ControlError::BadRequest(e.body_text()))?;
-    if !flotilla_scheduler::AppSpec::is_valid_name(&r.app) {
+    if !flotilla_core::is_name(&r.app) {
         return Err(ControlError::BadRequest(format!(
             "app {:?}: 1..=63 of a-z, 0-9 and '-', not starting with '-' (as an app spec's name)",
             r.app

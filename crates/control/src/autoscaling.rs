@@ -13,7 +13,9 @@ use flotilla_scheduler::DemandRequest;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::apps::{authorize, forward, not_found, remote};
+use crate::apps::not_found;
+use crate::auth::authorize;
+use crate::forward::{forward, remote};
 use crate::{ControlError, ControlState};
 
 /// Longest a decisions listing is (the store keeps this many).

@@ -1,10 +1,12 @@
-//! `GET /v1/nodes` (paged, filtered, or every node streamed) and `GET /v1/nodes/{node}`
-//! (one row with the members the apps placed there).
+//! `GET /v1/nodes` (paged, filtered, or every node streamed), `GET /v1/nodes/{node}`
+//! (one row with the members the apps placed there), `GET /v1/shards`, and the node
+//! actions: `POST /v1/nodes/{node}/cordon|drain|uncordon`.
 
 use crate::catalogue as m;
 use std::convert::Infallible;
 use std::sync::Arc;
 
+use axum::Json;
 use axum::body::Body;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
@@ -194,6 +196,86 @@ fn drain_waits(u: &flotilla_scheduler::UnitRecord, units: &[Arc<flotilla_schedul
         return Some(format!("replacement {} cannot be placed: {why}", r.unit_id));
     }
     u.placement_note.as_deref().and_then(|n| n.strip_prefix("drain waits:")).map(|n| n.trim().to_string())
+}
+
+/// `POST /v1/nodes/{node}/cordon|drain|uncordon`. A drain also asks every app's scheduler
+/// to replace the members the node runs elsewhere before they are stopped.
+pub(crate) async fn node_action(
+    State(s): State<Arc<ControlState>>,
+    axum::extract::Path((node, action)): axum::extract::Path<(String, String)>,
+    headers: axum::http::HeaderMap,
+) -> Result<Json<serde_json::Value>, ControlError> {
+    let what = match action.as_str() {
+        "cordon" => NodeAction::Cordon,
+        "drain" => NodeAction::Drain,
+        "uncordon" => NodeAction::Uncordon,
+        _ => return Err(ControlError::NoSuchAction(action)),
+    };
+    set_cordon(&s, &node, &headers, what).await
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum NodeAction {
+    Cordon,
+    Drain,
+    Uncordon,
+}
+
+/// Asks the shard that owns `node` to (un)cordon or drain it; the change shows in the
+/// next view.
+async fn set_cordon(
+    s: &ControlState,
+    node: &str,
+    headers: &axum::http::HeaderMap,
+    what: NodeAction,
+) -> Result<Json<serde_json::Value>, ControlError> {
+    let (cordoned, drain) = (what != NodeAction::Uncordon, what == NodeAction::Drain);
+    crate::auth::authorize(s, headers)?;
+    let not_found = || ControlError::NoSuchNode(node.to_string());
+    let id = flotilla_core::NodeId::new(node).map_err(|_| not_found())?;
+    let shard = s.cluster.slots().iter().position(|slot| slot.view.get(&id).is_some()).ok_or_else(not_found)?;
+    let addr = s.shards.get(shard).ok_or_else(not_found)?;
+    let unreachable = |message: String| ControlError::ShardUnreachable { shard, message };
+    // `a|b`: the shard's active process and its standbys; the first that answers.
+    let mut channel = Err(String::from("no address"));
+    for alt in flotilla_core::shard_alternates(addr) {
+        channel = s.dialer.connect(alt, Some(std::time::Duration::from_secs(10))).await.map_err(|e| e.to_string());
+        if channel.is_ok() {
+            break;
+        }
+    }
+    let mut client =
+        flotilla_proto::v1::node_admin_service_client::NodeAdminServiceClient::new(channel.map_err(unreachable)?);
+    let r = client
+        .set_cordon(flotilla_proto::v1::CordonRequest { node_id: node.to_string(), cordoned, drain })
+        .await
+        .map_err(|e| unreachable(e.message().to_string()))?
+        .into_inner();
+    if !r.found {
+        return Err(not_found());
+    }
+    tracing::info!(node, cordoned, drain, "node cordon changed");
+    Ok(Json(serde_json::json!({"node_id": node, "cordoned": cordoned, "drain_requested": drain})))
+}
+
+pub(crate) async fn list_shards(State(s): State<Arc<ControlState>>) -> Json<serde_json::Value> {
+    metrics::counter!(m::API_REQUESTS.name, "route" => "/v1/shards").increment(1);
+    let rows: Vec<_> = s
+        .cluster
+        .slots()
+        .iter()
+        .enumerate()
+        .map(|(i, slot)| {
+            serde_json::json!({
+                "shard": i,
+                "address": s.shards.get(i),
+                "connected": slot.connected,
+                "version": {"epoch": slot.view.version.epoch, "seq": slot.view.version.seq},
+                "nodes": slot.view.len(),
+            })
+        })
+        .collect();
+    Json(serde_json::Value::Array(rows))
 }
 
 #[cfg(test)]

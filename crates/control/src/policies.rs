@@ -10,8 +10,8 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 
+use flotilla_autoscale::{Policy, policy_file_from_toml};
 use flotilla_scheduler::PolicyBook;
-use flotilla_scheduler::autoscale::{Policy, policy_file_from_toml};
 use serde_json::{Value, json};
 
 use crate::ControlError;

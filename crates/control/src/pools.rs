@@ -20,16 +20,14 @@ use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::{Json, Router};
 use flotilla_pool::cluster::TypeBounds;
-use flotilla_pool::reconciler::Constraints;
+use flotilla_pool::model::Constraints;
 use serde_json::{Value, json};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::apps::authorize;
-use crate::replicas::Shared;
+use crate::auth::authorize;
+use crate::replicas::{STALE_AFTER, Shared};
 use crate::{ControlError, ControlState};
 
-/// A pool whose autoscaler stops reporting for this long shows as stale.
-pub(crate) const STALE_AFTER: Duration = Duration::from_secs(60);
 /// Most pools one control plane tracks.
 pub const MAX_POOLS: usize = 64;
 

@@ -28,6 +28,10 @@ use crate::{ControlError, ControlState};
 /// How often a replica reloads etcd's copy: changes made through another replica show
 /// within this long.
 pub const MIRROR_EVERY: Duration = Duration::from_secs(1);
+/// A standalone scheduler that stops re-registering is dropped after this long.
+pub(crate) const REMOTE_TTL: Duration = Duration::from_secs(30);
+/// A pool whose autoscaler stops reporting for this long shows as stale.
+pub(crate) const STALE_AFTER: Duration = Duration::from_secs(60);
 
 /// The shared part of the control plane's state, in etcd.
 pub struct Replicas {
@@ -59,15 +63,11 @@ impl Shared<'_> {
     /// Its key under `control/`, its value, and its lease TTL when it is soft state.
     fn entry(&self) -> (String, String, Option<Duration>) {
         match self {
-            Shared::Scheduler { app, url } => {
-                (format!("schedulers/{app}"), url.to_string(), Some(crate::apps::REMOTE_TTL))
-            }
+            Shared::Scheduler { app, url } => (format!("schedulers/{app}"), url.to_string(), Some(REMOTE_TTL)),
             Shared::Policy { name, toml } => (format!("policies/{name}"), toml.to_string(), None),
             Shared::Constraints { pool, json } => (format!("pools/{pool}/constraints"), json.clone(), None),
             Shared::Bounds { pool, json } => (format!("pools/{pool}/bounds"), json.clone(), None),
-            Shared::Report { pool, json } => {
-                (format!("pools/{pool}/report"), json.clone(), Some(crate::pools::STALE_AFTER))
-            }
+            Shared::Report { pool, json } => (format!("pools/{pool}/report"), json.clone(), Some(STALE_AFTER)),
         }
     }
 }
@@ -224,10 +224,10 @@ mod tests {
     #[test]
     fn soft_state_has_a_lease_and_the_rest_does_not() {
         let s = Shared::Scheduler { app: "echo", url: "http://h:1" }.entry();
-        assert_eq!((s.0.as_str(), s.2), ("schedulers/echo", Some(crate::apps::REMOTE_TTL)));
+        assert_eq!((s.0.as_str(), s.2), ("schedulers/echo", Some(REMOTE_TTL)));
         let p = Shared::Policy { name: "p", toml: "x" }.entry();
         assert_eq!((p.0.as_str(), p.2), ("policies/p", None));
         let r = Shared::Report { pool: "gpu", json: "{}".into() }.entry();
-        assert_eq!((r.0.as_str(), r.2), ("pools/gpu/report", Some(crate::pools::STALE_AFTER)));
+        assert_eq!((r.0.as_str(), r.2), ("pools/gpu/report", Some(STALE_AFTER)));
     }
 }

@@ -1,0 +1,93 @@
+//! Calls to standalone schedulers' APIs (`flotilla scheduler --control URL`): reads the
+//! control plane passes on, and mutating calls forwarded with the caller's token. Their
+//! refusals come back as the scheduler gave them; no answer is `SchedulerUnreachable`.
+
+use std::time::Duration;
+
+use axum::Json;
+use axum::http::HeaderMap;
+use serde_json::{Value, json};
+
+use crate::ControlError;
+
+pub(crate) fn unreachable(url: &str, e: reqwest::Error) -> ControlError {
+    ControlError::SchedulerUnreachable { url: url.to_string(), message: e.to_string() }
+}
+
+pub(crate) async fn remote(http: &reqwest::Client, url: &str, path: &str) -> Result<Value, ControlError> {
+    remote_within(http, url, path, Duration::from_secs(5)).await
+}
+
+/// GET `path` of a standalone scheduler's API, allowing `timeout` for the whole answer;
+/// its refusal (a JSON error) comes back as one.
+pub(crate) async fn remote_within(
+    http: &reqwest::Client,
+    url: &str,
+    path: &str,
+    timeout: Duration,
+) -> Result<Value, ControlError> {
+    let resp = http
+        .get(format!("{}{path}", url.trim_end_matches('/')))
+        .timeout(timeout)
+        .send()
+        .await
+        .map_err(|e| unreachable(url, e))?;
+    let status = resp.status();
+    let v: Value = resp.json().await.map_err(|e| unreachable(url, e))?;
+    if !status.is_success() {
+        let message = v.pointer("/error/message").and_then(Value::as_str).unwrap_or("refused").to_string();
+        return Err(ControlError::Forwarded { status, message: format!("{url}: {message}") });
+    }
+    Ok(v)
+}
+
+/// The row of an app whose standalone scheduler did not answer: the app, where it was
+/// asked, `"unreachable": true` and the error. A reachable app's row carries no such
+/// field, so readers of the summary shape only gain one.
+pub(crate) fn unreachable_row(app: &str, url: &str, e: &ControlError) -> Value {
+    use flotilla_core::ServiceError;
+    json!({
+        "app": app,
+        "scheduler_url": url,
+        "unreachable": true,
+        "error": {"code": e.code(), "message": e.to_string()},
+    })
+}
+
+/// A standalone scheduler's summary of `app`, or its unreachable row.
+pub(crate) async fn remote_summary(http: &reqwest::Client, app: &str, url: &str, timeout: Duration) -> Value {
+    match remote_within(http, url, &format!("/v1/apps/{app}"), timeout).await {
+        Ok(mut v) => {
+            if v.get("scheduler_url").is_none_or(Value::is_null) {
+                v["scheduler_url"] = json!(url);
+            }
+            v
+        }
+        Err(e) => {
+            tracing::debug!(app, url, error = %e, "a standalone scheduler did not answer");
+            unreachable_row(app, url, &e)
+        }
+    }
+}
+
+/// Sends a mutating call on to a standalone scheduler with the caller's token, and
+/// passes its answer (or its error) back.
+pub(crate) async fn forward(
+    req: reqwest::RequestBuilder,
+    url: &str,
+    headers: &HeaderMap,
+) -> Result<Json<Value>, ControlError> {
+    let mut req = req.timeout(Duration::from_secs(5));
+    if let Some(v) = headers.get(axum::http::header::AUTHORIZATION).and_then(|v| v.to_str().ok()) {
+        req = req.header("authorization", v);
+    }
+    let resp = req.send().await.map_err(|e| unreachable(url, e))?;
+    let status = resp.status();
+    let v: Value = resp.json().await.map_err(|e| unreachable(url, e))?;
+    if status.is_success() {
+        Ok(Json(v))
+    } else {
+        let msg = v.pointer("/error/message").and_then(Value::as_str).unwrap_or("refused").to_string();
+        Err(ControlError::Forwarded { status, message: msg })
+    }
+}
