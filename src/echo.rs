@@ -24,13 +24,13 @@ pub struct EchoArgs {
     #[arg(long)]
     pub listen: Option<SocketAddr>,
     /// Answer every request this much later (a slow backend, for routing tests).
-    #[arg(long, default_value = "0s", value_parser = crate::servers::parse_duration)]
+    #[arg(long, default_value = "0s", value_parser = crate::cli::http::parse_duration)]
     pub delay: Duration,
     /// Deprecated spelling of --delay, in milliseconds.
     #[arg(long, hide = true, conflicts_with = "delay")]
     pub delay_ms: Option<u64>,
     /// `/healthz` answers 503 until this long after start (a slow head, for start-order tests).
-    #[arg(long, default_value = "0s", value_parser = crate::servers::parse_duration)]
+    #[arg(long, default_value = "0s", value_parser = crate::cli::http::parse_duration)]
     pub ready_after: Duration,
 }
 
@@ -88,7 +88,7 @@ pub async fn run(a: EchoArgs) -> anyhow::Result<()> {
         }));
     let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
     tracing::info!(addr = %listener.local_addr()?, "echo-server listening");
-    axum::serve(listener, app).with_graceful_shutdown(crate::servers::shutdown_signal()).await?;
+    axum::serve(listener, app).with_graceful_shutdown(crate::serve::shutdown_signal()).await?;
     Ok(())
 }
 

@@ -2,21 +2,17 @@
 //! client commands (`nodes`, `status`, `scale --wait`, …) — see docs/architecture.md
 //! §13 for the contract.
 
-mod autoscaling;
 mod catalogue;
-mod client;
+mod cli;
 mod echo;
 mod ha;
 mod pool;
 mod route;
 mod secrets;
-mod servers;
+mod serve;
 mod shard_state;
 mod sim;
-mod status;
-mod table;
 mod up;
-mod wait;
 
 use clap::{CommandFactory, Parser, Subcommand};
 
@@ -37,35 +33,35 @@ enum Cmd {
     /// The embedded all-in-one: shards and control API in this process, agents as children.
     Up(up::UpArgs),
     /// One resource aggregator shard.
-    Aggregator(servers::AggregatorArgs),
+    Aggregator(serve::aggregator::AggregatorArgs),
     /// The control plane: follows every shard and serves the HTTP API.
-    Control(servers::ControlArgs),
+    Control(serve::control::ControlArgs),
     /// The node agent (the same code as `flotilla-agent`).
     Agent(Box<flotilla_agent::config::AgentCommand>),
     /// One app's scheduler as its own process.
-    Scheduler(servers::SchedulerArgs),
+    Scheduler(serve::scheduler::SchedulerArgs),
     /// A tiny HTTP workload that answers with its node, unit and role.
     EchoServer(echo::EchoArgs),
     /// List nodes from the control plane.
-    Nodes(client::ListArgs),
+    Nodes(cli::http::ListArgs),
     /// List apps and their units by state.
-    Apps(client::ListArgs),
+    Apps(cli::http::ListArgs),
     /// List an app's units and where their members run.
-    Units(client::UnitsArgs),
+    Units(cli::apps::UnitsArgs),
     /// An app's route table: serving members and their weights.
-    Routes(client::UnitsArgs),
+    Routes(cli::apps::UnitsArgs),
     /// Operator actions on a node: cordon, drain, uncordon.
-    Node(client::NodeArgs),
+    Node(cli::nodes::NodeArgs),
     /// Set an app's desired number of units.
-    Scale(client::ScaleArgs),
+    Scale(cli::scale::ScaleArgs),
     /// Update a running app from its spec file: changed units roll through.
-    Apply(client::ApplyArgs),
+    Apply(cli::apply::ApplyArgs),
     /// An app's autoscaling decisions, newest first, with the numbers behind each.
-    Decisions(client::UnitsArgs),
+    Decisions(cli::apps::UnitsArgs),
     /// Named autoscaling policies that many apps share.
-    Policy(autoscaling::PolicyArgs),
+    Policy(cli::autoscaling::PolicyArgs),
     /// What consumers need an app to be able to run (its policy sizes the app to it).
-    Demand(autoscaling::DemandArgs),
+    Demand(cli::autoscaling::DemandArgs),
     /// The health-weighted reverse proxy for an app (or a fixed list of backends).
     Route(route::RouteArgs),
     /// Rotate the agents' join token: add a new one, later retire the old ones.
@@ -75,11 +71,11 @@ enum Cmd {
     /// Pool autoscaling offline: `autoscale plan --demand FILE.json`.
     Autoscale(pool::AutoscaleArgs),
     /// Node pools: instances by type and state, and the last decision.
-    Pool(client::ListArgs),
+    Pool(cli::http::ListArgs),
     /// The pool autoscaler as its own process (in `up`, `--autoscale` runs it).
     Autoscaler(pool::AutoscalerArgs),
     /// The cluster at a glance: shards, nodes by status, apps by state, pending demand, pools.
-    Status(client::ListArgs),
+    Status(cli::http::ListArgs),
     /// Print a shell completion script (`flotilla completions bash > /etc/bash_completion.d/flotilla`).
     Completions { shell: clap_complete::Shell },
 }
@@ -105,24 +101,24 @@ fn main() -> std::process::ExitCode {
                     rt.block_on(async move {
                         match other {
                             Cmd::Up(a) => up::run(a, log_format).await,
-                            Cmd::Aggregator(a) => servers::aggregator(a).await,
-                            Cmd::Control(a) => servers::control(a).await,
-                            Cmd::Scheduler(a) => servers::scheduler(a).await,
+                            Cmd::Aggregator(a) => serve::aggregator::aggregator(a).await,
+                            Cmd::Control(a) => serve::control::control(a).await,
+                            Cmd::Scheduler(a) => serve::scheduler::scheduler(a).await,
                             Cmd::EchoServer(a) => echo::run(a).await,
-                            Cmd::Nodes(a) => client::nodes(a).await,
-                            Cmd::Apps(a) => client::apps(a).await,
-                            Cmd::Units(a) => client::units(a).await,
-                            Cmd::Scale(a) => client::scale(a).await,
-                            Cmd::Apply(a) => client::apply(a).await,
-                            Cmd::Decisions(a) => autoscaling::decisions(a).await,
-                            Cmd::Policy(a) => autoscaling::policy(a).await,
-                            Cmd::Demand(a) => autoscaling::demand(a).await,
+                            Cmd::Nodes(a) => cli::nodes::nodes(a).await,
+                            Cmd::Apps(a) => cli::apps::apps(a).await,
+                            Cmd::Units(a) => cli::apps::units(a).await,
+                            Cmd::Scale(a) => cli::scale::scale(a).await,
+                            Cmd::Apply(a) => cli::apply::apply(a).await,
+                            Cmd::Decisions(a) => cli::autoscaling::decisions(a).await,
+                            Cmd::Policy(a) => cli::autoscaling::policy(a).await,
+                            Cmd::Demand(a) => cli::autoscaling::demand(a).await,
                             Cmd::Route(a) => route::run(a).await,
-                            Cmd::Node(a) => client::node(a).await,
-                            Cmd::Routes(a) => client::routes(a).await,
+                            Cmd::Node(a) => cli::nodes::node(a).await,
+                            Cmd::Routes(a) => cli::apps::routes(a).await,
                             Cmd::Pool(a) => pool::pool(a).await,
                             Cmd::Autoscaler(a) => pool::run_standalone(a, log_format).await,
-                            Cmd::Status(a) => status::status(a).await,
+                            Cmd::Status(a) => cli::status::status(a).await,
                             Cmd::Agent(_)
                             | Cmd::JoinToken(_)
                             | Cmd::Sim(_)

@@ -18,7 +18,7 @@ use flotilla_pool::provider::local::{LocalConfig, LocalProvider};
 use flotilla_pool::store::PoolStore;
 use serde_json::Value;
 
-use crate::client::ListArgs;
+use crate::cli::http::ListArgs;
 
 /// The largest demand file `plan` reads.
 const MAX_DEMAND_BYTES: u64 = 256 << 20;
@@ -67,7 +67,7 @@ fn plan(a: PlanArgs) -> anyhow::Result<()> {
     }
     println!("launch {} node(s), decided in {:.3} ms", r.nodes_total, r.decision_seconds * 1e3);
     if !r.nodes_by_type.is_empty() {
-        let mut table = crate::table::Table::new(&["TYPE", ">COUNT", "WHY"]);
+        let mut table = crate::cli::table::Table::new(&["TYPE", ">COUNT", "WHY"]);
         for (t, n) in &r.nodes_by_type {
             let why = r.reasons.get(t).map(|w| w.join(", ")).unwrap_or_default();
             table.row(vec![t.clone(), n.to_string(), why]);
@@ -95,7 +95,7 @@ fn plan(a: PlanArgs) -> anyhow::Result<()> {
 
 /// `flotilla pool`: each pool's instances by type and state.
 pub async fn pool(a: ListArgs) -> anyhow::Result<()> {
-    let v = crate::client::get(&a, "/v1/pools").await?;
+    let v = crate::cli::http::get(&a, "/v1/pools").await?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
@@ -108,7 +108,7 @@ pub async fn pool(a: ListArgs) -> anyhow::Result<()> {
         let s = |v: &Value, k: &str| v.get(k).and_then(Value::as_str).unwrap_or("-").to_string();
         let stale = if p["stale"].as_bool() == Some(true) { " (stale: its autoscaler stopped reporting)" } else { "" };
         println!("pool {} (provider {}){stale}", s(p, "pool"), s(p, "provider"));
-        let mut types = crate::table::Table::new(&["TYPE", ">MIN", ">MAX", "STATES"]);
+        let mut types = crate::cli::table::Table::new(&["TYPE", ">MIN", ">MAX", "STATES"]);
         for t in p["node_types"].as_array().into_iter().flatten() {
             let name = s(t, "name");
             let states = p["by_type"][&name]
@@ -119,7 +119,7 @@ pub async fn pool(a: ListArgs) -> anyhow::Result<()> {
             types.row(vec![name, n("min"), n("max"), states]);
         }
         print!("{}", types.render("  "));
-        let mut instances = crate::table::Table::new(&["INSTANCE", "TYPE", "STATE", "REASON"]);
+        let mut instances = crate::cli::table::Table::new(&["INSTANCE", "TYPE", "STATE", "REASON"]);
         for i in p["instances"].as_array().into_iter().flatten() {
             instances.row(vec![s(i, "id"), s(i, "node_type"), s(i, "state"), s(i, "reason")]);
         }
@@ -231,9 +231,9 @@ pub struct AutoscalerArgs {
 /// outlive it: killed and restarted, it finds them by their ids.
 pub async fn run_standalone(a: AutoscalerArgs, log_format: LogFormat) -> anyhow::Result<()> {
     let cfg = load_pool(&a.pool)?;
-    let control = crate::client::base_url(&a.control)?;
+    let control = crate::cli::http::base_url(&a.control)?;
     let a = AutoscalerArgs { control, ..a };
-    let http = crate::client::http_client(a.ca.as_deref())?;
+    let http = crate::cli::http::http_client(a.ca.as_deref())?;
     let token = std::fs::read_to_string(a.data.join("api-token")).ok().map(|t| t.trim().to_string());
     let shards: Value = http
         .get(format!("{}/v1/shards", a.control.trim_end_matches('/')))
@@ -259,6 +259,6 @@ pub async fn run_standalone(a: AutoscalerArgs, log_format: LogFormat) -> anyhow:
     let provider = provider(&cfg, &a.data, &join, false)?;
     let scaler = autoscaler(cfg, &a.data, provider, &a.control, http, token)?;
     println!("pool autoscaler running against {}", a.control);
-    scaler.run(crate::servers::shutdown_signal()).await;
+    scaler.run(crate::serve::shutdown_signal()).await;
     Ok(())
 }

@@ -37,10 +37,10 @@ pub struct RouteArgs {
     #[arg(long, default_value = "p2c")]
     pub policy: String,
     /// A new endpoint's weight ramps up over this long.
-    #[arg(long, default_value = "10s", value_parser = crate::servers::parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = crate::cli::http::parse_duration)]
     pub slow_start: Duration,
     /// A request taking longer fails (and counts against its endpoint).
-    #[arg(long, default_value = "30s", value_parser = crate::servers::parse_duration)]
+    #[arg(long, default_value = "30s", value_parser = crate::cli::http::parse_duration)]
     pub timeout: Duration,
     /// Print the bound addresses as one JSON line on stdout (for scripts and tests).
     #[arg(long)]
@@ -72,7 +72,8 @@ pub async fn run(a: RouteArgs) -> anyhow::Result<()> {
         if let Some(ca) = &a.ca {
             dialer = dialer.with_ca(std::fs::read(ca).with_context(|| format!("reading --ca {}", ca.display()))?);
         }
-        let upstream = flotilla_router::follow::Upstream { http: crate::client::http_client(a.ca.as_deref())?, dialer };
+        let upstream =
+            flotilla_router::follow::Upstream { http: crate::cli::http::http_client(a.ca.as_deref())?, dialer };
         tokio::spawn(flotilla_router::follow::follow_app(a.addr.clone(), labels.clone(), balancer.clone(), upstream));
     } else {
         let routes: Vec<(String, f64)> = a.backends.iter().map(|b| (b.clone(), 1.0)).collect();
@@ -95,6 +96,6 @@ pub async fn run(a: RouteArgs) -> anyhow::Result<()> {
     tracing::info!(%listen, %metrics, ?policy, app = ?a.app, "routing");
     tokio::select! {
         r = flotilla_router::proxy::serve_per_core(listener, threads, balancer, a.timeout, labels) => Ok(r?),
-        _ = crate::servers::shutdown_signal() => Ok(()),
+        _ = crate::serve::shutdown_signal() => Ok(()),
     }
 }

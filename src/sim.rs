@@ -1,13 +1,13 @@
 //! `flotilla sim`: replays a load trace through an autoscaling policy in simulated time, so a
 //! policy can be tried and compared on a laptop before an app runs it. The simulation is
-//! `flotilla_scheduler::autoscale::sim`; this file reads the files, prints and plots.
+//! `flotilla_autoscale::sim`; this file reads the files, prints and plots.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{Context, bail};
-use flotilla_scheduler::autoscale::{Sample, SimReport, Trace, policy_file_from_toml, simulate};
+use flotilla_autoscale::{Sample, SimReport, Trace, policy_file_from_toml, simulate};
 use plotters::prelude::*;
 
 /// A million rows of CSV is well under this; reading stops here rather than filling memory.

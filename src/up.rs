@@ -14,7 +14,8 @@ use clap::Args;
 use flotilla_obs::LogFormat;
 
 use crate::secrets::DataDir;
-use crate::servers::{HttpArgs, LivenessArgs, shutdown_signal};
+use crate::serve::args::{HttpArgs, LivenessArgs};
+use crate::serve::shutdown_signal;
 
 #[derive(Debug, Args)]
 pub struct UpArgs {
@@ -42,7 +43,7 @@ pub struct UpArgs {
     pub restart_agents: bool,
     /// With --restart-agents: wait this long first, so the loss is seen as one (a node
     /// that dies and is replaced by a new one later).
-    #[arg(long, default_value = "0s", value_parser = crate::servers::parse_duration)]
+    #[arg(long, default_value = "0s", value_parser = crate::cli::http::parse_duration)]
     pub restart_delay: Duration,
     /// An app spec (TOML) to schedule in this process; repeatable.
     #[arg(long = "app")]
@@ -208,7 +209,7 @@ pub async fn run(a: UpArgs, log_format: LogFormat) -> anyhow::Result<()> {
     let token = data.grpc_tokens.first().map(String::as_str).unwrap_or_default();
     let dialer = flotilla_proto::dial::Dialer::network().on_io_thread().with_token(token)?;
     // Shards, schedulers and the control plane follow the token files: no restart rotates.
-    use crate::servers::{api_token_file, grpc_token_file, join_token_file, reload_tokens};
+    use crate::serve::tokens::{api_token_file, grpc_token_file, join_token_file, reload_tokens};
     reload_tokens(join_token_file(&data, shards.iter().map(|s| s.registry.clone()).collect()))?;
     let auths = shards.iter().map(|s| s.grpc_auth.clone()).collect();
     reload_tokens(grpc_token_file(&data, auths, vec![dialer.clone()]))?;
@@ -236,7 +237,7 @@ pub async fn run(a: UpArgs, log_format: LogFormat) -> anyhow::Result<()> {
         let store: Arc<dyn flotilla_scheduler::Store> =
             Arc::new(flotilla_scheduler::RedbStore::open(&data.dir.join("state.redb"))?);
         for path in &a.apps {
-            let spec = crate::servers::load_spec(path)?;
+            let spec = crate::serve::scheduler::load_spec(path)?;
             let (scheduler, handle) =
                 flotilla_scheduler::Scheduler::new(spec, cluster.clone(), addrs.clone(), store.clone())?;
             state.apps.add_local(handle);

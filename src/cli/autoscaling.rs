@@ -5,7 +5,9 @@ use anyhow::Context;
 use clap::{Args, Subcommand};
 use serde_json::{Value, json};
 
-use crate::client::{Body, ListArgs, UnitsArgs, WriteArgs, get};
+use super::apps::UnitsArgs;
+use super::http::{Body, ListArgs, WriteArgs, get, parse_duration, print_json};
+use super::table::Table;
 
 /// `flotilla decisions APP`: the app's autoscaling decisions, newest first, each with the
 /// formula its policy computed.
@@ -16,7 +18,7 @@ pub async fn decisions(a: UnitsArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     let rows = v.as_array().cloned().unwrap_or_default();
-    let mut t = crate::table::Table::new(&[">AT (unix ms)", "POLICY", "ACTION", ">UNITS", "EXPLANATION"]);
+    let mut t = Table::new(&[">AT (unix ms)", "POLICY", "ACTION", ">UNITS", "EXPLANATION"]);
     for d in &rows {
         t.row(vec![
             d["at"].as_u64().unwrap_or(0).to_string(),
@@ -54,15 +56,15 @@ pub async fn policy(a: PolicyArgs) -> anyhow::Result<()> {
         PolicyAction::Apply { file, write } => {
             let text = std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
             // Checked here first, every problem named, as the control plane checks it.
-            let (policy, _model) = flotilla_scheduler::autoscale::policy_file_from_toml(&text)
-                .with_context(|| file.display().to_string())?;
+            let (policy, _model) =
+                flotilla_autoscale::policy_file_from_toml(&text).with_context(|| file.display().to_string())?;
             let name = policy
                 .name
                 .with_context(|| format!("{}: autoscaling.name: a named policy needs a name", file.display()))?
                 .to_string();
             let answer = write.put(&format!("/v1/policies/{name}"), Body::Text(text)).await?;
             if write.json {
-                return crate::client::print_json(&answer);
+                return print_json(&answer);
             }
             println!("policy {name}: applied (apps that name it follow it from their next evaluation)");
         }
@@ -72,7 +74,7 @@ pub async fn policy(a: PolicyArgs) -> anyhow::Result<()> {
                 println!("{}", serde_json::to_string_pretty(&v)?);
                 return Ok(());
             }
-            let mut t = crate::table::Table::new(&["NAME", "POLICY", ">INTERVAL"]);
+            let mut t = Table::new(&["NAME", "POLICY", ">INTERVAL"]);
             for p in v.as_array().cloned().unwrap_or_default() {
                 t.row(vec![
                     p["name"].as_str().unwrap_or("-").to_string(),
@@ -100,7 +102,7 @@ pub struct DemandArgs {
     #[arg(long, default_value_t = 1)]
     pub count: u32,
     /// How long the demand stands unless renewed (`300s`, `5m`; a bare number is seconds).
-    #[arg(long, default_value = "5m", value_parser = crate::servers::parse_duration)]
+    #[arg(long, default_value = "5m", value_parser = parse_duration)]
     pub ttl: std::time::Duration,
     #[command(flatten)]
     pub write: WriteArgs,
@@ -109,8 +111,9 @@ pub struct DemandArgs {
 /// `flotilla demand APP`: what consumers need the app to run (it replaces the last
 /// demand; `--count 0` withdraws it).
 pub async fn demand(a: DemandArgs) -> anyhow::Result<()> {
-    let cpu_millis = flotilla_scheduler::parse_cpu(&a.cpu).map_err(|e| anyhow::anyhow!("--cpu: {e}"))?;
-    let memory_bytes = flotilla_scheduler::parse_memory(&a.memory).map_err(|e| anyhow::anyhow!("--memory: {e}"))?;
+    let cpu_millis = flotilla_core::quantity::cpu_millis(&a.cpu).map_err(|e| anyhow::anyhow!("--cpu: {e}"))?;
+    let memory_bytes =
+        flotilla_core::quantity::memory_bytes(&a.memory).map_err(|e| anyhow::anyhow!("--memory: {e}"))?;
     let requests: Vec<Value> = if a.count == 0 {
         Vec::new()
     } else {
@@ -119,7 +122,7 @@ pub async fn demand(a: DemandArgs) -> anyhow::Result<()> {
     let body = json!({"requests": requests, "ttl_seconds": a.ttl.as_secs()});
     let answer = a.write.put(&format!("/v1/apps/{}/demand", a.app), Body::Json(body)).await?;
     if a.write.json {
-        return crate::client::print_json(&answer);
+        return print_json(&answer);
     }
     println!("{}: demand set, until {} (unix ms)", a.app, answer["demand"]["expires_unix_ms"]);
     Ok(())

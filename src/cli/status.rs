@@ -6,8 +6,9 @@ use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
 
-use crate::client::{Api, ListArgs, node_status, print_json};
-use crate::table::Table;
+use super::http::{Api, ListArgs, print_json};
+use super::nodes::node_status;
+use super::table::Table;
 
 /// The overview as one JSON document (`status --json`; the text is drawn from it).
 pub async fn overview(api: &Api) -> anyhow::Result<Value> {

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 
-use crate::client::Refused;
+use super::http::{Refused, parse_duration};
 
 /// How often the control plane is asked while waiting.
 const POLL: Duration = Duration::from_millis(500);
@@ -21,7 +21,7 @@ pub struct WaitArgs {
     #[arg(long)]
     pub wait: bool,
     /// With --wait: how long to wait (`30s`, `5m`).
-    #[arg(long, default_value = "5m", value_parser = crate::servers::parse_duration, requires = "wait")]
+    #[arg(long, default_value = "5m", value_parser = parse_duration, requires = "wait")]
     pub timeout: Duration,
 }
 

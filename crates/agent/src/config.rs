@@ -591,8 +591,12 @@ mod tests {
         assert!(errs.iter().any(|e| e.starts_with("--heartbeat-interval:")), "{errs:?}");
         assert!(errs.iter().any(|e| e.starts_with("--usage-interval:")), "{errs:?}");
         assert_eq!(parse_duration("1500ms"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("2s"), Ok(Duration::from_secs(2)));
         assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
         assert!(parse_duration("2 parsecs").is_err());
+        assert!(parse_duration("-1s").is_err());
+        assert!(parse_duration("x").is_err());
     }
 
     #[test]

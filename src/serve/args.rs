@@ -1,0 +1,154 @@
+//! Argument groups more than one server shares: how a process serves HTTP, how it
+//! reaches the shards, and the shards' liveness settings.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::Args;
+use flotilla_aggregator::{ShardConfig, Timeouts, TlsMaterial};
+use flotilla_proto::dial::Dialer;
+
+use super::tokens::{grpc_caller_token_file, reload_tokens};
+use crate::cli::http::parse_duration;
+use crate::secrets::DataDir;
+
+/// How a process serves its HTTP API, and whom it trusts when it calls another's.
+#[derive(Debug, Clone, Args)]
+pub struct HttpArgs {
+    /// Serve the HTTP API over HTTPS with this certificate chain (PEM); with --tls-key.
+    #[arg(long, requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Requests per second one peer address may make to the HTTP API, in bursts of up to
+    /// twice that; 0 turns the limit off.
+    #[arg(long, default_value_t = 200)]
+    pub rate_limit: u32,
+    /// PEM file with the CA certificate(s) to trust when calling another process's HTTPS API
+    /// (a standalone scheduler's, or the control plane's).
+    #[arg(long, env = "FLOTILLA_CA")]
+    pub ca: Option<PathBuf>,
+}
+
+impl HttpArgs {
+    pub fn options(&self) -> anyhow::Result<flotilla_control::HttpOptions> {
+        let tls = match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => {
+                let m = TlsMaterial::load(cert, key)?;
+                Some(
+                    flotilla_control::tls_config(m.certs, m.key)
+                        .with_context(|| format!("--tls-cert {} with --tls-key {}", cert.display(), key.display()))?,
+                )
+            }
+            (None, None) => None,
+            _ => bail!("--tls-cert and --tls-key go together"),
+        };
+        Ok(flotilla_control::HttpOptions { tls, rate_limit: self.rate_limit })
+    }
+
+    pub fn client(&self) -> anyhow::Result<reqwest::Client> {
+        crate::cli::http::http_client(self.ca.as_deref())
+    }
+}
+
+/// How a process reaches the shards' gRPC services (commit, watch, admin).
+#[derive(Debug, Clone, Args)]
+pub struct ShardClientArgs {
+    /// File whose first line is the shards' gRPC bearer token (default: DATA/grpc-token
+    /// when it exists; DATA is $FLOTILLA_DATA, else ./.flotilla).
+    #[arg(long)]
+    pub grpc_token_file: Option<PathBuf>,
+    /// PEM file with the CA that signs the shards' gRPC certificates: speak TLS to them.
+    #[arg(long, env = "FLOTILLA_GRPC_CA")]
+    pub grpc_ca: Option<PathBuf>,
+}
+
+impl ShardClientArgs {
+    /// The dialer of a server (control plane, scheduler): it carries the first token of
+    /// the token file, and follows the file (every 10 s and on SIGHUP) so a rotation
+    /// needs no restart.
+    pub fn dialer(&self) -> anyhow::Result<Dialer> {
+        let file = self.grpc_token_file.clone().or_else(|| {
+            let default = crate::cli::http::data_dir().join("grpc-token");
+            default.exists().then_some(default)
+        });
+        let mut dialer = Dialer::network().on_io_thread();
+        if let Some(file) = file {
+            let tokens = crate::secrets::read_tokens(&file)?;
+            let token = tokens.first().ok_or_else(|| anyhow::anyhow!("{} holds no token", file.display()))?;
+            dialer = dialer.with_token(token).with_context(|| format!("the token in {}", file.display()))?;
+            reload_tokens(grpc_caller_token_file(file, tokens, dialer.clone()))?;
+        }
+        if let Some(ca) = &self.grpc_ca {
+            dialer = dialer.with_ca(std::fs::read(ca).with_context(|| format!("reading --grpc-ca {}", ca.display()))?);
+        }
+        Ok(dialer)
+    }
+}
+
+/// Shard settings shared by `up` and `aggregator`: liveness, batching, request rates.
+#[derive(Debug, Clone, Args)]
+pub struct LivenessArgs {
+    /// Silence after which a node is Suspect.
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    pub suspect_after: Duration,
+    /// Silence after which a node is Dead.
+    #[arg(long, default_value = "3s", value_parser = parse_duration)]
+    pub dead_after: Duration,
+    /// How long a Dead node stays in the view.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    pub dead_retention: Duration,
+    /// Longest wait before a change is published as a new view version (at most 50ms).
+    #[arg(long, default_value = "20ms", value_parser = parse_duration)]
+    pub batch_window: Duration,
+    /// gRPC requests (commits, watches, releases) one peer address may make to a shard
+    /// per second, in bursts of twice that; 0 turns the limit off.
+    #[arg(long, default_value_t = 10_000)]
+    pub grpc_rate_limit: u32,
+}
+
+impl LivenessArgs {
+    pub fn timeouts(&self) -> anyhow::Result<Timeouts> {
+        if self.suspect_after.is_zero() || self.dead_after <= self.suspect_after {
+            bail!(
+                "--dead-after ({:?}) must be longer than --suspect-after ({:?}), both above 0",
+                self.dead_after,
+                self.suspect_after
+            );
+        }
+        if self.batch_window > Duration::from_millis(50) {
+            bail!("--batch-window must be at most 50ms");
+        }
+        Ok(Timeouts {
+            suspect_after_ms: self.suspect_after.as_millis() as u64,
+            dead_after_ms: self.dead_after.as_millis() as u64,
+            retention_ms: self.dead_retention.as_millis() as u64,
+        })
+    }
+
+    pub fn shard_config(
+        &self,
+        listen: SocketAddr,
+        shard: usize,
+        shards: usize,
+        data: &DataDir,
+    ) -> anyhow::Result<ShardConfig> {
+        let tls = TlsMaterial::load(&data.tls_cert, &data.tls_key)?;
+        let mut c = ShardConfig::new(
+            listen,
+            shard,
+            shards,
+            data.shard_secret.as_bytes().to_vec(),
+            data.join_tokens.clone(),
+            tls,
+        );
+        c.grpc_tokens = data.grpc_tokens.clone();
+        c.grpc_rate_limit = self.grpc_rate_limit;
+        c.timeouts = self.timeouts()?;
+        c.batch_window = self.batch_window;
+        Ok(c)
+    }
+}

@@ -1,0 +1,101 @@
+//! `flotilla control`: the control plane, following every shard and serving the API.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::Args;
+
+use super::args::{HttpArgs, ShardClientArgs};
+use super::shutdown_signal;
+use super::tokens::{api_token_file, reload_tokens};
+
+#[derive(Debug, Args)]
+pub struct ControlArgs {
+    #[arg(long, default_value = "127.0.0.1:7700")]
+    pub listen: SocketAddr,
+    /// Shard addresses (`host:port`) in shard-index order.
+    #[arg(long, value_delimiter = ',', required = true)]
+    pub aggregators: Vec<String>,
+    /// File with the API token for mutating calls.
+    #[arg(long)]
+    pub api_token_file: Option<PathBuf>,
+    /// Where named autoscaling policies are kept (without it, in memory only).
+    #[arg(long)]
+    pub policies_dir: Option<PathBuf>,
+    /// Where pool floors (`PUT /v1/pools/{pool}/constraints`) are kept (without it, in
+    /// memory only).
+    #[arg(long)]
+    pub pools_dir: Option<PathBuf>,
+    /// Share scheduler registrations, named policies and pool floors, bounds and reports
+    /// with every other control process on the same etcd (`etcd://HOST:PORT,…`), so any
+    /// number of replicas behind one address give the same answers.
+    #[arg(long)]
+    pub store: Option<String>,
+    /// The etcd key prefix (the schedulers' `--store-prefix`).
+    #[arg(long, default_value = flotilla_etcd::DEFAULT_PREFIX)]
+    pub store_prefix: String,
+    /// Print the bound address as one JSON line on stdout (for scripts and tests).
+    #[arg(long)]
+    pub print_addrs: bool,
+    #[command(flatten)]
+    pub http: HttpArgs,
+    #[command(flatten)]
+    pub shards: ShardClientArgs,
+}
+
+pub async fn control(a: ControlArgs) -> anyhow::Result<()> {
+    let api_token = flotilla_core::SharedToken::default();
+    if let Some(f) = &a.api_token_file {
+        let tokens = crate::secrets::read_tokens(f)?;
+        let first = tokens.first().ok_or_else(|| anyhow::anyhow!("{} holds no token", f.display()))?;
+        api_token.set(Some(first.clone()));
+        reload_tokens(api_token_file(f.clone(), api_token.clone()))?;
+    }
+    let replicas = match &a.store {
+        Some(store) => {
+            let endpoints = flotilla_etcd::Endpoints::parse(store).context("--store")?;
+            flotilla_etcd::check_prefix(&a.store_prefix).context("--store-prefix")?;
+            let client = flotilla_etcd::connect(&endpoints, flotilla_etcd::REQUEST_TIMEOUT).await?;
+            Some(Arc::new(flotilla_control::replicas::Replicas::new(client, &a.store_prefix)))
+        }
+        None => None,
+    };
+    let cluster = flotilla_view::ClusterView::new(a.aggregators.len());
+    let dialer = a.shards.dialer()?;
+    flotilla_control::follow_all(&cluster, &a.aggregators, &dialer);
+    let state = Arc::new(flotilla_control::ControlState {
+        cluster,
+        shards: a.aggregators.clone(),
+        api_token,
+        apps: Default::default(),
+        http: a.http.client()?,
+        dialer,
+        policies: match a.policies_dir {
+            Some(dir) => flotilla_control::Policies::open(dir)?,
+            None => Default::default(),
+        },
+        pools: match &a.pools_dir {
+            Some(dir) => flotilla_control::Pools::open(dir.clone())?,
+            None => Default::default(),
+        },
+        replicas,
+    });
+    if let Some(replicas) = &state.replicas {
+        tokio::spawn(replicas.clone().mirror(state.clone()));
+    }
+    let options = a.http.options()?;
+    let listener = tokio::net::TcpListener::bind(a.listen).await.with_context(|| format!("binding {}", a.listen))?;
+    if a.print_addrs {
+        let scheme = if a.http.tls_cert.is_some() { "https" } else { "http" };
+        println!(
+            "{}",
+            serde_json::json!({"addr": listener.local_addr()?.to_string(), "url": format!("{scheme}://{}", listener.local_addr()?), "pid": std::process::id()})
+        );
+    }
+    flotilla_control::serve(listener, state, options, async {
+        shutdown_signal().await;
+    })
+    .await
+}

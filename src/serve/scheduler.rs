@@ -1,0 +1,218 @@
+//! `flotilla scheduler`: one app's scheduler as its own process, registered with a
+//! control plane when given one.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+
+use super::args::{HttpArgs, ShardClientArgs};
+use super::shutdown_signal;
+use super::tokens::{api_token_file, reload_tokens};
+use crate::cli::http::parse_duration;
+
+/// Reads and validates an app spec, naming the file in every error.
+pub fn load_spec(path: &std::path::Path) -> anyhow::Result<flotilla_scheduler::AppSpec> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    flotilla_scheduler::AppSpec::parse(&text).with_context(|| {
+        metrics::counter!(crate::catalogue::APP_SPECS_REJECTED.name).increment(1);
+        format!("{}", path.display())
+    })
+}
+
+#[derive(Debug, Args)]
+pub struct SchedulerArgs {
+    /// The app spec (TOML).
+    #[arg(long)]
+    pub app: PathBuf,
+    /// Shard addresses (`host:port`) in shard-index order.
+    #[arg(long, value_delimiter = ',', required = true)]
+    pub aggregators: Vec<String>,
+    /// Register with this control plane, which then forwards requests about the app here.
+    #[arg(long)]
+    pub control: Option<String>,
+    /// Where the app's state lives: `redb:PATH` (embedded; a second scheduler on the same
+    /// file waits for the first to exit), or `etcd://HOST:PORT[,HOST:PORT]...` (any number
+    /// of schedulers per app: one active, the others standbys that take over when its
+    /// lease lapses).
+    #[arg(long, default_value = "redb:./.flotilla/scheduler.redb")]
+    pub store: String,
+    /// The etcd key prefix the app's state and lease live under.
+    #[arg(long, default_value = flotilla_etcd::DEFAULT_PREFIX)]
+    pub store_prefix: String,
+    /// How long the active scheduler's etcd lease outlives its last keep-alive: a standby
+    /// takes over this long after the active one dies (etcd rounds up to whole seconds).
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub lease_ttl: Duration,
+    /// This process's name in `apps` and in the lease (default `HOST:PID`).
+    #[arg(long)]
+    pub instance: Option<String>,
+    /// This scheduler's own API (and /metrics).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub listen: SocketAddr,
+    /// The URL the control plane forwards this app's requests to (default: the bound
+    /// --listen address, which is useless to others when it is 0.0.0.0: in Kubernetes,
+    /// the pod's IP or a Service).
+    #[arg(long, env = "FLOTILLA_ADVERTISE_URL")]
+    pub advertise_url: Option<String>,
+    /// API token for registering with the control plane (default: $FLOTILLA_TOKEN, else DATA/api-token).
+    #[arg(long, env = "FLOTILLA_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// How long members on an unreachable shard's nodes (Unknown) are waited for before
+    /// they count as lost and are replaced.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    pub unknown_grace: Duration,
+    #[command(flatten)]
+    pub http: HttpArgs,
+    #[command(flatten)]
+    pub shards: ShardClientArgs,
+}
+
+/// `flotilla scheduler`: one app's scheduler as its own process.
+pub async fn scheduler(a: SchedulerArgs) -> anyhow::Result<()> {
+    let spec = load_spec(&a.app)?;
+    let backend = crate::ha::Backend::parse(&a.store)?;
+    flotilla_etcd::check_prefix(&a.store_prefix).context("--store-prefix")?;
+    anyhow::ensure!(a.lease_ttl >= Duration::from_secs(1), "--lease-ttl must be at least 1s");
+    let leader =
+        flotilla_scheduler::Leader::standby(&a.instance.clone().unwrap_or_else(flotilla_scheduler::default_instance));
+    let cluster = flotilla_view::ClusterView::new(a.aggregators.len());
+    // /readyz: ready once the store is open (above) and a view of every shard arrived.
+    let seen = cluster.clone();
+    flotilla_obs::health::readiness().check("scheduler", move || {
+        match seen.slots().iter().position(|s| s.updated_unix_ms == 0) {
+            Some(shard) => Err(format!("no view of shard {shard} yet")),
+            None => Ok(()),
+        }
+    });
+    let dialer = a.shards.dialer()?;
+    flotilla_control::follow_all(&cluster, &a.aggregators, &dialer);
+    let app = spec.name.clone();
+    // Its own API takes mutating calls with the same token it registers with: the flag's,
+    // else DATA/api-token's, followed for rotation.
+    let token = flotilla_core::SharedToken::new(a.token.clone().or_else(|| crate::cli::http::token_from_data().ok()));
+    if a.token.is_none() && token.get().is_some() {
+        reload_tokens(api_token_file(crate::cli::http::data_dir().join("api-token"), token.clone()))?;
+    }
+    let state = Arc::new(flotilla_control::ControlState {
+        cluster,
+        shards: a.aggregators.clone(),
+        api_token: token.clone(),
+        apps: Default::default(),
+        http: a.http.client()?,
+        dialer,
+        policies: Default::default(),
+        pools: Default::default(),
+        replicas: None,
+    });
+    let options = a.http.options()?;
+    let listener = tokio::net::TcpListener::bind(a.listen).await.with_context(|| format!("binding {}", a.listen))?;
+    let url = match a.advertise_url {
+        Some(u) => u.trim_end_matches('/').to_string(),
+        None => format!("{}://{}", options.scheme(), listener.local_addr()?),
+    };
+    tracing::info!(%app, %url, instance = %leader.instance(), "scheduler API");
+    // The app's scheduler starts once this process holds the app's lease (at once
+    // unless another scheduler holds it); the API answers meanwhile.
+    let held = crate::ha::Held::default();
+    let parts = crate::ha::Parts {
+        spec,
+        cluster: state.cluster.clone(),
+        aggregators: a.aggregators.clone(),
+        dialer: state.dialer.clone(),
+        unknown_grace: a.unknown_grace,
+        state: state.clone(),
+        leader: leader.clone(),
+    };
+    let opts = crate::ha::LeaseOptions { prefix: a.store_prefix.clone(), ttl: a.lease_ttl };
+    let (failed_tx, failed) = tokio::sync::oneshot::channel();
+    let campaign = tokio::spawn({
+        let held = held.clone();
+        async move {
+            if let Err(e) = crate::ha::run(backend, opts, parts, held).await {
+                let _ = failed_tx.send(e);
+            }
+        }
+    });
+    if let Some(control) = a.control {
+        tokio::spawn(follow_policies(state.clone(), control.clone()));
+        tokio::spawn(register_with_control(state.http.clone(), control, token, app, url, leader));
+    }
+    let failure = Arc::new(std::sync::Mutex::new(None));
+    let served = flotilla_control::serve(listener, state, options, {
+        let failure = failure.clone();
+        async move {
+            tokio::select! {
+                _ = shutdown_signal() => {}
+                Ok(e) = failed => *failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(e),
+            }
+        }
+    })
+    .await;
+    // Give the lease up at once: a standby takes over without waiting for the TTL.
+    campaign.abort();
+    crate::ha::resign(&held).await;
+    if let Some(e) = failure.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        return Err(e);
+    }
+    served
+}
+
+/// Registers (and keeps re-registering, as soft state) with the control plane.
+async fn register_with_control(
+    client: reqwest::Client,
+    control: String,
+    token: flotilla_core::SharedToken,
+    app: String,
+    url: String,
+    leader: flotilla_scheduler::Leader,
+) {
+    // Only the active scheduler registers (at once on taking over, then every 5 s): the
+    // control plane forwards the app's requests to whoever registered last.
+    let mut last: Option<std::time::Instant> = None;
+    loop {
+        if leader.held().is_none() {
+            last = None;
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            continue;
+        }
+        if last.is_some_and(|t| t.elapsed() < Duration::from_secs(5)) {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            continue;
+        }
+        last = Some(std::time::Instant::now());
+        let mut req = client
+            .post(format!("{}/v1/schedulers", control.trim_end_matches('/')))
+            .json(&serde_json::json!({"app": app, "url": url}));
+        if let Some(t) = token.get() {
+            req = req.bearer_auth(t);
+        }
+        match req.send().await {
+            Ok(r) if r.status().is_success() => {}
+            Ok(r) => tracing::warn!(status = %r.status(), "the control plane refused the registration"),
+            Err(e) => tracing::warn!(error = %e, "cannot reach the control plane"),
+        }
+    }
+}
+
+/// Keeps a standalone scheduler's named policies those of its control plane (every
+/// 10 s), so `flotilla policy apply` reaches it too.
+async fn follow_policies(state: Arc<flotilla_control::ControlState>, control: String) {
+    let url = format!("{}/v1/policies", control.trim_end_matches('/'));
+    loop {
+        let got = async { state.http.get(&url).timeout(Duration::from_secs(5)).send().await?.json().await };
+        match got.await {
+            Ok(serde_json::Value::Array(rows)) => {
+                let files: Vec<String> =
+                    rows.iter().filter_map(|r| r.get("toml").and_then(|t| t.as_str()).map(str::to_string)).collect();
+                state.policies.replace_all(&files);
+            }
+            Ok(other) => tracing::warn!(answer = %other, "the control plane's policies are not a list"),
+            Err(e) => tracing::warn!(error = %e, "cannot read the control plane's policies"),
+        }
+        tokio::time::sleep(Duration::from_secs(10)).await;
+    }
+}
