@@ -8,14 +8,14 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
-use flotilla_core::{Resources, now_ms};
+use flotilla_core::Resources;
 use serde::Serialize;
 
-use super::Scheduler;
 use super::error::CommandError;
 use crate::lifecycle::UnitState;
 use crate::rollout::counts_toward_desired;
-use crate::store::{DECISIONS_KEPT, Write};
+use crate::spec::AppSpec;
+use crate::store::{DECISIONS_KEPT, Stored, UnitRecord, Write};
 use flotilla_autoscale::{Action, GroupUnits, Load, MemberUsage, Policy, Res, Signals, State, evaluate};
 
 /// Named autoscaling policies by name. The embedded control plane and its schedulers
@@ -122,7 +122,7 @@ impl Autoscaler {
     }
 }
 
-/// The app's signals, gathered from its unit records (which `observe` keeps current).
+/// The app's signals, as `gather` finds them.
 struct Gathered {
     primary: GroupUnits,
     secondary: GroupUnits,
@@ -131,40 +131,40 @@ struct Gathered {
     members: Option<Vec<MemberUsage>>,
 }
 
-impl Scheduler {
+impl Autoscaler {
     /// The policy the app follows now: its own, or the named one (absent while the
     /// control plane does not know the name: then nothing is decided).
-    pub(super) fn policy(&self) -> Option<Policy> {
-        match &self.spec.autoscaling_policy {
-            Some(name) => self.autoscaler.book.load().get(name).cloned(),
-            None => self.autoscaler.own.clone(),
+    pub(super) fn policy(&self, spec: &AppSpec) -> Option<Policy> {
+        match &spec.autoscaling_policy {
+            Some(name) => self.book.load().get(name).cloned(),
+            None => self.own.clone(),
         }
     }
 
     /// The name of the algorithm the app follows now (`basic`, `utilization`).
-    pub(super) fn policy_algorithm(&self) -> Option<&'static str> {
-        match &self.spec.autoscaling_policy {
-            Some(name) => self.autoscaler.book.load().get(name).map(|p| p.algorithm.name()),
-            None => self.autoscaler.own.as_ref().map(|p| p.algorithm.name()),
+    pub(super) fn policy_algorithm(&self, spec: &AppSpec) -> Option<&'static str> {
+        match &spec.autoscaling_policy {
+            Some(name) => self.book.load().get(name).map(|p| p.algorithm.name()),
+            None => self.own.as_ref().map(|p| p.algorithm.name()),
         }
     }
 
-    /// Evaluates the policy once its interval has passed, and applies its decision.
-    pub(super) fn autoscale(&mut self, writes: &mut Vec<Write>) {
-        let now = now_ms();
-        if now < self.autoscaler.next_eval_ms {
+    /// Evaluates the policy once its interval has passed, and applies its decision to the
+    /// desired units in `stored` (and, cancelling a scale-down, to its draining units).
+    pub(super) fn step(&mut self, spec: &AppSpec, stored: &mut Stored, now: u64, writes: &mut Vec<Write>) {
+        if now < self.next_eval_ms {
             return;
         }
-        let Some(policy) = self.policy() else {
-            self.autoscaler.state = None;
+        let Some(policy) = self.policy(spec) else {
+            self.state = None;
             return;
         };
-        self.autoscaler.next_eval_ms = now + policy.interval_ms;
-        if self.autoscaler.demand.as_ref().is_some_and(|d| d.expires_unix_ms <= now) {
-            tracing::info!(app = %self.spec.name, "consumer demand expired");
-            self.autoscaler.demand = None;
+        self.next_eval_ms = now + policy.interval_ms;
+        if self.demand.as_ref().is_some_and(|d| d.expires_unix_ms <= now) {
+            tracing::info!(app = %spec.name, "consumer demand expired");
+            self.demand = None;
         }
-        let g = self.gather();
+        let g = gather(spec, &stored.units, self.demand.as_ref());
         let signals = Signals {
             primary: g.primary,
             secondary: g.secondary,
@@ -172,36 +172,35 @@ impl Scheduler {
             load: g.load,
             members: g.members.as_deref(),
         };
-        let state = self.autoscaler.state.get_or_insert_with(|| State::new(&policy));
+        let state = self.state.get_or_insert_with(|| State::new(&policy));
         let decision = evaluate(&policy, state, &signals, now);
         let (primary, secondary) = (decision.desired.primary, decision.desired.secondary);
         let wanted = primary.saturating_add(secondary);
-        let over = self.stored.override_bounds;
-        let (min, max) = (self.spec.units.min, self.spec.units.max);
+        let over = stored.override_bounds;
+        let (min, max) = (spec.units.min, spec.units.max);
         let total = match over {
             Some(o) => wanted.clamp(o.floor, o.ceiling),
             None => wanted,
         }
         .clamp(min, max);
         let secondary = secondary.min(total);
-        let changed =
-            self.stored.desired_units != Some(total) || self.stored.desired_secondary.unwrap_or(0) != secondary;
+        let changed = stored.desired_units != Some(total) || stored.desired_secondary.unwrap_or(0) != secondary;
         if changed {
-            self.stored.desired_units = Some(total);
-            self.stored.desired_secondary = Some(secondary);
+            stored.desired_units = Some(total);
+            stored.desired_secondary = Some(secondary);
             writes.push(Write::DesiredUnits(total));
             writes.push(Write::DesiredSecondary(secondary));
         }
         match decision.action {
-            Action::ScaleDown => self.autoscaler.drain_ms = decision.graceful_decommission_timeout_ms,
-            Action::CancelScaleDown => self.cancel_scale_down(writes),
+            Action::ScaleDown => self.drain_ms = decision.graceful_decommission_timeout_ms,
+            Action::CancelScaleDown => cancel_scale_down(&mut stored.units, writes),
             _ => {}
         }
 
         let mut record = serde_json::to_value(&decision).unwrap_or_default();
         if let Some(obj) = record.as_object_mut() {
             obj.insert("at".into(), now.into());
-            obj.insert("app".into(), self.spec.name.clone().into());
+            obj.insert("app".into(), spec.name.clone().into());
             obj.insert("applied_units".into(), total.into());
             if let Some(o) = over {
                 obj.insert("override".into(), serde_json::json!({"floor": o.floor, "ceiling": o.ceiling}));
@@ -219,99 +218,101 @@ impl Scheduler {
         }
         let action = record.get("action").and_then(|a| a.as_str()).unwrap_or("none").to_string();
         let json = record.to_string();
-        tracing::info!(app = %self.spec.name, policy = decision.policy, action = %action, desired = total, decision = %json, "autoscaler decision");
-        metrics::counter!(m::AUTOSCALER_DECISIONS.name, "app" => self.spec.name.clone(), "policy" => decision.policy, "action" => action)
+        tracing::info!(app = %spec.name, policy = decision.policy, action = %action, desired = total, decision = %json, "autoscaler decision");
+        metrics::counter!(m::AUTOSCALER_DECISIONS.name, "app" => spec.name.clone(), "policy" => decision.policy, "action" => action)
             .increment(1);
-        metrics::gauge!(m::AUTOSCALER_DESIRED_UNITS.name, "app" => self.spec.name.clone()).set(f64::from(total));
+        metrics::gauge!(m::AUTOSCALER_DESIRED_UNITS.name, "app" => spec.name.clone()).set(f64::from(total));
         if let Some(e) = decision.inputs.get("estimate") {
-            metrics::gauge!(m::AUTOSCALER_ESTIMATED_UNITS.name, "app" => self.spec.name.clone()).set(e);
+            metrics::gauge!(m::AUTOSCALER_ESTIMATED_UNITS.name, "app" => spec.name.clone()).set(e);
         }
-        let seq = self.autoscaler.next_seq;
-        self.autoscaler.next_seq += 1;
+        let seq = self.next_seq;
+        self.next_seq += 1;
         writes.push(Write::Decision(seq, json));
-        self.autoscaler.decisions.push_back(Arc::new(record));
-        while self.autoscaler.decisions.len() > DECISIONS_KEPT {
-            self.autoscaler.decisions.pop_front();
+        self.decisions.push_back(Arc::new(record));
+        while self.decisions.len() > DECISIONS_KEPT {
+            self.decisions.pop_front();
         }
     }
+}
 
-    /// Units draining because of a scale-down go back to serving (their members never
-    /// stopped): Dataproc cancels a scale-down the estimate no longer wants.
-    fn cancel_scale_down(&mut self, writes: &mut Vec<Write>) {
-        for u in self.stored.units.values_mut() {
-            if u.state == UnitState::Draining && u.replaced_by.is_none() && u.state.can_become(UnitState::Running) {
-                tracing::info!(unit = %u.unit_id, "scale-down cancelled: the unit serves again");
-                u.state = UnitState::Running;
-                u.draining_since_unix_ms = None;
-                u.drain_timeout_ms = None;
-                writes.push(Write::Unit(u.clone()));
-            }
+/// Units draining because of a scale-down go back to serving (their members never
+/// stopped): Dataproc cancels a scale-down the estimate no longer wants.
+fn cancel_scale_down(units: &mut BTreeMap<String, UnitRecord>, writes: &mut Vec<Write>) {
+    for u in units.values_mut() {
+        if u.state == UnitState::Draining && u.replaced_by.is_none() && u.state.can_become(UnitState::Running) {
+            tracing::info!(unit = %u.unit_id, "scale-down cancelled: the unit serves again");
+            u.state = UnitState::Running;
+            u.draining_since_unix_ms = None;
+            u.drain_timeout_ms = None;
+            writes.push(Write::Unit(u.clone()));
         }
     }
+}
 
-    fn gather(&self) -> Gathered {
-        let mut primary = GroupUnits::default();
-        let mut secondary = GroupUnits::default();
-        for u in self.stored.units.values() {
-            let g = if u.secondary { &mut secondary } else { &mut primary };
-            if counts_toward_desired(u) {
-                g.active += 1;
-            } else if matches!(u.state, UnitState::Draining | UnitState::Stopping) && u.replaced_by.is_none() {
-                g.decommissioning += 1;
-            }
+/// The app's signals from its unit records (which `observe` keeps current) and the
+/// consumer demand.
+fn gather(spec: &AppSpec, units: &BTreeMap<String, UnitRecord>, demand: Option<&Demand>) -> Gathered {
+    let mut primary = GroupUnits::default();
+    let mut secondary = GroupUnits::default();
+    for u in units.values() {
+        let g = if u.secondary { &mut secondary } else { &mut primary };
+        if counts_toward_desired(u) {
+            g.active += 1;
+        } else if matches!(u.state, UnitState::Draining | UnitState::Stopping) && u.replaced_by.is_none() {
+            g.decommissioning += 1;
         }
-        let templates = self.spec.members();
-        let member_res = |member: &str| {
-            templates
-                .iter()
-                .find(|(n, _, _)| n == member)
-                .map(|(_, _, t)| t.resources())
-                .map(|r| Res::new(r.cpu_millis, r.memory_bytes))
-                .unwrap_or_default()
-        };
-        let per_unit = templates.iter().map(|(n, _, _)| member_res(n)).fold(Res::default(), add);
-        // Usage of the members of running units: all of it, or "no data".
-        let mut members = Some(Vec::new());
-        for u in self.stored.units.values().filter(|u| matches!(u.state, UnitState::Running | UnitState::Degraded)) {
-            for m in &u.members {
-                match (m.usage, members.as_mut()) {
-                    (Some(used), Some(list)) => list.push(MemberUsage {
-                        used: Res::new(used.cpu_millis, used.memory_bytes),
-                        allocated: member_res(&m.member),
-                    }),
-                    _ => members = None,
-                }
-            }
-        }
-        let active = u64::from(primary.active + secondary.active);
-        let capacity = Res::new(per_unit.cpu_millis * active, per_unit.memory_bytes * active);
-        let demand = self.autoscaler.demand.as_ref().map(Demand::total);
-        let used = members.as_ref().map(|l| l.iter().fold(Res::default(), |a, m| add(a, m.used)));
-        let load = match (used, demand) {
-            (None, None) => None,
-            (used, demand) => {
-                let (used, demand) = (used.unwrap_or_default(), demand.unwrap_or_default());
-                // Demand is work the app must be able to run: it counts as allocated
-                // up to the capacity, and what is past the capacity is pending.
-                let allocated = Res::new(
-                    used.cpu_millis.max(demand.cpu_millis).min(capacity.cpu_millis),
-                    used.memory_bytes.max(demand.memory_bytes).min(capacity.memory_bytes),
-                );
-                Some(Load {
-                    pending: Res::new(
-                        demand.cpu_millis.saturating_sub(capacity.cpu_millis),
-                        demand.memory_bytes.saturating_sub(capacity.memory_bytes),
-                    ),
-                    available: Res::new(
-                        capacity.cpu_millis - allocated.cpu_millis,
-                        capacity.memory_bytes - allocated.memory_bytes,
-                    ),
-                    allocated,
-                })
-            }
-        };
-        Gathered { primary, secondary, per_unit, load, members }
     }
+    let templates = spec.members();
+    let member_res = |member: &str| {
+        templates
+            .iter()
+            .find(|(n, _, _)| n == member)
+            .map(|(_, _, t)| t.resources())
+            .map(|r| Res::new(r.cpu_millis, r.memory_bytes))
+            .unwrap_or_default()
+    };
+    let per_unit = templates.iter().map(|(n, _, _)| member_res(n)).fold(Res::default(), add);
+    // Usage of the members of running units: all of it, or "no data".
+    let mut members = Some(Vec::new());
+    for u in units.values().filter(|u| matches!(u.state, UnitState::Running | UnitState::Degraded)) {
+        for m in &u.members {
+            match (m.usage, members.as_mut()) {
+                (Some(used), Some(list)) => list.push(MemberUsage {
+                    used: Res::new(used.cpu_millis, used.memory_bytes),
+                    allocated: member_res(&m.member),
+                }),
+                _ => members = None,
+            }
+        }
+    }
+    let active = u64::from(primary.active + secondary.active);
+    let capacity = Res::new(per_unit.cpu_millis * active, per_unit.memory_bytes * active);
+    let demand = demand.map(Demand::total);
+    let used = members.as_ref().map(|l| l.iter().fold(Res::default(), |a, m| add(a, m.used)));
+    let load = match (used, demand) {
+        (None, None) => None,
+        (used, demand) => {
+            let (used, demand) = (used.unwrap_or_default(), demand.unwrap_or_default());
+            // Demand is work the app must be able to run: it counts as allocated
+            // up to the capacity, and what is past the capacity is pending.
+            let allocated = Res::new(
+                used.cpu_millis.max(demand.cpu_millis).min(capacity.cpu_millis),
+                used.memory_bytes.max(demand.memory_bytes).min(capacity.memory_bytes),
+            );
+            Some(Load {
+                pending: Res::new(
+                    demand.cpu_millis.saturating_sub(capacity.cpu_millis),
+                    demand.memory_bytes.saturating_sub(capacity.memory_bytes),
+                ),
+                available: Res::new(
+                    capacity.cpu_millis - allocated.cpu_millis,
+                    capacity.memory_bytes - allocated.memory_bytes,
+                ),
+                allocated,
+            })
+        }
+    };
+    Gathered { primary, secondary, per_unit, load, members }
 }
 
 fn add(a: Res, b: Res) -> Res {

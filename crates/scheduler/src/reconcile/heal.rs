@@ -26,18 +26,18 @@ impl Scheduler {
         for u in self.stored.units.values() {
             if !matches!(u.state, UnitState::Allocated | UnitState::Starting | UnitState::Running | UnitState::Degraded)
             {
-                self.unknown_since.remove(&u.unit_id);
+                self.tracking.unknown_since.remove(&u.unit_id);
                 continue;
             }
             placed += 1;
             let unknown = u.members.iter().any(|m| member_health(m, slots, now) == MemberHealth::Unknown);
             let since = if unknown {
-                *self.unknown_since.entry(u.unit_id.clone()).or_insert(now)
+                *self.tracking.unknown_since.entry(u.unit_id.clone()).or_insert(now)
             } else {
-                self.unknown_since.remove(&u.unit_id);
+                self.tracking.unknown_since.remove(&u.unit_id);
                 now
             };
-            match decide(u, slots, now.saturating_sub(since), self.unknown_grace_ms, now) {
+            match decide(u, slots, now.saturating_sub(since), self.tracking.unknown_grace_ms, now) {
                 Repair::Nothing | Repair::Wait => {}
                 r => decisions.push((u.unit_id.clone(), r)),
             }
@@ -77,7 +77,7 @@ impl Scheduler {
         let failed: Vec<UnitRecord> =
             self.stored.units.values().filter(|u| u.state == UnitState::Failed).cloned().collect();
         for u in failed {
-            if self.release_unit(&u, &[]).await.is_ok()
+            if self.ledgers.release_unit(&u, &[]).await.is_ok()
                 && let Some(u) = self.stored.units.get_mut(&u.unit_id)
             {
                 u.state = UnitState::Terminated;
@@ -106,7 +106,7 @@ impl Scheduler {
             return;
         }
         // Failed units whose release does not go through are retried by `heal`.
-        if let Err(e) = self.release_unit(&unit, &[]).await {
+        if let Err(e) = self.ledgers.release_unit(&unit, &[]).await {
             tracing::warn!(unit = %id, error = %e, "releasing a failed unit; will retry");
         } else if let Some(u) = self.stored.units.get_mut(id) {
             u.state = UnitState::Terminated;
@@ -143,7 +143,7 @@ impl Scheduler {
             writes.push(Write::Unit(u.clone()));
             return;
         }
-        if let Err(e) = self.release_unit(&unit, members).await {
+        if let Err(e) = self.ledgers.release_unit(&unit, members).await {
             tracing::warn!(unit = %id, error = %e, "releasing lost workers; the orphan sweep retries");
         }
         self.place_missing(id, slots).await;
@@ -185,7 +185,7 @@ impl Scheduler {
             unit.secondary,
             &p,
         );
-        let txn_id = self.txn_id(&format!("{id}-replace"));
+        let txn_id = self.ledgers.txn_id(&format!("{id}-replace"));
         let Ok(resp) = self.ledgers.commit(p.shard, txn_id, claims).await else { return };
         let Some(u) = self.stored.units.get_mut(id) else { return };
         if !resp.results.iter().all(|r| r.accepted) {
@@ -233,7 +233,7 @@ impl Scheduler {
             surge,
             ..PlanInput::new(slots, &constraints, &per_domain, &per_node, &pending)
         };
-        let classes = if unit.secondary { &mut self.classes_secondary } else { &mut self.classes };
-        place_unit(&input, missing, classes, &mut self.rng)
+        let (classes, rng) = self.planning.planner(unit.secondary);
+        place_unit(&input, missing, classes, rng)
     }
 }

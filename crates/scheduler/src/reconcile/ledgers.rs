@@ -40,6 +40,8 @@ pub struct Ledgers {
     /// Checked before every request: nothing leaves once the lease is lost (or a newer
     /// one is held that the scheduler has not reloaded under yet).
     pub(super) leader: crate::leader::Leader,
+    /// Transaction ids' random suffixes.
+    pub(super) rng: rand::rngs::StdRng,
 }
 
 impl Ledgers {
@@ -51,6 +53,7 @@ impl Ledgers {
             dialer: Dialer::network(),
             fencing_token: crate::leader::LOCAL_TOKEN,
             leader: crate::leader::Leader::always("local"),
+            rng: rand::SeedableRng::seed_from_u64(rand::random()),
         }
     }
 
@@ -183,6 +186,32 @@ impl Ledgers {
         Ok(())
     }
 
+    /// A transaction id: `tag` and a random suffix (seeded, so a simulation replays it).
+    pub(super) fn txn_id(&mut self, tag: &str) -> String {
+        use rand::Rng;
+        format!("{tag}-{:016x}", self.rng.random::<u64>())
+    }
+
+    /// Releases the ledger entries of `members` of a unit (all of them when empty), on
+    /// every shard that holds one.
+    pub(super) async fn release_unit(&mut self, unit: &UnitRecord, members: &[String]) -> anyhow::Result<()> {
+        for (shard, keys) in keys_by_shard(unit, members) {
+            self.release_keys(shard, &format!("{}-release", unit.unit_id), keys).await?;
+        }
+        Ok(())
+    }
+
+    /// Releases `keys` on `shard` in one request tagged `tag`.
+    pub(super) async fn release_keys(
+        &mut self,
+        shard: usize,
+        tag: &str,
+        keys: Vec<v1::ClaimKey>,
+    ) -> anyhow::Result<()> {
+        let txn_id = self.txn_id(tag);
+        self.release(shard, txn_id, keys).await
+    }
+
     /// A shard has seen a newer scheduler's token for the app: this one was deposed
     /// (its lease check had not noticed yet), so it gives the lease up at once rather
     /// than re-plan claims every shard will refuse.
@@ -303,34 +332,6 @@ pub fn workload_state(w: &v1::WorkloadStatus) -> &'static str {
         v1::WorkloadState::Failed => "failed",
         v1::WorkloadState::Waiting => "waiting",
         v1::WorkloadState::Unspecified => "unknown",
-    }
-}
-
-impl super::Scheduler {
-    /// A transaction id: `tag` and a random suffix (from the scheduler's seeded rng).
-    pub(super) fn txn_id(&mut self, tag: &str) -> String {
-        use rand::Rng;
-        format!("{tag}-{:016x}", self.rng.random::<u64>())
-    }
-
-    /// Releases the ledger entries of `members` of a unit (all of them when empty), on
-    /// every shard that holds one.
-    pub(super) async fn release_unit(&mut self, unit: &UnitRecord, members: &[String]) -> anyhow::Result<()> {
-        for (shard, keys) in keys_by_shard(unit, members) {
-            self.release_keys(shard, &format!("{}-release", unit.unit_id), keys).await?;
-        }
-        Ok(())
-    }
-
-    /// Releases `keys` on `shard` in one request tagged `tag`.
-    pub(super) async fn release_keys(
-        &mut self,
-        shard: usize,
-        tag: &str,
-        keys: Vec<v1::ClaimKey>,
-    ) -> anyhow::Result<()> {
-        let txn_id = self.txn_id(tag);
-        self.ledgers.release(shard, txn_id, keys).await
     }
 }
 

@@ -12,10 +12,13 @@
 //! 7. persist every write of the pass at once, and publish status and routes.
 //!
 //! The pure deciders are beside this module (`planner`, `repair`, `rollout`, `routes`,
-//! `lifecycle`); [`ledgers`] is the one place that speaks to the shards. Side effects
-//! never drive transitions directly: their results are observed in the next pass.
+//! `lifecycle`); [`ledgers`] is the one place that speaks to the shards, [`planning`]
+//! what placing keeps between passes, [`command`] how the control plane's commands are
+//! carried out and [`handle`] what the world sees. Side effects never drive transitions
+//! directly: their results are observed in the next pass.
 
 mod autoscale;
+mod command;
 mod error;
 mod handle;
 mod heal;
@@ -23,6 +26,7 @@ mod ledgers;
 mod observe;
 mod order;
 mod place;
+mod planning;
 mod roll;
 mod scale_in;
 
@@ -31,80 +35,41 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use arc_swap::ArcSwap;
-use flotilla_core::{NodeId, Resources, now_ms};
+use flotilla_core::now_ms;
 use flotilla_proto::dial::Dialer;
 use flotilla_proto::v1;
-use flotilla_view::{ClusterView, Version};
-use rand::Rng;
+use flotilla_view::ClusterView;
 
 use autoscale::Autoscaler;
 pub use autoscale::{Demand, DemandRequest, MAX_DEMAND_COUNT, MAX_DEMAND_ENTRIES, PolicyBook};
 pub use error::{CommandError, STORE_UNAVAILABLE};
+use handle::Outputs;
 pub use handle::{AppHandle, AppStatus, AutoscalingStatus, Command, Stats};
 use ledgers::Ledgers;
+use observe::Tracking;
+use order::Held;
+use planning::Planning;
 
 use crate::lifecycle::UnitState;
-use crate::planner::ClassCache;
 use crate::spec::AppSpec;
 use crate::store::{Store, Stored, UnitRecord, Write};
 
 /// Commit attempts per unit in one pass before it waits for the next pass.
 const ATTEMPTS: usize = 3;
-/// Units placed per pass at most (the rest wait for the next pass).
-const UNITS_PER_PASS: usize = 1024;
-/// Units the first pass of a burst places. A burst (the scheduler starting or taking over,
-/// or queued units after an idle pass) doubles its pass after each full one, up to
-/// `UNITS_PER_PASS`: sixteen schedulers starting together used to send the shards 16 ×
-/// 1,024 claims within half a second, and the last of those commits waited behind all the
-/// others (the commit p99 of the schedule loadtest, BENCHMARKS.md).
-const FIRST_PASS_UNITS: usize = 256;
 
-/// Resources this scheduler committed on a node that the view did not show yet when it
-/// answered, so the next plans do not count them free.
-struct PendingAlloc {
-    shard: usize,
-    shown_in: Version,
-    node: NodeId,
-    resources: Resources,
-}
-
+/// One app's scheduler. What each step keeps between passes is its own struct
+/// ([`observe::Tracking`], [`order::Held`], [`planning::Planning`],
+/// [`autoscale::Autoscaler`], [`ledgers::Ledgers`], [`handle::Outputs`]); the steps that
+/// only decide take those and the unit records as arguments, not the whole scheduler.
 pub struct Scheduler {
     spec: AppSpec,
     /// `spec.template_fingerprint()`, kept with the spec.
     fingerprint: String,
     /// The spec as stored (TOML), shared with every published status.
     spec_text: Arc<str>,
-    cluster: Arc<ClusterView>,
-    ledgers: Ledgers,
-    store: Arc<dyn Store>,
+    /// The app's state as stored: the units and what the steps decided.
     stored: Stored,
-    status: Arc<ArcSwap<AppStatus>>,
-    stats: Arc<Stats>,
-    commands: tokio::sync::mpsc::Receiver<Command>,
-    routes: tokio::sync::watch::Sender<Arc<v1::RouteTable>>,
-    capacity: tokio::sync::watch::Sender<Arc<v1::Capacity>>,
-    weights: crate::routes::Weights,
-    /// Since when each unit has had members whose shard cannot be heard.
-    unknown_since: HashMap<String, u64>,
-    /// How long Unknown members are waited for before they count as lost.
-    unknown_grace_ms: u64,
-    classes: ClassCache,
-    /// Secondary units may take low-priority nodes: what is infeasible differs.
-    classes_secondary: ClassCache,
-    pending: Vec<PendingAlloc>,
-    started: bool,
-    /// When the next orphan sweep is due (Unix ms).
-    next_sweep_ms: u64,
-    /// Since when each (unit, member) has been absent from the live node it is placed on.
-    absent_since: HashMap<(String, String), u64>,
-    /// When each held (unit, member) was last released (start order; see [`order`]).
-    released: HashMap<(String, String), u64>,
-    rng: rand::rngs::StdRng,
-    /// Units the next pass may place: `FIRST_PASS_UNITS`, doubling in a burst.
-    pass_units: usize,
-    autoscaler: Autoscaler,
-    decisions: Arc<ArcSwap<Vec<Arc<serde_json::Value>>>>,
+    store: Arc<dyn Store>,
     /// The writes of the last pass the store refused, in order: written before anything
     /// else once it takes writes again, so no state the scheduler acted on is lost.
     unsaved: Vec<Write>,
@@ -112,6 +77,14 @@ pub struct Scheduler {
     leader: crate::leader::Leader,
     /// The token of the lease the state in `stored` was loaded under.
     token: u64,
+    cluster: Arc<ClusterView>,
+    ledgers: Ledgers,
+    commands: tokio::sync::mpsc::Receiver<Command>,
+    out: Outputs,
+    tracking: Tracking,
+    held: Held,
+    planning: Planning,
+    autoscaler: Autoscaler,
 }
 
 impl Scheduler {
@@ -164,7 +137,7 @@ impl Scheduler {
     ) -> anyhow::Result<(Scheduler, AppHandle)> {
         let spec_text = toml::to_string(&spec)?;
         let spec_text: Arc<str> = Arc::from(spec_text.as_str());
-        let status = Arc::new(ArcSwap::from_pointee(AppStatus {
+        let status = AppStatus {
             app: spec.name.clone(),
             serving_roles: spec.routing.roles.clone(),
             desired_units: spec.units.initial,
@@ -180,54 +153,26 @@ impl Scheduler {
             rollout: stored.rollout.clone(),
             store_error: None,
             scheduler: crate::leader::Leader::always("local").role(),
-        }));
-        let stats = Arc::new(Stats::new());
-        let (tx, commands) = tokio::sync::mpsc::channel(16);
-        let (routes, routes_rx) =
-            tokio::sync::watch::channel(Arc::new(v1::RouteTable { app: spec.name.clone(), ..Default::default() }));
-        let (capacity, capacity_rx) =
-            tokio::sync::watch::channel(Arc::new(v1::Capacity { app: spec.name.clone(), ..Default::default() }));
-        let autoscaler = Autoscaler::new(&spec, &stored.decisions);
-        let decisions = Arc::new(ArcSwap::from_pointee(autoscaler.decisions.iter().rev().cloned().collect()));
-        let handle = AppHandle {
-            app: spec.name.clone(),
-            status: status.clone(),
-            stats: stats.clone(),
-            commands: tx,
-            routes: routes_rx,
-            capacity: capacity_rx,
-            decisions: decisions.clone(),
         };
+        let autoscaler = Autoscaler::new(&spec, &stored.decisions);
+        let (out, handle, commands) = Outputs::new(status, autoscaler.decisions.iter().rev().cloned().collect());
         let scheduler = Scheduler {
             fingerprint: spec.template_fingerprint(),
             spec_text,
             spec,
-            cluster,
-            ledgers: Ledgers::new(shard_addrs),
-            store,
             stored,
-            status,
-            stats,
-            commands,
-            routes,
-            capacity,
-            weights: Default::default(),
-            unknown_since: HashMap::new(),
-            unknown_grace_ms: 60_000,
-            classes: ClassCache::default(),
-            classes_secondary: ClassCache::default(),
-            pending: Vec::new(),
-            started: false,
-            next_sweep_ms: 0,
-            absent_since: HashMap::new(),
-            released: HashMap::new(),
-            rng: rand::SeedableRng::seed_from_u64(rand::random()),
-            pass_units: FIRST_PASS_UNITS,
-            autoscaler,
-            decisions,
+            store,
             unsaved: Vec::new(),
             leader: crate::leader::Leader::always("local"),
             token: crate::leader::LOCAL_TOKEN,
+            cluster,
+            ledgers: Ledgers::new(shard_addrs),
+            commands,
+            out,
+            tracking: Tracking::default(),
+            held: Held::default(),
+            planning: Planning::new(rand::SeedableRng::seed_from_u64(rand::random())),
+            autoscaler,
         };
         Ok((scheduler, handle))
     }
@@ -241,7 +186,7 @@ impl Scheduler {
     /// Waits this long for members whose shard cannot be heard (Unknown) before they count
     /// as lost: a partition must not look like a mass failure (default 60 s).
     pub fn with_unknown_grace(mut self, grace: Duration) -> Self {
-        self.unknown_grace_ms = grace.as_millis().try_into().unwrap_or(u64::MAX);
+        self.tracking.unknown_grace_ms = grace.as_millis().try_into().unwrap_or(u64::MAX);
         self
     }
 
@@ -274,7 +219,9 @@ impl Scheduler {
     /// Seeds the scheduler's choices (sampling, back-off, transaction ids), so a
     /// simulation replays them.
     pub fn with_seed(mut self, seed: u64) -> Self {
-        self.rng = rand::SeedableRng::seed_from_u64(seed);
+        let mut rng: rand::rngs::StdRng = rand::SeedableRng::seed_from_u64(seed);
+        self.ledgers.rng = rand::SeedableRng::from_rng(&mut rng);
+        self.planning = Planning::new(rng);
         self
     }
 
@@ -351,20 +298,18 @@ impl Scheduler {
         }
         let slots = self.cluster.slots();
         let mut writes = Vec::new();
-        if !self.started {
+        if !self.tracking.started {
             // Place nothing against a partial view: wait until every shard has answered once.
             if slots.iter().any(|s| !s.connected) {
                 return Ok(());
             }
-            self.adopt(&mut writes).await;
-            self.started = true;
+            observe::adopt(&self.spec, &mut self.stored.units, &mut self.ledgers, &mut writes).await;
+            self.tracking.started = true;
         }
         // Routes first: members of nodes that stopped being Alive leave the table before
         // this pass releases or stops anything.
         self.publish_routes();
-        self.pending.retain(|p| {
-            slots.get(p.shard).is_none_or(|s| s.view.version.epoch == p.shown_in.epoch && s.view.version < p.shown_in)
-        });
+        self.planning.shown(&slots);
 
         // Workers coming up to replace one (make before break) that ran as of the last
         // pass take their member's place, and only then is the old one released; they
@@ -372,14 +317,25 @@ impl Scheduler {
         self.swap_surge(&mut writes).await;
         // Each walk over every unit below takes milliseconds in a large app: the runtime
         // gets a turn between them (see `place::PLAN_CHUNK`).
-        self.observe(&slots, &mut writes);
+        self.tracking.observe(&mut self.stored.units, &slots, now_ms(), &mut writes);
         tokio::task::yield_now().await;
-        self.start_waiting().await;
-        self.sweep_orphans(&slots).await;
+        self.held.start_waiting(&self.spec, &self.stored.units, &mut self.ledgers).await;
+        self.tracking.sweep_orphans(&self.spec.name, &self.stored.units, &mut self.ledgers, &slots).await;
         self.heal(&slots, &mut writes).await;
         tokio::task::yield_now().await;
-        self.autoscale(&mut writes);
-        self.scale_in(&slots, &mut writes).await;
+        self.autoscaler.step(&self.spec, &mut self.stored, now_ms(), &mut writes);
+        let desired = self.desired_groups();
+        let drain_ms = self.autoscaler.drain_ms;
+        scale_in::scale_in(
+            &self.spec,
+            &mut self.stored.units,
+            desired,
+            drain_ms,
+            &mut self.ledgers,
+            &slots,
+            &mut writes,
+        )
+        .await;
         self.roll(&slots, &mut writes).await;
         tokio::task::yield_now().await;
 
@@ -421,8 +377,7 @@ impl Scheduler {
                     self.fingerprint = spec.template_fingerprint();
                     self.spec_text = Arc::from(text);
                     self.spec = spec;
-                    self.classes = ClassCache::default();
-                    self.classes_secondary = ClassCache::default();
+                    self.planning.forget_classes();
                     self.autoscaler.own = self.spec.own_policy();
                     self.autoscaler.force_evaluation();
                 }
@@ -434,11 +389,9 @@ impl Scheduler {
         tracing::info!(app = %self.spec.name, old_token = self.token, token, units = stored.units.len(), "active again: reloaded the app from the store");
         self.stored = stored;
         self.unsaved.clear();
-        self.pending.clear();
-        self.started = false;
-        self.absent_since.clear();
-        self.released.clear();
-        self.pass_units = FIRST_PASS_UNITS;
+        self.planning.restart();
+        self.tracking.restart();
+        self.held = Held::default();
         self.token = token;
         self.ledgers.fencing_token = token;
         Ok(())
@@ -447,26 +400,15 @@ impl Scheduler {
     /// Places the queued units, re-planning only what was rejected against a fresher
     /// view, up to `ATTEMPTS` times with jittered back-off.
     async fn place_queued(&mut self, writes: &mut Vec<Write>) {
-        let mut queued: Vec<String> = self
-            .stored
-            .units
-            .values()
-            .filter(|u| u.state == UnitState::Queued)
-            .map(|u| u.unit_id.clone())
-            .take(self.pass_units)
-            .collect();
-        self.pass_units = match queued.len() {
-            0 => FIRST_PASS_UNITS,
-            n if n == self.pass_units => (n * 2).min(UNITS_PER_PASS),
-            _ => self.pass_units,
-        };
+        let queued = self.stored.units.values().filter(|u| u.state == UnitState::Queued);
+        let pass = self.planning.pass(queued.clone().count());
+        let mut queued: Vec<String> = queued.map(|u| u.unit_id.clone()).take(pass).collect();
         for attempt in 0..ATTEMPTS {
             if queued.is_empty() {
                 break;
             }
             if attempt > 0 {
-                let ms = self.rng.random_range(5..25) * attempt as u64;
-                tokio::time::sleep(Duration::from_millis(ms)).await;
+                tokio::time::sleep(self.planning.backoff(attempt)).await;
             }
             queued = self.place_and_commit(&queued, writes).await;
         }
@@ -530,8 +472,8 @@ impl Scheduler {
         let slots = self.cluster.slots();
         let units: Vec<&UnitRecord> = self.stored.units.values().collect();
         let routes =
-            self.weights.table(&units, &self.spec.routing.roles, &slots, &self.spec.routing.performance, now_ms());
-        let current = self.routes.borrow().clone();
+            self.out.weights.table(&units, &self.spec.routing.roles, &slots, &self.spec.routing.performance, now_ms());
+        let current = self.out.routes.borrow().clone();
         if current.routes != routes {
             let changed = routes.iter().filter(|r| !current.routes.contains(r)).count();
             metrics::counter!(m::ROUTE_WEIGHT_CHANGES.name, "app" => self.spec.name.clone()).increment(changed as u64);
@@ -540,13 +482,13 @@ impl Scheduler {
             let resources_of =
                 |member: &str| templates.iter().find(|(n, _, _)| n == member).map(|(_, _, t)| t.resources());
             let capacity = crate::routes::capacity(&table, resources_of, &slots);
-            let old = self.capacity.borrow().clone();
+            let old = self.out.capacity.borrow().clone();
             if (old.total_weight, &old.by_priority) != (capacity.total_weight, &capacity.by_priority) {
                 metrics::gauge!(m::APP_CAPACITY_WEIGHT.name, "app" => self.spec.name.clone())
                     .set(capacity.total_weight);
-                self.capacity.send_replace(Arc::new(capacity));
+                self.out.capacity.send_replace(Arc::new(capacity));
             }
-            self.routes.send_replace(Arc::new(table));
+            self.out.routes.send_replace(Arc::new(table));
         }
     }
 
@@ -577,16 +519,16 @@ impl Scheduler {
         for (s, c) in UnitState::ALL.iter().zip(counts) {
             metrics::gauge!(m::UNITS.name, "app" => self.spec.name.clone(), "state" => s.as_str()).set(c as f64);
         }
-        self.status.store(Arc::new(AppStatus {
+        self.out.status.store(Arc::new(AppStatus {
             app: self.spec.name.clone(),
             serving_roles: self.spec.routing.roles.clone(),
             desired_units: self.desired(),
             min_units: self.spec.units.min,
             max_units: self.spec.units.max,
-            units: self.shared_units(&self.status.load().units),
+            units: self.shared_units(&self.out.status.load().units),
             unit_shape: self.spec.unit_shape(),
             autoscaling: self.spec.is_autoscaled().then(|| AutoscalingStatus {
-                policy: self.policy_algorithm(),
+                policy: self.autoscaler.policy_algorithm(&self.spec),
                 policy_name: self.spec.autoscaling_policy.clone(),
                 override_bounds: self.stored.override_bounds,
                 demand: self.autoscaler.demand.clone(),
@@ -601,8 +543,8 @@ impl Scheduler {
             scheduler: self.leader.role(),
         }));
         let newest = self.autoscaler.decisions.back();
-        if !self.decisions.load().first().zip(newest).is_some_and(|(a, b)| Arc::ptr_eq(a, b)) && newest.is_some() {
-            self.decisions.store(Arc::new(self.autoscaler.decisions.iter().rev().cloned().collect()));
+        if !self.out.decisions.load().first().zip(newest).is_some_and(|(a, b)| Arc::ptr_eq(a, b)) && newest.is_some() {
+            self.out.decisions.store(Arc::new(self.autoscaler.decisions.iter().rev().cloned().collect()));
         }
     }
 }

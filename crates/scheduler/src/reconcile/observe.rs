@@ -10,10 +10,10 @@ use flotilla_core::{NodeId, now_ms};
 use flotilla_proto::v1;
 use flotilla_view::ShardSlot;
 
-use super::Scheduler;
-use super::ledgers::{claim_key, workload_state};
+use super::ledgers::{Ledgers, claim_key, workload_state};
 use crate::lifecycle::UnitState;
 use crate::repair::{MISSING, MISSING_AFTER_MS, runs_nowhere};
+use crate::spec::AppSpec;
 use crate::store::{MemberRecord, NamedPorts, UnitRecord, Usage, Write};
 
 /// Takes a member's named ports and message as its agent reports them (ports outside
@@ -34,13 +34,50 @@ fn take_reported_ports(m: &mut MemberRecord, w: &v1::WorkloadStatus) -> bool {
 /// How often the view is swept for members no unit accounts for (it reads every node).
 const SWEEP_EVERY_MS: u64 = 5_000;
 
-impl Scheduler {
-    /// Moves units along with what their members' agents report: Allocated → Starting
+/// What the sync step remembers between passes: since when members have been missing
+/// or unheard, and when the next orphan sweep is due.
+pub(super) struct Tracking {
+    /// Whether the first pass (adopt) ran since this scheduler started or took over.
+    pub(super) started: bool,
+    /// When the next orphan sweep is due (Unix ms).
+    next_sweep_ms: u64,
+    /// Since when each (unit, member) has been absent from the live node it is placed on.
+    absent_since: HashMap<(String, String), u64>,
+    /// Since when each unit has had members whose shard cannot be heard (see `heal`).
+    pub(super) unknown_since: HashMap<String, u64>,
+    /// How long Unknown members are waited for before they count as lost.
+    pub(super) unknown_grace_ms: u64,
+}
+
+impl Default for Tracking {
+    fn default() -> Self {
+        Tracking {
+            started: false,
+            next_sweep_ms: 0,
+            absent_since: HashMap::new(),
+            unknown_since: HashMap::new(),
+            unknown_grace_ms: 60_000,
+        }
+    }
+}
+
+impl Tracking {
+    /// Forgets what this run saw, as a restart would (the scheduler took the lease again).
+    pub(super) fn restart(&mut self) {
+        *self = Tracking { unknown_grace_ms: self.unknown_grace_ms, ..Tracking::default() };
+    }
+
+    /// Moves `units` along with what their members' agents report: Allocated → Starting
     /// once a member started, Starting → Running once every member is ready.
-    pub(super) fn observe(&mut self, slots: &[Arc<ShardSlot>], writes: &mut Vec<Write>) {
-        let now = now_ms();
+    pub(super) fn observe(
+        &mut self,
+        units: &mut BTreeMap<String, UnitRecord>,
+        slots: &[Arc<ShardSlot>],
+        now: u64,
+        writes: &mut Vec<Write>,
+    ) {
         let mut absent = HashMap::new();
-        for unit in self.stored.units.values_mut() {
+        for unit in units.values_mut() {
             if !matches!(
                 unit.state,
                 UnitState::Allocated | UnitState::Starting | UnitState::Running | UnitState::Degraded
@@ -128,7 +165,13 @@ impl Scheduler {
     /// that timed out but landed, or a member a restarted shard took back from its agent
     /// after it had been released. Runs every `SWEEP_EVERY_MS`, between two passes'
     /// commits, so nothing it sees is still in flight.
-    pub(super) async fn sweep_orphans(&mut self, slots: &[Arc<ShardSlot>]) {
+    pub(super) async fn sweep_orphans(
+        &mut self,
+        app: &str,
+        units: &BTreeMap<String, UnitRecord>,
+        ledgers: &mut Ledgers,
+        slots: &[Arc<ShardSlot>],
+    ) {
         let now = now_ms();
         if now < self.next_sweep_ms {
             return;
@@ -137,8 +180,8 @@ impl Scheduler {
         let mut orphans: BTreeMap<usize, Vec<v1::ClaimKey>> = BTreeMap::new();
         for (shard, slot) in slots.iter().enumerate().filter(|(_, s)| s.connected) {
             for rec in slot.view.nodes.values() {
-                for w in rec.workloads.iter().filter(|w| w.app == self.spec.name) {
-                    let owned = self.stored.units.get(&w.unit).is_some_and(|u| {
+                for w in rec.workloads.iter().filter(|w| w.app == app) {
+                    let owned = units.get(&w.unit).is_some_and(|u| {
                         u.state != UnitState::Terminated
                             && ((u.state == UnitState::Placing && u.generation == w.generation)
                                 || u.members.iter().chain(&u.surge).any(|m| {
@@ -155,53 +198,54 @@ impl Scheduler {
         }
         for (shard, keys) in orphans {
             tracing::warn!(shard, orphans = keys.len(), "releasing members no unit accounts for");
-            metrics::counter!(m::ORPHANS_RELEASED.name, "app" => self.spec.name.clone()).increment(keys.len() as u64);
-            let tag = format!("{}-sweep", self.spec.name);
-            if let Err(e) = self.release_keys(shard, &tag, keys).await {
+            metrics::counter!(m::ORPHANS_RELEASED.name, "app" => app.to_string()).increment(keys.len() as u64);
+            let tag = format!("{app}-sweep");
+            if let Err(e) = ledgers.release_keys(shard, &tag, keys).await {
                 tracing::warn!(error = %e, "releasing orphans; will retry");
                 self.next_sweep_ms = now;
             }
         }
     }
+}
 
-    /// On start: a unit a previous run was placing (written Placing before its commit
-    /// left) may hold ledger entries that run somewhere, or will once a late commit lands.
-    /// It is never placed again under the same keys, which could run a member twice: it
-    /// ends, a replacement with a new id is queued, and what it holds is released, now
-    /// (best effort) and by the orphan sweep after.
-    pub(super) async fn adopt(&mut self, writes: &mut Vec<Write>) {
-        let unsure: Vec<UnitRecord> =
-            self.stored.units.values().filter(|u| u.state == UnitState::Placing).cloned().collect();
-        if unsure.is_empty() {
-            return;
-        }
-        let keys: Vec<v1::ClaimKey> = unsure
-            .iter()
-            .flat_map(|u| {
-                self.spec
-                    .members()
-                    .into_iter()
-                    .map(move |(member, _, _)| claim_key(&u.app, &u.unit_id, &member, u.generation))
-            })
-            .collect();
-        let tag = format!("{}-adopt", self.spec.name);
-        for shard in 0..self.ledgers.shards() {
-            if let Err(e) = self.release_keys(shard, &tag, keys.clone()).await {
-                tracing::warn!(error = %e, "releasing what a previous run was placing; the orphan sweep retries");
-            }
-        }
-        for u in unsure {
-            if let Some(rec) = self.stored.units.get_mut(&u.unit_id) {
-                if let Ok(to) = rec.state.to(UnitState::Terminated) {
-                    rec.state = to;
-                }
-                rec.members.clear();
-                rec.unplaced_reason = Some("a previous run was placing it when it stopped; replaced".into());
-                writes.push(Write::Unit(rec.clone()));
-            }
-        }
-        tracing::info!(units = keys.len(), "replacing the units a previous run was placing");
+/// On start: a unit a previous run was placing (written Placing before its commit
+/// left) may hold ledger entries that run somewhere, or will once a late commit lands.
+/// It is never placed again under the same keys, which could run a member twice: it
+/// ends, a replacement with a new id is queued, and what it holds is released, now
+/// (best effort) and by the orphan sweep after.
+pub(super) async fn adopt(
+    spec: &AppSpec,
+    units: &mut BTreeMap<String, UnitRecord>,
+    ledgers: &mut Ledgers,
+    writes: &mut Vec<Write>,
+) {
+    let unsure: Vec<UnitRecord> = units.values().filter(|u| u.state == UnitState::Placing).cloned().collect();
+    if unsure.is_empty() {
+        return;
     }
+    let keys: Vec<v1::ClaimKey> = unsure
+        .iter()
+        .flat_map(|u| {
+            spec.members().into_iter().map(move |(member, _, _)| claim_key(&u.app, &u.unit_id, &member, u.generation))
+        })
+        .collect();
+    let tag = format!("{}-adopt", spec.name);
+    for shard in 0..ledgers.shards() {
+        if let Err(e) = ledgers.release_keys(shard, &tag, keys.clone()).await {
+            tracing::warn!(error = %e, "releasing what a previous run was placing; the orphan sweep retries");
+        }
+    }
+    for u in unsure {
+        if let Some(rec) = units.get_mut(&u.unit_id) {
+            if let Ok(to) = rec.state.to(UnitState::Terminated) {
+                rec.state = to;
+            }
+            rec.members.clear();
+            rec.unplaced_reason = Some("a previous run was placing it when it stopped; replaced".into());
+            writes.push(Write::Unit(rec.clone()));
+        }
+    }
+    tracing::info!(units = keys.len(), "replacing the units a previous run was placing");
 }
 
 /// What the agent of member `m`'s node reports about it (under `generation`), if it does.

@@ -5,14 +5,13 @@
 //! entry in place and its agent starts it. Wherever the head runs, the worker learns
 //! where: the head's agent reported its address and named ports through the view.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use flotilla_core::now_ms;
 use flotilla_core::ports::port_env_suffix;
 use flotilla_proto::v1;
 
-use super::Scheduler;
-use super::ledgers::{claim_key, workload};
+use super::ledgers::{Ledgers, claim_key, workload};
 use crate::lifecycle::UnitState;
 use crate::spec::AppSpec;
 use crate::store::{MemberRecord, UnitRecord};
@@ -97,13 +96,26 @@ pub fn releases<'a>(spec: &AppSpec, units: impl IntoIterator<Item = &'a UnitReco
     out
 }
 
-impl Scheduler {
-    /// Starts the held members whose head is running (see the module doc). What the
-    /// shard refuses (the node restarted) is left to repair; an unknown outcome is sent
-    /// again, harmlessly (the same key and workload change nothing twice).
-    pub(super) async fn start_waiting(&mut self) {
+/// The held members this scheduler released, so a release still in flight is not sent
+/// again within `RESEND_AFTER_MS`.
+#[derive(Default)]
+pub(super) struct Held {
+    /// When each (unit, member) was last released.
+    released: HashMap<(String, String), u64>,
+}
+
+impl Held {
+    /// Starts the held members of `units` whose head is running (see the module doc).
+    /// What the shard refuses (the node restarted) is left to repair; an unknown outcome
+    /// is sent again, harmlessly (the same key and workload change nothing twice).
+    pub(super) async fn start_waiting(
+        &mut self,
+        spec: &AppSpec,
+        units: &BTreeMap<String, UnitRecord>,
+        ledgers: &mut Ledgers,
+    ) {
         let now = now_ms();
-        let due: Vec<Release> = releases(&self.spec, self.stored.units.values())
+        let due: Vec<Release> = releases(spec, units.values())
             .into_iter()
             .filter(|r| {
                 self.released
@@ -122,8 +134,8 @@ impl Scheduler {
                 self.released.insert((r.unit_id.clone(), r.member.clone()), now);
             }
             let claims = list.into_iter().map(|r| r.claim).collect();
-            let txn_id = self.txn_id(&format!("{}-start", self.spec.name));
-            match self.ledgers.commit(shard, txn_id, claims).await {
+            let txn_id = ledgers.txn_id(&format!("{}-start", spec.name));
+            match ledgers.commit(shard, txn_id, claims).await {
                 Ok(resp) => {
                     for r in resp.results.iter().filter(|r| !r.accepted) {
                         let member = r.key.as_ref().map(|k| format!("{}/{}", k.unit, k.member)).unwrap_or_default();

@@ -7,13 +7,13 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use flotilla_core::{NodeId, Resources, now_ms};
+use flotilla_core::{NodeId, now_ms};
 use flotilla_proto::v1;
 use flotilla_view::Version;
 
 use super::handle::Stats;
 use super::ledgers::{CommitError, claims, member_records};
-use super::{PendingAlloc, Scheduler, save};
+use super::{Scheduler, save};
 use crate::lifecycle::UnitState;
 use crate::planner::{MemberRequest, NodeMap, Placement, PlanInput, place_unit};
 use crate::store::{StoreError, Write};
@@ -51,13 +51,13 @@ impl Scheduler {
         let mut batches = Vec::with_capacity(by_shard.len());
         for (&shard, units) in &by_shard {
             let claims = units.iter().flat_map(|(id, p)| self.claims_of(id, p)).collect();
-            let txn_id = self.txn_id(&format!("{}-{}", self.spec.name, now_ms()));
+            let txn_id = self.ledgers.txn_id(&format!("{}-{}", self.spec.name, now_ms()));
             batches.push((shard, txn_id, claims));
         }
         for (shard, took, result) in self.ledgers.commit_all(batches).await {
             let units = by_shard.remove(&shard).unwrap_or_default();
             metrics::histogram!(m::SCHEDULER_COMMIT_SECONDS.name).record(took.as_secs_f64());
-            Stats::record(&self.stats.commit_us, took);
+            Stats::record(&self.out.stats.commit_us, took);
             match result {
                 Ok(resp) => still.extend(self.settle(shard, units, resp, writes)),
                 Err(e @ CommitError::Unknown { .. }) => self.fail_unknown(shard, units, &e, writes),
@@ -92,10 +92,7 @@ impl Scheduler {
             .iter()
             .map(|(member, _, t)| MemberRequest { member: member.clone(), resources: t.resources() })
             .collect();
-        let mut pending: NodeMap<Resources> = NodeMap::default();
-        for p in &self.pending {
-            add_pending(&mut pending, &p.node, &p.resources);
-        }
+        let mut pending = self.planning.pending_by_node();
         let mut per_domain = self.units_per_domain();
         let mut per_node = self.units_per_node(None);
         // Make-before-break replacements may pass the spread maxima by the units leaving.
@@ -130,10 +127,10 @@ impl Scheduler {
                 prefer_domain: replacement.as_ref().and_then(|d| d.as_deref()),
                 ..PlanInput::new(&slots, &constraints[usize::from(secondary)], &per_domain, &per_node, &pending)
             };
-            let classes = if secondary { &mut self.classes_secondary } else { &mut self.classes };
-            let plan = place_unit(&input, &requests, classes, &mut self.rng);
+            let (classes, rng) = self.planning.planner(secondary);
+            let plan = place_unit(&input, &requests, classes, rng);
             metrics::histogram!(m::PLAN_SECONDS.name).record(started.elapsed().as_secs_f64());
-            Stats::record(&self.stats.decision_us, started.elapsed());
+            Stats::record(&self.out.stats.decision_us, started.elapsed());
             let Some(unit) = self.stored.units.get_mut(id) else { continue };
             match plan {
                 Err(why) => {
@@ -150,7 +147,7 @@ impl Scheduler {
                 }
                 Ok(p) => {
                     for (m, r) in p.members.iter().zip(&requests) {
-                        add_pending(&mut pending, &m.node, &r.resources);
+                        super::planning::add(&mut pending, &m.node, &r.resources);
                     }
                     let mut nodes: Vec<&NodeId> = p.members.iter().map(|m| &m.node).collect();
                     nodes.sort();
@@ -231,7 +228,7 @@ impl Scheduler {
             // It runs the spec in force, whatever was in force when it was queued.
             unit.template = Some(self.fingerprint.clone());
             for (m, (_, _, t)) in p.members.iter().zip(self.spec.members()) {
-                self.pending.push(PendingAlloc { shard, shown_in, node: m.node.clone(), resources: t.resources() });
+                self.planning.committed(shard, shown_in, m.node.clone(), t.resources());
             }
             tracing::info!(unit = %id, domain = %p.domain, "unit allocated");
             writes.push(Write::Unit(unit.clone()));
@@ -244,8 +241,8 @@ impl Scheduler {
     fn count_verdicts(&self, resp: &v1::CommitResponse) {
         let accepted = resp.results.iter().filter(|r| r.accepted).count() as u64;
         let rejected = resp.results.len() as u64 - accepted;
-        let ok = self.stats.claims_accepted.fetch_add(accepted, Ordering::Relaxed) + accepted;
-        let conflicts = self.stats.claims_rejected.fetch_add(rejected, Ordering::Relaxed) + rejected;
+        let ok = self.out.stats.claims_accepted.fetch_add(accepted, Ordering::Relaxed) + accepted;
+        let conflicts = self.out.stats.claims_rejected.fetch_add(rejected, Ordering::Relaxed) + rejected;
         metrics::counter!(m::SCHEDULER_CLAIMS.name, "result" => "accepted").increment(accepted);
         metrics::counter!(m::SCHEDULER_CLAIMS.name, "result" => "conflict").increment(rejected);
         metrics::gauge!(m::SCHEDULER_CONFLICT_RATIO.name, "app" => self.spec.name.clone())
@@ -327,9 +324,4 @@ impl Scheduler {
         }
         m
     }
-}
-
-fn add_pending(pending: &mut NodeMap<Resources>, node: &NodeId, r: &Resources) {
-    let e = pending.entry(node.clone()).or_default();
-    *e = e.checked_add(r).unwrap_or_else(|_| e.clone());
 }

@@ -111,7 +111,7 @@ impl Scheduler {
             unit.secondary,
             &p,
         );
-        let txn_id = self.txn_id(&format!("{id}-surge"));
+        let txn_id = self.ledgers.txn_id(&format!("{id}-surge"));
         let verdict = self.ledgers.commit(p.shard, txn_id, claims).await;
         let accepted = match &verdict {
             Ok(resp) => resp.results.iter().all(|r| r.accepted),
@@ -195,7 +195,7 @@ impl Scheduler {
             }
             writes.push(Write::Unit(u.clone()));
             let gone = UnitRecord { members: dropped, surge: Vec::new(), ..u.clone() };
-            if let Err(e) = self.release_unit(&gone, &[]).await {
+            if let Err(e) = self.ledgers.release_unit(&gone, &[]).await {
                 tracing::warn!(unit = %id, error = %e, "releasing a lost surge member; the orphan sweep retries");
             }
         }
@@ -240,7 +240,7 @@ impl Scheduler {
             // Last in the pass's batch too, after any earlier write of the unit.
             writes.push(Write::Unit(u.clone()));
             let old_members = UnitRecord { surge: Vec::new(), ..old };
-            if let Err(e) = self.release_unit(&old_members, &members).await {
+            if let Err(e) = self.ledgers.release_unit(&old_members, &members).await {
                 tracing::warn!(unit = %id, error = %e, "releasing moved workers; the orphan sweep retries");
             }
         }
@@ -318,7 +318,7 @@ impl Scheduler {
             tracing::warn!(unit = %id, error = %e, "cannot record the release; will retry");
             return;
         }
-        if let Err(e) = self.release_unit(&unit, &[]).await {
+        if let Err(e) = self.ledgers.release_unit(&unit, &[]).await {
             tracing::warn!(unit = %id, error = %e, "releasing a replacement; will retry");
         } else if let Some(u) = self.stored.units.get_mut(id) {
             u.state = UnitState::Terminated;
