@@ -5,6 +5,8 @@
 //! `hadolint`. A missing tool fails the test with the package that brings it (.ci/run
 //! installs them).
 
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "a test: a failed step fails it, with the panic's message")]
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 

@@ -9,6 +9,8 @@
 //!
 //! Skipped, saying so, only where `ray` is not installed.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "a test: a failed step fails it, with the panic's message")]
+
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::process::Command;

@@ -2,6 +2,8 @@
 //! to show the simulation is deterministic, and checks the plot is a well-formed SVG with its
 //! series drawn. Starts no server.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "a test: a failed step fails it, with the panic's message")]
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 

@@ -1,6 +1,8 @@
 //! The loadtest itself must keep working: tiny runs, checking the shape of each
 //! report (never its speed).
 
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "a test: a failed step fails it, with the panic's message")]
+
 use std::process::Command;
 
 /// Runs a scenario with `--json` and returns its last stdout line, checking `keys` are numbers.

@@ -2,6 +2,8 @@
 //! Debian's Chromium) against a real `flotilla up`. `.ci/run` installs both; the
 //! screenshots of each page land in `target/browser/`.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "a test: a failed step fails it, with the panic's message")]
+
 use std::process::Command;
 
 #[test]

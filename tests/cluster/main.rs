@@ -4,6 +4,8 @@
 //! (see .config/nextest.toml), because on 2 cores parallel clusters starve each other's
 //! heartbeats.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "a test: a failed step fails it, with the panic's message")]
+
 mod autoscaling;
 mod cli;
 mod common;

@@ -8,6 +8,8 @@
 //! `FLOTILLA_METRICS_CATALOGUE=PATH` checks against another catalogue than
 //! `docs/metrics.md` (a stand-in while it is being written).
 
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "a test: a failed step fails it, with the panic's message")]
+
 mod alerts;
 mod dashboard;
 mod promql;

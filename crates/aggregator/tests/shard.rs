@@ -1,5 +1,7 @@
 //! A real shard in this process, spoken to over real QUIC, UDP and gRPC on loopback.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "a test: a failed step fails it, with the panic's message")]
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

@@ -3,6 +3,8 @@
 //! spec and a refused rollback, a pool's node type bounds, and a standalone scheduler
 //! that does not answer, listed and streamed as unreachable.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "a test: a failed step fails it, with the panic's message")]
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;

@@ -2,6 +2,8 @@
 //! (HTTP/1.1 and HTTP/2 by ALPN), plain HTTP sent to it, per-peer rate limits,
 //! the body cap, the connection cap and unauthenticated calls, each refusal counted.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "a test: a failed step fails it, with the panic's message")]
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,5 +1,7 @@
 //! Leadership against a real etcd (testkit starts `/usr/bin/etcd` on free ports).
 
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "a test: a failed step fails it, with the panic's message")]
+
 use std::time::{Duration, Instant};
 
 use flotilla_etcd::{Campaign, Endpoints, REQUEST_TIMEOUT, Waiting, campaign, connect, try_acquire};

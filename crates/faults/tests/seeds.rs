@@ -1,6 +1,8 @@
 //! The deterministic fault simulation over many seeds (docs/architecture.md §15). CI runs 1,000;
 //! `FLOTILLA_SIM_SEEDS=N` runs N, `FLOTILLA_SIM_SEED=S` replays one seed.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "a test: a failed step fails it, with the panic's message")]
+
 use std::time::Instant;
 
 fn env(name: &str) -> Option<u64> {

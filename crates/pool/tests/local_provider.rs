@@ -1,6 +1,8 @@
 //! The local provider against real processes: `sh` stands in for `flotilla agent` (it
 //! keeps the agent flags on its command line, as the agent would).
 
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "a test: a failed step fails it, with the panic's message")]
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

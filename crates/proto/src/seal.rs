@@ -147,8 +147,8 @@ fn nonce(dir: Direction, seq: u64) -> Nonce {
     Nonce::assume_unique_for_key(n)
 }
 
+#[allow(clippy::expect_used, reason = "ChaCha20-Poly1305 accepts any 32-byte key, and a SessionKey is 32 bytes")]
 fn aead_key(key: &SessionKey) -> LessSafeKey {
-    // ChaCha20-Poly1305 accepts any 32-byte key.
     LessSafeKey::new(UnboundKey::new(&CHACHA20_POLY1305, key).expect("32-byte ChaCha20 key"))
 }
 

@@ -1,5 +1,7 @@
 //! App schedulers against a real shard (QUIC registration, gRPC view and commits).
 
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "a test: a failed step fails it, with the panic's message")]
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

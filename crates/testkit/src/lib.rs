@@ -6,6 +6,12 @@
 //! Plain blocking code, so process tests need no runtime; only [`shard`] and
 //! [`wait_for_async`] are for `#[tokio::test]`s.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test harness: a setup that fails fails the test, with the panic's message"
+)]
+
 mod cli;
 mod dir;
 mod etcd;
