@@ -12,28 +12,17 @@ use axum::response::{IntoResponse, Response};
 use flotilla_core::{ErrorKind, ServiceError};
 use flotilla_scheduler::CommandError;
 
-/// The code of a request the API could not read at all (not the JSON it expects, or
-/// a body that broke off): a 400, where a request read and refused is a 422.
-const BAD_REQUEST: &str = "bad_request";
-/// The code of plain HTTP sent to the HTTPS port: a 400 too.
-const TLS_REQUIRED: &str = "tls_required";
-/// The code of a request target over the API's limit: 414 URI Too Long.
-const URI_TOO_LONG: &str = "uri_too_long";
-/// The code of a body not sent in time: 408 Request Timeout.
-const BODY_TIMEOUT: &str = "body_timeout";
-
-/// The HTTP status of each kind of failure. `InvalidInput` splits by whether the
-/// request could be read: unreadable ([`BAD_REQUEST`], [`TLS_REQUIRED`]) is 400 Bad
-/// Request, readable but refused for what it asks (a count out of range, an invalid
-/// spec) is 422 Unprocessable Entity. Every dependency the API may miss (a shard, a
-/// scheduler) sits behind it, so `Unavailable` is 502 Bad Gateway; but a scheduler
-/// whose own store refuses writes (a full disk) is this service being unavailable: 503.
-pub fn http_status(kind: ErrorKind, code: &str) -> StatusCode {
+/// The HTTP status of each kind of failure. A request that cannot be read (`Malformed`)
+/// is 400 Bad Request, one read and refused for what it asks (a count out of range, an
+/// invalid spec) is 422 Unprocessable Entity. Every dependency the API may miss (a
+/// shard, a scheduler) sits behind it, so `Unavailable` is 502 Bad Gateway; but a store
+/// that refuses writes (a scheduler's full disk, the replicas' etcd) is this service
+/// being unavailable: 503.
+pub fn http_status(kind: ErrorKind) -> StatusCode {
     match kind {
-        ErrorKind::Unavailable if code == flotilla_scheduler::STORE_UNAVAILABLE => StatusCode::SERVICE_UNAVAILABLE,
-        ErrorKind::InvalidInput if code == BAD_REQUEST || code == TLS_REQUIRED => StatusCode::BAD_REQUEST,
-        ErrorKind::InvalidInput if code == URI_TOO_LONG => StatusCode::URI_TOO_LONG,
-        ErrorKind::InvalidInput if code == BODY_TIMEOUT => StatusCode::REQUEST_TIMEOUT,
+        ErrorKind::Malformed => StatusCode::BAD_REQUEST,
+        ErrorKind::AddressTooLong => StatusCode::URI_TOO_LONG,
+        ErrorKind::TimedOut => StatusCode::REQUEST_TIMEOUT,
         ErrorKind::InvalidInput => StatusCode::UNPROCESSABLE_ENTITY,
         ErrorKind::Unauthenticated => StatusCode::UNAUTHORIZED,
         ErrorKind::NotFound => StatusCode::NOT_FOUND,
@@ -41,6 +30,7 @@ pub fn http_status(kind: ErrorKind, code: &str) -> StatusCode {
         ErrorKind::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
         ErrorKind::RateLimited => StatusCode::TOO_MANY_REQUESTS,
         ErrorKind::Unavailable => StatusCode::BAD_GATEWAY,
+        ErrorKind::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
         ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
@@ -110,10 +100,12 @@ impl ServiceError for ControlError {
         use ControlError::*;
         match self {
             NoSuchEndpoint | NoSuchAction(_) | NoSuchNode(_) | NoSuchApp(_) | NoSuchPool(_) => ErrorKind::NotFound,
-            BadRequest(_) | InvalidSpec(_) | InvalidPolicy(_) | TlsRequired { .. } => ErrorKind::InvalidInput,
-            UriTooLong { .. } | BodyTimeout { .. } => ErrorKind::InvalidInput,
+            BadRequest(_) | TlsRequired { .. } => ErrorKind::Malformed,
+            InvalidSpec(_) | InvalidPolicy(_) => ErrorKind::InvalidInput,
+            UriTooLong { .. } => ErrorKind::AddressTooLong,
+            BodyTimeout { .. } => ErrorKind::TimedOut,
             Storage(_) => ErrorKind::Internal,
-            SharedStoreUnavailable(_) => ErrorKind::Unavailable,
+            SharedStoreUnavailable(_) => ErrorKind::StoreUnavailable,
             Unauthorized(_) => ErrorKind::Unauthenticated,
             AppRunsHere(_) | ScheduledElsewhere { .. } => ErrorKind::Conflict,
             ShardUnreachable { .. } | SchedulerUnreachable { .. } => ErrorKind::Unavailable,
@@ -131,7 +123,7 @@ impl ServiceError for ControlError {
             NoSuchNode(_) => "no_such_node",
             NoSuchApp(_) => "no_such_app",
             NoSuchPool(_) => "no_such_pool",
-            BadRequest(_) => BAD_REQUEST,
+            BadRequest(_) => "bad_request",
             InvalidSpec(_) => "invalid_spec",
             InvalidPolicy(_) => "invalid_policy",
             Storage(_) => "storage_failed",
@@ -143,11 +135,11 @@ impl ServiceError for ControlError {
             SchedulerUnreachable { .. } => "scheduler_unreachable",
             Forwarded { .. } => "refused",
             TooLarge { .. } => "too_large",
-            UriTooLong { .. } => URI_TOO_LONG,
-            BodyTimeout { .. } => BODY_TIMEOUT,
+            UriTooLong { .. } => "uri_too_long",
+            BodyTimeout { .. } => "body_timeout",
             RateLimited { .. } => "rate_limited",
             TooManySubscribers { .. } => "too_many_subscribers",
-            TlsRequired { .. } => TLS_REQUIRED,
+            TlsRequired { .. } => "tls_required",
             Command(e) => e.code(),
         }
     }
@@ -157,14 +149,16 @@ impl ServiceError for ControlError {
 /// [`http_status`] too), for the metrics and logs of a forwarded refusal.
 fn kind_of_status(status: StatusCode) -> ErrorKind {
     match status {
+        StatusCode::BAD_REQUEST => ErrorKind::Malformed,
+        StatusCode::URI_TOO_LONG => ErrorKind::AddressTooLong,
+        StatusCode::REQUEST_TIMEOUT => ErrorKind::TimedOut,
+        StatusCode::SERVICE_UNAVAILABLE => ErrorKind::StoreUnavailable,
         StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => ErrorKind::Unauthenticated,
         StatusCode::NOT_FOUND => ErrorKind::NotFound,
         StatusCode::CONFLICT => ErrorKind::Conflict,
         StatusCode::PAYLOAD_TOO_LARGE => ErrorKind::TooLarge,
         StatusCode::TOO_MANY_REQUESTS => ErrorKind::RateLimited,
-        StatusCode::BAD_GATEWAY | StatusCode::SERVICE_UNAVAILABLE | StatusCode::GATEWAY_TIMEOUT => {
-            ErrorKind::Unavailable
-        }
+        StatusCode::BAD_GATEWAY | StatusCode::GATEWAY_TIMEOUT => ErrorKind::Unavailable,
         s if s.is_client_error() => ErrorKind::InvalidInput,
         _ => ErrorKind::Internal,
     }
@@ -180,7 +174,7 @@ pub struct ApiError {
 
 impl ApiError {
     pub fn from_service<E: ServiceError + ?Sized>(e: &E) -> Self {
-        ApiError { status: http_status(e.kind(), e.code()), code: e.code(), message: e.to_string() }
+        ApiError { status: http_status(e.kind()), code: e.code(), message: e.to_string() }
     }
 
     pub fn status(&self) -> StatusCode {
@@ -291,10 +285,26 @@ mod tests {
     #[test]
     fn every_kind_has_a_status() {
         use ErrorKind::*;
-        for k in [InvalidInput, Unauthenticated, NotFound, Conflict, TooLarge, RateLimited, Unavailable, Internal] {
-            let s = http_status(k, "any");
+        let all = [
+            InvalidInput,
+            Malformed,
+            AddressTooLong,
+            TimedOut,
+            Unauthenticated,
+            NotFound,
+            Conflict,
+            TooLarge,
+            RateLimited,
+            Unavailable,
+            StoreUnavailable,
+            Internal,
+        ];
+        for k in all {
+            let s = http_status(k);
             assert!(s.is_client_error() || s.is_server_error(), "{k:?}: {s}");
             assert_eq!(s.is_server_error(), k.is_retryable() && k != RateLimited, "{k:?}: {s}");
+            // A forwarded refusal's status stands for the kind that made it.
+            assert_eq!(kind_of_status(s), k, "{k:?}: {s}");
         }
     }
 }

@@ -11,6 +11,13 @@
 pub enum ErrorKind {
     /// The request itself is wrong (a bad spec, a value out of range): fix it, do not retry.
     InvalidInput,
+    /// The request cannot be read at all (not the format expected, a body that broke
+    /// off, plain HTTP to a TLS port): fix it, do not retry.
+    Malformed,
+    /// The request's address (its path and query) is past its limit.
+    AddressTooLong,
+    /// The caller did not send its whole request in time.
+    TimedOut,
     /// No credential, or a credential that is not valid.
     Unauthenticated,
     /// The named thing does not exist.
@@ -24,6 +31,9 @@ pub enum ErrorKind {
     RateLimited,
     /// A dependency (a shard, a scheduler) cannot be reached or is not ready: retry.
     Unavailable,
+    /// This service's own store refuses writes (a full disk, etcd without a quorum):
+    /// nothing changed; the same request works once it is back.
+    StoreUnavailable,
     /// Something failed on our side (a store write): not the caller's fault.
     Internal,
 }
@@ -31,7 +41,10 @@ pub enum ErrorKind {
 impl ErrorKind {
     /// Whether the same request may succeed later without change.
     pub fn is_retryable(self) -> bool {
-        matches!(self, ErrorKind::RateLimited | ErrorKind::Unavailable | ErrorKind::Internal)
+        matches!(
+            self,
+            ErrorKind::RateLimited | ErrorKind::Unavailable | ErrorKind::StoreUnavailable | ErrorKind::Internal
+        )
     }
 }
 
@@ -50,6 +63,8 @@ mod tests {
     fn only_transient_kinds_are_retryable() {
         assert!(ErrorKind::Unavailable.is_retryable());
         assert!(ErrorKind::RateLimited.is_retryable());
+        assert!(ErrorKind::StoreUnavailable.is_retryable());
+        assert!(!ErrorKind::Malformed.is_retryable());
         assert!(!ErrorKind::InvalidInput.is_retryable());
         assert!(!ErrorKind::Unauthenticated.is_retryable());
     }

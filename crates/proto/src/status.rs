@@ -13,19 +13,23 @@ pub const CODE_METADATA: &str = "flotilla-error-code";
 /// The gRPC code for each kind of failure.
 pub fn grpc_code(kind: ErrorKind) -> tonic::Code {
     match kind {
-        ErrorKind::InvalidInput => tonic::Code::InvalidArgument,
+        ErrorKind::InvalidInput | ErrorKind::Malformed => tonic::Code::InvalidArgument,
+        ErrorKind::AddressTooLong => tonic::Code::OutOfRange,
+        ErrorKind::TimedOut => tonic::Code::DeadlineExceeded,
         ErrorKind::Unauthenticated => tonic::Code::Unauthenticated,
         ErrorKind::NotFound => tonic::Code::NotFound,
         ErrorKind::Conflict => tonic::Code::FailedPrecondition,
         ErrorKind::TooLarge => tonic::Code::OutOfRange,
         ErrorKind::RateLimited => tonic::Code::ResourceExhausted,
-        ErrorKind::Unavailable => tonic::Code::Unavailable,
+        ErrorKind::Unavailable | ErrorKind::StoreUnavailable => tonic::Code::Unavailable,
         ErrorKind::Internal => tonic::Code::Internal,
     }
 }
 
 /// The kind of failure a gRPC code stands for (codes no Flotilla server sends map to
-/// the nearest kind; anything unexpected is `Unavailable`, which callers retry).
+/// the nearest kind; anything unexpected is `Unavailable`, which callers retry). The
+/// kinds gRPC has no code of their own for come back as the broader kind (a malformed
+/// request as `InvalidInput`); the error's code still names the exact failure.
 pub fn kind_of(code: tonic::Code) -> ErrorKind {
     match code {
         tonic::Code::InvalidArgument => ErrorKind::InvalidInput,
@@ -64,7 +68,7 @@ impl RemoteError {
     /// Whether the server refused the request before acting on it, so it certainly had
     /// no effect (as opposed to a call that may have been applied and its answer lost).
     pub fn certainly_not_applied(&self) -> bool {
-        matches!(self.kind, ErrorKind::InvalidInput | ErrorKind::Unauthenticated)
+        matches!(self.kind, ErrorKind::InvalidInput | ErrorKind::Malformed | ErrorKind::Unauthenticated)
     }
 }
 
@@ -107,10 +111,18 @@ mod tests {
     }
 
     #[test]
-    fn every_kind_round_trips_through_its_grpc_code() {
+    fn every_kind_round_trips_through_its_grpc_code_or_comes_back_as_the_broader_kind() {
         use ErrorKind::*;
         for k in [InvalidInput, Unauthenticated, NotFound, Conflict, TooLarge, RateLimited, Unavailable, Internal] {
             assert_eq!(kind_of(grpc_code(k)), k);
+        }
+        for (k, broader) in [
+            (Malformed, InvalidInput),
+            (AddressTooLong, TooLarge),
+            (TimedOut, Unavailable),
+            (StoreUnavailable, Unavailable),
+        ] {
+            assert_eq!(kind_of(grpc_code(k)), broader, "{k:?}");
         }
     }
 

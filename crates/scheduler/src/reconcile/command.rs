@@ -285,7 +285,7 @@ mod tests {
         s.command(Command::Scale(2, tx));
         let e = rx.try_recv().unwrap().unwrap_err();
         assert_eq!(flotilla_core::ServiceError::code(&e), crate::STORE_UNAVAILABLE);
-        assert_eq!(flotilla_core::ServiceError::kind(&e), flotilla_core::ErrorKind::Unavailable);
+        assert_eq!(flotilla_core::ServiceError::kind(&e), flotilla_core::ErrorKind::StoreUnavailable);
         assert_eq!(s.desired(), 0);
         // A pass that queues units (initial 0: set the desired count directly) fails to
         // write them; the scheduler keeps them and says the store is failing.

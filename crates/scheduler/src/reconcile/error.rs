@@ -2,7 +2,7 @@
 
 use flotilla_core::{ErrorKind, ServiceError};
 
-/// The code of a change the store could not record; answered with 503.
+/// The code of a change the store could not record (`ErrorKind::StoreUnavailable`).
 pub const STORE_UNAVAILABLE: &str = "store_unavailable";
 
 /// Why the scheduler refused or could not carry out a request of the control plane.
@@ -29,7 +29,7 @@ pub enum CommandError {
     #[error("the scheduler stopped")]
     Stopped,
     /// This process is a standby (or lost its lease): the active scheduler takes
-    /// changes (503; the control plane follows the active one).
+    /// changes (502 from this one's API; the control plane follows the active one).
     #[error("this scheduler is not the app's active one: {0}")]
     NotLeader(String),
 }
@@ -43,7 +43,8 @@ impl ServiceError for CommandError {
             | CommandError::InvalidDemand(_)
             | CommandError::InvalidOverride(_) => ErrorKind::InvalidInput,
             CommandError::NoPreviousSpec(_) => ErrorKind::Conflict,
-            CommandError::Store(_) | CommandError::Stopped | CommandError::NotLeader(_) => ErrorKind::Unavailable,
+            CommandError::Store(_) => ErrorKind::StoreUnavailable,
+            CommandError::Stopped | CommandError::NotLeader(_) => ErrorKind::Unavailable,
         }
     }
 
