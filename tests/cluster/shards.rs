@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use flotilla_testkit::{Group, Up, free_port, fresh_dir, http, signal, wait_for};
+use flotilla_testkit::{Agent, Group, Up, free_port, fresh_dir, http, signal, wait_for};
 
 use crate::common::{ECHO, ledgers_match_units, running};
 
@@ -38,29 +38,12 @@ impl Standalone {
         for n in 0..4 {
             let node = format!("node-{n}");
             let (domain, ports) = (&domains[n % 2], format!("{}-{}", 31_000 + n * 50, 31_049 + n * 50));
-            let data = dir.join("agents").join(&node);
-            let args = [
-                "agent",
-                "--aggregators",
-                &aggregators,
-                "--node-id",
-                &node,
-                "--label",
-                &format!("domain={domain}"),
-                "--cores",
-                "4",
-                "--memory",
-                "8589934592",
-                "--join-token-file",
-                &format!("{d}/join-token"),
-                "--ca",
-                &format!("{d}/tls.crt"),
-                "--data",
-                data.to_str().unwrap(),
-                "--port-range",
-                &ports,
-            ];
-            procs.spawn(&args, &dir.join(format!("{node}.err")));
+            Agent::new(&aggregators, &node, &dir.join("agents").join(&node))
+                .secrets_of(&dir)
+                .domain(domain)
+                .capacity(4, 8 << 30)
+                .arg("--port-range", &ports)
+                .spawn(&mut procs, &dir.join(format!("{node}.err")));
         }
         let spec = dir.join("echo.toml");
         let text = std::fs::read_to_string(ECHO).unwrap();

@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use flotilla_testkit::{Group, Up, free_port, fresh_dir, signal, wait_for};
+use flotilla_testkit::{Agent, Group, Up, free_port, fresh_dir, signal, wait_for};
 
 use crate::common::{ECHO, running};
 
@@ -58,29 +58,12 @@ fn a_standby_shard_takes_over_when_the_active_one_is_killed() {
     for n in 0..3 {
         let node = format!("node-{n}");
         let ports = format!("{}-{}", 32_000 + n * 50, 32_049 + n * 50);
-        let data = dir.join("agents").join(&node);
-        let args = [
-            "agent",
-            "--aggregators",
-            &aggregators,
-            "--node-id",
-            &node,
-            "--label",
-            "domain=zone-0",
-            "--cores",
-            "4",
-            "--memory",
-            "8589934592",
-            "--join-token-file",
-            &format!("{d}/join-token"),
-            "--ca",
-            &format!("{d}/tls.crt"),
-            "--data",
-            data.to_str().unwrap(),
-            "--port-range",
-            &ports,
-        ];
-        procs.spawn(&args, &dir.join(format!("{node}.err")));
+        Agent::new(&aggregators, &node, &dir.join("agents").join(&node))
+            .secrets_of(&dir)
+            .domain("zone-0")
+            .capacity(4, 8 << 30)
+            .arg("--port-range", &ports)
+            .spawn(&mut procs, &dir.join(format!("{node}.err")));
     }
     let api = format!("http://127.0.0.1:{}", free_port());
     let store = format!("redb:{d}/scheduler.redb");

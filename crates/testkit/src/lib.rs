@@ -12,6 +12,7 @@
     reason = "a test harness: a setup that fails fails the test, with the panic's message"
 )]
 
+mod agent;
 mod cli;
 mod dir;
 mod etcd;
@@ -22,6 +23,7 @@ pub mod shard;
 mod up;
 mod wait;
 
+pub use agent::Agent;
 pub use cli::{bin, flotilla, run, run_ok, stderr};
 pub use dir::{TempDir, fresh_dir};
 pub use etcd::Etcd;
