@@ -2,6 +2,8 @@
 //! backticks exists. A file moved without its docs is how a reader ends up in a file
 //! that is not there (BENCHMARKS.md is a dated record, and keeps the paths of its day).
 
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "a test: a failed step fails it, with the panic's message")]
+
 use std::path::{Path, PathBuf};
 
 /// Top-level directories: a path starting with one is named from the repository root;
