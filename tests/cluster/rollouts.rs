@@ -242,6 +242,35 @@ fn an_applied_spec_survives_a_restart_with_the_same_app_file_and_a_changed_file_
     assert!(get_text(&up.addr, "/v1/apps/echo/spec").unwrap().contains("88Mi"));
 }
 
+/// Issue #34 item 2: an apply after a finished rollout said "no unit's template changed"
+/// (the replacements it had made were not counted) and then rolled them all the same.
+#[test]
+fn an_apply_after_a_finished_rollout_says_the_units_it_rolls_and_a_rollback_too() {
+    let dir = TempDir::new("rollout-again-specs");
+    let (up, _) = start("rollout-again", ECHO);
+    let replaced = |up: &Up| {
+        let page = metrics_page(&up.addr);
+        metric(&page, "flotilla_units_replaced_total", "why=\"its template changed\"").unwrap_or(0.0)
+    };
+    for (i, memory) in ["72Mi", "88Mi"].into_iter().enumerate() {
+        let spec = write(
+            dir.path(),
+            &format!("{memory}.toml"),
+            &echo().replacen("memory = \"64Mi\"", &format!("memory = \"{memory}\""), 1),
+        );
+        let out = run_ok(up.cli().args(["apply", &spec, "--wait", "--timeout", "45s"]));
+        assert!(out.contains("2 unit(s) will roll"), "{memory}: {out}");
+        if !lost_a_node(&up) {
+            assert_eq!(replaced(&up), 2.0 * (i as f64 + 1.0), "{memory}: what it said is what happened");
+        }
+    }
+    let (status, body) = http(&up.addr, "POST", "/v1/apps/echo/rollback", Some(&up.token()), "");
+    assert_eq!(status, 200, "{body}");
+    assert!(body["result"].as_str().is_some_and(|r| r.starts_with("2 unit(s) will roll")), "{body}");
+    let out = run_ok(up.cli().args(["apply", ECHO, "--wait", "--timeout", "45s"]));
+    assert!(out.contains("2 unit(s) will roll"), "{out}");
+}
+
 #[test]
 fn reverting_from_an_unplaceable_spec_leaves_the_matching_units_alone() {
     let dir = TempDir::new("rollout-unplaceable-specs");

@@ -15,11 +15,11 @@
 //!   `progress_deadline`): a replacement not Running with every member running within
 //!   `rollout.progress_deadline` of being queued is released and the rollout fails; no
 //!   more units roll to that template until the next apply.
-//! - A newer spec supersedes an in-flight rollout at once: replacements of an older
-//!   template that are still coming up are released, and the units they were to
-//!   replace roll to the new one (or stay, if they already match it).
+//! - A newer spec supersedes an in-flight rollout at once: replacements of another
+//!   template are released, running or not, and the units they were to replace roll
+//!   to the new one (or stay, if they already match it: a rollback keeps them).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 use flotilla_core::NodeId;
@@ -149,6 +149,34 @@ fn not_progressing(r: &UnitRecord) -> String {
     }
 }
 
+/// How many units a rollout to `fingerprint` will replace, from `units` as they stand:
+/// what an apply says before it happens. The units that roll are the placed ones of
+/// another template; a unit with a replacement of this template coming up (or being
+/// committed: it is placed under the spec in force) is replaced already, and one with a
+/// replacement of another template rolls after that replacement is released (see
+/// [`plan`]). Queued and placing units take the template in force when they are placed,
+/// and never roll. When the app is above its desired size, scale-in goes first and may
+/// remove some of these units instead: fewer roll, never more.
+pub fn will_roll(units: &BTreeMap<String, UnitRecord>, fingerprint: &str) -> usize {
+    let stale = |u: &UnitRecord| u.template.as_deref().is_some_and(|t| t != fingerprint);
+    let placed = |u: &UnitRecord| {
+        matches!(u.state, UnitState::Allocated | UnitState::Starting | UnitState::Running | UnitState::Degraded)
+    };
+    let replacement = |u: &UnitRecord| {
+        u.state.is_active().then_some(())?;
+        units.get(u.replaced_by.as_deref()?).filter(|r| r.state.is_active())
+    };
+    let coming_up: HashSet<&str> = units.values().filter_map(replacement).map(|r| r.unit_id.as_str()).collect();
+    units
+        .values()
+        .filter(|u| placed(u) && !coming_up.contains(u.unit_id.as_str()))
+        .filter(|u| match replacement(u) {
+            Some(r) if r.state == UnitState::Placing || !stale(r) => false,
+            _ => stale(u),
+        })
+        .count()
+}
+
 pub fn plan(units: &BTreeMap<String, UnitRecord>, slots: &[Arc<ShardSlot>], t: &Target) -> RolloutPlan {
     let mut p = RolloutPlan::default();
     let mut in_flight = 0u32;
@@ -158,18 +186,24 @@ pub fn plan(units: &BTreeMap<String, UnitRecord>, slots: &[Arc<ShardSlot>], t: &
             p.orphaned.push(u.unit_id.clone());
             continue;
         };
+        // A commit in flight settles first (under the spec in force).
+        let settling = r.state == UnitState::Placing;
+        if !settling && r.template.as_deref().is_some_and(|tpl| tpl != t.fingerprint) {
+            // Running or not: the unit it replaces serves on, and rolls to the spec in
+            // force if it must (a rollback mid-rollout keeps the old units it went back
+            // to, rather than draining them and rolling their replacements back).
+            p.release.push((r.unit_id.clone(), "superseded: another spec was applied since it was queued".to_string()));
+            p.orphaned.push(u.unit_id.clone());
+            continue;
+        }
         if progressing(r) {
             p.drain.push(u.unit_id.clone());
             continue;
         }
-        // A commit in flight settles first.
-        let settling = r.state == UnitState::Placing;
         let rolling = u.template.as_deref().is_some_and(|tpl| tpl != t.fingerprint);
         let waited_ms = t.now_ms.saturating_sub(r.created_unix_ms);
         let release = if settling {
             None
-        } else if r.template.as_deref().is_some_and(|tpl| tpl != t.fingerprint) {
-            Some("superseded: a newer spec was applied while it was coming up".to_string())
         } else if !rolling && unit_leaving(u, slots).is_none() {
             Some(format!("not needed: {} already matches the spec in force", u.unit_id))
         } else if rolling && waited_ms >= t.progress_deadline_ms {
@@ -455,5 +489,157 @@ mod tests {
         units.get_mut("a-2").unwrap().members[0].state = Some("failed".into());
         assert!(!settled(&units, "old"), "a member is not running");
         assert!(!settled(&BTreeMap::new(), "old"), "no unit ran it");
+    }
+
+    #[test]
+    fn will_roll_counts_the_replacements_of_a_finished_rollout_once() {
+        // The reported case: 72Mi rolled a-1 and a-2 to a-3 and a-4, which run; the old
+        // units ended but still name their replacements. 88Mi rolls a-3 and a-4.
+        let mut units = BTreeMap::from([
+            unit("a-1", 1, UnitState::Terminated, "n1", "t0"),
+            unit("a-2", 2, UnitState::Terminated, "n2", "t0"),
+            unit("a-3", 3, UnitState::Running, "n3", "t72"),
+            unit("a-4", 4, UnitState::Running, "n4", "t72"),
+        ]);
+        units.get_mut("a-1").unwrap().replaced_by = Some("a-3".into());
+        units.get_mut("a-2").unwrap().replaced_by = Some("a-4".into());
+        assert_eq!(will_roll(&units, "t88"), 2);
+        assert_eq!(will_roll(&units, "t72"), 0);
+    }
+
+    /// A pure model of the loop around [`plan`]: each step, units that started run,
+    /// scale-in removes what is past the desired count (`repair::scale_in_order`), the
+    /// plan is carried out (replacements start; drained and released units end), and new
+    /// units of the template in force fill the desired count.
+    struct World {
+        units: BTreeMap<String, UnitRecord>,
+        next: u64,
+        fingerprint: String,
+        previous: Option<String>,
+        desired: u32,
+        max_unavailable: u32,
+        /// Units replaced because their template changed, by the template rolled to.
+        rolled: Vec<String>,
+    }
+
+    impl World {
+        fn new(desired: u32, max_unavailable: u32) -> World {
+            let mut w = World {
+                units: BTreeMap::new(),
+                next: 1,
+                fingerprint: "t0".into(),
+                previous: None,
+                desired,
+                max_unavailable,
+                rolled: Vec::new(),
+            };
+            w.step();
+            w
+        }
+
+        fn start(&mut self) -> String {
+            let (id, u) = unit(&format!("a-{}", self.next), self.next, UnitState::Starting, "n1", &self.fingerprint);
+            self.next += 1;
+            self.units.insert(id.clone(), u);
+            id
+        }
+
+        /// Puts `fingerprint` in force; what the apply says will roll.
+        fn apply(&mut self, fingerprint: &str) -> usize {
+            let says = will_roll(&self.units, fingerprint);
+            if fingerprint != self.fingerprint {
+                self.previous = Some(std::mem::replace(&mut self.fingerprint, fingerprint.into()));
+            }
+            says
+        }
+
+        fn counted(&self) -> usize {
+            self.units.values().filter(|u| counts_toward_desired(u)).count()
+        }
+
+        fn step(&mut self) {
+            for u in self.units.values_mut().filter(|u| u.state == UnitState::Starting) {
+                u.state = UnitState::Running;
+            }
+            let counted: Vec<&UnitRecord> = self.units.values().filter(|u| counts_toward_desired(u)).collect();
+            let excess = counted.len().saturating_sub(self.desired as usize);
+            for id in crate::repair::scale_in_order(&counted, excess, &[]) {
+                self.units.get_mut(&id).unwrap().state = UnitState::Terminated;
+            }
+            let target = Target {
+                fingerprint: &self.fingerprint,
+                desired: self.desired,
+                max_unavailable: self.max_unavailable,
+                progress_deadline_ms: u64::MAX,
+                now_ms: 0,
+                halted: false,
+            };
+            let p = plan(&self.units, &[], &target);
+            for id in p.release.iter().map(|(id, _)| id).chain(&p.drain) {
+                self.units.get_mut(id).unwrap().state = UnitState::Terminated;
+            }
+            for id in &p.orphaned {
+                self.units.get_mut(id).unwrap().replaced_by = None;
+            }
+            for (id, why) in &p.replace {
+                let new = self.start();
+                self.units.get_mut(id).unwrap().replaced_by = Some(new);
+                assert_eq!(why, "its template changed", "no node leaves in this model");
+                self.rolled.push(self.fingerprint.clone());
+            }
+            while self.counted() < self.desired as usize {
+                self.start();
+            }
+        }
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Apply(u8),
+        Rollback,
+        Scale(u32),
+        Step,
+    }
+
+    fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+        use proptest::prelude::*;
+        prop_oneof![(0u8..3).prop_map(Op::Apply), Just(Op::Rollback), (1u32..5).prop_map(Op::Scale), Just(Op::Step)]
+    }
+
+    proptest::proptest! {
+        /// Whatever applies, rollbacks, scales and passes came before, and however far
+        /// their rollouts got, an apply says how many units its rollout replaces: exactly,
+        /// or at most when scale-in is still to remove some.
+        #[test]
+        fn an_apply_says_what_its_rollout_then_replaces(
+            ops in proptest::collection::vec(op(), 0..40),
+            last in 0u8..3,
+            desired in 1u32..5,
+            max_unavailable in 1u32..3,
+        ) {
+            let mut w = World::new(desired, max_unavailable);
+            for op in ops {
+                match op {
+                    Op::Apply(t) => { w.apply(&format!("t{t}")); }
+                    Op::Rollback => if let Some(p) = w.previous.clone() { w.apply(&p); },
+                    Op::Scale(n) => w.desired = n,
+                    Op::Step => w.step(),
+                }
+            }
+            let fingerprint = format!("t{last}");
+            let over = w.counted() > w.desired as usize;
+            let says = w.apply(&fingerprint);
+            let before = w.rolled.len();
+            for _ in 0..60 {
+                w.step();
+            }
+            proptest::prop_assert!(settled(&w.units, &fingerprint), "{:#?}", w.units);
+            let rolled = w.rolled[before..].len();
+            if over {
+                proptest::prop_assert!(rolled <= says, "rolled {rolled}, said {says}");
+            } else {
+                proptest::prop_assert_eq!(rolled, says);
+            }
+        }
     }
 }

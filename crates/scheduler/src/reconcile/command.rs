@@ -122,19 +122,7 @@ impl Scheduler {
         // The spec being replaced becomes the previous one, unless nothing changed.
         let previous = self.stored.spec.clone().filter(|old| *old != text);
         let fingerprint = spec.template_fingerprint();
-        // Units that will roll: every active one of another template that is not itself
-        // a replacement coming up (those of an older spec are released instead).
-        let replacements: Vec<&str> = self.stored.units.values().filter_map(|u| u.replaced_by.as_deref()).collect();
-        let stale = self
-            .stored
-            .units
-            .values()
-            .filter(|u| {
-                u.state.is_active()
-                    && !replacements.contains(&u.unit_id.as_str())
-                    && u.template.as_deref().is_some_and(|t| t != fingerprint)
-            })
-            .count();
+        let stale = crate::rollout::will_roll(&self.stored.units, &fingerprint);
         let now = origin.at_unix_ms;
         let rollout = if stale == 0 {
             RolloutRecord::nothing_to_roll(&fingerprint, now)
