@@ -176,11 +176,10 @@ impl Autoscaler {
         for term in &plan.terminate {
             let Some(state) = self.instances.get(&term.node_id).map(|i| i.state) else { continue };
             let cause = term.cause.as_str();
-            let reason = format!("{cause}: {}", term.detail);
             let r = if state == InstanceState::Running {
-                self.instances.request_drain(&term.node_id, now, &reason)
+                self.instances.request_drain(&term.node_id, now, term.cause, &term.detail)
             } else {
-                self.instances.request_terminate(&term.node_id, now, &reason)
+                self.instances.request_terminate(&term.node_id, now, &format!("{cause}: {}", term.detail))
             };
             match r {
                 Ok(c) => changes.push(c),
@@ -268,12 +267,11 @@ impl Autoscaler {
     /// A node asked to go for being idle that took work since goes back to RUNNING
     /// instead; one asked to go for a limit or a policy is drained whatever it runs.
     async fn drain(&mut self, seen: &HashMap<String, NodeSeen>, now: u64, changes: &mut Vec<Change>) {
-        let idle_prefix = format!("{}:", Cause::Idle.as_str());
         let asked: Vec<(String, bool)> = self
             .instances
             .iter()
             .filter(|i| i.state == InstanceState::DrainRequested)
-            .map(|i| (i.id.clone(), i.reason.as_deref().is_some_and(|r| r.starts_with(&idle_prefix))))
+            .map(|i| (i.id.clone(), i.drain_cause == Some(Cause::Idle)))
             .collect();
         for (id, for_idleness) in asked {
             if for_idleness && !seen.get(&id).is_some_and(|s| s.allocated_nothing) {

@@ -31,6 +31,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use crate::pack::Cause;
 use crate::provider::CloudInstance;
 
 /// Where an instance is in its life. Named after Ray v2's `Instance.InstanceStatus`, with
@@ -213,6 +214,10 @@ pub struct Instance {
     /// When the provider first listed it.
     #[serde(default)]
     pub allocated_at_ms: Option<u64>,
+    /// Why a drain was asked for, while DRAIN_REQUESTED: a node asked to go for being
+    /// idle that took work since stays; one asked to go for a limit or a policy does not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain_cause: Option<Cause>,
 }
 
 impl Instance {
@@ -227,6 +232,7 @@ impl Instance {
             reason: Some(reason),
             history: vec![(state, now_ms)],
             allocated_at_ms: (state == Allocated).then_some(now_ms),
+            drain_cause: None,
         }
     }
 
@@ -245,6 +251,9 @@ impl Instance {
         self.state = to;
         self.since_ms = now_ms;
         self.reason = Some(reason.into());
+        if to != DrainRequested {
+            self.drain_cause = None;
+        }
         if self.history.len() >= HISTORY_LEN {
             let excess = self.history.len() + 1 - HISTORY_LEN;
             self.history.drain(..excess);
@@ -521,8 +530,18 @@ impl Instances {
 
     /// RUNNING → DRAIN_REQUESTED: the driver chose it for scale-in and asks its shard to
     /// drain it.
-    pub fn request_drain(&mut self, id: &str, now_ms: u64, reason: &str) -> Result<Change, TransitionError> {
-        self.move_to(id, DrainRequested, now_ms, reason)
+    pub fn request_drain(
+        &mut self,
+        id: &str,
+        now_ms: u64,
+        cause: Cause,
+        detail: &str,
+    ) -> Result<Change, TransitionError> {
+        let change = self.move_to(id, DrainRequested, now_ms, &format!("{}: {detail}", cause.as_str()))?;
+        if let Some(i) = self.map.get_mut(id) {
+            i.drain_cause = Some(cause);
+        }
+        Ok(change)
     }
 
     /// DRAIN_REQUESTED → RUNNING: the shard refused the drain (the node is busy again).

@@ -118,13 +118,19 @@ fn the_happy_path_through_observe() {
     let ch = im.observe(&listed(&[&id]), &seen(&id, ALIVE), 4_000, &T);
     assert_eq!(state(&im, &id), Running, "{ch:?}");
 
-    im.request_drain(&id, 5_000, "idle").ok();
+    im.request_drain(&id, 5_000, Cause::Idle, "idle for 60 s").ok();
     assert_eq!(state(&im, &id), DrainRequested);
+    // Why it drains is a field, kept through the store's JSON, not a prefix of its reason.
+    let rec = im.get(&id).unwrap();
+    assert_eq!((rec.drain_cause, rec.reason.as_deref()), (Some(Cause::Idle), Some("idle: idle for 60 s")));
+    let stored: Instance = serde_json::from_str(&serde_json::to_string(rec).unwrap()).unwrap();
+    assert_eq!(stored.drain_cause, Some(Cause::Idle));
     let draining = NodeSeen { draining: true, ..ALIVE };
     im.observe(&listed(&[&id]), &seen(&id, draining), 6_000, &T);
     assert_eq!(state(&im, &id), Draining);
     let ch = im.observe(&listed(&[&id]), &seen(&id, NodeSeen { allocated_nothing: true, ..draining }), 7_000, &T);
     assert_eq!(state(&im, &id), Terminating, "drained, then terminated: {ch:?}");
+    assert_eq!(im.get(&id).unwrap().drain_cause, None, "only while DRAIN_REQUESTED");
     assert!(ch.iter().any(|c| matches!(c, Change::Transition { to: Drained, .. })));
     assert!(ch.iter().any(|c| matches!(c, Change::Transition { to: Terminating, .. })));
 
@@ -233,11 +239,11 @@ fn a_refused_drain_returns_to_running() {
     let id = one_queued(&mut im);
     im.begin_launch(&id, 0).ok();
     im.observe(&listed(&[&id]), &seen(&id, ALIVE), 1_000, &T);
-    im.request_drain(&id, 2_000, "idle").ok();
+    im.request_drain(&id, 2_000, Cause::Idle, "idle for 60 s").ok();
     assert_eq!(im.drain_refused(&id, 2_100, "node busy again").map(|_| state(&im, &id)), Ok(Running));
 
     // A drain that never shows in the view also lapses.
-    im.request_drain(&id, 3_000, "idle").ok();
+    im.request_drain(&id, 3_000, Cause::Idle, "idle for 60 s").ok();
     im.observe(&listed(&[&id]), &seen(&id, ALIVE), 3_000 + T.drain_ms - 1, &T);
     assert_eq!(state(&im, &id), DrainRequested);
     im.observe(&listed(&[&id]), &seen(&id, ALIVE), 3_000 + T.drain_ms, &T);
@@ -410,7 +416,7 @@ proptest! {
                     Vec::new()
                 }
                 Op::Launch(i) => im.begin_launch(&pick(i), now).into_iter().collect(),
-                Op::Drain(i) => im.request_drain(&pick(i), now, "prop").into_iter().collect(),
+                Op::Drain(i) => im.request_drain(&pick(i), now, Cause::Policy, "prop").into_iter().collect(),
                 Op::Terminate(i) => im.request_terminate(&pick(i), now, "prop").into_iter().collect(),
                 Op::Observe { listed_mask, extra, nodes, advance } => {
                     now += advance;

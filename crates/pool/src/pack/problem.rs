@@ -105,7 +105,7 @@ pub struct Problem {
 }
 
 /// Why a node is terminated.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Cause {
     MaxPerType,
