@@ -4,6 +4,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
@@ -15,7 +16,7 @@ use flotilla_pool::demand::DemandFile;
 use flotilla_pool::provider::InstanceProvider;
 use flotilla_pool::provider::exec::{ExecConfig, ExecProvider};
 use flotilla_pool::provider::local::{LocalConfig, LocalProvider};
-use flotilla_pool::store::PoolStore;
+use flotilla_pool::store::{PoolStore, StoreError};
 use serde_json::Value;
 
 use crate::cli::http::ListArgs;
@@ -194,8 +195,35 @@ pub fn load_pool(path: &Path) -> anyhow::Result<PoolConfig> {
     PoolConfig::parse(&text).with_context(|| format!("{}", path.display()))
 }
 
+/// How long a pool autoscaler waits for another process to let go of its store: the
+/// autoscaler it replaces may still be exiting.
+const STORE_WAIT: Duration = Duration::from_secs(30);
+
+/// Opens the pool's store, retrying with back-off (100 ms doubling to 2 s) for up to
+/// `wait` while another process has it open.
+async fn open_store(path: &Path, wait: Duration) -> anyhow::Result<PoolStore> {
+    let deadline = tokio::time::Instant::now() + wait;
+    let mut pause = Duration::from_millis(100);
+    loop {
+        match PoolStore::open(path) {
+            Err(StoreError::Locked { .. }) if tokio::time::Instant::now() < deadline => {
+                tracing::info!(path = %path.display(), retry_in = ?pause, "another process has the pool store open; waiting for it");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(2));
+            }
+            Err(e @ StoreError::Locked { .. }) => {
+                return Err(anyhow::anyhow!(
+                    "{e} after {} s: is another pool autoscaler running for this pool? Stop it first",
+                    wait.as_secs()
+                ));
+            }
+            r => return Ok(r?),
+        }
+    }
+}
+
 /// A pool autoscaler for `cfg`, resuming from `DATA/pool/NAME.redb`.
-pub fn autoscaler(
+pub async fn autoscaler(
     cfg: PoolConfig,
     data: &Path,
     provider: Arc<dyn InstanceProvider>,
@@ -205,7 +233,7 @@ pub fn autoscaler(
 ) -> anyhow::Result<Autoscaler> {
     let dir = data.join("pool");
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let store = PoolStore::open(dir.join(format!("{}.redb", cfg.name)))?;
+    let store = open_store(&dir.join(format!("{}.redb", cfg.name)), STORE_WAIT).await?;
     let cluster = Arc::new(HttpCluster::new(http, control, token));
     Ok(Autoscaler::new(cfg, provider, cluster, store)?)
 }
@@ -257,8 +285,31 @@ pub async fn run_standalone(a: AutoscalerArgs, log_format: LogFormat) -> anyhow:
         log_format,
     };
     let provider = provider(&cfg, &a.data, &join, false)?;
-    let scaler = autoscaler(cfg, &a.data, provider, &a.control, http, token)?;
+    let scaler = autoscaler(cfg, &a.data, provider, &a.control, http, token).await?;
     println!("pool autoscaler running against {}", a.control);
     scaler.run(crate::serve::shutdown_signal()).await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_store_another_process_holds_is_waited_for_and_refused_with_why_past_the_wait() {
+        let dir = flotilla_testkit::TempDir::new("pool-store-wait");
+        let path = dir.path().join("p.redb");
+        let held = PoolStore::open(&path).unwrap();
+        let err = open_store(&path, Duration::from_millis(300)).await.err().unwrap();
+        assert!(err.to_string().contains("another process has it open"), "{err}");
+        assert!(err.to_string().contains("Stop it first"), "{err}");
+        // The old autoscaler exits while the new one waits: the new one opens it.
+        let exits = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            drop(held);
+        });
+        let store = open_store(&path, Duration::from_secs(20)).await;
+        assert!(store.is_ok(), "{:?}", store.err());
+        exits.await.unwrap();
+    }
 }

@@ -278,7 +278,8 @@ pub async fn run(a: UpArgs, log_format: LogFormat) -> anyhow::Result<()> {
                 &url,
                 a.http.client()?,
                 Some(data.api_token.clone()),
-            )?;
+            )
+            .await?;
             println!("  pool autoscaler: {} (flotilla pool)", a.pool.display());
             Some((
                 tokio::spawn(scaler.run(async {

@@ -17,6 +17,10 @@ const INSTANCES: TableDefinition<&str, &str> = TableDefinition::new("instances")
 pub enum StoreError {
     #[error("pool store {path}: {detail}")]
     Open { path: String, detail: String },
+    /// Another process has the store open (redb locks the file): the autoscaler this one
+    /// replaces, still exiting, or a second one for the same pool.
+    #[error("pool store {path}: another process has it open")]
+    Locked { path: String },
     #[error("pool store: {0}")]
     Db(String),
     #[error("pool store: record {id}: {detail}")]
@@ -38,7 +42,10 @@ impl PoolStore {
     pub fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
         let path = path.as_ref();
         let open = |detail: String| StoreError::Open { path: path.display().to_string(), detail };
-        let db = Database::create(path).map_err(|e| open(e.to_string()))?;
+        let db = Database::create(path).map_err(|e| match e {
+            redb::DatabaseError::DatabaseAlreadyOpen => StoreError::Locked { path: path.display().to_string() },
+            e => open(e.to_string()),
+        })?;
         let w = db.begin_write().map_err(|e| open(e.to_string()))?;
         w.open_table(INSTANCES).map_err(|e| open(e.to_string()))?;
         w.commit().map_err(|e| open(e.to_string()))?;
