@@ -49,7 +49,7 @@ enum Cmd {
     /// List an app's units and where their members run.
     Units(cli::apps::UnitsArgs),
     /// An app's route table: serving members and their weights.
-    Routes(cli::apps::UnitsArgs),
+    Routes(cli::apps::AppArgs),
     /// Operator actions on a node: cordon, drain, uncordon.
     Node(cli::nodes::NodeArgs),
     /// Set an app's desired number of units.
@@ -57,7 +57,7 @@ enum Cmd {
     /// Update a running app from its spec file: changed units roll through.
     Apply(cli::apply::ApplyArgs),
     /// An app's autoscaling decisions, newest first, with the numbers behind each.
-    Decisions(cli::apps::UnitsArgs),
+    Decisions(cli::apps::AppArgs),
     /// Named autoscaling policies that many apps share.
     Policy(cli::autoscaling::PolicyArgs),
     /// What consumers need an app to be able to run (its policy sizes the app to it).
@@ -81,7 +81,7 @@ enum Cmd {
 }
 
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(flotilla_obs::args());
     let log_format = cli.log.format();
     flotilla_obs::init_tracing(log_format);
     // Before any component registers its metrics: HELP text and buckets for every family.

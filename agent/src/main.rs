@@ -12,7 +12,7 @@ struct Cli {
 }
 
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(flotilla_obs::args());
     flotilla_obs::init_tracing(cli.log.format());
     // Before anything records: HELP text for every family this binary exports.
     flotilla_obs::install(&[flotilla_obs::Section {

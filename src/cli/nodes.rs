@@ -14,10 +14,13 @@ fn gib(bytes: u64) -> String {
 }
 
 /// A node's STATUS as kubectl shows `Ready,SchedulingDisabled`: its liveness, then
-/// `cordoned` or `draining` when an operator set them.
+/// `preempting` when its cloud gave notice, and `cordoned` or `draining` when an
+/// operator set them.
 pub fn node_status(r: &Value) -> String {
     let base = r["status"].as_str().unwrap_or("unknown");
     let drain = r["drain_requested"] == true;
+    let preempting =
+        if r.pointer("/health/preemption_notice") == Some(&Value::Bool(true)) { ",preempting" } else { "" };
     let extra = if drain && base != "draining" {
         ",draining"
     } else if r["cordoned"] == true && !drain {
@@ -25,7 +28,7 @@ pub fn node_status(r: &Value) -> String {
     } else {
         ""
     };
-    format!("{base}{extra}")
+    format!("{base}{preempting}{extra}")
 }
 
 /// `used/total` of one resource of a node row, CPU in millicores, memory in GiB.
@@ -198,5 +201,7 @@ mod tests {
         assert_eq!(node_status(&row("suspect", true, false)), "suspect,cordoned");
         assert_eq!(node_status(&row("draining", true, true)), "draining");
         assert_eq!(node_status(&row("dead", false, false)), "dead");
+        let noticed = json!({"status": "alive", "health": {"preemption_notice": true}, "drain_requested": true});
+        assert_eq!(node_status(&noticed), "alive,preempting,draining", "its cloud gave notice");
     }
 }

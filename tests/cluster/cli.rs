@@ -238,8 +238,13 @@ fn completions_and_join_token_json_need_no_cluster() {
         for sub in ["nodes", "scale", "status", "completions"] {
             assert!(script.contains(sub), "{shell} completions mention {sub}");
         }
+        assert!(!script.contains("--log-json"), "{shell}: the old spelling is not offered");
     }
     assert!(run_ok(flotilla().args(["completions", "bash"])).contains("--wait"));
+    // ... but still taken: it is `--log-format json`.
+    let out =
+        flotilla().args(["--log-json", "join-token", "retire", "--json", "--data", "/nonexistent/x"]).output().unwrap();
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("unexpected argument"), "{out:?}");
     let dir = TempDir::new("cli-join-token");
     let d = dir.to_str().unwrap();
     let v = json(&run_ok(flotilla().args(["join-token", "rotate", "--json", "--data", d])));

@@ -96,15 +96,18 @@ pub struct LogArgs {
     /// How to write logs: `text` (coloured only on a terminal) or `json` (one object a line).
     #[arg(long, global = true, env = "FLOTILLA_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
-    /// The same as `--log-format json` (kept for existing scripts).
-    #[arg(long, global = true, hide = true)]
-    pub log_json: bool,
 }
 
 impl LogArgs {
     pub fn format(&self) -> LogFormat {
-        if self.log_json { LogFormat::Json } else { self.log_format }
+        self.log_format
     }
+}
+
+/// The command line with the old `--log-json` spelled `--log-format=json`: scripts that
+/// use it keep working, and it is in no help text or shell completion.
+pub fn args() -> impl Iterator<Item = std::ffi::OsString> {
+    std::env::args_os().map(|a| if a == "--log-json" { "--log-format=json".into() } else { a })
 }
 
 /// Initialises `tracing` once, writing to stderr in `format`. The level comes from

@@ -93,8 +93,10 @@ struct PolicyFile {
 /// Why a policy file could not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum PolicyFileError {
+    /// The parser's message is in the text, not also the error's source: a chain of
+    /// causes (`{:#}`) would print it twice.
     #[error("policy file does not parse: {0}")]
-    Parse(#[from] toml::de::Error),
+    Parse(toml::de::Error),
     #[error("invalid policy file: {0}")]
     Invalid(Problems),
 }
@@ -102,7 +104,7 @@ pub enum PolicyFileError {
 /// Parses a policy file (`[autoscaling]` as in an app spec, plus `[sim]`) and validates both
 /// tables, reporting every problem of either at once.
 pub fn policy_file_from_toml(doc: &str) -> Result<(Policy, Model), PolicyFileError> {
-    let file: PolicyFile = toml::from_str(doc)?;
+    let file: PolicyFile = toml::from_str(doc).map_err(PolicyFileError::Parse)?;
     let policy = file.autoscaling.validate();
     let mut problems = match &policy {
         Ok(_) => Vec::new(),

@@ -167,3 +167,11 @@ startup_seconds = "2d"
         "{e}"
     );
 }
+
+#[test]
+fn a_policy_file_that_does_not_parse_says_so_once() {
+    let e = policy_file_from_toml("[autoscaling\nbad").expect_err("not TOML");
+    assert!(e.to_string().starts_with("policy file does not parse: TOML parse error"), "{e}");
+    // `flotilla sim` prints the chain of causes: the parser's message must not be one.
+    assert!(std::error::Error::source(&e).is_none(), "{e:?}");
+}
