@@ -190,9 +190,21 @@ pub fn provider(
     })
 }
 
-pub fn load_pool(path: &Path) -> anyhow::Result<PoolConfig> {
+pub fn load_pool(path: Option<&Path>) -> anyhow::Result<PoolConfig> {
+    let Some(path) = path else {
+        return PoolConfig::parse(DEMO_POOL).context("the built-in demo pool (examples/pool.toml)");
+    };
     let text = read_bounded(path, 1 << 20)?;
     PoolConfig::parse(&text).with_context(|| format!("{}", path.display()))
+}
+
+/// The demo pool (examples/pool.toml: local agents), built in so `up --autoscale` works
+/// from any directory.
+const DEMO_POOL: &str = include_str!("../examples/pool.toml");
+
+/// What `--pool` names, for messages.
+pub fn pool_source(path: Option<&Path>) -> String {
+    path.map_or_else(|| "the built-in demo pool (examples/pool.toml)".to_string(), |p| p.display().to_string())
 }
 
 /// How long a pool autoscaler waits for another process to let go of its store: the
@@ -240,9 +252,9 @@ pub async fn autoscaler(
 
 #[derive(Debug, Args)]
 pub struct AutoscalerArgs {
-    /// The pool file (examples/pool.toml documents it).
-    #[arg(long, default_value = "examples/pool.toml")]
-    pub pool: PathBuf,
+    /// The pool file (examples/pool.toml documents it); the built-in demo pool, that file, when absent.
+    #[arg(long)]
+    pub pool: Option<PathBuf>,
     /// The control plane (`http://` is assumed when it has no scheme).
     #[arg(long, env = "FLOTILLA_ADDR", default_value = "http://127.0.0.1:7700")]
     pub control: String,
@@ -258,7 +270,7 @@ pub struct AutoscalerArgs {
 /// `flotilla autoscaler`: the pool autoscaler as its own process. Its local agents
 /// outlive it: killed and restarted, it finds them by their ids.
 pub async fn run_standalone(a: AutoscalerArgs, log_format: LogFormat) -> anyhow::Result<()> {
-    let cfg = load_pool(&a.pool)?;
+    let cfg = load_pool(a.pool.as_deref())?;
     let control = crate::cli::http::base_url(&a.control)?;
     let a = AutoscalerArgs { control, ..a };
     let http = crate::cli::http::http_client(a.ca.as_deref())?;
@@ -294,6 +306,13 @@ pub async fn run_standalone(a: AutoscalerArgs, log_format: LogFormat) -> anyhow:
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn without_a_pool_file_the_demo_pool_is_built_in() {
+        let built_in = load_pool(None).unwrap();
+        let file = load_pool(Some(Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/pool.toml")))).unwrap();
+        assert_eq!(format!("{built_in:?}"), format!("{file:?}"));
+    }
 
     #[tokio::test]
     async fn a_store_another_process_holds_is_waited_for_and_refused_with_why_past_the_wait() {

@@ -27,9 +27,9 @@ pub struct UpArgs {
     /// nodes sit idle (Ray autoscaler v2's model; provider `local` by default).
     #[arg(long)]
     pub autoscale: bool,
-    /// The pool file for --autoscale.
-    #[arg(long, default_value = "examples/pool.toml", requires = "autoscale")]
-    pub pool: PathBuf,
+    /// The pool file for --autoscale; the built-in demo pool (examples/pool.toml) when absent.
+    #[arg(long, requires = "autoscale")]
+    pub pool: Option<PathBuf>,
     /// Aggregator shards to run in this process.
     #[arg(long, default_value_t = 2)]
     pub shards: usize,
@@ -195,7 +195,7 @@ pub async fn run(a: UpArgs, log_format: LogFormat) -> anyhow::Result<()> {
     let n_agents = a.agents.unwrap_or(if a.autoscale { 0 } else { 4 });
     anyhow::ensure!(n_agents <= 1000, "--agents must be at most 1000");
     // Read before anything starts, so a bad pool file stops `up` at once.
-    let pool = if a.autoscale { Some(crate::pool::load_pool(&a.pool)?) } else { None };
+    let pool = if a.autoscale { Some(crate::pool::load_pool(a.pool.as_deref())?) } else { None };
     let data = DataDir::prepare(&a.data)?;
     let agents_dir = data.dir.join("agents");
     flotilla_obs::fsutil::create_dir_all(&agents_dir)?;
@@ -280,7 +280,7 @@ pub async fn run(a: UpArgs, log_format: LogFormat) -> anyhow::Result<()> {
                 Some(data.api_token.clone()),
             )
             .await?;
-            println!("  pool autoscaler: {} (flotilla pool)", a.pool.display());
+            println!("  pool autoscaler: {} (flotilla pool)", crate::pool::pool_source(a.pool.as_deref()));
             Some((
                 tokio::spawn(scaler.run(async {
                     let _ = pool_stopped.await;

@@ -241,6 +241,15 @@ fn completions_and_join_token_json_need_no_cluster() {
         assert!(!script.contains("--log-json"), "{shell}: the old spelling is not offered");
     }
     assert!(run_ok(flotilla().args(["completions", "bash"])).contains("--wait"));
+    // Outside the repository the demo pool is built in: the autoscaler gets as far as
+    // the control plane (none here), not stopped by a relative examples/pool.toml.
+    let out = flotilla()
+        .current_dir("/")
+        .args(["autoscaler", "--control", "http://127.0.0.1:9", "--data", "/nonexistent/flotilla"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("control plane") && !err.contains("pool.toml"), "{err}");
     // ... but still taken: it is `--log-format json`.
     let out =
         flotilla().args(["--log-json", "join-token", "retire", "--json", "--data", "/nonexistent/x"]).output().unwrap();
