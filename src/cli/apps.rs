@@ -6,12 +6,23 @@ use serde_json::Value;
 use super::http::{ListArgs, get, print_json};
 use super::table::Table;
 
+/// A command about one app.
 #[derive(Debug, Args)]
-pub struct UnitsArgs {
+pub struct AppArgs {
     /// The app.
     pub app: String,
     #[command(flatten)]
     pub list: ListArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct UnitsArgs {
+    #[command(flatten)]
+    pub app: AppArgs,
+    /// Also the units that ended (the newest few are kept, for an hour at most), with
+    /// their members stopped. `--json` always lists them.
+    #[arg(long)]
+    pub all: bool,
 }
 
 pub async fn apps(a: ListArgs) -> anyhow::Result<()> {
@@ -98,13 +109,16 @@ fn rollout_lines(app: &str, r: &Value) -> Vec<String> {
 }
 
 pub async fn units(a: UnitsArgs) -> anyhow::Result<()> {
+    let (all, a) = (a.all, a.app);
     let v = get(&a.list, &format!("/v1/apps/{}/units", a.app)).await?;
     if a.list.json {
         return print_json(&v);
     }
     let mut t = Table::new(&["UNIT", "STATE", "DOMAIN", ">GEN", "MEMBERS"]);
     let mut why = Vec::new();
-    for u in v.as_array().cloned().unwrap_or_default() {
+    let (shown, ended): (Vec<Value>, Vec<Value>) =
+        v.as_array().cloned().unwrap_or_default().into_iter().partition(|u| all || u["state"] != "terminated");
+    for u in shown {
         let members: Vec<String> = u["members"]
             .as_array()
             .cloned()
@@ -139,7 +153,10 @@ pub async fn units(a: UnitsArgs) -> anyhow::Result<()> {
         }
         t.row(vec![
             id,
-            u["state"].as_str().unwrap_or("-").to_string(),
+            match (u["state"].as_str(), u["ended_unix_ms"].as_u64()) {
+                (Some(state), Some(at)) => format!("{state} {}", super::table::ago(at)),
+                (state, _) => state.unwrap_or("-").to_string(),
+            },
             u["domain"].as_str().unwrap_or("-").to_string(),
             u["generation"].as_u64().unwrap_or(0).to_string(),
             members.join(" "),
@@ -149,10 +166,13 @@ pub async fn units(a: UnitsArgs) -> anyhow::Result<()> {
     for w in why {
         println!("{w}");
     }
+    if !ended.is_empty() {
+        println!("{} ended unit(s) not shown (--all shows them)", ended.len());
+    }
     Ok(())
 }
 
-pub async fn routes(a: UnitsArgs) -> anyhow::Result<()> {
+pub async fn routes(a: AppArgs) -> anyhow::Result<()> {
     let v = get(&a.list, &format!("/v1/apps/{}/routes", a.app)).await?;
     if a.list.json {
         return print_json(&v);

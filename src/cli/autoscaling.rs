@@ -5,23 +5,23 @@ use anyhow::Context;
 use clap::{Args, Subcommand};
 use serde_json::{Value, json};
 
-use super::apps::UnitsArgs;
+use super::apps::AppArgs;
 use super::http::{Body, ListArgs, WriteArgs, get, parse_duration, print_json};
 use super::table::Table;
 
 /// `flotilla decisions APP`: the app's autoscaling decisions, newest first, each with the
 /// formula its policy computed.
-pub async fn decisions(a: UnitsArgs) -> anyhow::Result<()> {
+pub async fn decisions(a: AppArgs) -> anyhow::Result<()> {
     let v = get(&a.list, &format!("/v1/apps/{}/decisions", a.app)).await?;
     if a.list.json {
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
     let rows = v.as_array().cloned().unwrap_or_default();
-    let mut t = Table::new(&[">AT (unix ms)", "POLICY", "ACTION", ">UNITS", "EXPLANATION"]);
+    let mut t = Table::new(&["AT", "POLICY", "ACTION", ">UNITS", "EXPLANATION"]);
     for d in &rows {
         t.row(vec![
-            d["at"].as_u64().unwrap_or(0).to_string(),
+            d["at"].as_u64().map_or_else(|| "-".into(), super::table::when),
             d["policy"].as_str().unwrap_or("-").to_string(),
             d["action"].as_str().unwrap_or("-").to_string(),
             d["applied_units"].as_u64().unwrap_or(0).to_string(),
@@ -124,6 +124,9 @@ pub async fn demand(a: DemandArgs) -> anyhow::Result<()> {
     if a.write.json {
         return print_json(&answer);
     }
-    println!("{}: demand set, until {} (unix ms)", a.app, answer["demand"]["expires_unix_ms"]);
+    match answer["demand"]["expires_unix_ms"].as_u64() {
+        Some(until) => println!("{}: demand set, until {}", a.app, super::table::when(until)),
+        None => println!("{}: demand cleared", a.app),
+    }
     Ok(())
 }

@@ -72,6 +72,46 @@ impl Table {
     }
 }
 
+/// How far `at_ms` (Unix ms) is from now, in its largest whole unit: `42s ago`, `3m ago`,
+/// `in 2h`.
+pub fn ago(at_ms: u64) -> String {
+    let now = flotilla_core::now_ms();
+    let span = |ms: u64| {
+        let s = ms / 1000;
+        match s {
+            0..60 => format!("{s}s"),
+            60..3_600 => format!("{}m", s / 60),
+            3_600..86_400 => format!("{}h", s / 3_600),
+            _ => format!("{}d", s / 86_400),
+        }
+    };
+    if at_ms > now { format!("in {}", span(at_ms - now)) } else { format!("{} ago", span(now - at_ms)) }
+}
+
+/// `at_ms` (Unix ms) as the local wall-clock time (`2026-12-04 09:50:12`) and how far
+/// from now it is, for tables; JSON keeps the milliseconds.
+pub fn when(at_ms: u64) -> String {
+    format!("{} ({})", local_time(at_ms), ago(at_ms))
+}
+
+fn local_time(at_ms: u64) -> String {
+    let Ok(secs) = libc::time_t::try_from(at_ms / 1000) else { return format!("{at_ms} ms") };
+    // SAFETY: `tm` is plain data that `localtime_r` fills; both pointers live for the call.
+    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
+    if unsafe { libc::localtime_r(&secs, &mut tm) }.is_null() {
+        return format!("{at_ms} ms");
+    }
+    format!(
+        "{:04}-{:02}-{:02} {:02}:{:02}:{:02}",
+        i64::from(tm.tm_year) + 1900,
+        tm.tm_mon + 1,
+        tm.tm_mday,
+        tm.tm_hour,
+        tm.tm_min,
+        tm.tm_sec
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -90,5 +130,14 @@ mod tests {
         assert_eq!(lines[1].find("alive"), Some(col));
         assert!(lines.iter().all(|l| l.len() == lines[0].len()), "{text}");
         assert!(lines[1].ends_with(" 500m") && lines[2].ends_with("   0m"), "{text}");
+    }
+
+    #[test]
+    fn times_read_as_wall_clock_and_age() {
+        let now = flotilla_core::now_ms();
+        assert_eq!(ago(now - 90_000), "1m ago");
+        assert_eq!(ago(now + 7_200_500), "in 2h");
+        let w = when(now - 5_000);
+        assert!(w.ends_with("(5s ago)") && w.len() == "2026-12-04 09:50:12 (5s ago)".len(), "{w}");
     }
 }

@@ -242,10 +242,11 @@ fn an_applied_spec_survives_a_restart_with_the_same_app_file_and_a_changed_file_
     assert!(get_text(&up.addr, "/v1/apps/echo/spec").unwrap().contains("88Mi"));
 }
 
-/// Issue #34 item 2: an apply after a finished rollout said "no unit's template changed"
-/// (the replacements it had made were not counted) and then rolled them all the same.
+/// Issue #34 items 2 and 3: an apply after a finished rollout said "no unit's template
+/// changed" (the replacements it had made were not counted) and then rolled them all the
+/// same; ended units showed their members running, and piled up.
 #[test]
-fn an_apply_after_a_finished_rollout_says_the_units_it_rolls_and_a_rollback_too() {
+fn applies_say_what_they_roll_and_ended_units_show_stopped_members_and_do_not_pile_up() {
     let dir = TempDir::new("rollout-again-specs");
     let (up, _) = start("rollout-again", ECHO);
     let replaced = |up: &Up| {
@@ -269,6 +270,37 @@ fn an_apply_after_a_finished_rollout_says_the_units_it_rolls_and_a_rollback_too(
     assert!(body["result"].as_str().is_some_and(|r| r.starts_with("2 unit(s) will roll")), "{body}");
     let out = run_ok(up.cli().args(["apply", ECHO, "--wait", "--timeout", "45s"]));
     assert!(out.contains("2 unit(s) will roll"), "{out}");
+
+    // Item 3: twelve units ended in six rollouts. The newest ten are kept; each shows its
+    // members stopped, never running at the address of a live unit; `units` lists them
+    // only with --all.
+    for memory in ["96Mi", "104Mi"] {
+        let spec = write(
+            dir.path(),
+            &format!("{memory}.toml"),
+            &echo().replacen("memory = \"64Mi\"", &format!("memory = \"{memory}\""), 1),
+        );
+        run_ok(up.cli().args(["apply", &spec, "--wait", "--timeout", "45s"]));
+    }
+    let ended = wait_for("the ended units settled", Duration::from_secs(20), || {
+        let ended: Vec<Value> = up.units("echo").into_iter().filter(|u| u["state"] == "terminated").collect();
+        (ended.len() == 10 && ended.iter().all(|u| !u["ended_unix_ms"].is_null())).then_some(ended)
+    });
+    for u in &ended {
+        for m in u["members"].as_array().unwrap() {
+            assert!(matches!(m["state"].as_str(), Some("stopped" | "failed" | "exited")), "{u}");
+            assert!(m["address"].is_null() && m["usage"].is_null(), "{u}");
+        }
+        assert!(u["placement_note"].is_null(), "{u}");
+    }
+    let table = run_ok(up.cli().args(["units", "echo"]));
+    assert!(
+        !table.contains("terminated") && table.contains("10 ended unit(s) not shown (--all shows them)"),
+        "{table}"
+    );
+    let all = run_ok(up.cli().args(["units", "echo", "--all"]));
+    assert_eq!(all.matches("terminated").count(), 10, "{all}");
+    assert!(all.contains(" ago"), "{all}");
 }
 
 #[test]

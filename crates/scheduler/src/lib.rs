@@ -13,6 +13,7 @@ mod lifecycle;
 mod planner;
 mod reconcile;
 mod repair;
+mod retention;
 mod rollout;
 mod routes;
 mod spec;

@@ -149,6 +149,17 @@ fn not_progressing(r: &UnitRecord) -> String {
     }
 }
 
+/// The units `victims` of a scale-in were coming up to replace. A unit and its
+/// replacement count as one unit (the replacement counts, the old unit does not), so
+/// scaling one in removes both: the old unit would otherwise count again, and roll again.
+pub fn replaced_by(units: &BTreeMap<String, UnitRecord>, victims: &[String]) -> Vec<String> {
+    units
+        .values()
+        .filter(|u| u.state.is_active() && u.replaced_by.as_ref().is_some_and(|r| victims.contains(r)))
+        .map(|u| u.unit_id.clone())
+        .collect()
+}
+
 /// How many units a rollout to `fingerprint` will replace, from `units` as they stand:
 /// what an apply says before it happens. The units that roll are the placed ones of
 /// another template; a unit with a replacement of this template coming up (or being
@@ -156,7 +167,8 @@ fn not_progressing(r: &UnitRecord) -> String {
 /// replacement of another template rolls after that replacement is released (see
 /// [`plan`]). Queued and placing units take the template in force when they are placed,
 /// and never roll. When the app is above its desired size, scale-in goes first and may
-/// remove some of these units instead: fewer roll, never more.
+/// remove some of these units (a unit and its replacement together: [`replaced_by`])
+/// instead: fewer roll, never more.
 pub fn will_roll(units: &BTreeMap<String, UnitRecord>, fingerprint: &str) -> usize {
     let stale = |u: &UnitRecord| u.template.as_deref().is_some_and(|t| t != fingerprint);
     let placed = |u: &UnitRecord| {
@@ -563,8 +575,9 @@ mod tests {
             }
             let counted: Vec<&UnitRecord> = self.units.values().filter(|u| counts_toward_desired(u)).collect();
             let excess = counted.len().saturating_sub(self.desired as usize);
-            for id in crate::repair::scale_in_order(&counted, excess, &[]) {
-                self.units.get_mut(&id).unwrap().state = UnitState::Terminated;
+            let victims = crate::repair::scale_in_order(&counted, excess, &[]);
+            for id in replaced_by(&self.units, &victims).iter().chain(&victims) {
+                self.units.get_mut(id).unwrap().state = UnitState::Terminated;
             }
             let target = Target {
                 fingerprint: &self.fingerprint,

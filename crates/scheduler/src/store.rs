@@ -115,6 +115,10 @@ pub struct UnitRecord {
     /// and only then is the old one released. The unit, its id and its head stay.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub surge: Vec<MemberRecord>,
+    /// When the unit was seen Terminated first: its members stopped then, and it is kept
+    /// for inspection for a while (`crate::retention`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_unix_ms: Option<u64>,
 }
 
 impl UnitRecord {
@@ -243,6 +247,10 @@ pub struct Stored {
 }
 
 #[derive(Debug, Clone, PartialEq)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "a pass's writes live for one pass, and most of them are units: boxing each would cost more"
+)]
 pub enum Write {
     Spec(String),
     /// The spec the app had before its current one.
@@ -668,6 +676,7 @@ pub(crate) mod tests {
             secondary: false,
             drain_timeout_ms: None,
             placement_note: None,
+            ended_unix_ms: None,
             surge: Vec::new(),
         }
     }

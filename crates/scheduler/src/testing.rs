@@ -57,6 +57,7 @@ pub fn unit(id: &str, generation: u64, state: UnitState, members: &[(&str, &str)
         secondary: false,
         drain_timeout_ms: None,
         placement_note: None,
+        ended_unix_ms: None,
         surge: Vec::new(),
     }
 }

@@ -9,6 +9,7 @@
 //!    leaving nodes or with a stale template;
 //! 5. queue units up to the desired count, per group;
 //! 6. place and commit the queued ones ([`place`]), re-planning what was rejected;
+//!    ended units show their members stopped, and the oldest leave ([`crate::retention`]);
 //! 7. persist every write of the pass at once, and publish status and routes.
 //!
 //! The pure deciders are beside this module (`planner`, `repair`, `rollout`, `routes`,
@@ -346,6 +347,7 @@ impl Scheduler {
             }
         }
         self.place_queued(&mut writes).await;
+        self.retire(&mut writes);
 
         // An empty batch too: a failing store reopens from here.
         if let Err(e) = save(&*self.store, &self.spec.name, &writes) {
@@ -419,6 +421,19 @@ impl Scheduler {
         }
     }
 
+    /// Ended units show their members stopped, and only the newest few are kept
+    /// ([`crate::retention`]).
+    fn retire(&mut self, writes: &mut Vec<Write>) {
+        let now = now_ms();
+        for id in crate::retention::mark_ended(&mut self.stored.units, now) {
+            writes.extend(self.stored.units.get(&id).cloned().map(Write::Unit));
+        }
+        for id in crate::retention::expired(&self.stored.units, now) {
+            self.stored.units.remove(&id);
+            writes.push(Write::DeleteUnit(id));
+        }
+    }
+
     /// Queues a new unit (next generation, current template) in the primary or secondary
     /// group, and returns its id.
     fn queue_unit(&mut self, secondary: bool, writes: &mut Vec<Write>) -> String {
@@ -439,6 +454,7 @@ impl Scheduler {
             secondary,
             drain_timeout_ms: None,
             placement_note: None,
+            ended_unix_ms: None,
             surge: Vec::new(),
         };
         tracing::info!(unit = %unit.unit_id, "unit queued");

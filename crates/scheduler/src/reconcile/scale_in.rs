@@ -60,7 +60,8 @@ pub(super) async fn scale_in(
 }
 
 /// Past the `desired` count of a group: ends its queued units and starts draining the
-/// placed ones `crate::repair::scale_in_order` picks, for `drain_ms` when given.
+/// placed ones `crate::repair::scale_in_order` picks, for `drain_ms` when given, and the
+/// units those were coming up to replace (`crate::rollout::replaced_by`).
 fn choose_victims(
     units: &mut BTreeMap<String, UnitRecord>,
     secondary: bool,
@@ -81,13 +82,14 @@ fn choose_victims(
     excess -= queued.len();
     let placed: Vec<&UnitRecord> = active.iter().filter(|u| u.state != UnitState::Queued).copied().collect();
     let victims = crate::repair::scale_in_order(&placed, excess, slots);
+    let pairs = crate::rollout::replaced_by(units, &[queued.as_slice(), victims.as_slice()].concat());
     for id in queued {
         if let Some(u) = units.get_mut(&id) {
             u.state = UnitState::Terminated;
             writes.push(Write::Unit(u.clone()));
         }
     }
-    for id in victims {
+    for id in victims.into_iter().chain(pairs) {
         if let Some(u) = units.get_mut(&id)
             && let Ok(to) = u.state.to(UnitState::Draining)
         {
