@@ -94,7 +94,10 @@ fn plan(a: PlanArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `flotilla pool`: each pool's instances by type and state.
+/// Decisions `flotilla pool` shows per pool, newest first.
+const DECISIONS_SHOWN: usize = 20;
+
+/// `flotilla pool`: each pool's instances by type and state, and its last decisions.
 pub async fn pool(a: ListArgs) -> anyhow::Result<()> {
     let v = crate::cli::http::get(&a, "/v1/pools").await?;
     if a.json {
@@ -125,9 +128,18 @@ pub async fn pool(a: ListArgs) -> anyhow::Result<()> {
             instances.row(vec![s(i, "id"), s(i, "node_type"), s(i, "state"), s(i, "reason")]);
         }
         print!("{}", instances.render("  "));
-        if let Some(d) = p["decisions"].as_array().and_then(|d| d.first()) {
-            println!("  last decision: {}", s(d, "explanation"));
+        // The newest 20, with their reasons: a terminate is not hidden by the quiet
+        // passes after it (a run of those is one row).
+        let mut decisions = crate::cli::table::Table::new(&["AT", "DECISION"]);
+        for d in p["decisions"].as_array().into_iter().flatten().take(DECISIONS_SHOWN) {
+            let at = d["at_ms"].as_u64().map_or_else(|| "-".into(), crate::cli::table::when);
+            let repeated = match (d["repeated"].as_u64(), d["since_ms"].as_u64()) {
+                (Some(n), Some(since)) => format!(" (×{n} since {})", crate::cli::table::ago(since)),
+                _ => String::new(),
+            };
+            decisions.row(vec![at, format!("{}{repeated}", s(d, "explanation"))]);
         }
+        print!("{}", decisions.render("  "));
     }
     Ok(())
 }

@@ -145,6 +145,13 @@ fn up_autoscale_grows_the_pool_for_pending_units_and_shrinks_it_when_idle() {
         p["decisions"].as_array().unwrap().iter().flat_map(|d| d["terminate"].as_array().cloned().unwrap_or_default());
     assert!(idle.into_iter().any(|t| t["cause"] == "idle"), "{p}");
     assert_eq!(running_units(&up), 1);
+    // `pool` lists the decisions, newest first: the terminations stay in sight after
+    // the quiet passes that follow them (issue #34 item 4), each with when it was.
+    let text = run_ok(up.cli().args(["pool"]));
+    let rows: Vec<&str> = text.lines().skip_while(|l| !l.trim_start().starts_with("AT")).skip(1).collect();
+    assert!(rows.len() >= 3 && rows.len() <= 20, "{text}");
+    assert!(rows.iter().any(|r| r.contains("idle")) && rows.iter().any(|r| r.contains("launch")), "{text}");
+    assert!(rows.iter().all(|r| r.contains(" ago)")), "{text}");
     wait_for("terminated agents gone", Duration::from_secs(30), || {
         let p = pool(&up)?;
         (live_pool_agents(&up.data).len() == instances_in(&p, "running").len()).then_some(())
