@@ -181,6 +181,14 @@ impl Decision {
             _ => self.explain_utilization(&mut s),
         };
         let _ = self.explain_outcome(&mut s);
+        if let Some(pending) = self.inputs.get("demand_not_counted") {
+            let amount = if self.input("metric_cpu") > 0.0 { millicores(pending) } else { gib(pending) };
+            let _ = write!(
+                s,
+                "; a consumer's demand ({amount} past capacity) is not counted while units run: \
+                 utilization sizes by what members use"
+            );
+        }
         s
     }
 

@@ -540,3 +540,17 @@ weight = 1
         }
     }
 }
+
+#[test]
+fn utilization_says_it_does_not_count_demand_while_units_run() {
+    let p = util_policy("");
+    let mut st = State::new(&p);
+    let m = members(4, 20 * GIB);
+    let with_demand = Signals { load: Some(load(30 * GIB, 0, 40 * GIB)), ..util_sig(&m, 0) };
+    let d = evaluate(&p, &mut st, &with_demand, 0);
+    assert_eq!(d.inputs.get("demand_not_counted"), Some((30 * GIB) as f64));
+    let text = d.explanation();
+    assert!(text.ends_with("a consumer's demand (30 GiB past capacity) is not counted while units run: utilization sizes by what members use"), "{text}");
+    let d = evaluate(&p, &mut State::new(&p), &util_sig(&m, 0), 0);
+    assert!(!d.explanation().contains("demand"), "no demand, no note");
+}

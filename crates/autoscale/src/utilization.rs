@@ -158,6 +158,12 @@ fn step(
         return scale_out(p, st, d, now_ms, n, add, configured);
     }
 
+    // MR3 sizes a running app by what its members use: a consumer's demand only starts
+    // the first units (above). The decision says so rather than drop it silently.
+    let pending = s.load.map_or(0, |l| pick(&p.metric, l.pending));
+    if pending > 0 {
+        d.inputs.set("demand_not_counted", pending as f64);
+    }
     let Some(u) = accumulate(p, &st.samples, now_ms) else {
         leave_scale_out(st, now_ms);
         return d.none(Reason::CollectingSamples);
