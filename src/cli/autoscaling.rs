@@ -92,41 +92,77 @@ pub async fn policy(a: PolicyArgs) -> anyhow::Result<()> {
 pub struct DemandArgs {
     /// The app.
     pub app: String,
-    /// CPU of one request, as in a spec (`500m`, `2`).
-    #[arg(long, default_value = "0")]
-    pub cpu: String,
+    /// CPU of one request, as in a spec (`500m`, `2`). With neither --cpu nor --memory,
+    /// the command shows the demand that stands.
+    #[arg(long)]
+    pub cpu: Option<String>,
     /// Memory of one request, as in a spec (`512Mi`, `2Gi`).
-    #[arg(long, default_value = "0")]
-    pub memory: String,
+    #[arg(long)]
+    pub memory: Option<String>,
     /// How many such requests.
     #[arg(long, default_value_t = 1)]
     pub count: u32,
     /// How long the demand stands unless renewed (`300s`, `5m`; a bare number is seconds).
     #[arg(long, default_value = "5m", value_parser = parse_duration)]
     pub ttl: std::time::Duration,
+    /// Withdraws the demand that stands.
+    #[arg(long, conflicts_with_all = ["cpu", "memory"])]
+    pub clear: bool,
     #[command(flatten)]
     pub write: WriteArgs,
 }
 
-/// `flotilla demand APP`: what consumers need the app to run (it replaces the last
-/// demand; `--count 0` withdraws it).
+/// `flotilla demand APP`: what consumers need the app to run. It replaces the last
+/// demand; `--clear` (or `--count 0`) withdraws it; without a size it shows it.
 pub async fn demand(a: DemandArgs) -> anyhow::Result<()> {
-    let cpu_millis = flotilla_core::quantity::cpu_millis(&a.cpu).map_err(|e| anyhow::anyhow!("--cpu: {e}"))?;
+    if a.cpu.is_none() && a.memory.is_none() && !a.clear && a.count != 0 {
+        return show_demand(&a).await;
+    }
+    let quantity = |v: &Option<String>| v.as_deref().unwrap_or("0").to_string();
+    let cpu_millis =
+        flotilla_core::quantity::cpu_millis(&quantity(&a.cpu)).map_err(|e| anyhow::anyhow!("--cpu: {e}"))?;
     let memory_bytes =
-        flotilla_core::quantity::memory_bytes(&a.memory).map_err(|e| anyhow::anyhow!("--memory: {e}"))?;
-    let requests: Vec<Value> = if a.count == 0 {
+        flotilla_core::quantity::memory_bytes(&quantity(&a.memory)).map_err(|e| anyhow::anyhow!("--memory: {e}"))?;
+    let requests: Vec<Value> = if a.count == 0 || a.clear {
         Vec::new()
     } else {
         vec![json!({"resources": {"cpu_millis": cpu_millis, "memory_bytes": memory_bytes}, "count": a.count})]
     };
+    let cleared = requests.is_empty();
     let body = json!({"requests": requests, "ttl_seconds": a.ttl.as_secs()});
     let answer = a.write.put(&format!("/v1/apps/{}/demand", a.app), Body::Json(body)).await?;
     if a.write.json {
         return print_json(&answer);
     }
     match answer["demand"]["expires_unix_ms"].as_u64() {
-        Some(until) => println!("{}: demand set, until {}", a.app, super::table::when(until)),
-        None => println!("{}: demand cleared", a.app),
+        Some(until) if !cleared => println!("{}: demand set, until {}", a.app, super::table::when(until)),
+        _ => println!("{}: demand withdrawn", a.app),
     }
+    Ok(())
+}
+
+/// The demand that stands on the app, from its status.
+async fn show_demand(a: &DemandArgs) -> anyhow::Result<()> {
+    let app = a.write.api()?.get(&format!("/v1/apps/{}", a.app)).await?;
+    let demand = &app["autoscaling"]["demand"];
+    if a.write.json {
+        return print_json(demand);
+    }
+    let requests = demand["requests"].as_array().cloned().unwrap_or_default();
+    let Some(until) = demand["expires_unix_ms"].as_u64().filter(|_| !requests.is_empty()) else {
+        println!("{}: no demand stands", a.app);
+        return Ok(());
+    };
+    let mut t = Table::new(&[">COUNT", ">CPU", ">MEMORY"]);
+    for r in &requests {
+        let n = |k: &str| r["resources"][k].as_u64().unwrap_or(0);
+        t.row(vec![
+            r["count"].as_u64().unwrap_or(0).to_string(),
+            format!("{}m", n("cpu_millis")),
+            format!("{:.0}Mi", n("memory_bytes") as f64 / f64::from(1u32 << 20)),
+        ]);
+    }
+    t.print();
+    println!("until {}", super::table::when(until));
     Ok(())
 }

@@ -149,6 +149,12 @@ fn a_named_basic_policy_follows_consumer_demand() {
             .args(["demand", "batch", "--cpu", "500m", "--memory", "64Mi", "--count", "4", "--ttl", "120"])
             .env("FLOTILLA_DATA", &up.data),
     );
+    // `demand APP` shows what stands (issue #34 item 6).
+    let shown = run_ok(up.cli().args(["demand", "batch"]));
+    assert!(
+        shown.contains("500m") && shown.contains("64Mi") && shown.contains("until ") && shown.contains("(in "),
+        "{shown}"
+    );
     wait_for("the app grows to the demand", Duration::from_secs(60), || (live(&up, "batch").len() == 4).then_some(()));
     let grew = decisions(&up, "batch").into_iter().find(|d| d["action"] == "scale_up").expect("a scale_up record");
     assert_eq!(grew["policy_name"], "by-demand", "{grew}");
@@ -158,7 +164,9 @@ fn a_named_basic_policy_follows_consumer_demand() {
     run_ok(up.cli().args(["scale", "batch", "--units", "2"]).env("FLOTILLA_DATA", &up.data));
     wait_for("the override holds it at 2", Duration::from_secs(60), || (live(&up, "batch").len() == 2).then_some(()));
     run_ok(up.cli().args(["scale", "batch", "--auto"]).env("FLOTILLA_DATA", &up.data));
-    run_ok(up.cli().args(["demand", "batch", "--count", "0"]).env("FLOTILLA_DATA", &up.data));
+    let out = run_ok(up.cli().args(["demand", "batch", "--clear"]).env("FLOTILLA_DATA", &up.data));
+    assert!(out.contains("demand withdrawn"), "{out}");
+    assert!(run_ok(up.cli().args(["demand", "batch"])).contains("no demand stands"));
     wait_for("the app shrinks to its minimum", Duration::from_secs(60), || {
         let units = up.units("batch");
         let active = units.iter().filter(|u| !matches!(u["state"].as_str(), Some("terminated" | "failed"))).count();
