@@ -114,10 +114,17 @@ impl Serialize for Inputs {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let mut m = s.serialize_map(Some(self.len))?;
         for (k, v) in self.iter() {
-            m.serialize_entry(k, &v)?;
+            m.serialize_entry(k, &rounded(v))?;
         }
         m.end()
     }
+}
+
+/// `v` without floating-point dust (`1596.9999999999982` is `1597`): three decimals are
+/// more than any input means (percentages, units, bytes), and whole numbers past 10¹²
+/// (bytes) are rounded whole.
+fn rounded(v: f64) -> f64 {
+    if !v.is_finite() || v.abs() >= 1e12 { v.round() } else { (v * 1000.0).round() / 1000.0 }
 }
 
 /// One evaluation's outcome. `desired` equals `current` unless `action` is not `none`.

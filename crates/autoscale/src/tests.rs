@@ -554,3 +554,15 @@ fn utilization_says_it_does_not_count_demand_while_units_run() {
     let d = evaluate(&p, &mut State::new(&p), &util_sig(&m, 0), 0);
     assert!(!d.explanation().contains("demand"), "no demand, no note");
 }
+
+#[test]
+fn decision_inputs_serialize_without_float_dust() {
+    let mut inputs = crate::decision::Inputs::default();
+    inputs.set("estimate", 1596.9999999999982);
+    inputs.set("utilization_percent", 100.0 / 3.0);
+    inputs.set("pending_memory", 3.0 * 1099511627776.0 + 0.4);
+    let json = serde_json::to_value(inputs).unwrap();
+    assert_eq!(json["estimate"], 1597.0);
+    assert_eq!(json["utilization_percent"], 33.333);
+    assert_eq!(json["pending_memory"], 3298534883328.0);
+}
