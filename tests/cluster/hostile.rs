@@ -202,6 +202,14 @@ fn hostile_requests_get_json_refusals_and_every_refusal_is_counted() {
     let (out, _) = send(&addr, &head, &[0xff, 0xfe], Duration::from_secs(5));
     assert_eq!(status(&out), 400, "{out}");
     assert_eq!(json_of(&out)["error"]["code"], "bad_request", "{out}");
+    // A JSON body with no Content-Type is JSON; any other type gets a JSON 415 naming
+    // the one taken (issue #34 item 5: the README's curl was refused in plain text).
+    let r = request(&addr, "PUT", "/v1/apps/echo/scale", &auth, "{\"units\": 1}");
+    assert_eq!(r.status, 200, "{:?}", r.json);
+    let form = format!("{auth}Content-Type: application/x-www-form-urlencoded\r\n");
+    let r = request(&addr, "PUT", "/v1/apps/echo/scale", &form, "{\"units\": 1}");
+    assert_eq!((r.status, r.json["error"]["code"].as_str()), (415, Some("unsupported_media_type")), "{:?}", r.json);
+    assert!(r.json["error"]["message"].as_str().unwrap().contains("application/json"), "{:?}", r.json);
     // 422: read, and refused for what it asks.
     let r = request(&addr, "PUT", "/v1/apps/echo/scale", &json, "{\"units\": 100000}");
     assert_eq!(r.status, 422, "{:?}", r.json);

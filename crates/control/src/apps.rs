@@ -281,12 +281,12 @@ async fn scale(
     State(s): State<Arc<ControlState>>,
     Path(app): Path<String>,
     headers: HeaderMap,
-    body: Result<Json<ScaleBody>, axum::extract::rejection::JsonRejection>,
+    body: Result<crate::body::JsonBody<ScaleBody>, crate::body::BodyRejection>,
 ) -> Result<Json<Value>, ControlError> {
     metrics::counter!(m::API_REQUESTS.name, "route" => "/v1/apps/{app}/scale").increment(1);
     authorize(&s, &headers)?;
     let expected = "expected {\"units\": N}, {\"min\": A, \"max\": B} or {\"auto\": true}";
-    let Json(b) = body.map_err(|e| ControlError::BadRequest(format!("{expected}: {}", e.body_text())))?;
+    let crate::body::JsonBody(b) = body.map_err(|e| e.expecting(expected))?;
     match s.apps.get(&app) {
         Some(Ok(h)) => match (b.units, b.min, b.max, b.auto) {
             (Some(n), None, None, false) => {
@@ -412,10 +412,10 @@ struct Registration {
 async fn register_scheduler(
     State(s): State<Arc<ControlState>>,
     headers: HeaderMap,
-    body: Result<Json<Registration>, axum::extract::rejection::JsonRejection>,
+    body: Result<crate::body::JsonBody<Registration>, crate::body::BodyRejection>,
 ) -> Result<StatusCode, ControlError> {
     authorize(&s, &headers)?;
-    let Json(r) = body.map_err(|e| ControlError::BadRequest(e.body_text()))?;
+    let crate::body::JsonBody(r) = body?;
     if !flotilla_core::is_name(&r.app) {
         return Err(ControlError::BadRequest(format!(
             "app {:?}: 1..=63 of a-z, 0-9 and '-', not starting with '-' (as an app spec's name)",

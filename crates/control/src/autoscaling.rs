@@ -57,16 +57,15 @@ async fn demand(
     State(s): State<Arc<ControlState>>,
     Path(app): Path<String>,
     headers: HeaderMap,
-    body: Result<Json<DemandBody>, axum::extract::rejection::JsonRejection>,
+    body: Result<crate::body::JsonBody<DemandBody>, crate::body::BodyRejection>,
 ) -> Result<Json<Value>, ControlError> {
     metrics::counter!(m::API_REQUESTS.name, "route" => "/v1/apps/{app}/demand").increment(1);
     authorize(&s, &headers)?;
-    let Json(b) = body.map_err(|e| {
-        ControlError::BadRequest(format!(
-            "expected {{\"requests\": [{{\"resources\": {{\"cpu_millis\": N, \"memory_bytes\": N}}, \"count\": N}}], \
-             \"ttl_seconds\": N}}: {}",
-            e.body_text()
-        ))
+    let crate::body::JsonBody(b) = body.map_err(|e| {
+        e.expecting(
+            "expected {\"requests\": [{\"resources\": {\"cpu_millis\": N, \"memory_bytes\": N}, \"count\": N}], \
+             \"ttl_seconds\": N}",
+        )
     })?;
     match s.apps.get(&app) {
         Some(Ok(h)) => {

@@ -22,6 +22,7 @@ pub fn http_status(kind: ErrorKind) -> StatusCode {
     match kind {
         ErrorKind::Malformed => StatusCode::BAD_REQUEST,
         ErrorKind::AddressTooLong => StatusCode::URI_TOO_LONG,
+        ErrorKind::UnsupportedFormat => StatusCode::UNSUPPORTED_MEDIA_TYPE,
         ErrorKind::TimedOut => StatusCode::REQUEST_TIMEOUT,
         ErrorKind::InvalidInput => StatusCode::UNPROCESSABLE_ENTITY,
         ErrorKind::Unauthenticated => StatusCode::UNAUTHORIZED,
@@ -51,6 +52,9 @@ pub enum ControlError {
     /// A request that cannot be read, or whose fields are malformed.
     #[error("{0}")]
     BadRequest(String),
+    /// A body sent as something other than JSON.
+    #[error("the body must be JSON: send Content-Type: application/json (or none), not {got:?}")]
+    NotJson { got: String },
     #[error("{0}")]
     InvalidSpec(String),
     #[error("{0}")]
@@ -103,6 +107,7 @@ impl ServiceError for ControlError {
             BadRequest(_) | TlsRequired { .. } => ErrorKind::Malformed,
             InvalidSpec(_) | InvalidPolicy(_) => ErrorKind::InvalidInput,
             UriTooLong { .. } => ErrorKind::AddressTooLong,
+            NotJson { .. } => ErrorKind::UnsupportedFormat,
             BodyTimeout { .. } => ErrorKind::TimedOut,
             Storage(_) => ErrorKind::Internal,
             SharedStoreUnavailable(_) => ErrorKind::StoreUnavailable,
@@ -136,6 +141,7 @@ impl ServiceError for ControlError {
             Forwarded { .. } => "refused",
             TooLarge { .. } => "too_large",
             UriTooLong { .. } => "uri_too_long",
+            NotJson { .. } => "unsupported_media_type",
             BodyTimeout { .. } => "body_timeout",
             RateLimited { .. } => "rate_limited",
             TooManySubscribers { .. } => "too_many_subscribers",
@@ -151,6 +157,7 @@ fn kind_of_status(status: StatusCode) -> ErrorKind {
     match status {
         StatusCode::BAD_REQUEST => ErrorKind::Malformed,
         StatusCode::URI_TOO_LONG => ErrorKind::AddressTooLong,
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => ErrorKind::UnsupportedFormat,
         StatusCode::REQUEST_TIMEOUT => ErrorKind::TimedOut,
         StatusCode::SERVICE_UNAVAILABLE => ErrorKind::StoreUnavailable,
         StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => ErrorKind::Unauthenticated,
@@ -248,6 +255,7 @@ mod tests {
         );
         assert_eq!(answer(TooLarge { max: 1 }), (413, "too_large"));
         assert_eq!(answer(UriTooLong { max: 1 }), (414, "uri_too_long"));
+        assert_eq!(answer(NotJson { got: "text/plain".into() }), (415, "unsupported_media_type"));
         assert_eq!(answer(BodyTimeout { secs: 10 }), (408, "body_timeout"));
         let peer = IpAddr::from([127, 0, 0, 1]);
         assert_eq!(answer(RateLimited { per_second: 1, peer, retry_in: Duration::ZERO }), (429, "rate_limited"));
@@ -289,6 +297,7 @@ mod tests {
             InvalidInput,
             Malformed,
             AddressTooLong,
+            UnsupportedFormat,
             TimedOut,
             Unauthenticated,
             NotFound,

@@ -4,6 +4,7 @@
 pub mod apps;
 mod auth;
 mod autoscaling;
+mod body;
 pub mod catalogue;
 mod error;
 pub mod events;

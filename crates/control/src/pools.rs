@@ -205,11 +205,11 @@ async fn put_constraints(
     State(s): State<Arc<ControlState>>,
     Path(pool): Path<String>,
     headers: HeaderMap,
-    body: Result<Json<Constraints>, axum::extract::rejection::JsonRejection>,
+    body: Result<crate::body::JsonBody<Constraints>, crate::body::BodyRejection>,
 ) -> Result<Json<Value>, ControlError> {
     authorize(&s, &headers)?;
     valid_name(&pool)?;
-    let Json(c) = body.map_err(|e| ControlError::BadRequest(e.body_text()))?;
+    let crate::body::JsonBody(c) = body?;
     c.validate().map_err(ControlError::BadRequest)?;
     s.pools.set_constraints(&pool, c.clone())?;
     if let Some(replicas) = &s.replicas {
@@ -226,11 +226,11 @@ async fn report(
     State(s): State<Arc<ControlState>>,
     Path(pool): Path<String>,
     headers: HeaderMap,
-    body: Result<Json<Value>, axum::extract::rejection::JsonRejection>,
+    body: Result<crate::body::JsonBody<Value>, crate::body::BodyRejection>,
 ) -> Result<Json<Value>, ControlError> {
     authorize(&s, &headers)?;
     valid_name(&pool)?;
-    let Json(v) = body.map_err(|e| ControlError::BadRequest(e.body_text()))?;
+    let crate::body::JsonBody(v) = body?;
     if !v.is_object() || !v.get("instances").is_some_and(Value::is_array) {
         return Err(ControlError::BadRequest("a report is an object with an \"instances\" array".into()));
     }
@@ -254,7 +254,7 @@ async fn put_bounds(
     State(s): State<Arc<ControlState>>,
     Path((pool, node_type)): Path<(String, String)>,
     headers: HeaderMap,
-    body: Result<Json<TypeBounds>, axum::extract::rejection::JsonRejection>,
+    body: Result<crate::body::JsonBody<TypeBounds>, crate::body::BodyRejection>,
 ) -> Result<Json<Value>, ControlError> {
     metrics::counter!(m::API_REQUESTS.name, "route" => "/v1/pools/{pool}/node_types/{type}").increment(1);
     authorize(&s, &headers)?;
@@ -262,8 +262,7 @@ async fn put_bounds(
     valid_name(&node_type).map_err(|_| {
         ControlError::BadRequest(format!("node type {node_type:?}: 1 to 63 letters, digits, '-' or '_'"))
     })?;
-    let Json(b) =
-        body.map_err(|e| ControlError::BadRequest(format!("expected {{\"min\": A, \"max\": B}}: {}", e.body_text())))?;
+    let crate::body::JsonBody(b) = body.map_err(|e| e.expecting("expected {\"min\": A, \"max\": B}"))?;
     b.validate().map_err(ControlError::BadRequest)?;
     let known = s.pools.row_of(&pool).and_then(|r| {
         let types = r.get("node_types")?.as_array()?.iter().filter_map(|t| t.get("name")?.as_str().map(str::to_string));

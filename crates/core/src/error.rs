@@ -16,6 +16,8 @@ pub enum ErrorKind {
     Malformed,
     /// The request's address (its path and query) is past its limit.
     AddressTooLong,
+    /// The request is in a format the service does not take (a body that is not JSON).
+    UnsupportedFormat,
     /// The caller did not send its whole request in time.
     TimedOut,
     /// No credential, or a credential that is not valid.

@@ -13,7 +13,7 @@ pub const CODE_METADATA: &str = "flotilla-error-code";
 /// The gRPC code for each kind of failure.
 pub fn grpc_code(kind: ErrorKind) -> tonic::Code {
     match kind {
-        ErrorKind::InvalidInput | ErrorKind::Malformed => tonic::Code::InvalidArgument,
+        ErrorKind::InvalidInput | ErrorKind::Malformed | ErrorKind::UnsupportedFormat => tonic::Code::InvalidArgument,
         ErrorKind::AddressTooLong => tonic::Code::OutOfRange,
         ErrorKind::TimedOut => tonic::Code::DeadlineExceeded,
         ErrorKind::Unauthenticated => tonic::Code::Unauthenticated,
@@ -68,7 +68,10 @@ impl RemoteError {
     /// Whether the server refused the request before acting on it, so it certainly had
     /// no effect (as opposed to a call that may have been applied and its answer lost).
     pub fn certainly_not_applied(&self) -> bool {
-        matches!(self.kind, ErrorKind::InvalidInput | ErrorKind::Malformed | ErrorKind::Unauthenticated)
+        matches!(
+            self.kind,
+            ErrorKind::InvalidInput | ErrorKind::Malformed | ErrorKind::UnsupportedFormat | ErrorKind::Unauthenticated
+        )
     }
 }
 
@@ -118,6 +121,7 @@ mod tests {
         }
         for (k, broader) in [
             (Malformed, InvalidInput),
+            (UnsupportedFormat, InvalidInput),
             (AddressTooLong, TooLarge),
             (TimedOut, Unavailable),
             (StoreUnavailable, Unavailable),
