@@ -16,7 +16,7 @@ mod resources;
 mod secret;
 mod shard;
 mod sync;
-mod unit_shape;
+pub mod unit_shape;
 
 pub use backoff::{Backoff, Jitter, ThreadJitter};
 pub use clock::{install_clock, now_ms, system_ms};

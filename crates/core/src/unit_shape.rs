@@ -1,11 +1,13 @@
 //! What one unit asks of the node pool, in terms both its scheduler and the pool
-//! autoscaler understand, so neither needs the other's crate.
+//! autoscaler understand, so neither needs the other's crate; and the one rule both
+//! apply to say whether a node may take a member of it, so the pool never launches (or
+//! counts on) capacity the scheduler will not use.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use crate::Resources;
+use crate::{DEFAULT_DOMAIN, Resources};
 
 /// One unit's members and where they may run: the pool autoscaler packs the queued
 /// units of every app by it (all members of a unit in one domain).
@@ -17,4 +19,90 @@ pub struct UnitShape {
     pub labels: BTreeMap<String, String>,
     /// Whether primary units may use low-priority nodes (secondary ones always may).
     pub allow_low_priority: bool,
+    /// `spread.max_units_per_domain`: at most this many of the app's units in a domain.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_units_per_domain: Option<u32>,
+    /// The domains that hold `max_units_per_domain` of the app's units already: no new
+    /// unit goes there.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub full_domains: BTreeSet<String>,
+    /// `spread.members = "spread"`: each member of a unit on its own node.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub spread_members: bool,
+}
+
+/// Why a node may not take a member of a unit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Refusal {
+    Labels,
+    LowPriority,
+    DomainFull,
+}
+
+impl Refusal {
+    /// As the scheduler's "why not placed" counts it (`… nodes failing label constraints`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Refusal::Labels => "failing label constraints",
+            Refusal::LowPriority => "of low priority",
+            Refusal::DomainFull => "in a domain at max_units_per_domain",
+        }
+    }
+}
+
+/// The label and value of a low-priority (preemptible, spot) node.
+pub const LOW_PRIORITY: (&str, &str) = ("priority", "low");
+
+/// Whether a node whose labels `label` looks up may run a member that requires the
+/// labels `required`, on a low-priority node only if `allow_low_priority`.
+pub fn node_admits<'a>(
+    required: &BTreeMap<String, String>,
+    allow_low_priority: bool,
+    label: impl Fn(&str) -> Option<&'a str>,
+) -> Result<(), Refusal> {
+    if !required.iter().all(|(k, v)| label(k) == Some(v.as_str())) {
+        return Err(Refusal::Labels);
+    }
+    if !allow_low_priority && label(LOW_PRIORITY.0) == Some(LOW_PRIORITY.1) {
+        return Err(Refusal::LowPriority);
+    }
+    Ok(())
+}
+
+impl UnitShape {
+    /// Whether a node whose labels `label` looks up may take a member of one more unit
+    /// (of the secondary group when `secondary`): its labels, its priority, and its
+    /// domain's room under `max_units_per_domain`.
+    pub fn admits<'a>(&self, label: impl Fn(&str) -> Option<&'a str>, secondary: bool) -> Result<(), Refusal> {
+        node_admits(&self.labels, self.allow_low_priority || secondary, &label)?;
+        if self.full_domains.contains(label("domain").unwrap_or(DEFAULT_DOMAIN)) {
+            return Err(Refusal::DomainFull);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_node_is_admitted_by_labels_priority_and_its_domains_room() {
+        let shape = UnitShape {
+            labels: [("zone".to_string(), "z1".to_string())].into(),
+            full_domains: ["domain-a".to_string()].into(),
+            max_units_per_domain: Some(2),
+            ..Default::default()
+        };
+        let node = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| *v)
+        };
+        assert_eq!(shape.admits(node(&[("zone", "z1"), ("domain", "domain-b")]), false), Ok(()));
+        assert_eq!(shape.admits(node(&[("domain", "domain-b")]), false), Err(Refusal::Labels));
+        let low = node(&[("zone", "z1"), ("priority", "low"), ("domain", "domain-b")]);
+        assert_eq!(shape.admits(low, false), Err(Refusal::LowPriority));
+        assert_eq!(shape.admits(low, true), Ok(()), "a secondary unit may");
+        let full = node(&[("zone", "z1"), ("domain", "domain-a")]);
+        assert_eq!(shape.admits(full, true), Err(Refusal::DomainFull));
+    }
 }

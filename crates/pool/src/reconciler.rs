@@ -90,10 +90,7 @@ pub fn problem(cfg: &PoolConfig, obs: &Observation) -> Problem {
             if count == 0 {
                 continue;
             }
-            let mut selector = Selector { require: s.labels.clone(), forbid: Labels::new() };
-            if !(s.allow_low_priority || secondary) {
-                selector.forbid.insert("priority".into(), "low".into());
-            }
+            let selector = Selector::for_unit(s, secondary);
             if let [one] = bundles.as_slice() {
                 // A one-member unit has no domain to share: a plain request.
                 requests.push(Request { shape: one.clone(), count: u64::from(count), selector });
@@ -102,7 +99,7 @@ pub fn problem(cfg: &PoolConfig, obs: &Observation) -> Problem {
             for k in 0..count {
                 gangs.push(Gang {
                     id: format!("{}/{}{k}", a.app, if secondary { "secondary-" } else { "" }),
-                    strategy: Strategy::Pack,
+                    strategy: if s.spread_members { Strategy::StrictSpread } else { Strategy::Pack },
                     bundles: bundles.clone(),
                     selector: selector.clone(),
                     same: Some("domain".into()),
@@ -314,5 +311,40 @@ mod tests {
         let obs = Observation { apps: &apps, ..obs };
         let (plan, _) = decide(&cfg, &obs, &mut PolicyState::default());
         assert_eq!(plan.launch.values().sum::<u32>(), 0, "two units fit on the two nodes: {:?}", plan.launch);
+    }
+
+    /// Issue #34 item 1: the app holds its `max_units_per_domain` in domain-a, so the
+    /// free node there is no room for its queued unit; the pool launches in domain-b
+    /// instead of answering "the pool holds the demand" for ever.
+    #[test]
+    fn a_full_domains_free_nodes_do_not_count_for_the_apps_units() {
+        let pool = format!(
+            "{POOL}\n[node_types.small-b]\ncpu = 1\nmemory = \"1Gi\"\nlabels = {{ domain = \"domain-b\", priority = \"high\" }}\nmax = 4\n"
+        );
+        let cfg = PoolConfig::parse(&pool).unwrap();
+        let nodes = vec![row("pool-small-a-1", &[("domain", "domain-a"), ("priority", "high")], 0)];
+        let instances =
+            vec![PoolInstance { id: "pool-small-a-1".into(), node_type: "small-a".into(), phase: Phase::Running }];
+        let mut app = echo(1, 0);
+        app.unit_shape.max_units_per_domain = Some(2);
+        app.unit_shape.full_domains = ["domain-a".to_string()].into();
+        let apps = vec![app];
+        let obs = Observation {
+            nodes: &nodes,
+            apps: &apps,
+            instances: &instances,
+            floor: &Constraints::default(),
+            idle: &IdleClock::default(),
+            now_ms: 0,
+        };
+        let (plan, record) = decide(&cfg, &obs, &mut PolicyState::default());
+        assert_eq!(plan.launch.get("small-b"), Some(&1), "{record}");
+        assert!(!plan.launch.contains_key("small-a"), "{record}");
+
+        // With no type outside the full domain the demand is infeasible, and says so.
+        let cfg = PoolConfig::parse(POOL).unwrap();
+        let (plan, record) = decide(&cfg, &obs, &mut PolicyState::default());
+        assert_eq!(plan.launch.values().sum::<u32>(), 0, "{record}");
+        assert!(!record["infeasible"].as_array().is_none_or(|a| a.is_empty()), "{record}");
     }
 }

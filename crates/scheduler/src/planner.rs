@@ -185,10 +185,6 @@ pub fn score(node: &NodeRecord, used_after: &Resources, req: &Resources) -> Scor
     (gpu_ok, types, if min.is_finite() { min } else { 0.0 }, mean, node.health_score())
 }
 
-fn labels_match(node: &NodeRecord, c: &Constraints) -> bool {
-    c.labels.iter().all(|(k, v)| node.labels.get(k) == Some(v.as_str()))
-}
-
 /// Places a whole unit, or says why it cannot.
 pub fn place_unit(
     input: &PlanInput<'_>,
@@ -340,12 +336,11 @@ fn place_members(
                 *why.excluded.entry("under a preemption notice").or_default() += 1;
                 continue;
             }
-            if !labels_match(node, input.constraints) {
-                *why.excluded.entry("failing label constraints").or_default() += 1;
-                continue;
-            }
-            if !input.constraints.allow_low_priority && node.labels.get("priority") == Some("low") {
-                *why.excluded.entry("of low priority").or_default() += 1;
+            let c = input.constraints;
+            if let Err(refusal) =
+                flotilla_core::unit_shape::node_admits(&c.labels, c.allow_low_priority, |k| node.labels.get(k))
+            {
+                *why.excluded.entry(refusal.as_str()).or_default() += 1;
                 continue;
             }
             let planned_here = planned.iter().find(|(n, _)| std::ptr::eq(*n, &**node)).map(|(_, r)| r);

@@ -486,6 +486,9 @@ impl AppSpec {
             members: self.members().iter().map(|(_, _, t)| t.resources()).collect(),
             labels: self.constraints.labels.clone(),
             allow_low_priority: self.constraints.allow_low_priority,
+            max_units_per_domain: self.spread.max_units_per_domain,
+            full_domains: Default::default(),
+            spread_members: self.spread.members == Some(MemberSpread::Spread),
         }
     }
 

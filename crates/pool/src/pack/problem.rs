@@ -1,8 +1,10 @@
 //! The packing problem and its answer as plain data: node types, nodes, requests and
 //! gangs in, a [`Plan`] out, and the merged request groups the passes work on.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+
+use flotilla_core::UnitShape;
 
 use crate::shape::{ResourceNames, Shape};
 
@@ -40,21 +42,36 @@ pub struct Node {
 }
 
 /// Which nodes a request may use: all `require`d labels present with these values, no
-/// `forbid`den label with that value.
+/// label with one of its `forbid`den values.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Selector {
     pub require: Labels,
-    pub forbid: Labels,
+    pub forbid: BTreeMap<String, BTreeSet<String>>,
 }
 
 impl Selector {
+    /// Where a unit of `shape` (of the secondary group when `secondary`) may go: what
+    /// `UnitShape::admits` says, as data the packer groups requests by. A property test
+    /// holds the two together.
+    pub fn for_unit(shape: &UnitShape, secondary: bool) -> Selector {
+        let mut forbid: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        if !(shape.allow_low_priority || secondary) {
+            let (k, v) = flotilla_core::unit_shape::LOW_PRIORITY;
+            forbid.entry(k.into()).or_default().insert(v.into());
+        }
+        if !shape.full_domains.is_empty() {
+            forbid.insert("domain".into(), shape.full_domains.clone());
+        }
+        Selector { require: shape.labels.clone(), forbid }
+    }
+
     pub fn is_empty(&self) -> bool {
         self.require.is_empty() && self.forbid.is_empty()
     }
 
     pub fn matches(&self, labels: &Labels) -> bool {
         self.require.iter().all(|(k, v)| labels.get(k) == Some(v))
-            && self.forbid.iter().all(|(k, v)| labels.get(k) != Some(v))
+            && self.forbid.iter().all(|(k, vs)| labels.get(k).is_none_or(|v| !vs.contains(v)))
     }
 }
 

@@ -196,8 +196,7 @@ fn selectors_keep_requests_off_forbidden_nodes() {
     low.labels.insert("priority".into(), "low".into());
     let mut high = ty("high", shape(8, 16, 0), 10);
     high.labels.insert("priority".into(), "high".into());
-    let mut forbid = Labels::new();
-    forbid.insert("priority".into(), "low".into());
+    let forbid = [("priority".to_string(), ["low".to_string()].into())].into();
     let p = Problem {
         node_types: vec![low.clone(), high.clone()],
         nodes: vec![node("free-low", &low, shape(8, 16, 0), 0)],
@@ -399,4 +398,29 @@ fn waste_is_measured_on_the_new_nodes() {
     assert_eq!(out.new_capacity.get(CPU), 8000);
     assert_eq!(out.new_used.get(CPU), 6000);
     assert_eq!(out.new_used.get(MEMORY), 12 * GIB);
+}
+
+proptest::proptest! {
+    /// The pool packs a unit only where its scheduler would place it: the selector the
+    /// packer matches says what `UnitShape::admits` says, for any node labels.
+    #[test]
+    fn a_units_selector_admits_exactly_the_nodes_its_scheduler_would(
+        required in proptest::collection::btree_map("(zone|gpu)", "(a|b)", 0..2),
+        allow_low_priority: bool,
+        secondary: bool,
+        full in proptest::collection::btree_set("domain-(a|b|c)", 0..3),
+        node in proptest::collection::btree_map("(zone|gpu|priority|domain)", "(a|b|low|high|domain-a|domain-b|domain-c)", 0..4),
+    ) {
+        let shape = flotilla_core::UnitShape {
+            labels: required,
+            allow_low_priority,
+            full_domains: full,
+            ..Default::default()
+        };
+        // The pool gives every node a domain label (the default one when it has none).
+        let mut labels = node;
+        labels.entry("domain".into()).or_insert_with(|| flotilla_core::DEFAULT_DOMAIN.into());
+        let admitted = shape.admits(|k| labels.get(k).map(String::as_str), secondary).is_ok();
+        proptest::prop_assert_eq!(Selector::for_unit(&shape, secondary).matches(&labels), admitted);
+    }
 }

@@ -526,6 +526,17 @@ impl Scheduler {
             .collect()
     }
 
+    /// What a unit asks of the node pool now: the spec's shape, and the domains the
+    /// app's units fill (the pool must not count on room there the planner will not use).
+    fn unit_shape(&self) -> flotilla_core::UnitShape {
+        let mut shape = self.spec.unit_shape();
+        if let Some(max) = shape.max_units_per_domain {
+            shape.full_domains =
+                self.units_per_domain().into_iter().filter(|(_, n)| *n >= max).map(|(d, _)| d).collect();
+        }
+        shape
+    }
+
     /// Publishes the unit counts by state (metrics) and the status the API shows.
     fn publish(&self) {
         let mut counts = [0i64; UnitState::ALL.len()];
@@ -542,7 +553,7 @@ impl Scheduler {
             min_units: self.spec.units.min,
             max_units: self.spec.units.max,
             units: self.shared_units(&self.out.status.load().units),
-            unit_shape: self.spec.unit_shape(),
+            unit_shape: self.unit_shape(),
             autoscaling: self.spec.is_autoscaled().then(|| AutoscalingStatus {
                 policy: self.autoscaler.policy_algorithm(&self.spec),
                 policy_name: self.spec.autoscaling_policy.clone(),

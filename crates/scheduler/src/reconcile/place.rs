@@ -311,7 +311,7 @@ impl Scheduler {
     }
 
     /// Active units of the app in each domain, for the spread limit.
-    fn units_per_domain(&self) -> HashMap<String, u32> {
+    pub(super) fn units_per_domain(&self) -> HashMap<String, u32> {
         let mut m: HashMap<String, u32> = HashMap::new();
         for u in self.stored.units.values().filter(|u| u.state.is_active()) {
             let Some(d) = &u.domain else { continue };
