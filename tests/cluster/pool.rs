@@ -83,6 +83,38 @@ fn live_pool_agents(data: &Path) -> Vec<i32> {
         .collect()
 }
 
+/// Issue #34 item 1: the app's one unit fills domain-a (`max_units_per_domain = 1`) on a
+/// big node with room to spare. A second unit cannot go there, and the pool must not
+/// count on that room: it launches a node in domain-b, and both units run.
+#[test]
+fn the_pool_grows_past_a_domain_the_apps_spread_limit_fills() {
+    let dir = fresh_dir("pool-spread-files");
+    let pool = POOL.replace("[node_types.small-a]\ncpu = 1", "[node_types.small-a]\ncpu = 2").replace(
+        "labels = { domain = \"domain-a\", priority = \"high\" }",
+        "labels = { domain = \"domain-a\", priority = \"low\" }",
+    );
+    let (pool_file, app) = files(&dir);
+    std::fs::write(&pool_file, pool).unwrap();
+    let spec = std::fs::read_to_string(&app).unwrap().replace("max_units_per_domain = 10", "max_units_per_domain = 1");
+    std::fs::write(&app, spec).unwrap();
+    let up = Up::start(
+        "pool-spread",
+        &["--autoscale", "--pool", pool_file.to_str().unwrap(), "--app", app.to_str().unwrap()],
+    );
+    wait_for("the first unit on the min node", Duration::from_secs(60), || (running_units(&up) == 1).then_some(()));
+    run_ok(up.cli().args(["scale", "echo", "--units", "2"]));
+    wait_for("both units running, one per domain", Duration::from_secs(120), || {
+        (running_units(&up) == 2).then_some(())
+    });
+    let domains: std::collections::BTreeSet<String> = up
+        .units("echo")
+        .iter()
+        .filter(|u| u["state"] == "running")
+        .filter_map(|u| u["domain"].as_str().map(String::from))
+        .collect();
+    assert_eq!(domains.len(), 2, "{domains:?}");
+}
+
 #[test]
 fn up_autoscale_grows_the_pool_for_pending_units_and_shrinks_it_when_idle() {
     let dir = fresh_dir("pool-files");

@@ -282,7 +282,7 @@ fn applies_say_what_they_roll_and_ended_units_show_stopped_members_and_do_not_pi
         );
         run_ok(up.cli().args(["apply", &spec, "--wait", "--timeout", "45s"]));
     }
-    let ended = wait_for("the ended units settled", Duration::from_secs(20), || {
+    let ended = wait_for("the ended units settled", Duration::from_secs(60), || {
         let ended: Vec<Value> = up.units("echo").into_iter().filter(|u| u["state"] == "terminated").collect();
         (ended.len() == 10 && ended.iter().all(|u| !u["ended_unix_ms"].is_null())).then_some(ended)
     });

@@ -164,6 +164,8 @@ pub fn unit_rows(s: &AppStatus) -> Value {
                 "replaced_by": u.replaced_by,
                 "template": u.template,
                 "secondary": u.secondary,
+                // When it ended (Terminated); the newest few ended units are kept a while.
+                "ended_unix_ms": u.ended_unix_ms,
                 "members": u.members.iter().map(|m| json!({
                     "member": m.member,
                     "role": m.role,
