@@ -130,6 +130,9 @@ pub async fn units(a: UnitsArgs) -> anyhow::Result<()> {
         if let Some(r) = u["unplaced_reason"].as_str() {
             why.push(format!("{id}: why: {r}"));
         }
+        if let Some(p) = u["pool"].as_str() {
+            why.push(format!("{id}: {p}"));
+        }
         // A member that waits (start order), or cannot start (no free port): why.
         for m in u["members"].as_array().into_iter().flatten() {
             let state = m["state"].as_str().unwrap_or("");

@@ -115,6 +115,30 @@ fn the_pool_grows_past_a_domain_the_apps_spread_limit_fills() {
     assert_eq!(domains.len(), 2, "{domains:?}");
 }
 
+/// Issue #34 item 1: a unit no node type can hold is infeasible to the pool, which says
+/// so in its decision, and the unit's row says the pool cannot help.
+#[test]
+fn a_unit_no_node_type_can_hold_is_reported_infeasible_by_the_pool_and_on_the_unit() {
+    let dir = fresh_dir("pool-infeasible-files");
+    let (pool_file, app) = files(&dir);
+    let spec = std::fs::read_to_string(&app).unwrap().replace("cpu = \"400m\"", "cpu = \"3\"");
+    std::fs::write(&app, spec).unwrap();
+    let up = Up::start(
+        "pool-infeasible",
+        &["--autoscale", "--pool", pool_file.to_str().unwrap(), "--app", app.to_str().unwrap()],
+    );
+    let p = wait_for("the pool's decision", Duration::from_secs(60), || {
+        pool(&up).filter(|p| p.pointer("/decisions/0/cannot_place/echo").is_some())
+    });
+    let reason = p.pointer("/decisions/0/cannot_place/echo").and_then(Value::as_str).unwrap().to_string();
+    assert!(reason.contains("bigger than every node type"), "{reason}");
+    let units = up.units("echo");
+    let queued = units.iter().find(|u| u["state"] == "queued").expect("a queued unit");
+    assert_eq!(queued["pool"].as_str(), Some(format!("pool default cannot place them: {reason}").as_str()), "{queued}");
+    let text = run_ok(up.cli().args(["units", "echo"]));
+    assert!(text.contains("pool default cannot place them"), "{text}");
+}
+
 #[test]
 fn up_autoscale_grows_the_pool_for_pending_units_and_shrinks_it_when_idle() {
     let dir = fresh_dir("pool-files");

@@ -137,6 +137,15 @@ pub(crate) fn summary(s: &AppStatus) -> Value {
     })
 }
 
+/// Queued units' rows with `pool`: why no pool can help them, when one said so.
+fn with_pool_note(mut rows: Value, note: Option<String>) -> Value {
+    let Some(note) = note else { return rows };
+    for row in rows.as_array_mut().into_iter().flatten().filter(|r| r["state"] == "queued") {
+        row["pool"] = json!(note);
+    }
+    rows
+}
+
 /// The unit row of docs/architecture.md §13.
 pub fn unit_rows(s: &AppStatus) -> Value {
     let rows: Vec<Value> = s
@@ -235,8 +244,11 @@ async fn get_app(State(s): State<Arc<ControlState>>, Path(app): Path<String>) ->
 async fn list_units(State(s): State<Arc<ControlState>>, Path(app): Path<String>) -> Result<Json<Value>, ControlError> {
     metrics::counter!(m::API_REQUESTS.name, "route" => "/v1/apps/{app}/units").increment(1);
     match s.apps.get(&app) {
-        Some(Ok(h)) => Ok(Json(unit_rows(&h.status()))),
-        Some(Err(url)) => Ok(Json(remote(&s.http, &url, &format!("/v1/apps/{app}/units")).await?)),
+        Some(Ok(h)) => Ok(Json(with_pool_note(unit_rows(&h.status()), s.pools.cannot_place(&app)))),
+        Some(Err(url)) => {
+            let rows = remote(&s.http, &url, &format!("/v1/apps/{app}/units")).await?;
+            Ok(Json(with_pool_note(rows, s.pools.cannot_place(&app))))
+        }
         None => Err(not_found(&app)),
     }
 }

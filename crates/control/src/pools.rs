@@ -92,6 +92,21 @@ impl Pools {
         self.pools.read_or_recover().get(pool).map(|p| Pools::row(pool, p))
     }
 
+    /// Why a pool cannot place `app`'s queued units, as its latest decision said (a
+    /// pool whose autoscaler stopped reporting says nothing): `pool NAME cannot place
+    /// them: REASON`.
+    pub(crate) fn cannot_place(&self, app: &str) -> Option<String> {
+        let pools = self.pools.read_or_recover();
+        pools.iter().find_map(|(name, p)| {
+            let (report, at) = p.report.as_ref()?;
+            if at.elapsed() > STALE_AFTER {
+                return None;
+            }
+            let reason = report.pointer("/decisions/0/cannot_place")?.get(app)?.as_str()?;
+            Some(format!("pool {name} cannot place them: {reason}"))
+        })
+    }
+
     /// Writes `DATA/pools/NAME.SUFFIX` (through a temporary file) when there is a data dir.
     fn persist(&self, pool: &str, suffix: &str, v: &impl serde::Serialize) -> Result<(), ControlError> {
         let Some(dir) = &self.dir else { return Ok(()) };

@@ -301,6 +301,7 @@ impl DemandFile {
             max_nodes: max_nodes.map(|m| m as u32),
             nodes,
             requests: resource_requests,
+            request_apps: Vec::new(),
             gangs,
             floor,
         };

@@ -2,7 +2,7 @@
 //! every app, the pool's instances and floor) becomes a packing [`Problem`], and its
 //! [`Plan`] a decision record. The driver ([`crate::autoscaler`]) does the I/O.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use flotilla_core::Resources;
 use serde_json::{Value, json};
@@ -79,6 +79,7 @@ pub fn problem(cfg: &PoolConfig, obs: &Observation) -> Problem {
         });
     }
     let mut requests = Vec::new();
+    let mut request_apps = Vec::new();
     let mut gangs = Vec::new();
     for a in obs.apps {
         let s = &a.unit_shape;
@@ -94,6 +95,7 @@ pub fn problem(cfg: &PoolConfig, obs: &Observation) -> Problem {
             if let [one] = bundles.as_slice() {
                 // A one-member unit has no domain to share: a plain request.
                 requests.push(Request { shape: one.clone(), count: u64::from(count), selector });
+                request_apps.push(a.app.clone());
                 continue;
             }
             for k in 0..count {
@@ -117,7 +119,7 @@ pub fn problem(cfg: &PoolConfig, obs: &Observation) -> Problem {
             selector: Selector::default(),
         })
         .collect();
-    Problem { names, node_types, max_nodes: cfg.max_nodes, nodes, requests, gangs, floor }
+    Problem { names, node_types, max_nodes: cfg.max_nodes, nodes, requests, request_apps, gangs, floor }
 }
 
 /// The pass's decision record: the demand, the packing result and why each launch or
@@ -140,8 +142,14 @@ pub fn record(cfg: &PoolConfig, obs: &Observation, p: &Problem, plan: &Plan, dec
     for t in &plan.terminate {
         why.push(format!("terminate {} ({}: {})", t.node_id, t.cause.as_str(), t.detail));
     }
+    // Whose demand nothing the pool may launch can hold, and why: the API shows it on
+    // the app's queued units, so their reason says the pool cannot help.
+    let mut cannot_place: BTreeMap<&str, &str> = BTreeMap::new();
     for i in &plan.infeasible {
         why.push(format!("cannot place {} × {}: {}", i.count, i.request, i.reason));
+        if let Some(app) = p.app_of(&i.request) {
+            cannot_place.entry(app).or_insert(i.reason.as_str());
+        }
     }
     if why.is_empty() {
         why.push("no change: the pool holds the demand".into());
@@ -154,6 +162,7 @@ pub fn record(cfg: &PoolConfig, obs: &Observation, p: &Problem, plan: &Plan, dec
         "launch": plan.launch,
         "terminate": plan.terminate,
         "infeasible": plan.infeasible,
+        "cannot_place": cannot_place,
         "packing": {
             "placed_on_existing": plan.needed,
             "launched": report.launched,
@@ -346,5 +355,6 @@ mod tests {
         let (plan, record) = decide(&cfg, &obs, &mut PolicyState::default());
         assert_eq!(plan.launch.values().sum::<u32>(), 0, "{record}");
         assert!(!record["infeasible"].as_array().is_none_or(|a| a.is_empty()), "{record}");
+        assert!(record["cannot_place"]["echo"].as_str().is_some_and(|r| !r.is_empty()), "whose demand: {record}");
     }
 }

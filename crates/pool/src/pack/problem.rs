@@ -116,6 +116,9 @@ pub struct Problem {
     pub max_nodes: Option<u32>,
     pub nodes: Vec<Node>,
     pub requests: Vec<Request>,
+    /// The app each of `requests` came from (same index), to say whose demand the pool
+    /// cannot place; gangs name theirs in their id (`app/k`).
+    pub request_apps: Vec<String>,
     pub gangs: Vec<Gang>,
     /// Capacity the pool must hold whatever the demand (`request_resources`).
     pub floor: Vec<Request>,
@@ -149,6 +152,18 @@ pub struct Termination {
     pub node_type: String,
     pub cause: Cause,
     pub detail: String,
+}
+
+impl Problem {
+    /// The app whose demand `request` (an [`Infeasible`]'s: `request[i]` or `gang app/k`)
+    /// is, when it is an app's.
+    pub fn app_of<'a>(&'a self, request: &'a str) -> Option<&'a str> {
+        if let Some(gang) = request.strip_prefix("gang ") {
+            return gang.split('/').next();
+        }
+        let i: usize = request.strip_prefix("request[")?.strip_suffix(']')?.parse().ok()?;
+        self.request_apps.get(i).map(String::as_str)
+    }
 }
 
 /// What could not be placed.
