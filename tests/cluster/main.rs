@@ -19,6 +19,7 @@ mod pool;
 mod pool_exec;
 mod ports;
 mod prometheus;
+mod readme;
 mod replicas;
 mod rollouts;
 mod routing;
