@@ -292,26 +292,10 @@ mod tests {
 
     #[test]
     fn every_kind_has_a_status() {
-        use ErrorKind::*;
-        let all = [
-            InvalidInput,
-            Malformed,
-            AddressTooLong,
-            UnsupportedFormat,
-            TimedOut,
-            Unauthenticated,
-            NotFound,
-            Conflict,
-            TooLarge,
-            RateLimited,
-            Unavailable,
-            StoreUnavailable,
-            Internal,
-        ];
-        for k in all {
+        for k in ErrorKind::ALL {
             let s = http_status(k);
             assert!(s.is_client_error() || s.is_server_error(), "{k:?}: {s}");
-            assert_eq!(s.is_server_error(), k.is_retryable() && k != RateLimited, "{k:?}: {s}");
+            assert_eq!(s.is_server_error(), k.is_retryable() && k != ErrorKind::RateLimited, "{k:?}: {s}");
             // A forwarded refusal's status stands for the kind that made it.
             assert_eq!(kind_of_status(s), k, "{k:?}: {s}");
         }

@@ -41,6 +41,23 @@ pub enum ErrorKind {
 }
 
 impl ErrorKind {
+    /// Every kind, for the mappings' tests.
+    pub const ALL: [ErrorKind; 13] = [
+        ErrorKind::InvalidInput,
+        ErrorKind::Malformed,
+        ErrorKind::AddressTooLong,
+        ErrorKind::UnsupportedFormat,
+        ErrorKind::TimedOut,
+        ErrorKind::Unauthenticated,
+        ErrorKind::NotFound,
+        ErrorKind::Conflict,
+        ErrorKind::TooLarge,
+        ErrorKind::RateLimited,
+        ErrorKind::Unavailable,
+        ErrorKind::StoreUnavailable,
+        ErrorKind::Internal,
+    ];
+
     /// Whether the same request may succeed later without change.
     pub fn is_retryable(self) -> bool {
         matches!(
