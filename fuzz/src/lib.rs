@@ -458,7 +458,8 @@ pub fn autoscaling(data: &[u8]) {
 /// Control API input: `[selector, body...]`. Selector bits 0-1 pick the call (0 `PUT
 /// /v1/apps/echo/scale`, 1 `POST /v1/schedulers`, 2 `PUT /v1/apps/echo/spec`, 3 `POST
 /// /v1/nodes/{body}` where the body is `NODE/ACTION`); bits 2-3 the credential (0 the
-/// right bearer token, 1 none, 2 a wrong one); bit 4 leaves out the JSON content type.
+/// right bearer token, 1 none, 2 a wrong one); bit 4 sends the body as `text/plain`
+/// rather than JSON (a body with no content type at all is JSON).
 /// With bit 5 set, bit 0 picks a pool call instead (4 `PUT /v1/pools/default/constraints`,
 /// 5 `POST /v1/pools/default/report`) and bit 1 names an invalid pool (`bad.pool`).
 /// Each input gets a fresh control plane with no apps and no shards, so nothing is
@@ -489,9 +490,7 @@ pub fn control_json(data: &[u8]) {
         _ => (Method::POST, format!("/v1/pools/{pool}/report")),
     };
     let mut req = Request::builder().method(method).uri(uri);
-    if json {
-        req = req.header(header::CONTENT_TYPE, "application/json");
-    }
+    req = req.header(header::CONTENT_TYPE, if json { "application/json" } else { "text/plain" });
     match auth {
         0 => req = req.header(header::AUTHORIZATION, format!("Bearer {API_TOKEN}")),
         1 => {}
