@@ -69,6 +69,25 @@ pub fn node_admits<'a>(
     Ok(())
 }
 
+/// Labels the pool autoscaler puts on each node it launches: whether its type has a `min`
+/// (the pool keeps such nodes whatever the demand), and its cost per hour in thousandths.
+/// Placement prefers the nodes the pool keeps, then the cheapest, and scale-in removes
+/// units elsewhere first, so a pool that grew can shrink again.
+pub const POOL_KEEPS: &str = "flotilla.io/pool-keeps";
+pub const POOL_COST: &str = "flotilla.io/cost-millis";
+
+/// How much placement prefers a node, other things equal (greater is better): one the
+/// pool keeps anyway, then a cheaper one. A node the pool did not launch (no such labels)
+/// is kept, at no cost: nothing terminates it.
+pub fn preference<'a>(label: impl Fn(&str) -> Option<&'a str>) -> (bool, std::cmp::Reverse<u64>) {
+    let cost = label(POOL_COST);
+    let keeps = match label(POOL_KEEPS) {
+        Some(k) => k == "true",
+        None => cost.is_none(),
+    };
+    (keeps, std::cmp::Reverse(cost.and_then(|c| c.parse().ok()).unwrap_or(0)))
+}
+
 impl UnitShape {
     /// Whether a node whose labels `label` looks up may take a member of one more unit
     /// (of the secondary group when `secondary`): its labels, its priority, and its
@@ -104,5 +123,19 @@ mod tests {
         assert_eq!(shape.admits(low, true), Ok(()), "a secondary unit may");
         let full = node(&[("zone", "z1"), ("domain", "domain-a")]);
         assert_eq!(shape.admits(full, true), Err(Refusal::DomainFull));
+    }
+
+    #[test]
+    fn placement_prefers_nodes_the_pool_keeps_then_the_cheapest() {
+        let labels = |pairs: &'static [(&'static str, &'static str)]| {
+            preference(move |k: &str| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| *v))
+        };
+        let static_node = labels(&[]);
+        let min_node = labels(&[(POOL_KEEPS, "true"), (POOL_COST, "200")]);
+        let spot = labels(&[(POOL_KEEPS, "false"), (POOL_COST, "60")]);
+        let gpu = labels(&[(POOL_KEEPS, "false"), (POOL_COST, "800")]);
+        assert!(static_node > spot && min_node > spot, "kept nodes first");
+        assert!(spot > gpu, "then the cheapest");
+        assert!(static_node > min_node, "a node nobody pays the pool for before one it does");
     }
 }

@@ -56,6 +56,19 @@ pub struct Autoscaler {
     bounds: BTreeMap<String, TypeBounds>,
 }
 
+/// The labels of a node launched as type `t`: the type's, and what placement prefers it
+/// by (`flotilla_core::unit_shape::preference`): whether the pool keeps nodes of the type
+/// anyway (a `min`), and its cost.
+fn pool_labels(t: &crate::config::PoolNodeType) -> BTreeMap<String, String> {
+    use flotilla_core::unit_shape::{POOL_COST, POOL_KEEPS};
+    let mut labels = t.labels.clone();
+    labels.insert(POOL_KEEPS.into(), (t.min > 0).to_string());
+    if let Some(cost) = t.cost {
+        labels.insert(POOL_COST.into(), format!("{:.0}", (cost * 1000.0).max(0.0)));
+    }
+    labels
+}
+
 fn phase(s: InstanceState) -> Option<Phase> {
     use InstanceState::*;
     match s {
@@ -327,7 +340,7 @@ impl Autoscaler {
                 id: id.clone(),
                 node_type: t.name.clone(),
                 resources: t.resources.clone(),
-                labels: t.labels.clone(),
+                labels: pool_labels(t),
             });
         }
         let records: Vec<_> = specs.iter().filter_map(|s| self.instances.get(&s.id).cloned()).collect();

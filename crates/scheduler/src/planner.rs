@@ -258,7 +258,9 @@ fn class_only(input: &PlanInput<'_>) -> bool {
 }
 
 /// A candidate's rank: fewer of the app's units first (when spreading), then [`score`].
-type Ranked = (std::cmp::Reverse<u32>, Score);
+/// Fewer of the app's units first (when it spreads), then the node the pool keeps anyway
+/// and the cheaper (`flotilla_core::unit_shape::preference`), then the fit score.
+type Ranked = (std::cmp::Reverse<u32>, (bool, std::cmp::Reverse<u64>), Score);
 
 /// The members placed in one domain, and notes on spread that could not be honoured.
 type InDomain = (Vec<PlacedMember>, Vec<String>);
@@ -365,7 +367,8 @@ fn place_members(
             }
             feasible += 1;
             let crowd = if input.prefer_spread { units_here } else { 0 };
-            let s = (std::cmp::Reverse(crowd), score(node, &after, &m.resources));
+            let kept = flotilla_core::unit_shape::preference(|k| node.labels.get(k));
+            let s = (std::cmp::Reverse(crowd), kept, score(node, &after, &m.resources));
             if best.as_ref().is_none_or(|(b, _, _)| s.partial_cmp(b) == Some(std::cmp::Ordering::Greater)) {
                 best = Some((s, at, units_here));
             }
@@ -452,6 +455,29 @@ mod tests {
         let (pending, per_node) = (NodeMap::default(), NodeMap::default());
         let input = PlanInput { max_units_per_domain: max, ..PlanInput::new(s, c, per_domain, &per_node, &pending) };
         place_unit(&input, ms, &mut ClassCache::default(), &mut rand::rngs::StdRng::seed_from_u64(7))
+    }
+
+    /// Issue #34 item 4: a member goes to a node the pool keeps anyway (its type has a
+    /// `min`) over a spot node that fits it better, so the spot node can go when idle.
+    #[test]
+    fn members_prefer_the_nodes_the_pool_keeps_then_the_cheapest() {
+        use flotilla_core::unit_shape::{POOL_COST, POOL_KEEPS};
+        let pooled = |id: &str, used: u64, keeps: &str, cost: &str| {
+            let mut r = Arc::unwrap_or_clone(rec(id, "a", 1000, used, NodeStatus::Alive, 0, false));
+            let mut l = (*r.labels).clone();
+            l.insert(POOL_KEEPS, keeps).unwrap();
+            l.insert(POOL_COST, cost).unwrap();
+            r.labels = Arc::new(l);
+            Arc::new(r)
+        };
+        // The spot node is the tighter fit (Ray's score prefers it); the kept one wins.
+        let s = slots(vec![pooled("spot", 500, "false", "60"), pooled("min", 0, "true", "200")]);
+        let p = plan(&s, &Constraints::default(), &HashMap::new(), None, &members(1, 400)).unwrap();
+        assert_eq!(p.members[0].node.as_str(), "min");
+        // Neither kept: the cheaper.
+        let s = slots(vec![pooled("gpu", 0, "false", "800"), pooled("spot", 500, "false", "60")]);
+        let p = plan(&s, &Constraints::default(), &HashMap::new(), None, &members(1, 400)).unwrap();
+        assert_eq!(p.members[0].node.as_str(), "spot");
     }
 
     #[test]

@@ -123,26 +123,29 @@ pub fn decide(
     }
 }
 
-/// Which `n` units leave first on scale-in: the least healthy (a member not running,
-/// then the lowest health score of its nodes), then the youngest (highest generation).
+/// Which `n` units leave first on scale-in: one with a member not running, then one on
+/// a node the pool would rather free (not one it keeps anyway:
+/// `flotilla_core::unit_shape::preference`), then the lowest health score of its nodes,
+/// then the youngest (highest generation).
 pub fn scale_in_order(units: &[&UnitRecord], n: usize, slots: &[Arc<ShardSlot>]) -> Vec<String> {
-    let health = |u: &UnitRecord| -> (bool, u16) {
+    let rank = |u: &UnitRecord| -> (bool, bool, u16) {
         let all_running =
             u.state == UnitState::Running && u.members.iter().all(|m| m.state.as_deref() == Some("running"));
-        let min_score = u
-            .members
-            .iter()
-            .filter_map(|m| {
+        let (mut kept, mut min_score) = (true, None::<u16>);
+        for m in &u.members {
+            let Some(rec) = (|| {
                 let slot = slots.get(m.shard? as usize)?;
-                let rec = slot.view.get(&NodeId::new(m.node_id.as_deref()?).ok()?)?;
-                Some(rec.health_millis)
-            })
-            .min()
-            .unwrap_or(0);
-        (all_running, min_score)
+                slot.view.get(&NodeId::new(m.node_id.as_deref()?).ok()?)
+            })() else {
+                continue;
+            };
+            kept &= flotilla_core::unit_shape::preference(|k| rec.labels.get(k)).0;
+            min_score = Some(min_score.map_or(rec.health_millis, |s| s.min(rec.health_millis)));
+        }
+        (all_running, kept, min_score.unwrap_or(0))
     };
-    let mut ranked: Vec<(&UnitRecord, (bool, u16))> = units.iter().map(|u| (*u, health(u))).collect();
-    ranked.sort_by(|(a, ha), (b, hb)| ha.cmp(hb).then(b.generation.cmp(&a.generation)));
+    let mut ranked: Vec<(&UnitRecord, (bool, bool, u16))> = units.iter().map(|u| (*u, rank(u))).collect();
+    ranked.sort_by(|(a, ra), (b, rb)| ra.cmp(rb).then(b.generation.cmp(&a.generation)));
     ranked.into_iter().take(n).map(|(u, _)| u.unit_id.clone()).collect()
 }
 
@@ -268,5 +271,22 @@ mod tests {
         assert_eq!(scale_in_order(&all, 1, &s), vec!["starting"]);
         assert_eq!(scale_in_order(&all, 2, &s), vec!["starting", "sick"]);
         assert_eq!(scale_in_order(&all, 3, &s), vec!["starting", "sick", "young"]);
+    }
+
+    /// Issue #34 item 4: a pool that grew shrinks again when scale-in removes the units on
+    /// nodes it would rather free (spot) before the older ones on nodes it keeps anyway.
+    #[test]
+    fn scale_in_takes_units_off_the_nodes_the_pool_would_free_first() {
+        use flotilla_core::unit_shape::{POOL_COST, POOL_KEEPS};
+        let pooled = |id: &str, keeps: &str| {
+            let mut labels = flotilla_core::Labels::new();
+            labels.insert(POOL_KEEPS, keeps).unwrap();
+            labels.insert(POOL_COST, "60").unwrap();
+            NodeRecord { health_millis: 1000, labels: Arc::new(labels), ..crate::testing::node(id) }
+        };
+        let s = crate::testing::slots([pooled("min", "true"), pooled("spot", "false")], true);
+        let on_spot = unit("on-spot", 1, UnitState::Running, &[("head", "spot")]);
+        let on_min = unit("on-min", 2, UnitState::Running, &[("head", "min")]);
+        assert_eq!(scale_in_order(&[&on_spot, &on_min], 1, &s), vec!["on-spot"], "not the youngest: the one on spot");
     }
 }
