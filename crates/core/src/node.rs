@@ -156,9 +156,22 @@ impl fmt::Display for NodeStatus {
 
 /// A node's labels, validated: bounded in count and length, keys in a
 /// Kubernetes-like alphabet. `domain` names the failure domain (and picks the shard).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+///
+/// Also holds what placement ranks the node by among the pool's
+/// (`unit_shape::preference`), worked out whenever the labels change: the planner reads
+/// it for every node it considers, and a label lookup there is a cache miss per node.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(try_from = "BTreeMap<String, String>", into = "BTreeMap<String, String>")]
-pub struct Labels(BTreeMap<String, String>);
+pub struct Labels {
+    map: BTreeMap<String, String>,
+    preference: (bool, std::cmp::Reverse<u64>),
+}
+
+impl Default for Labels {
+    fn default() -> Self {
+        Labels::with(BTreeMap::new())
+    }
+}
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LabelError {
@@ -186,7 +199,17 @@ impl Labels {
         for (k, v) in &map {
             validate_label(k, v)?;
         }
-        Ok(Labels(map))
+        Ok(Labels::with(map))
+    }
+
+    fn with(map: BTreeMap<String, String>) -> Self {
+        let preference = crate::unit_shape::preference(|k| map.get(k).map(String::as_str));
+        Labels { map, preference }
+    }
+
+    /// `unit_shape::preference` of these labels.
+    pub fn pool_preference(&self) -> (bool, std::cmp::Reverse<u64>) {
+        self.preference
     }
 
     /// Parses `KEY=VALUE` as given on a command line.
@@ -198,15 +221,16 @@ impl Labels {
 
     pub fn insert(&mut self, key: &str, value: &str) -> Result<(), LabelError> {
         validate_label(key, value)?;
-        if !self.0.contains_key(key) && self.0.len() >= MAX_LABELS {
-            return Err(LabelError::TooMany(self.0.len() + 1));
+        if !self.map.contains_key(key) && self.map.len() >= MAX_LABELS {
+            return Err(LabelError::TooMany(self.map.len() + 1));
         }
-        self.0.insert(key.to_string(), value.to_string());
+        self.map.insert(key.to_string(), value.to_string());
+        self.preference = crate::unit_shape::preference(|k| self.map.get(k).map(String::as_str));
         Ok(())
     }
 
     pub fn get(&self, key: &str) -> Option<&str> {
-        self.0.get(key).map(String::as_str)
+        self.map.get(key).map(String::as_str)
     }
 
     /// The failure domain (`domain` label), `default` when unset.
@@ -215,19 +239,19 @@ impl Labels {
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
-        self.0.iter().map(|(k, v)| (k.as_str(), v.as_str()))
+        self.map.iter().map(|(k, v)| (k.as_str(), v.as_str()))
     }
 
     pub fn len(&self) -> usize {
-        self.0.len()
+        self.map.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.map.is_empty()
     }
 
     pub fn as_map(&self) -> &BTreeMap<String, String> {
-        &self.0
+        &self.map
     }
 }
 
@@ -253,7 +277,7 @@ impl TryFrom<BTreeMap<String, String>> for Labels {
 
 impl From<Labels> for BTreeMap<String, String> {
     fn from(l: Labels) -> Self {
-        l.0
+        l.map
     }
 }
 

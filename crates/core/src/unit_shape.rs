@@ -137,5 +137,14 @@ mod tests {
         assert!(static_node > spot && min_node > spot, "kept nodes first");
         assert!(spot > gpu, "then the cheapest");
         assert!(static_node > min_node, "a node nobody pays the pool for before one it does");
+        // What a node's labels keep, kept up to date as they change.
+        let mut l = crate::Labels::new();
+        assert_eq!(l.pool_preference(), static_node);
+        l.insert(POOL_KEEPS, "false").unwrap();
+        l.insert(POOL_COST, "60").unwrap();
+        assert_eq!(l.pool_preference(), spot);
+        let parsed: crate::Labels =
+            serde_json::from_str(r#"{"flotilla.io/pool-keeps": "true", "flotilla.io/cost-millis": "200"}"#).unwrap();
+        assert_eq!(parsed.pool_preference(), min_node);
     }
 }

@@ -367,8 +367,7 @@ fn place_members(
             }
             feasible += 1;
             let crowd = if input.prefer_spread { units_here } else { 0 };
-            let kept = flotilla_core::unit_shape::preference(|k| node.labels.get(k));
-            let s = (std::cmp::Reverse(crowd), kept, score(node, &after, &m.resources));
+            let s = (std::cmp::Reverse(crowd), node.labels.pool_preference(), score(node, &after, &m.resources));
             if best.as_ref().is_none_or(|(b, _, _)| s.partial_cmp(b) == Some(std::cmp::Ordering::Greater)) {
                 best = Some((s, at, units_here));
             }

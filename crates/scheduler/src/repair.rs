@@ -139,7 +139,7 @@ pub fn scale_in_order(units: &[&UnitRecord], n: usize, slots: &[Arc<ShardSlot>])
             })() else {
                 continue;
             };
-            kept &= flotilla_core::unit_shape::preference(|k| rec.labels.get(k)).0;
+            kept &= rec.labels.pool_preference().0;
             min_score = Some(min_score.map_or(rec.health_millis, |s| s.min(rec.health_millis)));
         }
         (all_running, kept, min_score.unwrap_or(0))
