@@ -26,6 +26,13 @@ pub struct UnitShape {
     /// unit goes there.
     #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
     pub full_domains: BTreeSet<String>,
+    /// `spread.max_units_per_node`: at most this many of the app's units on a node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_units_per_node: Option<u32>,
+    /// With `max_units_per_node`, how many of the app's units each node holds (by node
+    /// id): the pool must not count on room there the planner will not use.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub units_per_node: BTreeMap<String, u32>,
     /// `spread.members = "spread"`: each member of a unit on its own node.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub spread_members: bool,
@@ -37,6 +44,7 @@ pub enum Refusal {
     Labels,
     LowPriority,
     DomainFull,
+    NodeFull,
 }
 
 impl Refusal {
@@ -46,6 +54,7 @@ impl Refusal {
             Refusal::Labels => "failing label constraints",
             Refusal::LowPriority => "of low priority",
             Refusal::DomainFull => "in a domain at max_units_per_domain",
+            Refusal::NodeFull => "at max_units_per_node",
         }
     }
 }
@@ -67,6 +76,16 @@ pub fn node_admits<'a>(
         return Err(Refusal::LowPriority);
     }
     Ok(())
+}
+
+/// Whether a node holding `units_here` of an app's units may take a member of one more
+/// (`holds_unit`: it holds a member of this very unit, which counts once) under
+/// `spread.max_units_per_node` (`max`).
+pub fn node_has_room(units_here: u32, max: Option<u32>, holds_unit: bool) -> Result<(), Refusal> {
+    match max {
+        Some(max) if !holds_unit && units_here >= max => Err(Refusal::NodeFull),
+        _ => Ok(()),
+    }
 }
 
 /// Labels the pool autoscaler puts on each node it launches: whether its type has a `min`
@@ -123,6 +142,10 @@ mod tests {
         assert_eq!(shape.admits(low, true), Ok(()), "a secondary unit may");
         let full = node(&[("zone", "z1"), ("domain", "domain-a")]);
         assert_eq!(shape.admits(full, true), Err(Refusal::DomainFull));
+        // Per node: a node at the limit takes only members of units it already holds.
+        assert_eq!(node_has_room(2, Some(2), false), Err(Refusal::NodeFull));
+        assert_eq!(node_has_room(2, Some(2), true), Ok(()));
+        assert_eq!(node_has_room(9, None, false), Ok(()));
     }
 
     #[test]

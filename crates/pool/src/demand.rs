@@ -262,6 +262,7 @@ impl DemandFile {
                             shape: shape(&format!("{p}.resources"), &r.resources, names)?,
                             count: count(&format!("{p}.count"), r.count, MAX_COUNT)?,
                             selector: Selector::default(),
+                            per_node: None,
                         })
                     })
                     .collect()
@@ -293,7 +294,7 @@ impl DemandFile {
                 .map(|(j, b)| shape(&format!("{path}.bundles[{j}]"), b, &mut names))
                 .collect::<Result<_, _>>()?;
             let id = if g.id.is_empty() { format!("#{i}") } else { g.id.clone() };
-            gangs.push(Gang { id, strategy, bundles, selector: Selector::default(), same: None });
+            gangs.push(Gang { id, strategy, bundles, selector: Selector::default(), same: None, per_node: None });
         }
         let problem = Problem {
             names,
@@ -303,6 +304,7 @@ impl DemandFile {
             requests: resource_requests,
             request_apps: Vec::new(),
             gangs,
+            per_node: Vec::new(),
             floor,
         };
         Ok(DemandFile { problem })

@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 
 use crate::config::PoolConfig;
 use crate::model::{NodeRow, Observation, Phase, PoolInstance};
-use crate::pack::{self, Cause, Gang, Labels, Node, Plan, Problem, Request, Selector, Strategy, Termination};
+use crate::pack::{self, Cause, Gang, Labels, Node, PerNode, Plan, Problem, Request, Selector, Strategy, Termination};
 use crate::policy::{PolicyState, Sizing, size};
 use crate::shape::{ResourceNames, Shape};
 
@@ -81,12 +81,17 @@ pub fn problem(cfg: &PoolConfig, obs: &Observation) -> Problem {
     let mut requests = Vec::new();
     let mut request_apps = Vec::new();
     let mut gangs = Vec::new();
+    let mut per_node = Vec::new();
     for a in obs.apps {
         let s = &a.unit_shape;
         if s.members.is_empty() {
             continue;
         }
         let bundles: Vec<Shape> = s.members.iter().map(|m| shape(m, &mut names)).collect();
+        let limit = s.max_units_per_node.filter(|_| a.queued.primary + a.queued.secondary > 0).map(|max| {
+            per_node.push(PerNode { app: a.app.clone(), max, units: s.units_per_node.clone() });
+            per_node.len() - 1
+        });
         for (secondary, count) in [(false, a.queued.primary), (true, a.queued.secondary)] {
             if count == 0 {
                 continue;
@@ -94,7 +99,7 @@ pub fn problem(cfg: &PoolConfig, obs: &Observation) -> Problem {
             let selector = Selector::for_unit(s, secondary);
             if let [one] = bundles.as_slice() {
                 // A one-member unit has no domain to share: a plain request.
-                requests.push(Request { shape: one.clone(), count: u64::from(count), selector });
+                requests.push(Request { shape: one.clone(), count: u64::from(count), selector, per_node: limit });
                 request_apps.push(a.app.clone());
                 continue;
             }
@@ -105,6 +110,7 @@ pub fn problem(cfg: &PoolConfig, obs: &Observation) -> Problem {
                     bundles: bundles.clone(),
                     selector: selector.clone(),
                     same: Some("domain".into()),
+                    per_node: limit,
                 });
             }
         }
@@ -117,9 +123,10 @@ pub fn problem(cfg: &PoolConfig, obs: &Observation) -> Problem {
             shape: shape(&r.resources, &mut names),
             count: u64::from(r.count),
             selector: Selector::default(),
+            per_node: None,
         })
         .collect();
-    Problem { names, node_types, max_nodes: cfg.max_nodes, nodes, requests, request_apps, gangs, floor }
+    Problem { names, node_types, max_nodes: cfg.max_nodes, nodes, requests, request_apps, gangs, per_node, floor }
 }
 
 /// The pass's decision record: the demand, the packing result and why each launch or
@@ -356,5 +363,41 @@ mod tests {
         assert_eq!(plan.launch.values().sum::<u32>(), 0, "{record}");
         assert!(!record["infeasible"].as_array().is_none_or(|a| a.is_empty()), "{record}");
         assert!(record["cannot_place"]["echo"].as_str().is_some_and(|r| !r.is_empty()), "whose demand: {record}");
+    }
+
+    /// Issue #34 item 1, per node: a 4-core node holding one of the app's units has room
+    /// for four more by resources, but `max_units_per_node = 1` lets the planner put none
+    /// there, so the pool launches a node per queued unit instead of holding the demand.
+    #[test]
+    fn a_node_at_the_apps_per_node_limit_is_no_room_for_its_units() {
+        let pool = "[node_types.big]\ncpu = 4\nmemory = \"4Gi\"\nlabels = { domain = \"domain-a\" }\nmax = 8\n";
+        let cfg = PoolConfig::parse(pool).unwrap();
+        let mut big = row("pool-big-1", &[("domain", "domain-a")], 800);
+        big.capacity = Resources::new(4000, 4 << 30, 0);
+        let nodes = vec![big];
+        let instances = vec![PoolInstance { id: "pool-big-1".into(), node_type: "big".into(), phase: Phase::Running }];
+        let mut app = echo(3, 0);
+        app.unit_shape.max_units_per_node = Some(1);
+        app.unit_shape.units_per_node = [("pool-big-1".to_string(), 1)].into();
+        let apps = vec![app];
+        let obs = Observation {
+            nodes: &nodes,
+            apps: &apps,
+            instances: &instances,
+            floor: &Constraints::default(),
+            idle: &IdleClock::default(),
+            now_ms: 0,
+        };
+        let (plan, record) = decide(&cfg, &obs, &mut PolicyState::default());
+        assert_eq!(plan.launch.get("big"), Some(&3), "one new node per unit: {record}");
+        assert!(plan.needed.is_empty(), "the full node takes nothing: {record}");
+
+        // With room for two a node, the existing one takes one more and the new ones two.
+        let mut roomier = apps.clone();
+        roomier[0].unit_shape.max_units_per_node = Some(2);
+        let obs = Observation { apps: &roomier, ..obs };
+        let (plan, record) = decide(&cfg, &obs, &mut PolicyState::default());
+        assert_eq!(plan.launch.get("big"), Some(&1), "{record}");
+        assert_eq!(plan.needed, vec!["pool-big-1".to_string()], "{record}");
     }
 }

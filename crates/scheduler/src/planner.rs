@@ -352,8 +352,8 @@ fn place_members(
                 continue;
             }
             let units_here = lookup(input.units_per_node, &node.node_id).copied().unwrap_or(0);
-            if !holds_unit && node_max.is_some_and(|max| units_here >= max) {
-                *why.excluded.entry("at max_units_per_node").or_default() += 1;
+            if let Err(refusal) = flotilla_core::unit_shape::node_has_room(units_here, node_max, holds_unit) {
+                *why.excluded.entry(refusal.as_str()).or_default() += 1;
                 continue;
             }
             let mut used = (*node.allocated).clone();

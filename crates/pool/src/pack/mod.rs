@@ -26,10 +26,10 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use node::{Origin, SimNode};
+use problem::{Cap, Group, Item, Source};
 pub use problem::{
-    Cause, Gang, Infeasible, Labels, Node, NodeType, Plan, Problem, Request, Selector, Strategy, Termination,
+    Cause, Gang, Infeasible, Labels, Node, NodeType, PerNode, Plan, Problem, Request, Selector, Strategy, Termination,
 };
-use problem::{Group, Source};
 
 use crate::shape::{ResourceNames, Shape};
 
@@ -54,17 +54,17 @@ fn sort_groups(groups: &mut [Group], counts: &mut [u64], names: &ResourceNames) 
     counts.clone_from_slice(&c2);
 }
 
-/// Merges requests into groups (identical shape, selector and tag), in Ray's order.
-fn group(items: Vec<(Shape, u64, Selector, Option<u32>, String)>, names: &ResourceNames) -> (Vec<Group>, Vec<u64>) {
-    let mut index: HashMap<(Shape, Selector, Option<u32>), usize> = HashMap::new();
+/// Merges requests into groups (identical shape, selector, tag and cap), in Ray's order.
+fn group(items: Vec<Item>, names: &ResourceNames) -> (Vec<Group>, Vec<u64>) {
+    let mut index: HashMap<(Shape, Selector, Option<u32>, Option<Cap>), usize> = HashMap::new();
     let mut selectors: HashMap<Selector, Arc<Selector>> = HashMap::new();
     let (mut groups, mut counts) = (Vec::<Group>::new(), Vec::<u64>::new());
-    for (shape, count, selector, anti, label) in items {
+    for Item { shape, count, selector, anti, cap, label } in items {
         if count == 0 {
             continue;
         }
         // Twin STRICT_SPREAD bundles merge too: their tag still lets one per node.
-        let key = (shape.clone(), selector.clone(), anti);
+        let key = (shape.clone(), selector.clone(), anti, cap);
         if let Some(&i) = index.get(&key) {
             counts[i] += count;
             groups[i].sources.push((label, count));
@@ -73,7 +73,7 @@ fn group(items: Vec<(Shape, u64, Selector, Option<u32>, String)>, names: &Resour
         let kinds = shape.kinds().fold(0u64, |m, i| m | (1u64 << i.min(63)));
         let selector = selectors.entry(selector.clone()).or_insert_with(|| Arc::new(selector)).clone();
         index.insert(key, groups.len());
-        groups.push(Group { shape, selector, anti, kinds, sources: vec![(label, count)] });
+        groups.push(Group { shape, selector, anti, cap, kinds, sources: vec![(label, count)] });
         counts.push(count);
     }
     sort_groups(&mut groups, &mut counts, names);
@@ -121,13 +121,15 @@ impl<'p> Context<'p> {
         source: Source,
     ) -> Option<(usize, SimNode, Vec<u64>)> {
         let mut best: Option<(usize, SimNode, Vec<u64>, node::Score)> = None;
-        let mut seen: HashSet<(Option<usize>, &Shape, *const Labels, &[u32])> = HashSet::new();
+        // A candidate's state: type, free resources, labels, gang tags, units by limit.
+        type State<'a> = (Option<usize>, &'a Shape, *const Labels, &'a [u32], &'a [(u32, u32)]);
+        let mut seen: HashSet<State> = HashSet::new();
         for (i, c) in candidates.iter().enumerate() {
             let free = match source {
                 Source::Demand => &c.free,
                 Source::Floor => &c.free_floor,
             };
-            if !seen.insert((c.node_type, free, Arc::as_ptr(&c.labels), &c.tags)) {
+            if !seen.insert((c.node_type, free, Arc::as_ptr(&c.labels), &c.tags, &c.units)) {
                 continue;
             }
             // Cheap test first: most candidates late in a pass take nothing.
@@ -234,7 +236,13 @@ pub fn plan(p: &Problem) -> Plan {
         let t = n.node_type.as_deref().and_then(|name| type_index.get(name).copied());
         let free = if n.pending { n.total.clone() } else { n.available.clone() };
         let labels = label_sets.entry(&n.labels).or_insert_with(|| Arc::new(n.labels.clone())).clone();
-        ctx.nodes.push(SimNode::new(Origin::Existing(i), t, n.total.clone(), free, labels));
+        let mut sim = SimNode::new(Origin::Existing(i), t, n.total.clone(), free, labels);
+        for (l, limit) in p.per_node.iter().enumerate() {
+            if let Some(units) = limit.units.get(&n.id) {
+                sim.add_units(l as u32, *units);
+            }
+        }
+        ctx.nodes.push(sim);
     }
     let mut out = Plan::default();
 
@@ -283,7 +291,14 @@ pub fn plan(p: &Problem) -> Plan {
 
     // 2. the floor, against whole capacities.
     if !p.floor.is_empty() {
-        let items = p.floor.iter().map(|r| (r.shape.clone(), r.count, r.selector.clone(), None, "floor".to_string()));
+        let items = p.floor.iter().map(|r| Item {
+            shape: r.shape.clone(),
+            count: r.count,
+            selector: r.selector.clone(),
+            anti: None,
+            cap: None,
+            label: "floor".to_string(),
+        });
         let (groups, counts) = group(items.collect(), &p.names);
         let mut trial = ctx.clone();
         let left = trial.try_schedule(&groups, &counts, Source::Floor);
@@ -322,11 +337,14 @@ pub fn plan(p: &Problem) -> Plan {
     }
 
     // 4. plain requests.
-    let items = p
-        .requests
-        .iter()
-        .enumerate()
-        .map(|(i, r)| (r.shape.clone(), r.count, r.selector.clone(), None, format!("request[{i}]")));
+    let items = p.requests.iter().enumerate().map(|(i, r)| Item {
+        shape: r.shape.clone(),
+        count: r.count,
+        selector: r.selector.clone(),
+        anti: None,
+        cap: cap_of(p, r.per_node, None),
+        label: format!("request[{i}]"),
+    });
     let (groups, counts) = group(items.collect(), &p.names);
     let before = ctx.clone();
     let left = ctx.try_schedule(&groups, &counts, Source::Demand);
@@ -402,36 +420,45 @@ fn why_not(p: &Problem, g: &Group) -> String {
     }
 }
 
+/// The cap a request or gang (`unit`: its tag) of `Problem::per_node[limit]` carries.
+fn cap_of(p: &Problem, limit: Option<usize>, unit: Option<u32>) -> Option<Cap> {
+    let l = limit?;
+    Some(Cap { limit: l as u32, max: p.per_node.get(l)?.max, unit })
+}
+
 /// A gang on a copy of the context, or why it cannot be placed.
 fn place_gang<'p>(ctx: &Context<'p>, gang: &Gang, tag: u32) -> Result<Context<'p>, String> {
     if gang.bundles.is_empty() {
         return Ok(ctx.clone());
     }
-    let label = format!("gang {}", gang.id);
-    let items: Vec<(Shape, u64, Selector, Option<u32>, String)> = match gang.strategy {
+    let bundle = |shape: Shape, anti: Option<u32>| Item {
+        shape,
+        count: 1,
+        selector: gang.selector.clone(),
+        anti,
+        cap: cap_of(ctx.p, gang.per_node, Some(tag)),
+        label: format!("gang {}", gang.id),
+    };
+    let items: Vec<Item> = match gang.strategy {
         Strategy::StrictPack => {
             let mut sum = Shape::default();
             for b in &gang.bundles {
                 sum.add_times(b, 1);
             }
-            vec![(sum, 1, gang.selector.clone(), None, label)]
+            vec![bundle(sum, None)]
         }
-        Strategy::StrictSpread => {
-            gang.bundles.iter().map(|b| (b.clone(), 1, gang.selector.clone(), Some(tag), label.clone())).collect()
-        }
-        Strategy::Pack | Strategy::Spread => {
-            gang.bundles.iter().map(|b| (b.clone(), 1, gang.selector.clone(), None, label.clone())).collect()
-        }
+        Strategy::StrictSpread => gang.bundles.iter().map(|b| bundle(b.clone(), Some(tag))).collect(),
+        Strategy::Pack | Strategy::Spread => gang.bundles.iter().map(|b| bundle(b.clone(), None)).collect(),
     };
     let attempt = |selector_extra: Option<(&str, &str)>| -> Option<Context<'p>> {
         let items = items
             .iter()
-            .map(|(s, c, sel, a, l)| {
-                let mut sel = sel.clone();
+            .map(|item| {
+                let mut item = item.clone();
                 if let Some((k, v)) = selector_extra {
-                    sel.require.insert(k.to_string(), v.to_string());
+                    item.selector.require.insert(k.to_string(), v.to_string());
                 }
-                (s.clone(), *c, sel, *a, l.clone())
+                item
             })
             .collect();
         let (groups, counts) = group(items, &ctx.p.names);

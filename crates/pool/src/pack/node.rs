@@ -27,8 +27,10 @@ pub(super) struct SimNode {
     /// (a floor asks for capacity to exist, not to be free).
     pub free_floor: Shape,
     pub labels: Arc<Labels>,
-    /// Anti-affinity tags (STRICT_SPREAD gangs) of the bundles placed here.
+    /// The gangs (tags) with bundles here that anti-affinity or a per-node limit cares for.
     pub tags: Vec<u32>,
+    /// Units here, by per-node limit: (limit, count).
+    pub units: Vec<(u32, u32)>,
     pub placed: [u64; 2],
     /// Resource kinds (bitmask) of what was placed, by source.
     pub kinds: [u64; 2],
@@ -70,6 +72,7 @@ impl SimNode {
             free,
             labels,
             tags: Vec::new(),
+            units: Vec::new(),
             placed: [0; 2],
             kinds: [0; 2],
             gpu_asked: [false; 2],
@@ -103,7 +106,27 @@ impl SimNode {
             }
             n = n.min(1);
         }
+        if let Some(cap) = g.cap {
+            let room = u64::from(cap.max.saturating_sub(self.units_of(cap.limit)));
+            n = match cap.unit {
+                Some(unit) if self.tags.contains(&unit) => n,
+                Some(_) if room == 0 => 0,
+                Some(_) => n,
+                None => n.min(room),
+            };
+        }
         n
+    }
+
+    pub fn units_of(&self, limit: u32) -> u32 {
+        self.units.iter().find(|(l, _)| *l == limit).map_or(0, |(_, c)| *c)
+    }
+
+    pub fn add_units(&mut self, limit: u32, n: u32) {
+        match self.units.iter_mut().find(|(l, _)| *l == limit) {
+            Some((_, c)) => *c = c.saturating_add(n),
+            None => self.units.push((limit, n)),
+        }
     }
 
     pub fn place(&mut self, g: &Group, source: Source, n: u64) {
@@ -115,7 +138,17 @@ impl SimNode {
         self.placed[s] += n;
         self.kinds[s] |= g.kinds;
         self.gpu_asked[s] |= g.shape.get(GPU) > 0;
-        if let Some(tag) = g.anti {
+        if let Some(cap) = g.cap {
+            match cap.unit {
+                Some(unit) if self.tags.contains(&unit) => {}
+                Some(unit) => {
+                    self.tags.push(unit);
+                    self.add_units(cap.limit, 1);
+                }
+                None => self.add_units(cap.limit, u32::try_from(n).unwrap_or(u32::MAX)),
+            }
+        }
+        if let Some(tag) = g.anti.filter(|t| !self.tags.contains(t)) {
             self.tags.push(tag);
         }
     }

@@ -81,6 +81,18 @@ pub struct Request {
     pub shape: Shape,
     pub count: u64,
     pub selector: Selector,
+    /// Each bundle is a unit of the app `Problem::per_node[i]` limits.
+    pub per_node: Option<usize>,
+}
+
+/// An app's `spread.max_units_per_node`: at most `max` of its units on a node, which
+/// holds `units` of them already (by node id). The scheduler will not place past it, so
+/// the pool must not count on that room.
+#[derive(Debug, Clone, Default)]
+pub struct PerNode {
+    pub app: String,
+    pub max: u32,
+    pub units: BTreeMap<String, u32>,
 }
 
 /// Ray's placement group strategies.
@@ -105,6 +117,8 @@ pub struct Gang {
     pub selector: Selector,
     /// Every bundle on nodes sharing this label's value (a unit's one domain).
     pub same: Option<String>,
+    /// The gang is a unit of the app `Problem::per_node[i]` limits.
+    pub per_node: Option<usize>,
 }
 
 /// One packing problem.
@@ -120,6 +134,8 @@ pub struct Problem {
     /// cannot place; gangs name theirs in their id (`app/k`).
     pub request_apps: Vec<String>,
     pub gangs: Vec<Gang>,
+    /// The per-node limits requests and gangs refer to.
+    pub per_node: Vec<PerNode>,
     /// Capacity the pool must hold whatever the demand (`request_resources`).
     pub floor: Vec<Request>,
 }
@@ -196,6 +212,27 @@ pub(crate) enum Source {
     Floor = 1,
 }
 
+/// At most `max` units of `Problem::per_node[limit]` on a node. `unit` is the gang (tag)
+/// a bundle belongs to, whose bundles count once on a node; `None` when each request is
+/// a unit of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct Cap {
+    pub limit: u32,
+    pub max: u32,
+    pub unit: Option<u32>,
+}
+
+/// A request before merging: what [`Group`]s are made of.
+#[derive(Debug, Clone)]
+pub(crate) struct Item {
+    pub shape: Shape,
+    pub count: u64,
+    pub selector: Selector,
+    pub anti: Option<u32>,
+    pub cap: Option<Cap>,
+    pub label: String,
+}
+
 /// Identical requests of the pass, merged, in Ray's order.
 #[derive(Debug, Clone)]
 pub(crate) struct Group {
@@ -203,6 +240,7 @@ pub(crate) struct Group {
     pub selector: Arc<Selector>,
     /// STRICT_SPREAD: at most one bundle carrying this tag per node.
     pub anti: Option<u32>,
+    pub cap: Option<Cap>,
     pub kinds: u64,
     /// What the group stands for, for reports: (label, count) in input order.
     pub sources: Vec<(String, u64)>,

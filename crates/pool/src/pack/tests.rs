@@ -14,7 +14,7 @@ fn ty(name: &str, s: Shape, max: u32) -> NodeType {
 }
 
 fn req(s: Shape, count: u64) -> Request {
-    Request { shape: s, count, selector: Selector::default() }
+    Request { shape: s, count, selector: Selector::default(), per_node: None }
 }
 
 fn node(id: &str, t: &NodeType, available: Shape, idle_ms: u64) -> Node {
@@ -122,6 +122,7 @@ fn gangs_are_all_or_nothing_and_honour_their_strategy() {
         bundles: vec![shape(cpu, 1, 0); n],
         selector: Selector::default(),
         same: None,
+        per_node: None,
     };
     let p = Problem {
         node_types: vec![t.clone()],
@@ -182,6 +183,7 @@ fn a_units_members_share_one_domain() {
             bundles: vec![shape(3, 4, 0), shape(3, 4, 0)],
             selector: Selector::default(),
             same: Some("domain".into()),
+            per_node: None,
         }],
         ..Default::default()
     };
@@ -204,6 +206,7 @@ fn selectors_keep_requests_off_forbidden_nodes() {
             shape: shape(2, 2, 0),
             count: 1,
             selector: Selector { require: Labels::new(), forbid },
+            per_node: None,
         }],
         ..Default::default()
     };
@@ -330,6 +333,7 @@ fn reference(types: &[NodeType], requests: &[(Shape, u64)], names: &ResourceName
                 shape: s.clone(),
                 selector: Arc::new(Selector::default()),
                 anti: None,
+                cap: None,
                 kinds: s.kinds().fold(0, |m, i| m | (1 << i)),
                 sources: vec![],
             };
@@ -423,4 +427,42 @@ proptest::proptest! {
         let admitted = shape.admits(|k| labels.get(k).map(String::as_str), secondary).is_ok();
         proptest::prop_assert_eq!(Selector::for_unit(&shape, secondary).matches(&labels), admitted);
     }
+}
+
+/// A per-node limit caps units, not bundles: one-member units (plain requests) count
+/// one each, a gang's bundles on one node count once.
+#[test]
+fn a_per_node_limit_caps_the_units_on_each_node() {
+    let t = ty("cpu-8", shape(8, 32, 0), 10);
+    let limit = |units: &[(&str, u32)]| PerNode {
+        app: "a".into(),
+        max: 2,
+        units: units.iter().map(|(n, c)| (n.to_string(), *c)).collect(),
+    };
+    let p = Problem {
+        node_types: vec![t.clone()],
+        nodes: vec![node("full", &t, shape(8, 32, 0), 0)],
+        requests: vec![Request { per_node: Some(0), ..req(shape(1, 1, 0), 5) }],
+        per_node: vec![limit(&[("full", 2)])],
+        ..Default::default()
+    };
+    let out = plan(&p);
+    assert_eq!(launched(&out), vec![("cpu-8", 3)], "two a node, none on the full one");
+    assert!(out.needed.is_empty());
+
+    let pack = |id: &str| Gang {
+        id: id.into(),
+        strategy: Strategy::Pack,
+        bundles: vec![shape(1, 1, 0); 2],
+        selector: Selector::default(),
+        same: None,
+        per_node: Some(0),
+    };
+    let p = Problem {
+        node_types: vec![t.clone()],
+        gangs: (0..4).map(|i| pack(&format!("a/{i}"))).collect(),
+        per_node: vec![limit(&[])],
+        ..Default::default()
+    };
+    assert_eq!(launched(&plan(&p)), vec![("cpu-8", 2)], "a unit's two members count once");
 }
