@@ -112,6 +112,9 @@ pub async fn pool(a: ListArgs) -> anyhow::Result<()> {
         let s = |v: &Value, k: &str| v.get(k).and_then(Value::as_str).unwrap_or("-").to_string();
         let stale = if p["stale"].as_bool() == Some(true) { " (stale: its autoscaler stopped reporting)" } else { "" };
         println!("pool {} (provider {}){stale}", s(p, "pool"), s(p, "provider"));
+        if let Some(e) = p["store_failing"].as_str() {
+            println!("  its store takes no writes, so it launches nothing until a reopen succeeds: {e}");
+        }
         let mut types = crate::cli::table::Table::new(&["TYPE", ">MIN", ">MAX", "STATES"]);
         for t in p["node_types"].as_array().into_iter().flatten() {
             let name = s(t, "name");
@@ -225,11 +228,11 @@ const STORE_WAIT: Duration = Duration::from_secs(30);
 
 /// Opens the pool's store, retrying with back-off (100 ms doubling to 2 s) for up to
 /// `wait` while another process has it open.
-async fn open_store(path: &Path, wait: Duration) -> anyhow::Result<PoolStore> {
+async fn open_store(pool: &str, path: &Path, wait: Duration) -> anyhow::Result<PoolStore> {
     let deadline = tokio::time::Instant::now() + wait;
     let mut pause = Duration::from_millis(100);
     loop {
-        match PoolStore::open(path) {
+        match PoolStore::open(pool, path) {
             Err(StoreError::Locked { .. }) if tokio::time::Instant::now() < deadline => {
                 tracing::info!(path = %path.display(), retry_in = ?pause, "another process has the pool store open; waiting for it");
                 tokio::time::sleep(pause).await;
@@ -257,7 +260,7 @@ pub async fn autoscaler(
 ) -> anyhow::Result<Autoscaler> {
     let dir = data.join("pool");
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let store = open_store(&dir.join(format!("{}.redb", cfg.name)), STORE_WAIT).await?;
+    let store = open_store(&cfg.name, &dir.join(format!("{}.redb", cfg.name)), STORE_WAIT).await?;
     let cluster = Arc::new(HttpCluster::new(http, control, token));
     Ok(Autoscaler::new(cfg, provider, cluster, store)?)
 }
@@ -330,8 +333,8 @@ mod tests {
     async fn a_store_another_process_holds_is_waited_for_and_refused_with_why_past_the_wait() {
         let dir = flotilla_testkit::TempDir::new("pool-store-wait");
         let path = dir.path().join("p.redb");
-        let held = PoolStore::open(&path).unwrap();
-        let err = open_store(&path, Duration::from_millis(300)).await.err().unwrap();
+        let held = PoolStore::open("demo", &path).unwrap();
+        let err = open_store("demo", &path, Duration::from_millis(300)).await.err().unwrap();
         assert!(err.to_string().contains("another process has it open"), "{err}");
         assert!(err.to_string().contains("Stop it first"), "{err}");
         // The old autoscaler exits while the new one waits: the new one opens it.
@@ -339,7 +342,7 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(300)).await;
             drop(held);
         });
-        let store = open_store(&path, Duration::from_secs(20)).await;
+        let store = open_store("demo", &path, Duration::from_secs(20)).await;
         assert!(store.is_ok(), "{:?}", store.err());
         exits.await.unwrap();
     }

@@ -62,7 +62,8 @@ pub async fn overview(api: &Api) -> anyhow::Result<Value> {
             for i in p["instances"].as_array().into_iter().flatten() {
                 *by_state.entry(i["state"].as_str().unwrap_or("unknown").to_string()).or_default() += 1;
             }
-            json!({"pool": p["pool"], "provider": p["provider"], "stale": p["stale"], "instances": by_state})
+            json!({"pool": p["pool"], "provider": p["provider"], "stale": p["stale"], "instances": by_state,
+                   "store_failing": p["store_failing"]})
         })
         .collect();
     Ok(json!({
@@ -146,7 +147,8 @@ pub async fn status(a: ListArgs) -> anyhow::Result<()> {
                 p["instances"].as_object().into_iter().flatten().map(|(k, c)| format!("{c} {k}")).collect();
             let stale = if p["stale"] == true { " (stale)" } else { "" };
             let states = if states.is_empty() { "no instances".to_string() } else { states.join(", ") };
-            println!("  {} (provider {}){stale}: {states}", s(&p["pool"]), s(&p["provider"]));
+            let store = p["store_failing"].as_str().map(|e| format!(" (store failing: {e})")).unwrap_or_default();
+            println!("  {} (provider {}){stale}{store}: {states}", s(&p["pool"]), s(&p["provider"]));
         }
     }
     Ok(())

@@ -12,6 +12,7 @@ mod node;
 pub mod ports;
 pub mod quantity;
 mod rate;
+pub mod reopen;
 mod resources;
 mod secret;
 mod shard;

@@ -88,7 +88,7 @@ impl Autoscaler {
         cfg: PoolConfig,
         provider: Arc<dyn InstanceProvider>,
         cluster: Arc<dyn Cluster>,
-        store: PoolStore,
+        mut store: PoolStore,
     ) -> Result<Self, StoreError> {
         let seed = flotilla_core::now_ms() ^ u64::from(std::process::id()).rotate_left(32);
         let mut instances = Instances::new(cfg.node_types.iter().map(|t| t.name.clone()), seed);
@@ -205,14 +205,12 @@ impl Autoscaler {
 
         self.drain(&seen, now, &mut changes).await;
         self.terminate(&changes, now).await;
-        self.launch(now).await?;
-
-        let records: Vec<_> = self.instances.iter().cloned().collect();
-        self.store.save(&records)?;
-        let pruned = self.instances.prune(now, &t);
-        if !pruned.is_empty() {
-            self.store.remove(&pruned)?;
-        }
+        // A store that takes no writes stops launches (nothing is launched unrecorded),
+        // not the report: `flotilla pool` says why the pool stands still.
+        let persisted = match self.launch(now).await {
+            Ok(()) => self.persist(now),
+            Err(e) => Err(e),
+        };
         self.export_gauges();
         self.remember(record);
         while self.decisions.len() > DECISIONS_KEPT {
@@ -225,6 +223,18 @@ impl Autoscaler {
                 self.set_bounds(bounds);
             }
             Err(e) => tracing::warn!(error = %e, "reporting the pool to the control plane"),
+        }
+        Ok(persisted?)
+    }
+
+    /// Saves every record (so one the store refused earlier is written once it takes
+    /// writes again) and removes those pruned.
+    fn persist(&mut self, now: u64) -> Result<(), StoreError> {
+        let records: Vec<_> = self.instances.iter().cloned().collect();
+        self.store.save(&records)?;
+        let pruned = self.instances.prune(now, &self.cfg.timeouts);
+        if !pruned.is_empty() {
+            self.store.remove(&pruned)?;
         }
         Ok(())
     }
@@ -324,7 +334,7 @@ impl Autoscaler {
     /// QUEUED → REQUESTED within `max_concurrent_launches` and `upscaling_speed`. The
     /// record is persisted REQUESTED before the provider is called, so a crash between
     /// the two never launches twice: the next sync finds the instance listed by its id.
-    async fn launch(&mut self, now: u64) -> Result<(), PassError> {
+    async fn launch(&mut self, now: u64) -> Result<(), StoreError> {
         let ids = self.instances.to_launch(self.cfg.max_concurrent_launches as usize, self.cfg.upscaling_speed, now);
         if ids.is_empty() {
             return Ok(());
@@ -344,7 +354,12 @@ impl Autoscaler {
             });
         }
         let records: Vec<_> = specs.iter().filter_map(|s| self.instances.get(&s.id).cloned()).collect();
-        self.store.save(&records)?;
+        if let Err(e) = self.store.save(&records) {
+            for spec in &specs {
+                let _ = self.instances.launch_not_started(&spec.id, now, &e.to_string());
+            }
+            return Err(e);
+        }
         for spec in specs {
             tracing::info!(instance = %spec.id, node_type = %spec.node_type, "launching an instance");
             if let Err(e) = self.provider.launch(&spec).await {
@@ -394,6 +409,7 @@ impl Autoscaler {
             "by_type": by_type,
             "instances": instances,
             "decisions": self.decisions.iter().rev().map(|d| d.as_ref()).collect::<Vec<_>>(),
+            "store_failing": self.store.failing(),
         })
     }
 
@@ -501,7 +517,7 @@ mod tests {
     "#;
 
     fn scaler(dir: &std::path::Path, p: &Arc<FakeProvider>, c: &Arc<FakeCluster>) -> Autoscaler {
-        let store = PoolStore::open(dir.join("pool.redb")).unwrap();
+        let store = PoolStore::open("test", dir.join("pool.redb")).unwrap();
         Autoscaler::new(PoolConfig::parse(POOL).unwrap(), p.clone(), c.clone(), store).unwrap()
     }
 
@@ -592,6 +608,45 @@ mod tests {
         a.pass().await.unwrap();
         assert_eq!(a.report()["node_types"][0]["min"], 0);
         assert_eq!(a.report()["node_types"][0]["max"], 5);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Issue #34 item 7: while the store refuses writes the pool launches nothing (it
+    /// could not record the launch), says why in its report, and counts no launch
+    /// attempt; once the store takes writes again the same instances go out, once.
+    #[tokio::test]
+    async fn a_pool_whose_store_fails_launches_nothing_says_why_and_resumes() {
+        let dir = std::env::temp_dir().join(format!("flotilla-pool-flaky-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let provider = Arc::new(FakeProvider::default());
+        let member = Resources::new(1000, 1 << 30, 0);
+        let cluster = Arc::new(FakeCluster {
+            provider: provider.clone(),
+            apps: Mutex::new(vec![AppRow {
+                app: "echo".into(),
+                queued: Queued { primary: 3, secondary: 0 },
+                unit_shape: UnitShape { members: vec![member.clone(), member], ..Default::default() },
+            }]),
+            drains: Mutex::new(vec![]),
+            bounds: Mutex::new(BTreeMap::new()),
+        });
+        let (store, full) = crate::store::testing::flaky(&dir.join("pool.redb")).unwrap();
+        let mut a = Autoscaler::new(PoolConfig::parse(POOL).unwrap(), provider.clone(), cluster.clone(), store).unwrap();
+        full.store(true, std::sync::atomic::Ordering::SeqCst);
+        for _ in 0..2 {
+            assert!(matches!(a.pass().await, Err(PassError::Store(_))));
+        }
+        assert!(provider.launches.lock().unwrap().is_empty(), "nothing launched unrecorded");
+        let report = a.report();
+        assert!(report["store_failing"].as_str().is_some_and(|e| !e.is_empty()), "{report}");
+        assert_eq!(a.instances().iter().filter(|i| i.state == InstanceState::Queued).count(), 3, "{report}");
+        assert!(a.instances().iter().all(|i| i.launch_attempts == 0), "the store failed, not the provider");
+
+        full.store(false, std::sync::atomic::Ordering::SeqCst);
+        a.pass().await.unwrap();
+        assert_eq!(provider.launches.lock().unwrap().len(), 3, "the queued three, not three more");
+        assert!(a.report()["store_failing"].is_null());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -58,6 +58,22 @@ pub const PROVIDER_CALL_SECONDS: Family = Family::histogram(
     buckets::SECONDS,
 );
 
+pub const STORE_ERRORS: Family = Family::counter(
+    "flotilla_pool_store_errors_total",
+    "Failed operations of the pool's instance store (a load, a save, a remove, a reopen), by op.",
+    &["pool", "op"],
+);
+pub const STORE_REOPENS: Family = Family::counter(
+    "flotilla_pool_store_reopens_total",
+    "Times the pool closed and reopened its instance store after an operation failed (with back-off), by result.",
+    &["pool", "result"],
+);
+pub const STORE_HEALTHY: Family = Family::gauge(
+    "flotilla_pool_store_healthy",
+    "1 while the pool's instance store takes writes, 0 from a failed operation until a reopen succeeds.",
+    &["pool"],
+);
+
 /// Every family of the pool autoscaler.
 pub const FAMILIES: &[Family] = &[
     PASSES,
@@ -70,4 +86,7 @@ pub const FAMILIES: &[Family] = &[
     INSTANCE_TRANSITIONS,
     PROVIDER_CALLS,
     PROVIDER_CALL_SECONDS,
+    STORE_ERRORS,
+    STORE_REOPENS,
+    STORE_HEALTHY,
 ];

@@ -4,6 +4,7 @@
 
 use crate::catalogue as m;
 use flotilla_core::LockExt;
+use flotilla_core::reopen::{Reopening, Unavailable};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Mutex;
@@ -364,21 +365,7 @@ fn decision_key(app: &str, seq: u64) -> String {
 /// scheduler retries the failed pass) or refuse the request (`scale`, `apply`: 503).
 pub struct RedbStore {
     path: std::path::PathBuf,
-    inner: Mutex<Inner>,
-}
-
-struct Inner {
-    /// `None` once closed after a failure and not reopened yet.
-    db: Option<Database>,
-    failing: Option<Failing>,
-}
-
-/// Since when and why the store fails, and when it is reopened next.
-struct Failing {
-    error: String,
-    since_unix_ms: u64,
-    next_reopen: std::time::Instant,
-    backoff: flotilla_core::Backoff,
+    db: Mutex<Reopening<Database>>,
 }
 
 /// The first wait before a failed store is reopened, doubling up to [`REOPEN_MAX`]. Not
@@ -413,48 +400,35 @@ impl RedbStore {
     pub fn open(path: &Path) -> Result<Self, StoreError> {
         let db = open_db(path)?;
         metrics::gauge!(m::STORE_HEALTHY.name).set(1.0);
-        Ok(RedbStore { path: path.to_path_buf(), inner: Mutex::new(Inner { db: Some(db), failing: None }) })
+        Ok(RedbStore { path: path.to_path_buf(), db: Mutex::new(Reopening::new(db, REOPEN_FIRST, REOPEN_MAX)) })
     }
 
-    /// Notes a failure: the first one of a period is logged, later ones only counted.
-    fn fail(&self, inner: &mut Inner, op: &'static str, e: &StoreError) {
+    /// Notes a failure: the first one of a period is logged, every one counted.
+    fn fail(&self, db: &mut Reopening<Database>, op: &'static str, e: &StoreError) {
         metrics::counter!(m::STORE_ERRORS.name, "op" => op).increment(1);
         metrics::gauge!(m::STORE_HEALTHY.name).set(0.0);
-        let f = inner.failing.get_or_insert_with(|| {
+        if db.fail(e.0.clone()) {
             tracing::warn!(path = %self.path.display(), error = %e.0, "the store failed; reopening it with back-off until it takes writes again");
-            Failing {
-                error: String::new(),
-                since_unix_ms: flotilla_core::now_ms(),
-                next_reopen: std::time::Instant::now(),
-                backoff: flotilla_core::Backoff::new(REOPEN_FIRST, REOPEN_MAX),
-            }
-        });
-        f.error = e.0.clone();
-        f.next_reopen = std::time::Instant::now() + f.backoff.next_wait();
+        }
     }
 
-    /// While failing: closes and reopens the file once the back-off allows. Ok when the
-    /// store takes writes.
-    fn recover(&self, inner: &mut Inner) -> Result<(), StoreError> {
-        let Some(f) = &inner.failing else { return Ok(()) };
-        if std::time::Instant::now() < f.next_reopen {
-            return Err(StoreError(format!("unavailable since a write failed: {}", f.error)));
-        }
-        // redb refuses a second handle on one file: close first.
-        inner.db = None;
-        match open_db(&self.path) {
-            Ok(db) => {
-                metrics::counter!(m::STORE_REOPENS.name, "result" => "ok").increment(1);
-                metrics::gauge!(m::STORE_HEALTHY.name).set(1.0);
-                let since = inner.failing.take().map(|f| f.since_unix_ms).unwrap_or(0);
-                tracing::info!(path = %self.path.display(), failed_for_ms = flotilla_core::now_ms().saturating_sub(since), "the store was reopened and takes writes again");
-                inner.db = Some(db);
-                Ok(())
+    /// The database, reopened first while failing once the back-off allows.
+    fn healthy<'a>(&self, db: &'a mut Reopening<Database>) -> Result<&'a Database, StoreError> {
+        match db.get(|| open_db(&self.path)) {
+            Ok((d, reopened)) => {
+                if let Some(failed_for_ms) = reopened {
+                    metrics::counter!(m::STORE_REOPENS.name, "result" => "ok").increment(1);
+                    metrics::gauge!(m::STORE_HEALTHY.name).set(1.0);
+                    tracing::info!(path = %self.path.display(), failed_for_ms, "the store was reopened and takes writes again");
+                }
+                Ok(d)
             }
             Err(e) => {
-                metrics::counter!(m::STORE_REOPENS.name, "result" => "error").increment(1);
-                self.fail(inner, "reopen", &e);
-                Err(StoreError(format!("unavailable: reopening failed: {}", e.0)))
+                if let Unavailable::ReopenFailed(_) = e {
+                    metrics::counter!(m::STORE_REOPENS.name, "result" => "error").increment(1);
+                    metrics::counter!(m::STORE_ERRORS.name, "op" => "reopen").increment(1);
+                }
+                Err(StoreError(e.to_string()))
             }
         }
     }
@@ -500,14 +474,12 @@ fn prefix_range(app: &str) -> (String, String) {
 
 impl Store for RedbStore {
     fn failing(&self) -> Option<String> {
-        self.inner.lock_or_recover().failing.as_ref().map(|f| f.error.clone())
+        self.db.lock_or_recover().failing().map(str::to_string)
     }
 
     fn load(&self, app: &str) -> Result<Stored, StoreError> {
-        let mut inner = self.inner.lock_or_recover();
-        self.recover(&mut inner)?;
-        let db = inner.db.as_ref().ok_or_else(|| StoreError("unavailable: closed".into()))?;
-        let r = db.begin_read().map_err(err)?;
+        let mut db = self.db.lock_or_recover();
+        let r = self.healthy(&mut db)?.begin_read().map_err(err)?;
         let mut s = Stored::default();
         let (lo, hi) = prefix_range(app);
         let meta = r.open_table(META).map_err(err)?;
@@ -553,15 +525,14 @@ impl Store for RedbStore {
     }
 
     fn write(&self, app: &str, batch: &[Write]) -> Result<(), StoreError> {
-        let mut inner = self.inner.lock_or_recover();
-        self.recover(&mut inner)?;
+        let mut db = self.db.lock_or_recover();
+        let healthy = self.healthy(&mut db)?;
         if batch.is_empty() {
             return Ok(());
         }
-        let db = inner.db.as_ref().ok_or_else(|| StoreError("unavailable: closed".into()))?;
-        let r = write_batch(db, app, batch);
+        let r = write_batch(healthy, app, batch);
         if let Err(e) = &r {
-            self.fail(&mut inner, "write", e);
+            self.fail(&mut db, "write", e);
         }
         r
     }

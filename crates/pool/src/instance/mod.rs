@@ -510,6 +510,16 @@ impl Instances {
         Ok(change)
     }
 
+    /// The REQUESTED record could not be saved, so the provider was not called: QUEUED
+    /// again, the attempt not counted (the store failed, not the provider).
+    pub fn launch_not_started(&mut self, id: &str, now_ms: u64, why: &str) -> Result<Change, TransitionError> {
+        let change = self.move_to(id, Queued, now_ms, &format!("not launched: {why}"))?;
+        if let Some(i) = self.map.get_mut(id) {
+            i.launch_attempts = i.launch_attempts.saturating_sub(1);
+        }
+        Ok(change)
+    }
+
     /// The provider refused the launch: queue it again, or give up after
     /// `max_launch_attempts`. (A launch that may still land is harmless: the next sync
     /// matches it by id, or reports it as [`Change::Leaked`].)
