@@ -76,11 +76,14 @@ enum Cmd {
     Autoscaler(pool::AutoscalerArgs),
     /// The cluster at a glance: shards, nodes by status, apps by state, pending demand, pools.
     Status(cli::http::ListArgs),
-    /// Print a shell completion script (`flotilla completions bash > /etc/bash_completion.d/flotilla`).
+    /// Print a shell completion script (`flotilla completions bash > /etc/bash_completion.d/flotilla`);
+    /// it completes app and node names from the cluster at $FLOTILLA_ADDR.
     Completions { shell: clap_complete::Shell },
 }
 
 fn main() -> std::process::ExitCode {
+    // A shell asking for completions (`COMPLETE=bash flotilla -- …`): answer and exit.
+    clap_complete::CompleteEnv::with_factory(Cli::command).var(cli::complete::VAR).complete();
     let cli = Cli::parse_from(flotilla_obs::args());
     let log_format = cli.log.format();
     flotilla_obs::init_tracing(log_format);
@@ -91,10 +94,7 @@ fn main() -> std::process::ExitCode {
         Cmd::JoinToken(a) => secrets::join_token(a),
         Cmd::Sim(a) => sim::run(a),
         Cmd::Autoscale(a) => pool::autoscale(a),
-        Cmd::Completions { shell } => {
-            clap_complete::generate(shell, &mut Cli::command(), "flotilla", &mut std::io::stdout());
-            Ok(())
-        }
+        Cmd::Completions { shell } => cli::complete::script(shell, &mut std::io::stdout()),
         other => {
             tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(anyhow::Error::from).and_then(
                 |rt| {

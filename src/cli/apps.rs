@@ -10,6 +10,7 @@ use super::table::Table;
 #[derive(Debug, Args)]
 pub struct AppArgs {
     /// The app.
+    #[arg(add = clap_complete::engine::ArgValueCandidates::new(super::complete::apps))]
     pub app: String,
     #[command(flatten)]
     pub list: ListArgs,

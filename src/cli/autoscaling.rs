@@ -91,6 +91,7 @@ pub async fn policy(a: PolicyArgs) -> anyhow::Result<()> {
 #[derive(Debug, Args)]
 pub struct DemandArgs {
     /// The app.
+    #[arg(add = clap_complete::engine::ArgValueCandidates::new(super::complete::apps))]
     pub app: String,
     /// CPU of one request, as in a spec (`500m`, `2`). With neither --cpu nor --memory,
     /// the command shows the demand that stands.

@@ -5,6 +5,7 @@
 pub mod apply;
 pub mod apps;
 pub mod autoscaling;
+pub mod complete;
 pub mod http;
 pub mod nodes;
 pub mod progress;

@@ -95,18 +95,27 @@ pub struct NodeArgs {
     pub json: bool,
 }
 
+use clap_complete::engine::ArgValueCandidates;
+
 #[derive(Debug, clap::Subcommand)]
 pub enum NodeAction {
     /// No new placements on NODE; what runs there stays.
-    Cordon { node: String },
+    Cordon {
+        #[arg(add = ArgValueCandidates::new(super::complete::nodes))]
+        node: String,
+    },
     /// Cordon NODE, replace the members it runs elsewhere first, then stop them.
     Drain {
+        #[arg(add = ArgValueCandidates::new(super::complete::nodes))]
         node: String,
         #[command(flatten)]
         wait: WaitArgs,
     },
     /// Allow placements on NODE again (ends a drain too).
-    Uncordon { node: String },
+    Uncordon {
+        #[arg(add = ArgValueCandidates::new(super::complete::nodes))]
+        node: String,
+    },
 }
 
 pub async fn node(a: NodeArgs) -> anyhow::Result<()> {

@@ -11,6 +11,7 @@ use super::wait::{WaitArgs, wait_until};
 #[command(group(clap::ArgGroup::new("size").required(true).args(["units", "min", "auto"])))]
 pub struct ScaleArgs {
     /// The app.
+    #[arg(add = clap_complete::engine::ArgValueCandidates::new(super::complete::apps))]
     pub app: String,
     /// The desired number of units (on an autoscaled app: its floor and ceiling).
     #[arg(long)]

@@ -10,6 +10,7 @@ a second `up --autoscale`), opens the page and checks, without ever reloading it
 - a wrong token is refused with the server's message and nothing changes;
 - a spec with an error shows the error and the app keeps its old spec;
 - a drain from the page moves the units off the node;
+- a node under a preemption notice shows `preempting`;
 - the pools page shows a pool's instances, and after a control-plane restart on the same
   address the page reconnects by itself.
 
@@ -221,6 +222,17 @@ def main():
                 on = [m for u in us for m in u["members"] if m["node_id"] == busy]
                 return len(us) == 3 and not on
             wait_until("the drained node's units to move", moved, timeout=60)
+
+            # A cloud's preemption notice on a live node: the nodes list and the node's
+            # page say `preempting` while it is still alive.
+            noticed = next(n for n in ("node-1", "node-2", "node-3") if n != busy)
+            open(os.path.join(up.data, "agents", noticed, "preemption-notice"), "w").close()
+            page.goto(up.url + "/#/nodes")
+            row = page.locator(f"[data-testid=node-row][data-node={noticed}]")
+            expect(row).to_contain_text("preempting", timeout=15000)
+            expect(row).to_have_attribute("data-status", "alive")
+            page.goto(up.url + f"/#/nodes/{noticed}")
+            expect(page.get_by_test_id("node-preempting")).to_be_visible(timeout=10000)
             assert not errors, f"errors in the page: {errors}"
             browser.close()
         up.stop()

@@ -117,6 +117,30 @@ fn nodes_show_cordons_drains_allocation_and_long_names_in_aligned_columns() {
 
     let out = json(&run_ok(up.cli().args(["node", "uncordon", "node-2", "--json"])));
     assert_eq!(out["drain_requested"], false);
+
+    // TAB completes node and app names from the cluster (issue #34 item 6).
+    let offered = complete(&mut up.cli(), &["node", "drain", ""]);
+    for n in ["node-1", "node-2", LONG] {
+        assert!(offered.iter().any(|o| o == n), "node drain offers {n}: {offered:?}");
+    }
+    assert_eq!(complete(&mut up.cli(), &["node", "cordon", "ip-10"]), vec![LONG.to_string()]);
+    assert!(complete(&mut up.cli(), &["scale", ""]).contains(&"echo".to_string()));
+    assert_eq!(complete(&mut up.cli(), &["units", "ec"]), vec!["echo".to_string()]);
+}
+
+/// What TAB offers for the last of `words` (empty: a new word), asked as the script
+/// `completions bash` prints asks: one candidate a line.
+fn complete(cmd: &mut std::process::Command, words: &[&str]) -> Vec<String> {
+    let out = cmd
+        .env("COMPLETE", "bash")
+        .env("_CLAP_COMPLETE_INDEX", words.len().to_string())
+        .arg("--")
+        .arg("flotilla")
+        .args(words)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8_lossy(&out.stdout).lines().map(str::to_string).collect()
 }
 
 #[test]
@@ -233,14 +257,20 @@ fn every_process_logs_json_when_asked() {
 
 #[test]
 fn completions_and_join_token_json_need_no_cluster() {
+    // Each shell's script asks the binary for candidates at each TAB.
     for shell in ["bash", "zsh", "fish", "elvish", "powershell"] {
         let script = run_ok(flotilla().args(["completions", shell]));
-        for sub in ["nodes", "scale", "status", "completions"] {
-            assert!(script.contains(sub), "{shell} completions mention {sub}");
-        }
-        assert!(!script.contains("--log-json"), "{shell}: the old spelling is not offered");
+        assert!(script.contains("COMPLETE") && script.contains("flotilla"), "{shell}: {script}");
     }
-    assert!(run_ok(flotilla().args(["completions", "bash"])).contains("--wait"));
+    let subcommands = complete(&mut flotilla(), &[""]);
+    for sub in ["nodes", "scale", "status", "completions"] {
+        assert!(subcommands.iter().any(|s| s == sub), "completions offer {sub}: {subcommands:?}");
+    }
+    assert_eq!(complete(&mut flotilla(), &["--log"]), vec!["--log-format".to_string()], "not the old --log-json");
+    assert_eq!(complete(&mut flotilla(), &["scale", "--wa"]), vec!["--wait".to_string()]);
+    // No cluster answers: no names, at once, and no error on the terminal.
+    let none = complete(flotilla().env("FLOTILLA_ADDR", "http://127.0.0.1:9"), &["scale", "e"]);
+    assert!(none.is_empty(), "{none:?}");
     // Outside the repository the demo pool is built in: the autoscaler gets as far as
     // the control plane (none here), not stopped by a relative examples/pool.toml.
     let out = flotilla()

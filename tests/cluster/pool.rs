@@ -190,13 +190,21 @@ fn up_autoscale_grows_the_pool_for_pending_units_and_shrinks_it_when_idle() {
     });
     assert!(!instances_in(&p, "running").contains(&victim));
 
-    // Scaled back, the idle nodes are drained and terminated after their idle timeout;
-    // the min node and the one still running a unit stay.
+    // Scaled back, the unit that stays is one on a node the pool keeps anyway (small-a
+    // has a min; small-b does not), so every other node goes idle and is drained and
+    // terminated after its idle timeout: the pool shrinks to the one node it keeps
+    // (issue #34 item 4; before, the unit could stay on a small-b node beside an idle
+    // min node, and the pool stayed at two).
     run_ok(up.cli().args(["scale", "echo", "--units", "1"]));
-    let p = wait_for("idle nodes terminated", Duration::from_secs(120), || {
+    let p = wait_for("the pool back at its one kept node", Duration::from_secs(120), || {
         let p = pool(&up)?;
-        (instances_in(&p, "running").len() <= 2 && instances_in(&p, "terminated").len() >= 2).then_some(p)
+        (instances_in(&p, "running").len() == 1 && instances_in(&p, "terminated").len() >= 2).then_some(p)
     });
+    let kept = instances_in(&p, "running").pop().unwrap();
+    assert!(kept.starts_with("pool-small-a-"), "{p}");
+    let unit = up.units("echo").into_iter().find(|u| u["state"] == "running").expect("the running unit");
+    let on: Vec<&str> = unit["members"].as_array().unwrap().iter().filter_map(|m| m["node_id"].as_str()).collect();
+    assert!(on.iter().all(|n| *n == kept), "the unit sits on the kept node {kept}: {unit}");
     let idle =
         p["decisions"].as_array().unwrap().iter().flat_map(|d| d["terminate"].as_array().cloned().unwrap_or_default());
     assert!(idle.into_iter().any(|t| t["cause"] == "idle"), "{p}");

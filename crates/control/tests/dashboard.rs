@@ -254,7 +254,7 @@ async fn the_event_stream_sends_a_snapshot_then_what_changed() {
         snap.iter().filter(|(e, _)| e == "nodes").flat_map(|(_, d)| d["rows"].as_array().unwrap()).collect();
     assert_eq!(rows.len(), 5);
     let n2 = rows.iter().find(|r| r[0] == "n2").unwrap();
-    assert_eq!(**n2, json!(["n2", "alive", 0, "a", "low", 1.0, 4000, 0, 8u64 << 30, 0, 0, 0, false, false, 1]));
+    assert_eq!(**n2, json!(["n2", "alive", 0, "a", "low", 1.0, 4000, 0, 8u64 << 30, 0, 0, 0, false, false, 1, false]));
     let fed = &snap.iter().find(|(e, _)| e == "federation").expect("a federation summary").1;
     assert_eq!(fed["domains"][0]["nodes"], json!({"alive": 3}));
     assert_eq!(fed["shards"][1]["address"], "s1:1");

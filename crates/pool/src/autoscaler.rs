@@ -632,7 +632,8 @@ mod tests {
             bounds: Mutex::new(BTreeMap::new()),
         });
         let (store, full) = crate::store::testing::flaky(&dir.join("pool.redb")).unwrap();
-        let mut a = Autoscaler::new(PoolConfig::parse(POOL).unwrap(), provider.clone(), cluster.clone(), store).unwrap();
+        let mut a =
+            Autoscaler::new(PoolConfig::parse(POOL).unwrap(), provider.clone(), cluster.clone(), store).unwrap();
         full.store(true, std::sync::atomic::Ordering::SeqCst);
         for _ in 0..2 {
             assert!(matches!(a.pass().await, Err(PassError::Store(_))));

@@ -38,12 +38,13 @@ pub fn frame(event: &'static str, data: &impl Serialize) -> Frame {
 
 /// The compact node row of the stream: `[node_id, status, shard, domain, priority,
 /// health_score, cpu_cap_millis, cpu_alloc_millis, mem_cap_bytes, mem_alloc_bytes,
-/// gpu_cap, gpu_alloc, cordoned, drain_requested, incarnation]`.
+/// gpu_cap, gpu_alloc, cordoned, drain_requested, incarnation, preempting]`; preempting
+/// is the cloud's preemption notice (the node goes soon; its units are being replaced).
 #[allow(clippy::type_complexity)]
 pub fn compact_row(
     r: &NodeRecord,
     connected: bool,
-) -> (&str, &'static str, u32, &str, &str, f32, u64, u64, u64, u64, u32, u32, bool, bool, u64) {
+) -> (&str, &'static str, u32, &str, &str, f32, u64, u64, u64, u64, u32, u32, bool, bool, u64, bool) {
     (
         r.node_id.as_str(),
         status_of(r, connected).as_str(),
@@ -60,6 +61,7 @@ pub fn compact_row(
         r.cordoned,
         r.drain_requested,
         r.incarnation.0,
+        r.health.preemption_notice(),
     )
 }
 
@@ -427,8 +429,31 @@ mod tests {
         let row = serde_json::to_value(compact_row(&n, true)).unwrap();
         assert_eq!(
             row,
-            json!(["a", "alive", 0, "x", "high", 1.0, 4000, 1000, 8u64 << 30, 1u64 << 30, 1, 0, false, false, 1])
+            json!([
+                "a",
+                "alive",
+                0,
+                "x",
+                "high",
+                1.0,
+                4000,
+                1000,
+                8u64 << 30,
+                1u64 << 30,
+                1,
+                0,
+                false,
+                false,
+                1,
+                false
+            ])
         );
+        // A node its cloud gave notice is `preempting` (issue #34 item 6), alive still.
+        let mut noticed = node("b", "x", 1000);
+        Arc::make_mut(&mut noticed).health =
+            flotilla_core::HealthSample { preemption_notice: true, ..Default::default() }.into();
+        let row = serde_json::to_value(compact_row(&noticed, true)).unwrap();
+        assert_eq!((&row[1], &row[15]), (&json!("alive"), &json!(true)));
         let rows: Vec<_> = (0..SNAPSHOT_CHUNK + 1).map(|i| (node(&format!("n{i}"), "x", 1000), true)).collect();
         let frames = node_frames(&rows, vec!["gone"]);
         assert_eq!(frames.len(), 2);

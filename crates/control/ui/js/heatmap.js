@@ -217,7 +217,7 @@ export class Heatmap {
     const row = id !== null ? state.nodes.get(id) : null;
     if (!row) { this.tip.hidden = true; this.canvas.style.cursor = ''; return; }
     this.canvas.style.cursor = 'pointer';
-    const flags = [row[N.CORDONED] ? 'cordoned' : '', row[N.DRAIN] ? 'drain requested' : ''].filter(Boolean).join(', ');
+    const flags = [row[N.PREEMPTING] ? 'preempting' : '', row[N.CORDONED] ? 'cordoned' : '', row[N.DRAIN] ? 'drain requested' : ''].filter(Boolean).join(', ');
     this.tip.replaceChildren(
       h('div', { class: 'tip-id', text: id }),
       h('div', { text: `${row[N.STATUS]}${flags ? ' · ' + flags : ''}` }),

@@ -20,7 +20,7 @@ const COLUMNS = [
   { key: 'cpu', label: 'CPU alloc / cap', cls: 'c-cpu r', get: (r) => (r[N.CPU_CAP] ? r[N.CPU_ALLOC] / r[N.CPU_CAP] : 0) },
   { key: 'mem', label: 'memory alloc / cap', cls: 'c-mem r', get: (r) => (r[N.MEM_CAP] ? r[N.MEM_ALLOC] / r[N.MEM_CAP] : 0) },
   { key: 'gpu', label: 'GPU', cls: 'c-gpu r', get: (r) => r[N.GPU_CAP] || 0 },
-  { key: 'flags', label: 'flags', cls: 'c-flags', get: (r) => (r[N.CORDONED] ? 2 : 0) + (r[N.DRAIN] ? 1 : 0) },
+  { key: 'flags', label: 'flags', cls: 'c-flags', get: (r) => (r[N.PREEMPTING] ? 4 : 0) + (r[N.CORDONED] ? 2 : 0) + (r[N.DRAIN] ? 1 : 0) },
 ];
 
 const cmp = (a, b) => (a < b ? -1 : a > b ? 1 : 0);
@@ -322,7 +322,7 @@ function fillRow(c, r) {
   c.cpu.textContent = `${num(r[N.CPU_ALLOC] / 1000, 1)} / ${num(r[N.CPU_CAP] / 1000, 1)} cores`;
   c.mem.textContent = `${num(r[N.MEM_ALLOC] / 1024 ** 3, 1)} / ${num(r[N.MEM_CAP] / 1024 ** 3, 1)} GiB`;
   c.gpu.textContent = r[N.GPU_CAP] ? `${r[N.GPU_ALLOC]} / ${r[N.GPU_CAP]}` : '–';
-  c.flags.textContent = [r[N.CORDONED] ? 'cordoned' : null, r[N.DRAIN] ? 'drain requested' : null].filter(Boolean).join(' · ');
+  c.flags.textContent = [r[N.PREEMPTING] ? 'preempting' : null, r[N.CORDONED] ? 'cordoned' : null, r[N.DRAIN] ? 'drain requested' : null].filter(Boolean).join(' · ');
 }
 
 // ---- one node ----------------------------------------------------------------------------------
@@ -388,6 +388,7 @@ export function nodePage(id) {
       h('span', { class: `pill big s-${r[N.STATUS]}`, 'data-testid': 'node-status', text: r[N.STATUS] }),
       r[N.CORDONED] ? h('span', { class: 'tag', text: 'cordoned' }) : null,
       r[N.DRAIN] ? h('span', { class: 'tag', text: 'drain requested' }) : null,
+      r[N.PREEMPTING] ? h('span', { class: 'tag', 'data-testid': 'node-preempting', text: 'preempting' }) : null,
       h('span', { class: 'muted', text: `${r[N.DOMAIN]} · priority ${r[N.PRIORITY]} · shard ${r[N.SHARD]} · incarnation ${r[N.INCARNATION]}` }),
       h('span', { class: 'health-badge', style: { background: healthCss(health) }, text: `health ${num(health, 2)}` }));
     const line = (label, used, cap, fmt) => h('tr', {},

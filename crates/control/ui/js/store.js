@@ -8,7 +8,7 @@
 export const N = Object.freeze({
   ID: 0, STATUS: 1, SHARD: 2, DOMAIN: 3, PRIORITY: 4, HEALTH: 5,
   CPU_CAP: 6, CPU_ALLOC: 7, MEM_CAP: 8, MEM_ALLOC: 9, GPU_CAP: 10, GPU_ALLOC: 11,
-  CORDONED: 12, DRAIN: 13, INCARNATION: 14,
+  CORDONED: 12, DRAIN: 13, INCARNATION: 14, PREEMPTING: 15,
 });
 
 /** How many health samples each node keeps for its sparkline, and capacity points per app. */
