@@ -22,10 +22,11 @@ pub struct UnitShape {
     /// `spread.max_units_per_domain`: at most this many of the app's units in a domain.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_units_per_domain: Option<u32>,
-    /// The domains that hold `max_units_per_domain` of the app's units already: no new
-    /// unit goes there.
-    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
-    pub full_domains: BTreeSet<String>,
+    /// With `max_units_per_domain`, how many of the app's units each domain holds: a
+    /// domain at the max takes no new unit, and the pool must not count on more room in
+    /// one than it has left.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub units_per_domain: BTreeMap<String, u32>,
     /// `spread.max_units_per_node`: at most this many of the app's units on a node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_units_per_node: Option<u32>,
@@ -113,10 +114,21 @@ impl UnitShape {
     /// domain's room under `max_units_per_domain`.
     pub fn admits<'a>(&self, label: impl Fn(&str) -> Option<&'a str>, secondary: bool) -> Result<(), Refusal> {
         node_admits(&self.labels, self.allow_low_priority || secondary, &label)?;
-        if self.full_domains.contains(label("domain").unwrap_or(DEFAULT_DOMAIN)) {
+        if self.domain_room(label("domain").unwrap_or(DEFAULT_DOMAIN)) == Some(0) {
             return Err(Refusal::DomainFull);
         }
         Ok(())
+    }
+
+    /// How many more of the app's units `domain` may take (`None`: no limit).
+    pub fn domain_room(&self, domain: &str) -> Option<u32> {
+        let max = self.max_units_per_domain?;
+        Some(max.saturating_sub(self.units_per_domain.get(domain).copied().unwrap_or(0)))
+    }
+
+    /// The domains that hold `max_units_per_domain` of the app's units already.
+    pub fn full_domains(&self) -> BTreeSet<String> {
+        self.units_per_domain.keys().filter(|d| self.domain_room(d) == Some(0)).cloned().collect()
     }
 }
 
@@ -128,7 +140,7 @@ mod tests {
     fn a_node_is_admitted_by_labels_priority_and_its_domains_room() {
         let shape = UnitShape {
             labels: [("zone".to_string(), "z1".to_string())].into(),
-            full_domains: ["domain-a".to_string()].into(),
+            units_per_domain: [("domain-a".to_string(), 2), ("domain-b".to_string(), 1)].into(),
             max_units_per_domain: Some(2),
             ..Default::default()
         };
@@ -142,6 +154,8 @@ mod tests {
         assert_eq!(shape.admits(low, true), Ok(()), "a secondary unit may");
         let full = node(&[("zone", "z1"), ("domain", "domain-a")]);
         assert_eq!(shape.admits(full, true), Err(Refusal::DomainFull));
+        assert_eq!((shape.domain_room("domain-b"), shape.domain_room("domain-c")), (Some(1), Some(2)));
+        assert_eq!(shape.full_domains(), ["domain-a".to_string()].into());
         // Per node: a node at the limit takes only members of units it already holds.
         assert_eq!(node_has_room(2, Some(2), false), Err(Refusal::NodeFull));
         assert_eq!(node_has_room(2, Some(2), true), Ok(()));

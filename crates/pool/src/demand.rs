@@ -294,7 +294,15 @@ impl DemandFile {
                 .map(|(j, b)| shape(&format!("{path}.bundles[{j}]"), b, &mut names))
                 .collect::<Result<_, _>>()?;
             let id = if g.id.is_empty() { format!("#{i}") } else { g.id.clone() };
-            gangs.push(Gang { id, strategy, bundles, selector: Selector::default(), same: None, per_node: None });
+            gangs.push(Gang {
+                id,
+                strategy,
+                bundles,
+                selector: Selector::default(),
+                same: None,
+                per_node: None,
+                per_domain: None,
+            });
         }
         let problem = Problem {
             names,
@@ -305,6 +313,7 @@ impl DemandFile {
             request_apps: Vec::new(),
             gangs,
             per_node: Vec::new(),
+            per_domain: Vec::new(),
             floor,
         };
         Ok(DemandFile { problem })

@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 
 use crate::config::PoolConfig;
 use crate::model::{NodeRow, Observation, Phase, PoolInstance};
-use crate::pack::{self, Cause, Gang, Labels, Node, PerNode, Plan, Problem, Request, Selector, Strategy, Termination};
+use crate::pack::{self, Cause, Gang, Labels, Limit, Node, Plan, Problem, Request, Selector, Strategy, Termination};
 use crate::policy::{PolicyState, Sizing, size};
 use crate::shape::{ResourceNames, Shape};
 
@@ -81,25 +81,29 @@ pub fn problem(cfg: &PoolConfig, obs: &Observation) -> Problem {
     let mut requests = Vec::new();
     let mut request_apps = Vec::new();
     let mut gangs = Vec::new();
-    let mut per_node = Vec::new();
+    let (mut per_node, mut per_domain) = (Vec::new(), Vec::new());
     for a in obs.apps {
         let s = &a.unit_shape;
-        if s.members.is_empty() {
+        if s.members.is_empty() || a.queued.primary + a.queued.secondary == 0 {
             continue;
         }
         let bundles: Vec<Shape> = s.members.iter().map(|m| shape(m, &mut names)).collect();
-        let limit = s.max_units_per_node.filter(|_| a.queued.primary + a.queued.secondary > 0).map(|max| {
-            per_node.push(PerNode { app: a.app.clone(), max, units: s.units_per_node.clone() });
-            per_node.len() - 1
-        });
+        let limit = |limits: &mut Vec<Limit>, max: Option<u32>, units: &BTreeMap<String, u32>| {
+            max.map(|max| {
+                limits.push(Limit { app: a.app.clone(), max, units: units.clone() });
+                limits.len() - 1
+            })
+        };
+        let node_limit = limit(&mut per_node, s.max_units_per_node, &s.units_per_node);
+        let domain_limit = limit(&mut per_domain, s.max_units_per_domain, &s.units_per_domain);
         for (secondary, count) in [(false, a.queued.primary), (true, a.queued.secondary)] {
             if count == 0 {
                 continue;
             }
             let selector = Selector::for_unit(s, secondary);
-            if let [one] = bundles.as_slice() {
-                // A one-member unit has no domain to share: a plain request.
-                requests.push(Request { shape: one.clone(), count: u64::from(count), selector, per_node: limit });
+            if let ([one], None) = (bundles.as_slice(), domain_limit) {
+                // A one-member unit with no domain limit to count against: a plain request.
+                requests.push(Request { shape: one.clone(), count: u64::from(count), selector, per_node: node_limit });
                 request_apps.push(a.app.clone());
                 continue;
             }
@@ -110,7 +114,8 @@ pub fn problem(cfg: &PoolConfig, obs: &Observation) -> Problem {
                     bundles: bundles.clone(),
                     selector: selector.clone(),
                     same: Some("domain".into()),
-                    per_node: limit,
+                    per_node: node_limit,
+                    per_domain: domain_limit,
                 });
             }
         }
@@ -126,7 +131,18 @@ pub fn problem(cfg: &PoolConfig, obs: &Observation) -> Problem {
             per_node: None,
         })
         .collect();
-    Problem { names, node_types, max_nodes: cfg.max_nodes, nodes, requests, request_apps, gangs, per_node, floor }
+    Problem {
+        names,
+        node_types,
+        max_nodes: cfg.max_nodes,
+        nodes,
+        requests,
+        request_apps,
+        gangs,
+        per_node,
+        per_domain,
+        floor,
+    }
 }
 
 /// The pass's decision record: the demand, the packing result and why each launch or
@@ -343,7 +359,7 @@ mod tests {
             vec![PoolInstance { id: "pool-small-a-1".into(), node_type: "small-a".into(), phase: Phase::Running }];
         let mut app = echo(1, 0);
         app.unit_shape.max_units_per_domain = Some(2);
-        app.unit_shape.full_domains = ["domain-a".to_string()].into();
+        app.unit_shape.units_per_domain = [("domain-a".to_string(), 2)].into();
         let apps = vec![app];
         let obs = Observation {
             nodes: &nodes,
@@ -399,5 +415,34 @@ mod tests {
         let (plan, record) = decide(&cfg, &obs, &mut PolicyState::default());
         assert_eq!(plan.launch.get("big"), Some(&1), "{record}");
         assert_eq!(plan.needed, vec!["pool-big-1".to_string()], "{record}");
+    }
+
+    /// One-member units count against `max_units_per_domain` as well: two of them fit
+    /// the idle node in domain-a, but one domain takes one, so the pool launches in
+    /// domain-b for the other.
+    #[test]
+    fn one_member_units_spread_over_domains_as_their_limit_says() {
+        let pool = format!(
+            "{POOL}\n[node_types.small-b]\ncpu = 1\nmemory = \"1Gi\"\nlabels = {{ domain = \"domain-b\", priority = \"high\" }}\nmax = 4\n"
+        );
+        let cfg = PoolConfig::parse(&pool).unwrap();
+        let nodes = vec![row("pool-small-a-1", &[("domain", "domain-a"), ("priority", "high")], 0)];
+        let instances =
+            vec![PoolInstance { id: "pool-small-a-1".into(), node_type: "small-a".into(), phase: Phase::Running }];
+        let mut app = echo(2, 0);
+        app.unit_shape.members.truncate(1);
+        app.unit_shape.max_units_per_domain = Some(1);
+        let apps = vec![app];
+        let obs = Observation {
+            nodes: &nodes,
+            apps: &apps,
+            instances: &instances,
+            floor: &Constraints::default(),
+            idle: &IdleClock::default(),
+            now_ms: 0,
+        };
+        let (plan, record) = decide(&cfg, &obs, &mut PolicyState::default());
+        assert_eq!(plan.launch.get("small-b"), Some(&1), "{record}");
+        assert_eq!(plan.needed, vec!["pool-small-a-1".to_string()], "{record}");
     }
 }

@@ -487,7 +487,7 @@ impl AppSpec {
             labels: self.constraints.labels.clone(),
             allow_low_priority: self.constraints.allow_low_priority,
             max_units_per_domain: self.spread.max_units_per_domain,
-            full_domains: Default::default(),
+            units_per_domain: Default::default(),
             max_units_per_node: self.spread.max_units_per_node,
             units_per_node: Default::default(),
             spread_members: self.spread.members == Some(MemberSpread::Spread),

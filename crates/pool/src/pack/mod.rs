@@ -28,7 +28,7 @@ use std::sync::Arc;
 use node::{Origin, SimNode};
 use problem::{Cap, Group, Item, Source};
 pub use problem::{
-    Cause, Gang, Infeasible, Labels, Node, NodeType, PerNode, Plan, Problem, Request, Selector, Strategy, Termination,
+    Cause, Gang, Infeasible, Labels, Limit, Node, NodeType, Plan, Problem, Request, Selector, Strategy, Termination,
 };
 
 use crate::shape::{ResourceNames, Shape};
@@ -322,9 +322,20 @@ pub fn plan(p: &Problem) -> Plan {
         _ => 0,
     };
     gangs.sort_by(|a, b| constraints(b).cmp(&constraints(a)).then(b.bundles.len().cmp(&a.bundles.len())));
+    // Units of each per-domain limit in each domain, counting those this pass places.
+    let mut in_domain: Vec<BTreeMap<String, u32>> = p.per_domain.iter().map(|l| l.units.clone()).collect();
     for (tag, gang) in gangs.into_iter().enumerate() {
-        match place_gang(&ctx, gang, tag as u32) {
-            Ok(next) => {
+        let limit = gang.per_domain.and_then(|l| Some((l, p.per_domain.get(l)?.max)));
+        let full = |domain: &str| {
+            limit.is_some_and(|(l, max)| in_domain.get(l).and_then(|m| m.get(domain)).copied().unwrap_or(0) >= max)
+        };
+        match place_gang(&ctx, gang, tag as u32, &full) {
+            Ok((next, domain)) => {
+                if let (Some((l, _)), Some(d)) = (limit, domain)
+                    && let Some(m) = in_domain.get_mut(l)
+                {
+                    *m.entry(d).or_default() += 1;
+                }
                 out.note_new(&ctx, &next, &format!("gang {}", gang.id));
                 ctx = next;
             }
@@ -426,10 +437,17 @@ fn cap_of(p: &Problem, limit: Option<usize>, unit: Option<u32>) -> Option<Cap> {
     Some(Cap { limit: l as u32, max: p.per_node.get(l)?.max, unit })
 }
 
-/// A gang on a copy of the context, or why it cannot be placed.
-fn place_gang<'p>(ctx: &Context<'p>, gang: &Gang, tag: u32) -> Result<Context<'p>, String> {
+/// A gang on a copy of the context, with the value of its `same` label it went to, or
+/// why it cannot be placed. It goes to no value `full` says is full (a domain at the
+/// app's `max_units_per_domain`, this pass's units counted).
+fn place_gang<'p>(
+    ctx: &Context<'p>,
+    gang: &Gang,
+    tag: u32,
+    full: &dyn Fn(&str) -> bool,
+) -> Result<(Context<'p>, Option<String>), String> {
     if gang.bundles.is_empty() {
-        return Ok(ctx.clone());
+        return Ok((ctx.clone(), None));
     }
     let bundle = |shape: Shape, anti: Option<u32>| Item {
         shape,
@@ -467,7 +485,7 @@ fn place_gang<'p>(ctx: &Context<'p>, gang: &Gang, tag: u32) -> Result<Context<'p
         left.iter().all(|l| *l == 0).then_some(trial)
     };
     let Some(key) = &gang.same else {
-        return attempt(None).ok_or_else(|| gang_infeasible(ctx, gang));
+        return attempt(None).map(|c| (c, None)).ok_or_else(|| gang_infeasible(ctx, gang, false));
     };
     // Every value the label takes, on nodes and node types: the cheapest domain wins
     // (fewest new nodes, then lowest cost, then name).
@@ -491,19 +509,31 @@ fn place_gang<'p>(ctx: &Context<'p>, gang: &Gang, tag: u32) -> Result<Context<'p
         }
         (n, (cost * 1e6) as u64)
     };
-    let mut best: Option<((usize, u64), Context<'p>)> = None;
+    let mut best: Option<((usize, u64), Context<'p>, &str)> = None;
+    let mut room = false;
     for v in values {
+        if full(v) {
+            continue;
+        }
+        room = true;
         if let Some(c) = attempt(Some((key, v))) {
             let k = new_cost(&c);
             if best.as_ref().is_none_or(|b| k < b.0) {
-                best = Some((k, c));
+                best = Some((k, c, v));
             }
         }
     }
-    best.map(|b| b.1).ok_or_else(|| gang_infeasible(ctx, gang))
+    best.map(|(_, c, v)| (c, Some(v.to_string()))).ok_or_else(|| gang_infeasible(ctx, gang, !room))
 }
 
-fn gang_infeasible(ctx: &Context, gang: &Gang) -> String {
+/// Why a gang cannot be placed; `all_full`: every value of its `same` label is full.
+fn gang_infeasible(ctx: &Context, gang: &Gang, all_full: bool) -> String {
+    if all_full {
+        return format!(
+            "every {} the pool has or can launch holds the app's max_units_per_domain",
+            gang.same.as_deref().unwrap_or("domain")
+        );
+    }
     let types = &ctx.p.node_types;
     let too_big = gang.bundles.iter().any(|b| !types.iter().any(|t| b.fits_in(&t.resources)));
     let packed_too_big = gang.strategy == Strategy::StrictPack && {

@@ -59,8 +59,9 @@ impl Selector {
             let (k, v) = flotilla_core::unit_shape::LOW_PRIORITY;
             forbid.entry(k.into()).or_default().insert(v.into());
         }
-        if !shape.full_domains.is_empty() {
-            forbid.insert("domain".into(), shape.full_domains.clone());
+        let full = shape.full_domains();
+        if !full.is_empty() {
+            forbid.insert("domain".into(), full);
         }
         Selector { require: shape.labels.clone(), forbid }
     }
@@ -85,11 +86,12 @@ pub struct Request {
     pub per_node: Option<usize>,
 }
 
-/// An app's `spread.max_units_per_node`: at most `max` of its units on a node, which
-/// holds `units` of them already (by node id). The scheduler will not place past it, so
-/// the pool must not count on that room.
+/// An app's `spread.max_units_per_node` or `max_units_per_domain`: at most `max` of its
+/// units on a node (or in a domain), which holds `units` of them already (by node id, or
+/// domain). The scheduler will not place past it, so the pool must not count on that
+/// room.
 #[derive(Debug, Clone, Default)]
-pub struct PerNode {
+pub struct Limit {
     pub app: String,
     pub max: u32,
     pub units: BTreeMap<String, u32>,
@@ -119,6 +121,8 @@ pub struct Gang {
     pub same: Option<String>,
     /// The gang is a unit of the app `Problem::per_node[i]` limits.
     pub per_node: Option<usize>,
+    /// ... and `Problem::per_domain[i]` (with `same` the domain label).
+    pub per_domain: Option<usize>,
 }
 
 /// One packing problem.
@@ -134,8 +138,9 @@ pub struct Problem {
     /// cannot place; gangs name theirs in their id (`app/k`).
     pub request_apps: Vec<String>,
     pub gangs: Vec<Gang>,
-    /// The per-node limits requests and gangs refer to.
-    pub per_node: Vec<PerNode>,
+    /// The per-node and per-domain limits requests and gangs refer to.
+    pub per_node: Vec<Limit>,
+    pub per_domain: Vec<Limit>,
     /// Capacity the pool must hold whatever the demand (`request_resources`).
     pub floor: Vec<Request>,
 }

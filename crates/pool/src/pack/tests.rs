@@ -123,6 +123,7 @@ fn gangs_are_all_or_nothing_and_honour_their_strategy() {
         selector: Selector::default(),
         same: None,
         per_node: None,
+        per_domain: None,
     };
     let p = Problem {
         node_types: vec![t.clone()],
@@ -184,6 +185,7 @@ fn a_units_members_share_one_domain() {
             selector: Selector::default(),
             same: Some("domain".into()),
             per_node: None,
+            per_domain: None,
         }],
         ..Default::default()
     };
@@ -412,13 +414,15 @@ proptest::proptest! {
         required in proptest::collection::btree_map("(zone|gpu)", "(a|b)", 0..2),
         allow_low_priority: bool,
         secondary: bool,
-        full in proptest::collection::btree_set("domain-(a|b|c)", 0..3),
+        units_per_domain in proptest::collection::btree_map("domain-(a|b|c)", 0u32..4, 0..3),
+        max_units_per_domain in proptest::option::of(1u32..3),
         node in proptest::collection::btree_map("(zone|gpu|priority|domain)", "(a|b|low|high|domain-a|domain-b|domain-c)", 0..4),
     ) {
         let shape = flotilla_core::UnitShape {
             labels: required,
             allow_low_priority,
-            full_domains: full,
+            units_per_domain,
+            max_units_per_domain,
             ..Default::default()
         };
         // The pool gives every node a domain label (the default one when it has none).
@@ -434,7 +438,7 @@ proptest::proptest! {
 #[test]
 fn a_per_node_limit_caps_the_units_on_each_node() {
     let t = ty("cpu-8", shape(8, 32, 0), 10);
-    let limit = |units: &[(&str, u32)]| PerNode {
+    let limit = |units: &[(&str, u32)]| Limit {
         app: "a".into(),
         max: 2,
         units: units.iter().map(|(n, c)| (n.to_string(), *c)).collect(),
@@ -457,6 +461,7 @@ fn a_per_node_limit_caps_the_units_on_each_node() {
         selector: Selector::default(),
         same: None,
         per_node: Some(0),
+        per_domain: None,
     };
     let p = Problem {
         node_types: vec![t.clone()],
@@ -465,4 +470,35 @@ fn a_per_node_limit_caps_the_units_on_each_node() {
         ..Default::default()
     };
     assert_eq!(launched(&plan(&p)), vec![("cpu-8", 2)], "a unit's two members count once");
+}
+
+/// A per-domain limit counts the units this pass places too: a domain with room for one
+/// more unit gets one, not as many as its nodes hold (issue #34 item 1: the pool
+/// launched into a domain the scheduler would then refuse).
+#[test]
+fn a_per_domain_limit_counts_the_units_this_pass_places() {
+    let in_domain = |name: &str, d: &str| {
+        let mut t = ty(name, shape(4, 16, 0), 10);
+        t.labels.insert("domain".into(), d.into());
+        t
+    };
+    let unit = |i: usize| Gang {
+        id: format!("a/{i}"),
+        strategy: Strategy::Pack,
+        bundles: vec![shape(1, 1, 0); 2],
+        selector: Selector::default(),
+        same: Some("domain".into()),
+        per_node: None,
+        per_domain: Some(0),
+    };
+    let p = Problem {
+        node_types: vec![in_domain("t-a", "domain-a"), in_domain("t-b", "domain-b")],
+        gangs: (0..4).map(unit).collect(),
+        per_domain: vec![Limit { app: "a".into(), max: 2, units: [("domain-a".to_string(), 1)].into() }],
+        ..Default::default()
+    };
+    let out = plan(&p);
+    assert_eq!(launched(&out), vec![("t-a", 1), ("t-b", 1)], "one more unit in domain-a, two in domain-b");
+    assert_eq!(out.infeasible.len(), 1, "{:?}", out.infeasible);
+    assert!(out.infeasible[0].reason.contains("max_units_per_domain"), "{:?}", out.infeasible);
 }

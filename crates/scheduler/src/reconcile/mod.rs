@@ -526,14 +526,13 @@ impl Scheduler {
             .collect()
     }
 
-    /// What a unit asks of the node pool now: the spec's shape, the domains the app's
-    /// units fill and its units on each node, under the spec's spread limits (the pool
-    /// must not count on room the planner will not use).
+    /// What a unit asks of the node pool now: the spec's shape, and the app's units in
+    /// each domain and on each node under the spec's spread limits (the pool must not
+    /// count on room the planner will not use).
     fn unit_shape(&self) -> flotilla_core::UnitShape {
         let mut shape = self.spec.unit_shape();
-        if let Some(max) = shape.max_units_per_domain {
-            shape.full_domains =
-                self.units_per_domain().into_iter().filter(|(_, n)| *n >= max).map(|(d, _)| d).collect();
+        if shape.max_units_per_domain.is_some() {
+            shape.units_per_domain = self.units_per_domain().into_iter().collect();
         }
         if shape.max_units_per_node.is_some() {
             shape.units_per_node =
