@@ -470,6 +470,23 @@ mod tests {
         bounds: Mutex<BTreeMap<String, TypeBounds>>,
     }
 
+    impl FakeCluster {
+        /// The echo app with `queued` units waiting, each two 1-CPU members.
+        fn with_echo(provider: &Arc<FakeProvider>, queued: u32) -> Arc<Self> {
+            let member = Resources::new(1000, 1 << 30, 0);
+            Arc::new(FakeCluster {
+                provider: provider.clone(),
+                apps: Mutex::new(vec![AppRow {
+                    app: "echo".into(),
+                    queued: Queued { primary: queued, secondary: 0 },
+                    unit_shape: UnitShape { members: vec![member.clone(), member], ..Default::default() },
+                }]),
+                drains: Mutex::new(vec![]),
+                bounds: Mutex::new(BTreeMap::new()),
+            })
+        }
+    }
+
     impl Cluster for FakeCluster {
         fn nodes(&self) -> BoxFuture<'_, Result<Vec<NodeRow>, ClusterError>> {
             let drains = self.drains.lock().unwrap().clone();
@@ -527,17 +544,7 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let provider = Arc::new(FakeProvider::default());
-        let member = Resources::new(1000, 1 << 30, 0);
-        let cluster = Arc::new(FakeCluster {
-            provider: provider.clone(),
-            apps: Mutex::new(vec![AppRow {
-                app: "echo".into(),
-                queued: Queued { primary: 3, secondary: 0 },
-                unit_shape: UnitShape { members: vec![member.clone(), member], ..Default::default() },
-            }]),
-            drains: Mutex::new(vec![]),
-            bounds: Mutex::new(BTreeMap::new()),
-        });
+        let cluster = FakeCluster::with_echo(&provider, 3);
         let mut a = scaler(&dir, &provider, &cluster);
         a.pass().await.unwrap();
         // Each unit (2 × 1 CPU) fills one 2-CPU node.
@@ -583,12 +590,7 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let provider = Arc::new(FakeProvider::default());
-        let cluster = Arc::new(FakeCluster {
-            provider: provider.clone(),
-            apps: Mutex::new(vec![]),
-            drains: Mutex::new(vec![]),
-            bounds: Mutex::new(BTreeMap::new()),
-        });
+        let cluster = FakeCluster::with_echo(&provider, 0);
         let mut a = scaler(&dir, &provider, &cluster);
         a.pass().await.unwrap();
         assert!(provider.launches.lock().unwrap().is_empty(), "no demand, min 0: nothing launched");
@@ -620,17 +622,7 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let provider = Arc::new(FakeProvider::default());
-        let member = Resources::new(1000, 1 << 30, 0);
-        let cluster = Arc::new(FakeCluster {
-            provider: provider.clone(),
-            apps: Mutex::new(vec![AppRow {
-                app: "echo".into(),
-                queued: Queued { primary: 3, secondary: 0 },
-                unit_shape: UnitShape { members: vec![member.clone(), member], ..Default::default() },
-            }]),
-            drains: Mutex::new(vec![]),
-            bounds: Mutex::new(BTreeMap::new()),
-        });
+        let cluster = FakeCluster::with_echo(&provider, 3);
         let (store, full) = crate::store::testing::flaky(&dir.join("pool.redb")).unwrap();
         let mut a =
             Autoscaler::new(PoolConfig::parse(POOL).unwrap(), provider.clone(), cluster.clone(), store).unwrap();

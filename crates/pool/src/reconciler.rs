@@ -345,37 +345,46 @@ mod tests {
         assert_eq!(plan.launch.values().sum::<u32>(), 0, "two units fit on the two nodes: {:?}", plan.launch);
     }
 
-    /// Issue #34 item 1: the app holds its `max_units_per_domain` in domain-a, so the
-    /// free node there is no room for its queued unit; the pool launches in domain-b
-    /// instead of answering "the pool holds the demand" for ever.
-    #[test]
-    fn a_full_domains_free_nodes_do_not_count_for_the_apps_units() {
-        let pool = format!(
-            "{POOL}\n[node_types.small-b]\ncpu = 1\nmemory = \"1Gi\"\nlabels = {{ domain = \"domain-b\", priority = \"high\" }}\nmax = 4\n"
-        );
-        let cfg = PoolConfig::parse(&pool).unwrap();
-        let nodes = vec![row("pool-small-a-1", &[("domain", "domain-a"), ("priority", "high")], 0)];
-        let instances =
-            vec![PoolInstance { id: "pool-small-a-1".into(), node_type: "small-a".into(), phase: Phase::Running }];
-        let mut app = echo(1, 0);
-        app.unit_shape.max_units_per_domain = Some(2);
-        app.unit_shape.units_per_domain = [("domain-a".to_string(), 2)].into();
-        let apps = vec![app];
+    /// POOL with a type in domain-b.
+    fn pool_with_b() -> PoolConfig {
+        let b = "[node_types.small-b]\ncpu = 1\nmemory = \"1Gi\"\nlabels = { domain = \"domain-b\", priority = \"high\" }\nmax = 4\n";
+        PoolConfig::parse(&format!("{POOL}\n{b}")).unwrap()
+    }
+
+    fn running(id: &str, node_type: &str) -> PoolInstance {
+        PoolInstance { id: id.into(), node_type: node_type.into(), phase: Phase::Running }
+    }
+
+    /// One pass over these nodes (each a running instance of `node_type`) and apps.
+    fn decide_on(cfg: &PoolConfig, nodes: &[NodeRow], node_type: &str, apps: &[AppRow]) -> (Plan, Value) {
+        let instances: Vec<PoolInstance> = nodes.iter().map(|n| running(&n.node_id, node_type)).collect();
         let obs = Observation {
-            nodes: &nodes,
-            apps: &apps,
+            nodes,
+            apps,
             instances: &instances,
             floor: &Constraints::default(),
             idle: &IdleClock::default(),
             now_ms: 0,
         };
-        let (plan, record) = decide(&cfg, &obs, &mut PolicyState::default());
+        decide(cfg, &obs, &mut PolicyState::default())
+    }
+
+    /// Issue #34 item 1: the app holds its `max_units_per_domain` in domain-a, so the
+    /// free node there is no room for its queued unit; the pool launches in domain-b
+    /// instead of answering "the pool holds the demand" for ever.
+    #[test]
+    fn a_full_domains_free_nodes_do_not_count_for_the_apps_units() {
+        let nodes = vec![row("pool-small-a-1", &[("domain", "domain-a"), ("priority", "high")], 0)];
+        let mut app = echo(1, 0);
+        app.unit_shape.max_units_per_domain = Some(2);
+        app.unit_shape.units_per_domain = [("domain-a".to_string(), 2)].into();
+        let apps = vec![app];
+        let (plan, record) = decide_on(&pool_with_b(), &nodes, "small-a", &apps);
         assert_eq!(plan.launch.get("small-b"), Some(&1), "{record}");
         assert!(!plan.launch.contains_key("small-a"), "{record}");
 
         // With no type outside the full domain the demand is infeasible, and says so.
-        let cfg = PoolConfig::parse(POOL).unwrap();
-        let (plan, record) = decide(&cfg, &obs, &mut PolicyState::default());
+        let (plan, record) = decide_on(&PoolConfig::parse(POOL).unwrap(), &nodes, "small-a", &apps);
         assert_eq!(plan.launch.values().sum::<u32>(), 0, "{record}");
         assert!(!record["infeasible"].as_array().is_none_or(|a| a.is_empty()), "{record}");
         assert!(record["cannot_place"]["echo"].as_str().is_some_and(|r| !r.is_empty()), "whose demand: {record}");
@@ -391,28 +400,17 @@ mod tests {
         let mut big = row("pool-big-1", &[("domain", "domain-a")], 800);
         big.capacity = Resources::new(4000, 4 << 30, 0);
         let nodes = vec![big];
-        let instances = vec![PoolInstance { id: "pool-big-1".into(), node_type: "big".into(), phase: Phase::Running }];
         let mut app = echo(3, 0);
         app.unit_shape.max_units_per_node = Some(1);
         app.unit_shape.units_per_node = [("pool-big-1".to_string(), 1)].into();
-        let apps = vec![app];
-        let obs = Observation {
-            nodes: &nodes,
-            apps: &apps,
-            instances: &instances,
-            floor: &Constraints::default(),
-            idle: &IdleClock::default(),
-            now_ms: 0,
-        };
-        let (plan, record) = decide(&cfg, &obs, &mut PolicyState::default());
+        let mut apps = vec![app];
+        let (plan, record) = decide_on(&cfg, &nodes, "big", &apps);
         assert_eq!(plan.launch.get("big"), Some(&3), "one new node per unit: {record}");
         assert!(plan.needed.is_empty(), "the full node takes nothing: {record}");
 
         // With room for two a node, the existing one takes one more and the new ones two.
-        let mut roomier = apps.clone();
-        roomier[0].unit_shape.max_units_per_node = Some(2);
-        let obs = Observation { apps: &roomier, ..obs };
-        let (plan, record) = decide(&cfg, &obs, &mut PolicyState::default());
+        apps[0].unit_shape.max_units_per_node = Some(2);
+        let (plan, record) = decide_on(&cfg, &nodes, "big", &apps);
         assert_eq!(plan.launch.get("big"), Some(&1), "{record}");
         assert_eq!(plan.needed, vec!["pool-big-1".to_string()], "{record}");
     }
@@ -422,26 +420,11 @@ mod tests {
     /// domain-b for the other.
     #[test]
     fn one_member_units_spread_over_domains_as_their_limit_says() {
-        let pool = format!(
-            "{POOL}\n[node_types.small-b]\ncpu = 1\nmemory = \"1Gi\"\nlabels = {{ domain = \"domain-b\", priority = \"high\" }}\nmax = 4\n"
-        );
-        let cfg = PoolConfig::parse(&pool).unwrap();
         let nodes = vec![row("pool-small-a-1", &[("domain", "domain-a"), ("priority", "high")], 0)];
-        let instances =
-            vec![PoolInstance { id: "pool-small-a-1".into(), node_type: "small-a".into(), phase: Phase::Running }];
         let mut app = echo(2, 0);
         app.unit_shape.members.truncate(1);
         app.unit_shape.max_units_per_domain = Some(1);
-        let apps = vec![app];
-        let obs = Observation {
-            nodes: &nodes,
-            apps: &apps,
-            instances: &instances,
-            floor: &Constraints::default(),
-            idle: &IdleClock::default(),
-            now_ms: 0,
-        };
-        let (plan, record) = decide(&cfg, &obs, &mut PolicyState::default());
+        let (plan, record) = decide_on(&pool_with_b(), &nodes, "small-a", &[app]);
         assert_eq!(plan.launch.get("small-b"), Some(&1), "{record}");
         assert_eq!(plan.needed, vec!["pool-small-a-1".to_string()], "{record}");
     }
