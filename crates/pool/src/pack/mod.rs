@@ -7,8 +7,11 @@
 //! 2. the floor (`request_resources`, Ray's cluster resource constraint): fitted against
 //!    nodes' whole capacity, launching what is missing;
 //! 3. gangs (all or nothing; STRICT_SPREAD one bundle per node, STRICT_PACK as one
-//!    bundle; a unit's members in one domain);
-//! 4. plain requests, biggest first: onto existing nodes, then onto new ones;
+//!    bundle; a unit's members in one domain, in a domain and on nodes with room under
+//!    its app's `max_units_per_domain` and `max_units_per_node`, this pass's units
+//!    counted);
+//! 4. plain requests, biggest first: onto existing nodes, then onto new ones (a node
+//!    takes no more of an app's one-member units than its per-node limit leaves);
 //! 5. idle nodes no step needed, past their type's `idle_timeout`, above `min`: terminated.
 //!
 //! Steps 2–4 use Ray's greedy: among candidate nodes, fill each (requests in order, no
