@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use clap::Args;
 use flotilla_router::catalogue::{self, Labels};
+use flotilla_router::clients::ClientLimits;
 use flotilla_router::{Balancer, Config, Policy};
 
 #[derive(Debug, Args)]
@@ -49,6 +50,41 @@ pub struct RouteArgs {
     /// core).
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=256))]
     pub threads: Option<u16>,
+    /// A client connection that has not sent a whole request this long after its first
+    /// byte is answered 408 and closed (HAProxy's `timeout http-request`).
+    #[arg(long, default_value = "10s", value_parser = crate::cli::http::parse_duration)]
+    pub client_header_timeout: Duration,
+    /// A kept-alive client connection with no new request this long is closed.
+    #[arg(long, default_value = "60s", value_parser = crate::cli::http::parse_duration)]
+    pub client_idle_timeout: Duration,
+    /// Most client connections at once (default: half the open-file limit, less a margin);
+    /// at the cap a new one closes the idlest.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=10_000_000))]
+    pub max_client_connections: Option<u32>,
+    /// Most client connections from one source address (default: half the cap).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=10_000_000))]
+    pub max_client_connections_per_source: Option<u32>,
+}
+
+impl RouteArgs {
+    fn client_limits(&self) -> anyhow::Result<ClientLimits> {
+        for (flag, d) in [
+            ("--client-header-timeout", self.client_header_timeout),
+            ("--client-idle-timeout", self.client_idle_timeout),
+        ] {
+            if d.is_zero() {
+                bail!("{flag}: must be more than 0");
+            }
+        }
+        let defaults = ClientLimits::default();
+        let max = self.max_client_connections.map_or(defaults.max_connections, |m| m as usize);
+        Ok(ClientLimits {
+            header_timeout: self.client_header_timeout,
+            idle_timeout: self.client_idle_timeout,
+            max_connections: max,
+            max_per_source: self.max_client_connections_per_source.map_or((max / 2).max(1), |m| m as usize),
+        })
+    }
 }
 
 pub async fn run(a: RouteArgs) -> anyhow::Result<()> {
@@ -62,6 +98,7 @@ pub async fn run(a: RouteArgs) -> anyhow::Result<()> {
             bail!("--backends: {b:?} is not host:port");
         }
     }
+    let limits = a.client_limits()?;
     let balancer = Arc::new(Balancer::new(Config { policy, slow_start: a.slow_start, ..Config::default() }));
     // Series are labelled by app and node, never by endpoint address (it churns); with a
     // fixed list the app is "backends" and each backend is its own node.
@@ -93,9 +130,9 @@ pub async fn run(a: RouteArgs) -> anyhow::Result<()> {
     if a.print_addrs {
         println!("{}", serde_json::json!({"listen": listen.to_string(), "metrics": metrics.to_string()}));
     }
-    tracing::info!(%listen, %metrics, ?policy, app = ?a.app, "routing");
+    tracing::info!(%listen, %metrics, ?policy, app = ?a.app, max_client_connections = limits.max_connections, "routing");
     tokio::select! {
-        r = flotilla_router::proxy::serve_per_core(listener, threads, balancer, a.timeout, labels) => Ok(r?),
+        r = flotilla_router::proxy::serve_per_core(listener, threads, balancer, a.timeout, labels, limits) => Ok(r?),
         _ = crate::serve::shutdown_signal() => Ok(()),
     }
 }

@@ -22,6 +22,7 @@ mod prometheus;
 mod readme;
 mod replicas;
 mod rollouts;
+mod route_clients;
 mod routing;
 mod scaling;
 mod secrets_mount;

@@ -13,7 +13,7 @@ pub const API_ERRORS: Family =
     Family::counter("flotilla_api_errors_total", "HTTP API error answers, by error code.", &["code"]);
 pub const HTTP_REQUESTS_REJECTED: Family = Family::counter(
     "flotilla_http_requests_rejected_total",
-    "HTTP requests or connections refused, by reason (rate_limited, unauthenticated, too_large, uri_too_long, header_too_large, header_timeout, body_timeout, bad_body, bad_request, bad_query, unprocessable, too_many_connections, too_many_subscribers, plaintext_on_tls, tls_handshake).",
+    "HTTP requests or connections refused, by reason (rate_limited, unauthenticated, too_large, uri_too_long, header_too_large, header_timeout, body_timeout, bad_body, bad_request, bad_query, unprocessable, too_many_connections, too_many_subscribers, too_many_subscribers_from_peer, plaintext_on_tls, tls_handshake).",
     &["reason"],
 );
 pub const UI_REQUESTS: Family =
@@ -42,6 +42,11 @@ pub const EVENTS_SNAPSHOTS: Family =
 pub const EVENTS_LAGGED: Family = Family::counter(
     "flotilla_events_lagged_total",
     "Event stream subscribers that fell behind and were sent a new snapshot.",
+    &[],
+);
+pub const EVENTS_STALLED: Family = Family::counter(
+    "flotilla_events_stalled_subscribers_total",
+    "Event stream subscribers dropped for reading nothing while their queue was full for 10 s (a browser that was only slow reconnects).",
     &[],
 );
 pub const EVENTS_TICK_SECONDS: Family = Family::histogram(
@@ -90,6 +95,7 @@ pub const FAMILIES: &[Family] = &[
     EVENTS_MESSAGES,
     EVENTS_SNAPSHOTS,
     EVENTS_LAGGED,
+    EVENTS_STALLED,
     EVENTS_TICK_SECONDS,
     WATCHROUTES_STREAMS,
     WATCHCAPACITY_STREAMS,

@@ -90,9 +90,9 @@ pub enum ControlError {
     BodyTimeout { secs: u64 },
     #[error("more than {per_second} requests per second from {peer}: retry in {} ms", retry_in.as_millis().max(1))]
     RateLimited { per_second: u32, peer: IpAddr, retry_in: Duration },
-    /// `GET /v1/events` with every stream place taken.
-    #[error("{max} event streams are open already: close one (another tab?) or retry later")]
-    TooManySubscribers { max: usize },
+    /// `GET /v1/events` with every stream place taken (or every one for one address).
+    #[error("{max} event streams are open already{}: close one (another tab?) or retry later", if *from_one_address { " from this address" } else { "" })]
+    TooManySubscribers { max: usize, from_one_address: bool },
     #[error("this address serves HTTPS: use {url} (with --ca or $FLOTILLA_CA naming the CA of its certificate)")]
     TlsRequired { url: String },
     #[error(transparent)]

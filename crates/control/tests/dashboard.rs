@@ -312,3 +312,39 @@ async fn an_unreachable_standalone_scheduler_is_listed_and_streamed_as_unreachab
     assert_eq!(app["summary"]["unreachable"], true, "{app}");
     assert_eq!(app["units"], json!([]));
 }
+
+/// Issue #35 item 2: one address cannot take every stream place. Its 17th stream is
+/// refused (429, saying so), while another address still gets one; a closed stream
+/// gives its place back.
+#[tokio::test]
+async fn one_address_cannot_take_every_event_stream() {
+    let (addr, _cluster, _stop) = start().await;
+    let from = |ip: &str| {
+        let local: std::net::IpAddr = ip.parse().unwrap();
+        reqwest::Client::builder().local_address(local).build().unwrap()
+    };
+    let one = from("127.0.0.1");
+    let url = format!("http://{addr}/v1/events");
+    let mut held = Vec::new();
+    for i in 0..flotilla_control::events::MAX_PER_PEER {
+        let r = one.get(&url).send().await.unwrap();
+        assert_eq!(r.status(), 200, "stream {i}");
+        held.push(r);
+    }
+    let refused = one.get(&url).send().await.unwrap();
+    assert_eq!(refused.status(), 429);
+    let body: Value = refused.json().await.unwrap();
+    assert!(body["error"]["message"].as_str().unwrap_or_default().contains("from this address"), "{body}");
+    assert_eq!(from("127.0.0.2").get(&url).send().await.unwrap().status(), 200, "another address gets in");
+    drop(held.pop());
+    let again = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let r = one.get(&url).send().await.unwrap();
+            if r.status() == 200 {
+                return r;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+    assert_eq!(again.await.expect("the place comes back").status(), 200);
+}

@@ -43,6 +43,14 @@ pub fn render(out: &mut String) {
     let _ = out;
 }
 
+/// The soft limit on open file descriptors (`None`: unlimited or unknown).
+pub fn open_file_limit() -> Option<u64> {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes only into `lim`, which outlives the call.
+    let ok = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0;
+    (ok && lim.rlim_cur != libc::RLIM_INFINITY).then_some(lim.rlim_cur)
+}
+
 #[cfg(target_os = "linux")]
 mod linux {
     /// One reading; a value that could not be read is left out.
@@ -64,11 +72,7 @@ mod linux {
         let boot = std::fs::read_to_string("/proc/stat").ok().and_then(|s| boot_time(&s));
         let mut s = parse_stat(&stat, ticks as f64, page as f64, boot)?;
         s.open_fds = std::fs::read_dir("/proc/self/fd").ok().map(|d| d.count() as f64);
-        let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-        // SAFETY: getrlimit writes only into `lim`, which outlives the call.
-        if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 && lim.rlim_cur != libc::RLIM_INFINITY {
-            s.max_fds = Some(lim.rlim_cur as f64);
-        }
+        s.max_fds = super::open_file_limit().map(|l| l as f64);
         Some(s)
     }
 

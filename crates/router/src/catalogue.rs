@@ -63,6 +63,24 @@ pub const GENERAL_PATH: Family = Family::counter(
     &["reason"],
 );
 
+pub const CLIENT_CONNECTIONS: Family =
+    Family::gauge("flotilla_route_client_connections", "Client connections the proxy holds now (every thread).", &[]);
+pub const CLIENTS_CLOSED: Family = Family::counter(
+    "flotilla_route_client_connections_closed_total",
+    "Client connections the proxy closed itself, by reason: header_timeout (no whole request head in time), idle_timeout (no request in time on a kept-alive connection), evicted (the idlest, to make room at a cap or out of file descriptors).",
+    &["reason"],
+);
+pub const CLIENTS_REFUSED: Family = Family::counter(
+    "flotilla_route_client_connections_refused_total",
+    "Client connections refused at once, by reason: full (at --max-client-connections with none idle) or source_full (at --max-client-connections-per-source with none of that source idle).",
+    &["reason"],
+);
+pub const ACCEPT_ERRORS: Family = Family::counter(
+    "flotilla_route_accept_errors_total",
+    "Failed accepts of client connections, by kind: fds (out of file descriptors; the proxy closes its idlest connection and pauses) or other.",
+    &["kind"],
+);
+
 /// Every family a router exports.
 pub const FAMILIES: &[Family] = &[
     ENDPOINT_WEIGHT,
@@ -76,6 +94,10 @@ pub const FAMILIES: &[Family] = &[
     PROBES,
     UNROUTABLE,
     GENERAL_PATH,
+    CLIENT_CONNECTIONS,
+    CLIENTS_CLOSED,
+    CLIENTS_REFUSED,
+    ACCEPT_ERRORS,
 ];
 
 /// The labels of a router's series: its app and the node of each endpoint, as the route

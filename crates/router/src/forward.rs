@@ -24,6 +24,7 @@ use tokio::net::TcpStream;
 
 use crate::balancer::{Balancer, Outcome};
 use crate::catalogue::{self as m, Labels};
+use crate::clients::{Admitted, ClientLimits};
 use crate::framing::{Body, Request, Response, parse_request, parse_response};
 
 /// A pooled backend connection idle this long is closed rather than reused: backends
@@ -91,6 +92,7 @@ pub(crate) struct Forwarder {
     balancer: Arc<Balancer>,
     timeout: Duration,
     labels: Arc<Labels>,
+    limits: ClientLimits,
     pool: Pool,
 }
 
@@ -102,29 +104,60 @@ pub(crate) struct Handover {
 }
 
 impl Forwarder {
-    pub(crate) fn new(balancer: Arc<Balancer>, timeout: Duration, labels: Arc<Labels>) -> Self {
-        Forwarder { balancer, timeout, labels, pool: Pool::default() }
+    pub(crate) fn new(balancer: Arc<Balancer>, timeout: Duration, labels: Arc<Labels>, limits: ClientLimits) -> Self {
+        Forwarder { balancer, timeout, labels, limits, pool: Pool::default() }
     }
 
     /// Serves `client` until it closes, or until a request the fast path does not take:
-    /// then returns the connection and why, for the general path.
-    pub(crate) async fn serve(&self, mut client: TcpStream) -> Option<(Handover, &'static str)> {
+    /// then returns the connection and why, for the general path. A request must arrive
+    /// whole within the header timeout of its first byte, the next one within the idle
+    /// timeout; and the connection closes when `admitted` is evicted.
+    pub(crate) async fn serve(&self, mut client: TcpStream, admitted: &Admitted) -> Option<(Handover, &'static str)> {
         let mut buf = BytesMut::with_capacity(8 * 1024);
         let mut answer = BytesMut::with_capacity(READ_CHUNK);
+        // When the request being read sent its first byte.
+        let mut begun: Option<Instant> = None;
         loop {
             let (len, idempotent, head) = match parse_request(&buf) {
                 Request::Forward { len, idempotent, head } if buf.len() >= len => (len, idempotent, head),
                 Request::General(reason) => return Some((Handover { prefix: buf.freeze(), stream: client }, reason)),
                 Request::Partial | Request::Forward { .. } => {
+                    let deadline = match begun {
+                        Some(t) => t + self.limits.header_timeout,
+                        None => Instant::now() + self.limits.idle_timeout,
+                    };
                     buf.reserve(READ_CHUNK);
-                    match client.read_buf(&mut buf).await {
-                        Ok(0) | Err(_) => return None,
-                        Ok(_) => continue,
+                    tokio::select! {
+                        read = client.read_buf(&mut buf) => match read {
+                            Ok(0) | Err(_) => return None,
+                            Ok(_) => {
+                                begun.get_or_insert_with(Instant::now);
+                                continue;
+                            }
+                        },
+                        () = tokio::time::sleep_until(deadline.into()) => {
+                            if begun.is_some() {
+                                closed("header_timeout");
+                                let bye = b"HTTP/1.1 408 Request Timeout\r\nconnection: close\r\ncontent-length: 0\r\n\r\n";
+                                let _ = tokio::time::timeout(Duration::from_secs(1), client.write_all(bye)).await;
+                            } else {
+                                closed("idle_timeout");
+                            }
+                            return None;
+                        }
+                        () = admitted.evicted() => {
+                            closed("evicted");
+                            return None;
+                        }
                     }
                 }
             };
+            admitted.set_idle(false);
             let flow = self.forward(&mut client, &buf[..len], idempotent, head, &mut answer).await;
             buf.advance(len);
+            admitted.set_idle(true);
+            // Bytes left are the next request's (pipelined): its clock runs already.
+            begun = (!buf.is_empty()).then(Instant::now);
             if flow == Flow::Close {
                 return None;
             }
@@ -264,6 +297,11 @@ async fn relay(
     Ok(clean)
 }
 
+/// Counts a client connection the proxy closed itself.
+pub(crate) fn closed(reason: &'static str) {
+    metrics::counter!(m::CLIENTS_CLOSED.name, "reason" => reason).increment(1);
+}
+
 /// Answers a request the proxy could not forward, in plain text.
 async fn error_answer(client: &mut TcpStream, status: &str, msg: &str, head: bool) -> Flow {
     let body = format!("{msg}\n");
@@ -398,7 +436,14 @@ mod tests {
         balancer.update(&routes, Instant::now());
         let listener = crate::proxy::listen("127.0.0.1:0".parse().unwrap()).unwrap();
         let addr = listener.local_addr().unwrap();
-        tokio::spawn(crate::proxy::serve(listener, balancer.clone(), Duration::from_secs(5), Labels::new("test")));
+        let clients = crate::clients::Clients::new(ClientLimits::default());
+        tokio::spawn(crate::proxy::serve(
+            listener,
+            balancer.clone(),
+            Duration::from_secs(5),
+            Labels::new("test"),
+            clients,
+        ));
         (addr, balancer)
     }
 

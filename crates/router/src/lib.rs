@@ -4,6 +4,7 @@
 
 pub mod balancer;
 pub mod catalogue;
+pub mod clients;
 pub mod follow;
 mod forward;
 mod framing;

@@ -13,12 +13,13 @@ use http_body_util::{BodyExt, Full, combinators::BoxBody};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tower::ServiceExt;
 
 use crate::balancer::Balancer;
 use crate::catalogue::{self as m, Labels};
+use crate::clients::{ClientLimits, Clients};
 use crate::forward::Forwarder;
 use crate::service::{Balance, BoxError, HttpClassify, NoEndpoint};
 
@@ -102,8 +103,10 @@ pub async fn serve_per_core(
     balancer: Arc<Balancer>,
     timeout: Duration,
     labels: Arc<Labels>,
+    limits: ClientLimits,
 ) -> std::io::Result<()> {
     let addr = listener.local_addr()?;
+    let clients = Clients::new(limits);
     let (done_tx, mut done) = tokio::sync::mpsc::channel::<std::io::Result<()>>(threads.max(1));
     let mut first = Some(listener.into_std()?);
     for i in 0..threads.max(1) {
@@ -111,11 +114,11 @@ pub async fn serve_per_core(
             Some(l) => l,
             None => listen(addr)?.into_std()?,
         };
-        let (balancer, labels, done_tx) = (balancer.clone(), labels.clone(), done_tx.clone());
+        let (balancer, labels, done_tx, clients) = (balancer.clone(), labels.clone(), done_tx.clone(), clients.clone());
         std::thread::Builder::new().name(format!("proxy-{i}")).spawn(move || {
             let served = tokio::runtime::Builder::new_current_thread().enable_all().build().and_then(|rt| {
                 rt.block_on(async move {
-                    serve(TcpListener::from_std(listener)?, balancer, timeout, labels).await;
+                    serve(TcpListener::from_std(listener)?, balancer, timeout, labels, clients).await;
                     Ok(())
                 })
             });
@@ -130,24 +133,39 @@ pub async fn serve_per_core(
 
 /// Serves the proxy on `listener` until the task is dropped or aborted. Each connection
 /// starts on the byte-forwarding fast path (`forward.rs`); one that sends a request it does
-/// not take continues on hyper, through the same balancer.
-pub async fn serve(listener: TcpListener, balancer: Arc<Balancer>, timeout: Duration, labels: Arc<Labels>) {
-    let forwarder = Arc::new(Forwarder::new(balancer.clone(), timeout, labels.clone()));
+/// not take continues on hyper, through the same balancer. `clients` admits (and bounds)
+/// the connections of every thread.
+pub async fn serve(
+    listener: TcpListener,
+    balancer: Arc<Balancer>,
+    timeout: Duration,
+    labels: Arc<Labels>,
+    clients: Arc<Clients>,
+) {
+    let limits = clients.limits();
+    let forwarder = Arc::new(Forwarder::new(balancer.clone(), timeout, labels.clone(), limits));
     let svc = balanced_client(balancer, timeout, labels);
+    let mut accept_errors = AcceptErrors::default();
     loop {
-        let (stream, _) = match listener.accept().await {
+        let (stream, peer) = match listener.accept().await {
             Ok(s) => s,
             Err(e) => {
-                // Out of file descriptors, mostly: back off instead of spinning.
-                tracing::warn!(error = %e, "accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                accept_errors.failed(&e, &clients).await;
+                continue;
+            }
+        };
+        // An evicted connection counts itself as it closes.
+        let admitted = match clients.admit(peer.ip()) {
+            Ok((a, _evicted)) => a,
+            Err(refused) => {
+                metrics::counter!(m::CLIENTS_REFUSED.name, "reason" => refused.as_str()).increment(1);
                 continue;
             }
         };
         let _ = stream.set_nodelay(true);
         let (svc, forwarder) = (svc.clone(), forwarder.clone());
         tokio::spawn(async move {
-            let Some((stream, reason)) = forwarder.serve(stream).await else { return };
+            let Some((stream, reason)) = forwarder.serve(stream, &admitted).await else { return };
             metrics::counter!(m::GENERAL_PATH.name, "reason" => reason).increment(1);
             let handler = hyper::service::service_fn(move |req: Request<Incoming>| {
                 let svc = svc.clone();
@@ -163,11 +181,48 @@ pub async fn serve(listener: TcpListener, balancer: Arc<Balancer>, timeout: Dura
                     Ok::<_, Infallible>(resp)
                 }
             });
-            let conn = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), handler);
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "proxy connection ended");
+            // hyper's own header timeout bounds each request head (and the wait for the
+            // next one); an eviction drops the connection.
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(limits.header_timeout)
+                .serve_connection(TokioIo::new(stream), handler);
+            admitted.set_idle(false);
+            tokio::select! {
+                served = conn => if let Err(e) = served {
+                    if e.is_timeout() {
+                        crate::forward::closed("header_timeout");
+                    }
+                    tracing::debug!(error = %e, "proxy connection ended");
+                },
+                () = admitted.evicted() => crate::forward::closed("evicted"),
             }
         });
+    }
+}
+
+/// What the accept loop does when an accept fails: out of file descriptors, it closes
+/// the idlest client connection and pauses (the kernel's queue holds the newcomers
+/// meanwhile) rather than spin; either way one log line per 10 s says how many failed.
+#[derive(Default)]
+struct AcceptErrors {
+    since_log: u64,
+    logged: Option<std::time::Instant>,
+}
+
+impl AcceptErrors {
+    async fn failed(&mut self, e: &std::io::Error, clients: &Clients) {
+        let out_of_fds = matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE));
+        metrics::counter!(m::ACCEPT_ERRORS.name, "kind" => if out_of_fds { "fds" } else { "other" }).increment(1);
+        self.since_log += 1;
+        if self.logged.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
+            tracing::warn!(error = %e, failed = self.since_log, "accepting client connections failed");
+            (self.since_log, self.logged) = (0, Some(std::time::Instant::now()));
+        }
+        if out_of_fds {
+            clients.shed_idlest();
+        }
+        tokio::time::sleep(Duration::from_millis(if out_of_fds { 100 } else { 10 })).await;
     }
 }
 
@@ -201,7 +256,14 @@ mod tests {
         let listener = listen("127.0.0.1:0".parse().unwrap()).unwrap();
         let addr = listener.local_addr().unwrap();
         let labels = Labels::new("test");
-        tokio::spawn(serve_per_core(listener, 3, balancer.clone(), Duration::from_secs(5), labels));
+        tokio::spawn(serve_per_core(
+            listener,
+            3,
+            balancer.clone(),
+            Duration::from_secs(5),
+            labels,
+            ClientLimits::default(),
+        ));
         // A fresh connection per request: the kernel spreads them over the threads' listeners.
         let client: Client<HttpConnector, Empty<Bytes>> =
             Client::builder(TokioExecutor::new()).pool_max_idle_per_host(0).build(HttpConnector::new());

@@ -48,6 +48,12 @@ pub const TICK: Duration = Duration::from_millis(250);
 pub const PING: Duration = Duration::from_secs(15);
 /// Most browsers (streams) one control plane serves at once.
 pub const MAX_SUBSCRIBERS: usize = 256;
+/// Most streams from one address, so one client cannot take every place.
+pub const MAX_PER_PEER: usize = 16;
+/// A subscriber that takes no frame for this long (its queue full: it does not read)
+/// is dropped; its place goes to others, and a browser that was only slow reconnects
+/// and starts over with a snapshot.
+pub const STALL: Duration = Duration::from_secs(10);
 /// How often standalone schedulers' apps are fetched.
 pub const REMOTE_EVERY: Duration = Duration::from_secs(2);
 /// The federation summary is re-sent at least this often (its shards'
@@ -112,19 +118,30 @@ pub struct Hub {
     published: Mutex<Published>,
     tx: broadcast::Sender<Frame>,
     subscribers: AtomicUsize,
+    /// Streams by client address.
+    per_peer: Mutex<std::collections::HashMap<std::net::IpAddr, usize>>,
     started: AtomicBool,
     /// Standalone schedulers' apps as last fetched, by name.
     remote: Mutex<BTreeMap<String, Arc<Value>>>,
     fetching: AtomicBool,
 }
 
-/// A subscriber's place; gives it back when its stream ends.
-struct Admitted(Arc<Hub>);
+/// A subscriber's place (and its address's); gives them back when its stream ends.
+struct Admitted(Arc<Hub>, Option<std::net::IpAddr>);
 
 impl Drop for Admitted {
     fn drop(&mut self) {
         let n = self.0.subscribers.fetch_sub(1, Ordering::SeqCst) - 1;
         metrics::gauge!(m::EVENTS_SUBSCRIBERS.name).set(n as f64);
+        if let Some(peer) = self.1 {
+            let mut per_peer = self.0.per_peer.lock_or_recover();
+            if let Some(k) = per_peer.get_mut(&peer) {
+                *k -= 1;
+                if *k == 0 {
+                    per_peer.remove(&peer);
+                }
+            }
+        }
     }
 }
 
@@ -135,18 +152,28 @@ impl Hub {
             published: Mutex::new(Published::default()),
             tx: broadcast::channel(BROADCAST_CAPACITY).0,
             subscribers: AtomicUsize::new(0),
+            per_peer: Mutex::new(std::collections::HashMap::new()),
             started: AtomicBool::new(false),
             remote: Mutex::new(BTreeMap::new()),
             fetching: AtomicBool::new(false),
         })
     }
 
-    fn admit(self: &Arc<Self>) -> Result<Admitted, ControlError> {
+    fn admit(self: &Arc<Self>, peer: Option<std::net::IpAddr>) -> Result<Admitted, ControlError> {
+        if let Some(ip) = peer {
+            let mut per_peer = self.per_peer.lock_or_recover();
+            let k = per_peer.entry(ip).or_default();
+            if *k >= MAX_PER_PEER {
+                crate::limits::rejected("too_many_subscribers_from_peer");
+                return Err(ControlError::TooManySubscribers { max: MAX_PER_PEER, from_one_address: true });
+            }
+            *k += 1;
+        }
         let n = self.subscribers.fetch_add(1, Ordering::SeqCst);
-        let admitted = Admitted(self.clone());
+        let admitted = Admitted(self.clone(), peer);
         if n >= MAX_SUBSCRIBERS {
             crate::limits::rejected("too_many_subscribers");
-            return Err(ControlError::TooManySubscribers { max: MAX_SUBSCRIBERS });
+            return Err(ControlError::TooManySubscribers { max: MAX_SUBSCRIBERS, from_one_address: false });
         }
         metrics::gauge!(m::EVENTS_SUBSCRIBERS.name).set((n + 1) as f64);
         if !self.started.swap(true, Ordering::SeqCst) {
@@ -372,7 +399,7 @@ async fn feed(hub: Arc<Hub>, out: mpsc::Sender<Result<Frame, Infallible>>, _admi
     'snapshot: loop {
         let (mut rx, snapshot) = hub.snapshot().await;
         for f in snapshot {
-            if out.send(Ok(f)).await.is_err() {
+            if !deliver(&out, f, STALL).await {
                 return;
             }
         }
@@ -394,9 +421,22 @@ async fn feed(hub: Arc<Hub>, out: mpsc::Sender<Result<Frame, Infallible>>, _admi
                 }
                 _ = out.closed() => return,
             };
-            if out.send(Ok(f)).await.is_err() {
+            if !deliver(&out, f, STALL).await {
                 return;
             }
+        }
+    }
+}
+
+/// Queues `f` for the subscriber; false when it is gone, or took nothing for `stall`
+/// (then it is dropped, and counted).
+async fn deliver(out: &mpsc::Sender<Result<Frame, Infallible>>, f: Frame, stall: Duration) -> bool {
+    match tokio::time::timeout(stall, out.send(Ok(f))).await {
+        Ok(sent) => sent.is_ok(),
+        Err(_) => {
+            tracing::debug!(?stall, "an events subscriber read nothing; dropping it");
+            metrics::counter!(m::EVENTS_STALLED.name).increment(1);
+            false
         }
     }
 }
@@ -406,11 +446,12 @@ pub fn routes(hub: Arc<Hub>) -> axum::Router {
 }
 
 /// `GET /v1/events`: the stream (`text/event-stream`). At most [`MAX_SUBSCRIBERS`] at
-/// once; more are refused (429) and counted.
+/// once and [`MAX_PER_PEER`] from one address; more are refused (429) and counted.
 #[tracing::instrument(name = "events", skip_all)]
-async fn events(State(hub): State<Arc<Hub>>) -> Result<Response, ControlError> {
+async fn events(State(hub): State<Arc<Hub>>, req: axum::extract::Request) -> Result<Response, ControlError> {
     metrics::counter!(m::API_REQUESTS.name, "route" => "/v1/events").increment(1);
-    let admitted = hub.admit()?;
+    let peer = req.extensions().get::<axum::extract::ConnectInfo<std::net::SocketAddr>>().map(|c| c.0.ip());
+    let admitted = hub.admit(peer)?;
     let (tx, rx) = mpsc::channel(SUBSCRIBER_QUEUE);
     tokio::spawn(feed(hub, tx, admitted));
     let body = Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
@@ -423,4 +464,31 @@ async fn events(State(hub): State<Arc<Hub>>) -> Result<Response, ControlError> {
         body,
     )
         .into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue #35 item 2: a subscriber that reads nothing is dropped once its queue has
+    /// stayed full for the stall time; one that reads is not.
+    #[tokio::test]
+    async fn a_subscriber_that_reads_nothing_is_dropped_after_the_stall_time() {
+        let stall = Duration::from_millis(100);
+        let (tx, mut rx) = mpsc::channel(1);
+        let f = || frame("ping", &json!({}));
+        assert!(deliver(&tx, f(), stall).await, "room in the queue");
+        let started = Instant::now();
+        assert!(!deliver(&tx, f(), stall).await, "full, and nobody reads");
+        assert!(started.elapsed() >= stall);
+        // One that reads within the stall time keeps its stream.
+        let reader = tokio::spawn(async move {
+            tokio::time::sleep(stall / 4).await;
+            let first = rx.recv().await;
+            (first, rx.recv().await)
+        });
+        assert!(deliver(&tx, f(), stall).await);
+        let (first, second) = reader.await.unwrap();
+        assert!(first.is_some() && second.is_some());
+    }
 }
