@@ -117,6 +117,9 @@ impl Forwarder {
         let mut answer = BytesMut::with_capacity(READ_CHUNK);
         // When the request being read sent its first byte.
         let mut begun: Option<Instant> = None;
+        // One timer for the connection's life, moved to each read's deadline.
+        let timer = tokio::time::sleep(self.limits.idle_timeout);
+        tokio::pin!(timer);
         loop {
             let (len, idempotent, head) = match parse_request(&buf) {
                 Request::Forward { len, idempotent, head } if buf.len() >= len => (len, idempotent, head),
@@ -127,6 +130,7 @@ impl Forwarder {
                         None => Instant::now() + self.limits.idle_timeout,
                     };
                     buf.reserve(READ_CHUNK);
+                    timer.as_mut().reset(deadline.into());
                     tokio::select! {
                         read = client.read_buf(&mut buf) => match read {
                             Ok(0) | Err(_) => return None,
@@ -135,7 +139,7 @@ impl Forwarder {
                                 continue;
                             }
                         },
-                        () = tokio::time::sleep_until(deadline.into()) => {
+                        () = &mut timer => {
                             if begun.is_some() {
                                 closed("header_timeout");
                                 let bye = b"HTTP/1.1 408 Request Timeout\r\nconnection: close\r\ncontent-length: 0\r\n\r\n";
