@@ -54,7 +54,16 @@ pub struct Autoscaler {
     file_bounds: BTreeMap<String, TypeBounds>,
     /// The operator's bounds, from the control plane's last answer.
     bounds: BTreeMap<String, TypeBounds>,
+    /// Node types whose last launch failed: no launch before the time (ms), and the
+    /// back-off that set it (reset by a launch the provider takes).
+    launch_backoff: HashMap<String, (u64, flotilla_core::Backoff)>,
 }
+
+/// The first wait after a failed launch, doubling per failure up to the max: a refused
+/// launch is rarely fixed in seconds (a quota, a bad image), and retrying every pass
+/// floods the provider and the log.
+const LAUNCH_BACKOFF_FIRST: Duration = Duration::from_secs(5);
+const LAUNCH_BACKOFF_MAX: Duration = Duration::from_secs(300);
 
 /// The labels of a node launched as type `t`: the type's, and what placement prefers it
 /// by (`flotilla_core::unit_shape::preference`): whether the pool keeps nodes of the type
@@ -109,6 +118,7 @@ impl Autoscaler {
             constraints: Constraints::default(),
             policy: PolicyState::default(),
             decisions: VecDeque::new(),
+            launch_backoff: HashMap::new(),
         })
     }
 
@@ -341,6 +351,11 @@ impl Autoscaler {
         }
         let mut specs = Vec::new();
         for id in &ids {
+            // A type whose launches failed waits its back-off; its instances stay queued.
+            let waits = self.instances.get(id).and_then(|i| self.launch_backoff.get(&i.node_type));
+            if waits.is_some_and(|(until, _)| now < *until) {
+                continue;
+            }
             if self.instances.begin_launch(id, now).is_err() {
                 continue;
             }
@@ -361,13 +376,28 @@ impl Autoscaler {
             return Err(e);
         }
         for spec in specs {
+            if self.launch_backoff.get(&spec.node_type).is_some_and(|(until, _)| now < *until) {
+                // Its type failed earlier in this pass: the rest wait with it.
+                let _ = self.instances.launch_not_started(&spec.id, now, "its type's launches back off");
+                continue;
+            }
             tracing::info!(instance = %spec.id, node_type = %spec.node_type, "launching an instance");
-            if let Err(e) = self.provider.launch(&spec).await {
-                tracing::warn!(instance = %spec.id, error = %e, "launch failed");
-                metrics::counter!(m::LAUNCH_FAILURES.name, "pool" => self.cfg.name.clone(),
-                    "node_type" => spec.node_type.clone())
-                .increment(1);
-                let _ = self.instances.launch_failed(&spec.id, now, &e.to_string(), &self.cfg.timeouts);
+            match self.provider.launch(&spec).await {
+                Ok(()) => {
+                    self.launch_backoff.remove(&spec.node_type);
+                }
+                Err(e) => {
+                    let (until, backoff) = self.launch_backoff.entry(spec.node_type.clone()).or_insert_with(|| {
+                        (0, flotilla_core::Backoff::new(LAUNCH_BACKOFF_FIRST, LAUNCH_BACKOFF_MAX).with_jitter(0.2))
+                    });
+                    let wait = backoff.next_wait();
+                    *until = now + u64::try_from(wait.as_millis()).unwrap_or(u64::MAX / 2);
+                    tracing::warn!(instance = %spec.id, error = %e, retry_in = ?wait, "launch failed; launches of its type back off");
+                    metrics::counter!(m::LAUNCH_FAILURES.name, "pool" => self.cfg.name.clone(),
+                        "node_type" => spec.node_type.clone())
+                    .increment(1);
+                    let _ = self.instances.launch_failed(&spec.id, now, &e.to_string(), &self.cfg.timeouts);
+                }
             }
         }
         Ok(())
@@ -410,6 +440,8 @@ impl Autoscaler {
             "instances": instances,
             "decisions": self.decisions.iter().rev().map(|d| d.as_ref()).collect::<Vec<_>>(),
             "store_failing": self.store.failing(),
+            // Node types whose launches back off after a failure, and until when (ms).
+            "launch_backoff": self.launch_backoff.iter().map(|(t, (until, _))| (t.clone(), *until)).collect::<BTreeMap<_, _>>(),
         })
     }
 
@@ -435,6 +467,8 @@ mod tests {
     struct FakeProvider {
         running: Mutex<BTreeMap<String, String>>,
         launches: Mutex<Vec<String>>,
+        /// Refuse every launch.
+        refuse: std::sync::atomic::AtomicBool,
     }
 
     impl InstanceProvider for FakeProvider {
@@ -453,6 +487,10 @@ mod tests {
         }
         fn launch<'a>(&'a self, spec: &'a LaunchSpec) -> BoxFuture<'a, Result<(), ProviderError>> {
             self.launches.lock().unwrap().push(spec.id.clone());
+            if self.refuse.load(std::sync::atomic::Ordering::SeqCst) {
+                let e = ProviderError::Exit { command: "launch".into(), status: "1".into(), stderr: "quota".into() };
+                return Box::pin(async move { Err(e) });
+            }
             self.running.lock().unwrap().insert(spec.id.clone(), spec.node_type.clone());
             Box::pin(async { Ok(()) })
         }
@@ -640,6 +678,28 @@ mod tests {
         a.pass().await.unwrap();
         assert_eq!(provider.launches.lock().unwrap().len(), 3, "the queued three, not three more");
         assert!(a.report()["store_failing"].is_null());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Issue #35 item 6: a refused launch backs its type off (5 s, doubling): passes
+    /// within it launch nothing of the type, where every pass retried before.
+    #[tokio::test]
+    async fn refused_launches_back_their_type_off() {
+        let dir = std::env::temp_dir().join(format!("flotilla-pool-refused-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let provider = Arc::new(FakeProvider::default());
+        provider.refuse.store(true, std::sync::atomic::Ordering::SeqCst);
+        let cluster = FakeCluster::with_echo(&provider, 3);
+        let mut a = scaler(&dir, &provider, &cluster);
+        for _ in 0..5 {
+            a.pass().await.unwrap();
+        }
+        assert_eq!(provider.launches.lock().unwrap().len(), 1, "one refused launch, then the back-off");
+        let report = a.report();
+        let until = report["launch_backoff"]["t"].as_u64().expect("t backs off");
+        assert!(until > flotilla_core::now_ms() + 3_000, "{report}");
+        assert_eq!(a.instances().iter().filter(|i| i.state == InstanceState::Queued).count(), 3, "they wait queued");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

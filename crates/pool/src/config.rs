@@ -219,6 +219,10 @@ impl PoolConfig {
             };
             let mut resources = Resources::new(cpu, memory, t.gpu);
             resources.custom = t.custom.clone();
+            // Ports alone hold nothing: checked before the default range is added.
+            if resources.is_zero() || cpu == 0 || memory == 0 {
+                errors.push(format!("{path}: a node type needs some cpu and memory (its agents run members)"));
+            }
             // Its agents offer their port range as a resource (members with named ports
             // ask for it): the default range, unless the type says.
             resources
@@ -227,9 +231,6 @@ impl PoolConfig {
                 .or_insert(flotilla_core::ports::DEFAULT_PORTS_OFFERED);
             if let Err(e) = resources.validate_node_capacity() {
                 errors.push(format!("{path}: {e}"));
-            }
-            if resources.is_zero() {
-                errors.push(format!("{path}: a node type with no resources holds nothing"));
             }
             if t.min > t.max {
                 errors.push(format!("{path}: min {} > max {}", t.min, t.max));
@@ -395,5 +396,11 @@ mod tests {
         assert!(PoolConfig::parse("").unwrap_err().to_string().contains("at least one node type"));
         let e = PoolConfig::parse("[provider]\nkind = \"exec\"\nlaunch = []\nterminate = [\"x\"]\nlist = [\"y\"]\n[node_types.a]\ncpu = 1\nmemory = 1\nmax = 1").unwrap_err();
         assert!(e.to_string().contains("provider.launch"), "{e}");
+        // Issue #35 item 6: a type of no cpu or memory is refused at start (the ports its
+        // agents offer by default are no capacity).
+        for zero in ["cpu = 0\nmemory = 0", "cpu = 0\nmemory = \"1Gi\"", "cpu = 2\nmemory = 0"] {
+            let e = PoolConfig::parse(&format!("[node_types.z]\n{zero}\nmax = 1")).unwrap_err().to_string();
+            assert!(e.contains("node_types.z: a node type needs some cpu and memory"), "{zero}: {e}");
+        }
     }
 }
