@@ -21,8 +21,8 @@ use serde_json::Value;
 
 use crate::cli::http::ListArgs;
 
-/// The largest demand file `plan` reads.
-const MAX_DEMAND_BYTES: u64 = 256 << 20;
+/// The largest demand file `plan` reads (as `sim` its trace).
+const MAX_DEMAND_BYTES: u64 = 128 << 20;
 
 #[derive(Debug, Args)]
 pub struct AutoscaleArgs {
@@ -52,14 +52,8 @@ pub fn autoscale(a: AutoscaleArgs) -> anyhow::Result<()> {
     }
 }
 
-fn read_bounded(path: &Path, max: u64) -> anyhow::Result<String> {
-    let len = std::fs::metadata(path).with_context(|| format!("reading {}", path.display()))?.len();
-    anyhow::ensure!(len <= max, "{}: {len} bytes, more than {max}", path.display());
-    std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
-}
-
 fn plan(a: PlanArgs) -> anyhow::Result<()> {
-    let text = read_bounded(&a.demand, MAX_DEMAND_BYTES)?;
+    let text = crate::cli::read_capped(&a.demand, MAX_DEMAND_BYTES, "demand")?;
     let file = DemandFile::parse(&text).with_context(|| format!("{} is not a valid demand", a.demand.display()))?;
     let r = file.plan();
     if a.json {
@@ -209,7 +203,7 @@ pub fn load_pool(path: Option<&Path>) -> anyhow::Result<PoolConfig> {
     let Some(path) = path else {
         return PoolConfig::parse(DEMO_POOL).context("the built-in demo pool (examples/pool.toml)");
     };
-    let text = read_bounded(path, 1 << 20)?;
+    let text = crate::cli::read_capped(path, 1 << 20, "pool file")?;
     PoolConfig::parse(&text).with_context(|| format!("{}", path.display()))
 }
 

@@ -2,11 +2,10 @@
 //! policy can be tried and compared on a laptop before an app runs it. The simulation is
 //! `flotilla_autoscale::sim`; this file reads the files, prints and plots.
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use flotilla_autoscale::{Sample, SimReport, Trace, policy_file_from_toml, simulate};
 use plotters::prelude::*;
 
@@ -30,23 +29,11 @@ pub struct SimArgs {
     plot: Option<PathBuf>,
 }
 
-fn read_capped(path: &Path, limit: u64, what: &str) -> anyhow::Result<String> {
-    let file = std::fs::File::open(path).with_context(|| format!("opening the {what} {}", path.display()))?;
-    let mut text = String::new();
-    file.take(limit + 1)
-        .read_to_string(&mut text)
-        .with_context(|| format!("reading the {what} {} (UTF-8 text expected)", path.display()))?;
-    if text.len() as u64 > limit {
-        bail!("the {what} {} is larger than {} MiB", path.display(), limit >> 20);
-    }
-    Ok(text)
-}
-
 pub fn run(a: SimArgs) -> anyhow::Result<()> {
     let started = Instant::now();
-    let policy_text = read_capped(&a.policy, MAX_POLICY_BYTES, "policy file")?;
+    let policy_text = crate::cli::read_capped(&a.policy, MAX_POLICY_BYTES, "policy file")?;
     let (policy, model) = policy_file_from_toml(&policy_text).with_context(|| format!("{}", a.policy.display()))?;
-    let trace_text = read_capped(&a.trace, MAX_TRACE_BYTES, "trace")?;
+    let trace_text = crate::cli::read_capped(&a.trace, MAX_TRACE_BYTES, "trace")?;
     let trace = Trace::parse_csv(&trace_text).with_context(|| format!("{}", a.trace.display()))?;
     let report = simulate(&policy, &model, &trace);
     let wall_seconds = started.elapsed().as_secs_f64();

@@ -289,4 +289,8 @@ fn autoscale_plan_makes_the_documented_example_decision() {
     let o = flotilla_testkit::run(&["autoscale", "plan", "--demand", bad.to_str().unwrap()], &[]);
     assert!(!o.status.success());
     assert!(flotilla_testkit::stderr(&o).contains("node_types[0].resources.CPU"), "{}", flotilla_testkit::stderr(&o));
+    // An endless input (its size says 0) is read only up to the cap (issue #35 item 5).
+    let o = flotilla_testkit::run(&["autoscale", "plan", "--demand", "/dev/zero"], &[]);
+    assert!(!o.status.success());
+    assert!(flotilla_testkit::stderr(&o).contains("larger than 128 MiB"), "{}", flotilla_testkit::stderr(&o));
 }
