@@ -88,6 +88,11 @@ async fn the_page_and_its_files_are_served_with_their_types() {
     assert_eq!(r.status(), 200);
     assert!(header(&r, "content-type").starts_with("text/html"));
     assert_eq!(header(&r, "cache-control"), "no-cache");
+    // No other site frames the page; it runs only its own scripts (issue #35 item 8).
+    assert_eq!(header(&r, "x-frame-options"), "DENY");
+    assert!(header(&r, "content-security-policy").contains("frame-ancestors 'none'"));
+    assert!(header(&r, "content-security-policy").contains("script-src 'self';"));
+    assert_eq!(header(&r, "x-content-type-options"), "nosniff");
     assert!(r.text().await.unwrap().contains("<html"));
     let r = http.get(format!("http://{addr}/ui/app.js")).send().await.unwrap();
     assert_eq!(r.status(), 200);
