@@ -54,6 +54,9 @@ pub async fn apps(a: ListArgs) -> anyhow::Result<()> {
             (None, None) => "(unknown)".to_string(),
         };
         let app = r["app"].as_str().unwrap_or("-").to_string();
+        if let Some(w) = r["waiting"].as_str() {
+            decisions.push(format!("{app}: {w}"));
+        }
         if r["store"]["healthy"] == Value::Bool(false) {
             let error = r["store"]["error"].as_str().unwrap_or("?");
             decisions.push(format!(

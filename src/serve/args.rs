@@ -54,6 +54,25 @@ impl HttpArgs {
     }
 }
 
+/// One `--aggregators` entry: `host:port` or a URL, with `|` between a shard's
+/// alternates. An empty one (`a,,b`, a trailing comma) is refused here rather than
+/// followed for ever as a shard that never answers.
+pub fn parse_shard_address(s: &str) -> Result<String, String> {
+    if s.trim().is_empty() {
+        return Err("an empty shard address (a trailing or doubled comma?)".into());
+    }
+    for alt in s.split('|') {
+        let alt = alt.trim();
+        let host_port = alt.split_once("://").map_or(alt, |(_, rest)| rest);
+        let port = host_port.rsplit_once(':').map(|(h, p)| (h, p.trim_end_matches('/')));
+        match port {
+            Some((h, p)) if !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0) => {}
+            _ => return Err(format!("{alt:?} is not host:port (or a URL with a port)")),
+        }
+    }
+    Ok(s.trim().to_string())
+}
+
 /// How a process reaches the shards' gRPC services (commit, watch, admin).
 #[derive(Debug, Clone, Args)]
 pub struct ShardClientArgs {

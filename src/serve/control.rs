@@ -16,7 +16,7 @@ pub struct ControlArgs {
     #[arg(long, default_value = "127.0.0.1:7700")]
     pub listen: SocketAddr,
     /// Shard addresses (`host:port`) in shard-index order.
-    #[arg(long, value_delimiter = ',', required = true)]
+    #[arg(long, value_delimiter = ',', required = true, value_parser = crate::serve::args::parse_shard_address)]
     pub aggregators: Vec<String>,
     /// File with the API token for mutating calls.
     #[arg(long)]

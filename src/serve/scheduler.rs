@@ -29,7 +29,7 @@ pub struct SchedulerArgs {
     #[arg(long)]
     pub app: PathBuf,
     /// Shard addresses (`host:port`) in shard-index order.
-    #[arg(long, value_delimiter = ',', required = true)]
+    #[arg(long, value_delimiter = ',', required = true, value_parser = crate::serve::args::parse_shard_address)]
     pub aggregators: Vec<String>,
     /// Register with this control plane, which then forwards requests about the app here.
     #[arg(long)]

@@ -53,3 +53,43 @@ fn a_standalone_scheduler_registers_and_the_control_plane_forwards_to_it() {
     assert!(exited.success(), "{exited:?}");
     drop(procs);
 }
+
+/// Issue #35 item 3: a scheduler that cannot reach its shards says so: a bad list is
+/// refused at start; unreachable shards are logged (once a streak), named with their
+/// error in `apps`, counted, and the scheduler is not ready.
+#[test]
+fn a_scheduler_that_cannot_reach_its_shards_says_so() {
+    let dir = flotilla_testkit::TempDir::new("unreachable-shards");
+    let store = format!("redb:{}", dir.join("echo.redb").display());
+    let out = flotilla_testkit::flotilla()
+        .args(["scheduler", "--app", ECHO, "--aggregators", "127.0.0.1:1,", "--store", &store])
+        .output()
+        .unwrap();
+    let err = flotilla_testkit::stderr(&out);
+    assert!(!out.status.success() && err.contains("an empty shard address"), "{err}");
+
+    let api = format!("127.0.0.1:{}", flotilla_testkit::free_port());
+    let log = dir.join("scheduler.err");
+    let mut procs = Group::new();
+    let args = ["scheduler", "--app", ECHO, "--aggregators", "127.0.0.1:1,127.0.0.1:2", "--store", &store];
+    procs.spawn_with_env(&[&args[..], &["--listen", &api]].concat(), &log, &[("FLOTILLA_DATA", dir.to_str().unwrap())]);
+    let addr = format!("http://{api}");
+    let apps = wait_for("the scheduler says what it waits for", Duration::from_secs(20), || {
+        std::net::TcpStream::connect(&api).ok()?;
+        let (status, body) = http(&api, "GET", "/v1/apps", None, "");
+        (status == 200 && body[0]["waiting"].as_str().is_some_and(|w| w.contains("127.0.0.1:2"))).then_some(body)
+    });
+    let waiting = apps[0]["waiting"].as_str().unwrap();
+    assert!(waiting.contains("shard 0 (127.0.0.1:1: ") && waiting.contains("nothing is placed"), "{waiting}");
+    let text = String::from_utf8(flotilla_testkit::flotilla().args(["apps", "--addr", &addr]).output().unwrap().stdout)
+        .unwrap();
+    assert!(text.contains("echo: no view of every shard yet"), "{text}");
+    let (status, _) = http(&api, "GET", "/readyz", None, "");
+    assert_eq!(status, 503, "not ready");
+    assert!(
+        metric(&get_text(&api, "/metrics").unwrap_or_default(), "flotilla_view_follow_failures_total", "shard=\"1\"")
+            .is_some_and(|n| n >= 1.0)
+    );
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert!(logged.contains("cannot follow the shard's view"), "{logged}");
+}

@@ -129,6 +129,8 @@ pub(crate) fn summary(s: &AppStatus) -> Value {
         // Which instance serves the app, and whether it is the active one (holds the
         // app's lease) or a standby.
         "scheduler": s.scheduler,
+        // Set while the scheduler places nothing for want of a view of every shard.
+        "waiting": s.waiting,
         // Set while the scheduler's store refuses writes: changes answer 503.
         "store": match &s.store_error {
             None => json!({"healthy": true}),

@@ -9,5 +9,11 @@ pub const SNAPSHOTS_RECEIVED: Family = Family::counter(
     &[],
 );
 
+pub const FOLLOW_FAILURES: Family = Family::counter(
+    "flotilla_view_follow_failures_total",
+    "Failed connections or streams to a shard's view (each retried with back-off), by shard index.",
+    &["shard"],
+);
+
 /// Every family of the view follower.
-pub const FAMILIES: &[Family] = &[SNAPSHOTS_RECEIVED];
+pub const FAMILIES: &[Family] = &[SNAPSHOTS_RECEIVED, FOLLOW_FAILURES];

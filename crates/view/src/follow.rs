@@ -32,6 +32,9 @@ pub struct ShardSlot {
 pub struct ClusterView {
     slots: Vec<ArcSwap<ShardSlot>>,
     changed: watch::Sender<u64>,
+    /// Why each shard's stream last failed, until it delivers again: for status pages,
+    /// never read on the placement path.
+    errors: std::sync::Mutex<Vec<Option<String>>>,
 }
 
 impl ClusterView {
@@ -46,7 +49,24 @@ impl ClusterView {
                 })
             })
             .collect();
-        Arc::new(ClusterView { slots, changed: watch::channel(0).0 })
+        Arc::new(ClusterView { slots, changed: watch::channel(0).0, errors: std::sync::Mutex::new(vec![None; shards]) })
+    }
+
+    /// The shards not connected now, each with why its stream last failed (when it did).
+    pub fn unreachable(&self) -> Vec<(usize, Option<String>)> {
+        use flotilla_core::LockExt;
+        let errors = self.errors.lock_or_recover();
+        (0..self.slots.len())
+            .filter(|i| !self.slots[*i].load().connected)
+            .map(|i| (i, errors.get(i).cloned().flatten()))
+            .collect()
+    }
+
+    fn set_error(&self, shard: usize, error: Option<String>) {
+        use flotilla_core::LockExt;
+        if let Some(e) = self.errors.lock_or_recover().get_mut(shard) {
+            *e = error;
+        }
     }
 
     pub fn shards(&self) -> usize {
@@ -92,12 +112,32 @@ pub async fn follow_shard(cluster: Arc<ClusterView>, shard: usize, endpoint: Str
         Backoff::new(Duration::from_millis(100), Duration::from_secs(2)).with_jitter(0.5).jitter_from(clock_jitter);
     // `a|b`: the shard's active process and its standbys; a failed stream moves on.
     let mut alternate = 0;
+    // Failures since the shard last delivered, and when one was last logged: the first
+    // of a streak is a warning, the rest one line every 30 s.
+    let (mut failures, mut logged) = (0u64, None::<std::time::Instant>);
     loop {
         let endpoint = flotilla_core::shard_alternate(&endpoint, alternate);
-        match follow_once(&cluster, shard, endpoint, &dialer).await {
+        let result = follow_once(&cluster, shard, endpoint, &dialer).await;
+        if cluster.slot(shard).connected {
+            // It delivered (and then the stream ended): a new streak starts from here.
+            if failures > 0 {
+                tracing::info!(shard, %endpoint, after_failures = failures, "following the shard's view again");
+            }
+            failures = 0;
+            cluster.set_error(shard, None);
+        }
+        match result {
             Ok(()) => backoff.reset(),
             Err(e) => {
-                tracing::debug!(shard, %endpoint, error = %e, "view stream failed");
+                failures += 1;
+                metrics::counter!(m::FOLLOW_FAILURES.name, "shard" => shard.to_string()).increment(1);
+                cluster.set_error(shard, Some(format!("{endpoint}: {e}")));
+                if failures == 1 || logged.is_none_or(|t| t.elapsed() >= Duration::from_secs(30)) {
+                    tracing::warn!(shard, %endpoint, error = %e, failures, "cannot follow the shard's view; retrying with back-off");
+                    logged = Some(std::time::Instant::now());
+                } else {
+                    tracing::debug!(shard, %endpoint, error = %e, "view stream failed");
+                }
                 alternate += 1;
             }
         }

@@ -48,6 +48,9 @@ pub struct AppStatus {
     /// Why the store refuses writes now (a full disk), while it does: changes are
     /// refused (`store_unavailable`) and the scheduler retries until it is back.
     pub store_error: Option<String>,
+    /// Why the scheduler places nothing yet: it waits for a view of every shard (and
+    /// what the unreachable ones' streams failed with).
+    pub waiting: Option<String>,
     /// Which instance serves the app and whether it is the active one (holds the lease).
     pub scheduler: crate::leader::Role,
 }

@@ -153,6 +153,7 @@ impl Scheduler {
             template: spec.template_fingerprint(),
             rollout: stored.rollout.clone(),
             store_error: None,
+            waiting: None,
             scheduler: crate::leader::Leader::always("local").role(),
         };
         let autoscaler = Autoscaler::new(&spec, &stored.decisions);
@@ -300,8 +301,10 @@ impl Scheduler {
         let slots = self.cluster.slots();
         let mut writes = Vec::new();
         if !self.tracking.started {
-            // Place nothing against a partial view: wait until every shard has answered once.
+            // Place nothing against a partial view: wait until every shard has answered
+            // once, saying why meanwhile.
             if slots.iter().any(|s| !s.connected) {
+                self.publish();
                 return Ok(());
             }
             observe::adopt(&self.spec, &mut self.stored.units, &mut self.ledgers, &mut writes).await;
@@ -541,6 +544,22 @@ impl Scheduler {
         shape
     }
 
+    /// The shards this scheduler has no view of, and why, while it waits for them.
+    fn waiting_for(&self) -> Option<String> {
+        let unreachable = self.cluster.unreachable();
+        if unreachable.is_empty() {
+            return None;
+        }
+        let shards: Vec<String> = unreachable
+            .iter()
+            .map(|(i, e)| match e {
+                Some(e) => format!("shard {i} ({e})"),
+                None => format!("shard {i} (connecting)"),
+            })
+            .collect();
+        Some(format!("no view of every shard yet, so nothing is placed: {}", shards.join("; ")))
+    }
+
     /// Publishes the unit counts by state (metrics) and the status the API shows.
     fn publish(&self) {
         let mut counts = [0i64; UnitState::ALL.len()];
@@ -571,6 +590,7 @@ impl Scheduler {
             template: self.fingerprint.clone(),
             rollout: self.stored.rollout.clone(),
             store_error: self.store.failing(),
+            waiting: (!self.tracking.started).then(|| self.waiting_for()).flatten(),
             scheduler: self.leader.role(),
         }));
         let newest = self.autoscaler.decisions.back();
