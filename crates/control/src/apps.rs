@@ -365,9 +365,11 @@ async fn get_spec(State(s): State<Arc<ControlState>>, Path(app): Path<String>) -
             Ok(spec_answer(st.spec_toml.to_string(), st.has_previous_spec))
         }
         Some(Err(url)) => {
+            crate::forward::no_second_hop(&url)?;
             let resp = s
                 .http
                 .get(format!("{}/v1/apps/{app}/spec", url.trim_end_matches('/')))
+                .header(crate::forward::HOP_HEADER, "1")
                 .timeout(Duration::from_secs(5))
                 .send()
                 .await
@@ -466,6 +468,17 @@ fn scheduler_url(url: &str) -> Result<String, &'static str> {
     if u.host_str().is_none_or(str::is_empty) {
         return Err("no host");
     }
+    // A cloud's instance metadata service (169.254.169.254, fd00:ec2::254) answers any
+    // GET with credentials: never a scheduler, and never to be polled on a caller's word.
+    let host = u.host_str().unwrap_or_default();
+    let link_local = match host.trim_start_matches('[').trim_end_matches(']').parse::<std::net::IpAddr>() {
+        Ok(std::net::IpAddr::V4(ip)) => ip.is_link_local(),
+        Ok(std::net::IpAddr::V6(ip)) => ip.is_unicast_link_local() || ip.segments()[..2] == [0xfd00, 0x0ec2],
+        Err(_) => host.eq_ignore_ascii_case("metadata.google.internal"),
+    };
+    if link_local {
+        return Err("a link-local or cloud metadata address is never a scheduler");
+    }
     let path = url.split_once("://").map_or("", |(_, rest)| rest.split_once('/').map_or("", |(_, p)| p));
     if path.split('/').any(|seg| seg == "." || seg == "..") {
         return Err("a '.' or '..' path segment");
@@ -494,6 +507,10 @@ mod tests {
             "http://h/?x=1",
             "http://h/#f",
             "http://h /x",
+            "http://169.254.169.254/latest",
+            "http://[fe80::1]:80",
+            "http://[fd00:ec2::254]",
+            "http://metadata.google.internal",
         ] {
             assert!(scheduler_url(bad).is_err(), "{bad}");
         }

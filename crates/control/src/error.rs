@@ -90,6 +90,11 @@ pub enum ControlError {
     BodyTimeout { secs: u64 },
     #[error("more than {per_second} requests per second from {peer}: retry in {} ms", retry_in.as_millis().max(1))]
     RateLimited { per_second: u32, peer: IpAddr, retry_in: Duration },
+    /// A request forwarded to a scheduler came back to be forwarded again.
+    #[error(
+        "the request was forwarded to {url} already and came back to be forwarded again: is a scheduler registered with a control plane's own URL? Register the scheduler's own API"
+    )]
+    ForwardLoop { url: String },
     /// `GET /v1/events` with every stream place taken (or every one for one address).
     #[error("{max} event streams are open already{}: close one (another tab?) or retry later", if *from_one_address { " from this address" } else { "" })]
     TooManySubscribers { max: usize, from_one_address: bool },
@@ -112,7 +117,7 @@ impl ServiceError for ControlError {
             Storage(_) => ErrorKind::Internal,
             SharedStoreUnavailable(_) => ErrorKind::StoreUnavailable,
             Unauthorized(_) => ErrorKind::Unauthenticated,
-            AppRunsHere(_) | ScheduledElsewhere { .. } => ErrorKind::Conflict,
+            AppRunsHere(_) | ScheduledElsewhere { .. } | ForwardLoop { .. } => ErrorKind::Conflict,
             ShardUnreachable { .. } | SchedulerUnreachable { .. } => ErrorKind::Unavailable,
             Forwarded { status, .. } => kind_of_status(*status),
             TooLarge { .. } => ErrorKind::TooLarge,
@@ -136,6 +141,7 @@ impl ServiceError for ControlError {
             Unauthorized(_) => "unauthorized",
             AppRunsHere(_) => "conflict",
             ScheduledElsewhere { .. } => "scheduled_elsewhere",
+            ForwardLoop { .. } => "forward_loop",
             ShardUnreachable { .. } => "shard_unreachable",
             SchedulerUnreachable { .. } => "scheduler_unreachable",
             Forwarded { .. } => "refused",

@@ -10,6 +10,25 @@ use serde_json::{Value, json};
 
 use crate::ControlError;
 
+/// The header every call to a scheduler's API carries. A request that arrives with it
+/// was forwarded once already and is never forwarded again: a scheduler registered
+/// with a control plane's own URL would otherwise turn one request into a loop.
+pub const HOP_HEADER: &str = "x-flotilla-forwarded";
+
+tokio::task_local! {
+    /// Set while the API serves a request that carries [`HOP_HEADER`].
+    pub(crate) static FORWARDED: bool;
+}
+
+/// Refuses to forward a request that was forwarded already.
+pub(crate) fn no_second_hop(url: &str) -> Result<(), ControlError> {
+    if FORWARDED.try_with(|f| *f).unwrap_or(false) {
+        crate::limits::rejected("forward_loop");
+        return Err(ControlError::ForwardLoop { url: url.to_string() });
+    }
+    Ok(())
+}
+
 pub(crate) fn unreachable(url: &str, e: reqwest::Error) -> ControlError {
     ControlError::SchedulerUnreachable { url: url.to_string(), message: e.to_string() }
 }
@@ -26,8 +45,10 @@ pub(crate) async fn remote_within(
     path: &str,
     timeout: Duration,
 ) -> Result<Value, ControlError> {
+    no_second_hop(url)?;
     let resp = http
         .get(format!("{}{path}", url.trim_end_matches('/')))
+        .header(HOP_HEADER, "1")
         .timeout(timeout)
         .send()
         .await
@@ -77,7 +98,8 @@ pub(crate) async fn forward(
     url: &str,
     headers: &HeaderMap,
 ) -> Result<Json<Value>, ControlError> {
-    let mut req = req.timeout(Duration::from_secs(5));
+    no_second_hop(url)?;
+    let mut req = req.timeout(Duration::from_secs(5)).header(HOP_HEADER, "1");
     if let Some(v) = headers.get(axum::http::header::AUTHORIZATION).and_then(|v| v.to_str().ok()) {
         req = req.header("authorization", v);
     }

@@ -141,7 +141,9 @@ async fn guard(State(g): State<Guard>, req: Request, next: Next) -> Response {
             Err(_) => return refuse("body_timeout", ControlError::BodyTimeout { secs: BODY_TIMEOUT.as_secs() }),
         };
     let counted = Arc::new(AtomicBool::new(false));
-    let resp = COUNTED.scope(counted.clone(), next.run(Request::from_parts(parts, Body::from(bytes)))).await;
+    let forwarded = parts.headers.contains_key(crate::forward::HOP_HEADER);
+    let run = COUNTED.scope(counted.clone(), next.run(Request::from_parts(parts, Body::from(bytes))));
+    let resp = crate::forward::FORWARDED.scope(forwarded, run).await;
     if counted.load(Ordering::Relaxed) {
         return resp;
     }

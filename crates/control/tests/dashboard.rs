@@ -353,3 +353,46 @@ async fn one_address_cannot_take_every_event_stream() {
     });
     assert_eq!(again.await.expect("the place comes back").status(), 200);
 }
+
+/// Issue #35 item 4: a scheduler registered with the control plane's own URL. A request
+/// about its app is forwarded once, comes back marked, and is refused there: one extra
+/// request, not a loop of them.
+#[tokio::test]
+async fn a_scheduler_registered_with_the_control_planes_own_url_makes_no_loop() {
+    let (addr, _c, _stop) = start().await;
+    let http = reqwest::Client::new();
+    let own = format!("http://{addr}");
+    let r = http
+        .post(format!("{own}/v1/schedulers"))
+        .bearer_auth("secret")
+        .json(&json!({"app": "zzz", "url": own}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204);
+    let before = served(&own, "/v1/apps/{app}/units").await;
+    let r = http.get(format!("{own}/v1/apps/zzz/units")).send().await.unwrap();
+    assert_eq!(r.status(), 409);
+    let body: Value = r.json().await.unwrap();
+    assert!(body["error"]["message"].as_str().unwrap().contains("forwarded"), "{body}");
+    assert_eq!(served(&own, "/v1/apps/{app}/units").await - before, 2.0, "the request and its one forward");
+    let r = http.get(format!("{own}/v1/apps/zzz")).send().await.unwrap();
+    assert_eq!(r.status(), 409);
+    // Its spec, a scale and the list: each refused or marked unreachable, none looping.
+    let r = http.get(format!("{own}/v1/apps/zzz/spec")).send().await.unwrap();
+    assert_eq!(r.status(), 409);
+    let r = http.put(format!("{own}/v1/apps/zzz/scale")).bearer_auth("secret").json(&json!({"units": 2})).send().await;
+    assert_eq!(r.unwrap().status(), 409);
+    let rows: Vec<Value> = http.get(format!("{own}/v1/apps")).send().await.unwrap().json().await.unwrap();
+    let zzz = rows.iter().find(|a| a["app"] == "zzz").unwrap();
+    assert_eq!(zzz["unreachable"], true, "{zzz}");
+}
+
+/// How many requests the API (in this process) served on `route`.
+async fn served(_base: &str, route: &str) -> f64 {
+    let page = flotilla_obs::metrics_handle().render();
+    page.lines()
+        .filter(|l| l.starts_with("flotilla_api_requests_total") && l.contains(&format!("route=\"{route}\"")))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
