@@ -121,24 +121,10 @@ pub struct AgentArgs {
     pub test_health_file: Option<PathBuf>,
 }
 
-/// Parses `1500ms`, `2s`, `1.5s`, `5m`, `1h` (a bare number is seconds): the one
-/// duration syntax of every Flotilla flag, so `--heartbeat-interval 1s` reads like
-/// `--suspect-after 2s`.
+/// Parses `1500ms`, `2s`, `1.5s`, `5m`, `1h30m`, `1d` (a bare number is seconds): the
+/// one duration grammar (`flotilla_core::duration`) of every flag, file and policy.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let (num, unit) = s.find(|c: char| c.is_ascii_alphabetic()).map(|i| s.split_at(i)).unwrap_or((s, "s"));
-    let n: f64 = num.parse().map_err(|_| format!("{s:?} is not a duration like 500ms, 2s or 5m"))?;
-    let secs = match unit {
-        "ms" => n / 1000.0,
-        "s" => n,
-        "m" => n * 60.0,
-        "h" => n * 3600.0,
-        _ => return Err(format!("{s:?}: unknown unit {unit:?} (use ms, s, m or h)")),
-    };
-    if !(secs.is_finite() && (0.0..1e7).contains(&secs)) {
-        return Err(format!("{s:?} is out of range"));
-    }
-    Ok(Duration::from_secs_f64(secs))
+    flotilla_core::duration::parse(s)
 }
 
 /// The value of a duration flag, or of its deprecated `-ms` spelling when that was
@@ -597,6 +583,9 @@ mod tests {
         assert!(parse_duration("2 parsecs").is_err());
         assert!(parse_duration("-1s").is_err());
         assert!(parse_duration("x").is_err());
+        // The grammar of policies too (issue #35 item 8).
+        assert_eq!(parse_duration("1d"), Ok(Duration::from_secs(86_400)));
+        assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
     }
 
     #[test]

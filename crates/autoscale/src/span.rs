@@ -25,34 +25,14 @@ impl Span {
 
 impl FromStr for Span {
     type Err = String;
+    /// The one duration grammar (`flotilla_core::duration`), in whole seconds: a policy
+    /// counts seconds, so `1500ms` is refused rather than rounded.
     fn from_str(s: &str) -> Result<Self, String> {
-        let bad =
-            || format!("invalid duration {s:?}: expected e.g. \"10s\", \"2m\", \"1h30m\", \"1d\" or whole seconds");
-        let s = s.trim();
-        if let Ok(secs) = s.parse::<u64>() {
-            return Ok(Span(secs));
+        let d = flotilla_core::duration::parse(s)?;
+        if d.subsec_nanos() != 0 {
+            return Err(format!("{:?}: policies count whole seconds", s.trim()));
         }
-        let (mut total, mut num, mut any) = (0u64, None::<u64>, false);
-        for c in s.chars() {
-            if let Some(d) = c.to_digit(10) {
-                num = Some(num.unwrap_or(0).checked_mul(10).and_then(|n| n.checked_add(d.into())).ok_or_else(bad)?);
-                continue;
-            }
-            let unit = match c {
-                's' => 1,
-                'm' => 60,
-                'h' => 3600,
-                'd' => DAY,
-                _ => return Err(bad()),
-            };
-            let n = num.take().ok_or_else(bad)?;
-            total = n.checked_mul(unit).and_then(|v| total.checked_add(v)).ok_or_else(bad)?;
-            any = true;
-        }
-        if num.is_some() || !any {
-            return Err(bad());
-        }
-        Ok(Span(total))
+        Ok(Span(d.as_secs()))
     }
 }
 

@@ -333,6 +333,11 @@ fn config_round_trips_and_parses_durations() {
     assert_eq!("1d".parse::<Span>(), Ok(Span::secs(86_400)));
     assert_eq!("90".parse::<Span>(), Ok(Span::secs(90)));
     assert!("2x".parse::<Span>().is_err() && "m".parse::<Span>().is_err() && "5".repeat(30).parse::<Span>().is_err());
+    // The flags' grammar (issue #35 item 8): milliseconds and fractions parse, and a
+    // policy says it counts whole seconds rather than reject the syntax.
+    assert_eq!("1.5m".parse::<Span>(), Ok(Span::secs(90)));
+    assert_eq!("2000ms".parse::<Span>(), Ok(Span::secs(2)));
+    assert!("1ms".parse::<Span>().is_err_and(|e| e.contains("whole seconds")));
     let e = AutoscalingConfig::from_toml(&p.replace("scale_up_factor", "scale_up_facter"));
     assert!(e.is_err_and(|e| e.to_string().contains("scale_up_facter")));
     let named = "[autoscaling]\nname = \"batch\"\npolicy = \"utilization\"\ninterval = 5\n[autoscaling.utilization]\nmax_units = 8";

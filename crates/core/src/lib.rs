@@ -5,6 +5,7 @@
 
 mod backoff;
 mod clock;
+pub mod duration;
 mod error;
 mod health;
 mod limits;
