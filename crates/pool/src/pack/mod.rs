@@ -31,7 +31,8 @@ use std::sync::Arc;
 use node::{Origin, SimNode};
 use problem::{Cap, Group, Item, Source};
 pub use problem::{
-    Cause, Gang, Infeasible, Labels, Limit, Node, NodeType, Plan, Problem, Request, Selector, Strategy, Termination,
+    Cause, Gang, Infeasible, Labels, Limit, MAX_REASONS, Node, NodeType, Plan, Problem, Request, Selector, Strategy,
+    Termination,
 };
 
 use crate::shape::{ResourceNames, Shape};
@@ -416,6 +417,7 @@ pub fn plan(p: &Problem) -> Plan {
             Origin::Existing(_) => {}
         }
     }
+    out.fold_reasons();
     out.launch_reasons.retain(|t, _| out.launch.contains_key(t));
     out
 }
@@ -585,10 +587,24 @@ impl Plan {
         for (t, n) in a {
             let added = n - b.get(&t).copied().unwrap_or(0);
             if added > 0 {
-                self.launch_reasons
-                    .entry(after.p.node_types[t].name.clone())
-                    .or_default()
-                    .push(format!("{added} for {why}"));
+                let name = &after.p.node_types[t].name;
+                let reasons = self.launch_reasons.entry(name.clone()).or_default();
+                if reasons.len() < problem::MAX_REASONS {
+                    reasons.push(format!("{added} for {why}"));
+                } else {
+                    let (nodes, more) = self.reasons_folded.entry(name.clone()).or_default();
+                    *nodes += added;
+                    *more += 1;
+                }
+            }
+        }
+    }
+
+    /// The folded reasons as one last entry per type.
+    fn fold_reasons(&mut self) {
+        for (t, (nodes, more)) in std::mem::take(&mut self.reasons_folded) {
+            if let Some(r) = self.launch_reasons.get_mut(&t) {
+                r.push(format!("{nodes} for {more} others"));
             }
         }
     }

@@ -196,12 +196,18 @@ pub struct Infeasible {
     pub reason: String,
 }
 
+/// Most reasons listed per node type: thousands of gangs would otherwise make one
+/// launch line thousands of entries long.
+pub const MAX_REASONS: usize = 8;
+
 /// The decision of one pass.
 #[derive(Debug, Clone, Default)]
 pub struct Plan {
     /// New nodes by type, with why (the first reason per type).
     pub launch: BTreeMap<String, u32>,
     pub launch_reasons: BTreeMap<String, Vec<String>>,
+    /// Per type, the new nodes and reasons past [`MAX_REASONS`], folded into its last one.
+    pub(crate) reasons_folded: BTreeMap<String, (u32, u32)>,
     pub terminate: Vec<Termination>,
     pub infeasible: Vec<Infeasible>,
     /// Capacity of the new nodes, and the part of it this pass placed demand on.

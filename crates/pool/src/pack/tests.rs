@@ -502,3 +502,24 @@ fn a_per_domain_limit_counts_the_units_this_pass_places() {
     assert_eq!(out.infeasible.len(), 1, "{:?}", out.infeasible);
     assert!(out.infeasible[0].reason.contains("max_units_per_domain"), "{:?}", out.infeasible);
 }
+
+/// Thousands of gangs list a handful of reasons per type, the rest folded into one.
+#[test]
+fn launch_reasons_stay_short_however_many_gangs() {
+    let t = ty("cpu-8", shape(8, 32, 0), 1000);
+    let gang = |i: usize| Gang {
+        id: format!("g{i}"),
+        strategy: Strategy::StrictSpread,
+        bundles: vec![shape(8, 1, 0); 2],
+        selector: Selector::default(),
+        same: None,
+        per_node: None,
+        per_domain: None,
+    };
+    let p = Problem { node_types: vec![t], gangs: (0..50).map(gang).collect(), ..Default::default() };
+    let out = plan(&p);
+    assert_eq!(launched(&out), vec![("cpu-8", 100)]);
+    let reasons = &out.launch_reasons["cpu-8"];
+    assert_eq!(reasons.len(), MAX_REASONS + 1, "{reasons:?}");
+    assert_eq!(reasons.last().map(String::as_str), Some("84 for 42 others"));
+}
