@@ -67,13 +67,39 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody<T> {
         let bytes = Bytes::from_request(req, state).await.map_err(|e| BodyRejection::Unreadable(e.body_text()))?;
         serde_json::from_slice(&bytes)
             .map(JsonBody)
-            .map_err(|e| BodyRejection::Unreadable(format!("the body is not the JSON expected: {e}")))
+            .map_err(|e| BodyRejection::Unreadable(format!("the body is not the JSON expected: {}", json_error(&e))))
+    }
+}
+
+/// serde's message, except that a number too large for a whole-number field (JSON
+/// reads it as a float) is said so, not quoted as the float it became
+/// (`18446744073709552000` for 2^64).
+fn json_error(e: &serde_json::Error) -> String {
+    let msg = e.to_string();
+    match msg.strip_prefix("invalid type: floating point `").and_then(|r| r.split_once("`, expected ")) {
+        Some((_, expected)) => format!("a number out of range or not whole, expected {expected}"),
+        None => msg,
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_number_too_large_for_its_field_is_said_so() {
+        #[derive(Debug, serde::Deserialize)]
+        struct Scale {
+            #[allow(dead_code)]
+            units: u32,
+        }
+        let e = serde_json::from_str::<Scale>(r#"{"units": 18446744073709551616}"#).unwrap_err();
+        let msg = json_error(&e);
+        assert!(msg.starts_with("a number out of range or not whole, expected u32"), "{msg}");
+        assert!(!msg.contains("18446744073709552000"), "{msg}");
+        let e = serde_json::from_str::<Scale>(r#"{"units": "x"}"#).unwrap_err();
+        assert_eq!(json_error(&e), e.to_string(), "other errors as serde says them");
+    }
 
     #[test]
     fn json_types_are_json_whatever_their_parameters() {
