@@ -301,9 +301,7 @@ pub async fn run(a: UpArgs, log_format: LogFormat) -> anyhow::Result<()> {
     if !schedulers.is_empty() {
         wait_for_agents(&cluster, n_agents, AGENTS_WAIT).await;
     }
-    for scheduler in schedulers {
-        tokio::spawn(scheduler.run());
-    }
+    let schedulers: Vec<_> = schedulers.into_iter().map(|s| tokio::spawn(s.run())).collect();
     println!("flotilla is up: {} shard(s) at {joined}, {n_agents} agent(s)", a.shards);
     println!("  control API and /metrics: {scheme}://{listen}");
     println!("  export FLOTILLA_ADDR={scheme}://{listen} FLOTILLA_DATA={}", data.dir.display());
@@ -349,6 +347,16 @@ pub async fn run(a: UpArgs, log_format: LogFormat) -> anyhow::Result<()> {
         }
     }
 
+    // The schedulers stop first: the agents' drains below are `up` going away, not
+    // nodes to replace units from (they would queue a replacement for every unit, kept
+    // in the store for the next start). Stopping one mid-pass is a crash it recovers
+    // from at the next start, as from kill -9.
+    for s in &schedulers {
+        s.abort();
+    }
+    for s in schedulers {
+        let _ = s.await;
+    }
     if let Some((task, provider)) = pool_task {
         let _ = stop_pool.send(());
         let _ = task.await;

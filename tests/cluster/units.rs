@@ -6,7 +6,7 @@ use std::time::Duration;
 use flotilla_testkit::{TempDir, Up, alive, flotilla, free_port, run_ok, signal, wait_for, who};
 use serde_json::Value;
 
-use crate::common::ECHO;
+use crate::common::{ECHO, running};
 
 #[test]
 fn up_with_an_app_places_its_units_and_pushes_assignments() {
@@ -138,4 +138,16 @@ fn echo_server_answers_with_its_identity_on_flotilla_port() {
     assert_eq!(v["node"], "node-7");
     assert_eq!(v["unit"], "echo-3");
     assert_eq!(v["role"], "head");
+}
+
+/// Issue #35 item 8: `up` stopping drains its agents, which is `up` going away, not
+/// nodes to replace units from: its schedulers stop first and queue nothing.
+#[test]
+fn stopping_up_queues_no_replacements() {
+    let mut up = Up::start("stop-quietly", &["--agents", "2", "--app", ECHO]);
+    wait_for("2 running units", Duration::from_secs(30), || (running(&up).len() == 2).then_some(()));
+    assert!(up.stop(), "up exits cleanly");
+    let log = std::fs::read_to_string(up.data.join("up.err")).unwrap();
+    assert!(log.contains("node draining"), "the agents drained: {log}");
+    assert!(!log.contains("a replacement is queued"), "{log}");
 }
