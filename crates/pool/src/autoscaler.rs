@@ -571,6 +571,14 @@ mod tests {
         max = 5
     "#;
 
+    /// An empty dir of this test process's own.
+    fn fresh_dir(name: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("flotilla-pool-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
     fn scaler(dir: &std::path::Path, p: &Arc<FakeProvider>, c: &Arc<FakeCluster>) -> Autoscaler {
         let store = PoolStore::open("test", dir.join("pool.redb")).unwrap();
         Autoscaler::new(PoolConfig::parse(POOL).unwrap(), p.clone(), c.clone(), store).unwrap()
@@ -578,9 +586,7 @@ mod tests {
 
     #[tokio::test]
     async fn queued_units_launch_nodes_once_across_a_restart_and_idle_ones_go() {
-        let dir = std::env::temp_dir().join(format!("flotilla-pool-driver-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = fresh_dir("driver");
         let provider = Arc::new(FakeProvider::default());
         let cluster = FakeCluster::with_echo(&provider, 3);
         let mut a = scaler(&dir, &provider, &cluster);
@@ -624,9 +630,7 @@ mod tests {
 
     #[tokio::test]
     async fn operator_bounds_replace_the_files_from_the_next_pass() {
-        let dir = std::env::temp_dir().join(format!("flotilla-pool-bounds-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = fresh_dir("bounds");
         let provider = Arc::new(FakeProvider::default());
         let cluster = FakeCluster::with_echo(&provider, 0);
         let mut a = scaler(&dir, &provider, &cluster);
@@ -656,9 +660,7 @@ mod tests {
     /// attempt; once the store takes writes again the same instances go out, once.
     #[tokio::test]
     async fn a_pool_whose_store_fails_launches_nothing_says_why_and_resumes() {
-        let dir = std::env::temp_dir().join(format!("flotilla-pool-flaky-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = fresh_dir("flaky");
         let provider = Arc::new(FakeProvider::default());
         let cluster = FakeCluster::with_echo(&provider, 3);
         let (store, full) = crate::store::testing::flaky(&dir.join("pool.redb")).unwrap();
@@ -685,9 +687,7 @@ mod tests {
     /// within it launch nothing of the type, where every pass retried before.
     #[tokio::test]
     async fn refused_launches_back_their_type_off() {
-        let dir = std::env::temp_dir().join(format!("flotilla-pool-refused-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = fresh_dir("refused");
         let provider = Arc::new(FakeProvider::default());
         provider.refuse.store(true, std::sync::atomic::Ordering::SeqCst);
         let cluster = FakeCluster::with_echo(&provider, 3);

@@ -255,12 +255,18 @@ mod tests {
     use super::*;
     use crate::instance::{InstanceState, Instances, Timeouts};
 
-    #[test]
-    fn records_survive_a_reopen() -> Result<(), Box<dyn std::error::Error>> {
-        let dir = std::env::temp_dir().join(format!("flotilla-pool-store-{}", std::process::id()));
+    /// A dir of this test process's own and a store path in it, no file there yet.
+    fn fresh_store(name: &str) -> std::io::Result<(std::path::PathBuf, std::path::PathBuf)> {
+        let dir = std::env::temp_dir().join(format!("flotilla-pool-{name}-{}", std::process::id()));
         std::fs::create_dir_all(&dir)?;
         let path = dir.join("pool.redb");
         let _ = std::fs::remove_file(&path);
+        Ok((dir, path))
+    }
+
+    #[test]
+    fn records_survive_a_reopen() -> Result<(), Box<dyn std::error::Error>> {
+        let (dir, path) = fresh_store("store")?;
 
         let mut im = Instances::new(["cpu".to_string()], 7);
         let ids = im.queue("cpu", 3, 1_000, "demand");
@@ -306,10 +312,7 @@ mod tests {
 
     #[test]
     fn a_corrupt_record_is_an_error() -> Result<(), Box<dyn std::error::Error>> {
-        let dir = std::env::temp_dir().join(format!("flotilla-pool-store-bad-{}", std::process::id()));
-        std::fs::create_dir_all(&dir)?;
-        let path = dir.join("pool.redb");
-        let _ = std::fs::remove_file(&path);
+        let (dir, path) = fresh_store("store-bad")?;
         let mut store = PoolStore::open("test", &path)?;
         let w = store.db.get(|| Err("healthy"))?.0.begin_write()?;
         w.open_table(INSTANCES)?.insert("x", "not json")?;
@@ -326,10 +329,7 @@ mod tests {
     #[test]
     fn a_failed_store_reopens_and_takes_writes_again() -> Result<(), Box<dyn std::error::Error>> {
         use std::sync::atomic::Ordering;
-        let dir = std::env::temp_dir().join(format!("flotilla-pool-store-flaky-{}", std::process::id()));
-        std::fs::create_dir_all(&dir)?;
-        let path = dir.join("pool.redb");
-        let _ = std::fs::remove_file(&path);
+        let (dir, path) = fresh_store("store-flaky")?;
         let (mut store, full) = testing::flaky(&path)?;
         let mut im = Instances::new(["cpu".to_string()], 7);
         let ids = im.queue("cpu", 2, 1_000, "demand");
