@@ -3,8 +3,11 @@
 #   docker build -t ghcr.io/flotilla/flotilla:0.1.0 .
 
 FROM rust:1-slim-bookworm AS build
+# No OpenSSL (TLS is rustls); protoc for etcd-client's protos, make for jemalloc.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends make=4.3-4.1 protobuf-compiler=3.21.12-3+deb12u1 \
+    && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
-# No protoc or OpenSSL: protos compile with protox and TLS is rustls, both pure Rust.
 COPY . .
 RUN cargo build --release --locked -p flotilla -p flotilla-agent-bin \
     && install -D -m 0755 target/release/flotilla /out/flotilla \

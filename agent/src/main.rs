@@ -2,6 +2,10 @@
 
 use clap::Parser;
 
+/// jemalloc, as the `flotilla` binary: a node agent runs for months.
+#[global_allocator]
+static ALLOC: flotilla_obs::alloc::Metered = flotilla_obs::alloc::Metered;
+
 #[derive(Parser)]
 #[command(name = "flotilla-agent", version, about = "Flotilla node agent")]
 struct Cli {
