@@ -369,7 +369,7 @@ async fn get_spec(State(s): State<Arc<ControlState>>, Path(app): Path<String>) -
             let resp = s
                 .http
                 .get(format!("{}/v1/apps/{app}/spec", url.trim_end_matches('/')))
-                .header(crate::forward::HOP_HEADER, "1")
+                .header(crate::limits::HOP_HEADER, "1")
                 .timeout(Duration::from_secs(5))
                 .send()
                 .await

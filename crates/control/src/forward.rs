@@ -10,15 +10,7 @@ use serde_json::{Value, json};
 
 use crate::ControlError;
 
-/// The header every call to a scheduler's API carries. A request that arrives with it
-/// was forwarded once already and is never forwarded again: a scheduler registered
-/// with a control plane's own URL would otherwise turn one request into a loop.
-pub const HOP_HEADER: &str = "x-flotilla-forwarded";
-
-tokio::task_local! {
-    /// Set while the API serves a request that carries [`HOP_HEADER`].
-    pub(crate) static FORWARDED: bool;
-}
+use crate::limits::{FORWARDED, HOP_HEADER};
 
 /// Refuses to forward a request that was forwarded already.
 pub(crate) fn no_second_hop(url: &str) -> Result<(), ControlError> {

@@ -42,6 +42,17 @@ tokio::task_local! {
     static COUNTED: Arc<AtomicBool>;
 }
 
+/// The header every call to a scheduler's API carries. A request that arrives with it
+/// was forwarded once already and is never forwarded again (`forward.rs`): a scheduler
+/// registered with a control plane's own URL would otherwise turn one request into a
+/// loop.
+pub const HOP_HEADER: &str = "x-flotilla-forwarded";
+
+tokio::task_local! {
+    /// Set while the API serves a request that carries [`HOP_HEADER`].
+    pub(crate) static FORWARDED: bool;
+}
+
 /// Counts one refused request or connection.
 pub fn rejected(reason: &'static str) {
     metrics::counter!(m::HTTP_REQUESTS_REJECTED.name, "reason" => reason).increment(1);
@@ -141,9 +152,9 @@ async fn guard(State(g): State<Guard>, req: Request, next: Next) -> Response {
             Err(_) => return refuse("body_timeout", ControlError::BodyTimeout { secs: BODY_TIMEOUT.as_secs() }),
         };
     let counted = Arc::new(AtomicBool::new(false));
-    let forwarded = parts.headers.contains_key(crate::forward::HOP_HEADER);
+    let forwarded = parts.headers.contains_key(HOP_HEADER);
     let run = COUNTED.scope(counted.clone(), next.run(Request::from_parts(parts, Body::from(bytes))));
-    let resp = crate::forward::FORWARDED.scope(forwarded, run).await;
+    let resp = FORWARDED.scope(forwarded, run).await;
     if counted.load(Ordering::Relaxed) {
         return resp;
     }
