@@ -1,0 +1,246 @@
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use flotilla_core::Resources;
+use flotilla_core::UnitShape;
+
+use super::*;
+use crate::model::{AppRow, NodeRow, Queued};
+use crate::provider::{BoxFuture, CloudInstance};
+
+#[derive(Default)]
+struct FakeProvider {
+    running: Mutex<BTreeMap<String, String>>,
+    launches: Mutex<Vec<String>>,
+    /// Refuse every launch.
+    refuse: std::sync::atomic::AtomicBool,
+}
+
+impl InstanceProvider for FakeProvider {
+    fn name(&self) -> &'static str {
+        "fake"
+    }
+    fn list(&self) -> BoxFuture<'_, Result<Vec<CloudInstance>, ProviderError>> {
+        let l = self
+            .running
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(id, t)| CloudInstance { id: id.clone(), node_type: t.clone() })
+            .collect();
+        Box::pin(async move { Ok(l) })
+    }
+    fn launch<'a>(&'a self, spec: &'a LaunchSpec) -> BoxFuture<'a, Result<(), ProviderError>> {
+        self.launches.lock().unwrap().push(spec.id.clone());
+        if self.refuse.load(std::sync::atomic::Ordering::SeqCst) {
+            let e = ProviderError::Exit { command: "launch".into(), status: "1".into(), stderr: "quota".into() };
+            return Box::pin(async move { Err(e) });
+        }
+        self.running.lock().unwrap().insert(spec.id.clone(), spec.node_type.clone());
+        Box::pin(async { Ok(()) })
+    }
+    fn terminate<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), ProviderError>> {
+        self.running.lock().unwrap().remove(id);
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// A control plane whose nodes are the provider's instances, all Alive and idle.
+struct FakeCluster {
+    provider: Arc<FakeProvider>,
+    apps: Mutex<Vec<AppRow>>,
+    drains: Mutex<Vec<String>>,
+    bounds: Mutex<BTreeMap<String, TypeBounds>>,
+}
+
+impl FakeCluster {
+    /// The echo app with `queued` units waiting, each two 1-CPU members.
+    fn with_echo(provider: &Arc<FakeProvider>, queued: u32) -> Arc<Self> {
+        let member = Resources::new(1000, 1 << 30, 0);
+        Arc::new(FakeCluster {
+            provider: provider.clone(),
+            apps: Mutex::new(vec![AppRow {
+                app: "echo".into(),
+                queued: Queued { primary: queued, secondary: 0 },
+                unit_shape: UnitShape { members: vec![member.clone(), member], ..Default::default() },
+            }]),
+            drains: Mutex::new(vec![]),
+            bounds: Mutex::new(BTreeMap::new()),
+        })
+    }
+}
+
+impl Cluster for FakeCluster {
+    fn nodes(&self) -> BoxFuture<'_, Result<Vec<NodeRow>, ClusterError>> {
+        let drains = self.drains.lock().unwrap().clone();
+        let rows = self
+            .provider
+            .running
+            .lock()
+            .unwrap()
+            .keys()
+            .map(|id| NodeRow {
+                node_id: id.clone(),
+                status: "alive".into(),
+                labels: BTreeMap::new(),
+                capacity: Resources::new(2000, 4 << 30, 0),
+                allocated: Resources::default(),
+                cordoned: drains.contains(id),
+                drain_requested: drains.contains(id),
+            })
+            .collect();
+        Box::pin(async move { Ok(rows) })
+    }
+    fn apps(&self) -> BoxFuture<'_, Result<Vec<AppRow>, ClusterError>> {
+        let a = self.apps.lock().unwrap().clone();
+        Box::pin(async move { Ok(a) })
+    }
+    fn drain<'a>(&'a self, node: &'a str) -> BoxFuture<'a, Result<(), ClusterError>> {
+        self.drains.lock().unwrap().push(node.to_string());
+        Box::pin(async { Ok(()) })
+    }
+    fn report<'a>(&'a self, _: &'a str, r: &'a Value) -> BoxFuture<'a, Result<ReportAnswer, ClusterError>> {
+        assert!(r["instances"].is_array());
+        let bounds = self.bounds.lock().unwrap().clone();
+        Box::pin(async move { Ok(ReportAnswer { constraints: Constraints::default(), bounds }) })
+    }
+}
+
+const POOL: &str = r#"
+    max_concurrent_launches = 10
+    upscaling_speed = 10.0
+    idle_timeout = "1s"
+    [node_types.t]
+    cpu = 2
+    memory = "4Gi"
+    max = 5
+"#;
+
+/// An empty dir of this test process's own.
+fn fresh_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("flotilla-pool-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn scaler(dir: &std::path::Path, p: &Arc<FakeProvider>, c: &Arc<FakeCluster>) -> Autoscaler {
+    let store = PoolStore::open("test", dir.join("pool.redb")).unwrap();
+    Autoscaler::new(PoolConfig::parse(POOL).unwrap(), p.clone(), c.clone(), store).unwrap()
+}
+
+#[tokio::test]
+async fn queued_units_launch_nodes_once_across_a_restart_and_idle_ones_go() {
+    let dir = fresh_dir("driver");
+    let provider = Arc::new(FakeProvider::default());
+    let cluster = FakeCluster::with_echo(&provider, 3);
+    let mut a = scaler(&dir, &provider, &cluster);
+    a.pass().await.unwrap();
+    // Each unit (2 × 1 CPU) fills one 2-CPU node.
+    assert_eq!(provider.launches.lock().unwrap().len(), 3);
+    let record = a.report();
+    assert!(record["decisions"][0]["explanation"].as_str().unwrap().contains("launch 3 × t"), "{record}");
+    drop(a);
+
+    // A restarted autoscaler finds its instances by id: the pending demand is already
+    // covered by the nodes coming up, so nothing is launched twice.
+    let mut a = scaler(&dir, &provider, &cluster);
+    a.pass().await.unwrap();
+    assert_eq!(provider.launches.lock().unwrap().len(), 3, "no double launch after a restart");
+    assert_eq!(a.instances().iter().filter(|i| i.state == InstanceState::Running).count(), 3);
+
+    // The units are placed (no longer queued); the nodes idle past the timeout are
+    // drained, then terminated once the view shows them drained.
+    cluster.apps.lock().unwrap()[0].queued = Queued::default();
+    a.pass().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    a.pass().await.unwrap();
+    assert_eq!(cluster.drains.lock().unwrap().len(), 3, "every idle node is drained");
+    a.pass().await.unwrap();
+    a.pass().await.unwrap();
+    assert!(provider.running.lock().unwrap().is_empty(), "drained nodes are terminated");
+    assert!(a.instances().iter().all(|i| i.state == InstanceState::Terminated));
+
+    // Quiet passes fold into one record.
+    let kept = a.report()["decisions"].as_array().unwrap().len();
+    for _ in 0..3 {
+        a.pass().await.unwrap();
+    }
+    let report = a.report();
+    let decisions = report["decisions"].as_array().unwrap();
+    assert!(decisions.len() <= kept + 1, "{report}");
+    assert!(decisions[0]["repeated"].as_u64().unwrap() >= 3, "{report}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[tokio::test]
+async fn operator_bounds_replace_the_files_from_the_next_pass() {
+    let dir = fresh_dir("bounds");
+    let provider = Arc::new(FakeProvider::default());
+    let cluster = FakeCluster::with_echo(&provider, 0);
+    let mut a = scaler(&dir, &provider, &cluster);
+    a.pass().await.unwrap();
+    assert!(provider.launches.lock().unwrap().is_empty(), "no demand, min 0: nothing launched");
+    // min 2 for t (and a bound for a type the pool lacks, ignored): taken with the
+    // answer to this pass's report, acted on at the next pass.
+    *cluster.bounds.lock().unwrap() =
+        BTreeMap::from([("t".into(), TypeBounds { min: 2, max: 4 }), ("nope".into(), TypeBounds { min: 1, max: 1 })]);
+    a.pass().await.unwrap();
+    assert_eq!(a.report()["node_types"][0]["min"], 2);
+    assert_eq!(a.report()["node_types"][0]["max"], 4);
+    a.pass().await.unwrap();
+    assert_eq!(provider.launches.lock().unwrap().len(), 2, "the raised min is held");
+    // Lifting the bounds restores the file's.
+    *cluster.bounds.lock().unwrap() = BTreeMap::new();
+    a.pass().await.unwrap();
+    assert_eq!(a.report()["node_types"][0]["min"], 0);
+    assert_eq!(a.report()["node_types"][0]["max"], 5);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Issue #34 item 7: while the store refuses writes the pool launches nothing (it
+/// could not record the launch), says why in its report, and counts no launch
+/// attempt; once the store takes writes again the same instances go out, once.
+#[tokio::test]
+async fn a_pool_whose_store_fails_launches_nothing_says_why_and_resumes() {
+    let dir = fresh_dir("flaky");
+    let provider = Arc::new(FakeProvider::default());
+    let cluster = FakeCluster::with_echo(&provider, 3);
+    let (store, full) = crate::store::testing::flaky(&dir.join("pool.redb")).unwrap();
+    let mut a = Autoscaler::new(PoolConfig::parse(POOL).unwrap(), provider.clone(), cluster.clone(), store).unwrap();
+    full.store(true, std::sync::atomic::Ordering::SeqCst);
+    for _ in 0..2 {
+        assert!(matches!(a.pass().await, Err(PassError::Store(_))));
+    }
+    assert!(provider.launches.lock().unwrap().is_empty(), "nothing launched unrecorded");
+    let report = a.report();
+    assert!(report["store_failing"].as_str().is_some_and(|e| !e.is_empty()), "{report}");
+    assert_eq!(a.instances().iter().filter(|i| i.state == InstanceState::Queued).count(), 3, "{report}");
+    assert!(a.instances().iter().all(|i| i.launch_attempts == 0), "the store failed, not the provider");
+
+    full.store(false, std::sync::atomic::Ordering::SeqCst);
+    a.pass().await.unwrap();
+    assert_eq!(provider.launches.lock().unwrap().len(), 3, "the queued three, not three more");
+    assert!(a.report()["store_failing"].is_null());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Issue #35 item 6: a refused launch backs its type off (5 s, doubling): passes
+/// within it launch nothing of the type, where every pass retried before.
+#[tokio::test]
+async fn refused_launches_back_their_type_off() {
+    let dir = fresh_dir("refused");
+    let provider = Arc::new(FakeProvider::default());
+    provider.refuse.store(true, std::sync::atomic::Ordering::SeqCst);
+    let cluster = FakeCluster::with_echo(&provider, 3);
+    let mut a = scaler(&dir, &provider, &cluster);
+    for _ in 0..5 {
+        a.pass().await.unwrap();
+    }
+    assert_eq!(provider.launches.lock().unwrap().len(), 1, "one refused launch, then the back-off");
+    let report = a.report();
+    let until = report["launch_backoff"]["t"].as_u64().expect("t backs off");
+    assert!(until > flotilla_core::now_ms() + 3_000, "{report}");
+    assert_eq!(a.instances().iter().filter(|i| i.state == InstanceState::Queued).count(), 3, "they wait queued");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
