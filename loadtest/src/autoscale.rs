@@ -14,7 +14,7 @@
 //! | `gpu-1` | 8 | 1 | 64 GiB |
 //! | `gpu-6` | 48 | 6 | 512 GiB |
 //!
-//! (`max_workers` 100,000 each, so nothing is infeasible for lack of nodes), and `--requests`
+//! (`max_workers` 1,000,000 each, so nothing is infeasible for lack of nodes), and `--requests`
 //! single requests, grouped by shape with counts the way Ray exports them:
 //! - 70 % CPU-only: 1, 2 or 4 CPU (1 in 2, 1 in 3, 1 in 6) with 0, 1, 2 or 4 GiB of memory
 //!   (0 means no `memory` key, as a Ray task that asks for no memory);
@@ -23,7 +23,9 @@
 //!
 //! plus 12 gangs (placement groups), three of each strategy STRICT_SPREAD, STRICT_PACK, PACK
 //! and SPREAD: two of 2, 4 or 8 CPU bundles (1–4 CPU, 2–8 GiB) and one of 2 or 4 GPU bundles
-//! (the same with 1 GPU each), every one feasible.
+//! (the same with 1 GPU each), every one feasible. `--gangs N` makes N of them, the
+//! strategies in turn; `--distinct` makes every request a shape of its own (0.1–4 CPU in
+//! thousandths, 1 byte–8 GiB of memory, 15 % with a GPU) for the packing's worst case.
 //!
 //! Waste, the same definition for both sides: for each resource, 1 − (demand placed ÷
 //! capacity of the launched nodes), with the demand placed being every request and gang
@@ -50,6 +52,13 @@ pub struct AutoscaleArgs {
     pub requests: u64,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Every request a shape of its own (CPU in thousandths, memory in bytes, 15 % with a
+    /// GPU), as a cluster of heterogeneous tasks exports them, instead of the 39 shapes.
+    #[arg(long)]
+    pub distinct: bool,
+    /// Gangs (placement groups) in the demand, the four strategies in turn.
+    #[arg(long, default_value_t = 12)]
+    pub gangs: u64,
     /// Times Flotilla's plan is run on the same demand; the median is reported.
     #[arg(long, default_value_t = 5)]
     pub repeat: usize,
@@ -96,11 +105,22 @@ fn pick<T: Copy>(rng: &mut impl Rng, xs: &[T]) -> T {
 }
 
 /// The seeded demand, as the JSON document.
-pub fn generate(requests: u64, seed: u64) -> Value {
+pub fn generate(requests: u64, seed: u64, distinct: bool, gang_count: u64) -> Value {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let mut by_shape: BTreeMap<Shape, u64> = BTreeMap::new();
+    let mut distinct_requests: Vec<Value> = Vec::new();
     for _ in 0..requests {
         let x: f64 = rng.random();
+        if distinct {
+            let cpu = f64::from(rng.random_range(100u32..=4000)) / 1000.0;
+            let memory = rng.random_range(1u64..=8 * GIB);
+            let mut r = json!({"CPU": cpu, "memory": memory});
+            if x >= 0.85 {
+                r["GPU"] = json!(1);
+            }
+            distinct_requests.push(json!({"resources": r, "count": 1}));
+            continue;
+        }
         let s = if x < 0.70 {
             shape(pick(&mut rng, &[1, 1, 1, 2, 2, 4]), 0, pick(&mut rng, &[0, 1, 2, 4]))
         } else if x < 0.85 {
@@ -112,25 +132,27 @@ pub fn generate(requests: u64, seed: u64) -> Value {
         };
         *by_shape.entry(s).or_default() += 1;
     }
-    let resource_requests: Vec<Value> = by_shape.iter().map(|(s, n)| json!({"resources": s, "count": n})).collect();
+    let mut resource_requests: Vec<Value> = by_shape.iter().map(|(s, n)| json!({"resources": s, "count": n})).collect();
+    resource_requests.append(&mut distinct_requests);
     let mut gangs = Vec::new();
-    for strategy in ["STRICT_SPREAD", "STRICT_PACK", "PACK", "SPREAD"] {
-        for j in 0..3 {
-            let gpu = u64::from(j == 2);
-            let b = shape(pick(&mut rng, &[1, 2, 4]), gpu, pick(&mut rng, &[2, 4, 8]));
-            // A STRICT_PACK gang of GPU bundles must fit one gpu-6 node.
-            let n: usize = if gpu > 0 { pick(&mut rng, &[2, 4]) } else { pick(&mut rng, &[2, 4, 8]) };
-            gangs.push(json!({
-                "id": format!("{}-{j}", strategy.to_lowercase().replace('_', "-")),
-                "strategy": strategy,
-                "bundles": vec![&b; n],
-            }));
-        }
+    const STRATEGIES: [&str; 4] = ["STRICT_SPREAD", "STRICT_PACK", "PACK", "SPREAD"];
+    for k in 0..gang_count {
+        let strategy = STRATEGIES[((k / 3) % 4) as usize];
+        let j = k % 3;
+        let gpu = u64::from(j == 2);
+        let b = shape(pick(&mut rng, &[1, 2, 4]), gpu, pick(&mut rng, &[2, 4, 8]));
+        // A STRICT_PACK gang of GPU bundles must fit one gpu-6 node.
+        let n: usize = if gpu > 0 { pick(&mut rng, &[2, 4]) } else { pick(&mut rng, &[2, 4, 8]) };
+        gangs.push(json!({
+            "id": format!("{}-{}", strategy.to_lowercase().replace('_', "-"), if gang_count == 12 { j } else { k }),
+            "strategy": strategy,
+            "bundles": vec![&b; n],
+        }));
     }
     let node_types: Vec<Value> = NODE_TYPES
         .iter()
         .map(|(name, cpu, gpu, mem)| {
-            json!({"name": name, "resources": shape(*cpu, *gpu, *mem), "min_workers": 0, "max_workers": 100_000})
+            json!({"name": name, "resources": shape(*cpu, *gpu, *mem), "min_workers": 0, "max_workers": 1_000_000})
         })
         .collect();
     let doc = json!({
@@ -358,6 +380,7 @@ impl Drop for TempFile {
 pub fn run(a: AutoscaleArgs) -> anyhow::Result<()> {
     anyhow::ensure!(a.requests > 0 && a.requests <= 5_000_000, "--requests must be within 1..=5000000");
     anyhow::ensure!(a.repeat > 0 && a.repeat <= 1_000, "--repeat must be within 1..=1000");
+    anyhow::ensure!(a.gangs <= 1_000_000, "--gangs must be within 0..=1000000");
     let (doc, text) = match &a.demand {
         Some(p) => {
             let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
@@ -365,7 +388,7 @@ pub fn run(a: AutoscaleArgs) -> anyhow::Result<()> {
             (doc, text)
         }
         None => {
-            let doc = generate(a.requests, a.seed);
+            let doc = generate(a.requests, a.seed, a.distinct, a.gangs);
             let text = serde_json::to_string(&doc)?;
             (doc, text)
         }

@@ -20,15 +20,20 @@
 //! dense resource vectors are why this is orders of magnitude faster than Ray on the
 //! same input and yields the same packing.
 
+mod classes;
+mod gang;
 mod node;
+mod pending;
 mod problem;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
+use classes::Classes;
 use node::{Origin, SimNode};
+use pending::Pending;
 use problem::{Cap, Group, Item, Source};
 pub use problem::{
     Cause, Gang, Infeasible, Labels, Limit, MAX_REASONS, Node, NodeType, Plan, Problem, Request, Selector, Strategy,
@@ -85,10 +90,13 @@ fn group(items: Vec<Item>, names: &ResourceNames) -> (Vec<Group>, Vec<u64>) {
 }
 
 /// The nodes of a pass, with what is left to launch.
-#[derive(Clone)]
 struct Context<'p> {
     p: &'p Problem,
     nodes: Vec<SimNode>,
+    /// The live (not terminated) nodes by state, once step 1 has decided which those are.
+    classes: Classes,
+    /// Live nodes.
+    live: usize,
     /// New nodes each type may still launch (its max less what it has).
     type_room: Vec<u32>,
     type_labels: Vec<Arc<Labels>>,
@@ -96,11 +104,34 @@ struct Context<'p> {
     costed: bool,
 }
 
-impl<'p> Context<'p> {
-    fn live(&self) -> usize {
-        self.nodes.iter().filter(|n| !n.terminate).count()
-    }
+/// What one [`Context::try_schedule`] would do, not yet applied: a gang's attempt in
+/// one domain is weighed against its attempts in others before one is kept.
+struct Outcome {
+    /// Existing nodes filled: (index, the node after).
+    filled: Vec<(usize, SimNode)>,
+    /// New nodes, filled.
+    new: Vec<SimNode>,
+    /// Counts left unplaced, by group.
+    left: Vec<u64>,
+}
 
+/// The candidate [`Context::best_of`] keeps: its rank (an existing node's index, or a
+/// new node's place among the types) and id (its state, or that place), the node
+/// filled, and what it took: (group, count).
+struct Pick {
+    rank: usize,
+    id: usize,
+    node: SimNode,
+    took: Vec<(usize, u64)>,
+}
+
+impl Outcome {
+    fn placed_all(&self) -> bool {
+        self.left.iter().all(|l| *l == 0)
+    }
+}
+
+impl<'p> Context<'p> {
     fn new_node(&self, t: usize) -> SimNode {
         let total = self.p.node_types[t].resources.clone();
         SimNode::new(Origin::New(t), Some(t), total.clone(), total, self.type_labels[t].clone())
@@ -113,86 +144,116 @@ impl<'p> Context<'p> {
         }
     }
 
-    /// Ray's `_sched_best_node`: fill a copy of each candidate and keep the best.
-    /// Candidates in the same state are tried once. Returns the filled node and its
-    /// index among `candidates`.
-    fn best_of(
-        &self,
-        candidates: &[SimNode],
-        groups: &[Group],
-        left: &[u64],
-        active: &[usize],
-        source: Source,
-    ) -> Option<(usize, SimNode, Vec<u64>)> {
-        let mut best: Option<(usize, SimNode, Vec<u64>, node::Score)> = None;
-        // A candidate's state: type, free resources, labels, gang tags, units by limit.
-        type State<'a> = (Option<usize>, &'a Shape, *const Labels, &'a [u32], &'a [(u32, u32)]);
-        let mut seen: HashSet<State> = HashSet::new();
-        for (i, c) in candidates.iter().enumerate() {
-            let free = match source {
-                Source::Demand => &c.free,
-                Source::Floor => &c.free_floor,
-            };
-            if !seen.insert((c.node_type, free, Arc::as_ptr(&c.labels), &c.tags, &c.units)) {
-                continue;
-            }
-            // Cheap test first: most candidates late in a pass take nothing.
-            if !active.iter().any(|g| c.room_for(&groups[*g], source, 1) > 0) {
-                continue;
-            }
-            let mut trial = c.clone();
-            let mut l = left.to_vec();
-            if trial.fill(groups, &mut l, active, source) == 0 {
-                continue;
-            }
-            let score = trial.score(source, &self.p.names, self.cost_of(&trial));
-            if best.as_ref().is_none_or(|b| score.cmp(&b.3).is_gt()) {
-                best = Some((i, trial, l, score));
+    /// Indexes the live nodes by state (after step 1 decided which nodes live).
+    fn index(&mut self) {
+        self.classes = Classes::default();
+        self.live = 0;
+        for (i, n) in self.nodes.iter().enumerate() {
+            if !n.terminate {
+                self.classes.insert(i, n);
+                self.live += 1;
             }
         }
-        best.map(|(i, n, l, _)| (i, n, l))
     }
 
-    /// Ray's `_try_schedule`: existing nodes first (best one at a time), then new
-    /// nodes, one type of each as candidates. Returns the counts left unplaced.
-    fn try_schedule(&mut self, groups: &[Group], counts: &[u64], source: Source) -> Vec<u64> {
-        let mut left = counts.to_vec();
-        let active = |left: &[u64]| -> Vec<usize> { (0..left.len()).filter(|i| left[*i] > 0).collect() };
-        let mut act = active(&left);
-        let mut existing: Vec<SimNode> = Vec::new();
-        let mut kept: Vec<SimNode> = Vec::new();
-        for n in std::mem::take(&mut self.nodes) {
-            if n.terminate { kept.push(n) } else { existing.push(n) }
+    /// Ray's `_sched_best_node` over `candidates` (rank, id, node): fills a copy of
+    /// each and keeps the best score, the lowest rank on a tie.
+    fn best_of<'c>(
+        &self,
+        candidates: impl Iterator<Item = (usize, usize, &'c SimNode)>,
+        pending: &Pending,
+        source: Source,
+    ) -> Option<Pick> {
+        let mut best: Option<(Pick, node::Score)> = None;
+        for (rank, id, c) in candidates {
+            // Cheap test first: most candidates late in a pass take nothing.
+            if pending.next_fit(0, c.free_of(source)).is_none() {
+                continue;
+            }
+            let mut node = c.clone();
+            let took = node.fill(pending, source);
+            if took.is_empty() {
+                continue;
+            }
+            let score = node.score(source, &self.p.names, self.cost_of(&node));
+            let better = best.as_ref().is_none_or(|(b, s)| match score.cmp(s) {
+                std::cmp::Ordering::Greater => true,
+                std::cmp::Ordering::Equal => rank < b.rank,
+                std::cmp::Ordering::Less => false,
+            });
+            if better {
+                best = Some((Pick { rank, id, node, took }, score));
+            }
         }
-        let mut done: Vec<SimNode> = Vec::new();
-        while !act.is_empty() && !existing.is_empty() {
-            let Some((i, filled, l)) = self.best_of(&existing, groups, &left, &act, source) else { break };
-            existing.swap_remove(i);
-            done.push(filled);
-            left = l;
-            act = active(&left);
+        best.map(|(pick, _)| pick)
+    }
+
+    /// Ray's `_try_schedule`: existing nodes first (the best one at a time, each filled
+    /// at most once), then new nodes, one of each type as candidates. Changes nothing:
+    /// [`Context::commit`] applies the outcome.
+    fn try_schedule(&self, groups: &[Group], counts: &[u64], source: Source) -> Outcome {
+        let mut pending = Pending::new(groups, counts);
+        let mut filled = Vec::new();
+        // Per state, the last node this call filled: the next candidate of the state is
+        // its next node (a state's nodes are taken lowest index first).
+        let mut used: HashMap<usize, usize> = HashMap::new();
+        while !pending.is_empty() {
+            let candidates = self.classes.iter().filter_map(|(id, members)| {
+                let next = match used.get(&id) {
+                    Some(last) => members.range(last + 1..).next(),
+                    None => members.first(),
+                };
+                next.map(|i| (*i, id, &self.nodes[*i]))
+            });
+            let Some(pick) = self.best_of(candidates, &pending, source) else { break };
+            for (g, n) in pick.took {
+                pending.take(g, n);
+            }
+            used.insert(pick.id, pick.rank);
+            filled.push((pick.rank, pick.node));
         }
-        done.append(&mut existing);
         // New nodes, in Ray's candidate order: a type just used goes to the back.
-        let mut order: Vec<usize> = (0..self.p.node_types.len()).filter(|t| self.type_room[*t] > 0).collect();
-        while !act.is_empty() && !order.is_empty() {
-            if self.p.max_nodes.is_some_and(|m| done.len() as u64 >= u64::from(m)) {
+        let mut room = self.type_room.clone();
+        let mut order: Vec<usize> = (0..self.p.node_types.len()).filter(|t| room[*t] > 0).collect();
+        let mut new = Vec::new();
+        while !pending.is_empty() && !order.is_empty() {
+            if self.p.max_nodes.is_some_and(|m| (self.live + new.len()) as u64 >= u64::from(m)) {
                 break;
             }
             let candidates: Vec<SimNode> = order.iter().map(|t| self.new_node(*t)).collect();
-            let Some((i, filled, l)) = self.best_of(&candidates, groups, &left, &act, source) else { break };
-            let t = order.remove(i);
-            self.type_room[t] -= 1;
-            if self.type_room[t] > 0 {
+            let candidates = candidates.iter().enumerate().map(|(k, n)| (k, k, n));
+            let Some(pick) = self.best_of(candidates, &pending, source) else { break };
+            for (g, n) in pick.took {
+                pending.take(g, n);
+            }
+            let t = order.remove(pick.rank);
+            room[t] -= 1;
+            if room[t] > 0 {
                 order.push(t);
             }
-            done.push(filled);
-            left = l;
-            act = active(&left);
+            new.push(pick.node);
         }
-        done.append(&mut kept);
-        self.nodes = done;
-        left
+        Outcome { filled, new, left: pending.left }
+    }
+
+    /// Applies what [`Context::try_schedule`] decided. A gang's tags only matter while
+    /// its own bundles are placed, so they are dropped here (keeping twin nodes twins).
+    fn commit(&mut self, o: Outcome) {
+        for (i, mut n) in o.filled {
+            self.classes.remove(i, &self.nodes[i]);
+            n.tags.clear();
+            self.classes.insert(i, &n);
+            self.nodes[i] = n;
+        }
+        for mut n in o.new {
+            if let Origin::New(t) = n.origin {
+                self.type_room[t] = self.type_room[t].saturating_sub(1);
+            }
+            n.tags.clear();
+            self.classes.insert(self.nodes.len(), &n);
+            self.nodes.push(n);
+            self.live += 1;
+        }
     }
 }
 
@@ -230,6 +291,8 @@ pub fn plan(p: &Problem) -> Plan {
     let mut ctx = Context {
         p,
         nodes: Vec::with_capacity(p.nodes.len()),
+        classes: Classes::default(),
+        live: 0,
         type_room: vec![0; p.node_types.len()],
         type_labels,
         costed: !p.node_types.is_empty() && p.node_types.iter().all(|t| t.cost.is_some()),
@@ -283,7 +346,8 @@ pub fn plan(p: &Problem) -> Plan {
     if let Some(max) = p.max_nodes {
         let mut managed: Vec<usize> =
             (0..ctx.nodes.len()).filter(|i| !ctx.nodes[*i].terminate && ctx.nodes[*i].node_type.is_some()).collect();
-        let extra = ctx.live().saturating_sub(max as usize).min(managed.len());
+        let live = ctx.nodes.iter().filter(|n| !n.terminate).count();
+        let extra = live.saturating_sub(max as usize).min(managed.len());
         if extra > 0 {
             termination_order(&ctx, &mut managed);
             for i in managed.into_iter().take(extra) {
@@ -292,6 +356,8 @@ pub fn plan(p: &Problem) -> Plan {
             }
         }
     }
+
+    ctx.index();
 
     // 2. the floor, against whole capacities.
     if !p.floor.is_empty() {
@@ -304,12 +370,11 @@ pub fn plan(p: &Problem) -> Plan {
             label: "floor".to_string(),
         });
         let (groups, counts) = group(items.collect(), &p.names);
-        let mut trial = ctx.clone();
-        let left = trial.try_schedule(&groups, &counts, Source::Floor);
-        let missing: u64 = left.iter().sum();
+        let o = ctx.try_schedule(&groups, &counts, Source::Floor);
+        let missing: u64 = o.left.iter().sum();
         if missing == 0 {
-            out.note_new(&ctx, &trial, "the floor (request_resources)");
-            ctx = trial;
+            out.note_new(&ctx, &o.new, "the floor (request_resources)");
+            ctx.commit(o);
         } else {
             out.infeasible.push(Infeasible {
                 request: "floor".into(),
@@ -328,20 +393,21 @@ pub fn plan(p: &Problem) -> Plan {
     gangs.sort_by(|a, b| constraints(b).cmp(&constraints(a)).then(b.bundles.len().cmp(&a.bundles.len())));
     // Units of each per-domain limit in each domain, counting those this pass places.
     let mut in_domain: Vec<BTreeMap<String, u32>> = p.per_domain.iter().map(|l| l.units.clone()).collect();
+    let domains = gang::Domains::of(p);
     for (tag, gang) in gangs.into_iter().enumerate() {
         let limit = gang.per_domain.and_then(|l| Some((l, p.per_domain.get(l)?.max)));
         let full = |domain: &str| {
             limit.is_some_and(|(l, max)| in_domain.get(l).and_then(|m| m.get(domain)).copied().unwrap_or(0) >= max)
         };
-        match place_gang(&ctx, gang, tag as u32, &full) {
-            Ok((next, domain)) => {
+        match gang::place(&ctx, gang, tag as u32, &domains, &full) {
+            Ok((o, domain)) => {
                 if let (Some((l, _)), Some(d)) = (limit, domain)
                     && let Some(m) = in_domain.get_mut(l)
                 {
                     *m.entry(d).or_default() += 1;
                 }
-                out.note_new(&ctx, &next, &format!("gang {}", gang.id));
-                ctx = next;
+                out.note_new(&ctx, &o.new, &format!("gang {}", gang.id));
+                ctx.commit(o);
             }
             Err(reason) => out.infeasible.push(Infeasible {
                 request: format!("gang {}", gang.id),
@@ -361,9 +427,10 @@ pub fn plan(p: &Problem) -> Plan {
         label: format!("request[{i}]"),
     });
     let (groups, counts) = group(items.collect(), &p.names);
-    let before = ctx.clone();
-    let left = ctx.try_schedule(&groups, &counts, Source::Demand);
-    out.note_new(&before, &ctx, "pending requests");
+    let mut o = ctx.try_schedule(&groups, &counts, Source::Demand);
+    out.note_new(&ctx, &o.new, "pending requests");
+    let left = std::mem::take(&mut o.left);
+    ctx.commit(o);
     for (g, l) in groups.iter().zip(&left) {
         let mut l = *l;
         // Attribute what is left to the group's last sources (the order Ray fills in).
@@ -442,123 +509,6 @@ fn cap_of(p: &Problem, limit: Option<usize>, unit: Option<u32>) -> Option<Cap> {
     Some(Cap { limit: l as u32, max: p.per_node.get(l)?.max, unit })
 }
 
-/// A gang on a copy of the context, with the value of its `same` label it went to, or
-/// why it cannot be placed. It goes to no value `full` says is full (a domain at the
-/// app's `max_units_per_domain`, this pass's units counted).
-fn place_gang<'p>(
-    ctx: &Context<'p>,
-    gang: &Gang,
-    tag: u32,
-    full: &dyn Fn(&str) -> bool,
-) -> Result<(Context<'p>, Option<String>), String> {
-    if gang.bundles.is_empty() {
-        return Ok((ctx.clone(), None));
-    }
-    let bundle = |shape: Shape, anti: Option<u32>| Item {
-        shape,
-        count: 1,
-        selector: gang.selector.clone(),
-        anti,
-        cap: cap_of(ctx.p, gang.per_node, Some(tag)),
-        label: format!("gang {}", gang.id),
-    };
-    let items: Vec<Item> = match gang.strategy {
-        Strategy::StrictPack => {
-            let mut sum = Shape::default();
-            for b in &gang.bundles {
-                sum.add_times(b, 1);
-            }
-            vec![bundle(sum, None)]
-        }
-        Strategy::StrictSpread => gang.bundles.iter().map(|b| bundle(b.clone(), Some(tag))).collect(),
-        Strategy::Pack | Strategy::Spread => gang.bundles.iter().map(|b| bundle(b.clone(), None)).collect(),
-    };
-    let attempt = |selector_extra: Option<(&str, &str)>| -> Option<Context<'p>> {
-        let items = items
-            .iter()
-            .map(|item| {
-                let mut item = item.clone();
-                if let Some((k, v)) = selector_extra {
-                    item.selector.require.insert(k.to_string(), v.to_string());
-                }
-                item
-            })
-            .collect();
-        let (groups, counts) = group(items, &ctx.p.names);
-        let mut trial = ctx.clone();
-        let left = trial.try_schedule(&groups, &counts, Source::Demand);
-        left.iter().all(|l| *l == 0).then_some(trial)
-    };
-    let Some(key) = &gang.same else {
-        return attempt(None).map(|c| (c, None)).ok_or_else(|| gang_infeasible(ctx, gang, false));
-    };
-    // Every value the label takes, on nodes and node types: the cheapest domain wins
-    // (fewest new nodes, then lowest cost, then name).
-    let mut values: Vec<&str> = ctx
-        .nodes
-        .iter()
-        .filter_map(|n| n.labels.get(key))
-        .chain(ctx.p.node_types.iter().filter_map(|t| t.labels.get(key)))
-        .map(String::as_str)
-        .collect();
-    values.sort_unstable();
-    values.dedup();
-    let new_cost = |c: &Context| -> (usize, u64) {
-        let mut n = 0;
-        let mut cost = 0.0;
-        for s in &c.nodes {
-            if let Origin::New(t) = s.origin {
-                n += 1;
-                cost += c.p.node_types[t].cost.unwrap_or(0.0);
-            }
-        }
-        (n, (cost * 1e6) as u64)
-    };
-    let mut best: Option<((usize, u64), Context<'p>, &str)> = None;
-    let mut room = false;
-    for v in values {
-        if full(v) {
-            continue;
-        }
-        room = true;
-        if let Some(c) = attempt(Some((key, v))) {
-            let k = new_cost(&c);
-            if best.as_ref().is_none_or(|b| k < b.0) {
-                best = Some((k, c, v));
-            }
-        }
-    }
-    best.map(|(_, c, v)| (c, Some(v.to_string()))).ok_or_else(|| gang_infeasible(ctx, gang, !room))
-}
-
-/// Why a gang cannot be placed; `all_full`: every value of its `same` label is full.
-fn gang_infeasible(ctx: &Context, gang: &Gang, all_full: bool) -> String {
-    if all_full {
-        return format!(
-            "every {} the pool has or can launch holds the app's max_units_per_domain",
-            gang.same.as_deref().unwrap_or("domain")
-        );
-    }
-    let types = &ctx.p.node_types;
-    let too_big = gang.bundles.iter().any(|b| !types.iter().any(|t| b.fits_in(&t.resources)));
-    let packed_too_big = gang.strategy == Strategy::StrictPack && {
-        let mut sum = Shape::default();
-        for b in &gang.bundles {
-            sum.add_times(b, 1);
-        }
-        !types.iter().any(|t| sum.fits_in(&t.resources))
-    };
-    if too_big {
-        "a bundle is bigger than every node type".into()
-    } else if packed_too_big {
-        "STRICT_PACK: the bundles together are bigger than every node type".into()
-    } else if gang.same.is_some() {
-        format!("no single {} can hold every bundle within the pool's limits", gang.same.as_deref().unwrap_or(""))
-    } else {
-        "the pool's limits (max per type, max_nodes) cannot hold every bundle".into()
-    }
-}
-
 impl Plan {
     fn terminate_node(&mut self, ctx: &Context, i: usize, cause: Cause, detail: String) {
         let n = &ctx.nodes[i];
@@ -572,30 +522,23 @@ impl Plan {
         }
     }
 
-    /// Records why the nodes `after` has and `before` had not are launched.
-    fn note_new(&mut self, before: &Context, after: &Context, why: &str) {
-        let count = |c: &Context| {
-            let mut m: BTreeMap<usize, u32> = BTreeMap::new();
-            for n in &c.nodes {
-                if let Origin::New(t) = n.origin {
-                    *m.entry(t).or_default() += 1;
-                }
+    /// Records why the `new` nodes (to be committed to `ctx`) are launched.
+    fn note_new(&mut self, ctx: &Context, new: &[SimNode], why: &str) {
+        let mut added: BTreeMap<usize, u32> = BTreeMap::new();
+        for n in new {
+            if let Origin::New(t) = n.origin {
+                *added.entry(t).or_default() += 1;
             }
-            m
-        };
-        let (b, a) = (count(before), count(after));
-        for (t, n) in a {
-            let added = n - b.get(&t).copied().unwrap_or(0);
-            if added > 0 {
-                let name = &after.p.node_types[t].name;
-                let reasons = self.launch_reasons.entry(name.clone()).or_default();
-                if reasons.len() < problem::MAX_REASONS {
-                    reasons.push(format!("{added} for {why}"));
-                } else {
-                    let (nodes, more) = self.reasons_folded.entry(name.clone()).or_default();
-                    *nodes += added;
-                    *more += 1;
-                }
+        }
+        for (t, added) in added {
+            let name = &ctx.p.node_types[t].name;
+            let reasons = self.launch_reasons.entry(name.clone()).or_default();
+            if reasons.len() < problem::MAX_REASONS {
+                reasons.push(format!("{added} for {why}"));
+            } else {
+                let (nodes, more) = self.reasons_folded.entry(name.clone()).or_default();
+                *nodes += added;
+                *more += 1;
             }
         }
     }

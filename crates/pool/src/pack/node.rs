@@ -4,6 +4,7 @@
 use std::cmp::Ordering;
 use std::sync::Arc;
 
+use super::pending::Pending;
 use super::problem::{Group, Labels, Source};
 use crate::shape::{GPU, ResourceNames, Shape};
 
@@ -87,7 +88,7 @@ impl SimNode {
         }
     }
 
-    fn free_of(&self, source: Source) -> &Shape {
+    pub fn free_of(&self, source: Source) -> &Shape {
         match source {
             Source::Demand => &self.free,
             Source::Floor => &self.free_floor,
@@ -153,21 +154,23 @@ impl SimNode {
         }
     }
 
-    /// Fills the node with `groups` in their order, taking from `left` (counts still to
-    /// place, by group), the way Ray tries a node: each request in the sorted order, no
-    /// backtracking. Identical requests are one group, so this is one division per
-    /// group instead of one fit test per request. Returns how many were placed.
-    pub fn fill(&mut self, groups: &[Group], left: &mut [u64], active: &[usize], source: Source) -> u64 {
-        let mut placed = 0;
-        for &gi in active {
-            let n = self.room_for(&groups[gi], source, left[gi]);
+    /// Fills the node with the pending groups in their order, the way Ray tries a node:
+    /// each request in the sorted order, no backtracking. Identical requests are one
+    /// group, so this is one division per group placed, and the index skips the groups
+    /// that do not fit. Returns what it took: (group, count). `pending` is not changed.
+    pub fn fill(&mut self, pending: &Pending, source: Source) -> Vec<(usize, u64)> {
+        let mut took = Vec::new();
+        let mut from = 0;
+        while let Some(g) = pending.next_fit(from, self.free_of(source)) {
+            let group = &pending.groups[g];
+            let n = self.room_for(group, source, pending.left[g]);
             if n > 0 {
-                self.place(&groups[gi], source, n);
-                left[gi] -= n;
-                placed += n;
+                self.place(group, source, n);
+                took.push((g, n));
             }
+            from = g + 1;
         }
-        placed
+        took
     }
 
     pub fn score(&self, source: Source, names: &ResourceNames, cost: Option<f64>) -> Score {

@@ -1,0 +1,79 @@
+//! A pass's live nodes by state. Nodes in the same state (type, free resources, labels,
+//! units under per-node limits) take exactly the same requests and score the same, so
+//! Ray's "fill every candidate, keep the best" tries one node per state: the lowest
+//! index, which also breaks ties between states. The index is kept as nodes change, so
+//! a pass never walks every node for every gang (100,000 gangs on tens of thousands of
+//! nodes were quadratic when each gang scanned and copied the whole node list).
+
+use std::collections::{BTreeSet, HashMap};
+
+use super::node::SimNode;
+use crate::shape::Shape;
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Key {
+    node_type: Option<usize>,
+    free: Shape,
+    free_floor: Shape,
+    /// Equal label sets share one allocation (see `plan`), so the pointer names them.
+    labels: usize,
+    units: Vec<(u32, u32)>,
+}
+
+impl Key {
+    fn of(n: &SimNode) -> Key {
+        let mut units = n.units.clone();
+        units.sort_unstable();
+        Key {
+            node_type: n.node_type,
+            free: n.free.clone(),
+            free_floor: n.free_floor.clone(),
+            labels: std::sync::Arc::as_ptr(&n.labels) as usize,
+            units,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+pub(super) struct Classes {
+    ids: HashMap<Key, usize>,
+    /// Each state's nodes, by index; never empty.
+    members: Vec<BTreeSet<usize>>,
+    keys: Vec<Key>,
+}
+
+impl Classes {
+    /// Adds node `i`, in state `n`.
+    pub fn insert(&mut self, i: usize, n: &SimNode) {
+        let key = Key::of(n);
+        let id = match self.ids.get(&key) {
+            Some(id) => *id,
+            None => {
+                self.ids.insert(key.clone(), self.members.len());
+                self.members.push(BTreeSet::new());
+                self.keys.push(key);
+                self.members.len() - 1
+            }
+        };
+        self.members[id].insert(i);
+    }
+
+    /// Removes node `i`, in the state `n` it was added in.
+    pub fn remove(&mut self, i: usize, n: &SimNode) {
+        let Some(&id) = self.ids.get(&Key::of(n)) else { return };
+        self.members[id].remove(&i);
+        if self.members[id].is_empty() {
+            self.ids.remove(&self.keys[id]);
+            self.members.swap_remove(id);
+            self.keys.swap_remove(id);
+            if let Some(moved) = self.keys.get(id) {
+                self.ids.insert(moved.clone(), id);
+            }
+        }
+    }
+
+    /// Each state's nodes.
+    pub fn iter(&self) -> impl Iterator<Item = (usize, &BTreeSet<usize>)> {
+        self.members.iter().enumerate()
+    }
+}
