@@ -223,6 +223,7 @@ pub async fn run(a: UpArgs, log_format: LogFormat) -> anyhow::Result<()> {
         shards: addrs.clone(),
         api_token,
         apps: Default::default(),
+        scheduler_networks: Default::default(),
         http: a.http.client()?,
         dialer: dialer.clone(),
         policies: flotilla_control::Policies::open(data.dir.join("policies"))?,

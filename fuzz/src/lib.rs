@@ -503,6 +503,7 @@ pub fn control_json(data: &[u8]) {
         shards: vec![],
         api_token: flotilla_core::SharedToken::new(Some(API_TOKEN.into())),
         apps: Default::default(),
+        scheduler_networks: Default::default(),
         http: HTTP.with(Clone::clone),
         dialer: Default::default(),
         policies: Default::default(),

@@ -31,6 +31,13 @@ pub struct HttpArgs {
     /// (a standalone scheduler's, or the control plane's).
     #[arg(long, env = "FLOTILLA_CA")]
     pub ca: Option<PathBuf>,
+    /// A `Host` name the HTTP API answers to, besides IP addresses, single-label names and
+    /// names under .localhost, .local and .internal: the name users reach it by (repeat, or
+    /// comma-separated; `*.example.com` for a domain, `*` for any). Other names are refused
+    /// unless the request carries the API token: a page re-pointing its own name at this
+    /// address (DNS rebinding) reads nothing.
+    #[arg(long = "allowed-host", value_name = "NAME", value_delimiter = ',')]
+    pub allowed_hosts: Vec<String>,
 }
 
 impl HttpArgs {
@@ -46,7 +53,9 @@ impl HttpArgs {
             (None, None) => None,
             _ => bail!("--tls-cert and --tls-key go together"),
         };
-        Ok(flotilla_control::HttpOptions { tls, rate_limit: self.rate_limit })
+        let allowed_hosts =
+            flotilla_control::hosts::AllowedHosts::new(&self.allowed_hosts).map_err(anyhow::Error::msg)?;
+        Ok(flotilla_control::HttpOptions { tls, rate_limit: self.rate_limit, allowed_hosts })
     }
 
     pub fn client(&self) -> anyhow::Result<reqwest::Client> {

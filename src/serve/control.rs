@@ -36,6 +36,10 @@ pub struct ControlArgs {
     /// The etcd key prefix (the schedulers' `--store-prefix`).
     #[arg(long, default_value = flotilla_etcd::DEFAULT_PREFIX)]
     pub store_prefix: String,
+    /// Address ranges (CIDRs, comma-separated) a standalone scheduler's registered URL
+    /// may resolve to; any but link-local ones without it.
+    #[arg(long, value_delimiter = ',', value_name = "CIDR")]
+    pub scheduler_networks: Vec<String>,
     /// Print the bound address as one JSON line on stdout (for scripts and tests).
     #[arg(long)]
     pub print_addrs: bool,
@@ -70,6 +74,8 @@ pub async fn control(a: ControlArgs) -> anyhow::Result<()> {
         shards: a.aggregators.clone(),
         api_token,
         apps: Default::default(),
+        scheduler_networks: flotilla_control::SchedulerNetworks::new(&a.scheduler_networks)
+            .map_err(anyhow::Error::msg)?,
         http: a.http.client()?,
         dialer,
         policies: match a.policies_dir {

@@ -102,13 +102,17 @@ pub async fn scheduler(a: SchedulerArgs) -> anyhow::Result<()> {
         shards: a.aggregators.clone(),
         api_token: token.clone(),
         apps: Default::default(),
+        scheduler_networks: Default::default(),
         http: a.http.client()?,
         dialer,
         policies: Default::default(),
         pools: Default::default(),
         replicas: None,
     });
-    let options = a.http.options()?;
+    let mut options = a.http.options()?;
+    if let Some(u) = &a.advertise_url {
+        options.allowed_hosts.add_url_host(u);
+    }
     let listener = tokio::net::TcpListener::bind(a.listen).await.with_context(|| format!("binding {}", a.listen))?;
     let url = match a.advertise_url {
         Some(u) => u.trim_end_matches('/').to_string(),

@@ -396,3 +396,49 @@ async fn a_session_can_neither_heartbeat_nor_report_for_another_node() {
         "both reports for n2 are refused and counted: {text}"
     );
 }
+
+/// A spec's secret-looking env values are shown only to a reader with the API token, and
+/// the redacted copy cannot be applied back over them.
+#[test]
+fn spec_env_secrets_are_hidden_from_readers_without_the_token() {
+    let dir = TempDir::new("spec-secrets-file");
+    let spec = std::fs::read_to_string(ECHO).unwrap().replacen(
+        "[unit.head]\n",
+        "[unit.head]\nenv = { DB_PASSWORD = \"hunter2\", LOG_LEVEL = \"info\" }\n",
+        1,
+    );
+    let path = dir.join("echo.toml");
+    std::fs::write(&path, &spec).unwrap();
+    let up = Up::start("spec-secrets", &["--agents", "0", "--shards", "1", "--app", path.to_str().unwrap()]);
+    let read = |auth: &str| {
+        let out = exchange(
+            &up.addr,
+            &format!("GET /v1/apps/echo/spec HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{auth}\r\n"),
+        );
+        assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+        out.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default()
+    };
+    let anonymous = read("");
+    assert!(!anonymous.contains("hunter2"), "{anonymous}");
+    assert!(
+        anonymous.contains("DB_PASSWORD = \"<redacted") && anonymous.contains("LOG_LEVEL = \"info\""),
+        "{anonymous}"
+    );
+    let with_token = read(&format!("Authorization: Bearer {}\r\n", up.token()));
+    assert!(with_token.contains("DB_PASSWORD = \"hunter2\""), "{with_token}");
+    // Applying what an anonymous reader saw would overwrite the secret: refused.
+    let r = request(
+        &up.addr,
+        "PUT",
+        "/v1/apps/echo/spec",
+        &format!("Authorization: Bearer {}\r\nContent-Type: text/plain\r\n", up.token()),
+        &anonymous,
+    );
+    assert_eq!(r.status, 422, "{:?}", r.json);
+    assert!(
+        r.json["error"]["message"].as_str().unwrap_or_default().contains("put the real value back"),
+        "{:?}",
+        r.json
+    );
+    assert!(read(&format!("Authorization: Bearer {}\r\n", up.token())).contains("hunter2"));
+}

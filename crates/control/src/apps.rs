@@ -9,8 +9,8 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use axum::extract::{Path, State};
+use axum::http::HeaderMap;
 use axum::http::header::CONTENT_TYPE;
-use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Json, Router};
 use flotilla_scheduler::{AppHandle, AppStatus};
@@ -32,7 +32,7 @@ pub enum AppEndpoint {
 }
 
 #[derive(Default)]
-pub struct Apps(RwLock<BTreeMap<String, AppEndpoint>>);
+pub struct Apps(pub(crate) RwLock<BTreeMap<String, AppEndpoint>>);
 
 impl Apps {
     pub fn add_local(&self, h: AppHandle) {
@@ -90,7 +90,6 @@ pub fn routes() -> Router<Arc<ControlState>> {
         .route("/v1/apps/{app}/scale", axum::routing::put(scale))
         .route("/v1/apps/{app}/spec", axum::routing::put(apply).get(get_spec))
         .route("/v1/apps/{app}/rollback", axum::routing::post(rollback))
-        .route("/v1/schedulers", axum::routing::post(register_scheduler))
 }
 
 pub(crate) fn not_found(app: &str) -> ControlError {
@@ -337,6 +336,12 @@ async fn apply(
 ) -> Result<Json<Value>, ControlError> {
     metrics::counter!(m::API_REQUESTS.name, "route" => "/v1/apps/{app}/spec").increment(1);
     authorize(&s, &headers)?;
+    if body.contains(crate::secrets::REDACTED) {
+        return Err(ControlError::InvalidSpec(format!(
+            "the spec holds {:?} where a secret was: it was read without the API token; put the real value back",
+            crate::secrets::REDACTED
+        )));
+    }
     let spec = flotilla_scheduler::AppSpec::parse(&body).map_err(|e| ControlError::InvalidSpec(e.to_string()))?;
     if spec.name != app {
         return Err(ControlError::InvalidSpec(format!("the spec names app {:?}, not {app:?}", spec.name)));
@@ -355,34 +360,44 @@ async fn apply(
 }
 
 /// `GET /v1/apps/{app}/spec`: the app's current spec (TOML, as its scheduler stored it),
-/// and whether a rollback has a spec to go back to (`x-flotilla-has-previous`).
-#[tracing::instrument(name = "get_spec", skip(s))]
-async fn get_spec(State(s): State<Arc<ControlState>>, Path(app): Path<String>) -> Result<Response, ControlError> {
+/// and whether a rollback has a spec to go back to (`x-flotilla-has-previous`). Without
+/// the API token (when the API has one), secret-looking env values are hidden
+/// ([`crate::secrets`]).
+#[tracing::instrument(name = "get_spec", skip(s, headers))]
+async fn get_spec(
+    State(s): State<Arc<ControlState>>,
+    Path(app): Path<String>,
+    headers: HeaderMap,
+) -> Result<Response, ControlError> {
     metrics::counter!(m::API_REQUESTS.name, "route" => "/v1/apps/{app}/spec").increment(1);
+    let hide = s.api_token.get().is_some() && !crate::limits::carries_token(&s.api_token, &headers);
+    let shown = |text: String| if hide { crate::secrets::redact(&text) } else { text };
     match s.apps.get(&app) {
         Some(Ok(h)) => {
             let st = h.status();
-            Ok(spec_answer(st.spec_toml.to_string(), st.has_previous_spec))
+            Ok(spec_answer(shown(st.spec_toml.to_string()), st.has_previous_spec))
         }
         Some(Err(url)) => {
-            crate::forward::no_second_hop(&url)?;
-            let resp = s
+            crate::forward::may_forward(&url)?;
+            let mut req = s
                 .http
                 .get(format!("{}/v1/apps/{app}/spec", url.trim_end_matches('/')))
                 .header(crate::limits::HOP_HEADER, "1")
-                .timeout(Duration::from_secs(5))
-                .send()
-                .await
-                .map_err(|e| unreachable(&url, e))?;
+                .timeout(Duration::from_secs(5));
+            // The scheduler hides them too, unless it is given the caller's token.
+            if let Some(v) = headers.get(axum::http::header::AUTHORIZATION) {
+                req = req.header(axum::http::header::AUTHORIZATION, v.clone());
+            }
+            let resp = req.send().await.map_err(|e| unreachable(&url, e))?;
             let status = resp.status();
             let previous = resp.headers().get(HAS_PREVIOUS).is_some_and(|v| v.as_bytes() == b"true");
             let text = resp.text().await.map_err(|e| unreachable(&url, e))?;
             if !status.is_success() {
                 let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
                 let message = v.pointer("/error/message").and_then(Value::as_str).unwrap_or("refused").to_string();
-                return Err(ControlError::Forwarded { status, message });
+                return Err(ControlError::Forwarded { status, code: crate::error::upstream_code(&v), message });
             }
-            Ok(spec_answer(text, previous))
+            Ok(spec_answer(shown(text), previous))
         }
         None => Err(not_found(&app)),
     }
@@ -417,103 +432,5 @@ async fn rollback(
             forward(req, &url, &headers).await
         }
         None => Err(not_found(&app)),
-    }
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Registration {
-    app: String,
-    url: String,
-}
-
-async fn register_scheduler(
-    State(s): State<Arc<ControlState>>,
-    headers: HeaderMap,
-    body: Result<crate::body::JsonBody<Registration>, crate::body::BodyRejection>,
-) -> Result<StatusCode, ControlError> {
-    authorize(&s, &headers)?;
-    let crate::body::JsonBody(r) = body?;
-    if !flotilla_core::is_name(&r.app) {
-        return Err(ControlError::BadRequest(format!(
-            "app {:?}: 1..=63 of a-z, 0-9 and '-', not starting with '-' (as an app spec's name)",
-            r.app
-        )));
-    }
-    let url = scheduler_url(&r.url).map_err(|why| ControlError::BadRequest(format!("url {:?}: {why}", r.url)))?;
-    if matches!(s.apps.0.read_or_recover().get(&r.app), Some(AppEndpoint::Local(_))) {
-        return Err(ControlError::AppRunsHere(r.app));
-    }
-    if let Some(replicas) = &s.replicas {
-        replicas.put(crate::replicas::Shared::Scheduler { app: &r.app, url: &url }).await?;
-    }
-    s.apps.0.write_or_recover().insert(r.app, AppEndpoint::Remote { url, seen: Instant::now() });
-    Ok(StatusCode::NO_CONTENT)
-}
-
-/// A standalone scheduler's base URL as the control plane will use it: http or https,
-/// with a host, no credentials, query or fragment, and a plain path (no `.` or `..`
-/// segment, no escapes or backslashes) so that what is appended to it stays under it.
-fn scheduler_url(url: &str) -> Result<String, &'static str> {
-    if url.len() > 256 {
-        return Err("longer than 256 bytes");
-    }
-    if url.contains(['%', '\\', '?', '#', '@']) || url.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        return Err("escapes, backslashes, credentials, a query or a fragment are not accepted");
-    }
-    let u = reqwest::Url::parse(url).map_err(|_| "not a URL")?;
-    if !matches!(u.scheme(), "http" | "https") {
-        return Err("not an http or https URL");
-    }
-    if u.host_str().is_none_or(str::is_empty) {
-        return Err("no host");
-    }
-    // A cloud's instance metadata service (169.254.169.254, fd00:ec2::254) answers any
-    // GET with credentials: never a scheduler, and never to be polled on a caller's word.
-    let host = u.host_str().unwrap_or_default();
-    let link_local = match host.trim_start_matches('[').trim_end_matches(']').parse::<std::net::IpAddr>() {
-        Ok(std::net::IpAddr::V4(ip)) => ip.is_link_local(),
-        Ok(std::net::IpAddr::V6(ip)) => ip.is_unicast_link_local() || ip.segments()[..2] == [0xfd00, 0x0ec2],
-        Err(_) => host.eq_ignore_ascii_case("metadata.google.internal"),
-    };
-    if link_local {
-        return Err("a link-local or cloud metadata address is never a scheduler");
-    }
-    let path = url.split_once("://").map_or("", |(_, rest)| rest.split_once('/').map_or("", |(_, p)| p));
-    if path.split('/').any(|seg| seg == "." || seg == "..") {
-        return Err("a '.' or '..' path segment");
-    }
-    Ok(u.as_str().trim_end_matches('/').to_string())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::scheduler_url;
-
-    #[test]
-    fn a_scheduler_url_is_a_plain_http_base() {
-        assert_eq!(scheduler_url("http://127.0.0.1:7899"), Ok("http://127.0.0.1:7899".into()));
-        assert_eq!(scheduler_url("https://sched.example:443/"), Ok("https://sched.example".into()));
-        assert_eq!(scheduler_url("http://10.0.0.5:8080/prefix"), Ok("http://10.0.0.5:8080/prefix".into()));
-        for bad in [
-            "ftp://h",
-            "http://",
-            "127.0.0.1:7899",
-            "http://h/../x",
-            "http://h/a/./b",
-            "http://h/%2e%2e/x",
-            "http://h\\..\\x",
-            "http://u:p@h",
-            "http://h/?x=1",
-            "http://h/#f",
-            "http://h /x",
-            "http://169.254.169.254/latest",
-            "http://[fe80::1]:80",
-            "http://[fd00:ec2::254]",
-            "http://metadata.google.internal",
-        ] {
-            assert!(scheduler_url(bad).is_err(), "{bad}");
-        }
-        assert!(scheduler_url(&format!("http://{}", "a".repeat(260))).is_err());
     }
 }

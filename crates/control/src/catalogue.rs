@@ -83,7 +83,14 @@ pub const REPLICA_ENTRIES_SKIPPED: Family = Family::counter(
     &[],
 );
 
+pub const SCHEDULER_REGISTRATIONS: Family = Family::counter(
+    "flotilla_control_scheduler_registrations_total",
+    "Registrations of a new standalone scheduler URL, by result (accepted, or refused: not allowed or not answering as the app's scheduler).",
+    &["result"],
+);
+
 pub const FAMILIES: &[Family] = &[
+    SCHEDULER_REGISTRATIONS,
     API_REQUESTS,
     API_ERRORS,
     HTTP_REQUESTS_REJECTED,

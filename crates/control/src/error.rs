@@ -77,10 +77,10 @@ pub enum ControlError {
     ShardUnreachable { shard: usize, message: String },
     #[error("{url}: {message}")]
     SchedulerUnreachable { url: String, message: String },
-    /// A standalone scheduler's refusal of a forwarded call, with its status, which is
-    /// passed on as it is.
+    /// A standalone scheduler's refusal of a forwarded call, with its status and code,
+    /// which are passed on as they are (see [`upstream_code`]).
     #[error("{message}")]
-    Forwarded { status: StatusCode, message: String },
+    Forwarded { status: StatusCode, code: &'static str, message: String },
     #[error("the request body is larger than {max} bytes")]
     TooLarge { max: usize },
     #[error("the request target (path and query) is longer than {max} bytes")]
@@ -98,6 +98,15 @@ pub enum ControlError {
     /// `GET /v1/events` with every stream place taken (or every one for one address).
     #[error("{max} event streams are open already{}: close one (another tab?) or retry later", if *from_one_address { " from this address" } else { "" })]
     TooManySubscribers { max: usize, from_one_address: bool },
+    /// A scheduler registration whose URL is not allowed or did not answer as the
+    /// scheduler of that app.
+    #[error("{url} is not registered as app {app}'s scheduler: {why}")]
+    NotAScheduler { app: String, url: String, why: String },
+    /// A `Host` the API does not answer to, on a request without the API token.
+    #[error(
+        "Host {host:?} is not a name this API answers to (a page re-pointing its own name here?): use its address, or start it with --allowed-host {host}"
+    )]
+    HostNotAllowed { host: String },
     #[error("this address serves HTTPS: use {url} (with --ca or $FLOTILLA_CA naming the CA of its certificate)")]
     TlsRequired { url: String },
     #[error(transparent)]
@@ -109,8 +118,8 @@ impl ServiceError for ControlError {
         use ControlError::*;
         match self {
             NoSuchEndpoint | NoSuchAction(_) | NoSuchNode(_) | NoSuchApp(_) | NoSuchPool(_) => ErrorKind::NotFound,
-            BadRequest(_) | TlsRequired { .. } => ErrorKind::Malformed,
-            InvalidSpec(_) | InvalidPolicy(_) => ErrorKind::InvalidInput,
+            BadRequest(_) | TlsRequired { .. } | HostNotAllowed { .. } => ErrorKind::Malformed,
+            InvalidSpec(_) | InvalidPolicy(_) | NotAScheduler { .. } => ErrorKind::InvalidInput,
             UriTooLong { .. } => ErrorKind::AddressTooLong,
             NotJson { .. } => ErrorKind::UnsupportedFormat,
             BodyTimeout { .. } => ErrorKind::TimedOut,
@@ -144,7 +153,7 @@ impl ServiceError for ControlError {
             ForwardLoop { .. } => "forward_loop",
             ShardUnreachable { .. } => "shard_unreachable",
             SchedulerUnreachable { .. } => "scheduler_unreachable",
-            Forwarded { .. } => "refused",
+            Forwarded { code, .. } => code,
             TooLarge { .. } => "too_large",
             UriTooLong { .. } => "uri_too_long",
             NotJson { .. } => "unsupported_media_type",
@@ -152,9 +161,54 @@ impl ServiceError for ControlError {
             RateLimited { .. } => "rate_limited",
             TooManySubscribers { .. } => "too_many_subscribers",
             TlsRequired { .. } => "tls_required",
+            HostNotAllowed { .. } => "host_not_allowed",
+            NotAScheduler { .. } => "not_a_scheduler",
             Command(e) => e.code(),
         }
     }
+}
+
+/// Every code a scheduler's API answers with (its [`CommandError`]s and this API's own,
+/// which it serves too), so a forwarded refusal keeps the code clients branch on.
+const UPSTREAM_CODES: &[&str] = &[
+    "not_found",
+    "no_such_node",
+    "no_such_app",
+    "no_such_pool",
+    "bad_request",
+    "invalid_spec",
+    "invalid_policy",
+    "storage_failed",
+    flotilla_scheduler::STORE_UNAVAILABLE,
+    "unauthorized",
+    "conflict",
+    "scheduled_elsewhere",
+    "forward_loop",
+    "shard_unreachable",
+    "scheduler_unreachable",
+    "too_large",
+    "uri_too_long",
+    "unsupported_media_type",
+    "body_timeout",
+    "rate_limited",
+    "too_many_subscribers",
+    "tls_required",
+    "host_not_allowed",
+    "not_a_scheduler",
+    "out_of_range",
+    "wrong_app",
+    "invalid_demand",
+    "invalid_override",
+    "no_previous_spec",
+    "scheduler_stopped",
+    "not_leader",
+];
+
+/// The code of a standalone scheduler's JSON refusal, as one of ours; `refused` for a
+/// body that is not one of its errors.
+pub(crate) fn upstream_code(body: &serde_json::Value) -> &'static str {
+    let got = body.pointer("/error/code").and_then(serde_json::Value::as_str).unwrap_or_default();
+    UPSTREAM_CODES.iter().find(|c| **c == got).copied().unwrap_or("refused")
 }
 
 /// The kind a standalone scheduler's status stands for (it mapped its error with
@@ -240,6 +294,8 @@ mod tests {
 
     fn answer(e: ControlError) -> (u16, &'static str) {
         let api = ApiError::from(&e);
+        // Every code this API answers is one a forwarded refusal keeps.
+        assert!(UPSTREAM_CODES.contains(&api.code()) || api.code() == "refused", "{}", api.code());
         (api.status().as_u16(), api.code())
     }
 
@@ -266,6 +322,9 @@ mod tests {
         let peer = IpAddr::from([127, 0, 0, 1]);
         assert_eq!(answer(RateLimited { per_second: 1, peer, retry_in: Duration::ZERO }), (429, "rate_limited"));
         assert_eq!(answer(TlsRequired { url: "https://x".into() }), (400, "tls_required"));
+        assert_eq!(answer(HostNotAllowed { host: "h.example".into() }), (400, "host_not_allowed"));
+        let e = NotAScheduler { app: "a".into(), url: "u".into(), why: "w".into() };
+        assert_eq!(answer(e), (422, "not_a_scheduler"));
     }
 
     #[test]
@@ -278,13 +337,26 @@ mod tests {
         // A failed store write is the server's fault, not the caller's.
         assert_eq!(answer(CommandError::Store("disk full".into()).into()), (503, "store_unavailable"));
         assert_eq!(answer(CommandError::Stopped.into()), (502, "scheduler_stopped"));
+        // A standby cannot take a change now; the same request works on the active one.
+        assert_eq!(answer(CommandError::NotLeader("b".into()).into()), (503, "not_leader"));
     }
 
     #[test]
     fn a_forwarded_refusal_keeps_the_upstream_status() {
         for status in [StatusCode::BAD_REQUEST, StatusCode::UNPROCESSABLE_ENTITY, StatusCode::INTERNAL_SERVER_ERROR] {
-            assert_eq!(answer(ControlError::Forwarded { status, message: "m".into() }), (status.as_u16(), "refused"));
+            let e = ControlError::Forwarded { status, code: "refused", message: "m".into() };
+            assert_eq!(answer(e), (status.as_u16(), "refused"));
         }
+        // The scheduler's code goes through: a standby's `not_leader` stays one.
+        let body = serde_json::json!({"error": {"code": "not_leader", "message": "m"}});
+        let e = ControlError::Forwarded {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            code: upstream_code(&body),
+            message: "m".into(),
+        };
+        assert_eq!(answer(e), (503, "not_leader"));
+        assert_eq!(upstream_code(&serde_json::json!({"error": {"code": "made_up"}})), "refused");
+        assert_eq!(upstream_code(&serde_json::json!("not an error")), "refused");
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! control plane passes on, and mutating calls forwarded with the caller's token. Their
 //! refusals come back as the scheduler gave them; no answer is `SchedulerUnreachable`.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Json;
@@ -9,16 +10,20 @@ use axum::http::HeaderMap;
 use serde_json::{Value, json};
 
 use crate::ControlError;
+use crate::error::upstream_code;
 
-use crate::limits::{FORWARDED, HOP_HEADER};
+use crate::limits::{HOP, HOP_HEADER};
 
-/// Refuses to forward a request that was forwarded already.
-pub(crate) fn no_second_hop(url: &str) -> Result<(), ControlError> {
-    if FORWARDED.try_with(|f| *f).unwrap_or(false) {
+/// Whether the request being served may be forwarded to `url`: never when it was
+/// forwarded already (a loop), and within its peer's budget of forwarded requests.
+/// Calls outside a request (the event stream's polls) always may.
+pub(crate) fn may_forward(url: &str) -> Result<(), ControlError> {
+    let Ok(hop) = HOP.try_with(Arc::clone) else { return Ok(()) };
+    if hop.forwarded {
         crate::limits::rejected("forward_loop");
         return Err(ControlError::ForwardLoop { url: url.to_string() });
     }
-    Ok(())
+    hop.charge()
 }
 
 pub(crate) fn unreachable(url: &str, e: reqwest::Error) -> ControlError {
@@ -37,7 +42,7 @@ pub(crate) async fn remote_within(
     path: &str,
     timeout: Duration,
 ) -> Result<Value, ControlError> {
-    no_second_hop(url)?;
+    may_forward(url)?;
     let resp = http
         .get(format!("{}{path}", url.trim_end_matches('/')))
         .header(HOP_HEADER, "1")
@@ -49,7 +54,7 @@ pub(crate) async fn remote_within(
     let v: Value = resp.json().await.map_err(|e| unreachable(url, e))?;
     if !status.is_success() {
         let message = v.pointer("/error/message").and_then(Value::as_str).unwrap_or("refused").to_string();
-        return Err(ControlError::Forwarded { status, message: format!("{url}: {message}") });
+        return Err(ControlError::Forwarded { status, code: upstream_code(&v), message: format!("{url}: {message}") });
     }
     Ok(v)
 }
@@ -90,7 +95,7 @@ pub(crate) async fn forward(
     url: &str,
     headers: &HeaderMap,
 ) -> Result<Json<Value>, ControlError> {
-    no_second_hop(url)?;
+    may_forward(url)?;
     let mut req = req.timeout(Duration::from_secs(5)).header(HOP_HEADER, "1");
     if let Some(v) = headers.get(axum::http::header::AUTHORIZATION).and_then(|v| v.to_str().ok()) {
         req = req.header("authorization", v);
@@ -102,6 +107,6 @@ pub(crate) async fn forward(
         Ok(Json(v))
     } else {
         let msg = v.pointer("/error/message").and_then(Value::as_str).unwrap_or("refused").to_string();
-        Err(ControlError::Forwarded { status, message: msg })
+        Err(ControlError::Forwarded { status, code: upstream_code(&v), message: msg })
     }
 }

@@ -9,6 +9,7 @@ pub mod catalogue;
 mod error;
 pub mod events;
 mod forward;
+pub mod hosts;
 mod json;
 pub mod limits;
 pub mod nodes;
@@ -16,6 +17,8 @@ mod policies;
 mod pools;
 pub mod replicas;
 pub mod routes_grpc;
+mod schedulers;
+pub mod secrets;
 mod serve;
 pub mod ui;
 
@@ -33,6 +36,7 @@ pub use error::{ApiError, ControlError, http_status};
 pub use json::{NodeRow, node_rows};
 pub use policies::Policies;
 pub use pools::Pools;
+pub use schedulers::SchedulerNetworks;
 pub use serve::{HttpOptions, MAX_CONNECTIONS_PER_PEER, MAX_STREAMS_PER_CONNECTION, tls_config};
 
 pub struct ControlState {
@@ -42,6 +46,8 @@ pub struct ControlState {
     /// Bearer token for mutating calls (none: they are open); a reload replaces it.
     pub api_token: flotilla_core::SharedToken,
     pub apps: apps::Apps,
+    /// Where a standalone scheduler's URL may point (`--scheduler-networks`).
+    pub scheduler_networks: SchedulerNetworks,
     /// For calls to standalone schedulers' APIs (trusting the CA they may serve HTTPS with).
     pub http: reqwest::Client,
     /// How the shards' gRPC is reached (its token and TLS).
@@ -63,6 +69,7 @@ pub fn router(state: Arc<ControlState>) -> Router {
         .route("/v1/shards", get(nodes::list_shards))
         .route("/v1/nodes/{node}/{action}", axum::routing::post(nodes::node_action))
         .merge(apps::routes())
+        .merge(schedulers::routes())
         .merge(autoscaling::routes())
         .merge(pools::routes())
         .merge(ui::routes())
@@ -91,7 +98,7 @@ pub async fn serve(
     tracing::info!(%addr, scheme = options.scheme(), rate_limit = options.rate_limit, "control API listening");
     let limiter = limits::RateLimiter::new(options.rate_limit).map(Arc::new);
     let token = state.api_token.clone();
-    let app = limits::apply(router(state), limiter, token);
+    let app = limits::apply(router(state), limiter, token, options.allowed_hosts.clone());
     serve::serve_router(listener, app, options.tls, shutdown).await
 }
 

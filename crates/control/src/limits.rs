@@ -8,9 +8,9 @@
 //! a handler's 400 or 422 too, by its status, unless the handler counted it itself.
 
 use crate::catalogue as m;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -22,6 +22,7 @@ use axum::response::{IntoResponse, Response};
 use http_body_util::BodyExt;
 
 use crate::ControlError;
+use crate::hosts::AllowedHosts;
 pub use flotilla_core::RateLimiter;
 
 /// The largest request body the API reads (a spec applied with `flotilla apply` too), on
@@ -48,9 +49,46 @@ tokio::task_local! {
 /// loop.
 pub const HOP_HEADER: &str = "x-flotilla-forwarded";
 
+/// A peer's forwarded calls per second, as a fraction of its request rate: one request
+/// forwarded to a standalone scheduler costs that scheduler a request, so a peer may not
+/// spend the whole of its budget on other processes.
+const FORWARD_SHARE: u32 = 4;
+
+/// What the request being served knows about forwarding it to a standalone scheduler.
+pub(crate) struct Hop {
+    /// It carries [`HOP_HEADER`]: it was forwarded here already.
+    pub forwarded: bool,
+    /// The peer's budget of forwarded requests (none when the API has no rate limit).
+    budget: Option<(Arc<RateLimiter>, IpAddr)>,
+    /// Charged once per request, however many schedulers it asks: 0 not yet, 1
+    /// allowed, 2 refused.
+    charged: AtomicU8,
+}
+
+impl Hop {
+    /// Charges the request's peer for forwarding it (once per request).
+    pub(crate) fn charge(&self) -> Result<(), ControlError> {
+        let Some((limiter, peer)) = &self.budget else { return Ok(()) };
+        let verdict = match self.charged.load(Ordering::Relaxed) {
+            0 => {
+                let v = if limiter.check(*peer, Instant::now()).is_ok() { 1 } else { 2 };
+                self.charged.store(v, Ordering::Relaxed);
+                v
+            }
+            v => v,
+        };
+        if verdict == 1 {
+            return Ok(());
+        }
+        rejected("forward_rate_limited");
+        let retry_in = Duration::from_millis(u64::from(1000 / limiter.per_second().max(1)).max(1));
+        Err(ControlError::RateLimited { per_second: limiter.per_second(), peer: *peer, retry_in })
+    }
+}
+
 tokio::task_local! {
-    /// Set while the API serves a request that carries [`HOP_HEADER`].
-    pub(crate) static FORWARDED: bool;
+    /// Set while the API serves a request.
+    pub(crate) static HOP: Arc<Hop>;
 }
 
 /// Counts one refused request or connection.
@@ -59,19 +97,30 @@ pub fn rejected(reason: &'static str) {
     let _ = COUNTED.try_with(|c| c.store(true, Ordering::Relaxed));
 }
 
-/// What [`guard`] holds: the rate limiter and the API token mutating calls need.
+/// What [`guard`] holds: the rate limiter, the API token mutating calls need and the
+/// `Host` names answered.
 #[derive(Clone)]
 struct Guard {
     limiter: Option<Arc<RateLimiter>>,
     token: flotilla_core::SharedToken,
+    hosts: Arc<AllowedHosts>,
+    /// Each peer's budget of requests forwarded to standalone schedulers.
+    forwards: Option<Arc<RateLimiter>>,
 }
 
 /// Puts the limits in front of every route: the rate limit (when `limiter` is set), the
-/// target length, the API token for mutating calls (when `token` is set) and the body
-/// cap and timeout. The serving loop puts each connection's peer address in the
-/// request's extensions.
-pub fn apply(router: Router, limiter: Option<Arc<RateLimiter>>, token: flotilla_core::SharedToken) -> Router {
-    let guard = Guard { limiter, token };
+/// target length, the `Host` ([`AllowedHosts`]), the API token for mutating calls (when
+/// `token` is set) and the body cap and timeout. The serving loop puts each
+/// connection's peer address in the request's extensions.
+pub fn apply(
+    router: Router,
+    limiter: Option<Arc<RateLimiter>>,
+    token: flotilla_core::SharedToken,
+    hosts: AllowedHosts,
+) -> Router {
+    let forwards =
+        limiter.as_ref().and_then(|l| RateLimiter::new((l.per_second() / FORWARD_SHARE).max(1))).map(Arc::new);
+    let guard = Guard { limiter, token, hosts: Arc::new(hosts), forwards };
     router.layer(axum::middleware::from_fn_with_state(guard, self::guard))
 }
 
@@ -87,6 +136,16 @@ pub fn check_token(want: &str, headers: &HeaderMap) -> Result<(), ControlError> 
         None => Err(unauthorized("this call needs Authorization: Bearer <API token> (see $FLOTILLA_DATA/api-token)")),
         Some(t) if flotilla_core::constant_time_eq(t.as_bytes(), want.as_bytes()) => Ok(()),
         Some(_) => Err(unauthorized("the bearer token is wrong")),
+    }
+}
+
+/// Whether the request carries the API token (never, when the API has none). Not
+/// counted: a request without one may still be one the API answers.
+pub(crate) fn carries_token(token: &flotilla_core::SharedToken, headers: &HeaderMap) -> bool {
+    let got = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(flotilla_core::bearer_token);
+    match (token.get(), got) {
+        (Some(want), Some(got)) => flotilla_core::constant_time_eq(got.as_bytes(), want.as_bytes()),
+        _ => false,
     }
 }
 
@@ -128,6 +187,12 @@ async fn guard(State(g): State<Guard>, req: Request, next: Next) -> Response {
     if is_grpc_call(&req) {
         return next.run(req).await;
     }
+    let host = req.headers().get(header::HOST).and_then(|v| v.to_str().ok()).or_else(|| req.uri().host());
+    if !g.hosts.allows(host) && !carries_token(&g.token, req.headers()) {
+        let host = host.unwrap_or_default().chars().take(256).collect();
+        tracing::debug!(%host, "a Host this API does not answer to");
+        return refuse("host_not_allowed", ControlError::HostNotAllowed { host });
+    }
     // Authenticate from the headers alone: a caller without the token never gets a
     // byte of its body read (hyper closes the connection after the answer).
     if !req.method().is_safe()
@@ -152,9 +217,13 @@ async fn guard(State(g): State<Guard>, req: Request, next: Next) -> Response {
             Err(_) => return refuse("body_timeout", ControlError::BodyTimeout { secs: BODY_TIMEOUT.as_secs() }),
         };
     let counted = Arc::new(AtomicBool::new(false));
-    let forwarded = parts.headers.contains_key(HOP_HEADER);
+    let hop = Hop {
+        forwarded: parts.headers.contains_key(HOP_HEADER),
+        budget: g.forwards.clone().zip(peer),
+        charged: AtomicU8::new(0),
+    };
     let run = COUNTED.scope(counted.clone(), next.run(Request::from_parts(parts, Body::from(bytes))));
-    let resp = FORWARDED.scope(forwarded, run).await;
+    let resp = HOP.scope(Arc::new(hop), run).await;
     if counted.load(Ordering::Relaxed) {
         return resp;
     }
@@ -190,7 +259,7 @@ async fn count_refusal(resp: Response) -> Response {
         StatusCode::PAYLOAD_TOO_LARGE => ControlError::TooLarge { max: MAX_BODY_BYTES },
         StatusCode::URI_TOO_LONG => ControlError::UriTooLong { max: MAX_URI_BYTES },
         StatusCode::BAD_REQUEST => ControlError::BadRequest(message),
-        _ => ControlError::Forwarded { status, message },
+        _ => ControlError::Forwarded { status, code: "refused", message },
     }
     .into_response()
 }

@@ -32,6 +32,8 @@ pub struct HttpOptions {
     pub tls: Option<Arc<rustls::ServerConfig>>,
     /// Requests per second one peer may make (bursts of twice that); 0: no limit.
     pub rate_limit: u32,
+    /// `Host` names answered beyond addresses and private names.
+    pub allowed_hosts: crate::hosts::AllowedHosts,
 }
 
 impl HttpOptions {

@@ -61,6 +61,7 @@ async fn start() -> (SocketAddr, Arc<ClusterView>, tokio::sync::oneshot::Sender<
         shards: vec!["s0:1".into(), "s1:1".into()],
         api_token: flotilla_core::SharedToken::new(Some("secret".into())),
         apps,
+        scheduler_networks: Default::default(),
         http: reqwest::Client::new(),
         dialer: Default::default(),
         policies: Default::default(),
@@ -296,9 +297,28 @@ async fn an_unreachable_standalone_scheduler_is_listed_and_streamed_as_unreachab
     };
     // A name that would steer the URL the control plane fetches is refused.
     assert_eq!(register("../../x", "http://127.0.0.1:7899").await.unwrap().status(), 400);
+    // A URL that does not answer as the app's scheduler is refused, and counted.
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
-    let ghost = format!("http://{closed}");
+    let r = register("ghost", &format!("http://{closed}")).await.unwrap();
+    assert_eq!(r.status(), 422);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "not_a_scheduler", "{body}");
+    let wrong_app = flotilla_testkit::answer_then_vanish(r#"{"app": "other", "scheduler": {"instance": "a"}}"#, 1);
+    assert_eq!(register("ghost", &wrong_app).await.unwrap().status(), 422);
+    // One that answers, then goes away.
+    let ghost = flotilla_testkit::answer_then_vanish(r#"{"app": "ghost", "scheduler": {"instance": "a"}}"#, 1);
     assert_eq!(register("ghost", &ghost).await.unwrap().status(), 204);
+    // Re-registering the same URL is not checked again (it no longer answers).
+    assert_eq!(register("ghost", &ghost).await.unwrap().status(), 204);
+    let page = flotilla_obs::metrics_handle().render();
+    let count = |result: &str| {
+        flotilla_testkit::metric(
+            &page,
+            "flotilla_control_scheduler_registrations_total",
+            &format!("result=\"{result}\""),
+        )
+    };
+    assert!(count("refused").unwrap_or(0.0) >= 2.0 && count("accepted").unwrap_or(0.0) >= 1.0, "{page}");
 
     let r = http.get(format!("http://{addr}/v1/apps")).send().await.unwrap();
     assert_eq!(r.status(), 200);
@@ -354,38 +374,48 @@ async fn one_address_cannot_take_every_event_stream() {
     assert_eq!(again.await.expect("the place comes back").status(), 200);
 }
 
-/// Issue #35 item 4: a scheduler registered with the control plane's own URL. A request
-/// about its app is forwarded once, comes back marked, and is refused there: one extra
-/// request, not a loop of them.
+/// Issue #35 item 4: a scheduler registered with the control plane's own URL is refused
+/// at registration (its check is forwarded once, comes back marked, and is refused
+/// there); and a request that arrives marked as forwarded (as one that came through a
+/// replica's registration would) is never forwarded again: no loop of requests.
 #[tokio::test]
 async fn a_scheduler_registered_with_the_control_planes_own_url_makes_no_loop() {
     let (addr, _c, _stop) = start().await;
     let http = reqwest::Client::new();
     let own = format!("http://{addr}");
-    let r = http
-        .post(format!("{own}/v1/schedulers"))
-        .bearer_auth("secret")
-        .json(&json!({"app": "zzz", "url": own}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 204);
+    let register = |app: &str, url: &str| {
+        http.post(format!("{own}/v1/schedulers")).bearer_auth("secret").json(&json!({"app": app, "url": url})).send()
+    };
+    let r = register("zzz", &own).await.unwrap();
+    assert_eq!(r.status(), 422);
+    let body: Value = r.json().await.unwrap();
+    assert!(body["error"]["message"].as_str().unwrap().contains("no_such_app"), "{body}");
+    // Registered once as a scheduler that answers, zzz cannot move to the own URL either.
+    let real = flotilla_testkit::answer_then_vanish(r#"{"app": "zzz", "scheduler": {"instance": "a"}}"#, 1);
+    assert_eq!(register("zzz", &real).await.unwrap().status(), 204);
+    let r = register("zzz", &own).await.unwrap();
+    assert_eq!(r.status(), 422);
+    let body: Value = r.json().await.unwrap();
+    assert!(body["error"]["message"].as_str().unwrap().contains("forward_loop"), "{body}");
+
     let before = served(&own, "/v1/apps/{app}/units").await;
-    let r = http.get(format!("{own}/v1/apps/zzz/units")).send().await.unwrap();
+    let marked = |path: &str| http.get(format!("{own}{path}")).header(flotilla_control::limits::HOP_HEADER, "1").send();
+    let r = marked("/v1/apps/zzz/units").await.unwrap();
     assert_eq!(r.status(), 409);
     let body: Value = r.json().await.unwrap();
     assert!(body["error"]["message"].as_str().unwrap().contains("forwarded"), "{body}");
-    assert_eq!(served(&own, "/v1/apps/{app}/units").await - before, 2.0, "the request and its one forward");
-    let r = http.get(format!("{own}/v1/apps/zzz")).send().await.unwrap();
-    assert_eq!(r.status(), 409);
-    // Its spec, a scale and the list: each refused or marked unreachable, none looping.
-    let r = http.get(format!("{own}/v1/apps/zzz/spec")).send().await.unwrap();
-    assert_eq!(r.status(), 409);
-    let r = http.put(format!("{own}/v1/apps/zzz/scale")).bearer_auth("secret").json(&json!({"units": 2})).send().await;
+    assert_eq!(served(&own, "/v1/apps/{app}/units").await - before, 1.0, "no forward");
+    for path in ["/v1/apps/zzz", "/v1/apps/zzz/spec"] {
+        assert_eq!(marked(path).await.unwrap().status(), 409, "{path}");
+    }
+    let r = http
+        .put(format!("{own}/v1/apps/zzz/scale"))
+        .header(flotilla_control::limits::HOP_HEADER, "1")
+        .bearer_auth("secret")
+        .json(&json!({"units": 2}))
+        .send()
+        .await;
     assert_eq!(r.unwrap().status(), 409);
-    let rows: Vec<Value> = http.get(format!("{own}/v1/apps")).send().await.unwrap().json().await.unwrap();
-    let zzz = rows.iter().find(|a| a["app"] == "zzz").unwrap();
-    assert_eq!(zzz["unreachable"], true, "{zzz}");
 }
 
 /// How many requests the API (in this process) served on `route`.

@@ -24,6 +24,7 @@ async fn start(options: HttpOptions) -> (SocketAddr, tokio::sync::oneshot::Sende
         shards: vec![],
         api_token: flotilla_core::SharedToken::new(Some("secret".into())),
         apps: Default::default(),
+        scheduler_networks: Default::default(),
         http: reqwest::Client::new(),
         dialer: Default::default(),
         policies: Default::default(),
@@ -88,7 +89,7 @@ fn metric(text: &str, reason: &str) -> f64 {
 async fn https_with_a_user_ca_serves_http1_and_h2_and_refuses_plain_http_clearly() {
     let pki = Pki::new();
     let tls = flotilla_control::tls_config(vec![pki.cert_der.clone()], pki.key_der.clone_key()).unwrap();
-    let (addr, _stop) = start(HttpOptions { tls: Some(tls), rate_limit: 0 }).await;
+    let (addr, _stop) = start(HttpOptions { tls: Some(tls), rate_limit: 0, ..Default::default() }).await;
 
     // HTTP/2, negotiated by ALPN (as gRPC clients do).
     let stream = tls_connect(addr, &pki.ca_der, &[b"h2", b"http/1.1"]).await;
@@ -133,7 +134,7 @@ async fn https_with_a_user_ca_serves_http1_and_h2_and_refuses_plain_http_clearly
 
 #[tokio::test]
 async fn rate_limits_body_caps_and_missing_tokens_are_refused_and_counted() {
-    let (addr, _stop) = start(HttpOptions { tls: None, rate_limit: 5 }).await;
+    let (addr, _stop) = start(HttpOptions { tls: None, rate_limit: 5, ..Default::default() }).await;
     let client = reqwest::Client::new();
     let url = format!("http://{addr}");
 
@@ -211,7 +212,7 @@ async fn rate_limits_body_caps_and_missing_tokens_are_refused_and_counted() {
 
 #[tokio::test]
 async fn one_peer_holds_a_bounded_number_of_connections() {
-    let (addr, _stop) = start(HttpOptions { tls: None, rate_limit: 0 }).await;
+    let (addr, _stop) = start(HttpOptions { tls: None, rate_limit: 0, ..Default::default() }).await;
     let mut held = Vec::new();
     for _ in 0..MAX_CONNECTIONS_PER_PEER {
         let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
@@ -240,7 +241,7 @@ async fn one_peer_holds_a_bounded_number_of_connections() {
 
 #[tokio::test]
 async fn pool_floors_and_reports_are_checked_and_kept() {
-    let (addr, _stop) = start(HttpOptions { tls: None, rate_limit: 0 }).await;
+    let (addr, _stop) = start(HttpOptions { tls: None, rate_limit: 0, ..Default::default() }).await;
     let addr = addr.to_string();
     let call = |method: &'static str, path: &'static str, token: Option<&'static str>, body: &'static str| {
         let addr = addr.clone();
@@ -282,4 +283,54 @@ async fn pool_floors_and_reports_are_checked_and_kept() {
     let (status, body) = call("GET", "/v1/pools/nope", None, "").await.unwrap();
     assert_eq!(status, 404);
     assert_eq!(body["error"]["code"], "no_such_pool");
+}
+
+/// DNS rebinding: a page whose name now points here sends its own name as `Host`.
+#[tokio::test]
+async fn a_host_name_nobody_allowed_reads_nothing_without_the_token() {
+    let allowed_hosts = flotilla_control::hosts::AllowedHosts::new(["flotilla.example.com"]).unwrap();
+    let (addr, _stop) = start(HttpOptions { allowed_hosts, ..Default::default() }).await;
+    let get =
+        |host: &str, auth: &str| format!("GET /v1/nodes HTTP/1.1\r\nHost: {host}\r\n{auth}Connection: close\r\n\r\n");
+    let (status, out) = raw(addr, get("rebind.attacker.example:7700", "").as_bytes()).await;
+    assert_eq!(status, 400, "{out}");
+    assert!(out.contains("host_not_allowed") && out.contains("--allowed-host"), "{out}");
+    // The same request by address, by a private or allowed name, or with the token.
+    for host in [addr.to_string(), "localhost".into(), "flotilla.example.com:443".into()] {
+        let (status, out) = raw(addr, get(&host, "").as_bytes()).await;
+        assert_eq!(status, 200, "{host}: {out}");
+    }
+    let (status, out) = raw(addr, get("rebind.attacker.example", "Authorization: Bearer secret\r\n").as_bytes()).await;
+    assert_eq!(status, 200, "{out}");
+    let (status, _) = raw(addr, get("rebind.attacker.example", "Authorization: Bearer wrong\r\n").as_bytes()).await;
+    assert_eq!(status, 400);
+    let (_, text) = raw(addr, b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").await;
+    assert!(metric(&text, "host_not_allowed") >= 2.0, "{text}");
+}
+
+/// Issue #35 item 4: each request a peer has forwarded to a standalone scheduler costs
+/// that scheduler a request, so a peer gets a quarter of its rate for them.
+#[tokio::test]
+async fn forwarded_requests_are_limited_per_peer() {
+    let (addr, _stop) = start(HttpOptions { rate_limit: 8, ..Default::default() }).await;
+    let ghost = flotilla_testkit::answer_then_vanish(r#"{"app": "ghost", "scheduler": {"instance": "a"}}"#, 1);
+    let body = format!(r#"{{"app": "ghost", "url": "{ghost}"}}"#);
+    let register = format!(
+        "POST /v1/schedulers HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer secret\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let (status, out) = raw(addr, register.as_bytes()).await;
+    assert_eq!(status, 204, "{out}");
+    // 2 a second in bursts of 4: the scheduler is gone, so each forward that is allowed
+    // answers 502; the fifth in a row is refused before it is sent.
+    let get = b"GET /v1/apps/ghost/units HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    let mut statuses = Vec::new();
+    for _ in 0..5 {
+        statuses.push(raw(addr, get).await.0);
+    }
+    assert_eq!(statuses, [502, 502, 502, 502, 429]);
+    // Requests that forward nothing are not charged.
+    assert_eq!(raw(addr, b"GET /v1/nodes HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await.0, 200);
+    let (_, text) = raw(addr, b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await;
+    assert!(metric(&text, "forward_rate_limited") >= 1.0, "{text}");
 }

@@ -33,8 +33,9 @@ pub enum ErrorKind {
     RateLimited,
     /// A dependency (a shard, a scheduler) cannot be reached or is not ready: retry.
     Unavailable,
-    /// This service's own store refuses writes (a full disk, etcd without a quorum):
-    /// nothing changed; the same request works once it is back.
+    /// This service cannot write now: its store refuses writes (a full disk, etcd
+    /// without a quorum) or it does not hold the lease to (a standby). Nothing changed;
+    /// the same request works once the store is back, or on the active instance.
     StoreUnavailable,
     /// Something failed on our side (a store write): not the caller's fault.
     Internal,

@@ -78,6 +78,34 @@ pub fn metric(text: &str, name: &str, label: &str) -> Option<f64> {
         .find_map(|l| l.rsplit(' ').next()?.parse().ok())
 }
 
+/// A server on loopback that answers its first `n` connections with `200` and `json`
+/// (each closed after the answer), then stops listening: a standalone scheduler that
+/// passes the control plane's registration check and is gone afterwards.
+pub fn answer_then_vanish(json: &str, n: usize) -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let answer = format!(
+        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{json}",
+        json.len()
+    );
+    std::thread::spawn(move || {
+        for _ in 0..n {
+            let Ok((mut s, _)) = listener.accept() else { return };
+            let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+            let mut head = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                match s.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(k) => head.extend_from_slice(&buf[..k]),
+                }
+            }
+            let _ = s.write_all(answer.as_bytes());
+        }
+    });
+    format!("http://{addr}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::metric;

@@ -27,7 +27,7 @@ pub use agent::Agent;
 pub use cli::{bin, flotilla, run, run_ok, stderr};
 pub use dir::{TempDir, fresh_dir};
 pub use etcd::Etcd;
-pub use http::{Response, exchange, get_text, http, metric, metrics_page, request, who};
+pub use http::{Response, answer_then_vanish, exchange, get_text, http, metric, metrics_page, request, who};
 pub use pki::Pki;
 pub use process::{Group, alive, free_port, signal};
 pub use up::Up;

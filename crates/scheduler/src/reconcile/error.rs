@@ -29,7 +29,7 @@ pub enum CommandError {
     #[error("the scheduler stopped")]
     Stopped,
     /// This process is a standby (or lost its lease): the active scheduler takes
-    /// changes (502 from this one's API; the control plane follows the active one).
+    /// changes (503 `not_leader` from this one's API; the control plane follows the active one).
     #[error("this scheduler is not the app's active one: {0}")]
     NotLeader(String),
 }
@@ -43,8 +43,10 @@ impl ServiceError for CommandError {
             | CommandError::InvalidDemand(_)
             | CommandError::InvalidOverride(_) => ErrorKind::InvalidInput,
             CommandError::NoPreviousSpec(_) => ErrorKind::Conflict,
-            CommandError::Store(_) => ErrorKind::StoreUnavailable,
-            CommandError::Stopped | CommandError::NotLeader(_) => ErrorKind::Unavailable,
+            // A standby (or a scheduler that lost its lease to an etcd outage) takes no
+            // change now; the active one does, or this one once it holds the lease.
+            CommandError::Store(_) | CommandError::NotLeader(_) => ErrorKind::StoreUnavailable,
+            CommandError::Stopped => ErrorKind::Unavailable,
         }
     }
 

@@ -1,0 +1,230 @@
+//! Standalone schedulers registering their API (`POST /v1/schedulers`, from `flotilla
+//! scheduler --control URL`). The control plane will call that URL on every request for
+//! the app, so what it accepts is narrow: a plain http(s) base, never a link-local or
+//! cloud metadata address, within `--scheduler-networks` when given (names resolved and
+//! every address checked), and answering as the scheduler of that app before it is
+//! used (a control plane's own URL does not: it answers `forward_loop` or `no_such_app`).
+
+use flotilla_core::RwLockExt;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::apps::AppEndpoint;
+use crate::auth::authorize;
+use crate::catalogue as m;
+use crate::{ControlError, ControlState};
+
+/// How long the URL has to answer the registration's check.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(3);
+
+pub fn routes() -> Router<Arc<ControlState>> {
+    Router::new().route("/v1/schedulers", axum::routing::post(register_scheduler))
+}
+
+/// The address ranges a scheduler's API may be in (`--scheduler-networks`); empty: any
+/// but link-local ones.
+#[derive(Debug, Clone, Default)]
+pub struct SchedulerNetworks(Vec<ipnet::IpNet>);
+
+impl SchedulerNetworks {
+    /// From CIDRs (`10.0.0.0/8`) or single addresses.
+    pub fn new<S: AsRef<str>>(nets: impl IntoIterator<Item = S>) -> Result<Self, String> {
+        nets.into_iter()
+            .map(|n| {
+                let n = n.as_ref().trim();
+                n.parse::<ipnet::IpNet>()
+                    .or_else(|_| n.parse::<IpAddr>().map(ipnet::IpNet::from))
+                    .map_err(|_| format!("--scheduler-networks {n:?}: not a CIDR (10.0.0.0/8) or an address"))
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(SchedulerNetworks)
+    }
+
+    /// Why `ip` may not be a scheduler's address, if it may not.
+    pub fn refuses(&self, ip: IpAddr) -> Option<String> {
+        // A cloud's instance metadata service (169.254.169.254, fd00:ec2::254) answers any
+        // GET with credentials: never a scheduler, and never to be polled on a caller's word.
+        let link_local = match ip {
+            IpAddr::V4(ip) => ip.is_link_local(),
+            IpAddr::V6(ip) => ip.is_unicast_link_local() || ip.segments()[..2] == [0xfd00, 0x0ec2],
+        };
+        if link_local {
+            return Some(format!("{ip} is a link-local or cloud metadata address, never a scheduler"));
+        }
+        if !self.0.is_empty() && !self.0.iter().any(|n| n.contains(&ip)) {
+            return Some(format!("{ip} is outside --scheduler-networks"));
+        }
+        None
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Registration {
+    app: String,
+    url: String,
+}
+
+#[tracing::instrument(name = "register_scheduler", skip_all)]
+async fn register_scheduler(
+    State(s): State<Arc<ControlState>>,
+    headers: HeaderMap,
+    body: Result<crate::body::JsonBody<Registration>, crate::body::BodyRejection>,
+) -> Result<StatusCode, ControlError> {
+    authorize(&s, &headers)?;
+    let crate::body::JsonBody(r) = body?;
+    if !flotilla_core::is_name(&r.app) {
+        return Err(ControlError::BadRequest(format!(
+            "app {:?}: 1..=63 of a-z, 0-9 and '-', not starting with '-' (as an app spec's name)",
+            r.app
+        )));
+    }
+    let url = scheduler_url(&r.url).map_err(|why| ControlError::BadRequest(format!("url {:?}: {why}", r.url)))?;
+    let known = match s.apps.0.read_or_recover().get(&r.app) {
+        Some(AppEndpoint::Local(_)) => return Err(ControlError::AppRunsHere(r.app)),
+        Some(AppEndpoint::Remote { url: u, .. }) => *u == url,
+        None => false,
+    };
+    // A scheduler re-registers every few seconds: only a new URL is checked.
+    if !known {
+        let outcome = check(&s, &r.app, &url, &headers).await;
+        let result = if outcome.is_ok() { "accepted" } else { "refused" };
+        metrics::counter!(m::SCHEDULER_REGISTRATIONS.name, "result" => result).increment(1);
+        outcome.map_err(|why| {
+            tracing::warn!(app = %r.app, %url, %why, "refused a scheduler registration");
+            ControlError::NotAScheduler { app: r.app.clone(), url: url.clone(), why }
+        })?;
+    }
+    if let Some(replicas) = &s.replicas {
+        replicas.put(crate::replicas::Shared::Scheduler { app: &r.app, url: &url }).await?;
+    }
+    s.apps.0.write_or_recover().insert(r.app, AppEndpoint::Remote { url, seen: Instant::now() });
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Every address of `url`'s host is allowed, and `GET url/v1/apps/{app}` answers as that
+/// app's scheduler (its summary, naming the app and its scheduler instance). Called with
+/// the registering caller's token and the hop header, so a control plane's own URL cannot
+/// forward it on.
+async fn check(s: &ControlState, app: &str, url: &str, headers: &HeaderMap) -> Result<(), String> {
+    let u = reqwest::Url::parse(url).map_err(|e| e.to_string())?;
+    let host = u.host_str().unwrap_or_default().trim_start_matches('[').trim_end_matches(']');
+    let port = u.port_or_known_default().unwrap_or(80);
+    let ips: Vec<IpAddr> = match host.parse::<IpAddr>() {
+        Ok(ip) => vec![ip],
+        Err(_) => tokio::time::timeout(HANDSHAKE_TIMEOUT, tokio::net::lookup_host((host, port)))
+            .await
+            .map_err(|_| format!("resolving {host} took over {} s", HANDSHAKE_TIMEOUT.as_secs()))?
+            .map_err(|e| format!("resolving {host}: {e}"))?
+            .map(|a| a.ip())
+            .collect(),
+    };
+    if let Some(why) = ips.iter().find_map(|ip| s.scheduler_networks.refuses(*ip)) {
+        return Err(why);
+    }
+    let mut req = s
+        .http
+        .get(format!("{}/v1/apps/{app}", url.trim_end_matches('/')))
+        .header(crate::limits::HOP_HEADER, "1")
+        .timeout(HANDSHAKE_TIMEOUT);
+    if let Some(v) = headers.get(axum::http::header::AUTHORIZATION) {
+        req = req.header(axum::http::header::AUTHORIZATION, v.clone());
+    }
+    let resp = req.send().await.map_err(|e| format!("GET /v1/apps/{app} failed: {e}"))?;
+    let status = resp.status();
+    let v: Value = resp.json().await.unwrap_or(Value::Null);
+    if !status.is_success() {
+        let code = v.pointer("/error/code").and_then(Value::as_str).unwrap_or("no JSON error");
+        return Err(format!("GET /v1/apps/{app} answered {status} ({code})"));
+    }
+    if v["app"].as_str() != Some(app) || !v["scheduler"]["instance"].is_string() {
+        return Err(format!("GET /v1/apps/{app} did not answer with that app's scheduler summary"));
+    }
+    Ok(())
+}
+
+/// A standalone scheduler's base URL as the control plane will use it: http or https,
+/// with a host, no credentials, query or fragment, and a plain path (no `.` or `..`
+/// segment, no escapes or backslashes) so that what is appended to it stays under it.
+fn scheduler_url(url: &str) -> Result<String, &'static str> {
+    if url.len() > 256 {
+        return Err("longer than 256 bytes");
+    }
+    if url.contains(['%', '\\', '?', '#', '@']) || url.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err("escapes, backslashes, credentials, a query or a fragment are not accepted");
+    }
+    let u = reqwest::Url::parse(url).map_err(|_| "not a URL")?;
+    if !matches!(u.scheme(), "http" | "https") {
+        return Err("not an http or https URL");
+    }
+    let host = u.host_str().unwrap_or_default();
+    if host.is_empty() {
+        return Err("no host");
+    }
+    let ip = host.trim_start_matches('[').trim_end_matches(']').parse::<IpAddr>().ok();
+    if ip.is_some_and(|ip| SchedulerNetworks::default().refuses(ip).is_some())
+        || host.eq_ignore_ascii_case("metadata.google.internal")
+    {
+        return Err("a link-local or cloud metadata address is never a scheduler");
+    }
+    let path = url.split_once("://").map_or("", |(_, rest)| rest.split_once('/').map_or("", |(_, p)| p));
+    if path.split('/').any(|seg| seg == "." || seg == "..") {
+        return Err("a '.' or '..' path segment");
+    }
+    Ok(u.as_str().trim_end_matches('/').to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_scheduler_url_is_a_plain_http_base() {
+        assert_eq!(scheduler_url("http://127.0.0.1:7899"), Ok("http://127.0.0.1:7899".into()));
+        assert_eq!(scheduler_url("https://sched.example:443/"), Ok("https://sched.example".into()));
+        assert_eq!(scheduler_url("http://10.0.0.5:8080/prefix"), Ok("http://10.0.0.5:8080/prefix".into()));
+        for bad in [
+            "ftp://h",
+            "http://",
+            "127.0.0.1:7899",
+            "http://h/../x",
+            "http://h/a/./b",
+            "http://h/%2e%2e/x",
+            "http://h\\..\\x",
+            "http://u:p@h",
+            "http://h/?x=1",
+            "http://h/#f",
+            "http://h /x",
+            "http://169.254.169.254/latest",
+            "http://[fe80::1]:80",
+            "http://[fd00:ec2::254]",
+            "http://metadata.google.internal",
+        ] {
+            assert!(scheduler_url(bad).is_err(), "{bad}");
+        }
+        assert!(scheduler_url(&format!("http://{}", "a".repeat(260))).is_err());
+    }
+
+    #[test]
+    fn scheduler_networks_bound_the_addresses_a_scheduler_may_have() {
+        let any = SchedulerNetworks::default();
+        assert!(any.refuses("10.1.2.3".parse().unwrap()).is_none());
+        assert!(any.refuses("169.254.169.254".parse().unwrap()).is_some());
+        let some = SchedulerNetworks::new(["10.0.0.0/8", "192.168.1.7", "fd12::/16"]).unwrap();
+        for ok in ["10.200.0.1", "192.168.1.7", "fd12::5"] {
+            assert!(some.refuses(ok.parse().unwrap()).is_none(), "{ok}");
+        }
+        for bad in ["11.0.0.1", "192.168.1.8", "127.0.0.1", "169.254.1.1"] {
+            assert!(some.refuses(bad.parse().unwrap()).is_some(), "{bad}");
+        }
+        assert!(SchedulerNetworks::new(["10.0.0.0/33"]).is_err());
+        assert!(SchedulerNetworks::new(["a.example"]).is_err());
+    }
+}
