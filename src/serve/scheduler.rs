@@ -196,7 +196,12 @@ async fn register_with_control(
         }
         match req.send().await {
             Ok(r) if r.status().is_success() => {}
-            Ok(r) => tracing::warn!(status = %r.status(), "the control plane refused the registration"),
+            Ok(r) => {
+                let status = r.status();
+                let body: serde_json::Value = r.json().await.unwrap_or_default();
+                let why = body.pointer("/error/message").and_then(|m| m.as_str()).unwrap_or("").to_string();
+                tracing::warn!(%status, %why, "the control plane refused the registration");
+            }
             Err(e) => tracing::warn!(error = %e, "cannot reach the control plane"),
         }
     }

@@ -86,6 +86,15 @@ fn a_scheduler_that_cannot_reach_its_shards_says_so() {
     assert!(text.contains("echo: no view of every shard yet"), "{text}");
     let (status, _) = http(&api, "GET", "/readyz", None, "");
     assert_eq!(status, 503, "not ready");
+    // The units it wants exist, queued, saying why.
+    let (status, units) = http(&api, "GET", "/v1/apps/echo/units", None, "");
+    assert_eq!(status, 200);
+    let units = units.as_array().cloned().unwrap_or_default();
+    assert_eq!(units.len(), 2, "{units:?}");
+    for u in &units {
+        assert_eq!(u["state"], "queued", "{u}");
+        assert!(u["unplaced_reason"].as_str().is_some_and(|r| r.contains("no view of every shard")), "{u}");
+    }
     assert!(
         metric(&get_text(&api, "/metrics").unwrap_or_default(), "flotilla_view_follow_failures_total", "shard=\"1\"")
             .is_some_and(|n| n >= 1.0)

@@ -304,11 +304,26 @@ impl Scheduler {
             // Place nothing against a partial view: wait until every shard has answered
             // once, saying why meanwhile.
             if slots.iter().any(|s| !s.connected) {
+                // The units the app wants exist meanwhile, queued with the reason.
+                self.queue_missing(&mut writes);
+                let why = self.waiting_for();
+                for u in self.stored.units.values_mut().filter(|u| u.state == UnitState::Queued) {
+                    u.unplaced_reason.clone_from(&why);
+                }
+                if let Err(e) = save(&*self.store, &self.spec.name, &writes) {
+                    self.unsaved = writes;
+                    self.publish();
+                    return Err(e.into());
+                }
                 self.publish();
                 return Ok(());
             }
             observe::adopt(&self.spec, &mut self.stored.units, &mut self.ledgers, &mut writes).await;
             self.tracking.started = true;
+            // Why they waited is over; this pass's planning says why any still wait.
+            for u in self.stored.units.values_mut().filter(|u| u.state == UnitState::Queued) {
+                u.unplaced_reason = None;
+            }
         }
         // Routes first: members of nodes that stopped being Alive leave the table before
         // this pass releases or stops anything.
@@ -343,12 +358,7 @@ impl Scheduler {
         self.roll(&slots, &mut writes).await;
         tokio::task::yield_now().await;
 
-        let (desired, counted) = (self.desired_groups(), self.counted_groups());
-        for (group, (want, have)) in desired.into_iter().zip(counted).enumerate() {
-            for _ in have..want {
-                self.queue_unit(group == 1, &mut writes);
-            }
-        }
+        self.queue_missing(&mut writes);
         self.place_queued(&mut writes).await;
         self.retire(&mut writes);
 
@@ -434,6 +444,16 @@ impl Scheduler {
         for id in crate::retention::expired(&self.stored.units, now) {
             self.stored.units.remove(&id);
             writes.push(Write::DeleteUnit(id));
+        }
+    }
+
+    /// Queues the units each group lacks to be as large as it should be.
+    fn queue_missing(&mut self, writes: &mut Vec<Write>) {
+        let (desired, counted) = (self.desired_groups(), self.counted_groups());
+        for (group, (want, have)) in desired.into_iter().zip(counted).enumerate() {
+            for _ in have..want {
+                self.queue_unit(group == 1, writes);
+            }
         }
     }
 
