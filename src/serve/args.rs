@@ -55,7 +55,7 @@ impl HttpArgs {
         };
         let allowed_hosts =
             flotilla_control::hosts::AllowedHosts::new(&self.allowed_hosts).map_err(anyhow::Error::msg)?;
-        Ok(flotilla_control::HttpOptions { tls, rate_limit: self.rate_limit, allowed_hosts })
+        Ok(flotilla_control::HttpOptions { tls, rate_limit: self.rate_limit, allowed_hosts, ..Default::default() })
     }
 
     pub fn client(&self) -> anyhow::Result<reqwest::Client> {

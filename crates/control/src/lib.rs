@@ -20,6 +20,7 @@ pub mod routes_grpc;
 mod schedulers;
 pub mod secrets;
 mod serve;
+pub mod stall;
 pub mod ui;
 
 use std::net::SocketAddr;
@@ -99,7 +100,7 @@ pub async fn serve(
     let limiter = limits::RateLimiter::new(options.rate_limit).map(Arc::new);
     let token = state.api_token.clone();
     let app = limits::apply(router(state), limiter, token, options.allowed_hosts.clone());
-    serve::serve_router(listener, app, options.tls, shutdown).await
+    serve::serve_router(listener, app, options.tls, options.write_stall, shutdown).await
 }
 
 /// Starts one follower task per shard address (`host:port`).

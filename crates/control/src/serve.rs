@@ -23,10 +23,11 @@ use tokio::sync::watch;
 use tower::ServiceExt;
 
 use crate::limits::rejected;
+use crate::stall::WriteStall;
 use crate::{ApiError, ControlError};
 
 /// How the API is served.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct HttpOptions {
     /// HTTPS with this configuration; plain HTTP without.
     pub tls: Option<Arc<rustls::ServerConfig>>,
@@ -34,6 +35,19 @@ pub struct HttpOptions {
     pub rate_limit: u32,
     /// `Host` names answered beyond addresses and private names.
     pub allowed_hosts: crate::hosts::AllowedHosts,
+    /// How long a write may wait for its client to read ([`crate::stall`]).
+    pub write_stall: Duration,
+}
+
+impl Default for HttpOptions {
+    fn default() -> Self {
+        HttpOptions {
+            tls: None,
+            rate_limit: 0,
+            allowed_hosts: Default::default(),
+            write_stall: crate::stall::WRITE_STALL,
+        }
+    }
 }
 
 impl HttpOptions {
@@ -110,6 +124,7 @@ pub async fn serve_router(
     listener: tokio::net::TcpListener,
     app: Router,
     tls: Option<Arc<rustls::ServerConfig>>,
+    write_stall: Duration,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let local = listener.local_addr()?;
@@ -142,7 +157,7 @@ pub async fn serve_router(
         let (app, builder, tls, stop) = (app.clone(), builder.clone(), tls.clone(), stop_rx.clone());
         tokio::spawn(async move {
             let _slot = slot;
-            connection(tcp, peer, local, tls, app, &builder, stop).await;
+            connection(tcp, peer, local, tls, app, &builder, stop, write_stall).await;
         });
     }
     drop(listener);
@@ -154,6 +169,7 @@ pub async fn serve_router(
     Ok(())
 }
 
+#[allow(clippy::too_many_arguments, reason = "one connection's whole context, passed once")]
 async fn connection(
     tcp: TcpStream,
     peer: SocketAddr,
@@ -162,6 +178,7 @@ async fn connection(
     app: Router,
     builder: &Builder<TokioExecutor>,
     stop: watch::Receiver<bool>,
+    write_stall: Duration,
 ) {
     let _ = tcp.set_nodelay(true);
     let Some(acceptor) = tls else {
@@ -169,7 +186,7 @@ async fn connection(
         // nothing at all is cut here.
         let mut first = [0u8; 1];
         match tokio::time::timeout(HANDSHAKE_TIMEOUT, tcp.peek(&mut first)).await {
-            Ok(Ok(1)) => return http(tcp, peer, app, builder, stop).await,
+            Ok(Ok(1)) => return http(WriteStall::new(tcp, write_stall), peer, app, builder, stop).await,
             Ok(_) => return,
             Err(_) => {
                 rejected("header_timeout");
@@ -187,7 +204,7 @@ async fn connection(
         _ => return,
     }
     match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-        Ok(Ok(stream)) => http(stream, peer, app, builder, stop).await,
+        Ok(Ok(stream)) => http(WriteStall::new(stream, write_stall), peer, app, builder, stop).await,
         Ok(Err(e)) => {
             rejected("tls_handshake");
             tracing::debug!(%peer, error = %e, "TLS handshake failed");

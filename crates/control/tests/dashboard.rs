@@ -42,6 +42,10 @@ const SPEC: &str = "name = \"echo\"\n[unit]\nworkers = 0\n[unit.head]\ncommand =
 /// A control API over two shards' views (5 nodes) and one in-process app, `echo`, whose
 /// scheduler runs against an empty cluster of its own (it places nothing). Token `secret`.
 async fn start() -> (SocketAddr, Arc<ClusterView>, tokio::sync::oneshot::Sender<()>) {
+    start_with(HttpOptions::default()).await
+}
+
+async fn start_with(options: HttpOptions) -> (SocketAddr, Arc<ClusterView>, tokio::sync::oneshot::Sender<()>) {
     flotilla_obs::metrics_handle();
     let cluster = ClusterView::new(2);
     cluster.install(
@@ -71,7 +75,7 @@ async fn start() -> (SocketAddr, Arc<ClusterView>, tokio::sync::oneshot::Sender<
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(flotilla_control::serve(listener, state, HttpOptions::default(), async {
+    tokio::spawn(flotilla_control::serve(listener, state, options, async {
         let _ = stopped.await;
     }));
     (addr, cluster, stop)
@@ -425,4 +429,49 @@ async fn served(_base: &str, route: &str) -> f64 {
         .filter(|l| l.starts_with("flotilla_api_requests_total") && l.contains(&format!("route=\"{route}\"")))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
+}
+
+/// Issue #35 item 2: a client that opens the event stream and never reads holds nothing
+/// for long. Its snapshot fills the socket, the write waits past the stall time, and
+/// the server closes the connection: its descriptor is freed and the refusal counted.
+#[tokio::test]
+async fn a_stream_nobody_reads_is_closed_and_its_descriptor_freed() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let options = HttpOptions { write_stall: Duration::from_millis(500), ..Default::default() };
+    let (addr, cluster, _stop) = start_with(options).await;
+    // A snapshot of 100,000 nodes: megabytes, far more than the sockets buffer.
+    let many: Vec<NodeRecord> = (0..100_000).map(|i| node(&format!("m{i}"), 0, "a", None)).collect();
+    cluster.install(0, view(0, 2, many), true);
+    let fds = || std::fs::read_dir("/proc/self/fd").map(|d| d.count()).unwrap_or(0);
+    let before = fds();
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.set_recv_buffer_size(4096).unwrap();
+    let mut client = sock.connect(addr).await.unwrap();
+    client.write_all(b"GET /v1/events HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+    let stalled = || {
+        let page = flotilla_obs::metrics_handle().render();
+        flotilla_testkit::metric(&page, "flotilla_http_requests_rejected_total", "reason=\"write_stalled\"")
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while stalled().unwrap_or(0.0) < 1.0 {
+        assert!(tokio::time::Instant::now() < deadline, "the stalled write was never cut");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The server's end is closed: only the client's socket is left of the two.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while fds() > before + 1 {
+        assert!(tokio::time::Instant::now() < deadline, "{} descriptors, {before} before", fds());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Reading now drains what the buffers held, then ends.
+    let mut buf = vec![0u8; 64 * 1024];
+    let read_all = async {
+        loop {
+            match client.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), read_all).await.expect("the connection ends");
 }
