@@ -140,3 +140,27 @@ fn dashboard_scenario_without_a_browser_reports_the_server_figures() {
     assert!(v["snapshot_bytes"].as_u64().unwrap() > 200 * 50, "every node is a row of the snapshot");
     assert!(v.get("first_paint_seconds").is_none(), "no browser, no browser figures");
 }
+
+/// The packing makes Ray 2.60's decisions, run side by side on the same demand: the same
+/// nodes of each type for distinct shapes and for gangs (500 of them, where ties between
+/// nodes in different states are broken by Ray's node order). Ray comes from PyPI
+/// (`ray==2.60.0`, which .ci/run installs).
+#[test]
+fn autoscale_launches_what_ray_2_60_launches() {
+    let cases: [&[&str]; 2] =
+        [&["--requests", "600", "--distinct", "--gangs", "100"], &["--requests", "1000", "--gangs", "500"]];
+    for args in cases {
+        let out = Command::new(env!("CARGO_BIN_EXE_flotilla-loadtest"))
+            .arg("autoscale")
+            .args(args)
+            .args(["--repeat", "1", "--json"])
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+        let v: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+        assert!(v["ray_absent"].is_null(), "Ray 2.60 is needed (pip install ray==2.60.0): {}", v["ray_absent"]);
+        assert_eq!(v["flotilla_nodes_by_type"], v["ray_nodes_by_type"], "{args:?}");
+        assert_eq!(v["flotilla_infeasible"], v["ray_infeasible"], "{args:?}");
+    }
+}

@@ -1,9 +1,10 @@
 //! A pass's live nodes by state. Nodes in the same state (type, free resources, labels,
 //! units under per-node limits) take exactly the same requests and score the same, so
-//! Ray's "fill every candidate, keep the best" tries one node per state: the lowest
-//! index, which also breaks ties between states. The index is kept as nodes change, so
-//! a pass never walks every node for every gang (100,000 gangs on tens of thousands of
-//! nodes were quadratic when each gang scanned and copied the whole node list).
+//! Ray's "fill every candidate, keep the best" tries one node per state: the first in
+//! Ray's node order (its rank), which also breaks ties between states as Ray does. The
+//! index is kept as nodes change, so a pass never walks every node for every gang
+//! (100,000 gangs on tens of thousands of nodes were quadratic when each gang scanned
+//! and copied the whole node list).
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -37,14 +38,14 @@ impl Key {
 #[derive(Debug, Clone, Default)]
 pub(super) struct Classes {
     ids: HashMap<Key, usize>,
-    /// Each state's nodes, by index; never empty.
-    members: Vec<BTreeSet<usize>>,
+    /// Each state's nodes as (rank, index); never empty.
+    members: Vec<BTreeSet<(i64, usize)>>,
     keys: Vec<Key>,
 }
 
 impl Classes {
-    /// Adds node `i`, in state `n`.
-    pub fn insert(&mut self, i: usize, n: &SimNode) {
+    /// Adds node `i` of `rank`, in state `n`.
+    pub fn insert(&mut self, i: usize, rank: i64, n: &SimNode) {
         let key = Key::of(n);
         let id = match self.ids.get(&key) {
             Some(id) => *id,
@@ -55,13 +56,13 @@ impl Classes {
                 self.members.len() - 1
             }
         };
-        self.members[id].insert(i);
+        self.members[id].insert((rank, i));
     }
 
-    /// Removes node `i`, in the state `n` it was added in.
-    pub fn remove(&mut self, i: usize, n: &SimNode) {
+    /// Removes node `i` of `rank`, in the state `n` it was added in.
+    pub fn remove(&mut self, i: usize, rank: i64, n: &SimNode) {
         let Some(&id) = self.ids.get(&Key::of(n)) else { return };
-        self.members[id].remove(&i);
+        self.members[id].remove(&(rank, i));
         if self.members[id].is_empty() {
             self.ids.remove(&self.keys[id]);
             self.members.swap_remove(id);
@@ -72,8 +73,8 @@ impl Classes {
         }
     }
 
-    /// Each state's nodes.
-    pub fn iter(&self) -> impl Iterator<Item = (usize, &BTreeSet<usize>)> {
+    /// Each state's nodes, first in rank first.
+    pub fn iter(&self) -> impl Iterator<Item = (usize, &BTreeSet<(i64, usize)>)> {
         self.members.iter().enumerate()
     }
 }

@@ -39,7 +39,7 @@ pub(super) fn place(
     full: &dyn Fn(&str) -> bool,
 ) -> Result<(Outcome, Option<String>), String> {
     if gang.bundles.is_empty() {
-        return Ok((Outcome { filled: Vec::new(), new: Vec::new(), left: Vec::new() }, None));
+        return Ok((Outcome { filled: Vec::new(), new: Vec::new(), left: Vec::new(), exhausted: Vec::new() }, None));
     }
     let bundle = |shape: Shape, anti: Option<u32>| Item {
         shape,

@@ -29,6 +29,7 @@ mod problem;
 mod tests;
 
 use std::collections::{BTreeMap, HashMap};
+use std::ops::Bound::{Excluded, Unbounded};
 use std::sync::Arc;
 
 use classes::Classes;
@@ -97,6 +98,17 @@ struct Context<'p> {
     classes: Classes,
     /// Live nodes.
     live: usize,
+    /// Each node's place in Ray's node list (lower first), which breaks ties as Ray's
+    /// stable sort does. Ray rebuilds the list after every placement: the nodes it
+    /// filled first, in the order filled, then the others as they were, then running
+    /// nodes that could take none of the requests, then the new nodes. `front` and
+    /// `back` are the lowest and highest ranks given so far.
+    rank: Vec<i64>,
+    front: i64,
+    back: i64,
+    /// Live nodes that are running (not launched by this pass or still launching): the
+    /// ones Ray moves back when they could take none of a placement's requests.
+    running: Vec<usize>,
     /// New nodes each type may still launch (its max less what it has).
     type_room: Vec<u32>,
     type_labels: Vec<Arc<Labels>>,
@@ -113,14 +125,20 @@ struct Outcome {
     new: Vec<SimNode>,
     /// Counts left unplaced, by group.
     left: Vec<u64>,
+    /// Running nodes that could take none of the requests (they go to the back).
+    exhausted: Vec<usize>,
 }
 
-/// The candidate [`Context::best_of`] keeps: its rank (an existing node's index, or a
-/// new node's place among the types) and id (its state, or that place), the node
-/// filled, and what it took: (group, count).
+/// A candidate of [`Context::best_of`]: its rank (an existing node's place in Ray's
+/// order, or a new node's place among the types), its id (its state, or that place),
+/// its index (the node's, or that place) and the node.
+type Candidate<'c> = (i64, usize, usize, &'c SimNode);
+
+/// The candidate [`Context::best_of`] keeps, filled, with what it took: (group, count).
 struct Pick {
-    rank: usize,
+    rank: i64,
     id: usize,
+    index: usize,
     node: SimNode,
     took: Vec<(usize, u64)>,
 }
@@ -144,14 +162,29 @@ impl<'p> Context<'p> {
         }
     }
 
-    /// Indexes the live nodes by state (after step 1 decided which nodes live).
+    /// Indexes the live nodes by state (after step 1 decided which nodes live), in
+    /// Ray's order: the nodes launched for the types' `min` first, then the others.
     fn index(&mut self) {
         self.classes = Classes::default();
         self.live = 0;
+        let (mins, others): (Vec<usize>, Vec<usize>) =
+            (0..self.nodes.len()).partition(|i| matches!(self.nodes[*i].origin, Origin::New(_)));
+        self.rank = vec![0; self.nodes.len()];
+        for (r, i) in mins.into_iter().chain(others).enumerate() {
+            self.rank[i] = r as i64;
+            self.back = r as i64;
+        }
+        self.front = 0;
         for (i, n) in self.nodes.iter().enumerate() {
-            if !n.terminate {
-                self.classes.insert(i, n);
-                self.live += 1;
+            if n.terminate {
+                continue;
+            }
+            self.classes.insert(i, self.rank[i], n);
+            self.live += 1;
+            if let Origin::Existing(e) = n.origin
+                && !self.p.nodes[e].pending
+            {
+                self.running.push(i);
             }
         }
     }
@@ -160,12 +193,12 @@ impl<'p> Context<'p> {
     /// each and keeps the best score, the lowest rank on a tie.
     fn best_of<'c>(
         &self,
-        candidates: impl Iterator<Item = (usize, usize, &'c SimNode)>,
+        candidates: impl Iterator<Item = Candidate<'c>>,
         pending: &Pending,
         source: Source,
     ) -> Option<Pick> {
         let mut best: Option<(Pick, node::Score)> = None;
-        for (rank, id, c) in candidates {
+        for (rank, id, index, c) in candidates {
             // Cheap test first: most candidates late in a pass take nothing.
             if pending.next_fit(0, c.free_of(source)).is_none() {
                 continue;
@@ -182,7 +215,7 @@ impl<'p> Context<'p> {
                 std::cmp::Ordering::Less => false,
             });
             if better {
-                best = Some((Pick { rank, id, node, took }, score));
+                best = Some((Pick { rank, id, index, node, took }, score));
             }
         }
         best.map(|(pick, _)| pick)
@@ -193,24 +226,30 @@ impl<'p> Context<'p> {
     /// [`Context::commit`] applies the outcome.
     fn try_schedule(&self, groups: &[Group], counts: &[u64], source: Source) -> Outcome {
         let mut pending = Pending::new(groups, counts);
+        let exhausted: Vec<usize> = self
+            .running
+            .iter()
+            .copied()
+            .filter(|i| !self.nodes[*i].terminate && pending.next_fit(0, self.nodes[*i].free_of(source)).is_none())
+            .collect();
         let mut filled = Vec::new();
         // Per state, the last node this call filled: the next candidate of the state is
-        // its next node (a state's nodes are taken lowest index first).
-        let mut used: HashMap<usize, usize> = HashMap::new();
+        // the one after it (a state's nodes are taken in rank order).
+        let mut used: HashMap<usize, (i64, usize)> = HashMap::new();
         while !pending.is_empty() {
             let candidates = self.classes.iter().filter_map(|(id, members)| {
                 let next = match used.get(&id) {
-                    Some(last) => members.range(last + 1..).next(),
+                    Some(last) => members.range((Excluded(*last), Unbounded)).next(),
                     None => members.first(),
                 };
-                next.map(|i| (*i, id, &self.nodes[*i]))
+                next.map(|(r, i)| (*r, id, *i, &self.nodes[*i]))
             });
             let Some(pick) = self.best_of(candidates, &pending, source) else { break };
             for (g, n) in pick.took {
                 pending.take(g, n);
             }
-            used.insert(pick.id, pick.rank);
-            filled.push((pick.rank, pick.node));
+            used.insert(pick.id, (pick.rank, pick.index));
+            filled.push((pick.index, pick.node));
         }
         // New nodes, in Ray's candidate order: a type just used goes to the back.
         let mut room = self.type_room.clone();
@@ -221,36 +260,50 @@ impl<'p> Context<'p> {
                 break;
             }
             let candidates: Vec<SimNode> = order.iter().map(|t| self.new_node(*t)).collect();
-            let candidates = candidates.iter().enumerate().map(|(k, n)| (k, k, n));
+            let candidates = candidates.iter().enumerate().map(|(k, n)| (k as i64, k, k, n));
             let Some(pick) = self.best_of(candidates, &pending, source) else { break };
             for (g, n) in pick.took {
                 pending.take(g, n);
             }
-            let t = order.remove(pick.rank);
+            let t = order.remove(pick.index);
             room[t] -= 1;
             if room[t] > 0 {
                 order.push(t);
             }
             new.push(pick.node);
         }
-        Outcome { filled, new, left: pending.left }
+        Outcome { filled, new, left: pending.left, exhausted }
     }
 
-    /// Applies what [`Context::try_schedule`] decided. A gang's tags only matter while
-    /// its own bundles are placed, so they are dropped here (keeping twin nodes twins).
+    /// Applies what [`Context::try_schedule`] decided, and reorders the nodes as Ray
+    /// does (see [`Context::rank`]). A gang's tags only matter while its own bundles are
+    /// placed, so they are dropped here (keeping twin nodes twins).
     fn commit(&mut self, o: Outcome) {
-        for (i, mut n) in o.filled {
-            self.classes.remove(i, &self.nodes[i]);
+        let k = o.filled.len() as i64;
+        for (j, (i, mut n)) in o.filled.into_iter().enumerate() {
+            self.classes.remove(i, self.rank[i], &self.nodes[i]);
             n.tags.clear();
-            self.classes.insert(i, &n);
+            self.rank[i] = self.front - k + j as i64;
+            self.classes.insert(i, self.rank[i], &n);
             self.nodes[i] = n;
+        }
+        self.front -= k;
+        let mut exhausted = o.exhausted;
+        exhausted.sort_by_key(|i| self.rank[*i]);
+        for i in exhausted {
+            self.classes.remove(i, self.rank[i], &self.nodes[i]);
+            self.back += 1;
+            self.rank[i] = self.back;
+            self.classes.insert(i, self.rank[i], &self.nodes[i]);
         }
         for mut n in o.new {
             if let Origin::New(t) = n.origin {
                 self.type_room[t] = self.type_room[t].saturating_sub(1);
             }
             n.tags.clear();
-            self.classes.insert(self.nodes.len(), &n);
+            self.back += 1;
+            self.rank.push(self.back);
+            self.classes.insert(self.nodes.len(), self.back, &n);
             self.nodes.push(n);
             self.live += 1;
         }
@@ -293,6 +346,10 @@ pub fn plan(p: &Problem) -> Plan {
         nodes: Vec::with_capacity(p.nodes.len()),
         classes: Classes::default(),
         live: 0,
+        rank: Vec::new(),
+        front: 0,
+        back: 0,
+        running: Vec::new(),
         type_room: vec![0; p.node_types.len()],
         type_labels,
         costed: !p.node_types.is_empty() && p.node_types.iter().all(|t| t.cost.is_some()),
