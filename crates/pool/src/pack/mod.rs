@@ -44,50 +44,64 @@ pub use problem::{
 use crate::shape::{ResourceNames, Shape};
 
 /// Ray's request order: constrained first, then more resource kinds, then bigger (the
-/// sum of the amounts in their own units, as Ray sums them), then by shape.
-fn sort_groups(groups: &mut [Group], counts: &mut [u64], names: &ResourceNames) {
-    let key = |g: &Group| {
-        let sum: f64 = g.shape.0.iter().enumerate().map(|(i, q)| names.to_value(i, *q)).sum();
-        (u8::from(g.anti.is_some()), g.selector.require.len() + g.selector.forbid.len(), g.shape.kinds().count(), sum)
-    };
+/// sum of the amounts in their own units, as Ray sums them), then by shape. Each key is
+/// computed once (a million distinct shapes spent most of a pass in the comparator).
+fn sort_groups(groups: Vec<Group>, counts: Vec<u64>, names: &ResourceNames) -> (Vec<Group>, Vec<u64>) {
+    let keys: Vec<(u8, usize, usize, f64)> = groups
+        .iter()
+        .map(|g| {
+            let sum: f64 = g.shape.0.iter().enumerate().map(|(i, q)| names.to_value(i, *q)).sum();
+            let constraints = g.selector.require.len() + g.selector.forbid.len();
+            (u8::from(g.anti.is_some()), constraints, g.shape.kinds().count(), sum)
+        })
+        .collect();
     let mut order: Vec<usize> = (0..groups.len()).collect();
     order.sort_by(|a, b| {
-        let (ka, kb) = (key(&groups[*a]), key(&groups[*b]));
+        let (ka, kb) = (&keys[*a], &keys[*b]);
         kb.0.cmp(&ka.0)
             .then(kb.1.cmp(&ka.1))
             .then(kb.2.cmp(&ka.2))
             .then(kb.3.total_cmp(&ka.3))
             .then(groups[*b].shape.cmp(&groups[*a].shape))
     });
-    let (g2, c2): (Vec<Group>, Vec<u64>) = order.iter().map(|i| (groups[*i].clone(), counts[*i])).unzip();
-    groups.clone_from_slice(&g2);
-    counts.clone_from_slice(&c2);
+    let mut slots: Vec<Option<Group>> = groups.into_iter().map(Some).collect();
+    order.iter().filter_map(|i| Some((slots[*i].take()?, counts[*i]))).unzip()
 }
 
 /// Merges requests into groups (identical shape, selector, tag and cap), in Ray's order.
+/// Items are matched by reference first and moved into their groups after, so a million
+/// distinct requests cost no copies of their shapes.
 fn group(items: Vec<Item>, names: &ResourceNames) -> (Vec<Group>, Vec<u64>) {
-    let mut index: HashMap<(Shape, Selector, Option<u32>, Option<Cap>), usize> = HashMap::new();
+    type Key<'a> = (&'a Shape, &'a Selector, Option<u32>, Option<Cap>);
+    // Twin STRICT_SPREAD bundles merge too: their tag still lets one per node.
+    let mut index: HashMap<Key, usize, foldhash::fast::FixedState> =
+        HashMap::with_capacity_and_hasher(items.len(), Default::default());
+    let of_item: Vec<Option<usize>> = items
+        .iter()
+        .map(|it| {
+            let next = index.len();
+            (it.count > 0).then(|| *index.entry((&it.shape, &it.selector, it.anti, it.cap)).or_insert(next))
+        })
+        .collect();
+    drop(index);
     let mut selectors: HashMap<Selector, Arc<Selector>> = HashMap::new();
     let (mut groups, mut counts) = (Vec::<Group>::new(), Vec::<u64>::new());
-    for Item { shape, count, selector, anti, cap, label } in items {
-        if count == 0 {
-            continue;
-        }
-        // Twin STRICT_SPREAD bundles merge too: their tag still lets one per node.
-        let key = (shape.clone(), selector.clone(), anti, cap);
-        if let Some(&i) = index.get(&key) {
-            counts[i] += count;
-            groups[i].sources.push((label, count));
+    for (Item { shape, count, selector, anti, cap, label }, g) in items.into_iter().zip(of_item) {
+        let Some(g) = g else { continue };
+        if let Some(group) = groups.get_mut(g) {
+            counts[g] += count;
+            group.sources.push((label, count));
             continue;
         }
         let kinds = shape.kinds().fold(0u64, |m, i| m | (1u64 << i.min(63)));
-        let selector = selectors.entry(selector.clone()).or_insert_with(|| Arc::new(selector)).clone();
-        index.insert(key, groups.len());
+        let selector = match selectors.get(&selector) {
+            Some(s) => s.clone(),
+            None => selectors.entry(selector.clone()).or_insert_with(|| Arc::new(selector)).clone(),
+        };
         groups.push(Group { shape, selector, anti, cap, kinds, sources: vec![(label, count)] });
         counts.push(count);
     }
-    sort_groups(&mut groups, &mut counts, names);
-    (groups, counts)
+    sort_groups(groups, counts, names)
 }
 
 /// The nodes of a pass, with what is left to launch.
