@@ -101,6 +101,34 @@ def free_port():
         return s.getsockname()[1]
 
 
+def answer_then_vanish(summary):
+    """A standalone scheduler that answers the control plane's registration check (one
+    connection, `summary` as JSON) and then is gone: its app is listed unreachable."""
+    import socket
+    import threading
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    body = json.dumps(summary).encode()
+
+    def serve():
+        with listener:
+            conn, _ = listener.accept()
+            with conn:
+                conn.settimeout(5)
+                head = b""
+                while b"\r\n\r\n" not in head:
+                    chunk = conn.recv(4096)
+                    if not chunk:
+                        break
+                    head += chunk
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                             + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+
+    threading.Thread(target=serve, daemon=True).start()
+    return f"http://127.0.0.1:{listener.getsockname()[1]}"
+
+
 def wait_until(what, fn, timeout=30.0, every=0.2):
     deadline = time.time() + timeout
     while True:
@@ -154,7 +182,7 @@ def main():
 
             # A standalone scheduler that does not answer: its app is listed as unreachable
             # (with the error as the pill's title), and echo is listed as before.
-            ghost = f"http://127.0.0.1:{free_port()}"
+            ghost = answer_then_vanish({"app": "ghost", "scheduler": {"instance": "a"}})
             req = urllib.request.Request(
                 up.url + "/v1/schedulers", method="POST",
                 data=json.dumps({"app": "ghost", "url": ghost}).encode(),

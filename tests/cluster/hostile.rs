@@ -173,7 +173,11 @@ fn hostile_requests_get_json_refusals_and_every_refusal_is_counted() {
     assert_eq!((r.status, r.json["error"]["code"].as_str()), (400, Some("bad_request")), "{:?}", r.json);
     let r = register("x", "http://127.0.0.1:7899/../../v1");
     assert_eq!(r.status, 400, "{:?}", r.json);
-    let ghost = format!("http://127.0.0.1:{}", free_port());
+    // A URL that does not answer as the app's scheduler is refused; one that answers
+    // and then goes away is listed as unreachable.
+    let r = register("ghost", &format!("http://127.0.0.1:{}", free_port()));
+    assert_eq!((r.status, r.json["error"]["code"].as_str()), (422, Some("not_a_scheduler")), "{:?}", r.json);
+    let ghost = flotilla_testkit::answer_then_vanish(r#"{"app": "ghost", "scheduler": {"instance": "a"}}"#, 1);
     assert_eq!(register("ghost", &ghost).status, 204);
     let t = Instant::now();
     let r = request(&addr, "GET", "/v1/apps", "", "");
@@ -248,7 +252,7 @@ fn hostile_requests_get_json_refusals_and_every_refusal_is_counted() {
         metric(&page, "flotilla_http_requests_rejected_total", &format!("reason=\"{reason}\"")).unwrap_or(0.0)
     };
     assert_eq!(count("bad_request"), 5.0, "three 400s, two refused registrations: {page}");
-    assert_eq!(count("unprocessable"), 1.0, "{page}");
+    assert_eq!(count("unprocessable"), 2.0, "one refused request, one URL that is no scheduler: {page}");
     assert_eq!(count("uri_too_long"), 1.0, "{page}");
     assert_eq!(count("header_too_large"), 1.0, "{page}");
     assert_eq!(count("unauthenticated"), 0.0, "{page}");
