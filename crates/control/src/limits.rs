@@ -9,8 +9,8 @@
 
 use crate::catalogue as m;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -60,28 +60,17 @@ pub(crate) struct Hop {
     pub forwarded: bool,
     /// The peer's budget of forwarded requests (none when the API has no rate limit).
     budget: Option<(Arc<RateLimiter>, IpAddr)>,
-    /// Charged once per request, however many schedulers it asks: 0 not yet, 1
-    /// allowed, 2 refused.
-    charged: AtomicU8,
+    /// The budget's answer, asked once per request however many schedulers it asks:
+    /// how long to wait when there was none left.
+    verdict: OnceLock<Result<(), Duration>>,
 }
 
 impl Hop {
     /// Charges the request's peer for forwarding it (once per request).
     pub(crate) fn charge(&self) -> Result<(), ControlError> {
         let Some((limiter, peer)) = &self.budget else { return Ok(()) };
-        let verdict = match self.charged.load(Ordering::Relaxed) {
-            0 => {
-                let v = if limiter.check(*peer, Instant::now()).is_ok() { 1 } else { 2 };
-                self.charged.store(v, Ordering::Relaxed);
-                v
-            }
-            v => v,
-        };
-        if verdict == 1 {
-            return Ok(());
-        }
+        let Err(retry_in) = *self.verdict.get_or_init(|| limiter.check(*peer, Instant::now())) else { return Ok(()) };
         rejected("forward_rate_limited");
-        let retry_in = Duration::from_millis(u64::from(1000 / limiter.per_second().max(1)).max(1));
         Err(ControlError::RateLimited { per_second: limiter.per_second(), peer: *peer, retry_in })
     }
 }
@@ -220,7 +209,7 @@ async fn guard(State(g): State<Guard>, req: Request, next: Next) -> Response {
     let hop = Hop {
         forwarded: parts.headers.contains_key(HOP_HEADER),
         budget: g.forwards.clone().zip(peer),
-        charged: AtomicU8::new(0),
+        verdict: OnceLock::new(),
     };
     let run = COUNTED.scope(counted.clone(), next.run(Request::from_parts(parts, Body::from(bytes))));
     let resp = HOP.scope(Arc::new(hop), run).await;
