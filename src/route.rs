@@ -57,6 +57,10 @@ pub struct RouteArgs {
     /// A kept-alive client connection with no new request this long is closed.
     #[arg(long, default_value = "60s", value_parser = crate::cli::http::parse_duration)]
     pub client_idle_timeout: Duration,
+    /// A client that reads nothing of an answer for this long is cut (on the byte path:
+    /// plain HTTP/1.1 keep-alive requests).
+    #[arg(long, default_value = "30s", value_parser = crate::cli::http::parse_duration)]
+    pub client_write_timeout: Duration,
     /// Most client connections at once (default: half the open-file limit, less a margin);
     /// at the cap a new one closes the idlest.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=10_000_000))]
@@ -71,6 +75,7 @@ impl RouteArgs {
         for (flag, d) in [
             ("--client-header-timeout", self.client_header_timeout),
             ("--client-idle-timeout", self.client_idle_timeout),
+            ("--client-write-timeout", self.client_write_timeout),
         ] {
             if d.is_zero() {
                 bail!("{flag}: must be more than 0");
@@ -83,6 +88,7 @@ impl RouteArgs {
             idle_timeout: self.client_idle_timeout,
             max_connections: max,
             max_per_source: self.max_client_connections_per_source.map_or((max / 2).max(1), |m| m as usize),
+            write_timeout: self.client_write_timeout,
         })
     }
 }

@@ -164,3 +164,80 @@ fn idle_and_stalled_clients_cost_the_proxy_nothing_real_clients_need() {
     assert!(get(listen).contains(" 200 "));
     drop((idle, slow));
 }
+
+/// A backend on loopback that answers every request with 1 MiB: a few answers fill any
+/// socket buffers between the proxy and a client.
+fn big_answers() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { return };
+            std::thread::spawn(move || {
+                let body = vec![b'x'; 1 << 20];
+                let mut head = Vec::new();
+                let mut buf = [0u8; 4096];
+                loop {
+                    while let Some(end) = head.windows(4).position(|w| w == b"\r\n\r\n") {
+                        head.drain(..end + 4);
+                        let answer = format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n", body.len());
+                        if conn.write_all(answer.as_bytes()).and_then(|()| conn.write_all(&body)).is_err() {
+                            return;
+                        }
+                    }
+                    match conn.read(&mut buf) {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// A client that pipelines requests and never reads an answer: once the buffers between
+/// them are full, the proxy's write waits, and the client is cut at
+/// `--client-write-timeout` instead of holding the connection (which is not idle, so no
+/// newcomer would evict it) for ever.
+#[test]
+fn a_client_that_never_reads_its_answers_is_cut() {
+    let dir = TempDir::new("route-write-stall");
+    let mut procs = Group::new();
+    let backend = big_answers();
+    let route = procs.spawn(
+        &[
+            "route",
+            "--backends",
+            &backend,
+            "--listen",
+            "127.0.0.1:0",
+            "--print-addrs",
+            "--threads",
+            "1",
+            "--client-write-timeout",
+            "1s",
+        ],
+        &dir.join("route.err"),
+    );
+    let addrs = procs.addrs(route);
+    let (listen, metrics) = (addrs["listen"].as_str().unwrap(), addrs["metrics"].as_str().unwrap());
+    wait_for("the proxy forwarding", Duration::from_secs(20), || get(listen).contains(" 200 ").then_some(()));
+    let before = fds(route);
+
+    let mut client = TcpStream::connect(listen).unwrap();
+    client.write_all(&b"GET /big HTTP/1.1\r\nhost: t\r\n\r\n".repeat(32)).unwrap();
+    let asked = Instant::now();
+    wait_for("the stalled client cut", Duration::from_secs(30), || {
+        (closed(metrics, "write_stalled") >= 1.0).then_some(())
+    });
+    assert!(asked.elapsed() < Duration::from_secs(15), "cut soon after its buffers filled: {:?}", asked.elapsed());
+    // The proxy's end is gone: reading drains what the buffers held, then ends.
+    client.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut sink = Vec::new();
+    let _ = client.read_to_end(&mut sink);
+    assert!(sink.len() < 32 << 20, "not every answer was sent: {} bytes", sink.len());
+    drop(client);
+    wait_for("the proxy's descriptors back", Duration::from_secs(10), || (fds(route) <= before).then_some(()));
+    assert!(get(listen).contains(" 200 "), "and it still serves");
+}

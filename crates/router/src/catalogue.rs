@@ -67,7 +67,7 @@ pub const CLIENT_CONNECTIONS: Family =
     Family::gauge("flotilla_route_client_connections", "Client connections the proxy holds now (every thread).", &[]);
 pub const CLIENTS_CLOSED: Family = Family::counter(
     "flotilla_route_client_connections_closed_total",
-    "Client connections the proxy closed itself, by reason: header_timeout (no whole request head in time), idle_timeout (no request in time on a kept-alive connection), evicted (the idlest, to make room at a cap or out of file descriptors).",
+    "Client connections the proxy closed itself, by reason: header_timeout (no whole request head in time), idle_timeout (no request in time on a kept-alive connection), evicted (the idlest, to make room at a cap or out of file descriptors), write_stalled (a client that read nothing of an answer for --client-write-timeout).",
     &["reason"],
 );
 pub const CLIENTS_REFUSED: Family = Family::counter(

@@ -29,6 +29,9 @@ pub struct ClientLimits {
     pub max_connections: usize,
     /// Client connections from one source address.
     pub max_per_source: usize,
+    /// How long one write of an answer may wait for the client to read before the
+    /// connection is closed: a client that asks and never reads holds nothing for long.
+    pub write_timeout: Duration,
 }
 
 impl Default for ClientLimits {
@@ -39,6 +42,7 @@ impl Default for ClientLimits {
             idle_timeout: Duration::from_secs(60),
             max_connections: max,
             max_per_source: (max / 2).max(1),
+            write_timeout: Duration::from_secs(30),
         }
     }
 }

@@ -198,7 +198,7 @@ impl Forwarder {
             Ok(x) => x,
             Err(e) => return error_answer(client, "502 Bad Gateway", &format!("upstream: {e}"), head).await,
         };
-        match relay(&mut upstream, client, answer, &mut response).await {
+        match relay(&mut upstream, client, answer, &mut response, self.limits.write_timeout).await {
             Ok(clean) => {
                 if clean && response.keep_alive {
                     self.pool.put(&endpoint.addr, upstream, &self.balancer);
@@ -280,11 +280,12 @@ async fn relay(
     client: &mut TcpStream,
     answer: &mut BytesMut,
     r: &mut Response,
+    write_timeout: Duration,
 ) -> io::Result<bool> {
     let bad = |e: &'static str| io::Error::new(io::ErrorKind::InvalidData, e);
     let (k, mut done) = r.body.take(&answer[r.head_end..]).map_err(bad)?;
     let mut clean = r.head_end + k == answer.len();
-    client.write_all(&answer[..r.head_end + k]).await?;
+    write_within(client, &answer[..r.head_end + k], write_timeout).await?;
     while !done {
         answer.clear();
         answer.reserve(READ_CHUNK);
@@ -296,9 +297,21 @@ async fn relay(
         }
         let (k, d) = r.body.take(answer).map_err(bad)?;
         (done, clean) = (d, k == answer.len());
-        client.write_all(&answer[..k]).await?;
+        write_within(client, &answer[..k], write_timeout).await?;
     }
     Ok(clean)
+}
+
+/// Writes `bytes` to the client, which must take them within `limit` (an answer's
+/// pieces are at most [`READ_CHUNK`] past its head, so a client reading at all keeps up).
+async fn write_within(client: &mut TcpStream, bytes: &[u8], limit: Duration) -> io::Result<()> {
+    match tokio::time::timeout(limit, client.write_all(bytes)).await {
+        Ok(r) => r,
+        Err(_) => {
+            closed("write_stalled");
+            Err(io::Error::new(io::ErrorKind::TimedOut, "the client read nothing of the answer"))
+        }
+    }
 }
 
 /// Counts a client connection the proxy closed itself.
