@@ -57,8 +57,7 @@ pub struct RouteArgs {
     /// A kept-alive client connection with no new request this long is closed.
     #[arg(long, default_value = "60s", value_parser = crate::cli::http::parse_duration)]
     pub client_idle_timeout: Duration,
-    /// A client that reads nothing of an answer for this long is cut (on the byte path:
-    /// plain HTTP/1.1 keep-alive requests).
+    /// A client that reads nothing of an answer for this long is cut.
     #[arg(long, default_value = "30s", value_parser = crate::cli::http::parse_duration)]
     pub client_write_timeout: Duration,
     /// Most client connections at once (default: half the open-file limit, less a margin);

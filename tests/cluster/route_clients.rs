@@ -199,7 +199,7 @@ fn big_answers() -> String {
 /// A client that pipelines requests and never reads an answer: once the buffers between
 /// them are full, the proxy's write waits, and the client is cut at
 /// `--client-write-timeout` instead of holding the connection (which is not idle, so no
-/// newcomer would evict it) for ever.
+/// newcomer would evict it) for ever; on the byte path and on hyper's.
 #[test]
 fn a_client_that_never_reads_its_answers_is_cut() {
     let dir = TempDir::new("route-write-stall");
@@ -238,6 +238,20 @@ fn a_client_that_never_reads_its_answers_is_cut() {
     let _ = client.read_to_end(&mut sink);
     assert!(sink.len() < 32 << 20, "not every answer was sent: {} bytes", sink.len());
     drop(client);
+
+    // The general (hyper) path alike: requests only it takes (chunked).
+    let mut general = TcpStream::connect(listen).unwrap();
+    general.write_all(&CHUNKED.repeat(32)).unwrap();
+    let asked = Instant::now();
+    wait_for("the stalled client of the general path cut", Duration::from_secs(30), || {
+        (closed(metrics, "write_stalled") >= 2.0).then_some(())
+    });
+    assert!(asked.elapsed() < Duration::from_secs(15), "{:?}", asked.elapsed());
+    general.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    sink.clear();
+    let _ = general.read_to_end(&mut sink);
+    assert!(sink.len() < 32 << 20, "not every answer was sent: {} bytes", sink.len());
+    drop(general);
     wait_for("the proxy's descriptors back", Duration::from_secs(10), || (fds(route) <= before).then_some(()));
     assert!(get(listen).contains(" 200 "), "and it still serves");
 }

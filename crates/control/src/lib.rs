@@ -20,7 +20,6 @@ pub mod routes_grpc;
 mod schedulers;
 pub mod secrets;
 mod serve;
-pub mod stall;
 pub mod ui;
 
 use std::net::SocketAddr;

@@ -23,8 +23,8 @@ use tokio::sync::watch;
 use tower::ServiceExt;
 
 use crate::limits::rejected;
-use crate::stall::WriteStall;
 use crate::{ApiError, ControlError};
+use flotilla_obs::stall::WriteStall;
 
 /// How the API is served.
 #[derive(Clone)]
@@ -35,7 +35,7 @@ pub struct HttpOptions {
     pub rate_limit: u32,
     /// `Host` names answered beyond addresses and private names.
     pub allowed_hosts: crate::hosts::AllowedHosts,
-    /// How long a write may wait for its client to read ([`crate::stall`]).
+    /// How long a write may wait for its client to read ([`flotilla_obs::stall`]).
     pub write_stall: Duration,
 }
 
@@ -45,7 +45,7 @@ impl Default for HttpOptions {
             tls: None,
             rate_limit: 0,
             allowed_hosts: Default::default(),
-            write_stall: crate::stall::WRITE_STALL,
+            write_stall: flotilla_obs::stall::WRITE_STALL,
         }
     }
 }
@@ -118,6 +118,11 @@ impl Drop for PeerSlot {
     }
 }
 
+/// Counts a connection cut because its client read nothing for the stall time.
+fn write_stalled() {
+    rejected("write_stalled");
+}
+
 /// Serves `app` on `listener` until `shutdown` resolves; then open calls get a short
 /// grace (route watchers hold their streams open forever) and the function returns.
 pub async fn serve_router(
@@ -186,7 +191,7 @@ async fn connection(
         // nothing at all is cut here.
         let mut first = [0u8; 1];
         match tokio::time::timeout(HANDSHAKE_TIMEOUT, tcp.peek(&mut first)).await {
-            Ok(Ok(1)) => return http(WriteStall::new(tcp, write_stall), peer, app, builder, stop).await,
+            Ok(Ok(1)) => return http(WriteStall::new(tcp, write_stall, write_stalled), peer, app, builder, stop).await,
             Ok(_) => return,
             Err(_) => {
                 rejected("header_timeout");
@@ -204,7 +209,7 @@ async fn connection(
         _ => return,
     }
     match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-        Ok(Ok(stream)) => http(WriteStall::new(stream, write_stall), peer, app, builder, stop).await,
+        Ok(Ok(stream)) => http(WriteStall::new(stream, write_stall, write_stalled), peer, app, builder, stop).await,
         Ok(Err(e)) => {
             rejected("tls_handshake");
             tracing::debug!(%peer, error = %e, "TLS handshake failed");

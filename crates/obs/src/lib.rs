@@ -8,6 +8,7 @@ pub mod catalogue;
 pub mod fsutil;
 pub mod health;
 pub mod process;
+pub mod stall;
 
 use std::net::SocketAddr;
 use std::sync::{Mutex, OnceLock};

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use flotilla_obs::stall::WriteStall;
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{Request, Response, StatusCode, Uri};
 use http_body_util::{BodyExt, Full, combinators::BoxBody};
@@ -186,7 +187,7 @@ pub async fn serve(
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(limits.header_timeout)
-                .serve_connection(TokioIo::new(stream), handler);
+                .serve_connection(TokioIo::new(WriteStall::new(stream, limits.write_timeout, write_stalled)), handler);
             admitted.set_idle(false);
             tokio::select! {
                 served = conn => if let Err(e) = served {
@@ -224,6 +225,11 @@ impl AcceptErrors {
         }
         tokio::time::sleep(Duration::from_millis(if out_of_fds { 100 } else { 10 })).await;
     }
+}
+
+/// Counts a client cut because it read nothing of an answer for the write timeout.
+fn write_stalled() {
+    crate::forward::closed("write_stalled");
 }
 
 #[cfg(test)]

@@ -1,11 +1,11 @@
 //! A connection whose client stops reading is closed. A response the client does not
 //! read fills the socket's send buffer; the server's write then waits for ever, holding
 //! the connection, its buffers and its file descriptor (an event stream a tab left
-//! open on a frozen machine, or a client that connects and never reads). Every write
-//! must make progress within the stall time, else it fails and hyper closes the
-//! connection. HTTP/2 streams a client does not read are held back by their flow
-//! control before they reach the socket, so only a client that reads nothing at all
-//! is cut.
+//! open on a frozen machine, or a client that asks and never reads). Under
+//! [`WriteStall`] every write must make progress within the stall time, else it fails
+//! and hyper closes the connection. HTTP/2 streams a client does not read are held back
+//! by their flow control before they reach the socket, so only a client that reads
+//! nothing at all is cut. Used by the HTTP API and by the route proxy's hyper path.
 
 use std::io;
 use std::pin::Pin;
@@ -18,16 +18,18 @@ use tokio::time::{Instant, Sleep};
 /// How long a write to a client may wait for it to read before the connection closes.
 pub const WRITE_STALL: Duration = Duration::from_secs(30);
 
-pub(crate) struct WriteStall<I> {
+pub struct WriteStall<I> {
     inner: I,
     stall: Duration,
+    /// Called once when a write fails for the stall (the caller's metric).
+    on_stall: fn(),
     /// Armed while a write waits; fires after `stall` without progress.
     timer: Option<Pin<Box<Sleep>>>,
 }
 
 impl<I> WriteStall<I> {
-    pub fn new(inner: I, stall: Duration) -> Self {
-        WriteStall { inner, stall, timer: None }
+    pub fn new(inner: I, stall: Duration, on_stall: fn()) -> Self {
+        WriteStall { inner, stall, on_stall, timer: None }
     }
 
     /// A write that made progress disarms the timer; one that waits arms it, and fails
@@ -40,7 +42,7 @@ impl<I> WriteStall<I> {
         let stall = self.stall;
         let timer = self.timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(Instant::now() + stall)));
         if timer.as_mut().poll(cx).is_ready() {
-            crate::limits::rejected("write_stalled");
+            (self.on_stall)();
             let e = io::Error::new(io::ErrorKind::TimedOut, "the client read nothing for the stall time");
             return Poll::Ready(Err(e));
         }
@@ -91,7 +93,7 @@ mod tests {
     #[tokio::test]
     async fn a_write_the_reader_never_takes_fails_after_the_stall_time_and_one_it_takes_does_not() {
         let (client, server) = tokio::io::duplex(1024);
-        let mut w = WriteStall::new(server, Duration::from_millis(200));
+        let mut w = WriteStall::new(server, Duration::from_millis(200), || {});
         w.write_all(&[0u8; 1024]).await.unwrap();
         let started = std::time::Instant::now();
         let e = w.write_all(&[0u8; 16]).await.unwrap_err();
@@ -100,7 +102,7 @@ mod tests {
 
         // A reader that keeps reading, however slowly, keeps the writer going.
         let (mut client2, server2) = tokio::io::duplex(64);
-        let mut w = WriteStall::new(server2, Duration::from_millis(200));
+        let mut w = WriteStall::new(server2, Duration::from_millis(200), || {});
         let reader = tokio::spawn(async move {
             let mut buf = [0u8; 64];
             let mut total = 0;
