@@ -76,7 +76,15 @@ impl Api {
 
     pub async fn get(&self, path: &str) -> anyhow::Result<Value> {
         let url = format!("{}{path}", self.base);
-        send(self.client.get(&url), &self.base).await.with_context(|| url.clone())
+        let mut req = self.client.get(&url);
+        // Reads need no token, but with one a control plane reached by a name it was not
+        // given (`--allowed-host`) answers too: the token proves no web page sent it.
+        if let Some(t) =
+            std::env::var("FLOTILLA_TOKEN").ok().filter(|t| !t.is_empty()).or_else(|| token_from_data().ok())
+        {
+            req = req.bearer_auth(t);
+        }
+        send(req, &self.base).await.with_context(|| url.clone())
     }
 
     pub async fn write(

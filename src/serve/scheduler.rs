@@ -212,7 +212,12 @@ async fn register_with_control(
 async fn follow_policies(state: Arc<flotilla_control::ControlState>, control: String) {
     let url = format!("{}/v1/policies", control.trim_end_matches('/'));
     loop {
-        let got = async { state.http.get(&url).timeout(Duration::from_secs(5)).send().await?.json().await };
+        let mut req = state.http.get(&url).timeout(Duration::from_secs(5));
+        // With the token the control plane answers under any name it is reached by.
+        if let Some(t) = state.api_token.get() {
+            req = req.bearer_auth(t);
+        }
+        let got = async { req.send().await?.json().await };
         match got.await {
             Ok(serde_json::Value::Array(rows)) => {
                 let files: Vec<String> =
