@@ -45,9 +45,11 @@ pub fn base_url(addr: &str) -> anyhow::Result<String> {
 }
 
 /// An HTTP client that also trusts the certificates in `ca` (PEM) for HTTPS. Without
-/// `ca` it trusts no certificate authority at all: plain HTTP only.
+/// `ca` it trusts no certificate authority at all: plain HTTP only. It follows no
+/// redirect: no Flotilla API sends one, and a control plane following a standalone
+/// scheduler's would fetch whatever that scheduler points it at (a metadata service).
 pub fn http_client(ca: Option<&Path>) -> anyhow::Result<reqwest::Client> {
-    let mut b = reqwest::Client::builder();
+    let mut b = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none());
     if let Some(ca) = ca {
         let pem = std::fs::read(ca).with_context(|| format!("reading the CA file {}", ca.display()))?;
         let certs = reqwest::Certificate::from_pem_bundle(&pem)

@@ -210,7 +210,12 @@ async fn list_apps(State(s): State<Arc<ControlState>>) -> Json<Value> {
             Ok(h) => Ok(summary(&h.status())),
             Err(url) => {
                 let http = s.http.clone();
-                let fetch = tokio::spawn(async move { remote_summary(&http, &app, &url, LIST_TIMEOUT).await });
+                let fetch = async move { remote_summary(&http, &app, &url, LIST_TIMEOUT).await };
+                // The request's hop and forward budget go with each spawned ask.
+                let fetch = match crate::limits::HOP.try_with(Arc::clone) {
+                    Ok(hop) => tokio::spawn(crate::limits::HOP.scope(hop, fetch)),
+                    Err(_) => tokio::spawn(fetch),
+                };
                 Err(fetch)
             }
         })

@@ -13,7 +13,7 @@ pub const API_ERRORS: Family =
     Family::counter("flotilla_api_errors_total", "HTTP API error answers, by error code.", &["code"]);
 pub const HTTP_REQUESTS_REJECTED: Family = Family::counter(
     "flotilla_http_requests_rejected_total",
-    "HTTP requests or connections refused, by reason (rate_limited, unauthenticated, too_large, uri_too_long, header_too_large, header_timeout, body_timeout, bad_body, bad_request, bad_query, unprocessable, too_many_connections, too_many_subscribers, too_many_subscribers_from_peer, forward_loop, plaintext_on_tls, tls_handshake).",
+    "HTTP requests or connections refused, by reason (rate_limited, unauthenticated, too_large, uri_too_long, header_too_large, header_timeout, body_timeout, bad_body, bad_request, bad_query, unprocessable, too_many_connections, too_many_subscribers, too_many_subscribers_from_peer, forward_loop, forward_rate_limited, host_not_allowed, write_stalled, plaintext_on_tls, tls_handshake).",
     &["reason"],
 );
 pub const UI_REQUESTS: Family =

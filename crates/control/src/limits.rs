@@ -173,14 +173,23 @@ async fn guard(State(g): State<Guard>, req: Request, next: Next) -> Response {
     if target > MAX_URI_BYTES {
         return refuse("uri_too_long", ControlError::UriTooLong { max: MAX_URI_BYTES });
     }
+    // A browser cannot speak HTTP/2 in the clear, nor to another name over TLS: a page
+    // re-pointing its name here sends HTTP/1.1, gRPC-looking or not.
+    let h2 = req.version() == axum::http::Version::HTTP_2;
+    if !(h2 && is_grpc_call(&req)) {
+        let host = match req.headers().get(header::HOST) {
+            Some(v) => v.to_str().ok().map(Some),
+            None => Some(req.uri().host()),
+        };
+        let allowed = host.is_some_and(|h| g.hosts.allows(h));
+        if !allowed && !carries_token(&g.token, req.headers()) {
+            let host = host.flatten().unwrap_or("(not text)").chars().take(256).collect();
+            tracing::debug!(%host, "a Host this API does not answer to");
+            return refuse("host_not_allowed", ControlError::HostNotAllowed { host });
+        }
+    }
     if is_grpc_call(&req) {
         return next.run(req).await;
-    }
-    let host = req.headers().get(header::HOST).and_then(|v| v.to_str().ok()).or_else(|| req.uri().host());
-    if !g.hosts.allows(host) && !carries_token(&g.token, req.headers()) {
-        let host = host.unwrap_or_default().chars().take(256).collect();
-        tracing::debug!(%host, "a Host this API does not answer to");
-        return refuse("host_not_allowed", ControlError::HostNotAllowed { host });
     }
     // Authenticate from the headers alone: a caller without the token never gets a
     // byte of its body read (hyper closes the connection after the answer).

@@ -53,7 +53,10 @@ impl SchedulerNetworks {
         // GET with credentials: never a scheduler, and never to be polled on a caller's word.
         let link_local = match ip {
             IpAddr::V4(ip) => ip.is_link_local(),
-            IpAddr::V6(ip) => ip.is_unicast_link_local() || ip.segments()[..2] == [0xfd00, 0x0ec2],
+            IpAddr::V6(ip) => match ip.to_ipv4_mapped() {
+                Some(v4) => v4.is_link_local(),
+                None => ip.is_unicast_link_local() || ip.segments()[..2] == [0xfd00, 0x0ec2],
+            },
         };
         if link_local {
             return Some(format!("{ip} is a link-local or cloud metadata address, never a scheduler"));
@@ -221,6 +224,7 @@ mod tests {
         for ok in ["10.200.0.1", "192.168.1.7", "fd12::5"] {
             assert!(some.refuses(ok.parse().unwrap()).is_none(), "{ok}");
         }
+        assert!(any.refuses("::ffff:169.254.169.254".parse().unwrap()).is_some(), "mapped IPv4");
         for bad in ["11.0.0.1", "192.168.1.8", "127.0.0.1", "169.254.1.1"] {
             assert!(some.refuses(bad.parse().unwrap()).is_some(), "{bad}");
         }

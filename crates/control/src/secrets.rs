@@ -13,20 +13,32 @@ use toml::de::{DeTable, DeValue};
 pub const REDACTED: &str = "<redacted: read the spec with the API token>";
 
 /// Whether an env key names a secret: a part (split at `_`, `-`, `.`) that is `KEY`,
-/// `AUTH` or `PRIVATE`, or a key holding `SECRET`, `TOKEN`, `PASSWORD`, `PASSWD` or
-/// `CREDENTIAL` anywhere (`DB_PASSWORD`, `HF_TOKEN`, `AWS_SECRET_ACCESS_KEY`, `APIKEY`).
+/// `AUTH`, `PRIVATE`, `PASS` or `PWD`, or a key holding `SECRET`, `TOKEN`, `PASSWORD`,
+/// `PASSWD`, `CREDENTIAL` or `APIKEY` anywhere (`DB_PASSWORD`, `HF_TOKEN`,
+/// `AWS_SECRET_ACCESS_KEY`, `REDIS_PASS`). `PWD` alone is the working directory.
 pub fn is_secret_key(key: &str) -> bool {
     let upper = key.to_ascii_uppercase();
     const ANYWHERE: [&str; 6] = ["SECRET", "TOKEN", "PASSWORD", "PASSWD", "CREDENTIAL", "APIKEY"];
-    const PARTS: [&str; 3] = ["KEY", "AUTH", "PRIVATE"];
-    ANYWHERE.iter().any(|w| upper.contains(w)) || upper.split(['_', '-', '.']).any(|p| PARTS.contains(&p))
+    const PARTS: [&str; 5] = ["KEY", "AUTH", "PRIVATE", "PASS", "PWD"];
+    upper != "PWD"
+        && (ANYWHERE.iter().any(|w| upper.contains(w)) || upper.split(['_', '-', '.']).any(|p| PARTS.contains(&p)))
 }
 
-/// `spec` with the string value of every secret-looking key of an `env` table
-/// replaced by [`REDACTED`]. A spec that does not parse is returned as it is (the
-/// scheduler stored it, so it parses; this never hides a value by failing).
+/// Whether a value carries credentials in a URL (`postgres://user:pass@host/db`).
+fn has_url_credentials(value: &str) -> bool {
+    value.split("://").skip(1).any(|rest| {
+        let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+        authority.contains('@')
+    })
+}
+
+/// `spec` with every string value of an `env` table whose key looks like a secret, or
+/// that holds URL credentials, replaced by [`REDACTED`]. Text that does not parse as
+/// TOML (a stored spec always does) is not shown at all: what it hides cannot be told.
 pub fn redact(spec: &str) -> String {
-    let Ok(doc) = DeTable::parse(spec) else { return spec.to_string() };
+    let Ok(doc) = DeTable::parse(spec) else {
+        return format!("# {REDACTED}: this text is not TOML, so what it holds cannot be hidden\n");
+    };
     let mut spans = Vec::new();
     walk(doc.get_ref(), false, &mut spans);
     spans.sort_by_key(|r| std::cmp::Reverse(r.start));
@@ -45,7 +57,7 @@ fn walk(table: &DeTable, in_env: bool, spans: &mut Vec<Range<usize>>) {
     for (k, v) in table.iter() {
         let key = k.get_ref().as_ref();
         match v.get_ref() {
-            DeValue::String(_) if in_env && is_secret_key(key) => spans.push(v.span()),
+            DeValue::String(s) if in_env && (is_secret_key(key) || has_url_credentials(s)) => spans.push(v.span()),
             DeValue::Table(t) => walk(t, key == "env", spans),
             DeValue::Array(items) => {
                 for item in items.iter() {
@@ -73,10 +85,12 @@ mod tests {
             "apikey",
             "Basic-Auth",
             "PRIVATE_PEM",
+            "REDIS_PASS",
+            "MYSQL_PWD",
         ] {
             assert!(is_secret_key(k), "{k}");
         }
-        for k in ["PATH", "RAY_ADDRESS", "MONKEY", "AUTHOR", "LOG_LEVEL", "KEYBOARD_LAYOUT"] {
+        for k in ["PATH", "PWD", "RAY_ADDRESS", "MONKEY", "AUTHOR", "LOG_LEVEL", "KEYBOARD_LAYOUT", "PASSAGE"] {
             assert!(!is_secret_key(k), "{k}");
         }
     }
@@ -93,10 +107,13 @@ env = { DB_PASSWORD = 'hunter2', LOG_LEVEL = "info" }
 [unit.worker.env]
 HF_TOKEN = """hf_abc"""   # the model hub
 RAY_ADDRESS = "auto"
+DATABASE_URL = "postgres://app:s3cret@db:5432/app"
+PLAIN_URL = "http://example.com/a@b"
 "#;
         let out = redact(spec);
-        assert!(!out.contains("hunter2") && !out.contains("hf_abc"), "{out}");
-        assert_eq!(out.matches(REDACTED).count(), 2, "{out}");
+        assert!(!out.contains("hunter2") && !out.contains("hf_abc") && !out.contains("s3cret"), "{out}");
+        assert_eq!(out.matches(REDACTED).count(), 3, "{out}");
+        assert!(out.contains("PLAIN_URL = \"http://example.com/a@b\""), "an @ in a path is no credential: {out}");
         for kept in [
             r#"token = "not an env table, kept""#,
             r#"LOG_LEVEL = "info""#,
@@ -108,6 +125,6 @@ RAY_ADDRESS = "auto"
         // Still TOML, with the placeholder where the secrets were.
         let back: toml::Table = toml::from_str(&out).unwrap();
         assert_eq!(back["unit"]["worker"]["env"]["HF_TOKEN"].as_str(), Some(REDACTED));
-        assert_eq!(redact("not = [toml"), "not = [toml");
+        assert!(!redact("not = [toml, password").contains("password"), "unparsed text is not shown");
     }
 }

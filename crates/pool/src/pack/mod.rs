@@ -345,9 +345,11 @@ fn termination_order(ctx: &Context, idx: &mut [usize]) {
         };
         (!pending, std::cmp::Reverse(idle), util(n))
     };
+    // Ties in Ray's node order once there is one (steps 2-4 reorder it), else as given.
+    let rank = |i: usize| ctx.rank.get(i).copied().unwrap_or(i as i64);
     idx.sort_by(|a, b| {
         let (x, y) = (info(*a), info(*b));
-        x.0.cmp(&y.0).then(x.1.cmp(&y.1)).then(x.2.total_cmp(&y.2))
+        x.0.cmp(&y.0).then(x.1.cmp(&y.1)).then(x.2.total_cmp(&y.2)).then(rank(*a).cmp(&rank(*b)))
     });
 }
 

@@ -16,6 +16,9 @@ pub(super) struct Pending<'g> {
     pub groups: &'g [Group],
     /// Still to place, by group.
     pub left: Vec<u64>,
+    /// The resources any group asks for (indices into a shape): the tree keeps only
+    /// those, so a custom resource with a high index costs no memory per group.
+    used: Vec<usize>,
     dims: usize,
     /// Leaves in the tree (a power of two ≥ the groups).
     size: usize,
@@ -27,7 +30,9 @@ pub(super) struct Pending<'g> {
 
 impl<'g> Pending<'g> {
     pub fn new(groups: &'g [Group], counts: &[u64]) -> Self {
-        let dims = groups.iter().map(|g| g.shape.0.len()).max().unwrap_or(0).max(1);
+        let width = groups.iter().map(|g| g.shape.0.len()).max().unwrap_or(0);
+        let used: Vec<usize> = (0..width).filter(|d| groups.iter().any(|g| g.shape.get(*d) > 0)).collect();
+        let dims = used.len().max(1);
         let size = groups.len().max(1).next_power_of_two();
         let mut mins = vec![Qty::MAX; 2 * size * dims];
         let mut pending = 0;
@@ -37,8 +42,12 @@ impl<'g> Pending<'g> {
             }
             pending += 1;
             let leaf = (size + i) * dims;
-            for d in 0..dims {
-                mins[leaf + d] = g.shape.get(d);
+            for (k, d) in used.iter().enumerate() {
+                mins[leaf + k] = g.shape.get(*d);
+            }
+            if used.is_empty() {
+                // Zero shapes fit anywhere.
+                mins[leaf] = 0;
             }
         }
         for n in (1..size).rev() {
@@ -46,7 +55,7 @@ impl<'g> Pending<'g> {
                 mins[n * dims + d] = mins[2 * n * dims + d].min(mins[(2 * n + 1) * dims + d]);
             }
         }
-        Pending { groups, left: counts.to_vec(), dims, size, mins, pending }
+        Pending { groups, left: counts.to_vec(), used, dims, size, mins, pending }
     }
 
     pub fn is_empty(&self) -> bool {
@@ -82,7 +91,10 @@ impl<'g> Pending<'g> {
 
     fn fits(&self, node: usize, free: &Shape) -> bool {
         let m = &self.mins[node * self.dims..(node + 1) * self.dims];
-        m.iter().enumerate().all(|(d, q)| *q == 0 || *q <= free.get(d))
+        if self.used.is_empty() {
+            return m[0] == 0;
+        }
+        m.iter().zip(&self.used).all(|(q, d)| *q == 0 || *q <= free.get(*d))
     }
 
     fn find(&self, node: usize, lo: usize, hi: usize, from: usize, free: &Shape) -> Option<usize> {
