@@ -463,16 +463,19 @@ pub fn autoscaling(data: &[u8]) {
 /// With bit 5 set, bit 0 picks a pool call instead (4 `PUT /v1/pools/default/constraints`,
 /// 5 `POST /v1/pools/default/report`) and bit 1 names an invalid pool (`bad.pool`).
 /// Each input gets a fresh control plane with no apps and no shards, so nothing is
-/// forwarded anywhere; the request goes through the real router and handlers.
+/// forwarded anywhere; the request goes through the real router and handlers. A
+/// registration's check calls the URL it names: only loopback addresses are allowed
+/// (`scheduler_networks`), and one naming a host (which would need DNS) is skipped.
 pub fn control_json(data: &[u8]) {
     use axum::http::{Method, Request, StatusCode, header};
     use tower::ServiceExt;
 
     thread_local! {
         static RUNTIME: tokio::runtime::Runtime =
-            tokio::runtime::Builder::new_current_thread().build().expect("a runtime");
-        // Never used (no standalone scheduler is registered when a request is handled).
-        static HTTP: reqwest::Client = reqwest::Client::new();
+            tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
+        // A registration's check (a GET of the URL, refused on loopback at once).
+        static HTTP: reqwest::Client =
+            reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().expect("a client");
     }
     let Some((&sel, body)) = data.split_first() else { return };
     let (auth, json, pool_call) = ((sel >> 2) & 3, sel & 0x10 == 0, sel & 0x20 != 0);
@@ -496,6 +499,9 @@ pub fn control_json(data: &[u8]) {
         1 => {}
         _ => req = req.header(header::AUTHORIZATION, "Bearer not-the-token"),
     }
+    if call == 1 && !names_an_address(body) {
+        return;
+    }
     let body = if call == 3 { Vec::new() } else { body.to_vec() };
     let Ok(req) = req.body(axum::body::Body::from(body.clone())) else { return }; // not a valid URI
     let state = Arc::new(flotilla_control::ControlState {
@@ -503,7 +509,7 @@ pub fn control_json(data: &[u8]) {
         shards: vec![],
         api_token: flotilla_core::SharedToken::new(Some(API_TOKEN.into())),
         apps: Default::default(),
-        scheduler_networks: Default::default(),
+        scheduler_networks: flotilla_control::SchedulerNetworks::new(["127.0.0.0/8", "::1"]).expect("networks"),
         http: HTTP.with(Clone::clone),
         dialer: Default::default(),
         policies: Default::default(),
@@ -541,6 +547,17 @@ pub fn control_json(data: &[u8]) {
         let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("{e}: {text}"));
         let e = &v["error"];
         assert!(e["code"].is_string() && e["message"].is_string(), "an error without code or message: {text}");
+    }
+}
+
+/// Whether a registration body's `url` (if it has one) names its host by address: a name
+/// would be resolved, which a fuzzer must not do.
+fn names_an_address(body: &[u8]) -> bool {
+    let Ok(v) = serde_json::from_slice::<serde_json::Value>(body) else { return true };
+    let Some(url) = v.get("url").and_then(serde_json::Value::as_str) else { return true };
+    match reqwest::Url::parse(url) {
+        Ok(u) => u.host_str().is_none_or(|h| h.trim_matches(['[', ']']).parse::<std::net::IpAddr>().is_ok()),
+        Err(_) => true,
     }
 }
 
