@@ -54,8 +54,12 @@ enum Cmd {
     Node(cli::nodes::NodeArgs),
     /// Set an app's desired number of units.
     Scale(cli::scale::ScaleArgs),
-    /// Update a running app from its spec file: changed units roll through.
+    /// Update a running app from its spec file: changed units roll through (`--plan`: show what would change).
     Apply(cli::apply::ApplyArgs),
+    /// The versions of an app's spec, newest first, with who applied each and what it changed.
+    History(cli::apps::AppArgs),
+    /// Go back to an earlier version of an app's spec (default: the one before the last apply).
+    Rollback(cli::versions::RollbackArgs),
     /// An app's autoscaling decisions, newest first, with the numbers behind each.
     Decisions(cli::apps::AppArgs),
     /// Named autoscaling policies that many apps share.
@@ -110,6 +114,8 @@ fn main() -> std::process::ExitCode {
                             Cmd::Units(a) => cli::apps::units(a).await,
                             Cmd::Scale(a) => cli::scale::scale(a).await,
                             Cmd::Apply(a) => cli::apply::apply(a).await,
+                            Cmd::History(a) => cli::versions::history(a).await,
+                            Cmd::Rollback(a) => cli::versions::rollback(a).await,
                             Cmd::Decisions(a) => cli::autoscaling::decisions(a).await,
                             Cmd::Policy(a) => cli::autoscaling::policy(a).await,
                             Cmd::Demand(a) => cli::autoscaling::demand(a).await,

@@ -1,6 +1,6 @@
 //! Client commands: each talks to the control plane's HTTP API ([`http`]) and prints a
-//! table, or one JSON document with `--json`; the actions (`scale`, `apply`, `node
-//! drain`) take `--wait` too ([`wait`]).
+//! table, or one JSON document with `--json`; the actions (`scale`, `apply`,
+//! `rollback`, `node drain`) take `--wait` too ([`wait`]).
 
 pub mod apply;
 pub mod apps;
@@ -12,6 +12,7 @@ pub mod progress;
 pub mod scale;
 pub mod status;
 pub mod table;
+pub mod versions;
 pub mod wait;
 
 use anyhow::Context;

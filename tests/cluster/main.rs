@@ -32,3 +32,4 @@ mod spread;
 mod standalone;
 mod standby;
 mod units;
+mod versions;

@@ -43,6 +43,23 @@ fn a_standalone_scheduler_registers_and_the_control_plane_forwards_to_it() {
     wait_for("the router follows the standalone scheduler's 3 routes", Duration::from_secs(20), || {
         metric(&get_text(&metrics, "/metrics")?, "flotilla_route_endpoints", "").filter(|n| *n == 3.0)
     });
+    // Versions, plans and rollbacks are forwarded too, with the caller's token (the
+    // scheduler records its name, and answers 409 itself).
+    let spec = std::fs::read_to_string(ECHO).unwrap().replacen("memory = \"64Mi\"", "memory = \"72Mi\"", 1);
+    let (status, body) = http(&up.addr, "POST", "/v1/apps/echo/plan", Some(&token), &spec);
+    assert_eq!((status, body["in_force"].as_u64()), (200, Some(1)), "{body}");
+    assert_eq!(body["changes"][0]["path"], "unit.head.memory", "{body}");
+    let (status, body) = http(&up.addr, "PUT", "/v1/apps/echo/spec?check_version=1", Some(&token), &spec);
+    assert_eq!((status, body["version"].as_u64()), (200, Some(2)), "{body}");
+    let (status, body) = http(&up.addr, "PUT", "/v1/apps/echo/spec?check_version=1", Some(&token), &spec);
+    assert_eq!((status, body["error"]["code"].as_str()), (409, Some("version_conflict")), "{body}");
+    let (status, body) = http(&up.addr, "POST", "/v1/apps/echo/rollback", Some(&token), r#"{"to": 1}"#);
+    assert_eq!((status, body["version"].as_u64()), (200, Some(3)), "{body}");
+    let (_, v) = http(&up.addr, "GET", "/v1/apps/echo/versions", None, "");
+    let sources: Vec<(&str, Option<&str>)> =
+        v["versions"].as_array().unwrap().iter().map(|r| (r["source"].as_str().unwrap(), r["by"].as_str())).collect();
+    assert_eq!(sources, vec![("rollback", Some("api-token")), ("api", Some("api-token")), ("file", None)], "{v}");
+    assert!(get_text(&up.addr, "/v1/apps/echo/versions/2").unwrap().contains("72Mi"));
     let (status, _) = http(&up.addr, "PUT", "/v1/apps/echo/scale", Some("wrong"), r#"{"units": 2}"#);
     assert_eq!(status, 401, "the control plane checks the token before forwarding");
     let (status, _) = http(&up.addr, "POST", "/v1/schedulers", None, r#"{"app": "x", "url": "http://127.0.0.1:1"}"#);

@@ -89,7 +89,6 @@ pub fn routes() -> Router<Arc<ControlState>> {
         .route("/v1/apps/{app}/routes", axum::routing::get(list_routes))
         .route("/v1/apps/{app}/scale", axum::routing::put(scale))
         .route("/v1/apps/{app}/spec", axum::routing::put(apply).get(get_spec))
-        .route("/v1/apps/{app}/rollback", axum::routing::post(rollback))
 }
 
 pub(crate) fn not_found(app: &str) -> ControlError {
@@ -331,33 +330,57 @@ async fn scale(
     }
 }
 
-/// `PUT /v1/apps/{app}/spec` with the app's TOML spec (`flotilla apply`): validated in
-/// full (every problem named), then units whose template changed roll through.
-async fn apply(
-    State(s): State<Arc<ControlState>>,
-    Path(app): Path<String>,
-    headers: HeaderMap,
-    body: String,
-) -> Result<Json<Value>, ControlError> {
-    metrics::counter!(m::API_REQUESTS.name, "route" => "/v1/apps/{app}/spec").increment(1);
-    authorize(&s, &headers)?;
+/// A spec sent to `PUT …/spec` or `POST …/plan`, validated in full (every problem
+/// named) before its scheduler sees it.
+pub(crate) fn parse_spec(app: &str, body: &str) -> Result<flotilla_scheduler::AppSpec, ControlError> {
     if body.contains(crate::secrets::REDACTED) {
         return Err(ControlError::InvalidSpec(format!(
             "the spec holds {:?} where a secret was: it was read without the API token; put the real value back",
             crate::secrets::REDACTED
         )));
     }
-    let spec = flotilla_scheduler::AppSpec::parse(&body).map_err(|e| ControlError::InvalidSpec(e.to_string()))?;
+    let spec = flotilla_scheduler::AppSpec::parse(body).map_err(|e| ControlError::InvalidSpec(e.to_string()))?;
     if spec.name != app {
         return Err(ControlError::InvalidSpec(format!("the spec names app {:?}, not {app:?}", spec.name)));
     }
+    Ok(spec)
+}
+
+/// `?check_version=V` on `PUT …/spec`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ApplyQuery {
+    check_version: Option<u64>,
+}
+
+/// `PUT /v1/apps/{app}/spec` with the app's TOML spec (`flotilla apply`): validated in
+/// full (every problem named), then units whose template changed roll through. With
+/// `?check_version=V` it applies only while version V is in force (409
+/// `version_conflict` otherwise), so two operators cannot overwrite each other unseen.
+async fn apply(
+    State(s): State<Arc<ControlState>>,
+    Path(app): Path<String>,
+    query: Result<axum::extract::Query<ApplyQuery>, axum::extract::rejection::QueryRejection>,
+    headers: HeaderMap,
+    body: String,
+) -> Result<Json<Value>, ControlError> {
+    metrics::counter!(m::API_REQUESTS.name, "route" => "/v1/apps/{app}/spec").increment(1);
+    authorize(&s, &headers)?;
+    let axum::extract::Query(q) = query
+        .map_err(|e| ControlError::BadRequest(format!("{}; the query takes check_version=VERSION", e.body_text())))?;
+    let spec = parse_spec(&app, &body)?;
     match s.apps.get(&app) {
         Some(Ok(h)) => {
-            let m = h.apply(spec).await?;
-            Ok(Json(json!({"app": app, "result": m})))
+            let req = flotilla_scheduler::ChangeRequest {
+                by: crate::auth::caller(&s, &headers),
+                check_version: q.check_version,
+            };
+            let a = h.apply(spec, req).await?;
+            Ok(Json(json!({"app": app, "version": a.version, "new_version": a.new_version, "result": a.result})))
         }
         Some(Err(url)) => {
-            let req = s.http.put(format!("{}/v1/apps/{app}/spec", url.trim_end_matches('/')));
+            let query = q.check_version.map(|v| format!("?check_version={v}")).unwrap_or_default();
+            let req = s.http.put(format!("{}/v1/apps/{app}/spec{query}", url.trim_end_matches('/')));
             forward(req.body(body), &url, &headers).await
         }
         None => Err(not_found(&app)),
@@ -414,28 +437,4 @@ const HAS_PREVIOUS: axum::http::HeaderName = axum::http::HeaderName::from_static
 fn spec_answer(text: String, has_previous: bool) -> Response {
     let previous = if has_previous { "true" } else { "false" };
     ([(CONTENT_TYPE, "text/plain; charset=utf-8"), (HAS_PREVIOUS, previous)], text).into_response()
-}
-
-/// `POST /v1/apps/{app}/rollback`: re-applies the spec the app had before its last
-/// apply (409 `no_previous_spec` when it has none); the current one becomes the
-/// previous, so a second rollback undoes the first.
-#[tracing::instrument(name = "rollback", skip(s, headers))]
-async fn rollback(
-    State(s): State<Arc<ControlState>>,
-    Path(app): Path<String>,
-    headers: HeaderMap,
-) -> Result<Json<Value>, ControlError> {
-    metrics::counter!(m::API_REQUESTS.name, "route" => "/v1/apps/{app}/rollback").increment(1);
-    authorize(&s, &headers)?;
-    match s.apps.get(&app) {
-        Some(Ok(h)) => {
-            let m = h.rollback().await?;
-            Ok(Json(json!({"app": app, "result": m})))
-        }
-        Some(Err(url)) => {
-            let req = s.http.post(format!("{}/v1/apps/{app}/rollback", url.trim_end_matches('/')));
-            forward(req, &url, &headers).await
-        }
-        None => Err(not_found(&app)),
-    }
 }

@@ -12,3 +12,9 @@ pub fn authorize(s: &ControlState, headers: &HeaderMap) -> Result<(), ControlErr
         None => Ok(()),
     }
 }
+
+/// The name a change is recorded under (`history` shows it): the API's one token is
+/// `api-token`; an API without a token records none.
+pub fn caller(s: &ControlState, headers: &HeaderMap) -> Option<String> {
+    crate::limits::carries_token(&s.api_token, headers).then(|| "api-token".to_string())
+}

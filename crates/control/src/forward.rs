@@ -59,6 +59,33 @@ pub(crate) async fn remote_within(
     Ok(v)
 }
 
+/// GET `path` of a standalone scheduler with the caller's token, if it sent one (the
+/// scheduler hides secrets from readers without it); the answer's text.
+pub(crate) async fn remote_text(
+    http: &reqwest::Client,
+    url: &str,
+    path: &str,
+    headers: &HeaderMap,
+) -> Result<String, ControlError> {
+    may_forward(url)?;
+    let mut req = http
+        .get(format!("{}{path}", url.trim_end_matches('/')))
+        .header(HOP_HEADER, "1")
+        .timeout(Duration::from_secs(5));
+    if let Some(v) = headers.get(axum::http::header::AUTHORIZATION) {
+        req = req.header(axum::http::header::AUTHORIZATION, v.clone());
+    }
+    let resp = req.send().await.map_err(|e| unreachable(url, e))?;
+    let status = resp.status();
+    let text = resp.text().await.map_err(|e| unreachable(url, e))?;
+    if !status.is_success() {
+        let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+        let message = v.pointer("/error/message").and_then(Value::as_str).unwrap_or("refused").to_string();
+        return Err(ControlError::Forwarded { status, code: upstream_code(&v), message });
+    }
+    Ok(text)
+}
+
 /// The row of an app whose standalone scheduler did not answer: the app, where it was
 /// asked, `"unreachable": true` and the error. A reachable app's row carries no such
 /// field, so readers of the summary shape only gain one.

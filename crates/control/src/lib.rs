@@ -21,6 +21,7 @@ mod schedulers;
 pub mod secrets;
 mod serve;
 pub mod ui;
+mod versions;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -69,6 +70,7 @@ pub fn router(state: Arc<ControlState>) -> Router {
         .route("/v1/shards", get(nodes::list_shards))
         .route("/v1/nodes/{node}/{action}", axum::routing::post(nodes::node_action))
         .merge(apps::routes())
+        .merge(versions::routes())
         .merge(schedulers::routes())
         .merge(autoscaling::routes())
         .merge(pools::routes())

@@ -24,6 +24,24 @@ pub fn is_secret_key(key: &str) -> bool {
         && (ANYWHERE.iter().any(|w| upper.contains(w)) || upper.split(['_', '-', '.']).any(|p| PARTS.contains(&p)))
 }
 
+/// A spec change (`history`, `apply --plan`) with its values hidden when its setting is
+/// an env value [`redact`] would hide (`unit.head.env.DB_PASSWORD`): that it changed
+/// stays visible, what it holds does not.
+pub fn redact_change(c: &mut flotilla_scheduler::diff::Change) {
+    let mut parts = c.path.rsplit('.');
+    let (key, table) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    if table != "env" {
+        return;
+    }
+    let secret = is_secret_key(key) || [&c.before, &c.after].into_iter().flatten().any(|v| has_url_credentials(v));
+    if secret {
+        let hidden = format!("\"{REDACTED}\"");
+        for v in [&mut c.before, &mut c.after].into_iter().flatten() {
+            *v = hidden.clone();
+        }
+    }
+}
+
 /// Whether a value carries credentials in a URL (`postgres://user:pass@host/db`).
 fn has_url_credentials(value: &str) -> bool {
     value.split("://").skip(1).any(|rest| {
@@ -74,6 +92,30 @@ fn walk(table: &DeTable, in_env: bool, spans: &mut Vec<Range<usize>>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_changed_secret_shows_that_it_changed_not_what_it_holds() {
+        let diff = flotilla_scheduler::diff::spec_diff(
+            "[unit.head.env]\nDB_PASSWORD = \"a\"\nURL = \"postgres://u:p@db/x\"\nLEVEL = \"info\"\n",
+            "[unit.head.env]\nDB_PASSWORD = \"b\"\nURL = \"postgres://db/x\"\nLEVEL = \"debug\"\n",
+        );
+        let shown: Vec<String> = diff
+            .into_iter()
+            .map(|mut c| {
+                redact_change(&mut c);
+                flotilla_scheduler::diff::render(&[c]).remove(0)
+            })
+            .collect();
+        let hidden = format!("\"{REDACTED}\"");
+        assert_eq!(
+            shown,
+            vec![
+                format!("unit.head.env.DB_PASSWORD: {hidden} → {hidden}"),
+                "unit.head.env.LEVEL: \"info\" → \"debug\"".to_string(),
+                format!("unit.head.env.URL: {hidden} → {hidden}"),
+            ]
+        );
+    }
 
     #[test]
     fn secret_looking_keys() {

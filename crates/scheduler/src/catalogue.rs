@@ -104,7 +104,14 @@ pub const SCHEDULER_NOT_LEADER: Family = Family::counter(
 pub const SPEC_APPLIED: Family =
     Family::counter("flotilla_spec_applied_total", "New app specs the scheduler accepted.", &["app"]);
 pub const SPEC_ROLLBACKS: Family =
-    Family::counter("flotilla_spec_rollbacks_total", "App specs rolled back to the previous one.", &["app"]);
+    Family::counter("flotilla_spec_rollbacks_total", "App specs rolled back to an earlier version.", &["app"]);
+pub const SPEC_VERSION_CONFLICTS: Family = Family::counter(
+    "flotilla_spec_version_conflicts_total",
+    "Applies refused because the spec in force was no longer the version they were checked against.",
+    &["app"],
+);
+pub const SPEC_PLANS: Family =
+    Family::counter("flotilla_spec_plans_total", "Specs planned without applying them (apply --plan).", &["app"]);
 pub const ROLLOUTS_FAILED: Family = Family::counter(
     "flotilla_rollouts_failed_total",
     "Rollouts that failed: a replacement was not running within the spec's rollout.progress_deadline.",
@@ -168,6 +175,8 @@ pub const FAMILIES: &[Family] = &[
     SCHEDULER_NOT_LEADER,
     SPEC_APPLIED,
     SPEC_ROLLBACKS,
+    SPEC_VERSION_CONFLICTS,
+    SPEC_PLANS,
     ROLLOUTS_FAILED,
     ROLLOUTS_SUPERSEDED,
     ROLLOUTS_REVERTED,

@@ -8,6 +8,7 @@
 //! - `reconcile`: the loop that carries their decisions out, one file per step.
 
 pub mod catalogue;
+pub mod diff;
 mod leader;
 mod lifecycle;
 mod planner;
@@ -25,13 +26,13 @@ mod testing;
 pub use leader::{LOCAL_TOKEN, Leader, Role, default_instance};
 pub use lifecycle::UnitState;
 pub use reconcile::{
-    AppHandle, AppStatus, AutoscalingStatus, Command, CommandError, Demand, DemandRequest, MAX_DEMAND_COUNT,
-    MAX_DEMAND_ENTRIES, PolicyBook, STORE_UNAVAILABLE, Scheduler, Stats,
+    AppHandle, AppStatus, Applied, ApplyPlan, AutoscalingStatus, CannotPlace, ChangeRequest, Command, CommandError,
+    Demand, DemandRequest, MAX_DEMAND_COUNT, MAX_DEMAND_ENTRIES, PolicyBook, STORE_UNAVAILABLE, Scheduler, Stats,
 };
 pub use rollout::counts_toward_desired;
 pub use spec::{AppSpec, SpecOrigin};
 pub use store::{
-    DECISIONS_KEPT, MemStore, MemberRecord, Override, RedbStore, RolloutRecord, RolloutState, Store, Stored,
-    UnitRecord, Usage, Write,
+    DECISIONS_KEPT, MemStore, MemberRecord, Override, RedbStore, RolloutRecord, RolloutState, SpecVersion, Store,
+    Stored, UnitRecord, Usage, VERSIONS_KEPT, Write,
 };
 pub use store_etcd::{EtcdStore, FENCED, MAX_TXN_BYTES, MAX_TXN_OPS};

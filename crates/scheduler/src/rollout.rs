@@ -170,6 +170,11 @@ pub fn replaced_by(units: &BTreeMap<String, UnitRecord>, victims: &[String]) -> 
 /// remove some of these units (a unit and its replacement together: [`replaced_by`])
 /// instead: fewer roll, never more.
 pub fn will_roll(units: &BTreeMap<String, UnitRecord>, fingerprint: &str) -> usize {
+    rolling(units, fingerprint).len()
+}
+
+/// The units [`will_roll`] counts, oldest first: the order they roll in.
+pub fn rolling<'a>(units: &'a BTreeMap<String, UnitRecord>, fingerprint: &str) -> Vec<&'a UnitRecord> {
     let stale = |u: &UnitRecord| u.template.as_deref().is_some_and(|t| t != fingerprint);
     let placed = |u: &UnitRecord| {
         matches!(u.state, UnitState::Allocated | UnitState::Starting | UnitState::Running | UnitState::Degraded)
@@ -179,14 +184,16 @@ pub fn will_roll(units: &BTreeMap<String, UnitRecord>, fingerprint: &str) -> usi
         units.get(u.replaced_by.as_deref()?).filter(|r| r.state.is_active())
     };
     let coming_up: HashSet<&str> = units.values().filter_map(replacement).map(|r| r.unit_id.as_str()).collect();
-    units
+    let mut rolls: Vec<&UnitRecord> = units
         .values()
         .filter(|u| placed(u) && !coming_up.contains(u.unit_id.as_str()))
         .filter(|u| match replacement(u) {
             Some(r) if r.state == UnitState::Placing || !stale(r) => false,
             _ => stale(u),
         })
-        .count()
+        .collect();
+    rolls.sort_by_key(|u| u.generation);
+    rolls
 }
 
 pub fn plan(units: &BTreeMap<String, UnitRecord>, slots: &[Arc<ShardSlot>], t: &Target) -> RolloutPlan {

@@ -188,11 +188,18 @@ pub struct SpecOrigin {
     /// Why, for a revert.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// The name of the API token that applied it (none for a file, a revert, or an API
+    /// without a token).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
+    /// The version a rollback went back to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub of_version: Option<u64>,
 }
 
 impl SpecOrigin {
     pub fn new(source: &str, at_unix_ms: u64) -> SpecOrigin {
-        SpecOrigin { source: source.to_string(), at_unix_ms, reason: None }
+        SpecOrigin { source: source.to_string(), at_unix_ms, reason: None, by: None, of_version: None }
     }
 }
 

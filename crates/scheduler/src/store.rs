@@ -219,6 +219,23 @@ impl RolloutRecord {
 /// Autoscaling decision records kept per app (the newest).
 pub const DECISIONS_KEPT: usize = 100;
 
+/// Spec versions kept per app (the newest): `history` lists them, `rollback --to`
+/// goes back to any of them.
+pub const VERSIONS_KEPT: u64 = 20;
+
+/// One applied spec: every change of the spec in force is a new version, numbered from
+/// 1 per app, whatever made it (a file at start, the API, a rollback, a revert).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SpecVersion {
+    pub version: u64,
+    /// The spec as stored (TOML).
+    pub spec: String,
+    /// Where it came from, when, and who applied it.
+    pub origin: SpecOrigin,
+    /// Its template fingerprint: units started from it carry the same.
+    pub template: String,
+}
+
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Stored {
     pub spec: Option<String>,
@@ -242,6 +259,10 @@ pub struct Stored {
     pub good_spec: Option<String>,
     /// The app's last rollout.
     pub rollout: Option<RolloutRecord>,
+    /// The last [`VERSIONS_KEPT`] specs put in force, by version; the newest is the one
+    /// in force (a store written before versions existed has none until the next apply,
+    /// or the scheduler's start, records it).
+    pub versions: BTreeMap<u64, SpecVersion>,
     /// The last fencing token a scheduler of this app took with the embedded store (its
     /// next run takes one more); with etcd the lease key's create revision is the token.
     pub fencing_token: u64,
@@ -271,6 +292,8 @@ pub enum Write {
     FileFingerprint(String),
     GoodSpec(String),
     Rollout(RolloutRecord),
+    /// A spec put in force; the version [`VERSIONS_KEPT`] older is dropped.
+    Version(SpecVersion),
     /// The fencing token a scheduler took on becoming active (the embedded store's
     /// stand-in for a lease's revision).
     FencingToken(u64),
@@ -320,6 +343,10 @@ fn apply(s: &mut Stored, w: &Write) {
         Write::FileFingerprint(f) => s.file_fingerprint = Some(f.clone()),
         Write::GoodSpec(t) => s.good_spec = Some(t.clone()),
         Write::Rollout(r) => s.rollout = Some(r.clone()),
+        Write::Version(v) => {
+            s.versions.insert(v.version, v.clone());
+            s.versions.remove(&v.version.wrapping_sub(VERSIONS_KEPT));
+        }
         Write::FencingToken(t) => s.fencing_token = *t,
     }
 }
@@ -349,8 +376,9 @@ const META: TableDefinition<&str, &str> = TableDefinition::new("meta");
 const UNITS: TableDefinition<&str, &str> = TableDefinition::new("units");
 const INTENTS: TableDefinition<&str, &str> = TableDefinition::new("intents");
 const DECISIONS: TableDefinition<&str, &str> = TableDefinition::new("decisions");
+const VERSIONS: TableDefinition<&str, &str> = TableDefinition::new("versions");
 
-/// A decision's key: sequence numbers zero-padded, so keys sort by age.
+/// A decision's (or version's) key: sequence numbers zero-padded, so keys sort by age.
 fn decision_key(app: &str, seq: u64) -> String {
     format!("{app}/{seq:020}")
 }
@@ -391,6 +419,7 @@ fn open_db(path: &Path) -> Result<Database, StoreError> {
         w.open_table(UNITS).map_err(|e| at(&e))?;
         w.open_table(INTENTS).map_err(|e| at(&e))?;
         w.open_table(DECISIONS).map_err(|e| at(&e))?;
+        w.open_table(VERSIONS).map_err(|e| at(&e))?;
     }
     w.commit().map_err(|e| at(&e))?;
     Ok(db)
@@ -521,6 +550,12 @@ impl Store for RedbStore {
                 s.decisions.insert(seq, v.value().to_string());
             }
         }
+        let versions = r.open_table(VERSIONS).map_err(err)?;
+        for row in versions.range(lo.as_str()..hi.as_str()).map_err(err)? {
+            let (_, v) = row.map_err(err)?;
+            let v: SpecVersion = serde_json::from_str(v.value()).map_err(err)?;
+            s.versions.insert(v.version, v);
+        }
         Ok(s)
     }
 
@@ -545,6 +580,7 @@ fn write_batch(db: &Database, app: &str, batch: &[Write]) -> Result<(), StoreErr
         let mut units = w.open_table(UNITS).map_err(err)?;
         let mut intents = w.open_table(INTENTS).map_err(err)?;
         let mut decisions = w.open_table(DECISIONS).map_err(err)?;
+        let mut versions = w.open_table(VERSIONS).map_err(err)?;
         for op in batch {
             match op {
                 Write::Spec(t) => {
@@ -567,6 +603,12 @@ fn write_batch(db: &Database, app: &str, batch: &[Write]) -> Result<(), StoreErr
                     decisions.insert(decision_key(app, *seq).as_str(), json.as_str()).map_err(err)?;
                     let old = decision_key(app, seq.wrapping_sub(DECISIONS_KEPT as u64));
                     decisions.remove(old.as_str()).map_err(err)?;
+                }
+                Write::Version(v) => {
+                    let text = serde_json::to_string(v).map_err(err)?;
+                    versions.insert(decision_key(app, v.version).as_str(), text.as_str()).map_err(err)?;
+                    let old = decision_key(app, v.version.wrapping_sub(VERSIONS_KEPT));
+                    versions.remove(old.as_str()).map_err(err)?;
                 }
                 Write::NextGeneration(g) => {
                     meta.insert(format!("{app}/next_generation").as_str(), g.to_string().as_str()).map_err(err)?;
@@ -720,6 +762,21 @@ pub(crate) mod tests {
         s.write("echo", &[Write::FencingToken(4)]).unwrap();
         assert_eq!(s.load("echo").unwrap().fencing_token, 4);
         assert_eq!(s.load("echoes").unwrap().fencing_token, 0);
+        // Versions: the newest VERSIONS_KEPT survive, by number, with their origin.
+        let version = |n: u64| SpecVersion {
+            version: n,
+            spec: format!("name = \"v{n}\""),
+            origin: SpecOrigin { by: Some("ci".into()), ..SpecOrigin::new("api", n) },
+            template: format!("t{n}"),
+        };
+        for n in 1..=VERSIONS_KEPT + 3 {
+            s.write("echo", &[Write::Version(version(n))]).unwrap();
+        }
+        let got = s.load("echo").unwrap();
+        assert_eq!(got.versions.len() as u64, VERSIONS_KEPT);
+        assert_eq!(got.versions.keys().next(), Some(&4));
+        assert_eq!(got.versions.get(&(VERSIONS_KEPT + 3)), Some(&version(VERSIONS_KEPT + 3)));
+        assert!(s.load("echoes").unwrap().versions.is_empty());
     }
 
     #[test]

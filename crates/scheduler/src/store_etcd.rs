@@ -11,6 +11,7 @@
 //! | `units/UNIT_ID` | a unit record (JSON) |
 //! | `intents/TXN_ID` | an intent (JSON) |
 //! | `decisions/SEQ` (20 digits) | an autoscaling decision (JSON) |
+//! | `versions/N` (20 digits) | a spec version (JSON: the spec, its origin, its template) |
 //! | `leader` | the active scheduler's lease key (not state: see `flotilla_etcd`) |
 //!
 //! One record per key keeps every put small (a unit is well under 1 KiB), so a pass's
@@ -19,7 +20,7 @@
 //! (`--max-txn-ops`) or 1.5 MiB (`--max-request-bytes`) by default, so a batch beyond
 //! [`MAX_TXN_OPS`] operations or [`MAX_TXN_BYTES`] is split into several transactions,
 //! written in order: the `meta/` keys first (the generation counter goes ahead before
-//! any unit that uses it), then intents, units and decisions. A crash between two of
+//! any unit that uses it), then versions, intents, units and decisions. A crash between two of
 //! them leaves records that are each whole and a counter that is never behind: units
 //! whose record did not land are re-queued, claims without a record are released by the
 //! orphan sweep, so a split batch never places anything twice. A pass of up to about
@@ -43,7 +44,7 @@ use std::time::Duration;
 use flotilla_etcd::etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
 use flotilla_etcd::{Endpoints, Lease, within};
 
-use crate::store::{DECISIONS_KEPT, Intent, Store, StoreError, Stored, UnitRecord, Write};
+use crate::store::{DECISIONS_KEPT, Intent, SpecVersion, Store, StoreError, Stored, UnitRecord, VERSIONS_KEPT, Write};
 
 /// Operations per transaction at most: below etcd's default `--max-txn-ops` (128), with
 /// room for the fence comparison.
@@ -145,6 +146,11 @@ impl EtcdStore {
                     let old = seq.wrapping_sub(DECISIONS_KEPT as u64);
                     put(format!("{base}decisions/{old:020}"), None);
                 }
+                Write::Version(v) => {
+                    put(format!("{base}versions/{:020}", v.version), Some(json(v)?));
+                    let old = v.version.wrapping_sub(VERSIONS_KEPT);
+                    put(format!("{base}versions/{old:020}"), None);
+                }
                 Write::NextGeneration(g) => put(meta("next_generation"), Some(g.to_string())),
                 Write::FencingToken(t) => put(meta("fencing_token"), Some(t.to_string())),
                 Write::Unit(u) => put(format!("{base}units/{}", u.unit_id), Some(json(u)?)),
@@ -159,7 +165,10 @@ impl EtcdStore {
         }
         let rank = |k: &str| {
             let rest = &k[base.len()..];
-            ["meta/", "intents/", "units/", "decisions/"].iter().position(|p| rest.starts_with(p)).unwrap_or(4)
+            ["meta/", "versions/", "intents/", "units/", "decisions/"]
+                .iter()
+                .position(|p| rest.starts_with(p))
+                .unwrap_or(5)
         };
         let mut ops: Vec<Op> = order.into_iter().map(|key| Op { value: last.remove(&key).flatten(), key }).collect();
         // Stable: within a kind, keys keep the batch's order.
@@ -223,6 +232,9 @@ fn load_key(s: &mut Stored, rest: &str, value: &str) -> Result<(), StoreError> {
         s.intents.insert(i.txn_id.clone(), i);
     } else if let Some(Ok(seq)) = rest.strip_prefix("decisions/").map(str::parse) {
         s.decisions.insert(seq, value.to_string());
+    } else if rest.starts_with("versions/") {
+        let v: SpecVersion = serde_json::from_str(value).map_err(|e| bad(&e))?;
+        s.versions.insert(v.version, v);
     }
     Ok(())
 }

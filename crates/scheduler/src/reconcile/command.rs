@@ -7,10 +7,10 @@ use std::sync::Arc;
 
 use super::autoscale::Demand;
 use super::error::CommandError;
-use super::handle::Command;
+use super::handle::{Applied, ChangeRequest, Command};
 use super::{Scheduler, save};
 use crate::spec::{AppSpec, SpecOrigin};
-use crate::store::{Override, RolloutRecord, RolloutState, Write};
+use crate::store::{Override, RolloutRecord, RolloutState, SpecVersion, VERSIONS_KEPT, Write};
 
 impl Scheduler {
     /// Carries out a command of the control plane; its answer goes back on the command's
@@ -22,7 +22,8 @@ impl Scheduler {
             let e = CommandError::NotLeader(format!("{} is a standby: {why}", role.instance));
             match cmd {
                 Command::Scale(_, r) => drop(r.send(Err(e))),
-                Command::Apply(_, r) | Command::Rollback(r) => drop(r.send(Err(e))),
+                Command::Apply(_, _, r) | Command::Rollback(_, _, r) => drop(r.send(Err(e))),
+                Command::Plan(_, r) => drop(r.send(Err(e))),
                 Command::Override(_, r) => drop(r.send(Err(e))),
                 Command::Demand(_, _, r) => drop(r.send(Err(e))),
             }
@@ -37,14 +38,17 @@ impl Scheduler {
                 self.publish();
                 let _ = reply.send(r);
             }
-            Command::Apply(spec, reply) => {
-                let origin = SpecOrigin::new("api", flotilla_core::now_ms());
-                let r = self.apply_from(*spec, origin);
+            Command::Apply(spec, req, reply) => {
+                let origin = SpecOrigin { by: req.by, ..SpecOrigin::new("api", flotilla_core::now_ms()) };
+                let r = self.apply_from(*spec, origin, req.check_version);
                 self.publish();
                 let _ = reply.send(r);
             }
-            Command::Rollback(reply) => {
-                let r = self.rollback();
+            Command::Plan(spec, reply) => {
+                let _ = reply.send(self.plan_apply(&spec));
+            }
+            Command::Rollback(to, req, reply) => {
+                let r = self.rollback(to, req);
                 self.publish();
                 let _ = reply.send(r);
             }
@@ -99,23 +103,63 @@ impl Scheduler {
         Ok(bounds)
     }
 
-    /// Applies the previous spec (kept in the store by `apply`).
-    fn rollback(&mut self) -> Result<String, CommandError> {
-        let no_previous = || CommandError::NoPreviousSpec(self.spec.name.clone());
-        let text = self.stored.previous_spec.clone().ok_or_else(no_previous)?;
+    /// Applies version `to`, or without one the previous spec (kept in the store by
+    /// `apply`).
+    fn rollback(&mut self, to: Option<u64>, req: ChangeRequest) -> Result<Applied, CommandError> {
+        let app = self.spec.name.clone();
+        let (text, of_version) = match to {
+            None => {
+                let text =
+                    self.stored.previous_spec.clone().ok_or_else(|| CommandError::NoPreviousSpec(app.clone()))?;
+                // The newest kept version with that text (none in a store older than versions).
+                let of = self.stored.versions.values().rev().find(|v| v.spec == text).map(|v| v.version);
+                (text, of)
+            }
+            Some(n) if n == self.version_in_force() => {
+                return Err(CommandError::AlreadyInForce { app, version: n });
+            }
+            Some(n) => match self.stored.versions.get(&n) {
+                Some(v) => (v.spec.clone(), Some(n)),
+                None => {
+                    let kept = match (self.stored.versions.keys().next(), self.stored.versions.keys().next_back()) {
+                        (Some(a), Some(b)) => format!("{a}..={b}"),
+                        _ => "none".to_string(),
+                    };
+                    return Err(CommandError::NoSuchVersion { app, version: n, kept });
+                }
+            },
+        };
         // It was valid when applied; a newer build may judge it differently.
-        let spec = AppSpec::parse(&text).map_err(|e| CommandError::InvalidSpec(format!("the previous spec: {e}")))?;
-        tracing::info!(app = %self.spec.name, "rolling back to the previous spec");
-        metrics::counter!(m::SPEC_ROLLBACKS.name, "app" => self.spec.name.clone()).increment(1);
-        self.apply_from(spec, SpecOrigin::new("rollback", flotilla_core::now_ms()))
+        let spec =
+            AppSpec::parse(&text).map_err(|e| CommandError::InvalidSpec(format!("the spec to go back to: {e}")))?;
+        tracing::info!(app = %app, ?of_version, "rolling back");
+        metrics::counter!(m::SPEC_ROLLBACKS.name, "app" => app).increment(1);
+        let origin = SpecOrigin { by: req.by, of_version, ..SpecOrigin::new("rollback", flotilla_core::now_ms()) };
+        self.apply_from(spec, origin, req.check_version)
+    }
+
+    /// The number of the version in force (0 before the first is recorded).
+    pub(super) fn version_in_force(&self) -> u64 {
+        self.stored.versions.keys().next_back().copied().unwrap_or(0)
     }
 
     /// Puts `spec` in force, recording where it came from: the one it replaces becomes
-    /// the previous, and a rollout to its template starts (superseding one in flight,
-    /// whose replacements the next pass releases).
-    pub(super) fn apply_from(&mut self, spec: AppSpec, origin: SpecOrigin) -> Result<String, CommandError> {
+    /// the previous, a changed spec becomes a new version, and a rollout to its template
+    /// starts (superseding one in flight, whose replacements the next pass releases). The
+    /// same spec again records no version but restarts its rollout (a failed one retries).
+    pub(super) fn apply_from(
+        &mut self,
+        spec: AppSpec,
+        origin: SpecOrigin,
+        check_version: Option<u64>,
+    ) -> Result<Applied, CommandError> {
         if spec.name != self.spec.name {
             return Err(CommandError::WrongApp { app: self.spec.name.clone(), got: spec.name });
+        }
+        let in_force = self.version_in_force();
+        if let Some(expected) = check_version.filter(|v| *v != in_force) {
+            metrics::counter!(m::SPEC_VERSION_CONFLICTS.name, "app" => self.spec.name.clone()).increment(1);
+            return Err(CommandError::VersionConflict { app: self.spec.name.clone(), in_force, expected });
         }
         spec.validate().map_err(|e| CommandError::InvalidSpec(e.to_string()))?;
         let text = toml::to_string(&spec).map_err(|e| CommandError::InvalidSpec(e.to_string()))?;
@@ -133,9 +177,19 @@ impl Scheduler {
         let mut writes =
             vec![Write::Spec(text.clone()), Write::SpecOrigin(origin.clone()), Write::Rollout(rollout.clone())];
         writes.extend(previous.clone().map(Write::PreviousSpec));
+        let changed = previous.is_some() || in_force == 0;
+        let version = if changed { in_force + 1 } else { in_force };
+        let record = SpecVersion { version, spec: text.clone(), origin: origin.clone(), template: fingerprint.clone() };
+        if changed {
+            writes.push(Write::Version(record.clone()));
+        }
         save(&*self.store, &self.spec.name, &writes).map_err(|e| CommandError::Store(e.to_string()))?;
         if previous.is_some() {
             self.stored.previous_spec = previous;
+        }
+        if changed {
+            self.stored.versions.insert(version, record);
+            self.stored.versions.remove(&version.wrapping_sub(VERSIONS_KEPT));
         }
         if superseded {
             metrics::counter!(m::ROLLOUTS_SUPERSEDED.name, "app" => self.spec.name.clone()).increment(1);
@@ -149,14 +203,14 @@ impl Scheduler {
         } else {
             format!("{stale} unit(s) will roll, {} at a time", spec.rollout.max_unavailable)
         };
-        tracing::info!(app = %spec.name, %fingerprint, stale, superseded, "spec applied");
+        tracing::info!(app = %spec.name, %fingerprint, version, stale, superseded, "spec applied");
         metrics::counter!(m::SPEC_APPLIED.name, "app" => spec.name.clone()).increment(1);
         self.spec = spec;
         self.fingerprint = fingerprint;
         self.planning.forget_classes();
         self.autoscaler.own = self.spec.own_policy();
         self.autoscaler.force_evaluation();
-        Ok(message)
+        Ok(Applied { version, new_version: changed, result: message })
     }
 }
 
@@ -164,6 +218,7 @@ impl Scheduler {
 mod tests {
     use super::*;
     use crate::reconcile::handle::Reply;
+    use crate::store::VERSIONS_KEPT;
     use crate::store::{MemStore, Store};
 
     fn spec(cpu: &str) -> AppSpec {
@@ -174,7 +229,7 @@ mod tests {
         .unwrap()
     }
 
-    fn run(s: &mut Scheduler, cmd: impl FnOnce(Reply<String>) -> Command) -> Result<String, CommandError> {
+    fn run<T>(s: &mut Scheduler, cmd: impl FnOnce(Reply<T>) -> Command) -> Result<T, CommandError> {
         let (tx, mut rx) = tokio::sync::oneshot::channel();
         s.command(cmd(tx));
         rx.try_recv().unwrap()
@@ -187,11 +242,11 @@ mod tests {
         let (mut s, h) = Scheduler::new(spec("100m"), cluster.clone(), vec![], store.clone()).unwrap();
         assert!(!h.status().has_previous_spec);
         assert!(h.status().spec_toml.contains("100m") || h.status().spec_toml.contains("cpu"));
-        let e = run(&mut s, Command::Rollback).unwrap_err();
+        let e = run(&mut s, |tx| Command::Rollback(None, ChangeRequest::default(), tx)).unwrap_err();
         assert_eq!(e, CommandError::NoPreviousSpec("echo".into()));
         assert_eq!(flotilla_core::ServiceError::code(&e), "no_previous_spec");
 
-        run(&mut s, |tx| Command::Apply(Box::new(spec("200m")), tx)).unwrap();
+        run(&mut s, |tx| Command::Apply(Box::new(spec("200m")), ChangeRequest::default(), tx)).unwrap();
         s.publish();
         let first = store.load("echo").unwrap();
         assert!(h.status().has_previous_spec);
@@ -199,7 +254,7 @@ mod tests {
         assert_eq!(&*h.status().spec_toml, toml::to_string(&spec("200m")).unwrap());
 
         // Back to 100m; the 200m spec is now the previous one (a second rollback redoes it).
-        run(&mut s, Command::Rollback).unwrap();
+        run(&mut s, |tx| Command::Rollback(None, ChangeRequest::default(), tx)).unwrap();
         s.publish();
         assert_eq!(&*h.status().spec_toml, toml::to_string(&spec("100m")).unwrap());
         let stored = store.load("echo").unwrap();
@@ -219,7 +274,7 @@ mod tests {
         let text = |cpu: &str| toml::to_string(&spec(cpu)).unwrap();
         let (mut s, h) = Scheduler::new(spec("100m"), cluster.clone(), vec![], store.clone()).unwrap();
         assert_eq!(h.status().spec_origin.as_ref().map(|o| o.source.as_str()), Some("file"));
-        run(&mut s, |tx| Command::Apply(Box::new(spec("200m")), tx)).unwrap();
+        run(&mut s, |tx| Command::Apply(Box::new(spec("200m")), ChangeRequest::default(), tx)).unwrap();
         drop(s);
 
         // The same file: the applied spec stays in force, and says it came from the API.
@@ -236,6 +291,117 @@ mod tests {
         let stored = store.load("echo").unwrap();
         assert_eq!(stored.previous_spec, Some(text("200m")));
         assert_eq!(stored.file_fingerprint, Some(spec("300m").fingerprint()));
+    }
+
+    fn apply(s: &mut Scheduler, cpu: &str, req: ChangeRequest) -> Result<Applied, CommandError> {
+        run(s, |tx| Command::Apply(Box::new(spec(cpu)), req, tx))
+    }
+
+    #[test]
+    fn every_change_is_a_version_with_its_origin_and_a_rollback_names_the_one_it_went_back_to() {
+        let store: Arc<dyn Store> = Arc::new(MemStore::default());
+        let cluster = flotilla_view::ClusterView::new(0);
+        let (mut s, h) = Scheduler::new(spec("100m"), cluster.clone(), vec![], store.clone()).unwrap();
+        let by = |name: &str| ChangeRequest { by: Some(name.into()), check_version: None };
+        assert_eq!(apply(&mut s, "200m", by("ci")).unwrap().version, 2);
+        // The same spec again is no new version (its rollout restarts).
+        let again = apply(&mut s, "200m", by("ci")).unwrap();
+        assert_eq!((again.version, again.new_version), (2, false));
+        // Optimistic: applies only against the version read.
+        let stale = ChangeRequest { by: Some("bob".into()), check_version: Some(1) };
+        let e = apply(&mut s, "300m", stale).unwrap_err();
+        assert_eq!(e, CommandError::VersionConflict { app: "echo".into(), in_force: 2, expected: 1 });
+        assert_eq!(flotilla_core::ServiceError::code(&e), "version_conflict");
+        let fresh = ChangeRequest { by: Some("bob".into()), check_version: Some(2) };
+        assert_eq!(apply(&mut s, "300m", fresh).unwrap().version, 3);
+        // Back to version 1 (the file's), as a new version saying so.
+        let r = run(&mut s, |tx| Command::Rollback(Some(1), by("ops"), tx)).unwrap();
+        assert_eq!(r.version, 4);
+        s.publish();
+        assert_eq!(&*h.status().spec_toml, toml::to_string(&spec("100m")).unwrap());
+        let versions = h.status().versions.clone();
+        let summary: Vec<_> = versions
+            .iter()
+            .map(|v| (v.version, v.origin.source.as_str(), v.origin.by.as_deref(), v.origin.of_version))
+            .collect();
+        assert_eq!(
+            summary,
+            vec![
+                (1, "file", None, None),
+                (2, "api", Some("ci"), None),
+                (3, "api", Some("bob"), None),
+                (4, "rollback", Some("ops"), Some(1))
+            ]
+        );
+        assert_eq!(versions[3].template, spec("100m").template_fingerprint());
+        // Refusals name what is kept and what is in force.
+        let e = run(&mut s, |tx| Command::Rollback(Some(9), by("ops"), tx)).unwrap_err();
+        assert_eq!(e.to_string(), "app echo has no version 9 (kept: 1..=4)");
+        let e = run(&mut s, |tx| Command::Rollback(Some(4), by("ops"), tx)).unwrap_err();
+        assert_eq!(flotilla_core::ServiceError::code(&e), "already_in_force");
+        // A plain rollback goes to the previous spec (version 3's), and says so.
+        let r = run(&mut s, |tx| Command::Rollback(None, by("ops"), tx)).unwrap();
+        assert_eq!(r.version, 5);
+        assert_eq!(store.load("echo").unwrap().versions[&5].origin.of_version, Some(3));
+        // Versions survive a restart; the oldest go past VERSIONS_KEPT.
+        drop(s);
+        let (mut s, h) = Scheduler::new(spec("100m"), cluster, vec![], store.clone()).unwrap();
+        assert_eq!(h.status().versions.len(), 5);
+        for n in 0..VERSIONS_KEPT {
+            apply(&mut s, &format!("{}m", 400 + n), ChangeRequest::default()).unwrap();
+        }
+        let kept = store.load("echo").unwrap().versions;
+        assert_eq!(kept.len() as u64, VERSIONS_KEPT);
+        assert_eq!(kept.keys().next_back(), Some(&(5 + VERSIONS_KEPT)));
+    }
+
+    #[test]
+    fn a_store_from_before_versions_gets_its_spec_in_force_as_version_1() {
+        let store: Arc<dyn Store> = Arc::new(MemStore::default());
+        let cluster = flotilla_view::ClusterView::new(0);
+        let text = toml::to_string(&spec("100m")).unwrap();
+        store
+            .write(
+                "echo",
+                &[
+                    Write::Spec(text.clone()),
+                    Write::SpecOrigin(SpecOrigin::new("api", 7)),
+                    Write::FileFingerprint(spec("100m").fingerprint()),
+                ],
+            )
+            .unwrap();
+        let (_s, h) = Scheduler::new(spec("100m"), cluster, vec![], store.clone()).unwrap();
+        let v = &h.status().versions[0];
+        assert_eq!((v.version, v.spec.as_str(), v.origin.source.as_str()), (1, text.as_str(), "api"));
+        assert_eq!(store.load("echo").unwrap().versions.len(), 1);
+    }
+
+    #[test]
+    fn a_plan_changes_nothing_and_says_what_changes_and_what_cannot_be_placed() {
+        let store: Arc<dyn Store> = Arc::new(MemStore::default());
+        let cluster = flotilla_view::ClusterView::new(0);
+        let (mut s, h) = Scheduler::new(spec("100m"), cluster, vec![], store.clone()).unwrap();
+        let before = store.load("echo").unwrap();
+        let mut bigger = spec("200m");
+        bigger.units.min = 2;
+        bigger.units.initial = 2;
+        let p = run(&mut s, |tx| Command::Plan(Box::new(bigger), tx)).unwrap();
+        assert_eq!(p.in_force, 1);
+        let paths: Vec<&str> = p.changes.iter().map(|c| c.path.as_str()).collect();
+        assert_eq!(paths, vec!["unit.head.cpu", "units.initial", "units.min"]);
+        assert_eq!((p.create, p.to_place, p.fit), (2, 2, 0));
+        assert_eq!(p.cannot_place.len(), 1);
+        assert_eq!(p.cannot_place[0].units, 2);
+        assert!(p.cannot_place[0].reason.starts_with("no domain can hold the unit"), "{:?}", p.cannot_place);
+        assert!(p.stop.is_empty() && p.roll.is_empty());
+        assert_eq!(store.load("echo").unwrap(), before, "a plan writes nothing");
+        assert_eq!(&*h.status().spec_toml, toml::to_string(&spec("100m")).unwrap());
+        // An invalid spec is refused with every problem, as apply refuses it.
+        let mut bad = spec("100m");
+        bad.units.min = 9;
+        bad.name = "Echo".into();
+        let e = run(&mut s, |tx| Command::Plan(Box::new(bad), tx)).unwrap_err();
+        assert_eq!(flotilla_core::ServiceError::code(&e), "wrong_app");
     }
 
     /// A store that refuses every write while `down` is set, as a full disk does.

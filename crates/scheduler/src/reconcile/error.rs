@@ -26,6 +26,15 @@ pub enum CommandError {
     /// A rollback with no earlier spec to go back to.
     #[error("app {0} has no previous spec to roll back to")]
     NoPreviousSpec(String),
+    /// `apply --check-version V` when the spec in force is no longer version V.
+    #[error("app {app}: the spec in force is version {in_force}, not {expected}: someone applied since you read it")]
+    VersionConflict { app: String, in_force: u64, expected: u64 },
+    /// A rollback to a version that is not (or no longer) kept.
+    #[error("app {app} has no version {version} (kept: {kept})")]
+    NoSuchVersion { app: String, version: u64, kept: String },
+    /// A rollback to the version already in force.
+    #[error("app {app}: version {version} is the one in force")]
+    AlreadyInForce { app: String, version: u64 },
     #[error("the scheduler stopped")]
     Stopped,
     /// This process is a standby (or lost its lease): the active scheduler takes
@@ -42,7 +51,10 @@ impl ServiceError for CommandError {
             | CommandError::InvalidSpec(_)
             | CommandError::InvalidDemand(_)
             | CommandError::InvalidOverride(_) => ErrorKind::InvalidInput,
-            CommandError::NoPreviousSpec(_) => ErrorKind::Conflict,
+            CommandError::NoPreviousSpec(_)
+            | CommandError::VersionConflict { .. }
+            | CommandError::AlreadyInForce { .. } => ErrorKind::Conflict,
+            CommandError::NoSuchVersion { .. } => ErrorKind::NotFound,
             // A standby (or a scheduler that lost its lease to an etcd outage) takes no
             // change now; the active one does, or this one once it holds the lease.
             CommandError::Store(_) | CommandError::NotLeader(_) => ErrorKind::StoreUnavailable,
@@ -58,6 +70,9 @@ impl ServiceError for CommandError {
             CommandError::InvalidDemand(_) => "invalid_demand",
             CommandError::InvalidOverride(_) => "invalid_override",
             CommandError::NoPreviousSpec(_) => "no_previous_spec",
+            CommandError::VersionConflict { .. } => "version_conflict",
+            CommandError::NoSuchVersion { .. } => "no_such_version",
+            CommandError::AlreadyInForce { .. } => "already_in_force",
             CommandError::Store(_) => STORE_UNAVAILABLE,
             CommandError::Stopped => "scheduler_stopped",
             CommandError::NotLeader(_) => "not_leader",

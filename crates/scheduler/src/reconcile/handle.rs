@@ -38,6 +38,10 @@ pub struct AppStatus {
     /// Whether a rollback has a spec to go back to.
     #[serde(skip)]
     pub has_previous_spec: bool,
+    /// The kept versions, oldest first; the last is the one in force. Shared between
+    /// statuses (replaced only by an apply).
+    #[serde(skip)]
+    pub versions: Arc<Vec<Arc<crate::store::SpecVersion>>>,
     /// Where the spec in force came from (`file`, `api`, `rollback`, `revert`).
     pub spec_origin: Option<SpecOrigin>,
     /// The template fingerprint of the spec in force (each unit's `template` is the one
@@ -102,16 +106,37 @@ impl Stats {
 
 pub(super) type Reply<T> = tokio::sync::oneshot::Sender<Result<T, CommandError>>;
 
+/// Who asks for a spec change, and on what condition.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ChangeRequest {
+    /// The API token's name, recorded in the version.
+    pub by: Option<String>,
+    /// Apply only if the spec in force is still this version (`--check-version`).
+    pub check_version: Option<u64>,
+}
+
+/// What an apply or rollback did: the version in force after it, and what will happen.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Applied {
+    pub version: u64,
+    /// False when the spec was the one in force (its rollout restarts; no version is made).
+    pub new_version: bool,
+    pub result: String,
+}
+
 /// Requests from the control plane.
 pub enum Command {
     /// Desired units; on an autoscaled app, a floor and ceiling of that many.
     Scale(u32, Reply<u32>),
     /// A new spec for the app (`flotilla apply`): units whose template changed roll.
-    Apply(Box<AppSpec>, Reply<String>),
+    Apply(Box<AppSpec>, ChangeRequest, Reply<Applied>),
+    /// What applying a spec would do, changing nothing (`apply --plan`).
+    Plan(Box<AppSpec>, Reply<super::dry_run::ApplyPlan>),
     /// Bounds on an autoscaled app's decisions (`None` lifts them).
     Override(Option<Override>, Reply<Option<Override>>),
-    /// Re-applies the spec before the last apply (which becomes the previous one).
-    Rollback(Reply<String>),
+    /// Re-applies a kept version (`None`: the spec before the last apply, which becomes
+    /// the previous one).
+    Rollback(Option<u64>, ChangeRequest, Reply<Applied>),
     /// A consumer's demand (requests, TTL in ms), replacing the last one.
     Demand(Vec<DemandRequest>, u64, Reply<Demand>),
 }
@@ -138,18 +163,26 @@ impl AppHandle {
     }
 
     /// Replaces the app's spec; units whose template changed are rolled, `max_unavailable`
-    /// at a time. Answers with what will happen.
-    pub async fn apply(&self, spec: AppSpec) -> Result<String, CommandError> {
+    /// at a time. Answers with the new version and what will happen.
+    pub async fn apply(&self, spec: AppSpec, req: ChangeRequest) -> Result<Applied, CommandError> {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        self.commands.send(Command::Apply(Box::new(spec), tx)).await.map_err(|_| CommandError::Stopped)?;
+        self.commands.send(Command::Apply(Box::new(spec), req, tx)).await.map_err(|_| CommandError::Stopped)?;
         rx.await.map_err(|_| CommandError::Stopped)?
     }
 
-    /// Re-applies the spec the app had before its last apply, as `apply` would (the
-    /// current one becomes the previous: a second rollback undoes the first).
-    pub async fn rollback(&self) -> Result<String, CommandError> {
+    /// What `apply` of `spec` would do now; nothing changes.
+    pub async fn plan(&self, spec: AppSpec) -> Result<super::dry_run::ApplyPlan, CommandError> {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        self.commands.send(Command::Rollback(tx)).await.map_err(|_| CommandError::Stopped)?;
+        self.commands.send(Command::Plan(Box::new(spec), tx)).await.map_err(|_| CommandError::Stopped)?;
+        rx.await.map_err(|_| CommandError::Stopped)?
+    }
+
+    /// Re-applies version `to`, or without one the spec the app had before its last
+    /// apply, as `apply` would (the current one becomes the previous: a second rollback
+    /// undoes the first).
+    pub async fn rollback(&self, to: Option<u64>, req: ChangeRequest) -> Result<Applied, CommandError> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.commands.send(Command::Rollback(to, req, tx)).await.map_err(|_| CommandError::Stopped)?;
         rx.await.map_err(|_| CommandError::Stopped)?
     }
 

@@ -20,6 +20,7 @@
 
 mod autoscale;
 mod command;
+mod dry_run;
 mod error;
 mod handle;
 mod heal;
@@ -43,9 +44,10 @@ use flotilla_view::ClusterView;
 
 use autoscale::Autoscaler;
 pub use autoscale::{Demand, DemandRequest, MAX_DEMAND_COUNT, MAX_DEMAND_ENTRIES, PolicyBook};
+pub use dry_run::{ApplyPlan, CannotPlace};
 pub use error::{CommandError, STORE_UNAVAILABLE};
 use handle::Outputs;
-pub use handle::{AppHandle, AppStatus, AutoscalingStatus, Command, Stats};
+pub use handle::{AppHandle, AppStatus, Applied, AutoscalingStatus, ChangeRequest, Command, Stats};
 use ledgers::Ledgers;
 use observe::Tracking;
 use order::Held;
@@ -117,11 +119,12 @@ impl Scheduler {
             Self::with_spec(in_force.unwrap_or_else(|| spec.clone()), cluster, shard_addrs, store, stored)?;
         if file_applies {
             let origin = crate::spec::SpecOrigin::new("file", now_ms());
-            let result = scheduler.apply_from(spec, origin).map_err(|e| anyhow::anyhow!("{e}"))?;
+            let result = scheduler.apply_from(spec, origin, None).map_err(|e| anyhow::anyhow!("{e}"))?.result;
             save(&*scheduler.store, &scheduler.spec.name, &[Write::FileFingerprint(file_fingerprint.clone())])?;
             scheduler.stored.file_fingerprint = Some(file_fingerprint);
             tracing::info!(app = %scheduler.spec.name, %result, "the --app file's spec is in force");
         } else {
+            scheduler.record_first_version()?;
             let source = scheduler.stored.spec_origin.as_ref().map_or("file", |o| o.source.as_str());
             tracing::info!(app = %scheduler.spec.name, source, "the stored spec stays in force (the --app file did not change)");
         }
@@ -149,6 +152,7 @@ impl Scheduler {
             autoscaling: None,
             spec_toml: spec_text.clone(),
             has_previous_spec: stored.previous_spec.is_some(),
+            versions: Arc::new(stored.versions.values().map(|v| Arc::new(v.clone())).collect()),
             spec_origin: stored.spec_origin.clone(),
             template: spec.template_fingerprint(),
             rollout: stored.rollout.clone(),
@@ -580,6 +584,27 @@ impl Scheduler {
         Some(format!("no view of every shard yet, so nothing is placed: {}", shards.join("; ")))
     }
 
+    /// A store written before versions existed holds a spec but no version: the spec in
+    /// force becomes version 1, so `history` and `--check-version` have one to name.
+    fn record_first_version(&mut self) -> anyhow::Result<()> {
+        let Some(text) = self.stored.spec.clone().filter(|_| self.stored.versions.is_empty()) else { return Ok(()) };
+        let origin = self.stored.spec_origin.clone().unwrap_or_else(|| crate::spec::SpecOrigin::new("file", now_ms()));
+        let v = crate::store::SpecVersion { version: 1, spec: text, origin, template: self.fingerprint.clone() };
+        save(&*self.store, &self.spec.name, &[Write::Version(v.clone())])?;
+        self.stored.versions.insert(1, v);
+        Ok(())
+    }
+
+    /// The kept versions as the last status had them, rebuilt only when an apply changed them.
+    fn published_versions(&self) -> Arc<Vec<Arc<crate::store::SpecVersion>>> {
+        let old = self.out.status.load().versions.clone();
+        let newest = self.stored.versions.keys().next_back().copied();
+        if old.len() == self.stored.versions.len() && old.last().map(|v| v.version) == newest {
+            return old;
+        }
+        Arc::new(self.stored.versions.values().map(|v| Arc::new(v.clone())).collect())
+    }
+
     /// Publishes the unit counts by state (metrics) and the status the API shows.
     fn publish(&self) {
         let mut counts = [0i64; UnitState::ALL.len()];
@@ -606,6 +631,7 @@ impl Scheduler {
             }),
             spec_toml: self.spec_text.clone(),
             has_previous_spec: self.stored.previous_spec.is_some(),
+            versions: self.published_versions(),
             spec_origin: self.stored.spec_origin.clone(),
             template: self.fingerprint.clone(),
             rollout: self.stored.rollout.clone(),

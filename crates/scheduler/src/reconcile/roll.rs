@@ -364,8 +364,9 @@ impl Scheduler {
             return;
         }
         let origin = SpecOrigin { reason: Some(why), ..SpecOrigin::new("revert", now) };
-        match self.apply_from(spec, origin) {
-            Ok(result) => {
+        match self.apply_from(spec, origin, None) {
+            Ok(applied) => {
+                let result = applied.result;
                 metrics::counter!(m::ROLLOUTS_REVERTED.name, "app" => self.spec.name.clone()).increment(1);
                 tracing::warn!(app = %self.spec.name, %result, "rollout failed: reverted to the last spec that ran");
             }

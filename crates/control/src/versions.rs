@@ -1,0 +1,189 @@
+//! An app's spec over time: the versions its scheduler keeps (`flotilla history`), a
+//! rollback to any of them, and a plan of what applying a spec would do (`apply
+//! --plan`). The scheduler decides and keeps them; this file reads and forwards.
+
+use crate::catalogue as m;
+use std::sync::Arc;
+
+use axum::extract::{Path, State};
+use axum::http::HeaderMap;
+use axum::http::header::CONTENT_TYPE;
+use axum::response::{IntoResponse, Response};
+use axum::{Json, Router};
+use flotilla_scheduler::{ChangeRequest, SpecVersion};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::apps::{not_found, parse_spec};
+use crate::auth::{authorize, caller};
+use crate::forward::{forward, remote_text};
+use crate::{ControlError, ControlState};
+
+pub fn routes() -> Router<Arc<ControlState>> {
+    Router::new()
+        .route("/v1/apps/{app}/versions", axum::routing::get(list_versions))
+        .route("/v1/apps/{app}/versions/{version}", axum::routing::get(get_version))
+        .route("/v1/apps/{app}/rollback", axum::routing::post(rollback))
+        .route("/v1/apps/{app}/plan", axum::routing::post(plan))
+}
+
+/// Whether this reader is shown secret-looking env values (it carries the API token,
+/// or the API has none).
+fn shows_secrets(s: &ControlState, headers: &HeaderMap) -> bool {
+    s.api_token.get().is_none() || crate::limits::carries_token(&s.api_token, headers)
+}
+
+/// A version's row: where it came from, who applied it, and what it changed from the
+/// version before it (`null` for the oldest kept, whose predecessor is gone).
+fn version_row(v: &SpecVersion, before: Option<&SpecVersion>, in_force: u64, secrets: bool) -> Value {
+    let changes = before.map(|b| {
+        let mut c = flotilla_scheduler::diff::spec_diff(&b.spec, &v.spec);
+        if !secrets {
+            c.iter_mut().for_each(crate::secrets::redact_change);
+        }
+        c
+    });
+    json!({
+        "version": v.version,
+        "in_force": v.version == in_force,
+        "source": v.origin.source,
+        "at_unix_ms": v.origin.at_unix_ms,
+        "by": v.origin.by,
+        "reason": v.origin.reason,
+        "rollback_of": v.origin.of_version,
+        "template": v.template,
+        "changes": changes,
+    })
+}
+
+/// `GET /v1/apps/{app}/versions`: the kept versions, newest first.
+#[tracing::instrument(name = "list_versions", skip(s, headers))]
+async fn list_versions(
+    State(s): State<Arc<ControlState>>,
+    Path(app): Path<String>,
+    headers: HeaderMap,
+) -> Result<Json<Value>, ControlError> {
+    metrics::counter!(m::API_REQUESTS.name, "route" => "/v1/apps/{app}/versions").increment(1);
+    match s.apps.get(&app) {
+        Some(Ok(h)) => {
+            let st = h.status();
+            let secrets = shows_secrets(&s, &headers);
+            let in_force = st.versions.last().map_or(0, |v| v.version);
+            let rows: Vec<Value> = st
+                .versions
+                .iter()
+                .enumerate()
+                .rev()
+                .map(|(i, v)| version_row(v, i.checked_sub(1).map(|p| &*st.versions[p]), in_force, secrets))
+                .collect();
+            Ok(Json(json!({"app": app, "in_force": in_force, "versions": rows})))
+        }
+        Some(Err(url)) => {
+            let text = remote_text(&s.http, &url, &format!("/v1/apps/{app}/versions"), &headers).await?;
+            let v = serde_json::from_str(&text).map_err(|e| ControlError::SchedulerUnreachable {
+                url: url.clone(),
+                message: format!("its versions are not JSON: {e}"),
+            })?;
+            Ok(Json(v))
+        }
+        None => Err(not_found(&app)),
+    }
+}
+
+/// `GET /v1/apps/{app}/versions/{version}`: that version's spec (TOML), secrets hidden
+/// from readers without the API token as in `GET …/spec`.
+#[tracing::instrument(name = "get_version", skip(s, headers))]
+async fn get_version(
+    State(s): State<Arc<ControlState>>,
+    Path((app, version)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Result<Response, ControlError> {
+    metrics::counter!(m::API_REQUESTS.name, "route" => "/v1/apps/{app}/versions/{version}").increment(1);
+    let n: u64 = version.parse().map_err(|_| {
+        ControlError::BadRequest(format!("version {version:?} is not a number (see `flotilla history`)"))
+    })?;
+    let text = match s.apps.get(&app) {
+        Some(Ok(h)) => {
+            let st = h.status();
+            let Some(v) = st.versions.iter().find(|v| v.version == n) else {
+                let kept = match (st.versions.first(), st.versions.last()) {
+                    (Some(a), Some(b)) => format!("{}..={}", a.version, b.version),
+                    _ => "none".into(),
+                };
+                return Err(flotilla_scheduler::CommandError::NoSuchVersion { app, version: n, kept }.into());
+            };
+            if shows_secrets(&s, &headers) { v.spec.clone() } else { crate::secrets::redact(&v.spec) }
+        }
+        Some(Err(url)) => remote_text(&s.http, &url, &format!("/v1/apps/{app}/versions/{n}"), &headers).await?,
+        None => return Err(not_found(&app)),
+    };
+    Ok(([(CONTENT_TYPE, "text/plain; charset=utf-8")], text).into_response())
+}
+
+/// `POST /v1/apps/{app}/rollback` with `{"to": N}`: re-applies kept version N (404
+/// `no_such_version` if it is not kept, 409 `already_in_force`). Without a body: the
+/// spec the app had before its last apply (409 `no_previous_spec` when it has none); the
+/// current one becomes the previous, so a second rollback undoes the first. Either way
+/// a new version whose source is `rollback`, rolled out as an apply is.
+#[derive(Debug, Default, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+struct RollbackBody {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    to: Option<u64>,
+}
+
+#[tracing::instrument(name = "rollback", skip(s, headers, body))]
+async fn rollback(
+    State(s): State<Arc<ControlState>>,
+    Path(app): Path<String>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<Json<Value>, ControlError> {
+    metrics::counter!(m::API_REQUESTS.name, "route" => "/v1/apps/{app}/rollback").increment(1);
+    authorize(&s, &headers)?;
+    let b: RollbackBody = if body.iter().all(u8::is_ascii_whitespace) {
+        RollbackBody::default()
+    } else {
+        serde_json::from_slice(&body)
+            .map_err(|e| ControlError::BadRequest(format!("expected {{\"to\": VERSION}} or no body: {e}")))?
+    };
+    match s.apps.get(&app) {
+        Some(Ok(h)) => {
+            let req = ChangeRequest { by: caller(&s, &headers), check_version: None };
+            let a = h.rollback(b.to, req).await?;
+            Ok(Json(json!({"app": app, "version": a.version, "new_version": a.new_version, "result": a.result})))
+        }
+        Some(Err(url)) => {
+            let req = s.http.post(format!("{}/v1/apps/{app}/rollback", url.trim_end_matches('/')));
+            forward(req.json(&b), &url, &headers).await
+        }
+        None => Err(not_found(&app)),
+    }
+}
+
+/// `POST /v1/apps/{app}/plan` with a spec (TOML): what applying it would do, changing
+/// nothing (see `flotilla_scheduler::ApplyPlan`). Validated as `PUT …/spec` is (every
+/// problem named), and it needs the API token as an apply does: the answer shows the
+/// spec's values.
+#[tracing::instrument(name = "plan", skip(s, headers, body))]
+async fn plan(
+    State(s): State<Arc<ControlState>>,
+    Path(app): Path<String>,
+    headers: HeaderMap,
+    body: String,
+) -> Result<Json<Value>, ControlError> {
+    metrics::counter!(m::API_REQUESTS.name, "route" => "/v1/apps/{app}/plan").increment(1);
+    authorize(&s, &headers)?;
+    let spec = parse_spec(&app, &body)?;
+    match s.apps.get(&app) {
+        Some(Ok(h)) => {
+            let p = h.plan(spec).await?;
+            Ok(Json(json!(p)))
+        }
+        Some(Err(url)) => {
+            let req = s.http.post(format!("{}/v1/apps/{app}/plan", url.trim_end_matches('/')));
+            forward(req.body(body), &url, &headers).await
+        }
+        None => Err(not_found(&app)),
+    }
+}
