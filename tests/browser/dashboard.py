@@ -9,6 +9,8 @@ a second `up --autoscale`), opens the page and checks, without ever reloading it
 - `kill -9` of an agent turns that node dead on the page within 5 s;
 - a wrong token is refused with the server's message and nothing changes;
 - a spec with an error shows the error and the app keeps its old spec;
+- a good spec is listed as a new version with its diff, and a roll back to version 1
+  from the list makes a third version that rolls the old spec out;
 - a drain from the page moves the units off the node;
 - a node under a preemption notice shows `preempting`;
 - the pools page shows a pool's instances, and after a control-plane restart on the same
@@ -226,6 +228,26 @@ def main():
             expect(page.get_by_test_id("spec-error").first).to_contain_text("cpu", timeout=10000)
             assert up.get("/v1/apps/echo/spec") == before, "a bad spec was applied"
             page.screenshot(path=os.path.join(a.out, "app-spec-error.png"), full_page=True)
+
+            # A good spec from the editor is version 2, listed with its diff; rolling back
+            # to version 1 from the list makes version 3, the old spec again.
+            editor.fill(before.replace('memory = "64Mi"', 'memory = "72Mi"', 1))
+            page.get_by_test_id("apply-button").click()
+            row2 = page.locator("[data-testid=versions] tr[data-version='2']")
+            expect(row2).to_contain_text("in force", timeout=10000)
+            expect(row2).to_contain_text("api-token")
+            page.get_by_test_id("diff-toggle-2").click()
+            expect(page.get_by_test_id("diff-2")).to_contain_text('unit.head.memory: "64Mi" → "72Mi"')
+            page.screenshot(path=os.path.join(a.out, "app-versions.png"), full_page=True)
+            page.once("dialog", lambda d: d.accept())
+            page.get_by_test_id("rollback-to-1").click()
+            row3 = page.locator("[data-testid=versions] tr[data-version='3']")
+            expect(row3).to_contain_text("rollback of 1", timeout=10000)
+            expect(row3).to_contain_text("in force")
+            expect(editor).to_have_value(before, timeout=10000)
+            template = up.get("/v1/apps/echo")["spec"]["template"]
+            wait_until("the rollback rolled out", lambda: len(
+                [u for u in running_units(up) if u["template"] == template]) == 3, timeout=120)
 
             # kill -9 of an agent: that node is dead on the page within 5 s, no reload.
             victim = "node-4"

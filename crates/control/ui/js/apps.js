@@ -5,6 +5,7 @@ import { state } from './store.js';
 import { h, setChildren, num, pill, sum, clock, agoEl, duration, resText, cores } from './util.js';
 import { act, read, toast } from './api.js';
 import { SpecEditor } from './spec-editor.js';
+import { VersionsView } from './versions.js';
 import { bar } from './federation.js';
 
 const UNIT_STATE_ORDER = ['running', 'starting', 'allocated', 'placing', 'queued', 'degraded', 'draining', 'stopping', 'failed', 'terminated'];
@@ -105,6 +106,7 @@ export function appPage(name) {
       ui.rollbackButton = h('button', { type: 'button', class: 'btn', 'data-testid': 'rollback-button', text: 'Roll back', disabled: true, on: { click: () => rollback() } });
       ui.reloadButton = h('button', { type: 'button', class: 'btn', text: 'Reload', title: 'load the current spec again (drops your edits)', on: { click: () => loadSpec(true) } });
       ui.specState = h('span', { class: 'muted' });
+      ui.versions = new VersionsView(name, () => loadSpec(true));
       setChildren(main,
         h('div', { class: 'crumbs' }, h('a', { href: '#/apps', text: 'Apps' }), ' / ', h('span', { text: name })),
         ui.head,
@@ -119,8 +121,11 @@ export function appPage(name) {
         h('section', { class: 'card' },
           h('div', { class: 'section-head' }, h('h2', { text: 'Spec' }), ui.specState),
           ui.editor.el,
-          h('div', { class: 'controls' }, ui.applyButton, ui.rollbackButton, ui.reloadButton)));
+          h('div', { class: 'controls' }, ui.applyButton, ui.rollbackButton, ui.reloadButton)),
+        h('section', {}, h('div', { class: 'section-head' }, h('h2', { text: 'Versions' }),
+          h('span', { class: 'muted', text: 'every applied spec, newest first (the last 20)' })), ui.versions.el));
       loadSpec(false);
+      ui.versions.load();
       this.update({ all: true });
     },
     update(d) {
@@ -131,6 +136,10 @@ export function appPage(name) {
         return;
       }
       renderHead(a);
+      // Another operator (or an auto-revert) changed the spec in force: list it.
+      const appliedAt = a.summary?.spec?.at_unix_ms;
+      if (appliedAt && ui.appliedAt && appliedAt !== ui.appliedAt) ui.versions.load();
+      ui.appliedAt = appliedAt;
       renderScale(a);
       renderPolicy(a);
       renderDecisions(a);
@@ -210,7 +219,7 @@ export function appPage(name) {
     ui.applyButton.disabled = true;
     const r = await act('PUT', `${appPath(name)}/spec`, ui.editor.value, `apply the spec of ${name}`, { contentType: 'text/plain; charset=utf-8', quiet: true });
     ui.applyButton.disabled = false;
-    if (r.ok) { await loadSpec(true); return; }
+    if (r.ok) { await loadSpec(true); ui.versions.load(); return; }
     if (r.error.code === 'cancelled') return;
     if (r.error.code === 'invalid_spec') {
       ui.editor.showErrors(r.error.message);
@@ -223,7 +232,7 @@ export function appPage(name) {
   async function rollback() {
     if (!confirm(`Re-apply the spec ${name} had before its last apply?`)) return;
     const r = await act('POST', `${appPath(name)}/rollback`, undefined, `roll back ${name}`);
-    if (r.ok) await loadSpec(true);
+    if (r.ok) { await loadSpec(true); ui.versions.load(); }
   }
 
   function renderPolicy(a) {
