@@ -68,6 +68,8 @@ enum Cmd {
     Demand(cli::autoscaling::DemandArgs),
     /// The health-weighted reverse proxy for an app (or a fixed list of backends).
     Route(route::RouteArgs),
+    /// Named API tokens with scopes (read, operate, deploy, admin), optionally per app.
+    Token(cli::tokens::TokenArgs),
     /// Rotate the agents' join token: add a new one, later retire the old ones.
     JoinToken(secrets::JoinTokenArgs),
     /// Replay a load trace through an autoscaling policy in simulated time.
@@ -125,6 +127,7 @@ fn main() -> std::process::ExitCode {
                             Cmd::Pool(a) => pool::pool(a).await,
                             Cmd::Autoscaler(a) => pool::run_standalone(a, log_format).await,
                             Cmd::Status(a) => cli::status::status(a).await,
+                            Cmd::Token(a) => cli::tokens::token_command(a).await,
                             Cmd::Agent(_)
                             | Cmd::JoinToken(_)
                             | Cmd::Sim(_)

@@ -215,6 +215,10 @@ pub async fn run(a: UpArgs, log_format: LogFormat) -> anyhow::Result<()> {
     reload_tokens(grpc_token_file(&data, auths, vec![dialer.clone()]))?;
     let api_token = flotilla_core::SharedToken::new(Some(data.api_token.clone()));
     reload_tokens(api_token_file(data.dir.join("api-token"), api_token.clone()))?;
+    let tokens = Arc::new(
+        flotilla_control::tokens::Tokens::open(Some(data.dir.join("tokens.toml"))).map_err(anyhow::Error::msg)?,
+    );
+    crate::serve::tokens::follow_token_book(tokens.clone())?;
 
     let cluster = flotilla_view::ClusterView::new(a.shards);
     flotilla_control::follow_all(&cluster, &addrs, &dialer);
@@ -222,6 +226,7 @@ pub async fn run(a: UpArgs, log_format: LogFormat) -> anyhow::Result<()> {
         cluster: cluster.clone(),
         shards: addrs.clone(),
         api_token,
+        tokens,
         apps: Default::default(),
         scheduler_networks: Default::default(),
         http: a.http.client()?,

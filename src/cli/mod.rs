@@ -12,6 +12,7 @@ pub mod progress;
 pub mod scale;
 pub mod status;
 pub mod table;
+pub mod tokens;
 pub mod versions;
 pub mod wait;
 

@@ -18,9 +18,12 @@ pub struct ControlArgs {
     /// Shard addresses (`host:port`) in shard-index order.
     #[arg(long, value_delimiter = ',', required = true, value_parser = crate::serve::args::parse_shard_address)]
     pub aggregators: Vec<String>,
-    /// File with the API token for mutating calls.
+    /// File with the API token for mutating calls (the `admin` scope, named `api-token`).
     #[arg(long)]
     pub api_token_file: Option<PathBuf>,
+    /// Named tokens with scopes (`flotilla token create` writes it; followed for changes).
+    #[arg(long)]
+    pub tokens_file: Option<PathBuf>,
     /// Where named autoscaling policies are kept (without it, in memory only).
     #[arg(long)]
     pub policies_dir: Option<PathBuf>,
@@ -57,6 +60,10 @@ pub async fn control(a: ControlArgs) -> anyhow::Result<()> {
         api_token.set(Some(first.clone()));
         reload_tokens(api_token_file(f.clone(), api_token.clone()))?;
     }
+    let tokens = Arc::new(flotilla_control::tokens::Tokens::open(a.tokens_file.clone()).map_err(anyhow::Error::msg)?);
+    if a.tokens_file.is_some() {
+        super::tokens::follow_token_book(tokens.clone())?;
+    }
     let replicas = match &a.store {
         Some(store) => {
             let endpoints = flotilla_etcd::Endpoints::parse(store).context("--store")?;
@@ -73,6 +80,7 @@ pub async fn control(a: ControlArgs) -> anyhow::Result<()> {
         cluster,
         shards: a.aggregators.clone(),
         api_token,
+        tokens,
         apps: Default::default(),
         scheduler_networks: flotilla_control::SchedulerNetworks::new(&a.scheduler_networks)
             .map_err(anyhow::Error::msg)?,

@@ -61,6 +61,10 @@ pub struct SchedulerArgs {
     /// API token for registering with the control plane (default: $FLOTILLA_TOKEN, else DATA/api-token).
     #[arg(long, env = "FLOTILLA_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// Named tokens with scopes, the control plane's (default: DATA/tokens.toml): calls it
+    /// forwards with one of them are accepted here too.
+    #[arg(long)]
+    pub tokens_file: Option<PathBuf>,
     /// How long members on an unreachable shard's nodes (Unknown) are waited for before
     /// they count as lost and are replaced.
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
@@ -97,10 +101,15 @@ pub async fn scheduler(a: SchedulerArgs) -> anyhow::Result<()> {
     if a.token.is_none() && token.get().is_some() {
         reload_tokens(api_token_file(crate::cli::http::data_dir().join("api-token"), token.clone()))?;
     }
+    // The named tokens the control plane accepts, so its forwarded calls are too.
+    let tokens_file = a.tokens_file.clone().unwrap_or_else(|| crate::cli::http::data_dir().join("tokens.toml"));
+    let tokens = Arc::new(flotilla_control::tokens::Tokens::open(Some(tokens_file)).map_err(anyhow::Error::msg)?);
+    super::tokens::follow_token_book(tokens.clone())?;
     let state = Arc::new(flotilla_control::ControlState {
         cluster,
         shards: a.aggregators.clone(),
         api_token: token.clone(),
+        tokens,
         apps: Default::default(),
         scheduler_networks: Default::default(),
         http: a.http.client()?,

@@ -91,6 +91,43 @@ pub fn api_token_file(path: PathBuf, token: flotilla_core::SharedToken) -> Token
     }
 }
 
+/// Follows the named tokens' file (`flotilla token create` writes it; operators may edit
+/// it): read again on SIGHUP and every 10 s. A file that does not load changes nothing
+/// (logged and counted): the tokens in force stay.
+pub fn follow_token_book(tokens: Arc<flotilla_control::tokens::Tokens>) -> anyhow::Result<()> {
+    use flotilla_control::catalogue as cm;
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut hup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
+    metrics::gauge!(cm::TOKENS.name).set(tokens.book().grants().len() as f64);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(TOKEN_RELOAD);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await;
+        loop {
+            let why = tokio::select! {
+                _ = tick.tick() => "timer",
+                _ = hup.recv() => "SIGHUP",
+            };
+            let file = tokens.file().map(|p| p.display().to_string()).unwrap_or_default();
+            let _span = tracing::info_span!("tokens_reload", %file, why).entered();
+            let result = match tokens.reload() {
+                Ok(true) => {
+                    tracing::info!(tokens = tokens.book().grants().len(), "named API tokens reloaded");
+                    "ok"
+                }
+                Ok(false) => "unchanged",
+                Err(e) => {
+                    tracing::error!(error = %e, "the tokens file does not load: keeping the tokens in force");
+                    "error"
+                }
+            };
+            metrics::counter!(cm::TOKENS_RELOADED.name, "result" => result).increment(1);
+            metrics::gauge!(cm::TOKENS.name).set(tokens.book().grants().len() as f64);
+        }
+    });
+    Ok(())
+}
+
 /// Reads the file again on SIGHUP and every 10 s, and applies the tokens when they
 /// changed. A file that cannot be read, or holds no token, changes nothing (it is logged
 /// and counted).

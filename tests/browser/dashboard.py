@@ -11,6 +11,8 @@ a second `up --autoscale`), opens the page and checks, without ever reloading it
 - a spec with an error shows the error and the app keeps its old spec;
 - a good spec is listed as a new version with its diff, and a roll back to version 1
   from the list makes a third version that rolls the old spec out;
+- a token with the operate scope sees scale and roll back but not apply, and a token for
+  another app sees neither;
 - a drain from the page moves the units off the node;
 - a node under a preemption notice shows `preempting`;
 - the pools page shows a pool's instances, and after a control-plane restart on the same
@@ -248,6 +250,32 @@ def main():
             template = up.get("/v1/apps/echo")["spec"]["template"]
             wait_until("the rollback rolled out", lambda: len(
                 [u for u in running_units(up) if u["template"] == template]) == 3, timeout=120)
+
+            # A scoped token sees only what it may do: operate scales and rolls back but
+            # does not apply; a token for another app changes nothing here.
+            def make_token(name, scopes, apps=None):
+                req = urllib.request.Request(
+                    up.url + "/v1/tokens", method="POST",
+                    data=json.dumps({"name": name, "scopes": scopes, "apps": apps}).encode(),
+                    headers={"Authorization": f"Bearer {up.token}", "Content-Type": "application/json"})
+                with urllib.request.urlopen(req, timeout=10) as r:
+                    return json.loads(r.read())["token"]
+
+            def use_token(t):
+                page.get_by_role("button", name="API token").click()
+                page.get_by_test_id("token-input").fill(t)
+                page.get_by_test_id("token-save").click()
+
+            use_token(make_token("ops", ["operate"]))
+            expect(page.get_by_test_id("apply-button")).to_be_hidden(timeout=10000)
+            expect(page.get_by_test_id("scale-button")).to_be_visible()
+            expect(page.get_by_test_id("rollback-to-2")).to_be_visible()
+            page.screenshot(path=os.path.join(a.out, "app-operate-token.png"), full_page=True)
+            use_token(make_token("other-ci", ["deploy", "operate"], ["not-echo"]))
+            expect(page.get_by_test_id("scale-button")).to_be_hidden(timeout=10000)
+            expect(page.get_by_test_id("apply-button")).to_be_hidden()
+            use_token(up.token)
+            expect(page.get_by_test_id("apply-button")).to_be_visible(timeout=10000)
 
             # kill -9 of an agent: that node is dead on the page within 5 s, no reload.
             victim = "node-4"

@@ -31,5 +31,6 @@ mod shards;
 mod spread;
 mod standalone;
 mod standby;
+mod tokens;
 mod units;
 mod versions;

@@ -14,6 +14,9 @@ fn a_standalone_scheduler_registers_and_the_control_plane_forwards_to_it() {
     let (_, shards) = http(&up.addr, "GET", "/v1/shards", None, "");
     let addrs: Vec<String> =
         shards.as_array().unwrap().iter().map(|s| s["address"].as_str().unwrap().to_string()).collect();
+    // A named token made before the scheduler starts: it reads the same tokens file.
+    let out = flotilla_testkit::run_ok(up.cli().args(["token", "create", "ci", "--scope", "deploy"]));
+    let ci = out.lines().last().unwrap().trim().to_string();
     let store = format!("redb:{}", up.data.join("standalone.redb").display());
     let mut scheduler = flotilla_testkit::flotilla()
         .args(["scheduler", "--app", ECHO, "--aggregators", &addrs.join(","), "--control", &up.addr, "--store", &store])
@@ -49,8 +52,10 @@ fn a_standalone_scheduler_registers_and_the_control_plane_forwards_to_it() {
     let (status, body) = http(&up.addr, "POST", "/v1/apps/echo/plan", Some(&token), &spec);
     assert_eq!((status, body["in_force"].as_u64()), (200, Some(1)), "{body}");
     assert_eq!(body["changes"][0]["path"], "unit.head.memory", "{body}");
-    let (status, body) = http(&up.addr, "PUT", "/v1/apps/echo/spec?check_version=1", Some(&token), &spec);
-    assert_eq!((status, body["version"].as_u64()), (200, Some(2)), "{body}");
+    let (status, body) = http(&up.addr, "PUT", "/v1/apps/echo/spec?check_version=1", Some(&ci), &spec);
+    assert_eq!((status, body["version"].as_u64()), (200, Some(2)), "a named token is accepted there too: {body}");
+    let (status, body) = http(&up.addr, "PUT", "/v1/apps/echo/scale", Some(&ci), r#"{"units": 3}"#);
+    assert_eq!((status, body["error"]["code"].as_str()), (403, Some("forbidden")), "{body}");
     let (status, body) = http(&up.addr, "PUT", "/v1/apps/echo/spec?check_version=1", Some(&token), &spec);
     assert_eq!((status, body["error"]["code"].as_str()), (409, Some("version_conflict")), "{body}");
     let (status, body) = http(&up.addr, "POST", "/v1/apps/echo/rollback", Some(&token), r#"{"to": 1}"#);
@@ -58,7 +63,7 @@ fn a_standalone_scheduler_registers_and_the_control_plane_forwards_to_it() {
     let (_, v) = http(&up.addr, "GET", "/v1/apps/echo/versions", None, "");
     let sources: Vec<(&str, Option<&str>)> =
         v["versions"].as_array().unwrap().iter().map(|r| (r["source"].as_str().unwrap(), r["by"].as_str())).collect();
-    assert_eq!(sources, vec![("rollback", Some("api-token")), ("api", Some("api-token")), ("file", None)], "{v}");
+    assert_eq!(sources, vec![("rollback", Some("api-token")), ("api", Some("ci")), ("file", None)], "{v}");
     assert!(get_text(&up.addr, "/v1/apps/echo/versions/2").unwrap().contains("72Mi"));
     let (status, _) = http(&up.addr, "PUT", "/v1/apps/echo/scale", Some("wrong"), r#"{"units": 2}"#);
     assert_eq!(status, 401, "the control plane checks the token before forwarding");

@@ -20,6 +20,7 @@ use serde_json::{Value, json};
 use crate::auth::authorize;
 use crate::forward::{forward, remote, remote_summary, unreachable};
 use crate::replicas::REMOTE_TTL;
+use crate::tokens::Scope;
 use crate::{ControlError, ControlState};
 
 pub enum AppEndpoint {
@@ -303,7 +304,7 @@ async fn scale(
     body: Result<crate::body::JsonBody<ScaleBody>, crate::body::BodyRejection>,
 ) -> Result<Json<Value>, ControlError> {
     metrics::counter!(m::API_REQUESTS.name, "route" => "/v1/apps/{app}/scale").increment(1);
-    authorize(&s, &headers)?;
+    authorize(&s, &headers, Scope::Operate, Some(&app))?;
     let expected = "expected {\"units\": N}, {\"min\": A, \"max\": B} or {\"auto\": true}";
     let crate::body::JsonBody(b) = body.map_err(|e| e.expecting(expected))?;
     match s.apps.get(&app) {
@@ -365,16 +366,13 @@ async fn apply(
     body: String,
 ) -> Result<Json<Value>, ControlError> {
     metrics::counter!(m::API_REQUESTS.name, "route" => "/v1/apps/{app}/spec").increment(1);
-    authorize(&s, &headers)?;
+    let by = authorize(&s, &headers, Scope::Deploy, Some(&app))?;
     let axum::extract::Query(q) = query
         .map_err(|e| ControlError::BadRequest(format!("{}; the query takes check_version=VERSION", e.body_text())))?;
     let spec = parse_spec(&app, &body)?;
     match s.apps.get(&app) {
         Some(Ok(h)) => {
-            let req = flotilla_scheduler::ChangeRequest {
-                by: crate::auth::caller(&s, &headers),
-                check_version: q.check_version,
-            };
+            let req = flotilla_scheduler::ChangeRequest { by, check_version: q.check_version };
             let a = h.apply(spec, req).await?;
             Ok(Json(json!({"app": app, "version": a.version, "new_version": a.new_version, "result": a.result})))
         }
@@ -398,7 +396,7 @@ async fn get_spec(
     headers: HeaderMap,
 ) -> Result<Response, ControlError> {
     metrics::counter!(m::API_REQUESTS.name, "route" => "/v1/apps/{app}/spec").increment(1);
-    let hide = s.api_token.get().is_some() && !crate::limits::carries_token(&s.api_token, &headers);
+    let hide = !s.credentials().shows_secrets(&headers);
     let shown = |text: String| if hide { crate::secrets::redact(&text) } else { text };
     match s.apps.get(&app) {
         Some(Ok(h)) => {

@@ -1,20 +1,163 @@
-//! Who may change things: the API token every mutating call carries.
+//! Who may change things: the API's own token (`api-token`, the `admin` scope) and the
+//! named tokens of the tokens file ([`crate::tokens`]), each with its scopes and apps.
 
-use axum::http::HeaderMap;
+use std::sync::Arc;
 
+use axum::http::{HeaderMap, header};
+
+use crate::catalogue as m;
+use crate::tokens::{API_TOKEN_NAME, Grant, Scope, Tokens};
 use crate::{ControlError, ControlState};
 
-/// Checks `Authorization: Bearer <token>` for mutating calls (the serving layer checked
-/// it already, before reading the body: see [`crate::limits`]).
-pub fn authorize(s: &ControlState, headers: &HeaderMap) -> Result<(), ControlError> {
-    match s.api_token.get() {
-        Some(want) => crate::limits::check_token(&want, headers),
-        None => Ok(()),
+/// The tokens a process accepts: the API token and the named ones.
+#[derive(Clone, Default)]
+pub struct Credentials {
+    pub api_token: flotilla_core::SharedToken,
+    pub tokens: Arc<Tokens>,
+}
+
+impl Credentials {
+    /// Whether any token is set up: without one every call is open (a development setup).
+    pub fn configured(&self) -> bool {
+        self.api_token.get().is_some() || !self.tokens.book().is_empty()
+    }
+
+    /// The grant of the request's bearer token, if it carries a valid one. Not counted:
+    /// a request without one may still be one the API answers.
+    pub fn carried(&self, headers: &HeaderMap) -> Option<Arc<Grant>> {
+        let got =
+            headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(flotilla_core::bearer_token)?;
+        if let Some(want) = self.api_token.get()
+            && flotilla_core::constant_time_eq(got.as_bytes(), want.as_bytes())
+        {
+            return Some(Arc::new(Grant::admin(API_TOKEN_NAME)));
+        }
+        self.tokens.book().find(got)
+    }
+
+    /// The caller's grant: `Ok(None)` when no token is set up (every call is open), an
+    /// error (counted) for a missing or unknown token.
+    pub fn grant(&self, headers: &HeaderMap) -> Result<Option<Arc<Grant>>, ControlError> {
+        if !self.configured() {
+            return Ok(None);
+        }
+        if let Some(g) = self.carried(headers) {
+            return Ok(Some(g));
+        }
+        crate::limits::rejected("unauthenticated");
+        let sent =
+            headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(flotilla_core::bearer_token);
+        Err(ControlError::Unauthorized(match sent {
+            None => "this call needs Authorization: Bearer <API token> (see $FLOTILLA_DATA/api-token)",
+            Some(_) => "the bearer token is wrong",
+        }))
+    }
+
+    /// Whether the reader is shown what only deployers see (secret-looking env values in
+    /// specs): no token is set up, or its token has the `deploy` scope.
+    pub fn shows_secrets(&self, headers: &HeaderMap) -> bool {
+        !self.configured() || self.carried(headers).is_some_and(|g| g.has(Scope::Deploy))
     }
 }
 
-/// The name a change is recorded under (`history` shows it): the API's one token is
-/// `api-token`; an API without a token records none.
-pub fn caller(s: &ControlState, headers: &HeaderMap) -> Option<String> {
-    crate::limits::carries_token(&s.api_token, headers).then(|| "api-token".to_string())
+/// Checks the caller's token for a call that needs `scope` (about `app`, when it is
+/// about one): 401 without a valid token, 403 naming what it lacks. Returns the
+/// token's name, recorded with what it changes (none when the API is open).
+pub fn authorize(
+    s: &ControlState,
+    headers: &HeaderMap,
+    scope: Scope,
+    app: Option<&str>,
+) -> Result<Option<String>, ControlError> {
+    let Some(grant) = s.credentials().grant(headers)? else { return Ok(None) };
+    if let Some(why) = grant.refuses(scope, app) {
+        metrics::counter!(m::API_FORBIDDEN.name, "scope" => scope.as_str()).increment(1);
+        crate::limits::rejected("forbidden");
+        return Err(ControlError::Forbidden(why));
+    }
+    Ok(Some(grant.name.clone()))
+}
+
+/// `GET /v1/tokens`, `POST /v1/tokens`, `DELETE /v1/tokens/{name}` (admin) and
+/// `GET /v1/whoami` (anyone: what the caller's token may do, for the dashboard).
+pub fn routes() -> axum::Router<Arc<ControlState>> {
+    use axum::routing::{delete, get};
+    axum::Router::new()
+        .route("/v1/tokens", get(list_tokens).post(create_token))
+        .route("/v1/tokens/{name}", delete(revoke_token))
+        .route("/v1/whoami", get(whoami))
+}
+
+fn grant_row(g: &Grant) -> serde_json::Value {
+    serde_json::json!({"name": g.name, "scopes": g.scopes, "apps": g.apps})
+}
+
+async fn list_tokens(
+    axum::extract::State(s): axum::extract::State<Arc<ControlState>>,
+    headers: HeaderMap,
+) -> Result<axum::Json<serde_json::Value>, ControlError> {
+    metrics::counter!(m::API_REQUESTS.name, "route" => "/v1/tokens").increment(1);
+    authorize(&s, &headers, Scope::Admin, None)?;
+    let rows: Vec<_> = s.tokens.book().grants().iter().map(|g| grant_row(g)).collect();
+    Ok(axum::Json(serde_json::json!({"file": s.tokens.file(), "tokens": rows})))
+}
+
+/// `{"name", "scopes": [...], "apps": [...]}`; `apps` left out: every app.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewToken {
+    name: String,
+    scopes: Vec<String>,
+    #[serde(default)]
+    apps: Option<Vec<String>>,
+}
+
+/// Makes a named token; the answer holds the token, which is never shown again (the
+/// file keeps its hash). Who made it is logged and counted.
+#[tracing::instrument(name = "create_token", skip_all)]
+async fn create_token(
+    axum::extract::State(s): axum::extract::State<Arc<ControlState>>,
+    headers: HeaderMap,
+    body: Result<crate::body::JsonBody<NewToken>, crate::body::BodyRejection>,
+) -> Result<axum::Json<serde_json::Value>, ControlError> {
+    metrics::counter!(m::API_REQUESTS.name, "route" => "/v1/tokens").increment(1);
+    let by = authorize(&s, &headers, Scope::Admin, None)?;
+    let expected = "expected {\"name\": NAME, \"scopes\": [read|operate|deploy|admin, ...], \"apps\": [APP, ...]}";
+    let crate::body::JsonBody(t) = body.map_err(|e| e.expecting(expected))?;
+    let token = s.tokens.create(&t.name, &t.scopes, t.apps.clone())?;
+    metrics::counter!(m::TOKENS_CHANGED.name, "action" => "create").increment(1);
+    metrics::gauge!(m::TOKENS.name).set(s.tokens.book().grants().len() as f64);
+    tracing::info!(name = %t.name, scopes = ?t.scopes, apps = ?t.apps, by = ?by, "API token created");
+    Ok(axum::Json(serde_json::json!({"name": t.name, "scopes": t.scopes, "apps": t.apps, "token": token})))
+}
+
+#[tracing::instrument(name = "revoke_token", skip(s, headers))]
+async fn revoke_token(
+    axum::extract::State(s): axum::extract::State<Arc<ControlState>>,
+    axum::extract::Path(name): axum::extract::Path<String>,
+    headers: HeaderMap,
+) -> Result<axum::Json<serde_json::Value>, ControlError> {
+    metrics::counter!(m::API_REQUESTS.name, "route" => "/v1/tokens/{name}").increment(1);
+    let by = authorize(&s, &headers, Scope::Admin, None)?;
+    s.tokens.revoke(&name)?;
+    metrics::counter!(m::TOKENS_CHANGED.name, "action" => "revoke").increment(1);
+    metrics::gauge!(m::TOKENS.name).set(s.tokens.book().grants().len() as f64);
+    tracing::info!(%name, by = ?by, "API token revoked");
+    Ok(axum::Json(serde_json::json!({"name": name, "revoked": true})))
+}
+
+/// What the caller's token may do: `{"name","scopes","apps","open"}`. Without a valid
+/// token: no name and only `read`; an API with no token at all is `open` (everything).
+async fn whoami(
+    axum::extract::State(s): axum::extract::State<Arc<ControlState>>,
+    headers: HeaderMap,
+) -> axum::Json<serde_json::Value> {
+    let creds = s.credentials();
+    let (grant, open) = match creds.carried(&headers) {
+        _ if !creds.configured() => (Grant::admin(""), true),
+        Some(g) => ((*g).clone(), false),
+        None => (Grant { name: String::new(), scopes: [Scope::Read].into(), apps: None }, false),
+    };
+    let name = (!grant.name.is_empty()).then_some(grant.name.as_str());
+    axum::Json(serde_json::json!({"name": name, "scopes": grant.scopes, "apps": grant.apps, "open": open}))
 }

@@ -16,6 +16,7 @@ use serde_json::{Value, json};
 use crate::apps::not_found;
 use crate::auth::authorize;
 use crate::forward::{forward, remote};
+use crate::tokens::Scope;
 use crate::{ControlError, ControlState};
 
 /// Longest a decisions listing is (the store keeps this many).
@@ -60,7 +61,7 @@ async fn demand(
     body: Result<crate::body::JsonBody<DemandBody>, crate::body::BodyRejection>,
 ) -> Result<Json<Value>, ControlError> {
     metrics::counter!(m::API_REQUESTS.name, "route" => "/v1/apps/{app}/demand").increment(1);
-    authorize(&s, &headers)?;
+    authorize(&s, &headers, Scope::Operate, Some(&app))?;
     let crate::body::JsonBody(b) = body.map_err(|e| {
         e.expecting(
             "expected {\"requests\": [{\"resources\": {\"cpu_millis\": N, \"memory_bytes\": N}, \"count\": N}], \
@@ -118,7 +119,7 @@ async fn apply_policy(
     body: String,
 ) -> Result<Json<Value>, ControlError> {
     metrics::counter!(m::API_REQUESTS.name, "route" => "/v1/policies/{name}").increment(1);
-    authorize(&s, &headers)?;
+    authorize(&s, &headers, Scope::Deploy, None)?;
     s.policies.apply(&name, &body)?;
     if let Some(replicas) = &s.replicas {
         replicas.put(crate::replicas::Shared::Policy { name: &name, toml: &body }).await?;

@@ -9,6 +9,22 @@ pub const API_REQUESTS: Family = Family::counter(
     "HTTP API requests, by route template (such as /v1/apps/{app}/units).",
     &["route"],
 );
+pub const API_FORBIDDEN: Family = Family::counter(
+    "flotilla_api_forbidden_total",
+    "Calls refused because the caller's token lacks the scope they need (or is limited to other apps), by scope.",
+    &["scope"],
+);
+pub const TOKENS: Family = Family::gauge("flotilla_api_tokens", "Named API tokens in force (the tokens file).", &[]);
+pub const TOKENS_RELOADED: Family = Family::counter(
+    "flotilla_api_tokens_reloaded_total",
+    "Reads of the tokens file: ok (changed), unchanged, or error (the previous tokens stay).",
+    &["result"],
+);
+pub const TOKENS_CHANGED: Family = Family::counter(
+    "flotilla_api_tokens_changed_total",
+    "Named tokens created or revoked through the API, by action.",
+    &["action"],
+);
 pub const API_ERRORS: Family =
     Family::counter("flotilla_api_errors_total", "HTTP API error answers, by error code.", &["code"]);
 pub const HTTP_REQUESTS_REJECTED: Family = Family::counter(
@@ -93,6 +109,10 @@ pub const FAMILIES: &[Family] = &[
     SCHEDULER_REGISTRATIONS,
     API_REQUESTS,
     API_ERRORS,
+    API_FORBIDDEN,
+    TOKENS,
+    TOKENS_RELOADED,
+    TOKENS_CHANGED,
     HTTP_REQUESTS_REJECTED,
     UI_REQUESTS,
     POLICIES_APPLIED,

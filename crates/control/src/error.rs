@@ -26,6 +26,7 @@ pub fn http_status(kind: ErrorKind) -> StatusCode {
         ErrorKind::TimedOut => StatusCode::REQUEST_TIMEOUT,
         ErrorKind::InvalidInput => StatusCode::UNPROCESSABLE_ENTITY,
         ErrorKind::Unauthenticated => StatusCode::UNAUTHORIZED,
+        ErrorKind::Forbidden => StatusCode::FORBIDDEN,
         ErrorKind::NotFound => StatusCode::NOT_FOUND,
         ErrorKind::Conflict => StatusCode::CONFLICT,
         ErrorKind::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
@@ -67,6 +68,11 @@ pub enum ControlError {
     SharedStoreUnavailable(String),
     #[error("{0}")]
     Unauthorized(&'static str),
+    /// A valid token without the scope (or for other apps): the message names what it lacks.
+    #[error("{0}")]
+    Forbidden(String),
+    #[error(transparent)]
+    Token(#[from] crate::tokens::TokenError),
     /// A standalone scheduler registering for an app this process schedules itself.
     #[error("{0} runs in this process")]
     AppRunsHere(String),
@@ -126,6 +132,11 @@ impl ServiceError for ControlError {
             Storage(_) => ErrorKind::Internal,
             SharedStoreUnavailable(_) => ErrorKind::StoreUnavailable,
             Unauthorized(_) => ErrorKind::Unauthenticated,
+            Forbidden(_) => ErrorKind::Forbidden,
+            Token(crate::tokens::TokenError::Invalid(_)) => ErrorKind::InvalidInput,
+            Token(crate::tokens::TokenError::NoFile) => ErrorKind::Conflict,
+            Token(crate::tokens::TokenError::NoSuchToken(_)) => ErrorKind::NotFound,
+            Token(crate::tokens::TokenError::Storage(_)) => ErrorKind::Internal,
             AppRunsHere(_) | ScheduledElsewhere { .. } | ForwardLoop { .. } => ErrorKind::Conflict,
             ShardUnreachable { .. } | SchedulerUnreachable { .. } => ErrorKind::Unavailable,
             Forwarded { status, .. } => kind_of_status(*status),
@@ -148,6 +159,11 @@ impl ServiceError for ControlError {
             Storage(_) => "storage_failed",
             SharedStoreUnavailable(_) => flotilla_scheduler::STORE_UNAVAILABLE,
             Unauthorized(_) => "unauthorized",
+            Forbidden(_) => "forbidden",
+            Token(crate::tokens::TokenError::Invalid(_)) => "invalid_token_request",
+            Token(crate::tokens::TokenError::NoFile) => "no_tokens_file",
+            Token(crate::tokens::TokenError::NoSuchToken(_)) => "no_such_token",
+            Token(crate::tokens::TokenError::Storage(_)) => "storage_failed",
             AppRunsHere(_) => "conflict",
             ScheduledElsewhere { .. } => "scheduled_elsewhere",
             ForwardLoop { .. } => "forward_loop",
@@ -181,6 +197,7 @@ const UPSTREAM_CODES: &[&str] = &[
     "storage_failed",
     flotilla_scheduler::STORE_UNAVAILABLE,
     "unauthorized",
+    "forbidden",
     "conflict",
     "scheduled_elsewhere",
     "forward_loop",
@@ -223,7 +240,8 @@ fn kind_of_status(status: StatusCode) -> ErrorKind {
         StatusCode::UNSUPPORTED_MEDIA_TYPE => ErrorKind::UnsupportedFormat,
         StatusCode::REQUEST_TIMEOUT => ErrorKind::TimedOut,
         StatusCode::SERVICE_UNAVAILABLE => ErrorKind::StoreUnavailable,
-        StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => ErrorKind::Unauthenticated,
+        StatusCode::UNAUTHORIZED => ErrorKind::Unauthenticated,
+        StatusCode::FORBIDDEN => ErrorKind::Forbidden,
         StatusCode::NOT_FOUND => ErrorKind::NotFound,
         StatusCode::CONFLICT => ErrorKind::Conflict,
         StatusCode::PAYLOAD_TOO_LARGE => ErrorKind::TooLarge,

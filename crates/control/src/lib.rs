@@ -20,6 +20,7 @@ pub mod routes_grpc;
 mod schedulers;
 pub mod secrets;
 mod serve;
+pub mod tokens;
 pub mod ui;
 mod versions;
 
@@ -46,6 +47,8 @@ pub struct ControlState {
     pub shards: Vec<String>,
     /// Bearer token for mutating calls (none: they are open); a reload replaces it.
     pub api_token: flotilla_core::SharedToken,
+    /// Named tokens with scopes (the tokens file); the API token is `admin` beside them.
+    pub tokens: Arc<tokens::Tokens>,
     pub apps: apps::Apps,
     /// Where a standalone scheduler's URL may point (`--scheduler-networks`).
     pub scheduler_networks: SchedulerNetworks,
@@ -61,6 +64,12 @@ pub struct ControlState {
     pub replicas: Option<Arc<replicas::Replicas>>,
 }
 
+impl ControlState {
+    pub fn credentials(&self) -> auth::Credentials {
+        auth::Credentials { api_token: self.api_token.clone(), tokens: self.tokens.clone() }
+    }
+}
+
 /// The whole API. Its `/v1/events` stream has one [`events::Hub`] per router.
 pub fn router(state: Arc<ControlState>) -> Router {
     let hub = events::Hub::new(state.clone());
@@ -71,6 +80,7 @@ pub fn router(state: Arc<ControlState>) -> Router {
         .route("/v1/nodes/{node}/{action}", axum::routing::post(nodes::node_action))
         .merge(apps::routes())
         .merge(versions::routes())
+        .merge(auth::routes())
         .merge(schedulers::routes())
         .merge(autoscaling::routes())
         .merge(pools::routes())
@@ -99,8 +109,8 @@ pub async fn serve(
     let addr: SocketAddr = listener.local_addr()?;
     tracing::info!(%addr, scheme = options.scheme(), rate_limit = options.rate_limit, "control API listening");
     let limiter = limits::RateLimiter::new(options.rate_limit).map(Arc::new);
-    let token = state.api_token.clone();
-    let app = limits::apply(router(state), limiter, token, options.allowed_hosts.clone());
+    let creds = state.credentials();
+    let app = limits::apply(router(state), limiter, creds, options.allowed_hosts.clone());
     serve::serve_router(listener, app, options.tls, options.write_stall, shutdown).await
 }
 

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{ConnectInfo, Request, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use http_body_util::BodyExt;
@@ -91,7 +91,7 @@ pub fn rejected(reason: &'static str) {
 #[derive(Clone)]
 struct Guard {
     limiter: Option<Arc<RateLimiter>>,
-    token: flotilla_core::SharedToken,
+    creds: crate::auth::Credentials,
     hosts: Arc<AllowedHosts>,
     /// Each peer's budget of requests forwarded to standalone schedulers.
     forwards: Option<Arc<RateLimiter>>,
@@ -104,38 +104,13 @@ struct Guard {
 pub fn apply(
     router: Router,
     limiter: Option<Arc<RateLimiter>>,
-    token: flotilla_core::SharedToken,
+    creds: crate::auth::Credentials,
     hosts: AllowedHosts,
 ) -> Router {
     let forwards =
         limiter.as_ref().and_then(|l| RateLimiter::new((l.per_second() / FORWARD_SHARE).max(1))).map(Arc::new);
-    let guard = Guard { limiter, token, hosts: Arc::new(hosts), forwards };
+    let guard = Guard { limiter, creds, hosts: Arc::new(hosts), forwards };
     router.layer(axum::middleware::from_fn_with_state(guard, self::guard))
-}
-
-/// Checks `Authorization: Bearer <token>` (the scheme in any case, RFC 7235) against
-/// `want`; a refusal is counted.
-pub fn check_token(want: &str, headers: &HeaderMap) -> Result<(), ControlError> {
-    let got = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
-    let unauthorized = |m: &'static str| {
-        rejected("unauthenticated");
-        ControlError::Unauthorized(m)
-    };
-    match got.and_then(flotilla_core::bearer_token) {
-        None => Err(unauthorized("this call needs Authorization: Bearer <API token> (see $FLOTILLA_DATA/api-token)")),
-        Some(t) if flotilla_core::constant_time_eq(t.as_bytes(), want.as_bytes()) => Ok(()),
-        Some(_) => Err(unauthorized("the bearer token is wrong")),
-    }
-}
-
-/// Whether the request carries the API token (never, when the API has none). Not
-/// counted: a request without one may still be one the API answers.
-pub(crate) fn carries_token(token: &flotilla_core::SharedToken, headers: &HeaderMap) -> bool {
-    let got = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(flotilla_core::bearer_token);
-    match (token.get(), got) {
-        (Some(want), Some(got)) => flotilla_core::constant_time_eq(got.as_bytes(), want.as_bytes()),
-        _ => false,
-    }
 }
 
 /// A gRPC call to one of the port's gRPC services: its messages are framed and bounded
@@ -182,7 +157,7 @@ async fn guard(State(g): State<Guard>, req: Request, next: Next) -> Response {
             None => Some(req.uri().host()),
         };
         let allowed = host.is_some_and(|h| g.hosts.allows(h));
-        if !allowed && !carries_token(&g.token, req.headers()) {
+        if !allowed && g.creds.carried(req.headers()).is_none() {
             let host = host.flatten().unwrap_or("(not text)").chars().take(256).collect();
             tracing::debug!(%host, "a Host this API does not answer to");
             return refuse("host_not_allowed", ControlError::HostNotAllowed { host });
@@ -194,8 +169,7 @@ async fn guard(State(g): State<Guard>, req: Request, next: Next) -> Response {
     // Authenticate from the headers alone: a caller without the token never gets a
     // byte of its body read (hyper closes the connection after the answer).
     if !req.method().is_safe()
-        && let Some(want) = g.token.get()
-        && let Err(e) = check_token(&want, req.headers())
+        && let Err(e) = g.creds.grant(req.headers())
     {
         return e.into_response();
     }

@@ -222,7 +222,7 @@ async fn put_constraints(
     headers: HeaderMap,
     body: Result<crate::body::JsonBody<Constraints>, crate::body::BodyRejection>,
 ) -> Result<Json<Value>, ControlError> {
-    authorize(&s, &headers)?;
+    authorize(&s, &headers, crate::tokens::Scope::Operate, None)?;
     valid_name(&pool)?;
     let crate::body::JsonBody(c) = body?;
     c.validate().map_err(ControlError::BadRequest)?;
@@ -243,7 +243,7 @@ async fn report(
     headers: HeaderMap,
     body: Result<crate::body::JsonBody<Value>, crate::body::BodyRejection>,
 ) -> Result<Json<Value>, ControlError> {
-    authorize(&s, &headers)?;
+    authorize(&s, &headers, crate::tokens::Scope::Admin, None)?;
     valid_name(&pool)?;
     let crate::body::JsonBody(v) = body?;
     if !v.is_object() || !v.get("instances").is_some_and(Value::is_array) {
@@ -272,7 +272,7 @@ async fn put_bounds(
     body: Result<crate::body::JsonBody<TypeBounds>, crate::body::BodyRejection>,
 ) -> Result<Json<Value>, ControlError> {
     metrics::counter!(m::API_REQUESTS.name, "route" => "/v1/pools/{pool}/node_types/{type}").increment(1);
-    authorize(&s, &headers)?;
+    authorize(&s, &headers, crate::tokens::Scope::Operate, None)?;
     valid_name(&pool)?;
     valid_name(&node_type).map_err(|_| {
         ControlError::BadRequest(format!("node type {node_type:?}: 1 to 63 letters, digits, '-' or '_'"))

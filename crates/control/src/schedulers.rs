@@ -81,7 +81,7 @@ async fn register_scheduler(
     headers: HeaderMap,
     body: Result<crate::body::JsonBody<Registration>, crate::body::BodyRejection>,
 ) -> Result<StatusCode, ControlError> {
-    authorize(&s, &headers)?;
+    authorize(&s, &headers, crate::tokens::Scope::Admin, None)?;
     let crate::body::JsonBody(r) = body?;
     if !flotilla_core::is_name(&r.app) {
         return Err(ControlError::BadRequest(format!(

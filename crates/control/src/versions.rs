@@ -15,8 +15,9 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::apps::{not_found, parse_spec};
-use crate::auth::{authorize, caller};
+use crate::auth::authorize;
 use crate::forward::{forward, remote_text};
+use crate::tokens::Scope;
 use crate::{ControlError, ControlState};
 
 pub fn routes() -> Router<Arc<ControlState>> {
@@ -25,12 +26,6 @@ pub fn routes() -> Router<Arc<ControlState>> {
         .route("/v1/apps/{app}/versions/{version}", axum::routing::get(get_version))
         .route("/v1/apps/{app}/rollback", axum::routing::post(rollback))
         .route("/v1/apps/{app}/plan", axum::routing::post(plan))
-}
-
-/// Whether this reader is shown secret-looking env values (it carries the API token,
-/// or the API has none).
-fn shows_secrets(s: &ControlState, headers: &HeaderMap) -> bool {
-    s.api_token.get().is_none() || crate::limits::carries_token(&s.api_token, headers)
 }
 
 /// A version's row: where it came from, who applied it, and what it changed from the
@@ -67,7 +62,7 @@ async fn list_versions(
     match s.apps.get(&app) {
         Some(Ok(h)) => {
             let st = h.status();
-            let secrets = shows_secrets(&s, &headers);
+            let secrets = s.credentials().shows_secrets(&headers);
             let in_force = st.versions.last().map_or(0, |v| v.version);
             let rows: Vec<Value> = st
                 .versions
@@ -112,7 +107,7 @@ async fn get_version(
                 };
                 return Err(flotilla_scheduler::CommandError::NoSuchVersion { app, version: n, kept }.into());
             };
-            if shows_secrets(&s, &headers) { v.spec.clone() } else { crate::secrets::redact(&v.spec) }
+            if s.credentials().shows_secrets(&headers) { v.spec.clone() } else { crate::secrets::redact(&v.spec) }
         }
         Some(Err(url)) => remote_text(&s.http, &url, &format!("/v1/apps/{app}/versions/{n}"), &headers).await?,
         None => return Err(not_found(&app)),
@@ -140,7 +135,7 @@ async fn rollback(
     body: axum::body::Bytes,
 ) -> Result<Json<Value>, ControlError> {
     metrics::counter!(m::API_REQUESTS.name, "route" => "/v1/apps/{app}/rollback").increment(1);
-    authorize(&s, &headers)?;
+    let by = authorize(&s, &headers, Scope::Operate, Some(&app))?;
     let b: RollbackBody = if body.iter().all(u8::is_ascii_whitespace) {
         RollbackBody::default()
     } else {
@@ -149,7 +144,7 @@ async fn rollback(
     };
     match s.apps.get(&app) {
         Some(Ok(h)) => {
-            let req = ChangeRequest { by: caller(&s, &headers), check_version: None };
+            let req = ChangeRequest { by, check_version: None };
             let a = h.rollback(b.to, req).await?;
             Ok(Json(json!({"app": app, "version": a.version, "new_version": a.new_version, "result": a.result})))
         }
@@ -173,7 +168,7 @@ async fn plan(
     body: String,
 ) -> Result<Json<Value>, ControlError> {
     metrics::counter!(m::API_REQUESTS.name, "route" => "/v1/apps/{app}/plan").increment(1);
-    authorize(&s, &headers)?;
+    authorize(&s, &headers, Scope::Deploy, Some(&app))?;
     let spec = parse_spec(&app, &body)?;
     match s.apps.get(&app) {
         Some(Ok(h)) => {

@@ -23,6 +23,7 @@ async fn start(options: HttpOptions) -> (SocketAddr, tokio::sync::oneshot::Sende
         cluster: flotilla_view::ClusterView::new(0),
         shards: vec![],
         api_token: flotilla_core::SharedToken::new(Some("secret".into())),
+        tokens: Default::default(),
         apps: Default::default(),
         scheduler_networks: Default::default(),
         http: reqwest::Client::new(),

@@ -3,7 +3,7 @@
 // the page on screen. Plain ES2020 modules, no build step; see js/ for the pieces.
 
 import { state, connect, onFrame, onProgress, markAll } from './js/store.js';
-import { askToken, getToken, onTokenChange, setToken, toast } from './js/api.js';
+import { askToken, getToken, onTokenChange, refreshGrant, setToken, toast } from './js/api.js';
 import { federationPage } from './js/federation.js';
 import { appsPage, appPage } from './js/apps.js';
 import { nodesPage, nodePage } from './js/nodes.js';
@@ -85,5 +85,6 @@ renderTokenButton(!!getToken());
 window.flotillaForgetToken = () => setToken('');
 
 navigate();
+refreshGrant();
 connect();
 markAll();

@@ -22,6 +22,9 @@ pub enum ErrorKind {
     TimedOut,
     /// No credential, or a credential that is not valid.
     Unauthenticated,
+    /// A valid credential that does not allow this (a token without the scope, or
+    /// limited to other apps).
+    Forbidden,
     /// The named thing does not exist.
     NotFound,
     /// The request is valid but conflicts with the current state (wrong shard, stale

@@ -17,6 +17,7 @@ pub fn grpc_code(kind: ErrorKind) -> tonic::Code {
         ErrorKind::AddressTooLong => tonic::Code::OutOfRange,
         ErrorKind::TimedOut => tonic::Code::DeadlineExceeded,
         ErrorKind::Unauthenticated => tonic::Code::Unauthenticated,
+        ErrorKind::Forbidden => tonic::Code::PermissionDenied,
         ErrorKind::NotFound => tonic::Code::NotFound,
         ErrorKind::Conflict => tonic::Code::FailedPrecondition,
         ErrorKind::TooLarge => tonic::Code::OutOfRange,
@@ -33,7 +34,8 @@ pub fn grpc_code(kind: ErrorKind) -> tonic::Code {
 pub fn kind_of(code: tonic::Code) -> ErrorKind {
     match code {
         tonic::Code::InvalidArgument => ErrorKind::InvalidInput,
-        tonic::Code::Unauthenticated | tonic::Code::PermissionDenied => ErrorKind::Unauthenticated,
+        tonic::Code::Unauthenticated => ErrorKind::Unauthenticated,
+        tonic::Code::PermissionDenied => ErrorKind::Forbidden,
         tonic::Code::NotFound => ErrorKind::NotFound,
         tonic::Code::FailedPrecondition | tonic::Code::AlreadyExists | tonic::Code::Aborted => ErrorKind::Conflict,
         tonic::Code::OutOfRange => ErrorKind::TooLarge,
@@ -70,7 +72,11 @@ impl RemoteError {
     pub fn certainly_not_applied(&self) -> bool {
         matches!(
             self.kind,
-            ErrorKind::InvalidInput | ErrorKind::Malformed | ErrorKind::UnsupportedFormat | ErrorKind::Unauthenticated
+            ErrorKind::InvalidInput
+                | ErrorKind::Malformed
+                | ErrorKind::UnsupportedFormat
+                | ErrorKind::Unauthenticated
+                | ErrorKind::Forbidden
         )
     }
 }

@@ -20,6 +20,33 @@ export function setToken(t) {
 const tokenListeners = [];
 export function onTokenChange(fn) { tokenListeners.push(fn); }
 
+// ---- what the token may do ----------------------------------------------------------------
+
+let grant = null;
+/** What the tab's token may do (`GET /v1/whoami`), or null: no token, or one the API does not know. */
+export function currentGrant() { return grant; }
+
+/**
+ * Asks what the tab's token may do and marks the page so that controls it cannot use are
+ * hidden (style.css: `[data-scope]` against `body[data-no-SCOPE]`). Without a token
+ * nothing is hidden: the first action asks for one.
+ */
+export async function refreshGrant() {
+  let g = null;
+  if (getToken()) {
+    try { g = await readJson('/v1/whoami'); } catch { g = null; }
+    if (g && !g.name && !g.open) g = null; // a token the API does not know: show all, the action says why
+  }
+  grant = g;
+  const has = (s) => !g || g.open || (g.scopes || []).includes(s) || (g.scopes || []).includes('admin');
+  for (const s of ['operate', 'deploy', 'admin']) document.body.toggleAttribute(`data-no-${s}`, !has(s));
+  document.body.toggleAttribute('data-apps-limited', !!(g && g.apps));
+}
+onTokenChange(() => { refreshGrant(); });
+
+/** Whether the token may change app `name` at all (a per-app token may not change others). */
+export function mayChangeApp(name) { return !grant || !grant.apps || grant.apps.includes(name); }
+
 // ---- toast -----------------------------------------------------------------------------
 
 let toastTimer = null;

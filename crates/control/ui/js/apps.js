@@ -3,7 +3,7 @@
 
 import { state } from './store.js';
 import { h, setChildren, num, pill, sum, clock, agoEl, duration, resText, cores } from './util.js';
-import { act, read, toast } from './api.js';
+import { act, read, toast, mayChangeApp } from './api.js';
 import { SpecEditor } from './spec-editor.js';
 import { VersionsView } from './versions.js';
 import { bar } from './federation.js';
@@ -90,6 +90,7 @@ export function appPage(name) {
   const page = {
     title: name,
     mount(main) {
+      ui.main = main;
       ui.head = h('div', { class: 'page-head' });
       ui.units = h('div');
       ui.routes = h('div');
@@ -98,12 +99,12 @@ export function appPage(name) {
       ui.chart = h('div', { class: 'chart' });
       ui.scaleInput = h('input', { type: 'number', class: 'input num', 'data-testid': 'scale-input', step: 1, 'aria-label': 'units',
         on: { input: () => { scaleTouched = true; }, keydown: (e) => { if (e.key === 'Enter') scale(); } } });
-      ui.scaleButton = h('button', { type: 'button', class: 'btn primary', 'data-testid': 'scale-button', text: 'Scale', on: { click: () => scale() } });
+      ui.scaleButton = h('button', { type: 'button', class: 'btn primary', 'data-testid': 'scale-button', 'data-scope': 'operate', 'data-app': name, text: 'Scale', on: { click: () => scale() } });
       ui.scaleHint = h('span', { class: 'muted' });
-      ui.autoButton = h('button', { type: 'button', class: 'btn', text: 'Lift override', hidden: true, title: 'let the policy decide again ({"auto": true})', on: { click: () => liftOverride() } });
+      ui.autoButton = h('button', { type: 'button', class: 'btn', 'data-scope': 'operate', 'data-app': name, text: 'Lift override', hidden: true, title: 'let the policy decide again ({"auto": true})', on: { click: () => liftOverride() } });
       ui.editor = new SpecEditor({});
-      ui.applyButton = h('button', { type: 'button', class: 'btn primary', 'data-testid': 'apply-button', text: 'Apply spec', on: { click: () => applySpec() } });
-      ui.rollbackButton = h('button', { type: 'button', class: 'btn', 'data-testid': 'rollback-button', text: 'Roll back', disabled: true, on: { click: () => rollback() } });
+      ui.applyButton = h('button', { type: 'button', class: 'btn primary', 'data-testid': 'apply-button', 'data-scope': 'deploy', 'data-app': name, text: 'Apply spec', on: { click: () => applySpec() } });
+      ui.rollbackButton = h('button', { type: 'button', class: 'btn', 'data-testid': 'rollback-button', 'data-scope': 'operate', 'data-app': name, text: 'Roll back', disabled: true, on: { click: () => rollback() } });
       ui.reloadButton = h('button', { type: 'button', class: 'btn', text: 'Reload', title: 'load the current spec again (drops your edits)', on: { click: () => loadSpec(true) } });
       ui.specState = h('span', { class: 'muted' });
       ui.versions = new VersionsView(name, () => loadSpec(true));
@@ -135,6 +136,7 @@ export function appPage(name) {
         setChildren(ui.head, h('h1', { text: name }), h('p', { class: 'muted', text: state.loading ? 'loading…' : 'no such app (it may have been removed)' }));
         return;
       }
+      ui.main.toggleAttribute('data-app-denied', !mayChangeApp(name));
       renderHead(a);
       // Another operator (or an auto-revert) changed the spec in force: list it.
       const appliedAt = a.summary?.spec?.at_unix_ms;
@@ -148,6 +150,7 @@ export function appPage(name) {
       renderChart();
     },
     unmount() {
+      ui.main.removeAttribute('data-app-denied');
       if (chart) chart.destroy();
       if (chartResize) chartResize.disconnect();
       chart = null;

@@ -343,7 +343,7 @@ export function nodePage(id) {
       ui.sparkNote = h('div', { class: 'muted small' });
       ui.info = h('div');
       ui.members = h('div');
-      const btn = (verb, tid, title) => h('button', { type: 'button', class: 'btn', 'data-testid': tid, text: verb[0].toUpperCase() + verb.slice(1), title,
+      const btn = (verb, tid, title) => h('button', { type: 'button', class: 'btn', 'data-testid': tid, 'data-scope': 'operate', text: verb[0].toUpperCase() + verb.slice(1), title,
         on: { click: () => act('POST', `${path}/${verb}`, undefined, `${verb} ${id}`) } });
       setChildren(main,
         h('div', { class: 'crumbs' }, h('a', { href: '#/nodes', text: 'Nodes' }), ' / ', h('span', { class: 'mono', text: id })),

@@ -130,7 +130,7 @@ export function poolsPage() {
       h('td', { class: 'nowrap' },
         h('form', { class: 'inline', on: { submit: (e) => { e.preventDefault(); save(); } } },
           min, ' .. ', max, ' ',
-          h('button', { type: 'submit', class: 'btn small', 'data-testid': 'type-save', text: 'Set' })),
+          h('button', { type: 'submit', class: 'btn small', 'data-testid': 'type-save', 'data-scope': 'operate', text: 'Set' })),
         h('div', { class: 'muted small', text: bound ? `set here (file: ${t.min}..${t.max})` : 'from the pool file' })),
       cols.map((s) => h('td', { class: `r num ${counts[s] ? '' : 'muted'}`, text: counts[s] ? num(counts[s], 0) : '·' })),
       h('td', { class: 'r num strong', text: num(total, 0), title: 'instances not finished' }));

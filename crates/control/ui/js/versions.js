@@ -43,7 +43,7 @@ export class VersionsView {
     const source = r.rollback_of ? `${r.source} of ${r.rollback_of}` : r.source;
     const back = r.in_force
       ? h('span', { class: 'pill s-alive', text: 'in force' })
-      : h('button', { type: 'button', class: 'btn', 'data-testid': `rollback-to-${r.version}`, text: `Roll back to ${r.version}`,
+      : h('button', { type: 'button', class: 'btn', 'data-testid': `rollback-to-${r.version}`, 'data-scope': 'operate', 'data-app': this.app, text: `Roll back to ${r.version}`,
         on: { click: () => this.rollback(r.version) } });
     const rows = [h('tr', { 'data-version': String(r.version) },
       h('td', { class: 'num', text: String(r.version) }),
