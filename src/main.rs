@@ -68,6 +68,8 @@ enum Cmd {
     Demand(cli::autoscaling::DemandArgs),
     /// The health-weighted reverse proxy for an app (or a fixed list of backends).
     Route(route::RouteArgs),
+    /// The event history: node statuses, unit transitions, rollouts, decisions, operator actions.
+    Events(cli::events::EventsArgs),
     /// Named API tokens with scopes (read, operate, deploy, admin), optionally per app.
     Token(cli::tokens::TokenArgs),
     /// Rotate the agents' join token: add a new one, later retire the old ones.
@@ -128,6 +130,7 @@ fn main() -> std::process::ExitCode {
                             Cmd::Autoscaler(a) => pool::run_standalone(a, log_format).await,
                             Cmd::Status(a) => cli::status::status(a).await,
                             Cmd::Token(a) => cli::tokens::token_command(a).await,
+                            Cmd::Events(a) => cli::events::events(a).await,
                             Cmd::Agent(_)
                             | Cmd::JoinToken(_)
                             | Cmd::Sim(_)

@@ -227,6 +227,10 @@ pub async fn run(a: UpArgs, log_format: LogFormat) -> anyhow::Result<()> {
         shards: addrs.clone(),
         api_token,
         tokens,
+        journal: Arc::new(
+            flotilla_control::journal::Journal::open(&data.dir.join("events.redb"), Default::default())
+                .map_err(anyhow::Error::msg)?,
+        ),
         apps: Default::default(),
         scheduler_networks: Default::default(),
         http: a.http.client()?,
@@ -235,6 +239,7 @@ pub async fn run(a: UpArgs, log_format: LogFormat) -> anyhow::Result<()> {
         pools: flotilla_control::Pools::open(data.dir.join("pools"))?,
         replicas: None,
     });
+    flotilla_control::record_events(state.clone());
     let options = a.http.options()?;
     let scheme = options.scheme();
     // Started once the local agents registered (see `wait_for_agents`).

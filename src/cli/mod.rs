@@ -6,6 +6,7 @@ pub mod apply;
 pub mod apps;
 pub mod autoscaling;
 pub mod complete;
+pub mod events;
 pub mod http;
 pub mod nodes;
 pub mod progress;

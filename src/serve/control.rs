@@ -27,6 +27,10 @@ pub struct ControlArgs {
     /// Where named autoscaling policies are kept (without it, in memory only).
     #[arg(long)]
     pub policies_dir: Option<PathBuf>,
+    /// Where the event history is kept (`flotilla events`; without it, in memory only:
+    /// 100,000 events or 7 days either way).
+    #[arg(long)]
+    pub events_db: Option<PathBuf>,
     /// Where pool floors (`PUT /v1/pools/{pool}/constraints`) are kept (without it, in
     /// memory only).
     #[arg(long)]
@@ -81,6 +85,12 @@ pub async fn control(a: ControlArgs) -> anyhow::Result<()> {
         shards: a.aggregators.clone(),
         api_token,
         tokens,
+        journal: Arc::new(match &a.events_db {
+            Some(path) => {
+                flotilla_control::journal::Journal::open(path, Default::default()).map_err(anyhow::Error::msg)?
+            }
+            None => Default::default(),
+        }),
         apps: Default::default(),
         scheduler_networks: flotilla_control::SchedulerNetworks::new(&a.scheduler_networks)
             .map_err(anyhow::Error::msg)?,
@@ -96,6 +106,7 @@ pub async fn control(a: ControlArgs) -> anyhow::Result<()> {
         },
         replicas,
     });
+    flotilla_control::record_events(state.clone());
     if let Some(replicas) = &state.replicas {
         tokio::spawn(replicas.clone().mirror(state.clone()));
     }

@@ -110,6 +110,7 @@ pub async fn scheduler(a: SchedulerArgs) -> anyhow::Result<()> {
         shards: a.aggregators.clone(),
         api_token: token.clone(),
         tokens,
+        journal: Default::default(),
         apps: Default::default(),
         scheduler_networks: Default::default(),
         http: a.http.client()?,

@@ -8,6 +8,8 @@ a second `up --autoscale`), opens the page and checks, without ever reloading it
 - scaling the app from the page changes the units shown;
 - `kill -9` of an agent turns that node dead on the page within 5 s;
 - a wrong token is refused with the server's message and nothing changes;
+- the app page lists its events (the scale, with the token's name), the node page what
+  ran there;
 - a spec with an error shows the error and the app keeps its old spec;
 - a good spec is listed as a new version with its diff, and a roll back to version 1
   from the list makes a third version that rolls the old spec out;
@@ -219,6 +221,9 @@ def main():
             page.get_by_test_id("scale-button").click()
             expect(page.locator("[data-testid=unit-row][data-state=running]")).to_have_count(3, timeout=30000)
             assert up.get("/v1/apps/echo")["desired_units"] == 3
+            # The app page lists what happened to it, the scale with the token's name.
+            expect(page.locator("[data-testid=event-row][data-type=scale]").first).to_contain_text(
+                "scaled to 3 units", timeout=10000)
             page.screenshot(path=os.path.join(a.out, "app.png"), full_page=True)
 
             # A spec with an error: the error is shown, the app keeps its spec.
@@ -292,6 +297,8 @@ def main():
                         if m["node_id"] and m["node_id"] != victim)
             page.goto(up.url + f"/#/nodes/{busy}")
             expect(page.get_by_test_id("node-status")).to_have_text("alive", timeout=10000)
+            expect(page.locator("[data-testid=event-row][data-type=unit]").first).to_contain_text(
+                "echo-", timeout=10000)
             page.screenshot(path=os.path.join(a.out, "node.png"), full_page=True)
             page.get_by_test_id("drain-button").click()
 

@@ -9,6 +9,7 @@
 mod autoscaling;
 mod cli;
 mod common;
+mod events;
 mod full_disk;
 mod ha;
 mod health;

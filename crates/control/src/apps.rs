@@ -304,10 +304,15 @@ async fn scale(
     body: Result<crate::body::JsonBody<ScaleBody>, crate::body::BodyRejection>,
 ) -> Result<Json<Value>, ControlError> {
     metrics::counter!(m::API_REQUESTS.name, "route" => "/v1/apps/{app}/scale").increment(1);
-    authorize(&s, &headers, Scope::Operate, Some(&app))?;
+    let by = authorize(&s, &headers, Scope::Operate, Some(&app))?;
     let expected = "expected {\"units\": N}, {\"min\": A, \"max\": B} or {\"auto\": true}";
     let crate::body::JsonBody(b) = body.map_err(|e| e.expecting(expected))?;
-    match s.apps.get(&app) {
+    let what = match (b.units, b.min, b.max, b.auto) {
+        (Some(n), _, _, _) => format!("{app}: scaled to {n} units"),
+        (_, Some(lo), Some(hi), _) => format!("{app}: autoscaling bounded to {lo}..={hi}"),
+        _ => format!("{app}: autoscaling bounds lifted"),
+    };
+    let answer = match s.apps.get(&app) {
         Some(Ok(h)) => match (b.units, b.min, b.max, b.auto) {
             (Some(n), None, None, false) => {
                 let n = h.scale(n).await?;
@@ -328,7 +333,11 @@ async fn scale(
             forward(req.json(&b), &url, &headers).await
         }
         None => Err(not_found(&app)),
+    };
+    if answer.is_ok() {
+        s.journal.action("scale", Some(&app), by, what);
     }
+    answer
 }
 
 /// A spec sent to `PUT …/spec` or `POST …/plan`, validated in full (every problem
@@ -370,9 +379,9 @@ async fn apply(
     let axum::extract::Query(q) = query
         .map_err(|e| ControlError::BadRequest(format!("{}; the query takes check_version=VERSION", e.body_text())))?;
     let spec = parse_spec(&app, &body)?;
-    match s.apps.get(&app) {
+    let answer = match s.apps.get(&app) {
         Some(Ok(h)) => {
-            let req = flotilla_scheduler::ChangeRequest { by, check_version: q.check_version };
+            let req = flotilla_scheduler::ChangeRequest { by: by.clone(), check_version: q.check_version };
             let a = h.apply(spec, req).await?;
             Ok(Json(json!({"app": app, "version": a.version, "new_version": a.new_version, "result": a.result})))
         }
@@ -382,7 +391,13 @@ async fn apply(
             forward(req.body(body), &url, &headers).await
         }
         None => Err(not_found(&app)),
+    };
+    if let Ok(Json(a)) = &answer {
+        let what =
+            format!("{app}: spec applied, version {}: {}", a["version"], a["result"].as_str().unwrap_or("applied"));
+        s.journal.action("apply", Some(&app), by, what);
     }
+    answer
 }
 
 /// `GET /v1/apps/{app}/spec`: the app's current spec (TOML, as its scheduler stored it),

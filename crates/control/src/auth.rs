@@ -128,6 +128,13 @@ async fn create_token(
     metrics::counter!(m::TOKENS_CHANGED.name, "action" => "create").increment(1);
     metrics::gauge!(m::TOKENS.name).set(s.tokens.book().grants().len() as f64);
     tracing::info!(name = %t.name, scopes = ?t.scopes, apps = ?t.apps, by = ?by, "API token created");
+    let what = format!(
+        "token {} created: {} on {}",
+        t.name,
+        t.scopes.join(", "),
+        t.apps.as_ref().map_or("every app".into(), |a| a.join(", "))
+    );
+    s.journal.action("token", None, by, what);
     Ok(axum::Json(serde_json::json!({"name": t.name, "scopes": t.scopes, "apps": t.apps, "token": token})))
 }
 
@@ -143,6 +150,7 @@ async fn revoke_token(
     metrics::counter!(m::TOKENS_CHANGED.name, "action" => "revoke").increment(1);
     metrics::gauge!(m::TOKENS.name).set(s.tokens.book().grants().len() as f64);
     tracing::info!(%name, by = ?by, "API token revoked");
+    s.journal.action("token", None, by, format!("token {name} revoked"));
     Ok(axum::Json(serde_json::json!({"name": name, "revoked": true})))
 }
 

@@ -119,10 +119,11 @@ async fn apply_policy(
     body: String,
 ) -> Result<Json<Value>, ControlError> {
     metrics::counter!(m::API_REQUESTS.name, "route" => "/v1/policies/{name}").increment(1);
-    authorize(&s, &headers, Scope::Deploy, None)?;
+    let by = authorize(&s, &headers, Scope::Deploy, None)?;
     s.policies.apply(&name, &body)?;
     if let Some(replicas) = &s.replicas {
         replicas.put(crate::replicas::Shared::Policy { name: &name, toml: &body }).await?;
     }
+    s.journal.action("policy", None, by, format!("policy {name} applied"));
     Ok(Json(json!({"name": name, "result": "applied"})))
 }

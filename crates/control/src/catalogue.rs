@@ -25,6 +25,22 @@ pub const TOKENS_CHANGED: Family = Family::counter(
     "Named tokens created or revoked through the API, by action.",
     &["action"],
 );
+pub const JOURNAL_RECORDED: Family = Family::counter(
+    "flotilla_events_recorded_total",
+    "Events kept in the history (flotilla events), by type.",
+    &["type"],
+);
+pub const JOURNAL_KEPT: Family = Family::gauge("flotilla_events_kept", "Events the history keeps now.", &[]);
+pub const JOURNAL_TRIMMED: Family = Family::counter(
+    "flotilla_events_trimmed_total",
+    "Events dropped from the history for its count or age bound.",
+    &[],
+);
+pub const JOURNAL_ERRORS: Family = Family::counter(
+    "flotilla_events_record_errors_total",
+    "Writes of events the history's store refused (the events are lost; the state is not).",
+    &[],
+);
 pub const API_ERRORS: Family =
     Family::counter("flotilla_api_errors_total", "HTTP API error answers, by error code.", &["code"]);
 pub const HTTP_REQUESTS_REJECTED: Family = Family::counter(
@@ -110,6 +126,10 @@ pub const FAMILIES: &[Family] = &[
     API_REQUESTS,
     API_ERRORS,
     API_FORBIDDEN,
+    JOURNAL_RECORDED,
+    JOURNAL_KEPT,
+    JOURNAL_TRIMMED,
+    JOURNAL_ERRORS,
     TOKENS,
     TOKENS_RELOADED,
     TOKENS_CHANGED,

@@ -10,6 +10,8 @@ mod error;
 pub mod events;
 mod forward;
 pub mod hosts;
+pub mod journal;
+mod journal_watch;
 mod json;
 pub mod limits;
 pub mod nodes;
@@ -49,6 +51,8 @@ pub struct ControlState {
     pub api_token: flotilla_core::SharedToken,
     /// Named tokens with scopes (the tokens file); the API token is `admin` beside them.
     pub tokens: Arc<tokens::Tokens>,
+    /// The events kept for `flotilla events` (a file with `up`, else memory).
+    pub journal: Arc<journal::Journal>,
     pub apps: apps::Apps,
     /// Where a standalone scheduler's URL may point (`--scheduler-networks`).
     pub scheduler_networks: SchedulerNetworks,
@@ -62,6 +66,12 @@ pub struct ControlState {
     pub pools: Pools,
     /// The store shared with other control-plane replicas (etcd), when there is one.
     pub replicas: Option<Arc<replicas::Replicas>>,
+}
+
+/// Starts recording what changes (node statuses, units, rollouts, decisions) in the
+/// state's journal, once a second.
+pub fn record_events(state: Arc<ControlState>) {
+    journal_watch::spawn(state);
 }
 
 impl ControlState {
@@ -81,6 +91,7 @@ pub fn router(state: Arc<ControlState>) -> Router {
         .merge(apps::routes())
         .merge(versions::routes())
         .merge(auth::routes())
+        .merge(journal::routes())
         .merge(schedulers::routes())
         .merge(autoscaling::routes())
         .merge(pools::routes())

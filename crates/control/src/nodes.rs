@@ -230,7 +230,7 @@ async fn set_cordon(
     what: NodeAction,
 ) -> Result<Json<serde_json::Value>, ControlError> {
     let (cordoned, drain) = (what != NodeAction::Uncordon, what == NodeAction::Drain);
-    crate::auth::authorize(s, headers, crate::tokens::Scope::Operate, None)?;
+    let by = crate::auth::authorize(s, headers, crate::tokens::Scope::Operate, None)?;
     let not_found = || ControlError::NoSuchNode(node.to_string());
     let id = flotilla_core::NodeId::new(node).map_err(|_| not_found())?;
     let shard = s.cluster.slots().iter().position(|slot| slot.view.get(&id).is_some()).ok_or_else(not_found)?;
@@ -255,6 +255,14 @@ async fn set_cordon(
         return Err(not_found());
     }
     tracing::info!(node, cordoned, drain, "node cordon changed");
+    let verb = if drain {
+        "drain requested"
+    } else if cordoned {
+        "cordoned"
+    } else {
+        "uncordoned"
+    };
+    s.journal.record(vec![crate::journal::NewEvent::new("node_action", format!("{node}: {verb}")).node(node).by(by)]);
     Ok(Json(serde_json::json!({"node_id": node, "cordoned": cordoned, "drain_requested": drain})))
 }
 

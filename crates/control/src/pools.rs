@@ -222,7 +222,7 @@ async fn put_constraints(
     headers: HeaderMap,
     body: Result<crate::body::JsonBody<Constraints>, crate::body::BodyRejection>,
 ) -> Result<Json<Value>, ControlError> {
-    authorize(&s, &headers, crate::tokens::Scope::Operate, None)?;
+    let by = authorize(&s, &headers, crate::tokens::Scope::Operate, None)?;
     valid_name(&pool)?;
     let crate::body::JsonBody(c) = body?;
     c.validate().map_err(ControlError::BadRequest)?;
@@ -232,8 +232,35 @@ async fn put_constraints(
         replicas.put(Shared::Constraints { pool: &pool, json }).await?;
     }
     tracing::info!(pool, requests = c.resource_requests.len(), "pool floor set");
+    let floor = format!("pool {pool}: floor set to {} request(s)", c.resource_requests.len());
+    s.journal.action("pool_floor", None, by, floor);
     metrics::counter!(m::POOL_CONSTRAINTS_SET.name).increment(1);
     Ok(Json(json!(c)))
+}
+
+/// When the newest decision of a report was made.
+fn newest_decision_ms(report: &Value) -> Option<u64> {
+    report.pointer("/decisions/0/at_ms")?.as_u64()
+}
+
+/// A report's decisions that launched, terminated or found something infeasible, as
+/// events with when each was made (quiet passes are not events).
+fn pool_events(pool: &str, report: &Value) -> Vec<(u64, crate::journal::NewEvent)> {
+    let acted = |d: &Value| {
+        ["launch", "terminate", "infeasible"].iter().any(|k| {
+            d[*k].as_object().is_some_and(|m| !m.is_empty()) || d[*k].as_array().is_some_and(|a| !a.is_empty())
+        })
+    };
+    let decisions = report["decisions"].as_array().map(Vec::as_slice).unwrap_or_default();
+    decisions
+        .iter()
+        .filter(|d| acted(d))
+        .filter_map(|d| {
+            let what = d["explanation"].as_str().unwrap_or("a decision");
+            Some((d["at_ms"].as_u64()?, crate::journal::NewEvent::new("pool", format!("pool {pool}: {what}"))))
+        })
+        .rev()
+        .collect()
 }
 
 /// `POST /v1/pools/{pool}/report`: an autoscaler's instances and decisions.
@@ -250,10 +277,17 @@ async fn report(
         return Err(ControlError::BadRequest("a report is an object with an \"instances\" array".into()));
     }
     let shared = json!({"at_unix_ms": flotilla_core::system_ms(), "report": &v}).to_string();
-    let (constraints, bounds) = s.pools.entry(&pool, |p| {
+    let events = pool_events(&pool, &v);
+    let (constraints, bounds, seen) = s.pools.entry(&pool, |p| {
+        let seen = p.report.as_ref().map(|(r, _)| newest_decision_ms(r).unwrap_or(0));
         p.report = Some((Arc::new(v), Instant::now()));
-        (p.constraints.clone(), p.bounds.clone())
+        (p.constraints.clone(), p.bounds.clone(), seen)
     })?;
+    // The first report this process gets is taken as seen (its decisions may be
+    // recorded already, before a restart); later ones add what is newer.
+    if let Some(seen) = seen {
+        s.journal.record(events.into_iter().filter(|(at, _)| *at > seen).map(|(_, e)| e).collect());
+    }
     if let Some(replicas) = &s.replicas {
         replicas.put(Shared::Report { pool: &pool, json: shared }).await?;
     }
@@ -272,7 +306,7 @@ async fn put_bounds(
     body: Result<crate::body::JsonBody<TypeBounds>, crate::body::BodyRejection>,
 ) -> Result<Json<Value>, ControlError> {
     metrics::counter!(m::API_REQUESTS.name, "route" => "/v1/pools/{pool}/node_types/{type}").increment(1);
-    authorize(&s, &headers, crate::tokens::Scope::Operate, None)?;
+    let by = authorize(&s, &headers, crate::tokens::Scope::Operate, None)?;
     valid_name(&pool)?;
     valid_name(&node_type).map_err(|_| {
         ControlError::BadRequest(format!("node type {node_type:?}: 1 to 63 letters, digits, '-' or '_'"))
@@ -297,6 +331,8 @@ async fn put_bounds(
         replicas.put(Shared::Bounds { pool: &pool, json }).await?;
     }
     tracing::info!(pool, node_type, min = b.min, max = b.max, "pool node type bounds set");
+    let bounds = format!("pool {pool}: {node_type} bounded to {}..={}", b.min, b.max);
+    s.journal.action("pool_bounds", None, by, bounds);
     metrics::counter!(m::POOL_BOUNDS_SET.name).increment(1);
     Ok(Json(json!({"pool": pool, "bounds": all})))
 }

@@ -142,9 +142,9 @@ async fn rollback(
         serde_json::from_slice(&body)
             .map_err(|e| ControlError::BadRequest(format!("expected {{\"to\": VERSION}} or no body: {e}")))?
     };
-    match s.apps.get(&app) {
+    let answer = match s.apps.get(&app) {
         Some(Ok(h)) => {
-            let req = ChangeRequest { by, check_version: None };
+            let req = ChangeRequest { by: by.clone(), check_version: None };
             let a = h.rollback(b.to, req).await?;
             Ok(Json(json!({"app": app, "version": a.version, "new_version": a.new_version, "result": a.result})))
         }
@@ -153,7 +153,17 @@ async fn rollback(
             forward(req.json(&b), &url, &headers).await
         }
         None => Err(not_found(&app)),
+    };
+    if let Ok(Json(a)) = &answer {
+        let to = b.to.map_or("the previous spec".to_string(), |n| format!("version {n}"));
+        s.journal.action(
+            "rollback",
+            Some(&app),
+            by,
+            format!("{app}: rolled back to {to}, now version {}", a["version"]),
+        );
     }
+    answer
 }
 
 /// `POST /v1/apps/{app}/plan` with a spec (TOML): what applying it would do, changing

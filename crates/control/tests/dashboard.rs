@@ -65,6 +65,7 @@ async fn start_with(options: HttpOptions) -> (SocketAddr, Arc<ClusterView>, toki
         shards: vec!["s0:1".into(), "s1:1".into()],
         api_token: flotilla_core::SharedToken::new(Some("secret".into())),
         tokens: Default::default(),
+        journal: Default::default(),
         apps,
         scheduler_networks: Default::default(),
         http: reqwest::Client::new(),

@@ -24,6 +24,7 @@ async fn start(options: HttpOptions) -> (SocketAddr, tokio::sync::oneshot::Sende
         shards: vec![],
         api_token: flotilla_core::SharedToken::new(Some("secret".into())),
         tokens: Default::default(),
+        journal: Default::default(),
         apps: Default::default(),
         scheduler_networks: Default::default(),
         http: reqwest::Client::new(),

@@ -6,6 +6,7 @@ import { h, setChildren, num, pill, sum, clock, agoEl, duration, resText, cores 
 import { act, read, toast, mayChangeApp } from './api.js';
 import { SpecEditor } from './spec-editor.js';
 import { VersionsView } from './versions.js';
+import { EventsList } from './events-list.js';
 import { bar } from './federation.js';
 
 const UNIT_STATE_ORDER = ['running', 'starting', 'allocated', 'placing', 'queued', 'degraded', 'draining', 'stopping', 'failed', 'terminated'];
@@ -108,6 +109,7 @@ export function appPage(name) {
       ui.reloadButton = h('button', { type: 'button', class: 'btn', text: 'Reload', title: 'load the current spec again (drops your edits)', on: { click: () => loadSpec(true) } });
       ui.specState = h('span', { class: 'muted' });
       ui.versions = new VersionsView(name, () => loadSpec(true));
+      ui.events = new EventsList(`app=${encodeURIComponent(name)}`);
       setChildren(main,
         h('div', { class: 'crumbs' }, h('a', { href: '#/apps', text: 'Apps' }), ' / ', h('span', { text: name })),
         ui.head,
@@ -117,6 +119,8 @@ export function appPage(name) {
           h('section', { class: 'card' }, h('h2', { text: 'Autoscaling' }), ui.policy)),
         h('section', {}, h('div', { class: 'section-head' }, h('h2', { text: 'Capacity since this page opened' }), h('span', { class: 'muted', text: 'serving capacity (route weights × resources), from the live stream' })), ui.chart),
         h('section', {}, h('h2', { text: 'Decisions' }), ui.decisions),
+        h('section', {}, h('div', { class: 'section-head' }, h('h2', { text: 'Events' }),
+          h('span', { class: 'muted', text: 'what happened to this app, newest first (flotilla events --app)' })), ui.events.el),
         h('section', {}, h('h2', { text: 'Units' }), ui.units),
         h('section', {}, h('h2', { text: 'Route weights' }), ui.routes),
         h('section', { class: 'card' },
@@ -127,6 +131,7 @@ export function appPage(name) {
           h('span', { class: 'muted', text: 'every applied spec, newest first (the last 20)' })), ui.versions.el));
       loadSpec(false);
       ui.versions.load();
+      ui.events.start();
       this.update({ all: true });
     },
     update(d) {
@@ -151,6 +156,7 @@ export function appPage(name) {
     },
     unmount() {
       ui.main.removeAttribute('data-app-denied');
+      ui.events.stop();
       if (chart) chart.destroy();
       if (chartResize) chartResize.disconnect();
       chart = null;

@@ -5,6 +5,7 @@ import { state, N, healthHistoryOf } from './store.js';
 import { h, setChildren, num, pct, pill, healthCss, cores, bytes, clock, throttle, resText } from './util.js';
 import { act, readJson, toast } from './api.js';
 import { bar } from './federation.js';
+import { EventsList } from './events-list.js';
 
 const ROW_H = 26;      // px, fixed so the visible range is arithmetic
 const OVERSCAN = 8;    // rows drawn above and below the viewport
@@ -343,6 +344,7 @@ export function nodePage(id) {
       ui.sparkNote = h('div', { class: 'muted small' });
       ui.info = h('div');
       ui.members = h('div');
+      ui.events = new EventsList(`node=${encodeURIComponent(id)}`);
       const btn = (verb, tid, title) => h('button', { type: 'button', class: 'btn', 'data-testid': tid, 'data-scope': 'operate', text: verb[0].toUpperCase() + verb.slice(1), title,
         on: { click: () => act('POST', `${path}/${verb}`, undefined, `${verb} ${id}`) } });
       setChildren(main,
@@ -356,10 +358,13 @@ export function nodePage(id) {
           h('section', { class: 'card' }, h('h2', { text: 'Capacity and allocation' }), ui.live),
           h('section', { class: 'card' }, h('h2', { text: 'Health since this page opened' }), ui.spark, ui.sparkNote)),
         h('section', {}, h('h2', { text: 'Members placed here' }), ui.members),
+        h('section', {}, h('h2', { text: 'Events' }), ui.events.el),
         h('section', { class: 'card' }, h('h2', { text: 'Details' }), ui.info));
       fetchDetail();
+      ui.events.start();
       this.update({ all: true });
     },
+    unmount() { ui.events.stop(); },
     update(d) {
       if (!(d.all || d.nodes.has(id))) return;
       renderLive();
