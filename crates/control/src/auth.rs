@@ -3,62 +3,11 @@
 
 use std::sync::Arc;
 
-use axum::http::{HeaderMap, header};
+use axum::http::HeaderMap;
 
 use crate::catalogue as m;
-use crate::tokens::{API_TOKEN_NAME, Grant, Scope, Tokens};
+use crate::tokens::{Grant, Scope};
 use crate::{ControlError, ControlState};
-
-/// The tokens a process accepts: the API token and the named ones.
-#[derive(Clone, Default)]
-pub struct Credentials {
-    pub api_token: flotilla_core::SharedToken,
-    pub tokens: Arc<Tokens>,
-}
-
-impl Credentials {
-    /// Whether any token is set up: without one every call is open (a development setup).
-    pub fn configured(&self) -> bool {
-        self.api_token.get().is_some() || !self.tokens.book().is_empty()
-    }
-
-    /// The grant of the request's bearer token, if it carries a valid one. Not counted:
-    /// a request without one may still be one the API answers.
-    pub fn carried(&self, headers: &HeaderMap) -> Option<Arc<Grant>> {
-        let got =
-            headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(flotilla_core::bearer_token)?;
-        if let Some(want) = self.api_token.get()
-            && flotilla_core::constant_time_eq(got.as_bytes(), want.as_bytes())
-        {
-            return Some(Arc::new(Grant::admin(API_TOKEN_NAME)));
-        }
-        self.tokens.book().find(got)
-    }
-
-    /// The caller's grant: `Ok(None)` when no token is set up (every call is open), an
-    /// error (counted) for a missing or unknown token.
-    pub fn grant(&self, headers: &HeaderMap) -> Result<Option<Arc<Grant>>, ControlError> {
-        if !self.configured() {
-            return Ok(None);
-        }
-        if let Some(g) = self.carried(headers) {
-            return Ok(Some(g));
-        }
-        crate::limits::rejected("unauthenticated");
-        let sent =
-            headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(flotilla_core::bearer_token);
-        Err(ControlError::Unauthorized(match sent {
-            None => "this call needs Authorization: Bearer <API token> (see $FLOTILLA_DATA/api-token)",
-            Some(_) => "the bearer token is wrong",
-        }))
-    }
-
-    /// Whether the reader is shown what only deployers see (secret-looking env values in
-    /// specs): no token is set up, or its token has the `deploy` scope.
-    pub fn shows_secrets(&self, headers: &HeaderMap) -> bool {
-        !self.configured() || self.carried(headers).is_some_and(|g| g.has(Scope::Deploy))
-    }
-}
 
 /// Checks the caller's token for a call that needs `scope` (about `app`, when it is
 /// about one): 401 without a valid token, 403 naming what it lacks. Returns the
@@ -69,7 +18,7 @@ pub fn authorize(
     scope: Scope,
     app: Option<&str>,
 ) -> Result<Option<String>, ControlError> {
-    let Some(grant) = s.credentials().grant(headers)? else { return Ok(None) };
+    let Some(grant) = s.credentials().grant(headers).map_err(crate::limits::unauthenticated)? else { return Ok(None) };
     if let Some(why) = grant.refuses(scope, app) {
         metrics::counter!(m::API_FORBIDDEN.name, "scope" => scope.as_str()).increment(1);
         crate::limits::rejected("forbidden");

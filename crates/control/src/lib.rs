@@ -75,8 +75,8 @@ pub fn record_events(state: Arc<ControlState>) {
 }
 
 impl ControlState {
-    pub fn credentials(&self) -> auth::Credentials {
-        auth::Credentials { api_token: self.api_token.clone(), tokens: self.tokens.clone() }
+    pub fn credentials(&self) -> tokens::Credentials {
+        tokens::Credentials { api_token: self.api_token.clone(), tokens: self.tokens.clone() }
     }
 }
 

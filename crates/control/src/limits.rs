@@ -80,6 +80,12 @@ tokio::task_local! {
     pub(crate) static HOP: Arc<Hop>;
 }
 
+/// A missing or unknown token, counted.
+pub(crate) fn unauthenticated(why: &'static str) -> ControlError {
+    rejected("unauthenticated");
+    ControlError::Unauthorized(why)
+}
+
 /// Counts one refused request or connection.
 pub fn rejected(reason: &'static str) {
     metrics::counter!(m::HTTP_REQUESTS_REJECTED.name, "reason" => reason).increment(1);
@@ -91,7 +97,7 @@ pub fn rejected(reason: &'static str) {
 #[derive(Clone)]
 struct Guard {
     limiter: Option<Arc<RateLimiter>>,
-    creds: crate::auth::Credentials,
+    creds: crate::tokens::Credentials,
     hosts: Arc<AllowedHosts>,
     /// Each peer's budget of requests forwarded to standalone schedulers.
     forwards: Option<Arc<RateLimiter>>,
@@ -104,7 +110,7 @@ struct Guard {
 pub fn apply(
     router: Router,
     limiter: Option<Arc<RateLimiter>>,
-    creds: crate::auth::Credentials,
+    creds: crate::tokens::Credentials,
     hosts: AllowedHosts,
 ) -> Router {
     let forwards =
@@ -169,9 +175,9 @@ async fn guard(State(g): State<Guard>, req: Request, next: Next) -> Response {
     // Authenticate from the headers alone: a caller without the token never gets a
     // byte of its body read (hyper closes the connection after the answer).
     if !req.method().is_safe()
-        && let Err(e) = g.creds.grant(req.headers())
+        && let Err(why) = g.creds.grant(req.headers())
     {
-        return e.into_response();
+        return unauthenticated(why).into_response();
     }
     let declared = req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
     if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {

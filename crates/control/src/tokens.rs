@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
+use axum::http::{HeaderMap, header};
 use serde::{Deserialize, Serialize};
 
 /// What a token may do. Every token may read; `admin` may do everything.
@@ -337,6 +338,57 @@ impl Tokens {
         self.book.store(Arc::new(book));
         Ok(())
     }
+}
+
+/// The tokens a process accepts: the API token and the named ones.
+#[derive(Clone, Default)]
+pub struct Credentials {
+    pub api_token: flotilla_core::SharedToken,
+    pub tokens: Arc<Tokens>,
+}
+
+impl Credentials {
+    /// Whether any token is set up: without one every call is open (a development setup).
+    pub fn configured(&self) -> bool {
+        self.api_token.get().is_some() || !self.tokens.book().is_empty()
+    }
+
+    /// The grant of the request's bearer token, if it carries a valid one. Not counted:
+    /// a request without one may still be one the API answers.
+    pub fn carried(&self, headers: &HeaderMap) -> Option<Arc<Grant>> {
+        let got = bearer(headers)?;
+        if let Some(want) = self.api_token.get()
+            && flotilla_core::constant_time_eq(got.as_bytes(), want.as_bytes())
+        {
+            return Some(Arc::new(Grant::admin(API_TOKEN_NAME)));
+        }
+        self.tokens.book().find(got)
+    }
+
+    /// The caller's grant: `Ok(None)` when no token is set up (every call is open), or
+    /// why not, for a missing or unknown token.
+    pub fn grant(&self, headers: &HeaderMap) -> Result<Option<Arc<Grant>>, &'static str> {
+        if !self.configured() {
+            return Ok(None);
+        }
+        if let Some(g) = self.carried(headers) {
+            return Ok(Some(g));
+        }
+        Err(match bearer(headers) {
+            None => "this call needs Authorization: Bearer <API token> (see $FLOTILLA_DATA/api-token)",
+            Some(_) => "the bearer token is wrong",
+        })
+    }
+
+    /// Whether the reader is shown what only deployers see (secret-looking env values in
+    /// specs): no token is set up, or its token has the `deploy` scope.
+    pub fn shows_secrets(&self, headers: &HeaderMap) -> bool {
+        !self.configured() || self.carried(headers).is_some_and(|g| g.has(Scope::Deploy))
+    }
+}
+
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(flotilla_core::bearer_token)
 }
 
 #[cfg(test)]
