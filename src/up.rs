@@ -231,6 +231,9 @@ pub async fn run(a: UpArgs, log_format: LogFormat) -> anyhow::Result<()> {
             flotilla_control::journal::Journal::open(&data.dir.join("events.redb"), Default::default())
                 .map_err(anyhow::Error::msg)?,
         ),
+        series: Arc::new(
+            flotilla_control::series::Series::open(&data.dir.join("history.redb")).map_err(anyhow::Error::msg)?,
+        ),
         apps: Default::default(),
         scheduler_networks: Default::default(),
         http: a.http.client()?,

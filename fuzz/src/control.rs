@@ -59,6 +59,7 @@ pub fn control_json(data: &[u8]) {
         api_token: flotilla_core::SharedToken::new(Some(API_TOKEN.into())),
         tokens: Default::default(),
         journal: Default::default(),
+        series: Default::default(),
         apps: Default::default(),
         scheduler_networks: flotilla_control::SchedulerNetworks::new(["127.0.0.0/8", "::1"]).expect("networks"),
         http: HTTP.with(Clone::clone),

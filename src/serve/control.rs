@@ -31,6 +31,9 @@ pub struct ControlArgs {
     /// 100,000 events or 7 days either way).
     #[arg(long)]
     pub events_db: Option<PathBuf>,
+    /// Where the history charts' samples are kept (10 s for 24 h; without it, in memory).
+    #[arg(long)]
+    pub history_db: Option<PathBuf>,
     /// Where pool floors (`PUT /v1/pools/{pool}/constraints`) are kept (without it, in
     /// memory only).
     #[arg(long)]
@@ -89,6 +92,10 @@ pub async fn control(a: ControlArgs) -> anyhow::Result<()> {
             Some(path) => {
                 flotilla_control::journal::Journal::open(path, Default::default()).map_err(anyhow::Error::msg)?
             }
+            None => Default::default(),
+        }),
+        series: Arc::new(match &a.history_db {
+            Some(path) => flotilla_control::series::Series::open(path).map_err(anyhow::Error::msg)?,
             None => Default::default(),
         }),
         apps: Default::default(),

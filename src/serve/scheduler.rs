@@ -111,6 +111,7 @@ pub async fn scheduler(a: SchedulerArgs) -> anyhow::Result<()> {
         api_token: token.clone(),
         tokens,
         journal: Default::default(),
+        series: Default::default(),
         apps: Default::default(),
         scheduler_networks: Default::default(),
         http: a.http.client()?,

@@ -8,7 +8,7 @@ a second `up --autoscale`), opens the page and checks, without ever reloading it
 - scaling the app from the page changes the units shown;
 - `kill -9` of an agent turns that node dead on the page within 5 s;
 - a wrong token is refused with the server's message and nothing changes;
-- the app page lists its events (the scale, with the token's name), the node page what
+- the app page's history chart has samples and zooms to 24 h; it lists its events (the scale, with the token's name), the node page what
   ran there;
 - a spec with an error shows the error and the app keeps its old spec;
 - a good spec is listed as a new version with its diff, and a roll back to version 1
@@ -30,6 +30,7 @@ Debian's (/usr/bin/chromium, or $FLOTILLA_CHROMIUM).
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -221,6 +222,12 @@ def main():
             page.get_by_test_id("scale-button").click()
             expect(page.locator("[data-testid=unit-row][data-state=running]")).to_have_count(3, timeout=30000)
             assert up.get("/v1/apps/echo")["desired_units"] == 3
+            # The history chart has samples (every 10 s) and zooms out to 24 h.
+            hist = page.get_by_test_id("history-chart")
+            expect(hist).to_have_attribute("data-points", re.compile(r"^[1-9]"), timeout=25000)
+            page.locator("button[data-window='24h']").click()
+            expect(hist).to_have_attribute("data-window", "24h")
+            expect(page.locator("button[data-window='24h']")).to_have_attribute("aria-pressed", "true")
             # The app page lists what happened to it, the scale with the token's name.
             expect(page.locator("[data-testid=event-row][data-type=scale]").first).to_contain_text(
                 "scaled to 3 units", timeout=10000)

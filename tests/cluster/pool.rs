@@ -113,6 +113,12 @@ fn the_pool_grows_past_a_domain_the_apps_spread_limit_fills() {
         .filter_map(|u| u["domain"].as_str().map(String::from))
         .collect();
     assert_eq!(domains.len(), 2, "{domains:?}");
+    // The pool's history chart: running instances by node type, every 10 s.
+    let running_types = wait_for("a pool sample with 2 running instances", Duration::from_secs(30), || {
+        let (_, v) = flotilla_testkit::http(&up.addr, "GET", "/v1/pools/default/history?window=1h", None, "");
+        v["points"].as_array()?.iter().rev().find(|p| p["v"]["total"] == 2.0).cloned()
+    });
+    assert_eq!(running_types["v"].as_object().unwrap().len(), 3, "two node types and the total: {running_types}");
 }
 
 /// Issue #34 item 1: a unit no node type can hold is infeasible to the pool, which says

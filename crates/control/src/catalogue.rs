@@ -41,6 +41,11 @@ pub const JOURNAL_ERRORS: Family = Family::counter(
     "Writes of events the history's store refused (the events are lost; the state is not).",
     &[],
 );
+pub const CHART_SAMPLES: Family = Family::counter(
+    "flotilla_chart_samples_total",
+    "Samples of apps and pools kept for the history charts (every 10 s), by result.",
+    &["result"],
+);
 pub const API_ERRORS: Family =
     Family::counter("flotilla_api_errors_total", "HTTP API error answers, by error code.", &["code"]);
 pub const HTTP_REQUESTS_REJECTED: Family = Family::counter(
@@ -130,6 +135,7 @@ pub const FAMILIES: &[Family] = &[
     JOURNAL_KEPT,
     JOURNAL_TRIMMED,
     JOURNAL_ERRORS,
+    CHART_SAMPLES,
     TOKENS,
     TOKENS_RELOADED,
     TOKENS_CHANGED,

@@ -6,6 +6,7 @@ mod auth;
 mod autoscaling;
 mod body;
 pub mod catalogue;
+mod charts;
 mod error;
 pub mod events;
 mod forward;
@@ -21,6 +22,7 @@ pub mod replicas;
 pub mod routes_grpc;
 mod schedulers;
 pub mod secrets;
+pub mod series;
 mod serve;
 pub mod tokens;
 pub mod ui;
@@ -53,6 +55,8 @@ pub struct ControlState {
     pub tokens: Arc<tokens::Tokens>,
     /// The events kept for `flotilla events` (a file with `up`, else memory).
     pub journal: Arc<journal::Journal>,
+    /// The charts' history: apps and pools every 10 s for a day (a file with `up`).
+    pub series: Arc<series::Series>,
     pub apps: apps::Apps,
     /// Where a standalone scheduler's URL may point (`--scheduler-networks`).
     pub scheduler_networks: SchedulerNetworks,
@@ -69,9 +73,10 @@ pub struct ControlState {
 }
 
 /// Starts recording what changes (node statuses, units, rollouts, decisions) in the
-/// state's journal, once a second.
+/// state's journal, once a second, and the charts' samples every 10 s.
 pub fn record_events(state: Arc<ControlState>) {
-    journal_watch::spawn(state);
+    journal_watch::spawn(state.clone());
+    charts::spawn(state);
 }
 
 impl ControlState {
@@ -92,6 +97,7 @@ pub fn router(state: Arc<ControlState>) -> Router {
         .merge(versions::routes())
         .merge(auth::routes())
         .merge(journal::routes())
+        .merge(charts::routes())
         .merge(schedulers::routes())
         .merge(autoscaling::routes())
         .merge(pools::routes())

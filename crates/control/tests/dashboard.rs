@@ -66,6 +66,7 @@ async fn start_with(options: HttpOptions) -> (SocketAddr, Arc<ClusterView>, toki
         api_token: flotilla_core::SharedToken::new(Some("secret".into())),
         tokens: Default::default(),
         journal: Default::default(),
+        series: Default::default(),
         apps,
         scheduler_networks: Default::default(),
         http: reqwest::Client::new(),

@@ -25,6 +25,7 @@ async fn start(options: HttpOptions) -> (SocketAddr, tokio::sync::oneshot::Sende
         api_token: flotilla_core::SharedToken::new(Some("secret".into())),
         tokens: Default::default(),
         journal: Default::default(),
+        series: Default::default(),
         apps: Default::default(),
         scheduler_networks: Default::default(),
         http: reqwest::Client::new(),

@@ -7,6 +7,7 @@ import { act, read, toast, mayChangeApp } from './api.js';
 import { SpecEditor } from './spec-editor.js';
 import { VersionsView } from './versions.js';
 import { EventsList } from './events-list.js';
+import { HistoryChart } from './history-chart.js';
 import { bar } from './federation.js';
 
 const UNIT_STATE_ORDER = ['running', 'starting', 'allocated', 'placing', 'queued', 'degraded', 'draining', 'stopping', 'failed', 'terminated'];
@@ -110,6 +111,7 @@ export function appPage(name) {
       ui.specState = h('span', { class: 'muted' });
       ui.versions = new VersionsView(name, () => loadSpec(true));
       ui.events = new EventsList(`app=${encodeURIComponent(name)}`);
+      ui.history = new HistoryChart(name);
       setChildren(main,
         h('div', { class: 'crumbs' }, h('a', { href: '#/apps', text: 'Apps' }), ' / ', h('span', { text: name })),
         ui.head,
@@ -117,6 +119,8 @@ export function appPage(name) {
           h('section', { class: 'card' }, h('h2', { text: 'Scale' }),
             h('div', { class: 'controls' }, ui.scaleInput, ui.scaleButton, ui.autoButton), ui.scaleHint),
           h('section', { class: 'card' }, h('h2', { text: 'Autoscaling' }), ui.policy)),
+        h('section', {}, h('div', { class: 'section-head' }, h('h2', { text: 'History' }),
+          h('span', { class: 'muted', text: 'units and serving cores every 10 s, kept for a day; dashed marks are autoscaling decisions' })), ui.history.el),
         h('section', {}, h('div', { class: 'section-head' }, h('h2', { text: 'Capacity since this page opened' }), h('span', { class: 'muted', text: 'serving capacity (route weights × resources), from the live stream' })), ui.chart),
         h('section', {}, h('h2', { text: 'Decisions' }), ui.decisions),
         h('section', {}, h('div', { class: 'section-head' }, h('h2', { text: 'Events' }),
@@ -132,6 +136,7 @@ export function appPage(name) {
       loadSpec(false);
       ui.versions.load();
       ui.events.start();
+      ui.history.start();
       this.update({ all: true });
     },
     update(d) {
@@ -157,6 +162,7 @@ export function appPage(name) {
     unmount() {
       ui.main.removeAttribute('data-app-denied');
       ui.events.stop();
+      ui.history.stop();
       if (chart) chart.destroy();
       if (chartResize) chartResize.disconnect();
       chart = null;

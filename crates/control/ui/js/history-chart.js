@@ -1,0 +1,104 @@
+// The app page's history chart (`GET /v1/apps/{app}/history?window=`): desired, running
+// and estimated units and serving cores every 10 s for the last 1, 6 or 24 hours, kept by
+// the control plane across restarts; autoscaling decisions are marks on it, and the
+// cursor near one shows its explanation. Asked again every 10 s while the page is open.
+
+import { h, setChildren, clock, num } from './util.js';
+import { readJson } from './api.js';
+
+const WINDOWS = ['1h', '6h', '24h'];
+const EVERY_MS = 10000;
+
+export class HistoryChart {
+  constructor(app) {
+    this.app = app;
+    this.window = '1h';
+    this.chart = null;
+    this.decisions = [];
+    this.timer = null;
+    this.plot = h('div', { class: 'chart', 'data-testid': 'history-chart' });
+    this.note = h('div', { class: 'muted small', 'data-testid': 'history-note', text: ' ' });
+    this.buttons = WINDOWS.map((w) => h('button', { type: 'button', class: 'btn small', 'data-window': w, text: w,
+      'aria-pressed': String(w === this.window), on: { click: () => this.setWindow(w) } }));
+    this.el = h('div', {}, h('div', { class: 'controls' }, this.buttons), this.plot, this.note);
+  }
+
+  start() { this.load(); this.timer = setInterval(() => this.load(), EVERY_MS); }
+
+  stop() {
+    if (this.timer) clearInterval(this.timer);
+    if (this.chart) this.chart.destroy();
+    this.chart = null;
+    this.timer = null;
+  }
+
+  setWindow(w) {
+    this.window = w;
+    for (const b of this.buttons) b.setAttribute('aria-pressed', String(b.dataset.window === w));
+    this.plot.dataset.window = w;
+    this.load();
+  }
+
+  async load() {
+    let v;
+    try { v = await readJson(`/v1/apps/${encodeURIComponent(this.app)}/history?window=${this.window}`); }
+    catch (e) { this.note.textContent = `cannot load the history: ${e.message}`; return; }
+    const pts = v.points || [];
+    this.decisions = (v.decisions || []).filter((d) => d.at_ms).map((d) => ({ t: d.at_ms / 1000, text: `${d.action}: ${d.explanation || ''}` }));
+    const col = (k) => pts.map((p) => (p.v && p.v[k] != null ? p.v[k] : null));
+    const now = Date.now() / 1000;
+    const data = [pts.map((p) => p.t), col('desired'), col('running'), col('estimated'), col('capacity_cores')];
+    this.plot.dataset.points = String(pts.length);
+    this.plot.dataset.marks = String(this.decisions.length);
+    this.draw(data, now - v.window_s, now);
+    if (!pts.length) this.note.textContent = 'No sample yet (one every 10 s).';
+    else if (this.note.textContent === 'No sample yet (one every 10 s).') this.note.textContent = ' ';
+  }
+
+  draw(data, from, to) {
+    if (typeof window.uPlot !== 'function') { setChildren(this.plot, h('p', { class: 'muted', text: 'chart library missing' })); return; }
+    if (this.chart) { this.chart.setData(data, false); this.chart.setScale('x', { min: from, max: to }); return; }
+    if (!this.plot.isConnected) return;
+    const cs = getComputedStyle(document.body);
+    const ink = cs.getPropertyValue('--muted').trim() || '#666', grid = cs.getPropertyValue('--line').trim() || '#ddd';
+    const axis = (o) => ({ stroke: ink, grid: { stroke: grid, width: 1 }, ticks: { stroke: grid, width: 1 }, ...o });
+    const stepped = window.uPlot.paths?.stepped ? window.uPlot.paths.stepped({ align: 1 }) : undefined;
+    const self = this;
+    // Decisions as vertical dashed lines; the cursor within 8 px of one names it.
+    const marks = {
+      hooks: {
+        draw: [(u) => {
+          const ctx = u.ctx;
+          ctx.save();
+          ctx.strokeStyle = '#e08a00';
+          ctx.setLineDash([3, 3]);
+          for (const d of self.decisions) {
+            const x = Math.round(u.valToPos(d.t, 'x', true));
+            if (x < u.bbox.left || x > u.bbox.left + u.bbox.width) continue;
+            ctx.beginPath(); ctx.moveTo(x, u.bbox.top); ctx.lineTo(x, u.bbox.top + u.bbox.height); ctx.stroke();
+          }
+          ctx.restore();
+        }],
+        setCursor: [(u) => {
+          if (u.cursor.left == null || u.cursor.left < 0) return;
+          const near = self.decisions.find((d) => Math.abs(u.valToPos(d.t, 'x') - u.cursor.left) <= 8);
+          self.note.textContent = near ? `${clock(near.t * 1000)} · ${near.text}` : ' ';
+        }],
+      },
+    };
+    this.chart = new window.uPlot({
+      width: Math.max(300, this.plot.clientWidth || 600), height: 220,
+      plugins: [marks],
+      scales: { x: { time: true, min: from, max: to }, units: { auto: true, range: (u, min, max) => [0, Math.max(1, max * 1.15)] },
+        cores: { auto: true, range: (u, min, max) => [0, Math.max(1, max * 1.15)] } },
+      axes: [axis({}), axis({ scale: 'units', label: 'units', size: 50 }), axis({ scale: 'cores', side: 1, label: 'cores', grid: { show: false }, size: 50 })],
+      series: [
+        {},
+        { label: 'desired', scale: 'units', stroke: '#2f6fdf', width: 2, paths: stepped, value: (u, v) => v == null ? '–' : num(v, 0) },
+        { label: 'running', scale: 'units', stroke: '#26a65b', width: 2, paths: stepped, value: (u, v) => v == null ? '–' : num(v, 0) },
+        { label: 'estimated', scale: 'units', stroke: '#9b51e0', width: 1, dash: [4, 4], value: (u, v) => v == null ? '–' : num(v, 1) },
+        { label: 'cores', scale: 'cores', stroke: '#888', width: 1, paths: stepped, value: (u, v) => v == null ? '–' : num(v, 2) },
+      ],
+    }, data, this.plot);
+  }
+}
