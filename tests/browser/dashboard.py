@@ -17,7 +17,7 @@ a second `up --autoscale`), opens the page and checks, without ever reloading it
   another app sees neither;
 - a drain from the page moves the units off the node;
 - a node under a preemption notice shows `preempting`;
-- the pools page shows a pool's instances, and after a control-plane restart on the same
+- the pools page shows a pool's instances and its history chart, and after a control-plane restart on the same
   address the page reconnects by itself.
 
 A screenshot of each page goes to --out. Every process started is ended by its process
@@ -346,6 +346,9 @@ def main():
             page.goto(pool_up.url + "/#/pools")
             expect(page.get_by_test_id("pool-card")).to_have_count(1, timeout=15000)
             expect(page.locator("[data-testid=instance-row][data-state=running]").first).to_be_visible(timeout=15000)
+            # The pool's history chart gets its samples (every 10 s).
+            expect(page.locator("[data-testid=pool-card] [data-testid=history-chart]")).to_have_attribute(
+                "data-points", re.compile(r"^[1-9]"), timeout=25000)
             page.screenshot(path=os.path.join(a.out, "pools.png"), full_page=True)
 
             # The control plane restarts (same address, same data dir): the page says so,

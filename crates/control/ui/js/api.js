@@ -41,6 +41,8 @@ export async function refreshGrant() {
   const has = (s) => !g || g.open || (g.scopes || []).includes(s) || (g.scopes || []).includes('admin');
   for (const s of ['operate', 'deploy', 'admin']) document.body.toggleAttribute(`data-no-${s}`, !has(s));
   document.body.toggleAttribute('data-apps-limited', !!(g && g.apps));
+  // Pages that hide per app (a token limited to some apps) look again.
+  document.dispatchEvent(new CustomEvent('flotilla-grant'));
 }
 onTokenChange(() => { refreshGrant(); });
 

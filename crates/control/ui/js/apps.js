@@ -7,7 +7,7 @@ import { act, read, toast, mayChangeApp } from './api.js';
 import { SpecEditor } from './spec-editor.js';
 import { VersionsView } from './versions.js';
 import { EventsList } from './events-list.js';
-import { HistoryChart } from './history-chart.js';
+import { HistoryChart, APP_SERIES } from './history-chart.js';
 import { bar } from './federation.js';
 
 const UNIT_STATE_ORDER = ['running', 'starting', 'allocated', 'placing', 'queued', 'degraded', 'draining', 'stopping', 'failed', 'terminated'];
@@ -93,6 +93,8 @@ export function appPage(name) {
     title: name,
     mount(main) {
       ui.main = main;
+      ui.onGrant = () => ui.main.toggleAttribute('data-app-denied', !mayChangeApp(name));
+      document.addEventListener('flotilla-grant', ui.onGrant);
       ui.head = h('div', { class: 'page-head' });
       ui.units = h('div');
       ui.routes = h('div');
@@ -111,7 +113,7 @@ export function appPage(name) {
       ui.specState = h('span', { class: 'muted' });
       ui.versions = new VersionsView(name, () => loadSpec(true));
       ui.events = new EventsList(`app=${encodeURIComponent(name)}`);
-      ui.history = new HistoryChart(name);
+      ui.history = new HistoryChart(`${appPath(name)}/history`, APP_SERIES);
       setChildren(main,
         h('div', { class: 'crumbs' }, h('a', { href: '#/apps', text: 'Apps' }), ' / ', h('span', { text: name })),
         ui.head,
@@ -146,7 +148,7 @@ export function appPage(name) {
         setChildren(ui.head, h('h1', { text: name }), h('p', { class: 'muted', text: state.loading ? 'loading…' : 'no such app (it may have been removed)' }));
         return;
       }
-      ui.main.toggleAttribute('data-app-denied', !mayChangeApp(name));
+      ui.onGrant();
       renderHead(a);
       // Another operator (or an auto-revert) changed the spec in force: list it.
       const appliedAt = a.summary?.spec?.at_unix_ms;
@@ -160,6 +162,7 @@ export function appPage(name) {
       renderChart();
     },
     unmount() {
+      document.removeEventListener('flotilla-grant', ui.onGrant);
       ui.main.removeAttribute('data-app-denied');
       ui.events.stop();
       ui.history.stop();

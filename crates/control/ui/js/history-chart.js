@@ -1,7 +1,8 @@
-// The app page's history chart (`GET /v1/apps/{app}/history?window=`): desired, running
-// and estimated units and serving cores every 10 s for the last 1, 6 or 24 hours, kept by
-// the control plane across restarts; autoscaling decisions are marks on it, and the
-// cursor near one shows its explanation. Asked again every 10 s while the page is open.
+// History charts (`GET /v1/apps/{app}/history?window=`, `/v1/pools/{pool}/history`): an
+// app's desired, running and estimated units and serving cores, or a pool's running
+// instances by node type, every 10 s for the last 1, 6 or 24 hours, kept by the control
+// plane across restarts; autoscaling decisions are marks on it, and the cursor near one
+// shows its explanation. Asked again every 10 s while the page is open.
 
 import { h, setChildren, clock, num } from './util.js';
 import { readJson } from './api.js';
@@ -9,9 +10,24 @@ import { readJson } from './api.js';
 const WINDOWS = ['1h', '6h', '24h'];
 const EVERY_MS = 10000;
 
+const PALETTE = ['#2f6fdf', '#26a65b', '#9b51e0', '#e08a00', '#d13434', '#17a2b8', '#888'];
+
+/** The app chart's lines: units on the left axis, cores on the right. */
+const APP_SERIES = [
+  { key: 'desired', label: 'desired', scale: 'units', stroke: '#2f6fdf', width: 2, digits: 0 },
+  { key: 'running', label: 'running', scale: 'units', stroke: '#26a65b', width: 2, digits: 0 },
+  { key: 'estimated', label: 'estimated', scale: 'units', stroke: '#9b51e0', width: 1, dash: [4, 4], digits: 1 },
+  { key: 'capacity_cores', label: 'cores', scale: 'cores', stroke: '#888', width: 1, digits: 2 },
+];
+
+export { APP_SERIES };
+
 export class HistoryChart {
-  constructor(app) {
-    this.app = app;
+  /** `path`: the history route; `fixed`: the lines to draw, or none to draw one per key of the points (a pool's node types). */
+  constructor(path, fixed) {
+    this.path = path;
+    this.fixed = fixed;
+    this.keys = '';
     this.window = '1h';
     this.chart = null;
     this.decisions = [];
@@ -41,21 +57,26 @@ export class HistoryChart {
 
   async load() {
     let v;
-    try { v = await readJson(`/v1/apps/${encodeURIComponent(this.app)}/history?window=${this.window}`); }
+    try { v = await readJson(`${this.path}?window=${this.window}`); }
     catch (e) { this.note.textContent = `cannot load the history: ${e.message}`; return; }
     const pts = v.points || [];
     this.decisions = (v.decisions || []).filter((d) => d.at_ms).map((d) => ({ t: d.at_ms / 1000, text: `${d.action}: ${d.explanation || ''}` }));
     const col = (k) => pts.map((p) => (p.v && p.v[k] != null ? p.v[k] : null));
     const now = Date.now() / 1000;
-    const data = [pts.map((p) => p.t), col('desired'), col('running'), col('estimated'), col('capacity_cores')];
+    const lines = this.fixed || [...new Set(pts.flatMap((p) => Object.keys(p.v || {})))].sort()
+      .map((k, i) => ({ key: k, label: k, scale: 'units', stroke: k === 'total' ? '#333' : PALETTE[i % PALETTE.length], width: k === 'total' ? 2 : 1, digits: 0 }));
+    const keys = lines.map((l) => l.key).join(',');
+    if (this.chart && keys !== this.keys) { this.chart.destroy(); this.chart = null; this.plot.replaceChildren(); }
+    this.keys = keys;
+    const data = [pts.map((p) => p.t), ...lines.map((l) => col(l.key))];
     this.plot.dataset.points = String(pts.length);
     this.plot.dataset.marks = String(this.decisions.length);
-    this.draw(data, now - v.window_s, now);
+    this.draw(data, lines, now - v.window_s, now);
     if (!pts.length) this.note.textContent = 'No sample yet (one every 10 s).';
     else if (this.note.textContent === 'No sample yet (one every 10 s).') this.note.textContent = ' ';
   }
 
-  draw(data, from, to) {
+  draw(data, lines, from, to) {
     if (typeof window.uPlot !== 'function') { setChildren(this.plot, h('p', { class: 'muted', text: 'chart library missing' })); return; }
     if (this.chart) { this.chart.setData(data, false); this.chart.setScale('x', { min: from, max: to }); return; }
     if (!this.plot.isConnected) return;
@@ -91,14 +112,10 @@ export class HistoryChart {
       plugins: [marks],
       scales: { x: { time: true, min: from, max: to }, units: { auto: true, range: (u, min, max) => [0, Math.max(1, max * 1.15)] },
         cores: { auto: true, range: (u, min, max) => [0, Math.max(1, max * 1.15)] } },
-      axes: [axis({}), axis({ scale: 'units', label: 'units', size: 50 }), axis({ scale: 'cores', side: 1, label: 'cores', grid: { show: false }, size: 50 })],
-      series: [
-        {},
-        { label: 'desired', scale: 'units', stroke: '#2f6fdf', width: 2, paths: stepped, value: (u, v) => v == null ? '–' : num(v, 0) },
-        { label: 'running', scale: 'units', stroke: '#26a65b', width: 2, paths: stepped, value: (u, v) => v == null ? '–' : num(v, 0) },
-        { label: 'estimated', scale: 'units', stroke: '#9b51e0', width: 1, dash: [4, 4], value: (u, v) => v == null ? '–' : num(v, 1) },
-        { label: 'cores', scale: 'cores', stroke: '#888', width: 1, paths: stepped, value: (u, v) => v == null ? '–' : num(v, 2) },
-      ],
+      axes: [axis({}), axis({ scale: 'units', label: this.fixed ? 'units' : 'instances', size: 50 }),
+        ...(lines.some((l) => l.scale === 'cores') ? [axis({ scale: 'cores', side: 1, label: 'cores', grid: { show: false }, size: 50 })] : [])],
+      series: [{}, ...lines.map((l) => ({ label: l.label, scale: l.scale, stroke: l.stroke, width: l.width, dash: l.dash,
+        paths: l.dash ? undefined : stepped, value: (u, v) => v == null ? '–' : num(v, l.digits) }))],
     }, data, this.plot);
   }
 }

@@ -5,6 +5,7 @@ import { state } from './store.js';
 import { h, setChildren, num, pill, clock, agoEl, duration, resText } from './util.js';
 import { act, toast } from './api.js';
 import { nodeLink } from './apps.js';
+import { HistoryChart } from './history-chart.js';
 
 // Ray v2's lifecycle in its order (docs/architecture.md §19).
 export const INSTANCE_STATES = ['queued', 'requested', 'allocated', 'agent_starting', 'running', 'drain_requested',
@@ -20,11 +21,15 @@ export function poolsPage() {
   const edits = new Map();      // "pool/type" → {min, max} typed but not saved
   const showFinished = new Set(); // pools whose terminated instances are listed too
 
+  // A card's chart asks the server every 10 s: stop it with the card.
+  const dropAll = () => { for (const c of cards.values()) c.parts.history.stop(); cards.clear(); };
+
   const page = {
     title: 'Pools',
+    unmount() { dropAll(); },
     mount(main) {
       list = h('div', { class: 'pools' });
-      cards.clear();
+      dropAll();
       setChildren(main, h('div', { class: 'page-head' }, h('h1', { text: 'Pools' }),
         h('span', { class: 'muted', text: 'node pools grown and shrunk by the pool autoscaler (Ray autoscaler v2 lifecycle)' })), list);
       this.update({ all: true });
@@ -33,12 +38,14 @@ export function poolsPage() {
       if (!(d.all || d.poolSet || d.pools.size)) return;
       const names = [...state.pools.keys()].sort();
       if (!names.length) {
-        cards.clear();
+        dropAll();
         setChildren(list, h('p', { class: 'muted', text: state.loading ? 'loading…' : 'No pool has reported. Run `flotilla up --autoscale --pool examples/pool.toml` or `flotilla autoscaler --pool FILE`.' }));
         return;
       }
       if (d.all || d.poolSet) {
-        for (const n of [...cards.keys()]) if (!state.pools.has(n)) cards.delete(n);
+        for (const n of [...cards.keys()]) {
+          if (!state.pools.has(n)) { cards.get(n).parts.history.stop(); cards.delete(n); }
+        }
         for (const n of names) if (!cards.has(n)) cards.set(n, makeCard(n));
         setChildren(list, names.map((n) => cards.get(n).el));
       }
@@ -53,7 +60,9 @@ export function poolsPage() {
       demand: h('div'),
       instances: h('div'),
       decisions: h('div', { class: 'timeline' }),
+      history: new HistoryChart(`/v1/pools/${encodeURIComponent(name)}/history`),
     };
+    parts.history.start();
     // The types table holds inputs: don't replace it while the operator types in it.
     parts.types.addEventListener('focusout', () => setTimeout(() => { if (!parts.types.contains(document.activeElement)) renderTypes(name, parts.types); }, 0));
     const el = h('article', { class: 'card pool-card', 'data-testid': 'pool-card', 'data-pool': name },
@@ -62,6 +71,7 @@ export function poolsPage() {
       h('div', { class: 'two-col' },
         h('div', {}, h('h3', { text: 'Pending demand and floor' }), parts.demand),
         h('div', {}, h('h3', { text: 'Last passes' }), parts.decisions)),
+      h('h3', { text: 'Running instances by node type (every 10 s, kept for a day)' }), parts.history.el,
       h('h3', { text: 'Instances' }), parts.instances);
     return { el, parts };
   }
