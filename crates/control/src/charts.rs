@@ -135,6 +135,11 @@ async fn pool_history(
     metrics::counter!(m::API_REQUESTS.name, "route" => "/v1/pools/{pool}/history").increment(1);
     let window = window_s(window)?;
     let since = flotilla_core::system_ms() / 1000 - window;
-    let points = s.series.read(&format!("pool/{pool}"), since).ok_or_else(|| ControlError::NoSuchPool(pool.clone()))?;
+    // A pool that reported but was not sampled yet has an empty history.
+    let points = match s.series.read(&format!("pool/{pool}"), since) {
+        Some(p) => p,
+        None if s.pools.row_of(&pool).is_some() => Vec::new(),
+        None => return Err(ControlError::NoSuchPool(pool)),
+    };
     Ok(Json(json!({"pool": pool, "step_s": STEP_S, "window_s": window, "points": points})))
 }

@@ -72,8 +72,9 @@ export class HistoryChart {
     this.plot.dataset.points = String(pts.length);
     this.plot.dataset.marks = String(this.decisions.length);
     this.draw(data, lines, now - v.window_s, now);
+    // What the note said about loading is stale now; a decision under the cursor stays.
     if (!pts.length) this.note.textContent = 'No sample yet (one every 10 s).';
-    else if (this.note.textContent === 'No sample yet (one every 10 s).') this.note.textContent = ' ';
+    else if (!this.decisions.length || /^(No sample|cannot load)/.test(this.note.textContent)) this.note.textContent = ' ';
   }
 
   draw(data, lines, from, to) {
