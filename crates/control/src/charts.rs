@@ -107,7 +107,7 @@ async fn app_history(
 ) -> Result<Json<Value>, ControlError> {
     metrics::counter!(m::API_REQUESTS.name, "route" => "/v1/apps/{app}/history").increment(1);
     let window = window_s(window)?;
-    let since = flotilla_core::system_ms() / 1000 - window;
+    let since = (flotilla_core::system_ms() / 1000).saturating_sub(window);
     let points = s.series.read(&format!("app/{app}"), since);
     let handle = s.apps.get(&app).and_then(Result::ok);
     if points.is_none() && handle.is_none() {
@@ -134,7 +134,7 @@ async fn pool_history(
 ) -> Result<Json<Value>, ControlError> {
     metrics::counter!(m::API_REQUESTS.name, "route" => "/v1/pools/{pool}/history").increment(1);
     let window = window_s(window)?;
-    let since = flotilla_core::system_ms() / 1000 - window;
+    let since = (flotilla_core::system_ms() / 1000).saturating_sub(window);
     // A pool that reported but was not sampled yet has an empty history.
     let points = match s.series.read(&format!("pool/{pool}"), since) {
         Some(p) => p,

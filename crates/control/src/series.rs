@@ -63,7 +63,7 @@ impl Series {
         let w = db.begin_write().map_err(|e| at(&e))?;
         w.open_table(POINTS).map_err(|e| at(&e))?;
         w.commit().map_err(|e| at(&e))?;
-        let cutoff = flotilla_core::system_ms() / 1000 - KEEP_S;
+        let cutoff = (flotilla_core::system_ms() / 1000).saturating_sub(KEEP_S);
         let mut points: HashMap<String, VecDeque<Point>> = HashMap::new();
         {
             let r = db.begin_read().map_err(|e| at(&e))?;

@@ -168,10 +168,13 @@ impl TokenBook {
             if e.scopes.is_empty() {
                 problems.push(format!("{at}: no scope (read, operate, deploy or admin)"));
             }
-            if let Some(apps) = &e.apps
-                && (apps.is_empty() || apps.len() > 1_000)
-            {
-                problems.push(format!("{at}: apps must list 1 to 1,000 apps, or be left out for every app"));
+            if let Some(apps) = &e.apps {
+                if apps.is_empty() || apps.len() > 1_000 {
+                    problems.push(format!("{at}: apps must list 1 to 1,000 apps, or be left out for every app"));
+                }
+                for a in apps.iter().filter(|a| !flotilla_core::is_name(a)) {
+                    problems.push(format!("{at}: app {a:?} is not an app name (1-63 of [a-z0-9-])"));
+                }
             }
             let Some(hash) = parse_hex(&e.sha256) else {
                 problems.push(format!("{at}: sha256 must be 64 hex digits (the token's SHA-256)"));
