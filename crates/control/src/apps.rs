@@ -411,7 +411,7 @@ async fn get_spec(
     headers: HeaderMap,
 ) -> Result<Response, ControlError> {
     metrics::counter!(m::API_REQUESTS.name, "route" => "/v1/apps/{app}/spec").increment(1);
-    let hide = !s.credentials().shows_secrets(&headers);
+    let hide = !s.credentials().shows_secrets(&headers, &app);
     let shown = |text: String| if hide { crate::secrets::redact(&text) } else { text };
     match s.apps.get(&app) {
         Some(Ok(h)) => {

@@ -109,10 +109,12 @@ async fn app_history(
     let window = window_s(window)?;
     let since = (flotilla_core::system_ms() / 1000).saturating_sub(window);
     let points = s.series.read(&format!("app/{app}"), since);
-    let handle = s.apps.get(&app).and_then(Result::ok);
-    if points.is_none() && handle.is_none() {
+    let endpoint = s.apps.get(&app);
+    if points.is_none() && endpoint.is_none() {
         return Err(ControlError::NoSuchApp(app));
     }
+    // A standalone scheduler's app is not sampled here: its history is empty.
+    let handle = endpoint.and_then(Result::ok);
     let decisions: Vec<Value> = handle
         .map(|h| h.decisions())
         .into_iter()

@@ -101,6 +101,9 @@ pub struct Query {
 
 /// Most events one query returns.
 pub const MAX_LIMIT: usize = 1_000;
+/// Most events one query looks at (a filter that matches little stops here; a follower
+/// goes on from where it stopped).
+pub const MAX_SCANNED: usize = 100_000;
 
 impl Query {
     fn matches(&self, e: &Event) -> bool {
@@ -113,7 +116,9 @@ impl Query {
 
 enum Backend {
     Memory(BTreeMap<u64, String>),
-    Redb(Database),
+    /// Shared so a query reads without holding the writers' lock (redb readers see a
+    /// snapshot).
+    Redb(std::sync::Arc<Database>),
 }
 
 /// The events kept, and the number the next one gets.
@@ -154,7 +159,7 @@ impl Journal {
             metrics::gauge!(m::JOURNAL_KEPT.name).set(kept as f64);
             t.last().map_err(|e| at(&e))?.map_or(1, |(k, _)| k.value() + 1)
         };
-        Ok(Journal { inner: Mutex::new((Backend::Redb(db), next)), retention })
+        Ok(Journal { inner: Mutex::new((Backend::Redb(std::sync::Arc::new(db)), next)), retention })
     }
 
     /// Records `events` in one write, in order. A store that refuses is logged and
@@ -218,55 +223,67 @@ impl Journal {
         self.record(vec![e]);
     }
 
-    /// The events `q` asks for, oldest first, and the newest sequence number kept.
-    pub fn query(&self, q: &Query) -> Result<(Vec<Event>, u64), String> {
+    /// The events `q` asks for, oldest first; the newest sequence number kept; and the
+    /// last one looked at going forward (what a follower asks after next, so a filter
+    /// that matches nothing is not scanned again from the same place).
+    pub fn query(&self, q: &Query) -> Result<(Vec<Event>, u64, u64), String> {
         let limit = q.limit.clamp(1, MAX_LIMIT);
-        let g = self.inner.lock_or_recover();
-        let newest = g.1 - 1;
         let mut out = Vec::new();
-        let mut take = |json: &str| -> bool {
+        let mut scanned = 0usize;
+        let mut last = q.after.unwrap_or(0);
+        let mut take = |seq: u64, json: &str| -> bool {
+            scanned += 1;
+            last = last.max(seq);
             if let Ok(e) = serde_json::from_str::<Event>(json)
                 && q.matches(&e)
             {
                 out.push(e);
             }
-            out.len() < limit
+            out.len() < limit && scanned < MAX_SCANNED
         };
-        match &g.0 {
-            Backend::Memory(map) => match q.after {
+        let (db, newest) = {
+            let g = self.inner.lock_or_recover();
+            let newest = g.1 - 1;
+            match &g.0 {
+                Backend::Memory(map) => {
+                    match q.after {
+                        Some(a) => {
+                            for (k, j) in map.range(a.saturating_add(1)..) {
+                                if !take(*k, j) {
+                                    break;
+                                }
+                            }
+                        }
+                        None => {
+                            for (k, j) in map.iter().rev() {
+                                if !take(*k, j) {
+                                    break;
+                                }
+                            }
+                        }
+                    }
+                    (None, newest)
+                }
+                Backend::Redb(db) => (Some(db.clone()), newest),
+            }
+        };
+        if let Some(db) = db {
+            let r = db.begin_read().map_err(err)?;
+            let t = r.open_table(EVENTS).map_err(err)?;
+            match q.after {
                 Some(a) => {
-                    for (_, j) in map.range(a.saturating_add(1)..) {
-                        if !take(j) {
+                    for row in t.range(a.saturating_add(1)..).map_err(err)? {
+                        let (k, v) = row.map_err(err)?;
+                        if !take(k.value(), v.value()) {
                             break;
                         }
                     }
                 }
                 None => {
-                    for (_, j) in map.iter().rev() {
-                        if !take(j) {
+                    for row in t.iter().map_err(err)?.rev() {
+                        let (k, v) = row.map_err(err)?;
+                        if !take(k.value(), v.value()) {
                             break;
-                        }
-                    }
-                }
-            },
-            Backend::Redb(db) => {
-                let r = db.begin_read().map_err(err)?;
-                let t = r.open_table(EVENTS).map_err(err)?;
-                match q.after {
-                    Some(a) => {
-                        for row in t.range(a.saturating_add(1)..).map_err(err)? {
-                            let (_, v) = row.map_err(err)?;
-                            if !take(v.value()) {
-                                break;
-                            }
-                        }
-                    }
-                    None => {
-                        for row in t.iter().map_err(err)?.rev() {
-                            let (_, v) = row.map_err(err)?;
-                            if !take(v.value()) {
-                                break;
-                            }
                         }
                     }
                 }
@@ -274,8 +291,9 @@ impl Journal {
         }
         if q.after.is_none() {
             out.reverse();
+            last = newest;
         }
-        Ok((out, newest))
+        Ok((out, newest, last))
     }
 }
 
@@ -334,7 +352,10 @@ mod tests {
             NewEvent::new("scale", "echo: desired units 3").app("echo").by(Some("ops".into())),
         ]);
         j.record(vec![NewEvent::new("unit", "echo-1: queued → running").app("echo").unit("echo-1")]);
-        let all = |q: Query| j.query(&Query { limit: 100, ..q }).unwrap();
+        let all = |q: Query| {
+            let (e, n, _) = j.query(&Query { limit: 100, ..q }).unwrap();
+            (e, n)
+        };
         let (events, newest) = all(Query::default());
         assert_eq!(newest, 3);
         assert_eq!(events.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![1, 2, 3]);
@@ -346,7 +367,12 @@ mod tests {
         let (after, _) = all(Query { after: Some(1), kind: Some("unit".into()), ..Default::default() });
         assert_eq!(after.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![3]);
         // Without `after`, the newest `limit` matching, oldest first.
-        let (tail, _) = j.query(&Query { limit: 2, ..Default::default() }).unwrap();
+        let (tail, _, _) = j.query(&Query { limit: 2, ..Default::default() }).unwrap();
+        // Going forward, a filter that matches nothing still moves the follower on.
+        let (none, _, next) =
+            j.query(&Query { after: Some(0), kind: Some("nope".into()), limit: 10, ..Default::default() }).unwrap();
+        assert!(none.is_empty());
+        assert_eq!(next, 3);
         assert_eq!(tail.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![2, 3]);
         let (none, _) = all(Query { since_unix_ms: Some(u64::MAX), ..Default::default() });
         assert!(none.is_empty());
@@ -362,7 +388,7 @@ mod tests {
         // Reopened: the events are there and numbering goes on.
         let j = Journal::open(&path, Retention::default()).unwrap();
         j.record(vec![NewEvent::new("apply", "echo: version 2").app("echo")]);
-        let (events, newest) = j.query(&Query { limit: 10, ..Default::default() }).unwrap();
+        let (events, newest, _) = j.query(&Query { limit: 10, ..Default::default() }).unwrap();
         assert_eq!((events.len(), newest, events[3].seq), (4, 4, 4));
         std::fs::remove_dir_all(&dir).unwrap();
     }
@@ -376,7 +402,7 @@ mod tests {
             for i in 0..12 {
                 j.record(vec![NewEvent::new("unit", format!("{i}"))]);
             }
-            let (events, newest) = j.query(&Query { limit: 100, ..Default::default() }).unwrap();
+            let (events, newest, _) = j.query(&Query { limit: 100, ..Default::default() }).unwrap();
             assert_eq!(events.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![8, 9, 10, 11, 12]);
             assert_eq!(newest, 12);
         }
@@ -385,7 +411,7 @@ mod tests {
         old.record(vec![NewEvent::new("unit", "a")]);
         std::thread::sleep(std::time::Duration::from_millis(5));
         old.record(vec![NewEvent::new("unit", "b")]);
-        let (events, _) = old.query(&Query { limit: 100, ..Default::default() }).unwrap();
+        let (events, _, _) = old.query(&Query { limit: 100, ..Default::default() }).unwrap();
         assert_eq!(events.iter().map(|e| e.message.as_str()).collect::<Vec<_>>(), vec!["b"]);
         std::fs::remove_dir_all(&dir).unwrap();
     }
@@ -435,10 +461,9 @@ async fn history(
     }
     let q = Query { after: p.after, since_unix_ms, app: p.app, node: p.node, kind: p.kind, limit };
     let journal = s.journal.clone();
-    let (events, newest) = tokio::task::spawn_blocking(move || journal.query(&q))
+    let (events, newest, next_after) = tokio::task::spawn_blocking(move || journal.query(&q))
         .await
         .map_err(|e| crate::ControlError::Storage(e.to_string()))?
         .map_err(crate::ControlError::Storage)?;
-    let next_after = events.last().map_or(p.after.unwrap_or(newest), |e| e.seq);
     Ok(axum::Json(serde_json::json!({"events": events, "newest": newest, "next_after": next_after})))
 }

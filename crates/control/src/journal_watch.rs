@@ -108,8 +108,12 @@ impl Seen {
                         .filter(|u| u.created_unix_ms < self.since_unix_ms)
                         .map(|u| (u.unit_id.clone(), u.state))
                         .collect();
+                    // Likewise decisions: the newest made before the watcher started is the
+                    // last one seen (a restart does not record the kept ones again).
+                    let since = self.since_unix_ms;
+                    let older = decisions.iter().find(|d| d["at"].as_u64().is_none_or(|at| at < since)).cloned();
                     let mut seen =
-                        AppSeen { status: status.clone(), units, rollout: rollout_key(status), newest_decision: None };
+                        AppSeen { status: status.clone(), units, rollout: rollout_key(status), newest_decision: older };
                     app_changes(&mut seen, status, &mut out);
                     self.apps.insert(app.to_string(), seen);
                 }

@@ -65,18 +65,30 @@ impl Series {
         w.commit().map_err(|e| at(&e))?;
         let cutoff = (flotilla_core::system_ms() / 1000).saturating_sub(KEEP_S);
         let mut points: HashMap<String, VecDeque<Point>> = HashMap::new();
+        let mut stale = Vec::new();
         {
             let r = db.begin_read().map_err(|e| at(&e))?;
             let t = r.open_table(POINTS).map_err(|e| at(&e))?;
             for row in t.iter().map_err(|e| at(&e))? {
                 let (k, v) = row.map_err(|e| at(&e))?;
                 let Some((series, _)) = k.value().rsplit_once('@') else { continue };
-                let Ok(p) = serde_json::from_str::<Point>(v.value()) else { continue };
-                if p.t >= cutoff && (points.len() < MAX_SERIES || points.contains_key(series)) {
-                    points.entry(series.to_string()).or_default().push_back(p);
+                match serde_json::from_str::<Point>(v.value()) {
+                    Ok(p) if p.t >= cutoff && (points.len() < MAX_SERIES || points.contains_key(series)) => {
+                        points.entry(series.to_string()).or_default().push_back(p);
+                    }
+                    _ => stale.push(k.value().to_string()),
                 }
             }
         }
+        // What is past the day (or unreadable) goes now: the file stays a day's worth.
+        let w = db.begin_write().map_err(|e| at(&e))?;
+        {
+            let mut t = w.open_table(POINTS).map_err(|e| at(&e))?;
+            for k in &stale {
+                t.remove(k.as_str()).map_err(|e| at(&e))?;
+            }
+        }
+        w.commit().map_err(|e| at(&e))?;
         Ok(Series { points: Mutex::new(points), db: Some(db) })
     }
 
@@ -103,12 +115,17 @@ impl Series {
             let p = Point { t, v };
             added.push((key(&series, t), serde_json::to_string(&p).map_err(err)?));
             q.push_back(p);
+        }
+        // Every series ages, sampled or not (an app removed): an emptied one is dropped,
+        // and its place under MAX_SERIES freed.
+        for (series, q) in g.iter_mut() {
             while q.front().is_some_and(|p| p.t < cutoff) {
                 if let Some(old) = q.pop_front() {
-                    dropped.push(key(&series, old.t));
+                    dropped.push(key(series, old.t));
                 }
             }
         }
+        g.retain(|_, q| !q.is_empty());
         drop(g);
         let Some(db) = &self.db else { return Ok(()) };
         let w = db.begin_write().map_err(err)?;

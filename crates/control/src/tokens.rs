@@ -256,6 +256,7 @@ pub struct Tokens {
     file: Option<PathBuf>,
     /// One writer of the file at a time (create and revoke read, change, write it).
     writing: Mutex<()>,
+    ever_had: std::sync::atomic::AtomicBool,
 }
 
 /// Why a token could not be made or revoked.
@@ -290,6 +291,13 @@ impl Tokens {
     /// Reads the file again; a missing file is an empty book. On an error the book in
     /// force stays. Returns whether it changed.
     pub fn reload(&self) -> Result<bool, String> {
+        let _one = self.writing.lock().unwrap_or_else(|p| p.into_inner());
+        self.reload_locked()
+    }
+
+    /// [`Tokens::reload`], with the writer's lock held: a reload never puts back a book
+    /// a create or revoke replaced.
+    fn reload_locked(&self) -> Result<bool, String> {
         let Some(path) = &self.file else { return Ok(false) };
         let text = match std::fs::read_to_string(path) {
             Ok(t) => t,
@@ -299,15 +307,30 @@ impl Tokens {
         let book = TokenBook::parse(&text).map_err(|e| format!("{}: {e}", path.display()))?;
         let changed = book.entries != self.book.load().entries;
         if changed {
-            self.book.store(Arc::new(book));
+            self.store(book);
         }
         Ok(changed)
+    }
+
+    fn store(&self, book: TokenBook) {
+        if !book.is_empty() {
+            self.ever_had.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        self.book.store(Arc::new(book));
+    }
+
+    /// Whether named tokens ever were in force here: then an emptied, deleted or fully
+    /// revoked file leaves the API closed (only the API token, if any), never open.
+    pub fn ever_had(&self) -> bool {
+        self.ever_had.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Makes a token, writes its hash to the file, and returns the token (shown once).
     pub fn create(&self, name: &str, scopes: &[String], apps: Option<Vec<String>>) -> Result<String, TokenError> {
         let path = self.file.clone().ok_or(TokenError::NoFile)?;
         let _one = self.writing.lock().unwrap_or_else(|p| p.into_inner());
+        // From the file as it is now: a hand edit made since the last reload stays.
+        self.reload_locked().map_err(TokenError::Storage)?;
         let token = new_token().map_err(TokenError::Storage)?;
         let mut entries = self.book.load().entries.clone();
         entries.push(TokenEntry {
@@ -324,6 +347,7 @@ impl Tokens {
     pub fn revoke(&self, name: &str) -> Result<(), TokenError> {
         let path = self.file.clone().ok_or(TokenError::NoFile)?;
         let _one = self.writing.lock().unwrap_or_else(|p| p.into_inner());
+        self.reload_locked().map_err(TokenError::Storage)?;
         let mut entries = self.book.load().entries.clone();
         let before = entries.len();
         entries.retain(|e| e.name != name);
@@ -338,7 +362,7 @@ impl Tokens {
         let text = book.to_toml().map_err(TokenError::Storage)?;
         flotilla_obs::fsutil::write_atomic(path, text.as_bytes(), 0o600)
             .map_err(|e| TokenError::Storage(format!("{}: {e}", path.display())))?;
-        self.book.store(Arc::new(book));
+        self.store(book);
         Ok(())
     }
 }
@@ -353,7 +377,7 @@ pub struct Credentials {
 impl Credentials {
     /// Whether any token is set up: without one every call is open (a development setup).
     pub fn configured(&self) -> bool {
-        self.api_token.get().is_some() || !self.tokens.book().is_empty()
+        self.api_token.get().is_some() || self.tokens.ever_had() || !self.tokens.book().is_empty()
     }
 
     /// The grant of the request's bearer token, if it carries a valid one. Not counted:
@@ -383,10 +407,10 @@ impl Credentials {
         })
     }
 
-    /// Whether the reader is shown what only deployers see (secret-looking env values in
-    /// specs): no token is set up, or its token has the `deploy` scope.
-    pub fn shows_secrets(&self, headers: &HeaderMap) -> bool {
-        !self.configured() || self.carried(headers).is_some_and(|g| g.has(Scope::Deploy))
+    /// Whether the reader is shown what only deployers of `app` see (secret-looking env
+    /// values in its specs): no token is set up, or its token may deploy that app.
+    pub fn shows_secrets(&self, headers: &HeaderMap, app: &str) -> bool {
+        !self.configured() || self.carried(headers).is_some_and(|g| g.refuses(Scope::Deploy, Some(app)).is_none())
     }
 }
 
@@ -421,6 +445,30 @@ mod tests {
         assert!(book.find("t-nope").is_none());
         assert_eq!(Grant::admin("a").refuses(Scope::Admin, None), None);
         assert_eq!(Grant::admin("a").refuses(Scope::Deploy, Some("x")), None);
+    }
+
+    #[test]
+    fn secrets_are_shown_to_tokens_that_may_deploy_that_app() {
+        let dir = std::env::temp_dir().join(format!("flotilla-tokens-secrets-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("tokens.toml");
+        std::fs::write(
+            &path,
+            entry("ci", &["deploy"], Some(&["echo"]), "t-ci") + &entry("ops", &["operate"], None, "t-ops"),
+        )
+        .unwrap();
+        let creds = Credentials { api_token: Default::default(), tokens: Arc::new(Tokens::open(Some(path)).unwrap()) };
+        let with = |t: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(header::AUTHORIZATION, format!("Bearer {t}").parse().unwrap());
+            h
+        };
+        assert!(creds.shows_secrets(&with("t-ci"), "echo"));
+        assert!(!creds.shows_secrets(&with("t-ci"), "billing"), "limited to echo");
+        assert!(!creds.shows_secrets(&with("t-ops"), "echo"), "operate is not deploy");
+        assert!(!creds.shows_secrets(&HeaderMap::new(), "echo"));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
@@ -459,9 +507,19 @@ mod tests {
         std::fs::write(&path, "[[token]]\nname = \"ci\"\nscopes = [\"superuser\"]\nsha256 = \"00\"\n").unwrap();
         assert!(other.reload().unwrap_err().contains("superuser"));
         assert!(other.book().find(&token).is_some());
+        // A hand edit made since the last reload is kept by the next create.
+        std::fs::write(&path, &text).unwrap();
+        let extra = t.create("ops", &["operate".into()], None).unwrap();
+        let now = std::fs::read_to_string(&path).unwrap();
+        assert!(now.contains("name = \"ci\"") && now.contains("name = \"ops\""), "{now}");
+        t.revoke("ops").unwrap();
+        assert!(t.book().find(&extra).is_none());
         t.revoke("ci").unwrap();
         assert!(t.book().find(&token).is_none());
+        assert!(t.book().is_empty() && t.ever_had(), "the last token revoked: closed, not open");
         assert!(matches!(t.revoke("ci"), Err(TokenError::NoSuchToken(_))));
+        let creds = Credentials { api_token: Default::default(), tokens: Arc::new(t) };
+        assert!(creds.configured());
         assert!(other.reload().unwrap());
         assert!(other.book().find(&token).is_none());
         assert!(matches!(Tokens::default().create("x", &[], None), Err(TokenError::NoFile)));

@@ -51,6 +51,23 @@ fn version_row(v: &SpecVersion, before: Option<&SpecVersion>, in_force: u64, sec
     })
 }
 
+/// Hides secret-looking values in the changes of a versions answer (a standalone
+/// scheduler's, passed on).
+fn redact_rows(v: &mut Value) {
+    for row in v["versions"].as_array_mut().into_iter().flatten() {
+        for c in row["changes"].as_array_mut().into_iter().flatten() {
+            let text = |k: &str| c[k].as_str().map(str::to_string);
+            let mut change = flotilla_scheduler::diff::Change {
+                path: text("path").unwrap_or_default(),
+                before: text("before"),
+                after: text("after"),
+            };
+            crate::secrets::redact_change(&mut change);
+            *c = json!(change);
+        }
+    }
+}
+
 /// `GET /v1/apps/{app}/versions`: the kept versions, newest first.
 #[tracing::instrument(name = "list_versions", skip(s, headers))]
 async fn list_versions(
@@ -62,7 +79,7 @@ async fn list_versions(
     match s.apps.get(&app) {
         Some(Ok(h)) => {
             let st = h.status();
-            let secrets = s.credentials().shows_secrets(&headers);
+            let secrets = s.credentials().shows_secrets(&headers, &app);
             let in_force = st.versions.last().map_or(0, |v| v.version);
             let rows: Vec<Value> = st
                 .versions
@@ -75,10 +92,14 @@ async fn list_versions(
         }
         Some(Err(url)) => {
             let text = remote_text(&s.http, &url, &format!("/v1/apps/{app}/versions"), &headers).await?;
-            let v = serde_json::from_str(&text).map_err(|e| ControlError::SchedulerUnreachable {
+            let mut v: Value = serde_json::from_str(&text).map_err(|e| ControlError::SchedulerUnreachable {
                 url: url.clone(),
                 message: format!("its versions are not JSON: {e}"),
             })?;
+            // The scheduler judged the token by its own file; this plane's judgement holds too.
+            if !s.credentials().shows_secrets(&headers, &app) {
+                redact_rows(&mut v);
+            }
             Ok(Json(v))
         }
         None => Err(not_found(&app)),
@@ -107,9 +128,12 @@ async fn get_version(
                 };
                 return Err(flotilla_scheduler::CommandError::NoSuchVersion { app, version: n, kept }.into());
             };
-            if s.credentials().shows_secrets(&headers) { v.spec.clone() } else { crate::secrets::redact(&v.spec) }
+            if s.credentials().shows_secrets(&headers, &app) { v.spec.clone() } else { crate::secrets::redact(&v.spec) }
         }
-        Some(Err(url)) => remote_text(&s.http, &url, &format!("/v1/apps/{app}/versions/{n}"), &headers).await?,
+        Some(Err(url)) => {
+            let text = remote_text(&s.http, &url, &format!("/v1/apps/{app}/versions/{n}"), &headers).await?;
+            if s.credentials().shows_secrets(&headers, &app) { text } else { crate::secrets::redact(&text) }
+        }
         None => return Err(not_found(&app)),
     };
     Ok(([(CONTENT_TYPE, "text/plain; charset=utf-8")], text).into_response())

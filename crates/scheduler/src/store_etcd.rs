@@ -19,8 +19,9 @@
 //! paged range read. etcd refuses a transaction of more than 128 operations
 //! (`--max-txn-ops`) or 1.5 MiB (`--max-request-bytes`) by default, so a batch beyond
 //! [`MAX_TXN_OPS`] operations or [`MAX_TXN_BYTES`] is split into several transactions,
-//! written in order: the `meta/` keys first (the generation counter goes ahead before
-//! any unit that uses it), then versions, intents, units and decisions. A crash between two of
+//! written in order: the `meta/` keys and versions first (the generation counter goes
+//! ahead before any unit that uses it; a spec lands with its version), then intents, units
+//! and decisions. A crash between two of
 //! them leaves records that are each whole and a counter that is never behind: units
 //! whose record did not land are re-queued, claims without a record are released by the
 //! orphan sweep, so a split batch never places anything twice. A pass of up to about
@@ -165,10 +166,15 @@ impl EtcdStore {
         }
         let rank = |k: &str| {
             let rest = &k[base.len()..];
-            ["meta/", "versions/", "intents/", "units/", "decisions/"]
-                .iter()
-                .position(|p| rest.starts_with(p))
-                .unwrap_or(5)
+            // A spec and its version go together (the same rank keeps the batch's order, and
+            // an apply's batch is far below one transaction's bounds).
+            match rest {
+                r if r.starts_with("meta/") || r.starts_with("versions/") => 0,
+                r if r.starts_with("intents/") => 1,
+                r if r.starts_with("units/") => 2,
+                r if r.starts_with("decisions/") => 3,
+                _ => 4,
+            }
         };
         let mut ops: Vec<Op> = order.into_iter().map(|key| Op { value: last.remove(&key).flatten(), key }).collect();
         // Stable: within a kind, keys keep the batch's order.

@@ -56,9 +56,13 @@ export class HistoryChart {
   }
 
   async load() {
+    // Answers may arrive out of order (a slow 24 h one after a quick 1 h one): only the
+    // newest request's is drawn.
+    const asked = (this.asked = (this.asked || 0) + 1);
     let v;
     try { v = await readJson(`${this.path}?window=${this.window}`); }
-    catch (e) { this.note.textContent = `cannot load the history: ${e.message}`; return; }
+    catch (e) { if (asked === this.asked) this.note.textContent = `cannot load the history: ${e.message}`; return; }
+    if (asked !== this.asked) return;
     const pts = v.points || [];
     this.decisions = (v.decisions || []).filter((d) => d.at_ms).map((d) => ({ t: d.at_ms / 1000, text: `${d.action}: ${d.explanation || ''}` }));
     const col = (k) => pts.map((p) => (p.v && p.v[k] != null ? p.v[k] : null));

@@ -12,6 +12,9 @@ use crate::planner::{ClassCache, MemberRequest, PlanInput, place_unit};
 use crate::rollout::counts_toward_desired;
 use crate::spec::AppSpec;
 
+/// Most units a plan places dry (the rest of a larger first step is not tried).
+pub const MAX_TRIED: u32 = 1_000;
+
 /// What `apply` of a spec would do now.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ApplyPlan {
@@ -30,7 +33,7 @@ pub struct ApplyPlan {
     /// The units the first step places (the first batch of replacements and the new
     /// units), against the cluster view as it is now.
     pub to_place: u32,
-    /// Of those, how many fit, and why the rest do not (the planner's reasons, one
+    /// Of those (the first [`MAX_TRIED`]), how many fit, and why the rest do not (the planner's reasons, one
     /// entry per distinct reason with how many units it stops).
     pub fit: u32,
     pub cannot_place: Vec<CannotPlace>,
@@ -66,7 +69,9 @@ impl Scheduler {
         let slots = self.cluster.slots();
         let stop = crate::repair::scale_in_order(&counted, counted.len().saturating_sub(desired), &slots);
         let to_place = roll.first().map_or(0, Vec::len) as u32 + create;
-        let (fit, cannot_place) = self.try_placing(spec, to_place, &slots);
+        // A dry placement runs on the scheduler's loop: a huge first step is judged by
+        // its first units.
+        let (fit, cannot_place) = self.try_placing(spec, to_place.min(MAX_TRIED), &slots);
         Ok(ApplyPlan {
             app: spec.name.clone(),
             in_force: self.version_in_force(),
