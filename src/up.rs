@@ -196,6 +196,8 @@ pub async fn run(a: UpArgs, log_format: LogFormat) -> anyhow::Result<()> {
     anyhow::ensure!(n_agents <= 1000, "--agents must be at most 1000");
     // Read before anything starts, so a bad pool file stops `up` at once.
     let pool = if a.autoscale { Some(crate::pool::load_pool(a.pool.as_deref())?) } else { None };
+    // From here a SIGTERM or Ctrl-C stops `up` cleanly, even during its start.
+    let stop = shutdown_signal();
     let data = DataDir::prepare(&a.data)?;
     let agents_dir = data.dir.join("agents");
     flotilla_obs::fsutil::create_dir_all(&agents_dir)?;
@@ -325,7 +327,6 @@ pub async fn run(a: UpArgs, log_format: LogFormat) -> anyhow::Result<()> {
     println!("  try: flotilla nodes");
 
     let mut poll = tokio::time::interval(Duration::from_millis(500));
-    let stop = shutdown_signal();
     tokio::pin!(stop);
     loop {
         tokio::select! {
