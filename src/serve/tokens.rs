@@ -91,14 +91,16 @@ pub fn api_token_file(path: PathBuf, token: flotilla_core::SharedToken) -> Token
     }
 }
 
-/// Follows the named tokens' file (`flotilla token create` writes it; operators may edit
-/// it): read again on SIGHUP and every 10 s. A file that does not load changes nothing
-/// (logged and counted): the tokens in force stay.
-pub fn follow_token_book(tokens: Arc<flotilla_control::tokens::Tokens>) -> anyhow::Result<()> {
-    use flotilla_control::catalogue as cm;
+/// Runs `read` on SIGHUP and every [`TOKEN_RELOAD`] (in a span naming `file` and why),
+/// counting each outcome it returns in `reloads{result}`. The handler is installed before
+/// this returns, so a SIGHUP from then on never kills the process.
+fn follow(
+    file: String,
+    reloads: flotilla_obs::Family,
+    mut read: impl FnMut() -> &'static str + Send + 'static,
+) -> anyhow::Result<()> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut hup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
-    metrics::gauge!(cm::TOKENS.name).set(tokens.book().grants().len() as f64);
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(TOKEN_RELOAD);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -108,33 +110,43 @@ pub fn follow_token_book(tokens: Arc<flotilla_control::tokens::Tokens>) -> anyho
                 _ = tick.tick() => "timer",
                 _ = hup.recv() => "SIGHUP",
             };
-            let file = tokens.file().map(|p| p.display().to_string()).unwrap_or_default();
             let _span = tracing::info_span!("tokens_reload", %file, why).entered();
-            let result = match tokens.reload() {
-                Ok(true) => {
-                    tracing::info!(tokens = tokens.book().grants().len(), "named API tokens reloaded");
-                    "ok"
-                }
-                Ok(false) => "unchanged",
-                Err(e) => {
-                    tracing::error!(error = %e, "the tokens file does not load: keeping the tokens in force");
-                    "error"
-                }
-            };
-            metrics::counter!(cm::TOKENS_RELOADED.name, "result" => result).increment(1);
-            metrics::gauge!(cm::TOKENS.name).set(tokens.book().grants().len() as f64);
+            let result = read();
+            metrics::counter!(reloads.name, "result" => result).increment(1);
         }
     });
     Ok(())
+}
+
+/// Follows the named tokens' file (`flotilla token create` writes it; operators may edit
+/// it). A file that does not load changes nothing (logged and counted): the tokens in
+/// force stay.
+pub fn follow_token_book(tokens: Arc<flotilla_control::tokens::Tokens>) -> anyhow::Result<()> {
+    use flotilla_control::catalogue as cm;
+    let count = |t: &flotilla_control::tokens::Tokens| t.book().grants().len() as f64;
+    metrics::gauge!(cm::TOKENS.name).set(count(&tokens));
+    let file = tokens.file().map(|p| p.display().to_string()).unwrap_or_default();
+    follow(file, cm::TOKENS_RELOADED, move || {
+        let result = match tokens.reload() {
+            Ok(true) => {
+                tracing::info!(tokens = count(&tokens), "named API tokens reloaded");
+                "ok"
+            }
+            Ok(false) => "unchanged",
+            Err(e) => {
+                tracing::error!(error = %e, "the tokens file does not load: keeping the tokens in force");
+                "error"
+            }
+        };
+        metrics::gauge!(cm::TOKENS.name).set(count(&tokens));
+        result
+    })
 }
 
 /// Reads the file again on SIGHUP and every 10 s, and applies the tokens when they
 /// changed. A file that cannot be read, or holds no token, changes nothing (it is logged
 /// and counted).
 pub fn reload_tokens(file: TokenFile) -> anyhow::Result<()> {
-    use tokio::signal::unix::{SignalKind, signal};
-    // Installed before returning, so a SIGHUP from now on never kills the process.
-    let mut hup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
     let TokenFile { name, path, mut current, apply, metrics: (gauge, reloads) } = file;
     let accepted = move |n: usize| {
         if let Some(g) = gauge {
@@ -142,36 +154,23 @@ pub fn reload_tokens(file: TokenFile) -> anyhow::Result<()> {
         }
     };
     accepted(current.len());
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(TOKEN_RELOAD);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        tick.tick().await;
-        loop {
-            let why = tokio::select! {
-                _ = tick.tick() => "timer",
-                _ = hup.recv() => "SIGHUP",
-            };
-            let _span = tracing::info_span!("tokens_reload", file = %path.display(), why).entered();
-            let result = match crate::secrets::read_tokens(&path) {
-                Ok(tokens) if tokens.is_empty() => {
-                    tracing::error!(kept = current.len(), "the file holds no token: keeping the ones accepted now");
-                    "error"
-                }
-                Ok(tokens) if tokens == current => "unchanged",
-                Ok(tokens) => {
-                    apply(&tokens);
-                    tracing::info!(before = current.len(), now = tokens.len(), "{name} tokens reloaded");
-                    accepted(tokens.len());
-                    current = tokens;
-                    "changed"
-                }
-                Err(e) => {
-                    tracing::error!(error = %format!("{e:#}"), kept = current.len(), "cannot read the tokens: keeping the ones accepted now");
-                    "error"
-                }
-            };
-            metrics::counter!(reloads.name, "result" => result).increment(1);
+    let shown = path.display().to_string();
+    follow(shown, reloads, move || match crate::secrets::read_tokens(&path) {
+        Ok(tokens) if tokens.is_empty() => {
+            tracing::error!(kept = current.len(), "the file holds no token: keeping the ones accepted now");
+            "error"
         }
-    });
-    Ok(())
+        Ok(tokens) if tokens == current => "unchanged",
+        Ok(tokens) => {
+            apply(&tokens);
+            tracing::info!(before = current.len(), now = tokens.len(), "{name} tokens reloaded");
+            accepted(tokens.len());
+            current = tokens;
+            "changed"
+        }
+        Err(e) => {
+            tracing::error!(error = %format!("{e:#}"), kept = current.len(), "cannot read the tokens: keeping the ones accepted now");
+            "error"
+        }
+    })
 }

@@ -8,7 +8,7 @@ use serde::Serialize;
 use super::Scheduler;
 use super::error::CommandError;
 use crate::diff::{Change, spec_diff};
-use crate::planner::{ClassCache, MemberRequest, PlanInput, place_unit};
+use crate::planner::{ClassCache, PlanInput, place_unit};
 use crate::rollout::counts_toward_desired;
 use crate::spec::AppSpec;
 
@@ -93,11 +93,7 @@ impl Scheduler {
         n: u32,
         slots: &[std::sync::Arc<flotilla_view::ShardSlot>],
     ) -> (u32, Vec<CannotPlace>) {
-        let requests: Vec<MemberRequest> = spec
-            .members()
-            .iter()
-            .map(|(member, _, t)| MemberRequest { member: member.clone(), resources: t.resources() })
-            .collect();
+        let requests = super::planning::member_requests(spec);
         let mut pending = self.planning.pending_by_node();
         let mut per_domain = self.units_per_domain();
         let mut per_node = self.units_per_node(None);
@@ -116,16 +112,7 @@ impl Scheduler {
             match place_unit(&input, &requests, &mut cache, &mut rng) {
                 Ok(p) => {
                     fit += 1;
-                    for (m, r) in p.members.iter().zip(&requests) {
-                        super::planning::add(&mut pending, &m.node, &r.resources);
-                    }
-                    let mut nodes: Vec<_> = p.members.iter().map(|m| &m.node).collect();
-                    nodes.sort();
-                    nodes.dedup();
-                    for node in nodes {
-                        *per_node.entry(node.clone()).or_insert(0) += 1;
-                    }
-                    *per_domain.entry(p.domain).or_insert(0) += 1;
+                    super::planning::hold(&p, &requests, &mut pending, &mut per_node, &mut per_domain);
                 }
                 Err(why) => *reasons.entry(why.to_string()).or_default() += 1,
             }

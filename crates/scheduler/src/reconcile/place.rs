@@ -15,7 +15,7 @@ use super::handle::Stats;
 use super::ledgers::{CommitError, claims, member_records};
 use super::{Scheduler, save};
 use crate::lifecycle::UnitState;
-use crate::planner::{MemberRequest, NodeMap, Placement, PlanInput, place_unit};
+use crate::planner::{NodeMap, Placement, PlanInput, place_unit};
 use crate::store::{StoreError, Write};
 
 /// Units planned between two yields to the runtime (a few milliseconds of work).
@@ -86,12 +86,7 @@ impl Scheduler {
     /// the view as it is then, so what others committed meanwhile is not claimed again.
     async fn plan(&mut self, ids: &[String]) -> (ByShard, Vec<String>) {
         let mut slots = self.cluster.slots();
-        let requests: Vec<MemberRequest> = self
-            .spec
-            .members()
-            .iter()
-            .map(|(member, _, t)| MemberRequest { member: member.clone(), resources: t.resources() })
-            .collect();
+        let requests = super::planning::member_requests(&self.spec);
         let mut pending = self.planning.pending_by_node();
         let mut per_domain = self.units_per_domain();
         let mut per_node = self.units_per_node(None);
@@ -146,16 +141,7 @@ impl Scheduler {
                     still.push(id.clone());
                 }
                 Ok(p) => {
-                    for (m, r) in p.members.iter().zip(&requests) {
-                        super::planning::add(&mut pending, &m.node, &r.resources);
-                    }
-                    let mut nodes: Vec<&NodeId> = p.members.iter().map(|m| &m.node).collect();
-                    nodes.sort();
-                    nodes.dedup();
-                    for n in nodes {
-                        *per_node.entry(n.clone()).or_insert(0) += 1;
-                    }
-                    *per_domain.entry(p.domain.clone()).or_insert(0) += 1;
+                    super::planning::hold(&p, &requests, &mut pending, &mut per_node, &mut per_domain);
                     unit.state = UnitState::Placing;
                     by_shard.entry(p.shard).or_default().push((id.clone(), p));
                 }

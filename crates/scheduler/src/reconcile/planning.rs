@@ -2,6 +2,7 @@
 //! burst's pace), what this scheduler committed that the view does not show yet, the
 //! planner's caches of infeasible classes, and the seeded rng for sampling and back-off.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -9,7 +10,7 @@ use flotilla_core::{NodeId, Resources};
 use flotilla_view::{ShardSlot, Version};
 use rand::Rng;
 
-use crate::planner::{ClassCache, NodeMap};
+use crate::planner::{ClassCache, MemberRequest, NodeMap, Placement};
 
 /// Units placed per pass at most (the rest wait for the next pass).
 const UNITS_PER_PASS: usize = 1024;
@@ -101,6 +102,35 @@ impl Planning {
 }
 
 /// Counts `r` as taken on `node`.
+/// What each member of a unit of `spec` asks for, in member order.
+pub(super) fn member_requests(spec: &crate::spec::AppSpec) -> Vec<MemberRequest> {
+    spec.members()
+        .iter()
+        .map(|(member, _, t)| MemberRequest { member: member.clone(), resources: t.resources() })
+        .collect()
+}
+
+/// Holds what a planned unit takes, so the next unit planned in the same pass (or dry
+/// run) sees it: its members' resources, its nodes (once each) and its domain.
+pub(super) fn hold(
+    p: &Placement,
+    requests: &[MemberRequest],
+    pending: &mut NodeMap<Resources>,
+    per_node: &mut NodeMap<u32>,
+    per_domain: &mut HashMap<String, u32>,
+) {
+    for (m, r) in p.members.iter().zip(requests) {
+        add(pending, &m.node, &r.resources);
+    }
+    let mut nodes: Vec<&NodeId> = p.members.iter().map(|m| &m.node).collect();
+    nodes.sort();
+    nodes.dedup();
+    for n in nodes {
+        *per_node.entry(n.clone()).or_insert(0) += 1;
+    }
+    *per_domain.entry(p.domain.clone()).or_insert(0) += 1;
+}
+
 pub(super) fn add(pending: &mut NodeMap<Resources>, node: &NodeId, r: &Resources) {
     let e = pending.entry(node.clone()).or_default();
     *e = e.checked_add(r).unwrap_or_else(|_| e.clone());
