@@ -20,6 +20,7 @@ mod routes;
 mod spec;
 mod store;
 mod store_etcd;
+mod store_redb;
 #[cfg(test)]
 mod testing;
 
@@ -32,7 +33,8 @@ pub use reconcile::{
 pub use rollout::counts_toward_desired;
 pub use spec::{AppSpec, SpecOrigin};
 pub use store::{
-    DECISIONS_KEPT, MemStore, MemberRecord, Override, RedbStore, RolloutRecord, RolloutState, SpecVersion, Store,
-    Stored, UnitRecord, Usage, VERSIONS_KEPT, Write,
+    DECISIONS_KEPT, MemStore, MemberRecord, Override, RolloutRecord, RolloutState, SpecVersion, Store, Stored,
+    UnitRecord, Usage, VERSIONS_KEPT, Write,
 };
 pub use store_etcd::{EtcdStore, FENCED, MAX_TXN_BYTES, MAX_TXN_OPS};
+pub use store_redb::RedbStore;
