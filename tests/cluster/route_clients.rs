@@ -36,22 +36,29 @@ fn closed(metrics: &str, reason: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// `flotilla route --backends BACKEND` on one thread with `extra` flags, once it
+/// forwards: its pid, listen address and metrics address.
+fn spawn_route(procs: &mut Group, backend: &str, extra: &[&str], dir: &TempDir) -> (u32, String, String) {
+    let mut args = vec!["route", "--backends", backend, "--listen", "127.0.0.1:0", "--print-addrs", "--threads", "1"];
+    args.extend_from_slice(extra);
+    let route = procs.spawn(&args, &dir.join("route.err"));
+    let addrs = procs.addrs(route);
+    let (listen, metrics) =
+        (addrs["listen"].as_str().unwrap().to_string(), addrs["metrics"].as_str().unwrap().to_string());
+    wait_for("the proxy forwarding", Duration::from_secs(20), || get(&listen).contains(" 200 ").then_some(()));
+    (route, listen, metrics)
+}
+
 #[test]
 fn idle_and_stalled_clients_cost_the_proxy_nothing_real_clients_need() {
     let dir = TempDir::new("route-clients");
     let mut procs = Group::new();
     let backend = format!("127.0.0.1:{}", free_port());
     procs.spawn(&["echo-server", "--listen", &backend], &dir.join("echo.err"));
-    let route = procs.spawn(
+    let (route, listen, metrics) = spawn_route(
+        &mut procs,
+        &backend,
         &[
-            "route",
-            "--backends",
-            &backend,
-            "--listen",
-            "127.0.0.1:0",
-            "--print-addrs",
-            "--threads",
-            "1",
             "--client-header-timeout",
             "1s",
             "--client-idle-timeout",
@@ -61,11 +68,9 @@ fn idle_and_stalled_clients_cost_the_proxy_nothing_real_clients_need() {
             "--max-client-connections-per-source",
             "200",
         ],
-        &dir.join("route.err"),
+        &dir,
     );
-    let addrs = procs.addrs(route);
-    let (listen, metrics) = (addrs["listen"].as_str().unwrap(), addrs["metrics"].as_str().unwrap());
-    wait_for("the proxy forwarding", Duration::from_secs(20), || get(listen).contains(" 200 ").then_some(()));
+    let (listen, metrics) = (listen.as_str(), metrics.as_str());
     let before = fds(route);
     let rss = || metric(&metrics_page(metrics), "process_resident_memory_bytes", "").unwrap_or(0.0) / 1048576.0;
     let rss_before = rss();
@@ -205,24 +210,8 @@ fn a_client_that_never_reads_its_answers_is_cut() {
     let dir = TempDir::new("route-write-stall");
     let mut procs = Group::new();
     let backend = big_answers();
-    let route = procs.spawn(
-        &[
-            "route",
-            "--backends",
-            &backend,
-            "--listen",
-            "127.0.0.1:0",
-            "--print-addrs",
-            "--threads",
-            "1",
-            "--client-write-timeout",
-            "1s",
-        ],
-        &dir.join("route.err"),
-    );
-    let addrs = procs.addrs(route);
-    let (listen, metrics) = (addrs["listen"].as_str().unwrap(), addrs["metrics"].as_str().unwrap());
-    wait_for("the proxy forwarding", Duration::from_secs(20), || get(listen).contains(" 200 ").then_some(()));
+    let (route, listen, metrics) = spawn_route(&mut procs, &backend, &["--client-write-timeout", "1s"], &dir);
+    let (listen, metrics) = (listen.as_str(), metrics.as_str());
     let before = fds(route);
 
     let mut client = TcpStream::connect(listen).unwrap();
