@@ -81,15 +81,17 @@ struct Window {
     window: Option<String>,
 }
 
-/// The window asked for, in seconds: `1h` (default), `6h` or `24h`.
-fn window_s(w: Result<Query<Window>, axum::extract::rejection::QueryRejection>) -> Result<u64, ControlError> {
+/// The window asked for, in seconds (`1h`, the default, `6h` or `24h`), and the Unix
+/// second it starts at.
+fn window_s(w: Result<Query<Window>, axum::extract::rejection::QueryRejection>) -> Result<(u64, u64), ControlError> {
     let Query(w) = w.map_err(|e| ControlError::BadRequest(format!("{}; it takes window=1h|6h|24h", e.body_text())))?;
-    match w.window.as_deref().unwrap_or("1h") {
-        "1h" => Ok(3_600),
-        "6h" => Ok(6 * 3_600),
-        "24h" => Ok(86_400),
-        other => Err(ControlError::BadRequest(format!("window={other:?}: 1h, 6h or 24h"))),
-    }
+    let window = match w.window.as_deref().unwrap_or("1h") {
+        "1h" => 3_600,
+        "6h" => 6 * 3_600,
+        "24h" => 86_400,
+        other => return Err(ControlError::BadRequest(format!("window={other:?}: 1h, 6h or 24h"))),
+    };
+    Ok((window, (flotilla_core::system_ms() / 1000).saturating_sub(window)))
 }
 
 pub fn routes() -> axum::Router<Arc<ControlState>> {
@@ -106,8 +108,7 @@ async fn app_history(
     window: Result<Query<Window>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<Value>, ControlError> {
     metrics::counter!(m::API_REQUESTS.name, "route" => "/v1/apps/{app}/history").increment(1);
-    let window = window_s(window)?;
-    let since = (flotilla_core::system_ms() / 1000).saturating_sub(window);
+    let (window, since) = window_s(window)?;
     let points = s.series.read(&format!("app/{app}"), since);
     let endpoint = s.apps.get(&app);
     if points.is_none() && endpoint.is_none() {
@@ -115,13 +116,13 @@ async fn app_history(
     }
     // A standalone scheduler's app is not sampled here: its history is empty.
     let handle = endpoint.and_then(Result::ok);
-    let decisions: Vec<Value> = handle
-        .map(|h| h.decisions())
-        .into_iter()
-        .flat_map(|d| d.iter().cloned().collect::<Vec<_>>())
-        .filter(|d| d["at"].as_u64().is_some_and(|at| at / 1000 >= since))
-        .map(|d| json!({"at_ms": d["at"], "action": d["action"], "explanation": d["explanation"]}))
-        .collect();
+    let decisions: Vec<Value> = handle.map_or_else(Vec::new, |h| {
+        h.decisions()
+            .iter()
+            .filter(|d| d["at"].as_u64().is_some_and(|at| at / 1000 >= since))
+            .map(|d| json!({"at_ms": d["at"], "action": d["action"], "explanation": d["explanation"]}))
+            .collect()
+    });
     Ok(Json(json!({
         "app": app, "step_s": STEP_S, "window_s": window,
         "points": points.unwrap_or_default(), "decisions": decisions,
@@ -135,8 +136,7 @@ async fn pool_history(
     window: Result<Query<Window>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<Value>, ControlError> {
     metrics::counter!(m::API_REQUESTS.name, "route" => "/v1/pools/{pool}/history").increment(1);
-    let window = window_s(window)?;
-    let since = (flotilla_core::system_ms() / 1000).saturating_sub(window);
+    let (window, since) = window_s(window)?;
     // A pool that reported but was not sampled yet has an empty history.
     let points = match s.series.read(&format!("pool/{pool}"), since) {
         Some(p) => p,
