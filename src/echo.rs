@@ -4,7 +4,8 @@
 //! and watch the autoscaler react. `GET /env` answers with the variables the agent gave it
 //! and when it started, so a test can see the ports and head address it was given and
 //! the order members started in; `--ready-after` keeps `/healthz` failing for a while (a
-//! head slow to come up).
+//! head slow to come up). Every answered request is a line on stdout (an access log,
+//! what `flotilla logs` shows), the start a line on stderr.
 
 use flotilla_core::LockExt;
 use std::net::SocketAddr;
@@ -66,6 +67,7 @@ pub async fn run(a: EchoArgs) -> anyhow::Result<()> {
         .collect();
     let env = serde_json::json!({"env": env, "started_unix_ms": flotilla_core::system_ms()});
     let held: Arc<Mutex<Vec<u8>>> = Arc::default();
+    let access_log = access_log();
     let app = axum::Router::new()
         .route(
             "/healthz",
@@ -79,10 +81,12 @@ pub async fn run(a: EchoArgs) -> anyhow::Result<()> {
         )
         .route("/env", get(move || async move { Json(env) }))
         .route("/load", put(move |q: Query<Load>| hold(held.clone(), q.0)))
-        .fallback(get(move || {
-            let body = identity.clone();
+        .fallback(get(move |uri: axum::http::Uri| {
+            let (body, log) = (identity.clone(), access_log.clone());
             async move {
                 tokio::time::sleep(delay).await;
+                // Full (stdout not read): the line is dropped, the answer never waits.
+                let _ = log.try_send(format!("GET {uri} 200"));
                 Json(body)
             }
         }));
@@ -90,6 +94,22 @@ pub async fn run(a: EchoArgs) -> anyhow::Result<()> {
     tracing::info!(addr = %listener.local_addr()?, "echo-server listening");
     axum::serve(listener, app).with_graceful_shutdown(crate::serve::shutdown_signal()).await?;
     Ok(())
+}
+
+/// Writes the access log's lines to stdout on a thread of its own, so a stdout nobody
+/// reads costs lines, never answers.
+fn access_log() -> std::sync::mpsc::SyncSender<String> {
+    let (tx, rx) = std::sync::mpsc::sync_channel::<String>(1024);
+    std::thread::spawn(move || {
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        for line in rx {
+            if writeln!(out, "{line}").is_err() {
+                return;
+            }
+        }
+    });
+    tx
 }
 
 /// Most memory `PUT /load` may hold.

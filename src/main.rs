@@ -68,6 +68,8 @@ enum Cmd {
     Demand(cli::autoscaling::DemandArgs),
     /// The health-weighted reverse proxy for an app (or a fixed list of backends).
     Route(route::RouteArgs),
+    /// What an app's members wrote (stdout, or --stderr), from the nodes they run on.
+    Logs(cli::logs::LogsArgs),
     /// The event history: node statuses, unit transitions, rollouts, decisions, operator actions.
     Events(cli::events::EventsArgs),
     /// Named API tokens with scopes (read, operate, deploy, admin), optionally per app.
@@ -131,6 +133,7 @@ fn main() -> std::process::ExitCode {
                             Cmd::Status(a) => cli::status::status(a).await,
                             Cmd::Token(a) => cli::tokens::token_command(a).await,
                             Cmd::Events(a) => cli::events::events(a).await,
+                            Cmd::Logs(a) => cli::logs::logs(a).await,
                             Cmd::Agent(_)
                             | Cmd::JoinToken(_)
                             | Cmd::Sim(_)

@@ -76,17 +76,37 @@ impl Api {
         Ok(Api { base: base_url(addr)?, client: http_client(ca)? })
     }
 
+    fn read_request(&self, url: &str) -> reqwest::RequestBuilder {
+        let req = self.client.get(url);
+        // Reads need no token, but with one a control plane reached by a name it was not
+        // given (`--allowed-host`) answers too (the token proves no web page sent it), and
+        // a token limited to some apps reads those.
+        match std::env::var("FLOTILLA_TOKEN").ok().filter(|t| !t.is_empty()).or_else(|| token_from_data().ok()) {
+            Some(t) => req.bearer_auth(t),
+            None => req,
+        }
+    }
+
     pub async fn get(&self, path: &str) -> anyhow::Result<Value> {
         let url = format!("{}{path}", self.base);
-        let mut req = self.client.get(&url);
-        // Reads need no token, but with one a control plane reached by a name it was not
-        // given (`--allowed-host`) answers too: the token proves no web page sent it.
-        if let Some(t) =
-            std::env::var("FLOTILLA_TOKEN").ok().filter(|t| !t.is_empty()).or_else(|| token_from_data().ok())
-        {
-            req = req.bearer_auth(t);
+        send(self.read_request(&url), &self.base).await.with_context(|| url.clone())
+    }
+
+    /// A GET whose answer is read as it comes (logs); a refusal is its error message.
+    pub async fn open(&self, path: &str) -> anyhow::Result<reqwest::Response> {
+        let url = format!("{}{path}", self.base);
+        let resp = self
+            .read_request(&url)
+            .send()
+            .await
+            .with_context(|| format!("reaching the control plane at {} (set FLOTILLA_ADDR)", self.base))?;
+        let status = resp.status();
+        if !status.is_success() {
+            let body: Value = resp.json().await.unwrap_or(Value::Null);
+            let message = body.pointer("/error/message").and_then(Value::as_str).unwrap_or("no message").to_string();
+            return Err(Refused { status, message }.into());
         }
-        send(req, &self.base).await.with_context(|| url.clone())
+        Ok(resp)
     }
 
     pub async fn write(

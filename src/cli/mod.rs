@@ -8,6 +8,7 @@ pub mod autoscaling;
 pub mod complete;
 pub mod events;
 pub mod http;
+pub mod logs;
 pub mod nodes;
 pub mod progress;
 pub mod scale;

@@ -15,6 +15,7 @@ a second `up --autoscale`), opens the page and checks, without ever reloading it
   from the list makes a third version that rolls the old spec out;
 - a token with the operate scope sees scale and roll back but not apply, and a token for
   another app sees neither;
+- a member's live tail shows a line it writes after the tail opened, and its stderr;
 - a drain from the page moves the units off the node;
 - a node under a preemption notice shows `preempting`;
 - the pools page shows a pool's instances and its history chart, and after a control-plane restart on the same
@@ -288,6 +289,21 @@ def main():
             expect(page.get_by_test_id("apply-button")).to_be_hidden()
             use_token(up.token)
             expect(page.get_by_test_id("apply-button")).to_be_visible(timeout=10000)
+
+            # A member's live tail: its last lines, then each line it writes next.
+            unit = running_units(up)[0]
+            head = next(m for m in unit["members"] if m["member"] == "head")
+            page.locator(f"[data-testid=member-logs][data-member='{unit['unit_id']}/head']").click()
+            expect(page.get_by_test_id("log-state")).to_have_text("following", timeout=10000)
+            tail = page.get_by_test_id("log-tail")
+
+            def asked_and_shown():
+                urllib.request.urlopen(f"http://{head['address']}/from-the-browser", timeout=5).read()
+                return "GET /from-the-browser 200" in tail.inner_text()
+            wait_until("a new line in the live tail", asked_and_shown, timeout=20)
+            page.get_by_role("button", name="stderr").click()
+            expect(page.get_by_test_id("log-tail")).to_contain_text("echo-server listening", timeout=10000)
+            page.screenshot(path=os.path.join(a.out, "app-logs.png"), full_page=True)
 
             # kill -9 of an agent: that node is dead on the page within 5 s, no reload.
             victim = "node-4"

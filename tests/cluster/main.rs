@@ -15,6 +15,7 @@ mod full_disk;
 mod ha;
 mod health;
 mod hostile;
+mod logs;
 mod metrics;
 mod nodes;
 mod pool;

@@ -27,6 +27,18 @@ pub const LOG_BYTES_DROPPED: Family = Family::counter(
     "Bytes of workload stdout/stderr dropped because the log file could not be written (a full disk); the workload keeps running.",
     &[],
 );
+pub const LOG_REQUESTS: Family = Family::counter(
+    "flotilla_agent_log_requests_total",
+    "Requests for a member's logs the agent's shard relayed to it, by result (ok, no_member, invalid, busy).",
+    &["result"],
+);
+pub const LOG_LINES_DROPPED: Family = Family::counter(
+    "flotilla_agent_log_lines_dropped_total",
+    "Lines a log follower was too slow to take, dropped so that neither the member nor the agent waits for it.",
+    &[],
+);
+pub const LOG_READERS: Family =
+    Family::gauge("flotilla_agent_log_readers", "Log requests the agent is answering now (history or follow).", &[]);
 pub const FILE_WRITE_ERRORS: Family = Family::counter(
     "flotilla_agent_file_write_errors_total",
     "Failed writes of the agent's state files in its data dir (agent.pid, metrics.addr, assignments.json), by file; each is retried.",
@@ -41,5 +53,8 @@ pub const FAMILIES: &[Family] = &[
     ASSIGNMENTS,
     ASSIGNMENTS_REFUSED,
     LOG_BYTES_DROPPED,
+    LOG_REQUESTS,
+    LOG_LINES_DROPPED,
+    LOG_READERS,
     FILE_WRITE_ERRORS,
 ];

@@ -106,8 +106,9 @@ pub struct AgentArgs {
     /// Deprecated spelling of --usage-interval, in milliseconds.
     #[arg(long, hide = true, conflicts_with = "usage_interval")]
     pub usage_interval_ms: Option<u64>,
-    /// Size at which a workload's stdout or stderr file is rotated, in bytes.
-    #[arg(long, default_value_t = 1 << 20)]
+    /// Size at which a workload's stdout or stderr file is rotated, in bytes (one older
+    /// file is kept: a stream takes at most twice this).
+    #[arg(long, default_value_t = 16 << 20)]
     pub log_cap_bytes: u64,
     /// While this file exists the node reports a preemption notice, and schedulers move
     /// its members elsewhere before it is taken back. A spot/preemptible termination

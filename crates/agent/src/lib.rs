@@ -8,6 +8,8 @@ pub mod catalogue;
 pub mod cgroup;
 pub mod client;
 pub mod config;
+pub mod log_service;
+pub mod logs;
 pub mod nodelabels;
 pub mod ports;
 pub mod probe;
@@ -104,7 +106,9 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     let sent = metrics::counter!(m::HEARTBEATS_SENT.name);
     // The version of the assignment set this agent holds (reported in heartbeats).
     let assignments = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let (runtime, mut workloads) = spawn_runtime(runtime::Runtime::new(config.runtime.clone()));
+    let rt = runtime::Runtime::new(config.runtime.clone());
+    let (logs, log_readers) = (rt.logs(), std::sync::Arc::new(tokio::sync::Semaphore::new(log_service::MAX_READERS)));
+    let (runtime, mut workloads) = spawn_runtime(rt);
 
     loop {
         // Register (again), with jittered back-off while the shard is away.
@@ -149,6 +153,12 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
             assignments.clone(),
             runtime.clone(),
             config.node_id.to_string(),
+        ));
+        let log_server = tokio::spawn(log_service::serve(
+            conn.conn.clone(),
+            logs.clone(),
+            config.node_id.to_string(),
+            log_readers.clone(),
         ));
         // Whatever runs now is reported to the (possibly new) shard at once.
         workloads.mark_changed();
@@ -204,6 +214,7 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
             }
         };
         receiver.abort();
+        log_server.abort();
         ready.not_ready(format!("re-registering with shard {shard}: {reason}"));
         tracing::warn!(reason, "re-registering");
         let wait = Duration::from_millis(rand::rng().random_range(100..1000));

@@ -19,11 +19,11 @@ use std::time::Duration;
 
 use flotilla_core::Backoff;
 use flotilla_proto::v1::{self, WorkloadState};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::time::Instant;
 
-use crate::catalogue as m;
 use crate::cgroup::{Cgroup, Cgroups, Counters};
+use crate::logs::{LineSplitter, LogFile, Logs, safe_name};
 use crate::ports::{MemberPorts, PortRequest};
 
 #[derive(Debug, Clone)]
@@ -89,6 +89,7 @@ pub struct Runtime {
     cgroups: Cgroups,
     members: BTreeMap<MemberKey, Member>,
     stopping: Vec<Stopping>,
+    logs: Arc<Logs>,
     dirty: bool,
     http: reqwest::Client,
     next_usage: Instant,
@@ -119,95 +120,54 @@ fn signal_group(pgid: i32, sig: i32) {
     }
 }
 
-fn safe_name(s: &str) -> String {
-    s.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '.' { c } else { '_' }).take(100).collect()
-}
+/// How long a partial line (a prompt, a progress bar) waits for its end before it is
+/// written as it is.
+const PARTIAL_LINE_WAIT: Duration = Duration::from_millis(500);
 
-/// How long a log file that failed to take a write is left alone before it is tried
-/// again (a full disk is not retried per chunk).
-const LOG_RETRY: Duration = Duration::from_secs(5);
-
-/// Copies a child's output to `path`, rotating past `cap`; keeps the last bytes in `tail`.
+/// Copies a child's output to its log, line by line; keeps its last bytes in `tail`.
 ///
-/// The child's pipe is always drained: a log file that cannot be opened or written (a
-/// full disk) costs the lines, never the workload, which would otherwise block on a
-/// full pipe or die of EPIPE. Dropped bytes are counted; a warning is logged when the
-/// file starts failing and a note when it takes writes again, not one per write.
-async fn pump(mut from: impl AsyncRead + Unpin, path: PathBuf, cap: u64, tail: Option<Arc<Mutex<Vec<u8>>>>) {
-    async fn open(p: &PathBuf) -> std::io::Result<tokio::fs::File> {
-        tokio::fs::OpenOptions::new().create(true).append(true).open(p).await
-    }
-    let dropped_total = metrics::counter!(m::LOG_BYTES_DROPPED.name);
-    let mut file = None;
-    let mut written = 0;
-    // While the file fails: when to try again, and the bytes dropped since it started.
-    let mut failing: Option<(Instant, u64)> = None;
-    let note_failure = |failing: &mut Option<(Instant, u64)>, e: &std::io::Error, n: u64| {
-        dropped_total.increment(n);
-        match failing {
-            Some((retry, dropped)) => {
-                *retry = Instant::now() + LOG_RETRY;
-                *dropped += n;
-            }
-            None => {
-                tracing::warn!(path = %path.display(), error = %e, "workload output cannot be written; dropping it until it can");
-                *failing = Some((Instant::now() + LOG_RETRY, n));
-            }
-        }
-    };
-    match open(&path).await {
-        Ok(f) => {
-            written = f.metadata().await.map(|m| m.len()).unwrap_or(0);
-            file = Some(f);
-        }
-        Err(e) => note_failure(&mut failing, &e, 0),
-    }
+/// The child's pipe is always drained: a log file that cannot be written (a full disk)
+/// costs the lines, never the workload, which would otherwise block on a full pipe or
+/// die of EPIPE (see [`LogFile::append`]).
+async fn pump(mut from: impl AsyncRead + Unpin, log: Arc<LogFile>, tail: Option<Arc<Mutex<Vec<u8>>>>) {
+    let mut split = LineSplitter::default();
     let mut buf = vec![0u8; 8192];
-    while let Ok(n) = from.read(&mut buf).await {
-        if n == 0 {
-            break;
-        }
-        if let Some(t) = &tail {
-            let mut t = t.lock_or_recover();
-            t.extend_from_slice(&buf[..n]);
-            let excess = t.len().saturating_sub(2048);
-            t.drain(..excess);
-        }
-        if let Some((retry, _)) = failing
-            && Instant::now() < retry
-        {
-            dropped_total.increment(n as u64);
-            if let Some((_, dropped)) = failing.as_mut() {
-                *dropped += n as u64;
+    loop {
+        let read = if split.is_empty() {
+            from.read(&mut buf).await.map(Some)
+        } else {
+            match tokio::time::timeout(PARTIAL_LINE_WAIT, from.read(&mut buf)).await {
+                Ok(r) => r.map(Some),
+                Err(_) => Ok(None),
             }
-            continue;
-        }
-        if file.is_none() || written + n as u64 > cap {
-            if file.is_some() {
-                // Rotating also frees the space the older file held.
-                let _ = tokio::fs::rename(&path, path.with_extension("log.1")).await;
+        };
+        let (now, mut lines) = (flotilla_core::now_ms(), Vec::new());
+        let ended = match read {
+            Ok(Some(0)) | Err(_) => {
+                split.flush(now, &mut lines);
+                true
             }
-            match open(&path).await {
-                Ok(f) => {
-                    written = f.metadata().await.map(|m| m.len()).unwrap_or(0);
-                    file = Some(f);
+            Ok(Some(n)) => {
+                if let Some(t) = &tail {
+                    let mut t = t.lock_or_recover();
+                    t.extend_from_slice(&buf[..n]);
+                    let excess = t.len().saturating_sub(2048);
+                    t.drain(..excess);
                 }
-                Err(e) => {
-                    file = None;
-                    note_failure(&mut failing, &e, n as u64);
-                    continue;
-                }
+                split.push(&buf[..n], now, &mut lines);
+                false
             }
+            Ok(None) => {
+                split.flush(now, &mut lines);
+                false
+            }
+        };
+        if !lines.is_empty() {
+            let log = log.clone();
+            let _ = tokio::task::spawn_blocking(move || log.append(lines)).await;
         }
-        let Some(f) = file.as_mut() else { continue };
-        match f.write_all(&buf[..n]).await {
-            Ok(()) => {
-                written += n as u64;
-                if let Some((_, dropped)) = failing.take() {
-                    tracing::info!(path = %path.display(), dropped_bytes = dropped, "workload output is written again");
-                }
-            }
-            Err(e) => note_failure(&mut failing, &e, n as u64),
+        if ended {
+            return;
         }
     }
 }
@@ -220,15 +180,22 @@ impl Runtime {
             c => tracing::info!(cgroups = ?c, "workload limits enforced with cgroups"),
         }
         let http = reqwest::Client::builder().timeout(Duration::from_millis(500)).build().unwrap_or_default();
+        let logs = Arc::new(Logs::new(cfg.data_dir.join("workloads"), cfg.log_cap_bytes));
         Runtime {
             cfg,
             cgroups,
             members: BTreeMap::new(),
             stopping: Vec::new(),
+            logs,
             dirty: false,
             http,
             next_usage: Instant::now(),
         }
+    }
+
+    /// The members' logs, for whoever serves them.
+    pub fn logs(&self) -> Arc<Logs> {
+        self.logs.clone()
     }
 
     pub fn limits_enforced(&self) -> bool {
@@ -253,8 +220,12 @@ impl Runtime {
             if let Some(m) = self.members.remove(&k) {
                 tracing::info!(unit = %k.1, member = %k.2, "stopping unassigned member");
                 self.stop(m);
+                self.logs.stopped(&k.0, &k.1, &k.2, k.3);
             }
         }
+        // A unit's logs stay while any of its members is here (one that exited
+        // included); they go with its last one.
+        self.logs.keep_only(&wanted.keys().map(|k| (k.0.clone(), k.1.clone())).collect());
         let now = Instant::now();
         for (k, a) in wanted {
             self.members.entry(k).or_insert_with(|| {
@@ -356,7 +327,8 @@ impl Runtime {
         } else {
             PathBuf::from(&w.command)
         };
-        let dir = cfg.data_dir.join("workloads").join(safe_name(&format!("{}-{}-{}-g{}", key.0, key.1, key.2, key.3)));
+        let dir = self.logs.member_dir(&key.0, &key.1, &key.2, key.3);
+        let logs = self.logs.start(&key.0, &key.1, &key.2, key.3);
         if let Err(e) = std::fs::create_dir_all(&dir) {
             // A full disk may refuse even a dir: the member runs in the data dir and its
             // output goes nowhere, rather than not running at all.
@@ -404,10 +376,10 @@ impl Runtime {
                 }
                 let tail = Arc::new(Mutex::new(Vec::new()));
                 if let Some(out) = child.stdout.take() {
-                    tokio::spawn(pump(out, dir.join("stdout.log"), cfg.log_cap_bytes, None));
+                    tokio::spawn(pump(out, logs.stdout.clone(), None));
                 }
                 if let Some(err) = child.stderr.take() {
-                    tokio::spawn(pump(err, dir.join("stderr.log"), cfg.log_cap_bytes, Some(tail.clone())));
+                    tokio::spawn(pump(err, logs.stderr.clone(), Some(tail.clone())));
                 }
                 tracing::info!(unit = %key.1, member = %key.2, pid, port, "member started");
                 m.proc = Some(Proc { child, pgid: pid as i32, stderr_tail: tail });

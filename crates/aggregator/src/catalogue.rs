@@ -80,6 +80,11 @@ pub const COMMIT_REQUESTS_REJECTED: Family = Family::counter(
 );
 pub const CORDON_CHANGES: Family =
     Family::counter("flotilla_cordon_changes_total", "Cordon, drain or uncordon requests that changed a node.", &[]);
+pub const LOG_RELAYS: Family = Family::counter(
+    "flotilla_shard_log_relays_total",
+    "Requests for a member's logs relayed to its agent, by result (ok, no_node, no_member, busy, invalid, unavailable).",
+    &["result"],
+);
 pub const LEDGER_FENCED: Family = Family::counter(
     "flotilla_ledger_fenced_total",
     "Ledger requests refused because their fencing token was older than the app's mark (a deposed scheduler), by operation (commit, reserve, confirm, release).",
@@ -157,6 +162,7 @@ pub const FAMILIES: &[Family] = &[
     CLAIMS,
     COMMIT_REQUESTS_REJECTED,
     CORDON_CHANGES,
+    LOG_RELAYS,
     LEDGER_FENCED,
     SHARD_STATE_SAVES,
     SHARD_ACTIVE,

@@ -1,4 +1,4 @@
-//! The commit path and node administration over gRPC: thin adapters. Requests decode
+//! The commit path over gRPC: thin adapters. Requests decode
 //! through [`crate::wire`] (sizes, counts, names); the ledger decides; the applier folds
 //! accepted claims into the next view version, which the answer names. A commit is
 //! answered at the decision, naming the version that will show it (see
@@ -236,31 +236,5 @@ impl LedgerService for LedgerGrpc {
         self.persist_marks(raised).await?;
         self.fold(changed).await;
         Ok(Response::new(v1::ReleaseResponse { released }))
-    }
-}
-
-/// Operator actions on this shard's nodes.
-pub struct AdminGrpc {
-    pub registry: Arc<Registry>,
-    /// Keeps cordons and drains across restarts.
-    pub persister: Arc<Persister>,
-}
-
-#[tonic::async_trait]
-impl v1::node_admin_service_server::NodeAdminService for AdminGrpc {
-    #[tracing::instrument(skip_all, fields(node = %request.get_ref().node_id, cordoned = request.get_ref().cordoned, drain = request.get_ref().drain))]
-    async fn set_cordon(&self, request: Request<v1::CordonRequest>) -> Result<Response<v1::CordonResponse>, Status> {
-        let req = request.into_inner();
-        let node = wire::node_id_from_wire("node_id", &req.node_id).map_err(refuse)?;
-        let found = self.registry.set_cordon(&node, req.cordoned || req.drain, req.drain);
-        if found {
-            tracing::info!("node cordon changed");
-            metrics::counter!(m::CORDON_CHANGES.name).increment(1);
-            // Answered once it is kept: a cordon the operator saw succeed survives a restart.
-            self.persister.save().await.map_err(|e| {
-                Status::unavailable(format!("the cordon is set but could not be persisted ({e:#}); retry"))
-            })?;
-        }
-        Ok(Response::new(v1::CordonResponse { found }))
     }
 }

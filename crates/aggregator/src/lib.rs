@@ -10,6 +10,7 @@
 //! through `flotilla_proto::status`; the logic (`registry`, `ledger`, `applier`) knows
 //! nothing of them.
 
+mod admin_grpc;
 mod applier;
 mod auth;
 pub mod catalogue;
@@ -215,6 +216,8 @@ pub struct ShardCore {
     grpc_tls: Option<GrpcTls>,
     /// Saves cordons, drains and fencing marks after each change.
     pub persister: Arc<persist::Persister>,
+    /// The agents' QUIC connections (none in a simulation), for pushes and log requests.
+    pub agents: Arc<admin_grpc::AgentLinks>,
 }
 
 impl ShardCore {
@@ -280,6 +283,7 @@ impl ShardCore {
             grpc_auth: GrpcAuth::new(config.grpc_tokens.clone(), config.grpc_rate_limit),
             grpc_tls: config.grpc_tls.clone(),
             persister,
+            agents: Arc::default(),
         };
         (core, push_rx)
     }
@@ -299,11 +303,11 @@ impl ShardCore {
         IE: Into<Box<dyn std::error::Error + Send + Sync>> + Send + 'static,
     {
         let view = grpc::ViewGrpc::new(self.publisher.clone(), self.shard, shutdown.clone()).into_server();
-        let admin =
-            flotilla_proto::v1::node_admin_service_server::NodeAdminServiceServer::new(ledger_grpc::AdminGrpc {
-                registry: self.registry.clone(),
-                persister: self.persister.clone(),
-            });
+        let admin = flotilla_proto::v1::node_admin_service_server::NodeAdminServiceServer::new(admin_grpc::AdminGrpc {
+            registry: self.registry.clone(),
+            persister: self.persister.clone(),
+            agents: self.agents.clone(),
+        });
         let ledger = ledger_grpc::LedgerGrpc {
             ledger: self.ledger.clone(),
             publisher: self.publisher.clone(),
@@ -358,7 +362,7 @@ pub async fn start(config: ShardConfig) -> anyhow::Result<ShardHandle> {
         stats: core.stats.clone(),
         heartbeat_port: heartbeat_addr.port(),
         epoch: core.epoch,
-        agents: dashmap::DashMap::new(),
+        agents: core.agents.clone(),
         ledger: core.ledger.clone(),
     });
     tasks.spawn(quic::serve(endpoint.clone(), ctx.clone()));

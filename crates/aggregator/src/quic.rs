@@ -29,7 +29,7 @@ pub struct QuicContext {
     pub epoch: u64,
     /// Open control connections by their number (see [`connection_number`]); a session
     /// remembers the number of the one it registered over, and its pushes travel on it.
-    pub agents: dashmap::DashMap<u32, quinn::Connection>,
+    pub agents: Arc<crate::admin_grpc::AgentLinks>,
     pub ledger: Arc<Mutex<Ledger>>,
 }
 

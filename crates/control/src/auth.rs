@@ -27,6 +27,18 @@ pub fn authorize(
     Ok(Some(grant.name.clone()))
 }
 
+/// Reads of what an app's members wrote (its logs, which may hold what it should show
+/// no one): any valid token, if it is not limited to other apps. The token's name.
+pub fn authorize_app_read(s: &ControlState, headers: &HeaderMap, app: &str) -> Result<Option<String>, ControlError> {
+    let Some(grant) = s.credentials().grant(headers).map_err(crate::limits::unauthenticated)? else { return Ok(None) };
+    if let Some(why) = grant.app_limit(Some(app), "read the logs of") {
+        metrics::counter!(m::API_FORBIDDEN.name, "scope" => Scope::Read.as_str()).increment(1);
+        crate::limits::rejected("forbidden");
+        return Err(ControlError::Forbidden(why));
+    }
+    Ok(Some(grant.name.clone()))
+}
+
 /// `GET /v1/tokens`, `POST /v1/tokens`, `DELETE /v1/tokens/{name}` (admin) and
 /// `GET /v1/whoami` (anyone: what the caller's token may do, for the dashboard).
 pub fn routes() -> axum::Router<Arc<ControlState>> {

@@ -28,6 +28,7 @@ pub fn http_status(kind: ErrorKind) -> StatusCode {
         ErrorKind::Unauthenticated => StatusCode::UNAUTHORIZED,
         ErrorKind::Forbidden => StatusCode::FORBIDDEN,
         ErrorKind::NotFound => StatusCode::NOT_FOUND,
+        ErrorKind::Gone => StatusCode::GONE,
         ErrorKind::Conflict => StatusCode::CONFLICT,
         ErrorKind::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
         ErrorKind::RateLimited => StatusCode::TOO_MANY_REQUESTS,
@@ -50,6 +51,12 @@ pub enum ControlError {
     NoSuchApp(String),
     #[error("no autoscaler has reported pool {0:?}")]
     NoSuchPool(String),
+    /// A unit, or a member of one, the app's scheduler does not know (the message names it).
+    #[error("{0}")]
+    NoSuchMember(String),
+    /// What was asked for lived on a node that left (the message says when).
+    #[error("{0}")]
+    NodeGone(String),
     /// A request that cannot be read, or whose fields are malformed.
     #[error("{0}")]
     BadRequest(String),
@@ -123,7 +130,10 @@ impl ServiceError for ControlError {
     fn kind(&self) -> ErrorKind {
         use ControlError::*;
         match self {
-            NoSuchEndpoint | NoSuchAction(_) | NoSuchNode(_) | NoSuchApp(_) | NoSuchPool(_) => ErrorKind::NotFound,
+            NoSuchEndpoint | NoSuchAction(_) | NoSuchNode(_) | NoSuchApp(_) | NoSuchPool(_) | NoSuchMember(_) => {
+                ErrorKind::NotFound
+            }
+            NodeGone(_) => ErrorKind::Gone,
             BadRequest(_) | TlsRequired { .. } | HostNotAllowed { .. } => ErrorKind::Malformed,
             InvalidSpec(_) | InvalidPolicy(_) | NotAScheduler { .. } => ErrorKind::InvalidInput,
             UriTooLong { .. } => ErrorKind::AddressTooLong,
@@ -153,6 +163,8 @@ impl ServiceError for ControlError {
             NoSuchNode(_) => "no_such_node",
             NoSuchApp(_) => "no_such_app",
             NoSuchPool(_) => "no_such_pool",
+            NoSuchMember(_) => "no_such_member",
+            NodeGone(_) => "node_gone",
             BadRequest(_) => "bad_request",
             InvalidSpec(_) => "invalid_spec",
             InvalidPolicy(_) => "invalid_policy",
@@ -191,6 +203,8 @@ const UPSTREAM_CODES: &[&str] = &[
     "no_such_node",
     "no_such_app",
     "no_such_pool",
+    "no_such_member",
+    "node_gone",
     "bad_request",
     "invalid_spec",
     "invalid_policy",
@@ -243,6 +257,7 @@ fn kind_of_status(status: StatusCode) -> ErrorKind {
         StatusCode::UNAUTHORIZED => ErrorKind::Unauthenticated,
         StatusCode::FORBIDDEN => ErrorKind::Forbidden,
         StatusCode::NOT_FOUND => ErrorKind::NotFound,
+        StatusCode::GONE => ErrorKind::Gone,
         StatusCode::CONFLICT => ErrorKind::Conflict,
         StatusCode::PAYLOAD_TOO_LARGE => ErrorKind::TooLarge,
         StatusCode::TOO_MANY_REQUESTS => ErrorKind::RateLimited,

@@ -15,6 +15,7 @@ pub mod journal;
 mod journal_watch;
 mod json;
 pub mod limits;
+pub mod logs;
 pub mod nodes;
 mod policies;
 mod pools;
@@ -95,6 +96,7 @@ pub fn router(state: Arc<ControlState>) -> Router {
         .route("/v1/nodes/{node}/{action}", axum::routing::post(nodes::node_action))
         .merge(apps::routes())
         .merge(versions::routes())
+        .merge(logs::routes())
         .merge(auth::routes())
         .merge(journal::routes())
         .merge(charts::routes())

@@ -3,6 +3,7 @@
 //! actions: `POST /v1/nodes/{node}/cordon|drain|uncordon`.
 
 use crate::catalogue as m;
+use flotilla_proto::v1::node_admin_service_client::NodeAdminServiceClient;
 use std::convert::Infallible;
 use std::sync::Arc;
 
@@ -221,6 +222,24 @@ enum NodeAction {
     Uncordon,
 }
 
+/// A client of shard `shard`'s node administration: its active process or, with `a|b`,
+/// the first of its standbys that answers.
+pub(crate) async fn admin_client(
+    s: &ControlState,
+    shard: usize,
+) -> Result<NodeAdminServiceClient<flotilla_proto::dial::GrpcChannel>, ControlError> {
+    let unreachable = |message: String| ControlError::ShardUnreachable { shard, message };
+    let addr = s.shards.get(shard).ok_or_else(|| unreachable("no address is configured for it".into()))?;
+    let mut channel = Err(String::from("no address"));
+    for alt in flotilla_core::shard_alternates(addr) {
+        channel = s.dialer.connect(alt, Some(std::time::Duration::from_secs(10))).await.map_err(|e| e.to_string());
+        if channel.is_ok() {
+            break;
+        }
+    }
+    Ok(NodeAdminServiceClient::new(channel.map_err(unreachable)?))
+}
+
 /// Asks the shard that owns `node` to (un)cordon or drain it; the change shows in the
 /// next view.
 async fn set_cordon(
@@ -234,18 +253,8 @@ async fn set_cordon(
     let not_found = || ControlError::NoSuchNode(node.to_string());
     let id = flotilla_core::NodeId::new(node).map_err(|_| not_found())?;
     let shard = s.cluster.slots().iter().position(|slot| slot.view.get(&id).is_some()).ok_or_else(not_found)?;
-    let addr = s.shards.get(shard).ok_or_else(not_found)?;
     let unreachable = |message: String| ControlError::ShardUnreachable { shard, message };
-    // `a|b`: the shard's active process and its standbys; the first that answers.
-    let mut channel = Err(String::from("no address"));
-    for alt in flotilla_core::shard_alternates(addr) {
-        channel = s.dialer.connect(alt, Some(std::time::Duration::from_secs(10))).await.map_err(|e| e.to_string());
-        if channel.is_ok() {
-            break;
-        }
-    }
-    let mut client =
-        flotilla_proto::v1::node_admin_service_client::NodeAdminServiceClient::new(channel.map_err(unreachable)?);
+    let mut client = admin_client(s, shard).await?;
     let r = client
         .set_cordon(flotilla_proto::v1::CordonRequest { node_id: node.to_string(), cordoned, drain })
         .await

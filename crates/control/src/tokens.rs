@@ -89,16 +89,21 @@ impl Grant {
                 held.join(", ")
             ));
         }
+        self.app_limit(app, "change")
+    }
+
+    /// Why this grant may not `verb` what belongs to `app` (or to no app): its app list.
+    pub fn app_limit(&self, app: Option<&str>, verb: &str) -> Option<String> {
         match (&self.apps, app) {
             (None, _) => None,
             (Some(apps), Some(app)) if apps.contains(app) => None,
             (Some(apps), Some(app)) => Some(format!(
-                "token {:?} is limited to apps {} and may not change {app:?}",
+                "token {:?} is limited to apps {} and may not {verb} {app:?}",
                 self.name,
                 apps.iter().cloned().collect::<Vec<_>>().join(", ")
             )),
             (Some(_), None) => Some(format!(
-                "token {:?} is limited to some apps and may not change what belongs to none (nodes, pools, policies)",
+                "token {:?} is limited to some apps and may not {verb} what belongs to none (nodes, pools, policies)",
                 self.name
             )),
         }

@@ -27,6 +27,9 @@ pub enum ErrorKind {
     Forbidden,
     /// The named thing does not exist.
     NotFound,
+    /// The named thing existed and is gone for good (a node that left): asking again
+    /// will not help.
+    Gone,
     /// The request is valid but conflicts with the current state (wrong shard, stale
     /// incarnation, already placed).
     Conflict,
@@ -46,14 +49,16 @@ pub enum ErrorKind {
 
 impl ErrorKind {
     /// Every kind, for the mappings' tests.
-    pub const ALL: [ErrorKind; 13] = [
+    pub const ALL: [ErrorKind; 15] = [
         ErrorKind::InvalidInput,
         ErrorKind::Malformed,
         ErrorKind::AddressTooLong,
         ErrorKind::UnsupportedFormat,
         ErrorKind::TimedOut,
         ErrorKind::Unauthenticated,
+        ErrorKind::Forbidden,
         ErrorKind::NotFound,
+        ErrorKind::Gone,
         ErrorKind::Conflict,
         ErrorKind::TooLarge,
         ErrorKind::RateLimited,

@@ -18,6 +18,7 @@ mod resources;
 mod secret;
 mod shard;
 mod sync;
+pub mod timestamp;
 pub mod unit_shape;
 
 pub use backoff::{Backoff, Jitter, ThreadJitter};
@@ -31,4 +32,5 @@ pub use resources::{ResourceError, Resources};
 pub use secret::{SharedToken, bearer_token, constant_time_eq};
 pub use shard::{DEFAULT_DOMAIN, shard_alternate, shard_alternates, shard_for_domain};
 pub use sync::{LockExt, RwLockExt};
+pub use timestamp::{parse_rfc3339, rfc3339};
 pub use unit_shape::UnitShape;

@@ -10,6 +10,7 @@ pub mod v1 {
 
 pub mod convert;
 pub mod dial;
+pub mod frame;
 
 pub mod seal;
 pub mod status;

@@ -18,7 +18,7 @@ pub fn grpc_code(kind: ErrorKind) -> tonic::Code {
         ErrorKind::TimedOut => tonic::Code::DeadlineExceeded,
         ErrorKind::Unauthenticated => tonic::Code::Unauthenticated,
         ErrorKind::Forbidden => tonic::Code::PermissionDenied,
-        ErrorKind::NotFound => tonic::Code::NotFound,
+        ErrorKind::NotFound | ErrorKind::Gone => tonic::Code::NotFound,
         ErrorKind::Conflict => tonic::Code::FailedPrecondition,
         ErrorKind::TooLarge => tonic::Code::OutOfRange,
         ErrorKind::RateLimited => tonic::Code::ResourceExhausted,
@@ -127,6 +127,7 @@ mod tests {
             Malformed | UnsupportedFormat => InvalidInput,
             AddressTooLong => TooLarge,
             TimedOut | StoreUnavailable => Unavailable,
+            Gone => NotFound,
             k => k,
         };
         for k in ErrorKind::ALL {

@@ -1,4 +1,5 @@
 use super::*;
+use tokio::io::AsyncWriteExt;
 
 /// As root on a host with cgroups (v1 here, v2 where mounted), a workload runs in
 /// its own cgroup with its CPU quota and memory limit.
@@ -229,8 +230,18 @@ async fn a_crash_loop_is_reported_with_its_exit_code_and_backs_off() {
     // Restarted, and backed off (0.5 s doubling: 2 in 2.5 s, fewer on a loaded machine;
     // without back-off it would be dozens).
     assert!(s.restarts >= 1 && s.restarts <= 4, "backed off: {} restarts in 2.5 s", s.restarts);
-    let log = std::fs::read_dir(cfg.data_dir.join("workloads")).unwrap().next().unwrap().unwrap().path();
-    assert!(std::fs::metadata(log.join("stderr.log")).unwrap().len() <= 64, "logs are capped");
+    let logs = rt.logs().get("a", "u1", "head").expect("the member's logs");
+    let mut lines = Vec::new();
+    logs.stderr.snapshot(false).history(Default::default(), |c| {
+        lines.extend(c.into_iter().map(|l| l.text));
+        true
+    });
+    assert!(
+        lines.len() >= 2 && lines.iter().all(|l| l == "boom-u1"),
+        "every run's lines, kept across restarts: {lines:?}"
+    );
+    let dir = rt.logs().member_dir("a", "u1", "head", 1);
+    assert!(std::fs::metadata(dir.join("stderr.log")).unwrap().len() <= 64, "logs are capped");
     let _ = std::fs::remove_dir_all(&cfg.data_dir);
 }
 
@@ -339,7 +350,8 @@ async fn unassigned_members_get_sigterm_then_sigkill() {
 async fn output_that_cannot_be_written_is_drained_and_dropped() {
     let (mut child_side, agent_side) = tokio::io::duplex(4096);
     let tail = Arc::new(Mutex::new(Vec::new()));
-    let pumping = tokio::spawn(pump(agent_side, PathBuf::from("/dev/full"), 1 << 20, Some(tail.clone())));
+    let log = Arc::new(LogFile::new(PathBuf::from("/dev/full"), 1 << 20));
+    let pumping = tokio::spawn(pump(agent_side, log, Some(tail.clone())));
     let writer = async move {
         for i in 0..256 {
             child_side.write_all(format!("line {i:04} {}\n", "x".repeat(1000)).as_bytes()).await.unwrap();

@@ -7,6 +7,7 @@ import { act, read, toast, mayChangeApp } from './api.js';
 import { SpecEditor } from './spec-editor.js';
 import { VersionsView } from './versions.js';
 import { EventsList } from './events-list.js';
+import { LogTail } from './log-tail.js';
 import { HistoryChart, APP_SERIES } from './history-chart.js';
 import { bar } from './federation.js';
 
@@ -113,6 +114,7 @@ export function appPage(name) {
       ui.specState = h('span', { class: 'muted' });
       ui.versions = new VersionsView(name, () => loadSpec(true));
       ui.events = new EventsList(`app=${encodeURIComponent(name)}`);
+      ui.logs = new LogTail(name);
       ui.history = new HistoryChart(`${appPath(name)}/history`, APP_SERIES);
       setChildren(main,
         h('div', { class: 'crumbs' }, h('a', { href: '#/apps', text: 'Apps' }), ' / ', h('span', { text: name })),
@@ -128,6 +130,8 @@ export function appPage(name) {
         h('section', {}, h('div', { class: 'section-head' }, h('h2', { text: 'Events' }),
           h('span', { class: 'muted', text: 'what happened to this app, newest first (flotilla events --app)' })), ui.events.el),
         h('section', {}, h('h2', { text: 'Units' }), ui.units),
+        h('section', {}, h('div', { class: 'section-head' }, h('h2', { text: 'Logs' }),
+          h('span', { class: 'muted', text: 'a member\'s output, live (flotilla logs APP UNIT/MEMBER -f)' })), ui.logs.el),
         h('section', {}, h('h2', { text: 'Route weights' }), ui.routes),
         h('section', { class: 'card' },
           h('div', { class: 'section-head' }, h('h2', { text: 'Spec' }), ui.specState),
@@ -166,6 +170,7 @@ export function appPage(name) {
       ui.main.removeAttribute('data-app-denied');
       ui.events.stop();
       ui.history.stop();
+      ui.logs.stop();
       if (chart) chart.destroy();
       if (chartResize) chartResize.disconnect();
       chart = null;
@@ -291,8 +296,8 @@ export function appPage(name) {
       return h('div', { class: 'unit-group' },
         h('h3', {}, h('span', { text: domain }), h('span', { class: 'muted', text: ` · ${list.length} unit${list.length === 1 ? '' : 's'} ` }), unitCounts(counts)),
         h('table', { class: 'grid compact' },
-          h('thead', {}, h('tr', {}, ['unit / member', 'role', 'node', 'state', 'address', 'usage'].map((c) => h('th', { text: c })))),
-          list.map(unitRows)));
+          h('thead', {}, h('tr', {}, ['unit / member', 'role', 'node', 'state', 'address', 'usage', ''].map((c) => h('th', { text: c })))),
+          list.map((u) => unitRows(u, (unit, member) => ui.logs.open(unit, member)))));
     }));
   }
 
@@ -366,8 +371,8 @@ export function nodeLink(id) {
   return h('a', { class: 'mono', href: `#/nodes/${encodeURIComponent(id)}`, text: id });
 }
 
-/** A unit's row and its members' rows. */
-function unitRows(u) {
+/** A unit's row and its members' rows; `onLogs(unit, member)` follows a placed member's logs. */
+function unitRows(u, onLogs) {
   const extra = [
     u.secondary ? 'secondary' : null,
     u.generation != null ? `gen ${u.generation}` : null,
@@ -386,7 +391,11 @@ function unitRows(u) {
       h('td', {}, nodeLink(m.node_id)),
       h('td', {}, pill(m.state)),
       h('td', { class: 'mono', text: m.address || '–' }),
-      h('td', { class: 'muted', text: m.usage ? resText(m.usage) : '' }))));
+      h('td', { class: 'muted', text: m.usage ? resText(m.usage) : '' }),
+      h('td', {}, m.node_id && u.state !== 'terminated'
+        ? h('button', { type: 'button', class: 'btn small', 'data-testid': 'member-logs', 'data-member': `${u.unit_id}/${m.member}`, text: 'logs',
+          on: { click: () => onLogs(u.unit_id, m.member) } })
+        : null))));
 }
 
 // ---- decision records --------------------------------------------------------------------------
