@@ -164,7 +164,8 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         let path = dir.join("history.redb");
         let now = flotilla_core::system_ms() / 1000;
-        let start = now - KEEP_S - 100;
+        // On a step boundary, so that +3 s and +5 s fall in the same step whatever the clock.
+        let start = (now - KEEP_S - 100) / STEP_S * STEP_S;
         {
             let s = Series::open(&path).unwrap();
             // Ten points before the window, the rest inside it.
