@@ -201,7 +201,8 @@ const LIST_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// `GET /v1/apps`: every app, its standalone schedulers asked concurrently; one that
 /// does not answer within [`LIST_TIMEOUT`] is listed unreachable, never failing the rest.
-async fn list_apps(State(s): State<Arc<ControlState>>) -> Json<Value> {
+#[utoipa::path(get, path = "/v1/apps", tag = "apps", responses((status = 200, body = [crate::openapi::AppListRow])))]
+pub(crate) async fn list_apps(State(s): State<Arc<ControlState>>) -> Json<Value> {
     let rows: Vec<_> = s
         .apps
         .endpoints()
@@ -233,7 +234,12 @@ async fn list_apps(State(s): State<Arc<ControlState>>) -> Json<Value> {
 
 /// The app's summary; `scheduler_url` names the standalone scheduler serving it (watch its
 /// routes there), or is null when this process runs it.
-async fn get_app(State(s): State<Arc<ControlState>>, Path(app): Path<String>) -> Result<Json<Value>, ControlError> {
+#[utoipa::path(get, path = "/v1/apps/{app}", tag = "apps", params(("app" = String, Path)),
+    responses((status = 200, body = crate::openapi::AppSummary), (status = 404, description = "no scheduler runs the app", body = crate::openapi::ErrorBody), (status = 502, description = "its standalone scheduler did not answer", body = crate::openapi::ErrorBody)))]
+pub(crate) async fn get_app(
+    State(s): State<Arc<ControlState>>,
+    Path(app): Path<String>,
+) -> Result<Json<Value>, ControlError> {
     match s.apps.get(&app) {
         Some(Ok(h)) => Ok(Json(summary(&h.status()))),
         Some(Err(url)) => {
@@ -247,7 +253,12 @@ async fn get_app(State(s): State<Arc<ControlState>>, Path(app): Path<String>) ->
     }
 }
 
-async fn list_units(State(s): State<Arc<ControlState>>, Path(app): Path<String>) -> Result<Json<Value>, ControlError> {
+#[utoipa::path(get, path = "/v1/apps/{app}/units", tag = "apps", params(("app" = String, Path)),
+    responses((status = 200, body = [crate::openapi::UnitRow]), (status = 404, description = "no scheduler runs the app", body = crate::openapi::ErrorBody), (status = 502, description = "its standalone scheduler did not answer", body = crate::openapi::ErrorBody)))]
+pub(crate) async fn list_units(
+    State(s): State<Arc<ControlState>>,
+    Path(app): Path<String>,
+) -> Result<Json<Value>, ControlError> {
     metrics::counter!(m::API_REQUESTS.name, "route" => "/v1/apps/{app}/units").increment(1);
     match s.apps.get(&app) {
         Some(Ok(h)) => Ok(Json(with_pool_note(unit_rows(&h.status()), s.pools.cannot_place(&app)))),
@@ -270,7 +281,12 @@ pub fn route_rows(t: &flotilla_proto::v1::RouteTable) -> Value {
     json!({"app": t.app, "version": t.version, "routes": rows})
 }
 
-async fn list_routes(State(s): State<Arc<ControlState>>, Path(app): Path<String>) -> Result<Json<Value>, ControlError> {
+#[utoipa::path(get, path = "/v1/apps/{app}/routes", tag = "apps", params(("app" = String, Path)),
+    responses((status = 200, body = crate::openapi::RouteTable), (status = 404, description = "no scheduler runs the app", body = crate::openapi::ErrorBody), (status = 502, description = "its standalone scheduler did not answer", body = crate::openapi::ErrorBody)))]
+pub(crate) async fn list_routes(
+    State(s): State<Arc<ControlState>>,
+    Path(app): Path<String>,
+) -> Result<Json<Value>, ControlError> {
     metrics::counter!(m::API_REQUESTS.name, "route" => "/v1/apps/{app}/routes").increment(1);
     match s.apps.get(&app) {
         Some(Ok(h)) => Ok(Json(route_rows(&h.routes().borrow()))),
@@ -281,9 +297,9 @@ async fn list_routes(State(s): State<Arc<ControlState>>, Path(app): Path<String>
 
 /// `{"units": N}`; on an autoscaled app also `{"min": A, "max": B}` (the policy decides
 /// within them) or `{"auto": true}` (lifts them).
-#[derive(Deserialize, serde::Serialize)]
+#[derive(Deserialize, serde::Serialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct ScaleBody {
+pub(crate) struct ScaleBody {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     units: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -297,7 +313,11 @@ struct ScaleBody {
 /// `PUT /v1/apps/{app}/scale {"units": N}`: validated by the app's scheduler against the
 /// spec's min and max, persisted in its store, acted on within a second. On an
 /// autoscaled app it sets a floor and ceiling for the policy (`units` pins both).
-async fn scale(
+#[utoipa::path(put, path = "/v1/apps/{app}/scale", tag = "apps", security(("bearer" = [])), params(("app" = String, Path)),
+    request_body = ScaleBody,
+    responses((status = 200, description = "scope operate", body = crate::openapi::ScaleAnswer),
+              (status = 400, body = crate::openapi::ErrorBody), (status = 401, body = crate::openapi::ErrorBody), (status = 403, description = "the token lacks the scope, or is for other apps", body = crate::openapi::ErrorBody), (status = 422, description = "outside the spec's min and max", body = crate::openapi::ErrorBody), (status = 404, description = "no scheduler runs the app", body = crate::openapi::ErrorBody), (status = 502, description = "its standalone scheduler did not answer", body = crate::openapi::ErrorBody)))]
+pub(crate) async fn scale(
     State(s): State<Arc<ControlState>>,
     Path(app): Path<String>,
     headers: HeaderMap,
@@ -357,9 +377,11 @@ pub(crate) fn parse_spec(app: &str, body: &str) -> Result<flotilla_scheduler::Ap
 }
 
 /// `?check_version=V` on `PUT …/spec`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
-struct ApplyQuery {
+#[into_params(parameter_in = Query)]
+pub(crate) struct ApplyQuery {
+    /// Apply only while this version is in force (else 409 `version_conflict`).
     check_version: Option<u64>,
 }
 
@@ -367,7 +389,12 @@ struct ApplyQuery {
 /// full (every problem named), then units whose template changed roll through. With
 /// `?check_version=V` it applies only while version V is in force (409
 /// `version_conflict` otherwise), so two operators cannot overwrite each other unseen.
-async fn apply(
+#[utoipa::path(put, path = "/v1/apps/{app}/spec", tag = "apps", security(("bearer" = [])), params(("app" = String, Path), ApplyQuery),
+    request_body(content = String, content_type = "text/plain", description = "the app's spec (TOML)"),
+    responses((status = 200, description = "scope deploy", body = crate::openapi::Applied), (status = 400, body = crate::openapi::ErrorBody), (status = 401, body = crate::openapi::ErrorBody), (status = 403, description = "the token lacks the scope, or is for other apps", body = crate::openapi::ErrorBody),
+              (status = 409, description = "`version_conflict`: another version is in force", body = crate::openapi::ErrorBody),
+              (status = 422, description = "an invalid spec: every problem named", body = crate::openapi::ErrorBody), (status = 404, description = "no scheduler runs the app", body = crate::openapi::ErrorBody), (status = 502, description = "its standalone scheduler did not answer", body = crate::openapi::ErrorBody)))]
+pub(crate) async fn apply(
     State(s): State<Arc<ControlState>>,
     Path(app): Path<String>,
     query: Result<axum::extract::Query<ApplyQuery>, axum::extract::rejection::QueryRejection>,
@@ -404,8 +431,11 @@ async fn apply(
 /// and whether a rollback has a spec to go back to (`x-flotilla-has-previous`). Without
 /// the API token (when the API has one), secret-looking env values are hidden
 /// ([`crate::secrets`]).
+#[utoipa::path(get, path = "/v1/apps/{app}/spec", tag = "apps", params(("app" = String, Path)),
+    responses((status = 200, description = "the spec in force (TOML; secret-looking values hidden without a token that may see them)", content_type = "text/plain",
+               body = String, headers(("x-flotilla-has-previous" = bool, description = "whether a rollback has a spec to go back to"))), (status = 404, description = "no scheduler runs the app", body = crate::openapi::ErrorBody), (status = 502, description = "its standalone scheduler did not answer", body = crate::openapi::ErrorBody)))]
 #[tracing::instrument(name = "get_spec", skip(s, headers))]
-async fn get_spec(
+pub(crate) async fn get_spec(
     State(s): State<Arc<ControlState>>,
     Path(app): Path<String>,
     headers: HeaderMap,

@@ -53,7 +53,9 @@ fn grant_row(g: &Grant) -> serde_json::Value {
     serde_json::json!({"name": g.name, "scopes": g.scopes, "apps": g.apps})
 }
 
-async fn list_tokens(
+#[utoipa::path(get, path = "/v1/tokens", tag = "tokens", security(("bearer" = [])),
+    responses((status = 200, description = "scope admin", body = crate::openapi::TokenList), (status = 401, body = crate::openapi::ErrorBody), (status = 403, description = "the token lacks the scope, or is for other apps", body = crate::openapi::ErrorBody)))]
+pub(crate) async fn list_tokens(
     axum::extract::State(s): axum::extract::State<Arc<ControlState>>,
     headers: HeaderMap,
 ) -> Result<axum::Json<serde_json::Value>, ControlError> {
@@ -64,9 +66,9 @@ async fn list_tokens(
 }
 
 /// `{"name", "scopes": [...], "apps": [...]}`; `apps` left out: every app.
-#[derive(serde::Deserialize)]
+#[derive(serde::Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct NewToken {
+pub(crate) struct NewToken {
     name: String,
     scopes: Vec<String>,
     #[serde(default)]
@@ -75,8 +77,11 @@ struct NewToken {
 
 /// Makes a named token; the answer holds the token, which is never shown again (the
 /// file keeps its hash). Who made it is logged and counted.
+#[utoipa::path(post, path = "/v1/tokens", tag = "tokens", security(("bearer" = [])), request_body = NewToken,
+    responses((status = 200, description = "scope admin; the token is in this answer only", body = crate::openapi::CreatedToken), (status = 400, body = crate::openapi::ErrorBody), (status = 401, body = crate::openapi::ErrorBody), (status = 403, description = "the token lacks the scope, or is for other apps", body = crate::openapi::ErrorBody),
+              (status = 409, description = "`no_tokens_file`", body = crate::openapi::ErrorBody), (status = 422, description = "an unknown scope or a taken name", body = crate::openapi::ErrorBody)))]
 #[tracing::instrument(name = "create_token", skip_all)]
-async fn create_token(
+pub(crate) async fn create_token(
     axum::extract::State(s): axum::extract::State<Arc<ControlState>>,
     headers: HeaderMap,
     body: Result<crate::body::JsonBody<NewToken>, crate::body::BodyRejection>,
@@ -99,8 +104,10 @@ async fn create_token(
     Ok(axum::Json(serde_json::json!({"name": t.name, "scopes": t.scopes, "apps": t.apps, "token": token})))
 }
 
+#[utoipa::path(delete, path = "/v1/tokens/{name}", tag = "tokens", security(("bearer" = [])), params(("name" = String, Path)),
+    responses((status = 200, description = "scope admin", body = crate::openapi::Revoked), (status = 401, body = crate::openapi::ErrorBody), (status = 403, description = "the token lacks the scope, or is for other apps", body = crate::openapi::ErrorBody), (status = 404, description = "`no_such_token`", body = crate::openapi::ErrorBody)))]
 #[tracing::instrument(name = "revoke_token", skip(s, headers))]
-async fn revoke_token(
+pub(crate) async fn revoke_token(
     axum::extract::State(s): axum::extract::State<Arc<ControlState>>,
     axum::extract::Path(name): axum::extract::Path<String>,
     headers: HeaderMap,
@@ -117,7 +124,8 @@ async fn revoke_token(
 
 /// What the caller's token may do: `{"name","scopes","apps","open"}`. Without a valid
 /// token: no name and only `read`; an API with no token at all is `open` (everything).
-async fn whoami(
+#[utoipa::path(get, path = "/v1/whoami", tag = "tokens", responses((status = 200, body = crate::openapi::Whoami)))]
+pub(crate) async fn whoami(
     axum::extract::State(s): axum::extract::State<Arc<ControlState>>,
     headers: HeaderMap,
 ) -> axum::Json<serde_json::Value> {

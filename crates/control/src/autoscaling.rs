@@ -32,7 +32,12 @@ pub fn routes() -> Router<Arc<ControlState>> {
 }
 
 /// `GET /v1/apps/{app}/decisions`: the app's autoscaling decisions, newest first.
-async fn decisions(State(s): State<Arc<ControlState>>, Path(app): Path<String>) -> Result<Json<Value>, ControlError> {
+#[utoipa::path(get, path = "/v1/apps/{app}/decisions", tag = "autoscaling", params(("app" = String, Path)),
+    responses((status = 200, description = "the autoscaling decisions, newest first, with the numbers behind each", body = [Object]), (status = 404, description = "no scheduler runs the app", body = crate::openapi::ErrorBody), (status = 502, description = "its standalone scheduler did not answer", body = crate::openapi::ErrorBody)))]
+pub(crate) async fn decisions(
+    State(s): State<Arc<ControlState>>,
+    Path(app): Path<String>,
+) -> Result<Json<Value>, ControlError> {
     metrics::counter!(m::API_REQUESTS.name, "route" => "/v1/apps/{app}/decisions").increment(1);
     match s.apps.get(&app) {
         Some(Ok(h)) => {
@@ -44,9 +49,11 @@ async fn decisions(State(s): State<Arc<ControlState>>, Path(app): Path<String>) 
     }
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct DemandBody {
+pub(crate) struct DemandBody {
+    /// `[{"resources": {"cpu_millis", "memory_bytes", …}, "count": N}]`
+    #[schema(value_type = Vec<Object>)]
     requests: Vec<DemandRequest>,
     ttl_seconds: u64,
 }
@@ -54,7 +61,9 @@ struct DemandBody {
 /// `PUT /v1/apps/{app}/demand {"requests": [{"resources": {...}, "count": N}], "ttl_seconds": T}`:
 /// what consumers need the app to be able to run (like Ray's `request_resources`),
 /// replacing the last demand, for `ttl_seconds`.
-async fn demand(
+#[utoipa::path(put, path = "/v1/apps/{app}/demand", tag = "autoscaling", security(("bearer" = [])), params(("app" = String, Path)), request_body = DemandBody,
+    responses((status = 200, description = "scope operate", body = crate::openapi::DemandAnswer), (status = 400, body = crate::openapi::ErrorBody), (status = 401, body = crate::openapi::ErrorBody), (status = 403, description = "the token lacks the scope, or is for other apps", body = crate::openapi::ErrorBody), (status = 422, body = crate::openapi::ErrorBody), (status = 404, description = "no scheduler runs the app", body = crate::openapi::ErrorBody), (status = 502, description = "its standalone scheduler did not answer", body = crate::openapi::ErrorBody)))]
+pub(crate) async fn demand(
     State(s): State<Arc<ControlState>>,
     Path(app): Path<String>,
     headers: HeaderMap,
@@ -97,7 +106,12 @@ pub fn capacity_row(c: &v1::Capacity) -> Value {
 }
 
 /// `GET /v1/apps/{app}/capacity`: what the app can serve now (`WatchCapacity` streams it).
-async fn capacity(State(s): State<Arc<ControlState>>, Path(app): Path<String>) -> Result<Json<Value>, ControlError> {
+#[utoipa::path(get, path = "/v1/apps/{app}/capacity", tag = "autoscaling", params(("app" = String, Path)),
+    responses((status = 200, body = crate::openapi::CapacityRow), (status = 404, description = "no scheduler runs the app", body = crate::openapi::ErrorBody), (status = 502, description = "its standalone scheduler did not answer", body = crate::openapi::ErrorBody)))]
+pub(crate) async fn capacity(
+    State(s): State<Arc<ControlState>>,
+    Path(app): Path<String>,
+) -> Result<Json<Value>, ControlError> {
     metrics::counter!(m::API_REQUESTS.name, "route" => "/v1/apps/{app}/capacity").increment(1);
     match s.apps.get(&app) {
         Some(Ok(h)) => Ok(Json(capacity_row(&h.capacity().borrow()))),
@@ -106,13 +120,17 @@ async fn capacity(State(s): State<Arc<ControlState>>, Path(app): Path<String>) -
     }
 }
 
-async fn list_policies(State(s): State<Arc<ControlState>>) -> Json<Value> {
+#[utoipa::path(get, path = "/v1/policies", tag = "autoscaling", responses((status = 200, body = [crate::openapi::PolicyRow])))]
+pub(crate) async fn list_policies(State(s): State<Arc<ControlState>>) -> Json<Value> {
     Json(s.policies.list())
 }
 
 /// `PUT /v1/policies/{name}` with the policy file (TOML): validated in full, then every
 /// app that names it follows it from its next evaluation.
-async fn apply_policy(
+#[utoipa::path(put, path = "/v1/policies/{name}", tag = "autoscaling", security(("bearer" = [])), params(("name" = String, Path)),
+    request_body(content = String, content_type = "text/plain", description = "the policy file (TOML)"),
+    responses((status = 200, description = "scope deploy", body = crate::openapi::PolicyApplied), (status = 401, body = crate::openapi::ErrorBody), (status = 403, description = "the token lacks the scope, or is for other apps", body = crate::openapi::ErrorBody), (status = 422, description = "an invalid policy, every problem named", body = crate::openapi::ErrorBody)))]
+pub(crate) async fn apply_policy(
     State(s): State<Arc<ControlState>>,
     Path(name): Path<String>,
     headers: HeaderMap,

@@ -75,9 +75,11 @@ pub fn spawn(state: Arc<ControlState>) {
     });
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
-struct Window {
+#[into_params(parameter_in = Query)]
+pub(crate) struct Window {
+    /// `1h` (the default), `6h` or `24h`.
     window: Option<String>,
 }
 
@@ -102,7 +104,9 @@ pub fn routes() -> axum::Router<Arc<ControlState>> {
 
 /// `{"app","step_s","window_s","points":[{"t","v":{"desired","running","estimated","capacity_cores"}}],
 /// "decisions":[{"at_ms","action","explanation"}]}`.
-async fn app_history(
+#[utoipa::path(get, path = "/v1/apps/{app}/history", tag = "charts", params(("app" = String, Path), Window),
+    responses((status = 200, body = crate::openapi::AppHistory), (status = 400, body = crate::openapi::ErrorBody), (status = 404, body = crate::openapi::ErrorBody)))]
+pub(crate) async fn app_history(
     State(s): State<Arc<ControlState>>,
     Path(app): Path<String>,
     window: Result<Query<Window>, axum::extract::rejection::QueryRejection>,
@@ -130,7 +134,9 @@ async fn app_history(
 }
 
 /// `{"pool","step_s","window_s","points":[{"t","v":{"TYPE": running, ..., "total"}}]}`.
-async fn pool_history(
+#[utoipa::path(get, path = "/v1/pools/{pool}/history", tag = "charts", params(("pool" = String, Path), Window),
+    responses((status = 200, body = crate::openapi::PoolHistory), (status = 400, body = crate::openapi::ErrorBody), (status = 404, description = "`no_such_pool`", body = crate::openapi::ErrorBody)))]
+pub(crate) async fn pool_history(
     State(s): State<Arc<ControlState>>,
     Path(pool): Path<String>,
     window: Result<Query<Window>, axum::extract::rejection::QueryRejection>,

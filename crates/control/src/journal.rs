@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 const EVENTS: TableDefinition<u64, &str> = TableDefinition::new("events");
 
 /// One event as kept and served.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Event {
     pub seq: u64,
     pub at_unix_ms: u64,
@@ -418,15 +418,20 @@ mod tests {
 }
 
 /// `GET /v1/events/history?after=SEQ&since=1h&app=A&node=N&type=T&limit=N`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
-struct HistoryParams {
+#[into_params(parameter_in = Query)]
+pub(crate) struct HistoryParams {
+    /// Only events after this sequence number (page on with `next_after`).
     after: Option<u64>,
+    /// Only events this recent: a duration back from now (`90s`, `10m`, `1h30m`, `7d`).
     since: Option<String>,
     app: Option<String>,
     node: Option<String>,
     #[serde(rename = "type")]
+    #[param(rename = "type")]
     kind: Option<String>,
+    /// How many (the newest without `after`): 1..1000, 100 by default.
     limit: Option<usize>,
 }
 
@@ -437,8 +442,10 @@ pub fn routes() -> axum::Router<std::sync::Arc<crate::ControlState>> {
 /// The kept events matching the filters, oldest first: after `after` (page forward
 /// with the answer's `next_after`), else the newest `limit` (default 100, at most
 /// 1,000). `{"events": [...], "newest": SEQ, "next_after": SEQ}`.
+#[utoipa::path(get, path = "/v1/events/history", operation_id = "event_history", tag = "events", params(HistoryParams),
+    responses((status = 200, body = crate::openapi::EventsPage), (status = 400, description = "a bad parameter, named with what is accepted", body = crate::openapi::ErrorBody)))]
 #[tracing::instrument(name = "event_history", skip_all)]
-async fn history(
+pub(crate) async fn history(
     axum::extract::State(s): axum::extract::State<std::sync::Arc<crate::ControlState>>,
     params: Result<axum::extract::Query<HistoryParams>, axum::extract::rejection::QueryRejection>,
 ) -> Result<axum::Json<serde_json::Value>, crate::ControlError> {

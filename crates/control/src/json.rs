@@ -6,7 +6,7 @@ use flotilla_core::{NodeStatus, Resources};
 use flotilla_view::{ClusterView, NodeRecord};
 use serde::Serialize;
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct Health {
     pub score: f32,
     pub cpu_utilisation: f32,
@@ -16,17 +16,22 @@ pub struct Health {
     pub preemption_notice: bool,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct NodeRow {
     pub node_id: String,
     pub incarnation: u64,
+    /// `alive`, `suspect`, `draining`, `dead` or `unknown` (its shard is not heard).
+    #[schema(value_type = String)]
     pub status: NodeStatus,
     /// RFC 3339, UTC.
     pub status_since: String,
     pub shard: u32,
     pub labels: BTreeMap<String, String>,
     pub health: Health,
+    /// `{"cpu_millis", "memory_bytes", "gpu", …custom}`.
+    #[schema(value_type = Object)]
     pub capacity: Resources,
+    #[schema(value_type = Object)]
     pub allocated: Resources,
     pub cordoned: bool,
     pub drain_requested: bool,

@@ -17,6 +17,7 @@ mod json;
 pub mod limits;
 pub mod logs;
 pub mod nodes;
+pub mod openapi;
 mod policies;
 mod pools;
 pub mod replicas;
@@ -97,6 +98,7 @@ pub fn router(state: Arc<ControlState>) -> Router {
         .merge(apps::routes())
         .merge(versions::routes())
         .merge(logs::routes())
+        .merge(openapi::routes())
         .merge(auth::routes())
         .merge(journal::routes())
         .merge(charts::routes())

@@ -32,13 +32,19 @@ pub fn routes() -> axum::Router<Arc<ControlState>> {
 /// The most history lines one request may ask for (the agent's bound too).
 pub const MAX_TAIL: u32 = 100_000;
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
-struct LogParams {
+#[into_params(parameter_in = Query)]
+pub(crate) struct LogParams {
+    /// `stdout` (the default) or `stderr`.
     stream: Option<String>,
+    /// Only the last N lines (0..=100000; 0 or none: all kept).
     tail: Option<u32>,
+    /// Only lines this recent (`10m`) or since this RFC 3339 time.
     since: Option<String>,
+    /// Keep the answer open and send new lines as they are written.
     follow: Option<bool>,
+    /// Each line after its RFC 3339 time.
     timestamps: Option<bool>,
 }
 
@@ -149,8 +155,16 @@ fn render(chunk: &v1::LogChunk, timestamps: bool) -> Bytes {
     Bytes::from(out)
 }
 
+#[utoipa::path(get, path = "/v1/apps/{app}/units/{unit}/members/{member}/logs", tag = "apps", security(("bearer" = [])),
+    params(("app" = String, Path), ("unit" = String, Path), ("member" = String, Path), LogParams),
+    responses((status = 200, description = "the member's lines, chunked (a token not limited to other apps)", content_type = "text/plain", body = String,
+               headers(("x-flotilla-node" = String, description = "the node the member runs on"))),
+              (status = 400, description = "a bad parameter, with what is accepted", body = crate::openapi::ErrorBody), (status = 401, body = crate::openapi::ErrorBody), (status = 403, description = "the token lacks the scope, or is for other apps", body = crate::openapi::ErrorBody),
+              (status = 404, description = "`no_such_app` or `no_such_member`, naming what is unknown", body = crate::openapi::ErrorBody),
+              (status = 410, description = "`node_gone`: the member's node left (with when)", body = crate::openapi::ErrorBody),
+              (status = 502, description = "the node's agent is not connected, or its shard did not answer", body = crate::openapi::ErrorBody)))]
 #[tracing::instrument(name = "member_logs", skip(s, headers, params))]
-async fn member_logs(
+pub(crate) async fn member_logs(
     State(s): State<Arc<ControlState>>,
     Path((app, unit, member)): Path<(String, String, String)>,
     params: Result<Query<LogParams>, axum::extract::rejection::QueryRejection>,

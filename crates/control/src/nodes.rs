@@ -16,10 +16,11 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use flotilla_core::NodeStatus;
 use flotilla_view::NodeRecord;
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio_stream::StreamExt;
 
 use crate::events::{priority_of, status_of};
+use crate::openapi::{CordonAnswer, DrainWait, DrainWaits, NodeDetail, NodeMember, ShardRow, ViewVersion};
 use crate::{ControlError, ControlState};
 
 /// Most rows of one page.
@@ -38,6 +39,25 @@ pub struct NodeQuery {
     pub priority: Option<String>,
     /// `label=k=v`, every one of them must match.
     pub labels: Vec<(String, String)>,
+}
+
+/// `GET /v1/nodes`'s parameters, as the contract shows them (the handler reads the pairs
+/// itself, with [`parse_query`], to name a bad one).
+#[derive(utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[allow(dead_code, reason = "read by the OpenAPI derive only")]
+pub(crate) struct NodeFilters {
+    /// Rows to skip.
+    offset: Option<usize>,
+    /// A page of at most this many rows (1..=5000); every matching row without it.
+    limit: Option<usize>,
+    domain: Option<String>,
+    /// `alive`, `suspect`, `draining`, `dead` or `unknown`.
+    status: Option<String>,
+    /// `high` or `low`.
+    priority: Option<String>,
+    /// `KEY=VALUE`; repeated, every one must match.
+    label: Option<String>,
 }
 
 /// Reads the query's pairs; a bad or unknown parameter is named in the error.
@@ -106,6 +126,9 @@ fn row_json(r: &NodeRecord, connected: bool) -> Vec<u8> {
 /// docs/architecture.md §13 sorted by node id, `x-total-count` saying how many match.
 /// Without `limit`, every matching row from `offset` on, as a JSON array streamed in
 /// chunks of [`STREAM_CHUNK`] rows (never one 100,000-row serialisation).
+#[utoipa::path(get, path = "/v1/nodes", operation_id = "list_nodes", tag = "nodes", params(NodeFilters),
+    responses((status = 200, body = [crate::json::NodeRow], headers(("x-total-count" = usize, description = "how many rows match"))),
+              (status = 400, description = "a bad or unknown parameter, named", body = crate::openapi::ErrorBody)))]
 #[tracing::instrument(name = "list_nodes", skip_all)]
 pub async fn list(
     State(s): State<Arc<ControlState>>,
@@ -147,6 +170,8 @@ pub async fn list(
 /// `GET /v1/nodes/{node}`: its row and `members`, the members of every app in this
 /// process placed on it (of units not yet terminated). (Standalone schedulers' members are not listed: their units
 /// are only fetched from them.)
+#[utoipa::path(get, path = "/v1/nodes/{node}", operation_id = "get_node", tag = "nodes", params(("node" = String, Path)),
+    responses((status = 200, body = crate::openapi::NodeDetail), (status = 404, body = crate::openapi::ErrorBody)))]
 #[tracing::instrument(name = "get_node", skip(s))]
 pub async fn get(State(s): State<Arc<ControlState>>, Path(node): Path<String>) -> Result<Response, ControlError> {
     metrics::counter!(m::API_REQUESTS.name, "route" => "/v1/nodes/{node}").increment(1);
@@ -158,8 +183,6 @@ pub async fn get(State(s): State<Arc<ControlState>>, Path(node): Path<String>) -
         .iter()
         .find_map(|slot| slot.view.get(&id).map(|r| (r.clone(), slot.connected)))
         .ok_or_else(not_found)?;
-    let mut v =
-        serde_json::to_value(crate::json::row(&r, connected)).map_err(|e| ControlError::BadRequest(e.to_string()))?;
     let mut members = Vec::new();
     let mut waiting = Vec::new();
     for h in s.apps.locals() {
@@ -169,22 +192,25 @@ pub async fn get(State(s): State<Arc<ControlState>>, Path(node): Path<String>) -
             let here: Vec<_> = u.members.iter().filter(|m| m.node_id.as_deref() == Some(node.as_str())).collect();
             for m in &here {
                 let state = m.state.clone().unwrap_or_else(|| "allocated".into());
-                members.push(json!({"app": h.app, "unit_id": u.unit_id, "member": m.member, "role": m.role,
-                                    "state": state, "address": m.address}));
+                members.push(NodeMember {
+                    app: h.app.clone(),
+                    unit_id: u.unit_id.clone(),
+                    member: m.member.clone(),
+                    role: m.role.clone(),
+                    state,
+                    address: m.address.clone(),
+                });
             }
             if !here.is_empty()
                 && let Some(why) = drain_waits(u, &status.units)
             {
-                waiting.push(json!({"app": h.app, "unit_id": u.unit_id, "reason": why}));
+                waiting.push(DrainWait { app: h.app.clone(), unit_id: u.unit_id.clone(), reason: why });
             }
         }
     }
-    v["members"] = Value::Array(members);
     // A drain that cannot finish says why, unit by unit (never a silent hang).
-    if r.drain_requested {
-        v["drain"] = json!({"waiting": waiting});
-    }
-    Ok(axum::Json(v).into_response())
+    let drain = r.drain_requested.then_some(DrainWaits { waiting });
+    Ok(axum::Json(NodeDetail { row: crate::json::row(&r, connected), members, drain }).into_response())
 }
 
 /// Why a drain of a node holding unit `u` waits on it, if it does: its replacement
@@ -201,11 +227,15 @@ fn drain_waits(u: &flotilla_scheduler::UnitRecord, units: &[Arc<flotilla_schedul
 
 /// `POST /v1/nodes/{node}/cordon|drain|uncordon`. A drain also asks every app's scheduler
 /// to replace the members the node runs elsewhere before they are stopped.
+#[utoipa::path(post, path = "/v1/nodes/{node}/{action}", tag = "nodes", security(("bearer" = [])),
+    params(("node" = String, Path), ("action" = String, Path, description = "`cordon`, `drain` or `uncordon` (scope operate)")),
+    responses((status = 200, body = crate::openapi::CordonAnswer), (status = 401, body = crate::openapi::ErrorBody), (status = 403, body = crate::openapi::ErrorBody),
+              (status = 404, description = "no such node or action", body = crate::openapi::ErrorBody), (status = 502, description = "its shard did not answer", body = crate::openapi::ErrorBody)))]
 pub(crate) async fn node_action(
     State(s): State<Arc<ControlState>>,
     axum::extract::Path((node, action)): axum::extract::Path<(String, String)>,
     headers: axum::http::HeaderMap,
-) -> Result<Json<serde_json::Value>, ControlError> {
+) -> Result<Json<CordonAnswer>, ControlError> {
     let what = match action.as_str() {
         "cordon" => NodeAction::Cordon,
         "drain" => NodeAction::Drain,
@@ -247,7 +277,7 @@ async fn set_cordon(
     node: &str,
     headers: &axum::http::HeaderMap,
     what: NodeAction,
-) -> Result<Json<serde_json::Value>, ControlError> {
+) -> Result<Json<CordonAnswer>, ControlError> {
     let (cordoned, drain) = (what != NodeAction::Uncordon, what == NodeAction::Drain);
     let by = crate::auth::authorize(s, headers, crate::tokens::Scope::Operate, None)?;
     let not_found = || ControlError::NoSuchNode(node.to_string());
@@ -272,27 +302,26 @@ async fn set_cordon(
         "uncordoned"
     };
     s.journal.record(vec![crate::journal::NewEvent::new("node_action", format!("{node}: {verb}")).node(node).by(by)]);
-    Ok(Json(serde_json::json!({"node_id": node, "cordoned": cordoned, "drain_requested": drain})))
+    Ok(Json(CordonAnswer { node_id: node.to_string(), cordoned, drain_requested: drain }))
 }
 
-pub(crate) async fn list_shards(State(s): State<Arc<ControlState>>) -> Json<serde_json::Value> {
+#[utoipa::path(get, path = "/v1/shards", tag = "nodes", responses((status = 200, body = [crate::openapi::ShardRow])))]
+pub(crate) async fn list_shards(State(s): State<Arc<ControlState>>) -> Json<Vec<ShardRow>> {
     metrics::counter!(m::API_REQUESTS.name, "route" => "/v1/shards").increment(1);
     let rows: Vec<_> = s
         .cluster
         .slots()
         .iter()
         .enumerate()
-        .map(|(i, slot)| {
-            serde_json::json!({
-                "shard": i,
-                "address": s.shards.get(i),
-                "connected": slot.connected,
-                "version": {"epoch": slot.view.version.epoch, "seq": slot.view.version.seq},
-                "nodes": slot.view.len(),
-            })
+        .map(|(i, slot)| ShardRow {
+            shard: i,
+            address: s.shards.get(i).cloned(),
+            connected: slot.connected,
+            version: ViewVersion { epoch: slot.view.version.epoch, seq: slot.view.version.seq },
+            nodes: slot.view.len(),
         })
         .collect();
-    Json(serde_json::Value::Array(rows))
+    Json(rows)
 }
 
 #[cfg(test)]

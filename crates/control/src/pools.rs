@@ -197,26 +197,37 @@ pub fn routes() -> Router<Arc<ControlState>> {
         .route("/v1/pools/{pool}/report", axum::routing::post(report))
 }
 
-async fn list(State(s): State<Arc<ControlState>>) -> Json<Value> {
+#[utoipa::path(get, path = "/v1/pools", operation_id = "list_pools", tag = "pools", responses((status = 200, body = [crate::openapi::PoolRow])))]
+pub(crate) async fn list(State(s): State<Arc<ControlState>>) -> Json<Value> {
     metrics::counter!(m::API_REQUESTS.name, "route" => "/v1/pools").increment(1);
     let g = s.pools.pools.read_or_recover();
     Json(Value::Array(g.iter().map(|(n, p)| Pools::row(n, p)).collect()))
 }
 
-async fn get_pool(State(s): State<Arc<ControlState>>, Path(pool): Path<String>) -> Result<Json<Value>, ControlError> {
+#[utoipa::path(get, path = "/v1/pools/{pool}", tag = "pools", params(("pool" = String, Path)),
+    responses((status = 200, body = crate::openapi::PoolRow), (status = 404, description = "`no_such_pool`", body = crate::openapi::ErrorBody)))]
+pub(crate) async fn get_pool(
+    State(s): State<Arc<ControlState>>,
+    Path(pool): Path<String>,
+) -> Result<Json<Value>, ControlError> {
     let g = s.pools.pools.read_or_recover();
     let p = g.get(&pool).ok_or_else(|| ControlError::NoSuchPool(pool.clone()))?;
     Ok(Json(Pools::row(&pool, p)))
 }
 
-async fn get_constraints(State(s): State<Arc<ControlState>>, Path(pool): Path<String>) -> Json<Value> {
+#[utoipa::path(get, path = "/v1/pools/{pool}/constraints", tag = "pools", params(("pool" = String, Path)),
+    responses((status = 200, description = "the pool's floor: `{\"resource_requests\": [{\"resources\", \"count\"}]}`", body = Object)))]
+pub(crate) async fn get_constraints(State(s): State<Arc<ControlState>>, Path(pool): Path<String>) -> Json<Value> {
     Json(json!(s.pools.constraints(&pool)))
 }
 
 /// `PUT /v1/pools/{pool}/constraints {"resource_requests": [{"resources": {...}, "count": N}]}`:
 /// Ray's `request_resources`. The pool holds at least this capacity whatever the demand;
 /// an empty list lifts the floor.
-async fn put_constraints(
+#[utoipa::path(put, path = "/v1/pools/{pool}/constraints", tag = "pools", security(("bearer" = [])), params(("pool" = String, Path)),
+    request_body(content = Object, description = "`{\"resource_requests\": [{\"resources\": {…}, \"count\": N}]}`"),
+    responses((status = 200, description = "scope operate; the floor in force", body = Object), (status = 400, body = crate::openapi::ErrorBody), (status = 401, body = crate::openapi::ErrorBody), (status = 403, description = "the token lacks the scope, or is for other apps", body = crate::openapi::ErrorBody), (status = 422, body = crate::openapi::ErrorBody)))]
+pub(crate) async fn put_constraints(
     State(s): State<Arc<ControlState>>,
     Path(pool): Path<String>,
     headers: HeaderMap,
@@ -264,7 +275,10 @@ fn pool_events(pool: &str, report: &Value) -> Vec<(u64, crate::journal::NewEvent
 }
 
 /// `POST /v1/pools/{pool}/report`: an autoscaler's instances and decisions.
-async fn report(
+#[utoipa::path(post, path = "/v1/pools/{pool}/report", tag = "pools", security(("bearer" = [])), params(("pool" = String, Path)),
+    request_body(content = Object, description = "a pool autoscaler's report"),
+    responses((status = 200, description = "scope admin", body = crate::openapi::ReportAnswer), (status = 400, body = crate::openapi::ErrorBody), (status = 401, body = crate::openapi::ErrorBody), (status = 403, description = "the token lacks the scope, or is for other apps", body = crate::openapi::ErrorBody)))]
+pub(crate) async fn report(
     State(s): State<Arc<ControlState>>,
     Path(pool): Path<String>,
     headers: HeaderMap,
@@ -298,8 +312,11 @@ async fn report(
 /// pool file's min and max for that type (min ≤ max ≤ 100,000), kept like the floor and
 /// handed to the autoscaler with the answer to its next report. When the pool has
 /// reported, the type must be one of its node types.
+#[utoipa::path(put, path = "/v1/pools/{pool}/node_types/{node_type}", tag = "pools", security(("bearer" = [])), params(("pool" = String, Path), ("node_type" = String, Path)),
+    request_body(content = Object, description = "`{\"min\": A, \"max\": B}`, min ≤ max ≤ 100,000"),
+    responses((status = 200, description = "scope operate", body = crate::openapi::PoolBounds), (status = 400, body = crate::openapi::ErrorBody), (status = 401, body = crate::openapi::ErrorBody), (status = 403, description = "the token lacks the scope, or is for other apps", body = crate::openapi::ErrorBody), (status = 404, description = "not one of the pool's node types", body = crate::openapi::ErrorBody), (status = 422, body = crate::openapi::ErrorBody)))]
 #[tracing::instrument(name = "put_pool_bounds", skip(s, headers, body))]
-async fn put_bounds(
+pub(crate) async fn put_bounds(
     State(s): State<Arc<ControlState>>,
     Path((pool, node_type)): Path<(String, String)>,
     headers: HeaderMap,

@@ -68,15 +68,18 @@ impl SchedulerNetworks {
     }
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct Registration {
+pub(crate) struct Registration {
     app: String,
     url: String,
 }
 
+#[utoipa::path(post, path = "/v1/schedulers", tag = "apps", security(("bearer" = [])), request_body = Registration,
+    responses((status = 204, description = "registered (scope admin); a standalone scheduler registers again every 5 s"), (status = 400, body = crate::openapi::ErrorBody), (status = 401, body = crate::openapi::ErrorBody), (status = 403, description = "the token lacks the scope, or is for other apps", body = crate::openapi::ErrorBody),
+              (status = 409, description = "the app runs in this process", body = crate::openapi::ErrorBody), (status = 422, description = "`not_a_scheduler`: the URL does not answer as the app's scheduler", body = crate::openapi::ErrorBody)))]
 #[tracing::instrument(name = "register_scheduler", skip_all)]
-async fn register_scheduler(
+pub(crate) async fn register_scheduler(
     State(s): State<Arc<ControlState>>,
     headers: HeaderMap,
     body: Result<crate::body::JsonBody<Registration>, crate::body::BodyRejection>,

@@ -69,8 +69,10 @@ fn redact_rows(v: &mut Value) {
 }
 
 /// `GET /v1/apps/{app}/versions`: the kept versions, newest first.
+#[utoipa::path(get, path = "/v1/apps/{app}/versions", tag = "versions", params(("app" = String, Path)),
+    responses((status = 200, body = crate::openapi::Versions), (status = 404, description = "no scheduler runs the app", body = crate::openapi::ErrorBody), (status = 502, description = "its standalone scheduler did not answer", body = crate::openapi::ErrorBody)))]
 #[tracing::instrument(name = "list_versions", skip(s, headers))]
-async fn list_versions(
+pub(crate) async fn list_versions(
     State(s): State<Arc<ControlState>>,
     Path(app): Path<String>,
     headers: HeaderMap,
@@ -108,8 +110,11 @@ async fn list_versions(
 
 /// `GET /v1/apps/{app}/versions/{version}`: that version's spec (TOML), secrets hidden
 /// from readers without the API token as in `GET …/spec`.
+#[utoipa::path(get, path = "/v1/apps/{app}/versions/{version}", tag = "versions", params(("app" = String, Path), ("version" = u64, Path)),
+    responses((status = 200, description = "that version's spec (TOML)", content_type = "text/plain", body = String),
+              (status = 400, description = "not a number", body = crate::openapi::ErrorBody), (status = 404, description = "`no_such_version` naming the kept range, or no such app", body = crate::openapi::ErrorBody)))]
 #[tracing::instrument(name = "get_version", skip(s, headers))]
-async fn get_version(
+pub(crate) async fn get_version(
     State(s): State<Arc<ControlState>>,
     Path((app, version)): Path<(String, String)>,
     headers: HeaderMap,
@@ -144,15 +149,20 @@ async fn get_version(
 /// spec the app had before its last apply (409 `no_previous_spec` when it has none); the
 /// current one becomes the previous, so a second rollback undoes the first. Either way
 /// a new version whose source is `rollback`, rolled out as an apply is.
-#[derive(Debug, Default, Deserialize, serde::Serialize)]
+#[derive(Debug, Default, Deserialize, serde::Serialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct RollbackBody {
+pub(crate) struct RollbackBody {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     to: Option<u64>,
 }
 
+#[utoipa::path(post, path = "/v1/apps/{app}/rollback", tag = "versions", security(("bearer" = [])), params(("app" = String, Path)),
+    request_body(content = Option<RollbackBody>, description = "`{\"to\": N}`, or none: the spec before the last apply"),
+    responses((status = 200, description = "scope operate", body = crate::openapi::Applied), (status = 400, body = crate::openapi::ErrorBody), (status = 401, body = crate::openapi::ErrorBody), (status = 403, description = "the token lacks the scope, or is for other apps", body = crate::openapi::ErrorBody),
+              (status = 404, description = "`no_such_version`, or no such app", body = crate::openapi::ErrorBody),
+              (status = 409, description = "`already_in_force` or `no_previous_spec`", body = crate::openapi::ErrorBody), (status = 502, body = crate::openapi::ErrorBody)))]
 #[tracing::instrument(name = "rollback", skip(s, headers, body))]
-async fn rollback(
+pub(crate) async fn rollback(
     State(s): State<Arc<ControlState>>,
     Path(app): Path<String>,
     headers: HeaderMap,
@@ -194,8 +204,12 @@ async fn rollback(
 /// nothing (see `flotilla_scheduler::ApplyPlan`). Validated as `PUT …/spec` is (every
 /// problem named), and it needs the API token as an apply does: the answer shows the
 /// spec's values.
+#[utoipa::path(post, path = "/v1/apps/{app}/plan", tag = "versions", security(("bearer" = [])), params(("app" = String, Path)),
+    request_body(content = String, content_type = "text/plain", description = "the spec to plan (TOML)"),
+    responses((status = 200, description = "scope deploy; nothing changes: the diff, the units that would roll, be created or stop, and what would not fit", body = Object),
+              (status = 401, body = crate::openapi::ErrorBody), (status = 403, description = "the token lacks the scope, or is for other apps", body = crate::openapi::ErrorBody), (status = 422, description = "an invalid spec: every problem named", body = crate::openapi::ErrorBody), (status = 404, description = "no scheduler runs the app", body = crate::openapi::ErrorBody), (status = 502, description = "its standalone scheduler did not answer", body = crate::openapi::ErrorBody)))]
 #[tracing::instrument(name = "plan", skip(s, headers, body))]
-async fn plan(
+pub(crate) async fn plan(
     State(s): State<Arc<ControlState>>,
     Path(app): Path<String>,
     headers: HeaderMap,
