@@ -67,25 +67,35 @@ impl LogsArgs {
     }
 }
 
-/// The (unit, member) pairs to read: those placed on a node, of units not ended.
+/// The (unit, member) pairs to read: those placed on a node (members and surge members)
+/// of units not ended (a failed unit's members still hold their nodes and their logs).
 fn members(units: &Value, unit: Option<&str>) -> Vec<(String, String)> {
-    units
+    let mut out: Vec<(String, String)> = units
         .as_array()
         .into_iter()
         .flatten()
         .filter(|u| unit.is_none_or(|want| u["unit_id"] == want))
-        .filter(|u| !matches!(u["state"].as_str(), Some("terminated" | "failed")))
+        .filter(|u| u["state"] != "terminated")
         .flat_map(|u| {
             let id = u["unit_id"].as_str().unwrap_or_default().to_string();
-            u["members"]
-                .as_array()
+            ["members", "surge"]
                 .into_iter()
-                .flatten()
+                .flat_map(|k| u[k].as_array().cloned().unwrap_or_default())
                 .filter(|m| m["node_id"].is_string())
                 .filter_map(move |m| Some((id.clone(), m["member"].as_str()?.to_string())))
         })
-        .collect()
+        .collect();
+    // A surge member shares its name with the member it replaces: read it once.
+    out.sort();
+    out.dedup();
+    out
 }
+
+/// Members followed at once: each holds a stream through the control plane and one of
+/// its agent's readers.
+const MAX_FOLLOWED: usize = 64;
+/// Members whose history is read at once.
+const READ_AT_ONCE: usize = 8;
 
 /// Reads one member's answer line by line into `out`, each with its prefix.
 async fn pump(api: Api, path: String, prefix: String, out: mpsc::Sender<(String, String)>) -> anyhow::Result<()> {
@@ -129,12 +139,29 @@ pub async fn logs(a: LogsArgs) -> anyhow::Result<()> {
         let what = a.target.as_deref().map_or(format!("app {}", a.app), |u| format!("unit {u} of app {}", a.app));
         anyhow::bail!("{what} has no member placed on a node: no logs to show");
     }
+    if a.follow && targets.len() > MAX_FOLLOWED {
+        anyhow::bail!(
+            "{} members: -f follows at most {MAX_FOLLOWED} at once; name a unit (flotilla logs {} UNIT -f)",
+            targets.len(),
+            a.app
+        );
+    }
     let (tx, mut rx) = mpsc::channel(1024);
     let mut readers = tokio::task::JoinSet::new();
+    let at_once = std::sync::Arc::new(tokio::sync::Semaphore::new(if a.follow { MAX_FOLLOWED } else { READ_AT_ONCE }));
     for (unit, member) in &targets {
         // Times come along to order the members' lines; printed only when asked for.
-        let path = a.path(unit, member, true);
-        readers.spawn(pump(api.clone(), path, format!("{unit}/{member}"), tx.clone()));
+        let (path, prefix) = (a.path(unit, member, true), format!("{unit}/{member}"));
+        let (api, tx, at_once) = (api.clone(), tx.clone(), at_once.clone());
+        readers.spawn(async move {
+            let _turn = at_once.acquire_owned().await?;
+            let r = pump(api, path, prefix, tx).await;
+            // Said at once, not when the others end (with -f, never).
+            if let Err(e) = &r {
+                eprintln!("{e:#}");
+            }
+            r
+        });
     }
     drop(tx);
     let show = |prefix: &str, line: &str| {
@@ -158,14 +185,12 @@ pub async fn logs(a: LogsArgs) -> anyhow::Result<()> {
             println!("{}", show(&pad(&prefix), &line));
         }
     }
-    let mut failed = Vec::new();
+    let mut failed = 0;
     while let Some(r) = readers.join_next().await {
-        if let Err(e) = r? {
-            failed.push(format!("{e:#}"));
-        }
+        failed += usize::from(r?.is_err());
     }
-    if !failed.is_empty() {
-        anyhow::bail!("some members' logs could not be read:\n  {}", failed.join("\n  "));
+    if failed > 0 {
+        anyhow::bail!("the logs of {failed} of {} members could not be read (said above)", targets.len());
     }
     Ok(())
 }
@@ -183,6 +208,9 @@ mod tests {
             {"unit_id": "u3", "state": "starting", "members": [{"member": "head", "node_id": "n3"}]},
         ]);
         assert_eq!(members(&units, None), vec![("u1".into(), "head".into()), ("u3".into(), "head".into())]);
+        let failed = json!([{"unit_id": "u4", "state": "failed", "members": [{"member": "head", "node_id": "n1"}],
+                             "surge": [{"member": "worker-0", "node_id": "n2"}]}]);
+        assert_eq!(members(&failed, None), vec![("u4".into(), "head".into()), ("u4".into(), "worker-0".into())]);
         assert_eq!(members(&units, Some("u3")), vec![("u3".to_string(), "head".to_string())]);
         assert!(members(&units, Some("u9")).is_empty());
     }

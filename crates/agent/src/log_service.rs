@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use flotilla_proto::{frame, v1};
+use flotilla_proto::{MAX_LOG_TAIL as MAX_TAIL, frame, v1};
 use prost::Message;
 use tokio::sync::{Semaphore, broadcast, mpsc};
 use tracing::Instrument;
@@ -17,9 +17,6 @@ use crate::logs::{CHUNK_LINES, Line, Logs, Selection};
 
 /// Log requests one agent answers at once; more are refused (`busy`).
 pub const MAX_READERS: usize = 32;
-
-/// The most history lines one request may ask for.
-pub const MAX_TAIL: u32 = 100_000;
 
 /// A request is small: four names and some numbers.
 const MAX_REQUEST: usize = 4096;
@@ -115,12 +112,16 @@ async fn answer(
     let gauge = metrics::gauge!(m::LOG_READERS.name);
     gauge.increment(1.0);
     let file = if req.stream == v1::LogStream::Stderr as i32 { member.stderr } else { member.stdout };
-    let mut snap = file.snapshot(req.follow);
-    let live = snap.live.take();
-    let after = snap.seq;
-    let sel = Selection { tail: req.tail_lines as usize, since_unix_ms: req.since_unix_ms };
+    let (following, sel) = (req.follow, Selection { tail: req.tail_lines as usize, since_unix_ms: req.since_unix_ms });
     let (tx, mut rx) = mpsc::channel::<Vec<Line>>(2);
-    let reading = tokio::task::spawn_blocking(move || snap.history(sel, |lines| tx.blocking_send(lines).is_ok()));
+    // Off the async runtime: the snapshot takes the file's lock (which a write to a slow
+    // disk holds) and opens files, and the history reads them.
+    let reading = tokio::task::spawn_blocking(move || {
+        let mut snap = file.snapshot(following);
+        let live = snap.live.take();
+        snap.history(sel, |lines| tx.blocking_send(lines).is_ok());
+        live
+    });
     let mut ok = true;
     while let Some(lines) = rx.recv().await {
         if send.write_all(&frames(&lines, 0)).await.is_err() {
@@ -130,17 +131,18 @@ async fn answer(
     }
     // Dropping the receiver stops the history reader at its next chunk.
     drop(rx);
-    let _ = reading.await;
-    if ok && let Some(live) = live {
-        follow(&mut send, live, after).await;
+    if let Ok(Some(live)) = reading.await
+        && ok
+    {
+        follow(&mut send, live).await;
     }
     let _ = send.finish();
     gauge.decrement(1.0);
 }
 
-/// Sends the lines written after `after` as they come, until the member is removed
-/// or the shard stops reading.
-async fn follow(send: &mut quinn::SendStream, mut live: broadcast::Receiver<Arc<Line>>, after: u64) {
+/// Sends the lines written after the snapshot as they come, until the member stops for
+/// good or the shard stops reading.
+async fn follow(send: &mut quinn::SendStream, mut live: broadcast::Receiver<Arc<Line>>) {
     let dropped_total = metrics::counter!(m::LOG_LINES_DROPPED.name);
     let mut dropped = 0u64;
     loop {
@@ -150,11 +152,10 @@ async fn follow(send: &mut quinn::SendStream, mut live: broadcast::Receiver<Arc<
         };
         let mut lines = Vec::new();
         let mut take = |r: Result<Arc<Line>, broadcast::error::RecvError>, lines: &mut Vec<Line>| match r {
-            Ok(l) if l.seq > after => {
+            Ok(l) => {
                 lines.push((*l).clone());
                 true
             }
-            Ok(_) => true,
             Err(broadcast::error::RecvError::Lagged(n)) => {
                 dropped += n;
                 dropped_total.increment(n);

@@ -28,18 +28,17 @@ use crate::catalogue as m;
 /// Longer lines are cut into pieces of this many bytes.
 pub const MAX_LINE: usize = 16 * 1024;
 
-/// Lines a follower may be behind before it loses the oldest (counted).
-pub const FOLLOW_BUFFER: usize = 4096;
+/// Lines a follower may be behind before it loses the oldest (counted): at most 16 MiB
+/// of [`MAX_LINE`] lines held for a member's followers.
+pub const FOLLOW_BUFFER: usize = 1024;
 
 /// How long a log file that failed to take a write is left alone before it is tried
 /// again (a full disk is not retried per line).
 const RETRY: Duration = Duration::from_secs(5);
 
-/// One line of a member's output. `seq` counts the stream's lines since the agent
-/// started it; a reader uses it to join the history with what it follows.
+/// One line of a member's output.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Line {
-    pub seq: u64,
     pub unix_ms: u64,
     pub text: String,
 }
@@ -55,28 +54,33 @@ struct State {
     file: Option<File>,
     /// Bytes in the current file, as far as readers may read it.
     len: u64,
-    /// Lines appended so far.
-    seq: u64,
     /// `None` once the member is stopped for good: followers end.
     live: Option<broadcast::Sender<Arc<Line>>>,
+    /// Its unit left the node and its directory went: nothing is written any more (a
+    /// late line of a stopping member must not make the directory again).
+    removed: bool,
     /// While the file fails: when to try again, and the bytes dropped since it started.
     failing: Option<(Instant, u64)>,
 }
 
 /// What a reader starts from: the files as they were when it subscribed, and the
-/// lines written after.
+/// lines written after. Taken under the lock `append` writes and broadcasts under, so
+/// every line is in exactly one of the two.
 pub struct Snapshot {
     older: Option<File>,
     current: Option<(File, u64)>,
-    /// The last line the files hold; followed lines start after it.
-    pub seq: u64,
     pub live: Option<broadcast::Receiver<Arc<Line>>>,
 }
 
 impl LogFile {
     pub fn new(path: PathBuf, cap: u64) -> Self {
-        let state =
-            State { file: None, len: 0, seq: 0, live: Some(broadcast::channel(FOLLOW_BUFFER).0), failing: None };
+        let state = State {
+            file: None,
+            len: 0,
+            live: Some(broadcast::channel(FOLLOW_BUFFER).0),
+            removed: false,
+            failing: None,
+        };
         LogFile { path, cap, state: Mutex::new(state) }
     }
 
@@ -100,17 +104,20 @@ impl LogFile {
         }
         let mut st = self.state.lock_or_recover();
         self.write(&mut st, &buf);
-        for (unix_ms, text) in lines {
-            st.seq += 1;
-            if let Some(tx) = &st.live {
+        if let Some(tx) = &st.live {
+            for (unix_ms, text) in lines {
                 // No follower is no error.
-                let _ = tx.send(Arc::new(Line { seq: st.seq, unix_ms, text }));
+                let _ = tx.send(Arc::new(Line { unix_ms, text }));
             }
         }
     }
 
     fn write(&self, st: &mut State, buf: &[u8]) {
         let n = buf.len() as u64;
+        if st.removed {
+            metrics::counter!(m::LOG_BYTES_DROPPED.name).increment(n);
+            return;
+        }
         if let Some((retry, dropped)) = st.failing.as_mut()
             && Instant::now() < *retry
         {
@@ -172,12 +179,20 @@ impl LogFile {
             (f, len)
         });
         let live = follow.then(|| st.live.as_ref().map(broadcast::Sender::subscribe)).flatten();
-        Snapshot { older, current, seq: st.seq, live }
+        Snapshot { older, current, live }
     }
 
     /// The member stopped for good: followers end (its files stay).
     pub fn close(&self) {
         self.state.lock_or_recover().live = None;
+    }
+
+    /// Its unit left the node: followers end, and nothing is written again.
+    fn remove(&self) {
+        let mut st = self.state.lock_or_recover();
+        st.live = None;
+        st.removed = true;
+        st.file = None;
     }
 
     /// The member starts again: new followers may wait for its lines.
@@ -238,8 +253,7 @@ impl Snapshot {
                 if unix_ms < sel.since_unix_ms {
                     continue;
                 }
-                // History lines carry no sequence number of their own.
-                let line = Line { seq: 0, unix_ms, text };
+                let line = Line { unix_ms, text };
                 if sel.tail > 0 {
                     if kept.len() == sel.tail {
                         kept.pop_front();
@@ -254,8 +268,9 @@ impl Snapshot {
             }
         }
         chunk.extend(kept);
-        for c in chunk.chunks(CHUNK_LINES) {
-            if !emit(c.to_vec()) {
+        while !chunk.is_empty() {
+            let rest = chunk.split_off(chunk.len().min(CHUNK_LINES));
+            if !emit(std::mem::replace(&mut chunk, rest)) {
                 return;
             }
         }
@@ -275,10 +290,16 @@ impl LineSplitter {
         while let Some(i) = rest.iter().position(|&b| b == b'\n') {
             self.pending.extend_from_slice(&rest[..i]);
             rest = &rest[i + 1..];
+            self.cut(unix_ms, out);
             self.take(unix_ms, out);
         }
         self.pending.extend_from_slice(rest);
-        while self.pending.len() >= MAX_LINE {
+        self.cut(unix_ms, out);
+    }
+
+    /// Emits pieces of [`MAX_LINE`] bytes while more than that is pending.
+    fn cut(&mut self, unix_ms: u64, out: &mut Vec<(u64, String)>) {
+        while self.pending.len() > MAX_LINE {
             let tail = self.pending.split_off(MAX_LINE);
             let head = std::mem::replace(&mut self.pending, tail);
             out.push((unix_ms, text_of(&head)));
@@ -392,8 +413,8 @@ impl Logs {
         self.members.lock_or_recover().retain(|(app, unit, _), l| {
             let keep = assigned.contains(&(app.clone(), unit.clone()));
             if !keep {
-                l.stdout.close();
-                l.stderr.close();
+                l.stdout.remove();
+                l.stderr.remove();
                 gone.push((app.clone(), unit.clone()));
             }
             keep

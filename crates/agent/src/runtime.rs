@@ -79,6 +79,7 @@ struct Member {
 }
 
 struct Stopping {
+    key: MemberKey,
     proc: Proc,
     kill_at: Instant,
     cgroup: Cgroup,
@@ -219,13 +220,13 @@ impl Runtime {
         for k in gone {
             if let Some(m) = self.members.remove(&k) {
                 tracing::info!(unit = %k.1, member = %k.2, "stopping unassigned member");
-                self.stop(m);
-                self.logs.stopped(&k.0, &k.1, &k.2, k.3);
+                self.stop(k, m);
             }
         }
-        // A unit's logs stay while any of its members is here (one that exited
-        // included); they go with its last one.
-        self.logs.keep_only(&wanted.keys().map(|k| (k.0.clone(), k.1.clone())).collect());
+        // Of the wanted, those not yet assigned are added below: their units stay too.
+        let mut units = self.units_here();
+        units.extend(wanted.keys().map(|k| (k.0.clone(), k.1.clone())));
+        self.logs.keep_only(&units);
         let now = Instant::now();
         for (k, a) in wanted {
             self.members.entry(k).or_insert_with(|| {
@@ -249,13 +250,24 @@ impl Runtime {
         }
     }
 
-    fn stop(&mut self, mut m: Member) {
+    /// The units with a member assigned or still stopping here: a unit's logs go once it
+    /// has neither.
+    fn units_here(&self) -> BTreeSet<(String, String)> {
+        let keys = self.members.keys().chain(self.stopping.iter().map(|s| &s.key));
+        keys.map(|k| (k.0.clone(), k.1.clone())).collect()
+    }
+
+    /// Stops an unassigned member: SIGTERM now, SIGKILL after the grace period. Its log
+    /// followers see its last lines and end once it is gone ([`Runtime::tick`]).
+    fn stop(&mut self, key: MemberKey, mut m: Member) {
         self.dirty = true;
         if let Some(p) = m.proc.take() {
             signal_group(p.pgid, libc::SIGTERM);
-            self.stopping.push(Stopping { proc: p, kill_at: Instant::now() + self.cfg.stop_grace, cgroup: m.cgroup });
+            let kill_at = Instant::now() + self.cfg.stop_grace;
+            self.stopping.push(Stopping { key, proc: p, kill_at, cgroup: m.cgroup });
         } else {
             m.cgroup.remove();
+            self.logs.stopped(&key.0, &key.1, &key.2, key.3);
         }
     }
 
@@ -445,6 +457,8 @@ impl Runtime {
                             m.restarts += 1;
                         } else {
                             m.next_start = now + Duration::from_secs(u64::from(u32::MAX));
+                            // Nothing more will come: its followers end (its files stay).
+                            self.logs.stopped(&k.0, &k.1, &k.2, k.3);
                         }
                         m.proc = None;
                         m.cgroup.remove();
@@ -473,9 +487,13 @@ impl Runtime {
             self.measure_usage(now);
         }
         let mut still = Vec::new();
+        let mut stopped = Vec::new();
         for mut s in self.stopping.drain(..) {
             match s.proc.child.try_wait() {
-                Ok(Some(_)) | Err(_) => s.cgroup.remove(),
+                Ok(Some(_)) | Err(_) => {
+                    s.cgroup.remove();
+                    stopped.push(s.key);
+                }
                 Ok(None) => {
                     if now >= s.kill_at {
                         signal_group(s.proc.pgid, libc::SIGKILL);
@@ -485,6 +503,12 @@ impl Runtime {
             }
         }
         self.stopping = still;
+        if !stopped.is_empty() {
+            for k in stopped.iter().filter(|k| !self.members.contains_key(*k)) {
+                self.logs.stopped(&k.0, &k.1, &k.2, k.3);
+            }
+            self.logs.keep_only(&self.units_here());
+        }
     }
 
     /// Measures every running member; a member whose use moved enough is reported.
@@ -558,7 +582,7 @@ impl Runtime {
         let keys: Vec<MemberKey> = self.members.keys().cloned().collect();
         for k in keys {
             if let Some(m) = self.members.remove(&k) {
-                self.stop(m);
+                self.stop(k, m);
             }
         }
         let deadline = Instant::now() + self.cfg.stop_grace + Duration::from_secs(1);

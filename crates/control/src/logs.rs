@@ -29,8 +29,7 @@ pub fn routes() -> axum::Router<Arc<ControlState>> {
     axum::Router::new().route("/v1/apps/{app}/units/{unit}/members/{member}/logs", axum::routing::get(member_logs))
 }
 
-/// The most history lines one request may ask for (the agent's bound too).
-pub const MAX_TAIL: u32 = 100_000;
+use flotilla_proto::MAX_LOG_TAIL as MAX_TAIL;
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]

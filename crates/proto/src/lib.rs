@@ -15,6 +15,8 @@ pub mod frame;
 pub mod seal;
 pub mod status;
 
+/// The most history lines one log request may ask for (`tail`).
+pub const MAX_LOG_TAIL: u32 = 100_000;
 /// Largest QUIC control message (one request or response per stream), in bytes.
 pub const MAX_CONTROL_MESSAGE: usize = 256 * 1024;
 /// Largest gRPC message a view stream carries, in bytes (snapshots are chunked below it).

@@ -362,3 +362,48 @@ async fn output_that_cannot_be_written_is_drained_and_dropped() {
     let tail = String::from_utf8_lossy(&tail.lock_or_recover()).to_string();
     assert!(tail.contains("line 0255"), "{tail}");
 }
+
+/// A member told to stop still writes as it shuts down: its followers get those lines
+/// and end once it is gone, and its unit's logs stay until then (never made again by a
+/// late line).
+#[tokio::test]
+async fn a_stopping_members_last_lines_reach_its_followers_and_its_logs_go_after_it() {
+    let mut cfg = config("stoplogs");
+    cfg.ports = (21301, 21400);
+    let mut rt = Runtime::new(cfg.clone());
+    let script = "trap 'echo bye; exit 0' TERM; echo hi; while true; do sleep 0.05; done";
+    rt.assign(vec![assignment("u1", "sh", &["-c", script])]);
+    let t = Instant::now();
+    let logs = loop {
+        rt.tick().await;
+        if let Some(l) = rt.logs().get("a", "u1", "head")
+            && std::fs::read_to_string(rt.logs().member_dir("a", "u1", "head", 1).join("stdout.log"))
+                .is_ok_and(|s| s.contains(" hi"))
+        {
+            break l;
+        }
+        assert!(t.elapsed() < Duration::from_secs(10), "the member never wrote");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let mut live = logs.stdout.snapshot(true).live.unwrap();
+    let dir = rt.logs().member_dir("a", "u1", "head", 1);
+    rt.assign(vec![]);
+    assert!(dir.exists(), "a stopping member's logs stay");
+    let t = Instant::now();
+    while !rt.stopping.is_empty() && t.elapsed() < Duration::from_secs(5) {
+        rt.tick().await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(rt.stopping.is_empty());
+    let mut seen = Vec::new();
+    loop {
+        match tokio::time::timeout(Duration::from_secs(5), live.recv()).await.expect("followers end") {
+            Ok(l) => seen.push(l.text.clone()),
+            Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!(seen, vec!["bye".to_string()], "its shutdown line, then the end");
+    assert!(!dir.exists() && rt.logs().get("a", "u1", "head").is_none(), "its unit's logs went with it");
+    let _ = std::fs::remove_dir_all(&cfg.data_dir);
+}
