@@ -17,6 +17,9 @@ use flotilla_scheduler::{AppHandle, AppStatus};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use crate::answers::{
+    AppSummary, MemberRow, Queued, RouteRow, RouteTable, ScaleAnswer, SpecInForce, StoreHealth, UnitRow, to_json,
+};
 use crate::auth::authorize;
 use crate::forward::{forward, remote, remote_summary, unreachable};
 use crate::replicas::REMOTE_TTL;
@@ -97,44 +100,35 @@ pub(crate) fn not_found(app: &str) -> ControlError {
 }
 
 pub(crate) fn summary(s: &AppStatus) -> Value {
-    let mut by_state: BTreeMap<&str, u32> = BTreeMap::new();
+    let mut by_state: BTreeMap<String, u32> = BTreeMap::new();
     // Queued units by group: the pool autoscaler's demand.
     let mut queued = [0u32; 2];
     for u in &s.units {
-        *by_state.entry(u.state.as_str()).or_default() += 1;
+        *by_state.entry(u.state.as_str().to_string()).or_default() += 1;
         if u.state == flotilla_scheduler::UnitState::Queued {
             queued[usize::from(u.secondary)] += 1;
         }
     }
-    json!({
-        "app": s.app,
-        "desired_units": s.desired_units,
-        "min_units": s.min_units,
-        "max_units": s.max_units,
-        "units": by_state,
-        "queued": {"primary": queued[0], "secondary": queued[1]},
-        "unit_shape": s.unit_shape,
-        "scheduler_url": null,
-        "autoscaling": s.autoscaling,
-        // Which spec is in force and where it came from (file, api, rollback, revert).
-        "spec": {
-            "source": s.spec_origin.as_ref().map(|o| o.source.as_str()),
-            "at_unix_ms": s.spec_origin.as_ref().map(|o| o.at_unix_ms),
-            "reason": s.spec_origin.as_ref().and_then(|o| o.reason.as_deref()),
-            "template": s.template,
+    to_json(&AppSummary {
+        app: s.app.clone(),
+        desired_units: s.desired_units,
+        min_units: s.min_units,
+        max_units: s.max_units,
+        units: by_state,
+        queued: Queued { primary: queued[0], secondary: queued[1] },
+        unit_shape: to_json(&s.unit_shape),
+        scheduler_url: None,
+        autoscaling: to_json(&s.autoscaling),
+        spec: SpecInForce {
+            source: s.spec_origin.as_ref().map(|o| o.source.as_str().to_string()),
+            at_unix_ms: s.spec_origin.as_ref().map(|o| o.at_unix_ms),
+            reason: s.spec_origin.as_ref().and_then(|o| o.reason.clone()),
+            template: Some(s.template.clone()),
         },
-        // The last rollout: in_progress, complete, or failed with its reason.
-        "rollout": s.rollout,
-        // Which instance serves the app, and whether it is the active one (holds the
-        // app's lease) or a standby.
-        "scheduler": s.scheduler,
-        // Set while the scheduler places nothing for want of a view of every shard.
-        "waiting": s.waiting,
-        // Set while the scheduler's store refuses writes: changes answer 503.
-        "store": match &s.store_error {
-            None => json!({"healthy": true}),
-            Some(e) => json!({"healthy": false, "error": e}),
-        },
+        rollout: to_json(&s.rollout),
+        scheduler: to_json(&s.scheduler),
+        waiting: to_json(&s.waiting),
+        store: StoreHealth { healthy: s.store_error.is_none(), error: s.store_error.clone() },
     })
 }
 
@@ -147,52 +141,62 @@ fn with_pool_note(mut rows: Value, note: Option<String>) -> Value {
     rows
 }
 
-/// The unit row of docs/architecture.md §13.
+/// The unit rows of docs/architecture.md §13.
 pub fn unit_rows(s: &AppStatus) -> Value {
-    let rows: Vec<Value> = s
+    let rows: Vec<UnitRow> = s
         .units
         .iter()
-        .map(|u| {
-            json!({
-                "unit_id": u.unit_id,
-                "app": u.app,
-                "domain": u.domain,
-                "state": u.state,
-                "generation": u.generation,
-                "unplaced_reason": u.unplaced_reason,
-                // Why the unit sits where it does when spread could not be honoured, a
-                // surge past a spread maximum, a worker moving, or why a drain waits.
-                "placement_note": u.placement_note,
-                // Members coming up to replace one of its members, make before break.
-                "surge": u.surge.iter().map(|m| json!({
-                    "member": m.member,
-                    "role": m.role,
-                    "node_id": m.node_id,
-                    "state": m.state.clone().unwrap_or_else(|| "allocated".into()),
-                    "address": m.address,
-                })).collect::<Vec<_>>(),
-                "replaced_by": u.replaced_by,
-                "template": u.template,
-                "secondary": u.secondary,
-                // When it ended (Terminated); the newest few ended units are kept a while.
-                "ended_unix_ms": u.ended_unix_ms,
-                "members": u.members.iter().map(|m| json!({
-                    "member": m.member,
-                    "role": m.role,
-                    "node_id": m.node_id,
-                    "state": m.state.clone().unwrap_or_else(|| if m.node_id.is_some() { "allocated".into() } else { "pending".into() }),
-                    "address": m.address,
-                    "usage": m.usage,
-                    // Named ports (`{"gcs": 41001}`) and blocks (`{"worker_ports":
-                    // {"min": 41010, "max": 41109}}`), as its agent assigned them.
-                    "ports": m.ports.named,
-                    "port_ranges": m.ports.ranges.iter().map(|(k, (a, b))| (k.clone(), json!({"min": a, "max": b}))).collect::<serde_json::Map<_, _>>(),
-                    "message": m.message,
-                })).collect::<Vec<_>>(),
-            })
+        .map(|u| UnitRow {
+            unit_id: u.unit_id.clone(),
+            app: u.app.clone(),
+            domain: u.domain.clone(),
+            state: u.state.as_str().to_string(),
+            generation: u.generation,
+            unplaced_reason: u.unplaced_reason.clone(),
+            placement_note: u.placement_note.clone(),
+            surge: u
+                .surge
+                .iter()
+                .map(|m| MemberRow {
+                    member: m.member.clone(),
+                    role: m.role.clone(),
+                    node_id: m.node_id.clone(),
+                    state: m.state.clone().unwrap_or_else(|| "allocated".into()),
+                    address: m.address.clone(),
+                    usage: None,
+                    ports: None,
+                    port_ranges: None,
+                    message: None,
+                })
+                .collect(),
+            replaced_by: u.replaced_by.clone(),
+            template: u.template.clone(),
+            secondary: u.secondary,
+            ended_unix_ms: u.ended_unix_ms,
+            members: u
+                .members
+                .iter()
+                .map(|m| MemberRow {
+                    member: m.member.clone(),
+                    role: m.role.clone(),
+                    node_id: m.node_id.clone(),
+                    state: m
+                        .state
+                        .clone()
+                        .unwrap_or_else(|| if m.node_id.is_some() { "allocated".into() } else { "pending".into() }),
+                    address: m.address.clone(),
+                    usage: Some(to_json(&m.usage)),
+                    ports: Some(to_json(&m.ports.named)),
+                    port_ranges: Some(
+                        m.ports.ranges.iter().map(|(k, (a, b))| (k.clone(), json!({"min": a, "max": b}))).collect(),
+                    ),
+                    message: Some(to_json(&m.message)),
+                })
+                .collect(),
+            pool: None,
         })
         .collect();
-    Value::Array(rows)
+    to_json(&rows)
 }
 
 /// How long `GET /v1/apps` waits for a standalone scheduler before it lists its app as
@@ -201,7 +205,7 @@ const LIST_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// `GET /v1/apps`: every app, its standalone schedulers asked concurrently; one that
 /// does not answer within [`LIST_TIMEOUT`] is listed unreachable, never failing the rest.
-#[utoipa::path(get, path = "/v1/apps", tag = "apps", responses((status = 200, body = [crate::openapi::AppListRow])))]
+#[utoipa::path(get, path = "/v1/apps", tag = "apps", responses((status = 200, body = [crate::answers::AppListRow])))]
 pub(crate) async fn list_apps(State(s): State<Arc<ControlState>>) -> Json<Value> {
     let rows: Vec<_> = s
         .apps
@@ -235,7 +239,7 @@ pub(crate) async fn list_apps(State(s): State<Arc<ControlState>>) -> Json<Value>
 /// The app's summary; `scheduler_url` names the standalone scheduler serving it (watch its
 /// routes there), or is null when this process runs it.
 #[utoipa::path(get, path = "/v1/apps/{app}", tag = "apps", params(("app" = String, Path)),
-    responses((status = 200, body = crate::openapi::AppSummary), (status = 404, description = "no scheduler runs the app", body = crate::openapi::ErrorBody), (status = 502, description = "its standalone scheduler did not answer", body = crate::openapi::ErrorBody)))]
+    responses((status = 200, body = crate::answers::AppSummary), (status = 404, description = "no scheduler runs the app", body = crate::answers::ErrorBody), (status = 502, description = "its standalone scheduler did not answer", body = crate::answers::ErrorBody)))]
 pub(crate) async fn get_app(
     State(s): State<Arc<ControlState>>,
     Path(app): Path<String>,
@@ -254,7 +258,7 @@ pub(crate) async fn get_app(
 }
 
 #[utoipa::path(get, path = "/v1/apps/{app}/units", tag = "apps", params(("app" = String, Path)),
-    responses((status = 200, body = [crate::openapi::UnitRow]), (status = 404, description = "no scheduler runs the app", body = crate::openapi::ErrorBody), (status = 502, description = "its standalone scheduler did not answer", body = crate::openapi::ErrorBody)))]
+    responses((status = 200, body = [crate::answers::UnitRow]), (status = 404, description = "no scheduler runs the app", body = crate::answers::ErrorBody), (status = 502, description = "its standalone scheduler did not answer", body = crate::answers::ErrorBody)))]
 pub(crate) async fn list_units(
     State(s): State<Arc<ControlState>>,
     Path(app): Path<String>,
@@ -273,16 +277,22 @@ pub(crate) async fn list_units(
 /// The app's route table as its scheduler last published it (see
 /// `flotilla_scheduler::routes` for the weights).
 pub fn route_rows(t: &flotilla_proto::v1::RouteTable) -> Value {
-    let rows: Vec<Value> = t
+    let routes = t
         .routes
         .iter()
-        .map(|r| json!({"endpoint": r.endpoint, "node_id": r.node_id, "unit_id": r.unit_id, "member": r.member, "weight": r.weight}))
+        .map(|r| RouteRow {
+            endpoint: r.endpoint.clone(),
+            node_id: r.node_id.clone(),
+            unit_id: r.unit_id.clone(),
+            member: r.member.clone(),
+            weight: r.weight,
+        })
         .collect();
-    json!({"app": t.app, "version": t.version, "routes": rows})
+    to_json(&RouteTable { app: t.app.clone(), version: t.version, routes })
 }
 
 #[utoipa::path(get, path = "/v1/apps/{app}/routes", tag = "apps", params(("app" = String, Path)),
-    responses((status = 200, body = crate::openapi::RouteTable), (status = 404, description = "no scheduler runs the app", body = crate::openapi::ErrorBody), (status = 502, description = "its standalone scheduler did not answer", body = crate::openapi::ErrorBody)))]
+    responses((status = 200, body = crate::answers::RouteTable), (status = 404, description = "no scheduler runs the app", body = crate::answers::ErrorBody), (status = 502, description = "its standalone scheduler did not answer", body = crate::answers::ErrorBody)))]
 pub(crate) async fn list_routes(
     State(s): State<Arc<ControlState>>,
     Path(app): Path<String>,
@@ -315,8 +325,8 @@ pub(crate) struct ScaleBody {
 /// autoscaled app it sets a floor and ceiling for the policy (`units` pins both).
 #[utoipa::path(put, path = "/v1/apps/{app}/scale", tag = "apps", security(("bearer" = [])), params(("app" = String, Path)),
     request_body = ScaleBody,
-    responses((status = 200, description = "scope operate", body = crate::openapi::ScaleAnswer),
-              (status = 400, body = crate::openapi::ErrorBody), (status = 401, body = crate::openapi::ErrorBody), (status = 403, description = "the token lacks the scope, or is for other apps", body = crate::openapi::ErrorBody), (status = 422, description = "outside the spec's min and max", body = crate::openapi::ErrorBody), (status = 404, description = "no scheduler runs the app", body = crate::openapi::ErrorBody), (status = 502, description = "its standalone scheduler did not answer", body = crate::openapi::ErrorBody)))]
+    responses((status = 200, description = "scope operate", body = crate::answers::ScaleAnswer),
+              (status = 400, body = crate::answers::ErrorBody), (status = 401, body = crate::answers::ErrorBody), (status = 403, description = "the token lacks the scope, or is for other apps", body = crate::answers::ErrorBody), (status = 422, description = "outside the spec's min and max", body = crate::answers::ErrorBody), (status = 404, description = "no scheduler runs the app", body = crate::answers::ErrorBody), (status = 502, description = "its standalone scheduler did not answer", body = crate::answers::ErrorBody)))]
 pub(crate) async fn scale(
     State(s): State<Arc<ControlState>>,
     Path(app): Path<String>,
@@ -336,15 +346,15 @@ pub(crate) async fn scale(
         Some(Ok(h)) => match (b.units, b.min, b.max, b.auto) {
             (Some(n), None, None, false) => {
                 let n = h.scale(n).await?;
-                Ok(Json(json!({"app": app, "desired_units": n})))
+                Ok(Json(to_json(&ScaleAnswer { app: app.clone(), desired_units: Some(n), r#override: None })))
             }
             (None, Some(floor), Some(ceiling), false) => {
                 let o = h.set_override(Some(flotilla_scheduler::Override { floor, ceiling })).await?;
-                Ok(Json(json!({"app": app, "override": o})))
+                Ok(Json(to_json(&ScaleAnswer { app: app.clone(), desired_units: None, r#override: Some(to_json(&o)) })))
             }
             (None, None, None, true) => {
                 h.set_override(None).await?;
-                Ok(Json(json!({"app": app, "override": null})))
+                Ok(Json(to_json(&ScaleAnswer { app: app.clone(), desired_units: None, r#override: Some(Value::Null) })))
             }
             _ => Err(ControlError::BadRequest(expected.into())),
         },
@@ -391,9 +401,9 @@ pub(crate) struct ApplyQuery {
 /// `version_conflict` otherwise), so two operators cannot overwrite each other unseen.
 #[utoipa::path(put, path = "/v1/apps/{app}/spec", tag = "apps", security(("bearer" = [])), params(("app" = String, Path), ApplyQuery),
     request_body(content = String, content_type = "text/plain", description = "the app's spec (TOML)"),
-    responses((status = 200, description = "scope deploy", body = crate::openapi::Applied), (status = 400, body = crate::openapi::ErrorBody), (status = 401, body = crate::openapi::ErrorBody), (status = 403, description = "the token lacks the scope, or is for other apps", body = crate::openapi::ErrorBody),
-              (status = 409, description = "`version_conflict`: another version is in force", body = crate::openapi::ErrorBody),
-              (status = 422, description = "an invalid spec: every problem named", body = crate::openapi::ErrorBody), (status = 404, description = "no scheduler runs the app", body = crate::openapi::ErrorBody), (status = 502, description = "its standalone scheduler did not answer", body = crate::openapi::ErrorBody)))]
+    responses((status = 200, description = "scope deploy", body = crate::answers::Applied), (status = 400, body = crate::answers::ErrorBody), (status = 401, body = crate::answers::ErrorBody), (status = 403, description = "the token lacks the scope, or is for other apps", body = crate::answers::ErrorBody),
+              (status = 409, description = "`version_conflict`: another version is in force", body = crate::answers::ErrorBody),
+              (status = 422, description = "an invalid spec: every problem named", body = crate::answers::ErrorBody), (status = 404, description = "no scheduler runs the app", body = crate::answers::ErrorBody), (status = 502, description = "its standalone scheduler did not answer", body = crate::answers::ErrorBody)))]
 pub(crate) async fn apply(
     State(s): State<Arc<ControlState>>,
     Path(app): Path<String>,
@@ -409,8 +419,7 @@ pub(crate) async fn apply(
     let answer = match s.apps.get(&app) {
         Some(Ok(h)) => {
             let req = flotilla_scheduler::ChangeRequest { by: by.clone(), check_version: q.check_version };
-            let a = h.apply(spec, req).await?;
-            Ok(Json(json!({"app": app, "version": a.version, "new_version": a.new_version, "result": a.result})))
+            Ok(Json(crate::answers::Applied::of(&app, h.apply(spec, req).await?)))
         }
         Some(Err(url)) => {
             let query = q.check_version.map(|v| format!("?check_version={v}")).unwrap_or_default();
@@ -433,7 +442,7 @@ pub(crate) async fn apply(
 /// ([`crate::secrets`]).
 #[utoipa::path(get, path = "/v1/apps/{app}/spec", tag = "apps", params(("app" = String, Path)),
     responses((status = 200, description = "the spec in force (TOML; secret-looking values hidden without a token that may see them)", content_type = "text/plain",
-               body = String, headers(("x-flotilla-has-previous" = bool, description = "whether a rollback has a spec to go back to"))), (status = 404, description = "no scheduler runs the app", body = crate::openapi::ErrorBody), (status = 502, description = "its standalone scheduler did not answer", body = crate::openapi::ErrorBody)))]
+               body = String, headers(("x-flotilla-has-previous" = bool, description = "whether a rollback has a spec to go back to"))), (status = 404, description = "no scheduler runs the app", body = crate::answers::ErrorBody), (status = 502, description = "its standalone scheduler did not answer", body = crate::answers::ErrorBody)))]
 #[tracing::instrument(name = "get_spec", skip(s, headers))]
 pub(crate) async fn get_spec(
     State(s): State<Arc<ControlState>>,

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use axum::http::HeaderMap;
 
+use crate::answers::{CreatedToken, GrantRow, Revoked, TokenList, Whoami};
 use crate::catalogue as m;
 use crate::tokens::{Grant, Scope};
 use crate::{ControlError, ControlState};
@@ -49,20 +50,28 @@ pub fn routes() -> axum::Router<Arc<ControlState>> {
         .route("/v1/whoami", get(whoami))
 }
 
-fn grant_row(g: &Grant) -> serde_json::Value {
-    serde_json::json!({"name": g.name, "scopes": g.scopes, "apps": g.apps})
+fn scope_names(scopes: &std::collections::BTreeSet<Scope>) -> Vec<String> {
+    scopes.iter().map(|s| s.as_str().to_string()).collect()
+}
+
+fn grant_row(g: &Grant) -> GrantRow {
+    GrantRow {
+        name: g.name.clone(),
+        scopes: scope_names(&g.scopes),
+        apps: g.apps.as_ref().map(|a| a.iter().cloned().collect()),
+    }
 }
 
 #[utoipa::path(get, path = "/v1/tokens", tag = "tokens", security(("bearer" = [])),
-    responses((status = 200, description = "scope admin", body = crate::openapi::TokenList), (status = 401, body = crate::openapi::ErrorBody), (status = 403, description = "the token lacks the scope, or is for other apps", body = crate::openapi::ErrorBody)))]
+    responses((status = 200, description = "scope admin", body = crate::answers::TokenList), (status = 401, body = crate::answers::ErrorBody), (status = 403, description = "the token lacks the scope, or is for other apps", body = crate::answers::ErrorBody)))]
 pub(crate) async fn list_tokens(
     axum::extract::State(s): axum::extract::State<Arc<ControlState>>,
     headers: HeaderMap,
-) -> Result<axum::Json<serde_json::Value>, ControlError> {
+) -> Result<axum::Json<TokenList>, ControlError> {
     metrics::counter!(m::API_REQUESTS.name, "route" => "/v1/tokens").increment(1);
     authorize(&s, &headers, Scope::Admin, None)?;
-    let rows: Vec<_> = s.tokens.book().grants().iter().map(|g| grant_row(g)).collect();
-    Ok(axum::Json(serde_json::json!({"file": s.tokens.file(), "tokens": rows})))
+    let tokens = s.tokens.book().grants().iter().map(|g| grant_row(g)).collect();
+    Ok(axum::Json(TokenList { file: s.tokens.file().map(|f| f.display().to_string()), tokens }))
 }
 
 /// `{"name", "scopes": [...], "apps": [...]}`; `apps` left out: every app.
@@ -78,14 +87,14 @@ pub(crate) struct NewToken {
 /// Makes a named token; the answer holds the token, which is never shown again (the
 /// file keeps its hash). Who made it is logged and counted.
 #[utoipa::path(post, path = "/v1/tokens", tag = "tokens", security(("bearer" = [])), request_body = NewToken,
-    responses((status = 200, description = "scope admin; the token is in this answer only", body = crate::openapi::CreatedToken), (status = 400, body = crate::openapi::ErrorBody), (status = 401, body = crate::openapi::ErrorBody), (status = 403, description = "the token lacks the scope, or is for other apps", body = crate::openapi::ErrorBody),
-              (status = 409, description = "`no_tokens_file`", body = crate::openapi::ErrorBody), (status = 422, description = "an unknown scope or a taken name", body = crate::openapi::ErrorBody)))]
+    responses((status = 200, description = "scope admin; the token is in this answer only", body = crate::answers::CreatedToken), (status = 400, body = crate::answers::ErrorBody), (status = 401, body = crate::answers::ErrorBody), (status = 403, description = "the token lacks the scope, or is for other apps", body = crate::answers::ErrorBody),
+              (status = 409, description = "`no_tokens_file`", body = crate::answers::ErrorBody), (status = 422, description = "an unknown scope or a taken name", body = crate::answers::ErrorBody)))]
 #[tracing::instrument(name = "create_token", skip_all)]
 pub(crate) async fn create_token(
     axum::extract::State(s): axum::extract::State<Arc<ControlState>>,
     headers: HeaderMap,
     body: Result<crate::body::JsonBody<NewToken>, crate::body::BodyRejection>,
-) -> Result<axum::Json<serde_json::Value>, ControlError> {
+) -> Result<axum::Json<CreatedToken>, ControlError> {
     metrics::counter!(m::API_REQUESTS.name, "route" => "/v1/tokens").increment(1);
     let by = authorize(&s, &headers, Scope::Admin, None)?;
     let expected = "expected {\"name\": NAME, \"scopes\": [read|operate|deploy|admin, ...], \"apps\": [APP, ...]}";
@@ -101,17 +110,17 @@ pub(crate) async fn create_token(
         t.apps.as_ref().map_or("every app".into(), |a| a.join(", "))
     );
     s.journal.action("token", None, by, what);
-    Ok(axum::Json(serde_json::json!({"name": t.name, "scopes": t.scopes, "apps": t.apps, "token": token})))
+    Ok(axum::Json(CreatedToken { name: t.name, scopes: t.scopes, apps: t.apps, token }))
 }
 
 #[utoipa::path(delete, path = "/v1/tokens/{name}", tag = "tokens", security(("bearer" = [])), params(("name" = String, Path)),
-    responses((status = 200, description = "scope admin", body = crate::openapi::Revoked), (status = 401, body = crate::openapi::ErrorBody), (status = 403, description = "the token lacks the scope, or is for other apps", body = crate::openapi::ErrorBody), (status = 404, description = "`no_such_token`", body = crate::openapi::ErrorBody)))]
+    responses((status = 200, description = "scope admin", body = crate::answers::Revoked), (status = 401, body = crate::answers::ErrorBody), (status = 403, description = "the token lacks the scope, or is for other apps", body = crate::answers::ErrorBody), (status = 404, description = "`no_such_token`", body = crate::answers::ErrorBody)))]
 #[tracing::instrument(name = "revoke_token", skip(s, headers))]
 pub(crate) async fn revoke_token(
     axum::extract::State(s): axum::extract::State<Arc<ControlState>>,
     axum::extract::Path(name): axum::extract::Path<String>,
     headers: HeaderMap,
-) -> Result<axum::Json<serde_json::Value>, ControlError> {
+) -> Result<axum::Json<Revoked>, ControlError> {
     metrics::counter!(m::API_REQUESTS.name, "route" => "/v1/tokens/{name}").increment(1);
     let by = authorize(&s, &headers, Scope::Admin, None)?;
     s.tokens.revoke(&name)?;
@@ -119,22 +128,22 @@ pub(crate) async fn revoke_token(
     metrics::gauge!(m::TOKENS.name).set(s.tokens.book().grants().len() as f64);
     tracing::info!(%name, by = ?by, "API token revoked");
     s.journal.action("token", None, by, format!("token {name} revoked"));
-    Ok(axum::Json(serde_json::json!({"name": name, "revoked": true})))
+    Ok(axum::Json(Revoked { name, revoked: true }))
 }
 
 /// What the caller's token may do: `{"name","scopes","apps","open"}`. Without a valid
 /// token: no name and only `read`; an API with no token at all is `open` (everything).
-#[utoipa::path(get, path = "/v1/whoami", tag = "tokens", responses((status = 200, body = crate::openapi::Whoami)))]
+#[utoipa::path(get, path = "/v1/whoami", tag = "tokens", responses((status = 200, body = crate::answers::Whoami)))]
 pub(crate) async fn whoami(
     axum::extract::State(s): axum::extract::State<Arc<ControlState>>,
     headers: HeaderMap,
-) -> axum::Json<serde_json::Value> {
+) -> axum::Json<Whoami> {
     let creds = s.credentials();
     let (grant, open) = match creds.carried(&headers) {
         _ if !creds.configured() => (Grant::admin(""), true),
         Some(g) => ((*g).clone(), false),
         None => (Grant { name: String::new(), scopes: [Scope::Read].into(), apps: None }, false),
     };
-    let name = (!grant.name.is_empty()).then_some(grant.name.as_str());
-    axum::Json(serde_json::json!({"name": name, "scopes": grant.scopes, "apps": grant.apps, "open": open}))
+    let GrantRow { name, scopes, apps } = grant_row(&grant);
+    axum::Json(Whoami { name: (!name.is_empty()).then_some(name), scopes, apps, open })
 }

@@ -13,6 +13,8 @@ use flotilla_scheduler::DemandRequest;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use crate::answers::to_json;
+use crate::answers::{CapacityRow, PriorityCapacity};
 use crate::apps::not_found;
 use crate::auth::authorize;
 use crate::forward::{forward, remote};
@@ -33,7 +35,7 @@ pub fn routes() -> Router<Arc<ControlState>> {
 
 /// `GET /v1/apps/{app}/decisions`: the app's autoscaling decisions, newest first.
 #[utoipa::path(get, path = "/v1/apps/{app}/decisions", tag = "autoscaling", params(("app" = String, Path)),
-    responses((status = 200, description = "the autoscaling decisions, newest first, with the numbers behind each", body = [Object]), (status = 404, description = "no scheduler runs the app", body = crate::openapi::ErrorBody), (status = 502, description = "its standalone scheduler did not answer", body = crate::openapi::ErrorBody)))]
+    responses((status = 200, description = "the autoscaling decisions, newest first, with the numbers behind each", body = [Object]), (status = 404, description = "no scheduler runs the app", body = crate::answers::ErrorBody), (status = 502, description = "its standalone scheduler did not answer", body = crate::answers::ErrorBody)))]
 pub(crate) async fn decisions(
     State(s): State<Arc<ControlState>>,
     Path(app): Path<String>,
@@ -62,7 +64,7 @@ pub(crate) struct DemandBody {
 /// what consumers need the app to be able to run (like Ray's `request_resources`),
 /// replacing the last demand, for `ttl_seconds`.
 #[utoipa::path(put, path = "/v1/apps/{app}/demand", tag = "autoscaling", security(("bearer" = [])), params(("app" = String, Path)), request_body = DemandBody,
-    responses((status = 200, description = "scope operate", body = crate::openapi::DemandAnswer), (status = 400, body = crate::openapi::ErrorBody), (status = 401, body = crate::openapi::ErrorBody), (status = 403, description = "the token lacks the scope, or is for other apps", body = crate::openapi::ErrorBody), (status = 422, body = crate::openapi::ErrorBody), (status = 404, description = "no scheduler runs the app", body = crate::openapi::ErrorBody), (status = 502, description = "its standalone scheduler did not answer", body = crate::openapi::ErrorBody)))]
+    responses((status = 200, description = "scope operate", body = crate::answers::DemandAnswer), (status = 400, body = crate::answers::ErrorBody), (status = 401, body = crate::answers::ErrorBody), (status = 403, description = "the token lacks the scope, or is for other apps", body = crate::answers::ErrorBody), (status = 422, body = crate::answers::ErrorBody), (status = 404, description = "no scheduler runs the app", body = crate::answers::ErrorBody), (status = 502, description = "its standalone scheduler did not answer", body = crate::answers::ErrorBody)))]
 pub(crate) async fn demand(
     State(s): State<Arc<ControlState>>,
     Path(app): Path<String>,
@@ -80,7 +82,7 @@ pub(crate) async fn demand(
     match s.apps.get(&app) {
         Some(Ok(h)) => {
             let d = h.demand(b.requests, b.ttl_seconds.saturating_mul(1000)).await?;
-            Ok(Json(json!({"app": app, "demand": d})))
+            Ok(Json(to_json(&crate::answers::DemandAnswer { app, demand: to_json(&d) })))
         }
         Some(Err(url)) => {
             let req = s.http.put(format!("{}/v1/apps/{app}/demand", url.trim_end_matches('/')));
@@ -92,22 +94,26 @@ pub(crate) async fn demand(
 
 /// The capacity row: total weight, and weight and weighted resources by priority.
 pub fn capacity_row(c: &v1::Capacity) -> Value {
-    let by: serde_json::Map<String, Value> = c
+    let by_priority = c
         .by_priority
         .iter()
         .map(|p| {
             let r = p.resources.clone().unwrap_or_default();
-            let row =
-                json!({"weight": p.weight, "cpu_millis": r.cpu_millis, "memory_bytes": r.memory_bytes, "gpu": r.gpu});
+            let row = PriorityCapacity {
+                weight: p.weight,
+                cpu_millis: r.cpu_millis,
+                memory_bytes: r.memory_bytes,
+                gpu: r.gpu,
+            };
             (p.priority.clone(), row)
         })
         .collect();
-    json!({"app": c.app, "version": c.version, "total_weight": c.total_weight, "by_priority": by})
+    to_json(&CapacityRow { app: c.app.clone(), version: c.version, total_weight: c.total_weight, by_priority })
 }
 
 /// `GET /v1/apps/{app}/capacity`: what the app can serve now (`WatchCapacity` streams it).
 #[utoipa::path(get, path = "/v1/apps/{app}/capacity", tag = "autoscaling", params(("app" = String, Path)),
-    responses((status = 200, body = crate::openapi::CapacityRow), (status = 404, description = "no scheduler runs the app", body = crate::openapi::ErrorBody), (status = 502, description = "its standalone scheduler did not answer", body = crate::openapi::ErrorBody)))]
+    responses((status = 200, body = crate::answers::CapacityRow), (status = 404, description = "no scheduler runs the app", body = crate::answers::ErrorBody), (status = 502, description = "its standalone scheduler did not answer", body = crate::answers::ErrorBody)))]
 pub(crate) async fn capacity(
     State(s): State<Arc<ControlState>>,
     Path(app): Path<String>,
@@ -120,7 +126,7 @@ pub(crate) async fn capacity(
     }
 }
 
-#[utoipa::path(get, path = "/v1/policies", tag = "autoscaling", responses((status = 200, body = [crate::openapi::PolicyRow])))]
+#[utoipa::path(get, path = "/v1/policies", tag = "autoscaling", responses((status = 200, body = [crate::answers::PolicyRow])))]
 pub(crate) async fn list_policies(State(s): State<Arc<ControlState>>) -> Json<Value> {
     Json(s.policies.list())
 }
@@ -129,7 +135,7 @@ pub(crate) async fn list_policies(State(s): State<Arc<ControlState>>) -> Json<Va
 /// app that names it follows it from its next evaluation.
 #[utoipa::path(put, path = "/v1/policies/{name}", tag = "autoscaling", security(("bearer" = [])), params(("name" = String, Path)),
     request_body(content = String, content_type = "text/plain", description = "the policy file (TOML)"),
-    responses((status = 200, description = "scope deploy", body = crate::openapi::PolicyApplied), (status = 401, body = crate::openapi::ErrorBody), (status = 403, description = "the token lacks the scope, or is for other apps", body = crate::openapi::ErrorBody), (status = 422, description = "an invalid policy, every problem named", body = crate::openapi::ErrorBody)))]
+    responses((status = 200, description = "scope deploy", body = crate::answers::PolicyApplied), (status = 401, body = crate::answers::ErrorBody), (status = 403, description = "the token lacks the scope, or is for other apps", body = crate::answers::ErrorBody), (status = 422, description = "an invalid policy, every problem named", body = crate::answers::ErrorBody)))]
 pub(crate) async fn apply_policy(
     State(s): State<Arc<ControlState>>,
     Path(name): Path<String>,
@@ -143,5 +149,5 @@ pub(crate) async fn apply_policy(
         replicas.put(crate::replicas::Shared::Policy { name: &name, toml: &body }).await?;
     }
     s.journal.action("policy", None, by, format!("policy {name} applied"));
-    Ok(Json(json!({"name": name, "result": "applied"})))
+    Ok(Json(to_json(&crate::answers::PolicyApplied { name, result: "applied".into() })))
 }

@@ -12,8 +12,9 @@ use std::time::Duration;
 use axum::Json;
 use axum::extract::{Path, Query, State};
 use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::Value;
 
+use crate::answers::{AppHistory, ChartDecision, PoolHistory};
 use crate::series::STEP_S;
 use crate::{ControlError, ControlState};
 
@@ -105,12 +106,12 @@ pub fn routes() -> axum::Router<Arc<ControlState>> {
 /// `{"app","step_s","window_s","points":[{"t","v":{"desired","running","estimated","capacity_cores"}}],
 /// "decisions":[{"at_ms","action","explanation"}]}`.
 #[utoipa::path(get, path = "/v1/apps/{app}/history", tag = "charts", params(("app" = String, Path), Window),
-    responses((status = 200, body = crate::openapi::AppHistory), (status = 400, body = crate::openapi::ErrorBody), (status = 404, body = crate::openapi::ErrorBody)))]
+    responses((status = 200, body = crate::answers::AppHistory), (status = 400, body = crate::answers::ErrorBody), (status = 404, body = crate::answers::ErrorBody)))]
 pub(crate) async fn app_history(
     State(s): State<Arc<ControlState>>,
     Path(app): Path<String>,
     window: Result<Query<Window>, axum::extract::rejection::QueryRejection>,
-) -> Result<Json<Value>, ControlError> {
+) -> Result<Json<AppHistory>, ControlError> {
     metrics::counter!(m::API_REQUESTS.name, "route" => "/v1/apps/{app}/history").increment(1);
     let (window, since) = window_s(window)?;
     let points = s.series.read(&format!("app/{app}"), since);
@@ -120,27 +121,28 @@ pub(crate) async fn app_history(
     }
     // A standalone scheduler's app is not sampled here: its history is empty.
     let handle = endpoint.and_then(Result::ok);
-    let decisions: Vec<Value> = handle.map_or_else(Vec::new, |h| {
+    let decisions = handle.map_or_else(Vec::new, |h| {
         h.decisions()
             .iter()
             .filter(|d| d["at"].as_u64().is_some_and(|at| at / 1000 >= since))
-            .map(|d| json!({"at_ms": d["at"], "action": d["action"], "explanation": d["explanation"]}))
+            .map(|d| ChartDecision {
+                at_ms: d["at"].clone(),
+                action: d["action"].clone(),
+                explanation: d["explanation"].clone(),
+            })
             .collect()
     });
-    Ok(Json(json!({
-        "app": app, "step_s": STEP_S, "window_s": window,
-        "points": points.unwrap_or_default(), "decisions": decisions,
-    })))
+    Ok(Json(AppHistory { app, step_s: STEP_S, window_s: window, points: points.unwrap_or_default(), decisions }))
 }
 
 /// `{"pool","step_s","window_s","points":[{"t","v":{"TYPE": running, ..., "total"}}]}`.
 #[utoipa::path(get, path = "/v1/pools/{pool}/history", tag = "charts", params(("pool" = String, Path), Window),
-    responses((status = 200, body = crate::openapi::PoolHistory), (status = 400, body = crate::openapi::ErrorBody), (status = 404, description = "`no_such_pool`", body = crate::openapi::ErrorBody)))]
+    responses((status = 200, body = crate::answers::PoolHistory), (status = 400, body = crate::answers::ErrorBody), (status = 404, description = "`no_such_pool`", body = crate::answers::ErrorBody)))]
 pub(crate) async fn pool_history(
     State(s): State<Arc<ControlState>>,
     Path(pool): Path<String>,
     window: Result<Query<Window>, axum::extract::rejection::QueryRejection>,
-) -> Result<Json<Value>, ControlError> {
+) -> Result<Json<PoolHistory>, ControlError> {
     metrics::counter!(m::API_REQUESTS.name, "route" => "/v1/pools/{pool}/history").increment(1);
     let (window, since) = window_s(window)?;
     // A pool that reported but was not sampled yet has an empty history.
@@ -149,5 +151,5 @@ pub(crate) async fn pool_history(
         None if s.pools.row_of(&pool).is_some() => Vec::new(),
         None => return Err(ControlError::NoSuchPool(pool)),
     };
-    Ok(Json(json!({"pool": pool, "step_s": STEP_S, "window_s": window, "points": points})))
+    Ok(Json(PoolHistory { pool, step_s: STEP_S, window_s: window, points }))
 }

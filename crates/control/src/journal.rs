@@ -417,6 +417,14 @@ mod tests {
     }
 }
 
+/// `GET /v1/events/history`.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct EventsPage {
+    pub events: Vec<Event>,
+    pub newest: u64,
+    pub next_after: u64,
+}
+
 /// `GET /v1/events/history?after=SEQ&since=1h&app=A&node=N&type=T&limit=N`.
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
@@ -443,12 +451,12 @@ pub fn routes() -> axum::Router<std::sync::Arc<crate::ControlState>> {
 /// with the answer's `next_after`), else the newest `limit` (default 100, at most
 /// 1,000). `{"events": [...], "newest": SEQ, "next_after": SEQ}`.
 #[utoipa::path(get, path = "/v1/events/history", operation_id = "event_history", tag = "events", params(HistoryParams),
-    responses((status = 200, body = crate::openapi::EventsPage), (status = 400, description = "a bad parameter, named with what is accepted", body = crate::openapi::ErrorBody)))]
+    responses((status = 200, body = EventsPage), (status = 400, description = "a bad parameter, named with what is accepted", body = crate::answers::ErrorBody)))]
 #[tracing::instrument(name = "event_history", skip_all)]
 pub(crate) async fn history(
     axum::extract::State(s): axum::extract::State<std::sync::Arc<crate::ControlState>>,
     params: Result<axum::extract::Query<HistoryParams>, axum::extract::rejection::QueryRejection>,
-) -> Result<axum::Json<serde_json::Value>, crate::ControlError> {
+) -> Result<axum::Json<EventsPage>, crate::ControlError> {
     use crate::ControlError::BadRequest;
     metrics::counter!(m::API_REQUESTS.name, "route" => "/v1/events/history").increment(1);
     let accepted = "it takes after=SEQ, since=DURATION, app=, node=, type=, limit=1..1000";
@@ -472,5 +480,5 @@ pub(crate) async fn history(
         .await
         .map_err(|e| crate::ControlError::Storage(e.to_string()))?
         .map_err(crate::ControlError::Storage)?;
-    Ok(axum::Json(serde_json::json!({"events": events, "newest": newest, "next_after": next_after})))
+    Ok(axum::Json(EventsPage { events, newest, next_after }))
 }

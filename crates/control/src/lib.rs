@@ -1,6 +1,7 @@
 //! The control plane's HTTP API (JSON). It keeps no state of its own: everything it
 //! shows comes from the shards' views, followed over `WatchView`.
 
+pub mod answers;
 pub mod apps;
 mod auth;
 mod autoscaling;

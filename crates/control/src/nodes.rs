@@ -19,8 +19,8 @@ use flotilla_view::NodeRecord;
 use serde_json::Value;
 use tokio_stream::StreamExt;
 
+use crate::answers::{CordonAnswer, DrainWait, DrainWaits, NodeDetail, NodeMember, ShardRow, ViewVersion};
 use crate::events::{priority_of, status_of};
-use crate::openapi::{CordonAnswer, DrainWait, DrainWaits, NodeDetail, NodeMember, ShardRow, ViewVersion};
 use crate::{ControlError, ControlState};
 
 /// Most rows of one page.
@@ -128,7 +128,7 @@ fn row_json(r: &NodeRecord, connected: bool) -> Vec<u8> {
 /// chunks of [`STREAM_CHUNK`] rows (never one 100,000-row serialisation).
 #[utoipa::path(get, path = "/v1/nodes", operation_id = "list_nodes", tag = "nodes", params(NodeFilters),
     responses((status = 200, body = [crate::json::NodeRow], headers(("x-total-count" = usize, description = "how many rows match"))),
-              (status = 400, description = "a bad or unknown parameter, named", body = crate::openapi::ErrorBody)))]
+              (status = 400, description = "a bad or unknown parameter, named", body = crate::answers::ErrorBody)))]
 #[tracing::instrument(name = "list_nodes", skip_all)]
 pub async fn list(
     State(s): State<Arc<ControlState>>,
@@ -171,7 +171,7 @@ pub async fn list(
 /// process placed on it (of units not yet terminated). (Standalone schedulers' members are not listed: their units
 /// are only fetched from them.)
 #[utoipa::path(get, path = "/v1/nodes/{node}", operation_id = "get_node", tag = "nodes", params(("node" = String, Path)),
-    responses((status = 200, body = crate::openapi::NodeDetail), (status = 404, body = crate::openapi::ErrorBody)))]
+    responses((status = 200, body = crate::answers::NodeDetail), (status = 404, body = crate::answers::ErrorBody)))]
 #[tracing::instrument(name = "get_node", skip(s))]
 pub async fn get(State(s): State<Arc<ControlState>>, Path(node): Path<String>) -> Result<Response, ControlError> {
     metrics::counter!(m::API_REQUESTS.name, "route" => "/v1/nodes/{node}").increment(1);
@@ -229,8 +229,8 @@ fn drain_waits(u: &flotilla_scheduler::UnitRecord, units: &[Arc<flotilla_schedul
 /// to replace the members the node runs elsewhere before they are stopped.
 #[utoipa::path(post, path = "/v1/nodes/{node}/{action}", tag = "nodes", security(("bearer" = [])),
     params(("node" = String, Path), ("action" = String, Path, description = "`cordon`, `drain` or `uncordon` (scope operate)")),
-    responses((status = 200, body = crate::openapi::CordonAnswer), (status = 401, body = crate::openapi::ErrorBody), (status = 403, body = crate::openapi::ErrorBody),
-              (status = 404, description = "no such node or action", body = crate::openapi::ErrorBody), (status = 502, description = "its shard did not answer", body = crate::openapi::ErrorBody)))]
+    responses((status = 200, body = crate::answers::CordonAnswer), (status = 401, body = crate::answers::ErrorBody), (status = 403, body = crate::answers::ErrorBody),
+              (status = 404, description = "no such node or action", body = crate::answers::ErrorBody), (status = 502, description = "its shard did not answer", body = crate::answers::ErrorBody)))]
 pub(crate) async fn node_action(
     State(s): State<Arc<ControlState>>,
     axum::extract::Path((node, action)): axum::extract::Path<(String, String)>,
@@ -305,7 +305,7 @@ async fn set_cordon(
     Ok(Json(CordonAnswer { node_id: node.to_string(), cordoned, drain_requested: drain }))
 }
 
-#[utoipa::path(get, path = "/v1/shards", tag = "nodes", responses((status = 200, body = [crate::openapi::ShardRow])))]
+#[utoipa::path(get, path = "/v1/shards", tag = "nodes", responses((status = 200, body = [crate::answers::ShardRow])))]
 pub(crate) async fn list_shards(State(s): State<Arc<ControlState>>) -> Json<Vec<ShardRow>> {
     metrics::counter!(m::API_REQUESTS.name, "route" => "/v1/shards").increment(1);
     let rows: Vec<_> = s

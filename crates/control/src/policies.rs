@@ -12,7 +12,7 @@ use std::sync::{Arc, RwLock};
 
 use flotilla_autoscale::{Policy, policy_file_from_toml};
 use flotilla_scheduler::PolicyBook;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::ControlError;
 
@@ -112,18 +112,16 @@ impl Policies {
     pub fn list(&self) -> Value {
         let book = self.book.load();
         let texts = self.texts.read_or_recover();
-        let rows: Vec<Value> = book
+        let rows: Vec<crate::answers::PolicyRow> = book
             .iter()
-            .map(|(name, p)| {
-                json!({
-                    "name": name,
-                    "policy": p.algorithm.name(),
-                    "interval_ms": p.interval_ms,
-                    "toml": texts.get(name),
-                })
+            .map(|(name, p)| crate::answers::PolicyRow {
+                name: name.clone(),
+                policy: p.algorithm.name().to_string(),
+                interval_ms: p.interval_ms,
+                toml: texts.get(name).cloned(),
             })
             .collect();
-        Value::Array(rows)
+        crate::answers::to_json(&rows)
     }
 }
 

@@ -178,13 +178,22 @@ impl Pools {
     }
 
     fn row(name: &str, p: &Pool) -> Value {
-        let mut v = p.report.as_ref().map(|(r, _)| r.as_ref().clone()).unwrap_or_else(|| json!({}));
-        v["pool"] = json!(name);
-        v["constraints"] = json!(p.constraints);
-        v["bounds"] = json!(p.bounds);
-        v["reported_ms_ago"] = json!(p.report.as_ref().map(|(_, at)| at.elapsed().as_millis() as u64));
-        v["stale"] = json!(p.report.as_ref().is_none_or(|(_, at)| at.elapsed() > STALE_AFTER));
-        v
+        let mut report: std::collections::BTreeMap<String, Value> = match p.report.as_ref().map(|(r, _)| r.as_ref()) {
+            Some(Value::Object(m)) => m.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+            _ => Default::default(),
+        };
+        // What this plane knows of the pool wins over what a report says of itself.
+        for k in ["pool", "constraints", "bounds", "reported_ms_ago", "stale"] {
+            report.remove(k);
+        }
+        crate::answers::to_json(&crate::answers::PoolRow {
+            pool: name.to_string(),
+            constraints: json!(p.constraints),
+            bounds: json!(p.bounds),
+            reported_ms_ago: p.report.as_ref().map(|(_, at)| at.elapsed().as_millis() as u64),
+            stale: p.report.as_ref().is_none_or(|(_, at)| at.elapsed() > STALE_AFTER),
+            report,
+        })
     }
 }
 
@@ -197,7 +206,7 @@ pub fn routes() -> Router<Arc<ControlState>> {
         .route("/v1/pools/{pool}/report", axum::routing::post(report))
 }
 
-#[utoipa::path(get, path = "/v1/pools", operation_id = "list_pools", tag = "pools", responses((status = 200, body = [crate::openapi::PoolRow])))]
+#[utoipa::path(get, path = "/v1/pools", operation_id = "list_pools", tag = "pools", responses((status = 200, body = [crate::answers::PoolRow])))]
 pub(crate) async fn list(State(s): State<Arc<ControlState>>) -> Json<Value> {
     metrics::counter!(m::API_REQUESTS.name, "route" => "/v1/pools").increment(1);
     let g = s.pools.pools.read_or_recover();
@@ -205,7 +214,7 @@ pub(crate) async fn list(State(s): State<Arc<ControlState>>) -> Json<Value> {
 }
 
 #[utoipa::path(get, path = "/v1/pools/{pool}", tag = "pools", params(("pool" = String, Path)),
-    responses((status = 200, body = crate::openapi::PoolRow), (status = 404, description = "`no_such_pool`", body = crate::openapi::ErrorBody)))]
+    responses((status = 200, body = crate::answers::PoolRow), (status = 404, description = "`no_such_pool`", body = crate::answers::ErrorBody)))]
 pub(crate) async fn get_pool(
     State(s): State<Arc<ControlState>>,
     Path(pool): Path<String>,
@@ -226,7 +235,7 @@ pub(crate) async fn get_constraints(State(s): State<Arc<ControlState>>, Path(poo
 /// an empty list lifts the floor.
 #[utoipa::path(put, path = "/v1/pools/{pool}/constraints", tag = "pools", security(("bearer" = [])), params(("pool" = String, Path)),
     request_body(content = Object, description = "`{\"resource_requests\": [{\"resources\": {…}, \"count\": N}]}`"),
-    responses((status = 200, description = "scope operate; the floor in force", body = Object), (status = 400, body = crate::openapi::ErrorBody), (status = 401, body = crate::openapi::ErrorBody), (status = 403, description = "the token lacks the scope, or is for other apps", body = crate::openapi::ErrorBody), (status = 422, body = crate::openapi::ErrorBody)))]
+    responses((status = 200, description = "scope operate; the floor in force", body = Object), (status = 400, body = crate::answers::ErrorBody), (status = 401, body = crate::answers::ErrorBody), (status = 403, description = "the token lacks the scope, or is for other apps", body = crate::answers::ErrorBody), (status = 422, body = crate::answers::ErrorBody)))]
 pub(crate) async fn put_constraints(
     State(s): State<Arc<ControlState>>,
     Path(pool): Path<String>,
@@ -277,7 +286,7 @@ fn pool_events(pool: &str, report: &Value) -> Vec<(u64, crate::journal::NewEvent
 /// `POST /v1/pools/{pool}/report`: an autoscaler's instances and decisions.
 #[utoipa::path(post, path = "/v1/pools/{pool}/report", tag = "pools", security(("bearer" = [])), params(("pool" = String, Path)),
     request_body(content = Object, description = "a pool autoscaler's report"),
-    responses((status = 200, description = "scope admin", body = crate::openapi::ReportAnswer), (status = 400, body = crate::openapi::ErrorBody), (status = 401, body = crate::openapi::ErrorBody), (status = 403, description = "the token lacks the scope, or is for other apps", body = crate::openapi::ErrorBody)))]
+    responses((status = 200, description = "scope admin", body = crate::answers::ReportAnswer), (status = 400, body = crate::answers::ErrorBody), (status = 401, body = crate::answers::ErrorBody), (status = 403, description = "the token lacks the scope, or is for other apps", body = crate::answers::ErrorBody)))]
 pub(crate) async fn report(
     State(s): State<Arc<ControlState>>,
     Path(pool): Path<String>,
@@ -305,7 +314,10 @@ pub(crate) async fn report(
     if let Some(replicas) = &s.replicas {
         replicas.put(Shared::Report { pool: &pool, json: shared }).await?;
     }
-    Ok(Json(json!({"constraints": constraints, "bounds": bounds})))
+    Ok(Json(crate::answers::to_json(&crate::answers::ReportAnswer {
+        constraints: json!(constraints),
+        bounds: json!(bounds),
+    })))
 }
 
 /// `PUT /v1/pools/{pool}/node_types/{type} {"min": A, "max": B}`: bounds that replace the
@@ -314,7 +326,7 @@ pub(crate) async fn report(
 /// reported, the type must be one of its node types.
 #[utoipa::path(put, path = "/v1/pools/{pool}/node_types/{node_type}", tag = "pools", security(("bearer" = [])), params(("pool" = String, Path), ("node_type" = String, Path)),
     request_body(content = Object, description = "`{\"min\": A, \"max\": B}`, min ≤ max ≤ 100,000"),
-    responses((status = 200, description = "scope operate", body = crate::openapi::PoolBounds), (status = 400, body = crate::openapi::ErrorBody), (status = 401, body = crate::openapi::ErrorBody), (status = 403, description = "the token lacks the scope, or is for other apps", body = crate::openapi::ErrorBody), (status = 404, description = "not one of the pool's node types", body = crate::openapi::ErrorBody), (status = 422, body = crate::openapi::ErrorBody)))]
+    responses((status = 200, description = "scope operate", body = crate::answers::PoolBounds), (status = 400, body = crate::answers::ErrorBody), (status = 401, body = crate::answers::ErrorBody), (status = 403, description = "the token lacks the scope, or is for other apps", body = crate::answers::ErrorBody), (status = 404, description = "not one of the pool's node types", body = crate::answers::ErrorBody), (status = 422, body = crate::answers::ErrorBody)))]
 #[tracing::instrument(name = "put_pool_bounds", skip(s, headers, body))]
 pub(crate) async fn put_bounds(
     State(s): State<Arc<ControlState>>,
@@ -351,5 +363,5 @@ pub(crate) async fn put_bounds(
     let bounds = format!("pool {pool}: {node_type} bounded to {}..={}", b.min, b.max);
     s.journal.action("pool_bounds", None, by, bounds);
     metrics::counter!(m::POOL_BOUNDS_SET.name).increment(1);
-    Ok(Json(json!({"pool": pool, "bounds": all})))
+    Ok(Json(crate::answers::to_json(&crate::answers::PoolBounds { pool, bounds: json!(all) })))
 }

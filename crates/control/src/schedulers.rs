@@ -76,8 +76,8 @@ pub(crate) struct Registration {
 }
 
 #[utoipa::path(post, path = "/v1/schedulers", tag = "apps", security(("bearer" = [])), request_body = Registration,
-    responses((status = 204, description = "registered (scope admin); a standalone scheduler registers again every 5 s"), (status = 400, body = crate::openapi::ErrorBody), (status = 401, body = crate::openapi::ErrorBody), (status = 403, description = "the token lacks the scope, or is for other apps", body = crate::openapi::ErrorBody),
-              (status = 409, description = "the app runs in this process", body = crate::openapi::ErrorBody), (status = 422, description = "`not_a_scheduler`: the URL does not answer as the app's scheduler", body = crate::openapi::ErrorBody)))]
+    responses((status = 204, description = "registered (scope admin); a standalone scheduler registers again every 5 s"), (status = 400, body = crate::answers::ErrorBody), (status = 401, body = crate::answers::ErrorBody), (status = 403, description = "the token lacks the scope, or is for other apps", body = crate::answers::ErrorBody),
+              (status = 409, description = "the app runs in this process", body = crate::answers::ErrorBody), (status = 422, description = "`not_a_scheduler`: the URL does not answer as the app's scheduler", body = crate::answers::ErrorBody)))]
 #[tracing::instrument(name = "register_scheduler", skip_all)]
 pub(crate) async fn register_scheduler(
     State(s): State<Arc<ControlState>>,

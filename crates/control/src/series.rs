@@ -25,7 +25,8 @@ const MAX_VALUES: usize = 64;
 const POINTS: TableDefinition<&str, &str> = TableDefinition::new("points");
 
 /// One sample: its time (Unix seconds, a multiple of [`STEP_S`]) and named values.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// One 10 s sample: the Unix second and each value.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Point {
     pub t: u64,
     pub v: BTreeMap<String, f64>,

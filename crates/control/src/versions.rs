@@ -14,6 +14,7 @@ use flotilla_scheduler::{ChangeRequest, SpecVersion};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use crate::answers::{VersionRow, Versions};
 use crate::apps::{not_found, parse_spec};
 use crate::auth::authorize;
 use crate::forward::{forward, remote_text};
@@ -30,7 +31,7 @@ pub fn routes() -> Router<Arc<ControlState>> {
 
 /// A version's row: where it came from, who applied it, and what it changed from the
 /// version before it (`null` for the oldest kept, whose predecessor is gone).
-fn version_row(v: &SpecVersion, before: Option<&SpecVersion>, in_force: u64, secrets: bool) -> Value {
+fn version_row(v: &SpecVersion, before: Option<&SpecVersion>, in_force: u64, secrets: bool) -> VersionRow {
     let changes = before.map(|b| {
         let mut c = flotilla_scheduler::diff::spec_diff(&b.spec, &v.spec);
         if !secrets {
@@ -38,17 +39,17 @@ fn version_row(v: &SpecVersion, before: Option<&SpecVersion>, in_force: u64, sec
         }
         c
     });
-    json!({
-        "version": v.version,
-        "in_force": v.version == in_force,
-        "source": v.origin.source,
-        "at_unix_ms": v.origin.at_unix_ms,
-        "by": v.origin.by,
-        "reason": v.origin.reason,
-        "rollback_of": v.origin.of_version,
-        "template": v.template,
-        "changes": changes,
-    })
+    VersionRow {
+        version: v.version,
+        in_force: v.version == in_force,
+        source: v.origin.source.clone(),
+        at_unix_ms: v.origin.at_unix_ms,
+        by: v.origin.by.clone(),
+        reason: v.origin.reason.clone(),
+        rollback_of: v.origin.of_version,
+        template: v.template.clone(),
+        changes,
+    }
 }
 
 /// Hides secret-looking values in the changes of a versions answer (a standalone
@@ -70,7 +71,7 @@ fn redact_rows(v: &mut Value) {
 
 /// `GET /v1/apps/{app}/versions`: the kept versions, newest first.
 #[utoipa::path(get, path = "/v1/apps/{app}/versions", tag = "versions", params(("app" = String, Path)),
-    responses((status = 200, body = crate::openapi::Versions), (status = 404, description = "no scheduler runs the app", body = crate::openapi::ErrorBody), (status = 502, description = "its standalone scheduler did not answer", body = crate::openapi::ErrorBody)))]
+    responses((status = 200, body = crate::answers::Versions), (status = 404, description = "no scheduler runs the app", body = crate::answers::ErrorBody), (status = 502, description = "its standalone scheduler did not answer", body = crate::answers::ErrorBody)))]
 #[tracing::instrument(name = "list_versions", skip(s, headers))]
 pub(crate) async fn list_versions(
     State(s): State<Arc<ControlState>>,
@@ -83,14 +84,14 @@ pub(crate) async fn list_versions(
             let st = h.status();
             let secrets = s.credentials().shows_secrets(&headers, &app);
             let in_force = st.versions.last().map_or(0, |v| v.version);
-            let rows: Vec<Value> = st
+            let versions: Vec<VersionRow> = st
                 .versions
                 .iter()
                 .enumerate()
                 .rev()
                 .map(|(i, v)| version_row(v, i.checked_sub(1).map(|p| &*st.versions[p]), in_force, secrets))
                 .collect();
-            Ok(Json(json!({"app": app, "in_force": in_force, "versions": rows})))
+            Ok(Json(crate::answers::to_json(&Versions { app, in_force, versions })))
         }
         Some(Err(url)) => {
             let text = remote_text(&s.http, &url, &format!("/v1/apps/{app}/versions"), &headers).await?;
@@ -112,7 +113,7 @@ pub(crate) async fn list_versions(
 /// from readers without the API token as in `GET …/spec`.
 #[utoipa::path(get, path = "/v1/apps/{app}/versions/{version}", tag = "versions", params(("app" = String, Path), ("version" = u64, Path)),
     responses((status = 200, description = "that version's spec (TOML)", content_type = "text/plain", body = String),
-              (status = 400, description = "not a number", body = crate::openapi::ErrorBody), (status = 404, description = "`no_such_version` naming the kept range, or no such app", body = crate::openapi::ErrorBody)))]
+              (status = 400, description = "not a number", body = crate::answers::ErrorBody), (status = 404, description = "`no_such_version` naming the kept range, or no such app", body = crate::answers::ErrorBody)))]
 #[tracing::instrument(name = "get_version", skip(s, headers))]
 pub(crate) async fn get_version(
     State(s): State<Arc<ControlState>>,
@@ -158,9 +159,9 @@ pub(crate) struct RollbackBody {
 
 #[utoipa::path(post, path = "/v1/apps/{app}/rollback", tag = "versions", security(("bearer" = [])), params(("app" = String, Path)),
     request_body(content = Option<RollbackBody>, description = "`{\"to\": N}`, or none: the spec before the last apply"),
-    responses((status = 200, description = "scope operate", body = crate::openapi::Applied), (status = 400, body = crate::openapi::ErrorBody), (status = 401, body = crate::openapi::ErrorBody), (status = 403, description = "the token lacks the scope, or is for other apps", body = crate::openapi::ErrorBody),
-              (status = 404, description = "`no_such_version`, or no such app", body = crate::openapi::ErrorBody),
-              (status = 409, description = "`already_in_force` or `no_previous_spec`", body = crate::openapi::ErrorBody), (status = 502, body = crate::openapi::ErrorBody)))]
+    responses((status = 200, description = "scope operate", body = crate::answers::Applied), (status = 400, body = crate::answers::ErrorBody), (status = 401, body = crate::answers::ErrorBody), (status = 403, description = "the token lacks the scope, or is for other apps", body = crate::answers::ErrorBody),
+              (status = 404, description = "`no_such_version`, or no such app", body = crate::answers::ErrorBody),
+              (status = 409, description = "`already_in_force` or `no_previous_spec`", body = crate::answers::ErrorBody), (status = 502, body = crate::answers::ErrorBody)))]
 #[tracing::instrument(name = "rollback", skip(s, headers, body))]
 pub(crate) async fn rollback(
     State(s): State<Arc<ControlState>>,
@@ -179,8 +180,7 @@ pub(crate) async fn rollback(
     let answer = match s.apps.get(&app) {
         Some(Ok(h)) => {
             let req = ChangeRequest { by: by.clone(), check_version: None };
-            let a = h.rollback(b.to, req).await?;
-            Ok(Json(json!({"app": app, "version": a.version, "new_version": a.new_version, "result": a.result})))
+            Ok(Json(crate::answers::Applied::of(&app, h.rollback(b.to, req).await?)))
         }
         Some(Err(url)) => {
             let req = s.http.post(format!("{}/v1/apps/{app}/rollback", url.trim_end_matches('/')));
@@ -207,7 +207,7 @@ pub(crate) async fn rollback(
 #[utoipa::path(post, path = "/v1/apps/{app}/plan", tag = "versions", security(("bearer" = [])), params(("app" = String, Path)),
     request_body(content = String, content_type = "text/plain", description = "the spec to plan (TOML)"),
     responses((status = 200, description = "scope deploy; nothing changes: the diff, the units that would roll, be created or stop, and what would not fit", body = Object),
-              (status = 401, body = crate::openapi::ErrorBody), (status = 403, description = "the token lacks the scope, or is for other apps", body = crate::openapi::ErrorBody), (status = 422, description = "an invalid spec: every problem named", body = crate::openapi::ErrorBody), (status = 404, description = "no scheduler runs the app", body = crate::openapi::ErrorBody), (status = 502, description = "its standalone scheduler did not answer", body = crate::openapi::ErrorBody)))]
+              (status = 401, body = crate::answers::ErrorBody), (status = 403, description = "the token lacks the scope, or is for other apps", body = crate::answers::ErrorBody), (status = 422, description = "an invalid spec: every problem named", body = crate::answers::ErrorBody), (status = 404, description = "no scheduler runs the app", body = crate::answers::ErrorBody), (status = 502, description = "its standalone scheduler did not answer", body = crate::answers::ErrorBody)))]
 #[tracing::instrument(name = "plan", skip(s, headers, body))]
 pub(crate) async fn plan(
     State(s): State<Arc<ControlState>>,

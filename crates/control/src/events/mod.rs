@@ -450,7 +450,7 @@ pub fn routes(hub: Arc<Hub>) -> axum::Router {
 #[tracing::instrument(name = "events", skip_all)]
 #[utoipa::path(get, path = "/v1/events", tag = "nodes",
     responses((status = 200, description = "the dashboard's stream: `snapshot_begin`, `nodes`, `federation`, `app`, `pool`, `snapshot_end`, then the changes and `ping`", content_type = "text/event-stream", body = String),
-              (status = 429, description = "`too_many_subscribers`", body = crate::openapi::ErrorBody)))]
+              (status = 429, description = "`too_many_subscribers`", body = crate::answers::ErrorBody)))]
 pub(crate) async fn events(State(hub): State<Arc<Hub>>, req: axum::extract::Request) -> Result<Response, ControlError> {
     metrics::counter!(m::API_REQUESTS.name, "route" => "/v1/events").increment(1);
     let peer = req.extensions().get::<axum::extract::ConnectInfo<std::net::SocketAddr>>().map(|c| c.0.ip());
