@@ -12,6 +12,7 @@ Every process started is ended by its process group, pass or fail.
 import argparse
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -105,12 +106,18 @@ def first_bytes(url, path, token):
     return status, headers.get("content-type", "")
 
 
-def check(spec, method, template, status, ctype, body):
-    """The answer against the operation's documented responses."""
+def check(spec, method, template, status, ctype, body, expect=None):
+    """The answer against the operation's documented responses (and, given `expect`, the
+    status it must have)."""
     op = spec["paths"][template][method]
     responses = op["responses"]
     where = f"{method.upper()} {template} -> {status}"
+    if expect is not None:
+        assert status == expect, f"{where}: expected {expect}: {body[:300]!r}"
     assert str(status) in responses, f"{where}: not a documented status ({sorted(responses)}): {body[:300]!r}"
+    if status == 404:
+        # The router's fallback: a documented path that no route serves.
+        assert json.loads(body)["error"]["code"] != "not_found", f"{where}: no route serves it"
     content = responses[str(status)].get("content")
     if not content:
         return
@@ -151,12 +158,17 @@ def main():
 
         values = {"app": "echo", "unit": unit["unit_id"], "member": "head", "node": node, "pool": "default",
                   "version": "1", "name": "conformance", "node_type": "small", "action": "cordon"}
+        # Before the calls: a pool that reported (so its rows are real, not 404s), and a
+        # second version of the app (so a rollback to version 1 has something to undo).
+        assert up.call("post", "/v1/pools/default/report", {"instances": []})[0] == 200
+        changed = spec_toml.replace('memory = "64Mi"', 'memory = "72Mi"', 1)
+        assert up.call("put", "/v1/apps/echo/spec", changed)[0] == 200
         # What each write is sent (a valid request where one is easy to make; else one the
         # document says is refused, so its error answer is checked too).
         bodies = {
             ("put", "/v1/apps/{app}/scale"): {"units": 2},
             ("put", "/v1/apps/{app}/spec"): spec_toml,
-            ("post", "/v1/apps/{app}/plan"): spec_toml.replace('memory = "64Mi"', 'memory = "72Mi"', 1),
+            ("post", "/v1/apps/{app}/plan"): changed,
             ("post", "/v1/apps/{app}/rollback"): {"to": 1},
             ("put", "/v1/apps/{app}/demand"): {"requests": [{"resources": {"cpu_millis": 100}, "count": 1}], "ttl_seconds": 60},
             ("put", "/v1/policies/{name}"): policy,
@@ -164,30 +176,35 @@ def main():
             ("post", "/v1/schedulers"): {"app": "elsewhere", "url": "http://127.0.0.1:1"},
             ("put", "/v1/pools/{pool}/constraints"): {"resource_requests": [{"resources": {"cpu_millis": 100}, "count": 1}]},
             ("put", "/v1/pools/{pool}/node_types/{node_type}"): {"min": 0, "max": 2},
-            ("post", "/v1/pools/{pool}/report"): {"not": "a report"},
+            ("post", "/v1/pools/{pool}/report"): {"instances": []},
         }
+        # Every call succeeds but these, which are refused as documented.
+        refused = {("post", "/v1/schedulers"): 422}
         # Writes after reads, and the token deleted after it is made.
         order = {"get": 0, "put": 1, "post": 1, "delete": 2}
         ops = sorted(((m, t) for t, item in spec["paths"].items() for m in item), key=lambda x: (order.get(x[0], 3), x[1]))
         called = 0
         for method, template in ops:
             path = template
+            # A policy's path names the policy its file names.
+            if template == "/v1/policies/{name}":
+                path = path.replace("{name}", re.search(r'name = "([^"]+)"', policy).group(1))
             for k, v in values.items():
                 path = path.replace("{" + k + "}", v)
             assert "{" not in path, f"no value for a parameter of {template}"
             if template == "/v1/events":
                 status, ctype = first_bytes(up.url, path, up.token)
-                check(spec, method, template, status, ctype, b"")
+                check(spec, method, template, status, ctype, b"", expect=200)
                 called += 1
                 continue
             body = bodies.get((method, template))
+            expect = refused.get((method, template), 204 if template == "/v1/schedulers" else 200)
             status, ctype, raw = up.call(method, path, body)
-            check(spec, method, template, status, ctype, raw)
-            # Refusals too: without a token, a call that needs one is 401 as documented.
+            check(spec, method, template, status, ctype, raw, expect=expect)
+            # Refusals too: without a token, a call that needs one is a 401 as documented.
             if spec["paths"][template][method].get("security"):
                 s2, c2, r2 = up.call(method, path, body, token=False)
-                if s2 != 200 or method != "get":
-                    check(spec, method, template, s2, c2, r2)
+                check(spec, method, template, s2, c2, r2, expect=401)
             called += 1
             if template == "/v1/nodes/{node}/{action}":
                 up.call("post", path.replace("/cordon", "/uncordon"))

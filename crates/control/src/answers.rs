@@ -11,7 +11,11 @@ use utoipa::ToSchema;
 /// A typed answer as the JSON the handlers pass around (a standalone scheduler's
 /// answers arrive as JSON, and pass on unchanged).
 pub(crate) fn to_json<T: Serialize>(t: &T) -> Value {
-    serde_json::to_value(t).unwrap_or(Value::Null)
+    // Only a map with non-string keys fails, and no answer holds one: say so if one ever does.
+    serde_json::to_value(t).unwrap_or_else(|e| {
+        tracing::error!(error = %e, answer = std::any::type_name::<T>(), "an answer does not serialise");
+        Value::Null
+    })
 }
 
 /// Every refusal: `{"error": {"code", "message"}}`; `code` is stable (clients branch on
@@ -103,7 +107,7 @@ pub struct SpecInForce {
     pub at_unix_ms: Option<u64>,
     pub reason: Option<String>,
     /// The unit template's fingerprint.
-    pub template: Option<String>,
+    pub template: String,
 }
 
 /// Whether the app's store takes writes (changes answer 503 while it does not).

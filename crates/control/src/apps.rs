@@ -123,7 +123,7 @@ pub(crate) fn summary(s: &AppStatus) -> Value {
             source: s.spec_origin.as_ref().map(|o| o.source.as_str().to_string()),
             at_unix_ms: s.spec_origin.as_ref().map(|o| o.at_unix_ms),
             reason: s.spec_origin.as_ref().and_then(|o| o.reason.clone()),
-            template: Some(s.template.clone()),
+            template: s.template.clone(),
         },
         rollout: to_json(&s.rollout),
         scheduler: to_json(&s.scheduler),

@@ -91,11 +91,11 @@ pub(crate) async fn remote_text(
 /// field, so readers of the summary shape only gain one.
 pub(crate) fn unreachable_row(app: &str, url: &str, e: &ControlError) -> Value {
     use flotilla_core::ServiceError;
-    json!({
-        "app": app,
-        "scheduler_url": url,
-        "unreachable": true,
-        "error": {"code": e.code(), "message": e.to_string()},
+    crate::answers::to_json(&crate::answers::UnreachableApp {
+        app: app.to_string(),
+        scheduler_url: url.to_string(),
+        unreachable: true,
+        error: crate::answers::ErrorDetail { code: e.code().to_string(), message: e.to_string() },
     })
 }
 

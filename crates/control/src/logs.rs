@@ -161,6 +161,7 @@ fn render(chunk: &v1::LogChunk, timestamps: bool) -> Bytes {
               (status = 400, description = "a bad parameter, with what is accepted", body = crate::answers::ErrorBody), (status = 401, body = crate::answers::ErrorBody), (status = 403, description = "the token lacks the scope, or is for other apps", body = crate::answers::ErrorBody),
               (status = 404, description = "`no_such_app` or `no_such_member`, naming what is unknown", body = crate::answers::ErrorBody),
               (status = 410, description = "`node_gone`: the member's node left (with when)", body = crate::answers::ErrorBody),
+              (status = 429, description = "the member's agent answers as many log requests as it will", body = crate::answers::ErrorBody),
               (status = 502, description = "the node's agent is not connected, or its shard did not answer", body = crate::answers::ErrorBody)))]
 #[tracing::instrument(name = "member_logs", skip(s, headers, params))]
 pub(crate) async fn member_logs(

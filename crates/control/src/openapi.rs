@@ -26,6 +26,49 @@ impl Modify for BearerAuth {
     }
 }
 
+/// The refusals that come from the layers in front of every handler (`limits.rs`, the
+/// body reader, the store), added to each operation once rather than to each handler.
+struct CommonRefusals;
+
+impl Modify for CommonRefusals {
+    fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
+        let refusal = |why: &str| {
+            ResponseBuilder::new()
+                .description(why)
+                .content(
+                    "application/json",
+                    ContentBuilder::new().schema(Some(Ref::from_schema_name("ErrorBody"))).build(),
+                )
+                .build()
+        };
+        let every = [
+            ("400", "`host_not_allowed`: a Host the API does not answer to, without the API token"),
+            ("408", "`body_timeout`: the body did not arrive in time"),
+            ("413", "`too_large`: a body past the cap"),
+            ("414", "`uri_too_long`: a path and query past the cap"),
+            ("429", "`rate_limited` (with Retry-After): too many requests from this address"),
+        ];
+        let writes = [
+            ("415", "`unsupported_media_type`: a body that is not JSON where JSON is read"),
+            ("500", "`storage_failed`: this process could not keep the change"),
+            (
+                "503",
+                "`store_unavailable`: the store refuses writes (a full disk, etcd without a quorum) or this instance is a standby; nothing changed",
+            ),
+        ];
+        for item in doc.paths.paths.values_mut() {
+            let ops = [&mut item.get, &mut item.put, &mut item.post, &mut item.delete];
+            for (write, op) in ops.into_iter().enumerate().filter_map(|(i, o)| o.as_mut().map(|o| (i > 0, o))) {
+                let extra = every.iter().chain(if write { writes.iter() } else { [].iter() });
+                for (code, why) in extra {
+                    op.responses.responses.entry(code.to_string()).or_insert_with(|| refusal(why).into());
+                }
+            }
+        }
+    }
+}
+
 #[derive(OpenApi)]
 #[openapi(
     info(
@@ -70,10 +113,28 @@ impl Modify for BearerAuth {
         crate::pools::put_bounds,
         crate::pools::report,
         openapi_json,
+        healthz,
+        readyz,
+        metrics,
     ),
-    modifiers(&BearerAuth)
+    modifiers(&BearerAuth, &CommonRefusals)
 )]
 pub struct ApiDoc;
+
+/// `GET /healthz` (every Flotilla process serves it, from `flotilla_obs`).
+#[utoipa::path(get, path = "/healthz", tag = "meta", responses((status = 200, description = "`ok`: the process runs", content_type = "text/plain", body = String)))]
+#[allow(dead_code, reason = "documents a route flotilla_obs serves")]
+fn healthz() {}
+
+/// `GET /readyz`.
+#[utoipa::path(get, path = "/readyz", tag = "meta", responses((status = 200, description = "`{\"ready\": true}`", body = Object), (status = 503, description = "`{\"ready\": false, \"reason\"}`: a gate is not open (a scheduler's view or store)", body = Object)))]
+#[allow(dead_code, reason = "documents a route flotilla_obs serves")]
+fn readyz() {}
+
+/// `GET /metrics`.
+#[utoipa::path(get, path = "/metrics", tag = "meta", responses((status = 200, description = "Prometheus text exposition (docs/metrics.md lists the families)", content_type = "text/plain", body = String)))]
+#[allow(dead_code, reason = "documents a route flotilla_obs serves")]
+fn metrics() {}
 
 /// `GET /openapi.json`.
 #[utoipa::path(get, path = "/openapi.json", tag = "meta", responses((status = 200, description = "this document", content_type = "application/json")))]
@@ -141,16 +202,33 @@ mod tests {
     }
 
     #[test]
+    fn every_documented_path_is_a_route() {
+        let routes: Vec<String> = routes_in_source().into_iter().map(|(p, _)| p).collect();
+        let doc = serde_json::to_value(document()).unwrap();
+        for path in doc["paths"].as_object().unwrap().keys() {
+            // flotilla_obs serves these three on every process.
+            let served_elsewhere = ["/healthz", "/readyz", "/metrics"].contains(&path.as_str());
+            assert!(served_elsewhere || routes.contains(path), "{path} is documented but no route serves it");
+        }
+    }
+
+    #[test]
     fn every_operation_documents_its_errors_and_names_its_token() {
         let doc = serde_json::to_value(document()).unwrap();
         for (path, item) in doc["paths"].as_object().unwrap() {
             for (method, op) in item.as_object().unwrap() {
                 let responses = op["responses"].as_object().unwrap();
                 assert!(responses.keys().any(|c| c.starts_with('2')), "{method} {path}: no success answer");
+                if method != "get" {
+                    assert!(op.get("security").is_some(), "{method} {path}: a change that names no token");
+                }
                 if method != "get" || op.get("security").is_some() {
                     for code in ["401", "403"] {
                         assert!(responses.contains_key(code), "{method} {path}: no {code}");
                     }
+                }
+                for code in ["413", "429"] {
+                    assert!(responses.contains_key(code), "{method} {path}: no {code} (the common refusals)");
                 }
             }
         }

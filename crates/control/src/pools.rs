@@ -326,7 +326,7 @@ pub(crate) async fn report(
 /// reported, the type must be one of its node types.
 #[utoipa::path(put, path = "/v1/pools/{pool}/node_types/{node_type}", tag = "pools", security(("bearer" = [])), params(("pool" = String, Path), ("node_type" = String, Path)),
     request_body(content = Object, description = "`{\"min\": A, \"max\": B}`, min ≤ max ≤ 100,000"),
-    responses((status = 200, description = "scope operate", body = crate::answers::PoolBounds), (status = 400, body = crate::answers::ErrorBody), (status = 401, body = crate::answers::ErrorBody), (status = 403, description = "the token lacks the scope, or is for other apps", body = crate::answers::ErrorBody), (status = 404, description = "not one of the pool's node types", body = crate::answers::ErrorBody), (status = 422, body = crate::answers::ErrorBody)))]
+    responses((status = 200, description = "scope operate", body = crate::answers::PoolBounds), (status = 400, body = crate::answers::ErrorBody), (status = 401, body = crate::answers::ErrorBody), (status = 403, description = "the token lacks the scope, or is for other apps", body = crate::answers::ErrorBody), (status = 422, body = crate::answers::ErrorBody)))]
 #[tracing::instrument(name = "put_pool_bounds", skip(s, headers, body))]
 pub(crate) async fn put_bounds(
     State(s): State<Arc<ControlState>>,
