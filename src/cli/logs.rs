@@ -91,9 +91,9 @@ fn members(units: &Value, unit: Option<&str>) -> Vec<(String, String)> {
     out
 }
 
-/// Members followed at once: each holds a stream through the control plane and one of
-/// its agent's readers.
-const MAX_FOLLOWED: usize = 64;
+/// Members followed at once: each holds a stream through the control plane, which
+/// allows an address this many, and one of its agent's readers.
+const MAX_FOLLOWED: usize = flotilla_control::logs::MAX_FOLLOWS_PER_PEER;
 /// Members whose history is read at once.
 const READ_AT_ONCE: usize = 8;
 

@@ -111,6 +111,9 @@ pub enum ControlError {
     /// `GET /v1/events` with every stream place taken (or every one for one address).
     #[error("{max} event streams are open already{}: close one (another tab?) or retry later", if *from_one_address { " from this address" } else { "" })]
     TooManySubscribers { max: usize, from_one_address: bool },
+    /// `GET …/logs?follow=true` with every follow place of the address taken.
+    #[error("{max} log follows are open already from this address: close one or retry later")]
+    TooManyFollows { max: usize },
     /// A scheduler registration whose URL is not allowed or did not answer as the
     /// scheduler of that app.
     #[error("{url} is not registered as app {app}'s scheduler: {why}")]
@@ -151,7 +154,7 @@ impl ServiceError for ControlError {
             ShardUnreachable { .. } | SchedulerUnreachable { .. } => ErrorKind::Unavailable,
             Forwarded { status, .. } => kind_of_status(*status),
             TooLarge { .. } => ErrorKind::TooLarge,
-            RateLimited { .. } | TooManySubscribers { .. } => ErrorKind::RateLimited,
+            RateLimited { .. } | TooManySubscribers { .. } | TooManyFollows { .. } => ErrorKind::RateLimited,
             Command(e) => e.kind(),
         }
     }
@@ -188,6 +191,7 @@ impl ServiceError for ControlError {
             BodyTimeout { .. } => "body_timeout",
             RateLimited { .. } => "rate_limited",
             TooManySubscribers { .. } => "too_many_subscribers",
+            TooManyFollows { .. } => "too_many_follows",
             TlsRequired { .. } => "tls_required",
             HostNotAllowed { .. } => "host_not_allowed",
             NotAScheduler { .. } => "not_a_scheduler",
@@ -223,6 +227,7 @@ const UPSTREAM_CODES: &[&str] = &[
     "body_timeout",
     "rate_limited",
     "too_many_subscribers",
+    "too_many_follows",
     "tls_required",
     "host_not_allowed",
     "not_a_scheduler",

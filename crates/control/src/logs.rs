@@ -121,6 +121,44 @@ fn gone(s: &ControlState, node: &str) -> Result<usize, ControlError> {
     }
 }
 
+/// Follows one client address may hold at once: each holds a relay through a shard and
+/// one of its agent's readers.
+pub const MAX_FOLLOWS_PER_PEER: usize = 16;
+
+/// Open follows by client address.
+static FOLLOWS: std::sync::LazyLock<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>> =
+    std::sync::LazyLock::new(Default::default);
+
+/// A follow's place; given back when its answer ends (the body that holds it drops).
+struct FollowPlace(std::net::IpAddr);
+
+impl FollowPlace {
+    fn take(peer: std::net::IpAddr) -> Result<FollowPlace, ControlError> {
+        use flotilla_core::LockExt;
+        let mut open = FOLLOWS.lock_or_recover();
+        let n = open.entry(peer).or_default();
+        if *n >= MAX_FOLLOWS_PER_PEER {
+            crate::limits::rejected("too_many_follows");
+            return Err(ControlError::TooManyFollows { max: MAX_FOLLOWS_PER_PEER });
+        }
+        *n += 1;
+        Ok(FollowPlace(peer))
+    }
+}
+
+impl Drop for FollowPlace {
+    fn drop(&mut self) {
+        use flotilla_core::LockExt;
+        let mut open = FOLLOWS.lock_or_recover();
+        if let Some(n) = open.get_mut(&self.0) {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&self.0);
+            }
+        }
+    }
+}
+
 fn from_status(shard: usize, st: tonic::Status) -> ControlError {
     match st.code() {
         tonic::Code::NotFound => ControlError::NoSuchMember(st.message().to_string()),
@@ -161,7 +199,7 @@ fn render(chunk: &v1::LogChunk, timestamps: bool) -> Bytes {
               (status = 400, description = "a bad parameter, with what is accepted", body = crate::answers::ErrorBody), (status = 401, body = crate::answers::ErrorBody), (status = 403, description = "the token lacks the scope, or is for other apps", body = crate::answers::ErrorBody),
               (status = 404, description = "`no_such_app` or `no_such_member`, naming what is unknown", body = crate::answers::ErrorBody),
               (status = 410, description = "`node_gone`: the member's node left (with when)", body = crate::answers::ErrorBody),
-              (status = 429, description = "the member's agent answers as many log requests as it will", body = crate::answers::ErrorBody),
+              (status = 429, description = "`too_many_follows` (16 per client address), or the member's agent answers as many log requests as it will", body = crate::answers::ErrorBody),
               (status = 502, description = "the node's agent is not connected, or its shard did not answer", body = crate::answers::ErrorBody)))]
 #[tracing::instrument(name = "member_logs", skip(s, headers, params))]
 pub(crate) async fn member_logs(
@@ -169,6 +207,7 @@ pub(crate) async fn member_logs(
     Path((app, unit, member)): Path<(String, String, String)>,
     params: Result<Query<LogParams>, axum::extract::rejection::QueryRejection>,
     headers: HeaderMap,
+    extensions: axum::http::Extensions,
 ) -> Result<Response, ControlError> {
     metrics::counter!(m::API_REQUESTS.name, "route" => "/v1/apps/{app}/units/{unit}/members/{member}/logs")
         .increment(1);
@@ -181,16 +220,26 @@ pub(crate) async fn member_logs(
     };
     let node = node_of(&units, &app, &unit, &member)?;
     let req = request(&app, &unit, &member, &node, &p)?;
+    let peer = extensions.get::<axum::extract::ConnectInfo<std::net::SocketAddr>>().map(|c| c.0.ip());
+    let place = match peer {
+        Some(ip) if req.follow => Some(FollowPlace::take(ip)?),
+        _ => None,
+    };
     let shard = gone(&s, &node)?;
     let mut client = crate::nodes::admin_client(&s, shard).await?;
     let stream = client.read_logs(req).await.map_err(|e| from_status(shard, e))?.into_inner();
     let timestamps = p.timestamps.unwrap_or(false);
-    let body = stream.map(move |c| match c {
-        Ok(c) => Ok::<_, Infallible>(render(&c, timestamps)),
-        Err(e) => {
-            // The status line is sent: say so in the body, where the reader looks.
-            tracing::debug!(error = %e, "log relay ended");
-            Ok(Bytes::from(format!("[flotilla] the log stream broke: {}\n", e.message())))
+    let body = stream.map(move |c| {
+        // The follow's place lives as long as the body: it is given back when the client
+        // leaves and the body drops.
+        let _place = &place;
+        match c {
+            Ok(c) => Ok::<_, Infallible>(render(&c, timestamps)),
+            Err(e) => {
+                // The status line is sent: say so in the body, where the reader looks.
+                tracing::debug!(error = %e, "log relay ended");
+                Ok(Bytes::from(format!("[flotilla] the log stream broke: {}\n", e.message())))
+            }
         }
     });
     let mut resp = Body::from_stream(body).into_response();
@@ -240,6 +289,18 @@ mod tests {
             request("a", "u", "m", "n", &p(Some("stdin"), None)).unwrap_err().to_string().contains("stdout or stderr")
         );
         assert!(request("a", "u", "m", "n", &p(None, Some(MAX_TAIL + 1))).unwrap_err().to_string().contains("at most"));
+    }
+
+    #[test]
+    fn one_address_holds_a_bounded_number_of_follows_and_gets_them_back() {
+        let peer: std::net::IpAddr = [192, 0, 2, 77].into();
+        let places: Vec<FollowPlace> = (0..MAX_FOLLOWS_PER_PEER).map(|_| FollowPlace::take(peer).unwrap()).collect();
+        let refused = FollowPlace::take(peer).err().unwrap();
+        assert!(refused.to_string().contains("log follows are open already"), "{refused}");
+        let other: std::net::IpAddr = [192, 0, 2, 78].into();
+        assert!(FollowPlace::take(other).is_ok(), "another address is not held back");
+        drop(places);
+        assert!(FollowPlace::take(peer).is_ok(), "places come back when the answers end");
     }
 
     #[test]
