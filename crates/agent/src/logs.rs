@@ -174,7 +174,8 @@ impl LogFile {
         let st = self.state.lock_or_recover();
         let older = File::open(self.rotated()).ok();
         let current = File::open(&self.path).ok().map(|f| {
-            // Before the first write the file (if any) is only what an earlier start left.
+            // With no file open (none written yet, or a write failed and it reopens at the
+            // next), nothing is writing it: all of it is history.
             let len = if st.file.is_some() { st.len } else { f.metadata().map(|m| m.len()).unwrap_or(0) };
             (f, len)
         });
