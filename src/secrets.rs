@@ -198,10 +198,10 @@ impl DataDir {
     }
 
     /// Reads the secrets in `dir`, creating those that are missing (`flotilla up`, and a
-    /// shard whose secrets live in its data dir).
-    pub fn prepare(dir: &Path) -> anyhow::Result<Self> {
+    /// shard whose secrets live in its data dir). A TLS pair made here names `hosts` too.
+    pub fn prepare(dir: &Path, hosts: &[&str]) -> anyhow::Result<Self> {
         flotilla_obs::fsutil::create_dir_all(dir)?;
-        let (tls_cert, tls_key) = TlsMaterial::ensure_in(dir)?;
+        let (tls_cert, tls_key) = TlsMaterial::ensure_in(dir, hosts)?;
         Ok(DataDir {
             dir: dir.to_path_buf(),
             join_tokens: ensure_tokens(&dir.join("join-token"))?,

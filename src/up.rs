@@ -198,7 +198,7 @@ pub async fn run(a: UpArgs, log_format: LogFormat) -> anyhow::Result<()> {
     let pool = if a.autoscale { Some(crate::pool::load_pool(a.pool.as_deref())?) } else { None };
     // From here a SIGTERM or Ctrl-C stops `up` cleanly, even during its start.
     let stop = shutdown_signal();
-    let data = DataDir::prepare(&a.data)?;
+    let data = DataDir::prepare(&a.data, &[])?;
     let agents_dir = data.dir.join("agents");
     flotilla_obs::fsutil::create_dir_all(&agents_dir)?;
 

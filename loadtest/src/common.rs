@@ -32,7 +32,7 @@ impl Data {
         let dir = std::env::temp_dir().join(format!("flotilla-loadtest-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir)?;
-        let (ca, _) = flotilla_aggregator::TlsMaterial::ensure_in(&dir)?;
+        let (ca, _) = flotilla_aggregator::TlsMaterial::ensure_in(&dir, &[])?;
         let join_token = format!("{:032x}", rand::random::<u128>());
         std::fs::write(dir.join("join-token"), &join_token)?;
         std::fs::write(dir.join("api-token"), format!("{:032x}", rand::random::<u128>()))?;

@@ -111,7 +111,12 @@ pub async fn aggregator(a: AggregatorArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&a.data).with_context(|| format!("creating the data dir {}", a.data.display()))?;
     let data = match &a.secrets {
         Some(dir) if dir != &a.data => DataDir::read_only(dir)?,
-        _ => DataDir::prepare(&a.data)?,
+        _ => {
+            // Agents verify the shard by the address they dial: the one it listens on.
+            let host = a.listen.ip().to_string();
+            let hosts: &[&str] = if a.listen.ip().is_unspecified() { &[] } else { &[&host] };
+            DataDir::prepare(&a.data, hosts)?
+        }
     };
     // The marker that this shard ran with this data dir: written (and so checked to be
     // writable) before anything is served, so a data dir that cannot take it fails here.

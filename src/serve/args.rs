@@ -129,6 +129,11 @@ pub struct LivenessArgs {
     /// How long a Dead node stays in the view.
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     pub dead_retention: Duration,
+    /// When at least this fraction of a failure domain (of 3 nodes or more) is silent,
+    /// its silent nodes go Unknown instead of Dead: a partition, not deaths, whose work
+    /// schedulers wait for (`--unknown-grace`) before replacing it. Above 1: never.
+    #[arg(long, default_value_t = flotilla_aggregator::silence::DEFAULT_THRESHOLD)]
+    pub partition_threshold: f64,
     /// Longest wait before a change is published as a new view version (at most 50ms).
     #[arg(long, default_value = "20ms", value_parser = parse_duration)]
     pub batch_window: Duration,
@@ -176,6 +181,10 @@ impl LivenessArgs {
         c.grpc_tokens = data.grpc_tokens.clone();
         c.grpc_rate_limit = self.grpc_rate_limit;
         c.timeouts = self.timeouts()?;
+        if self.partition_threshold.is_nan() || self.partition_threshold <= 0.0 {
+            bail!("--partition-threshold must be above 0 (above 1 turns it off), not {}", self.partition_threshold);
+        }
+        c.partition_threshold = self.partition_threshold;
         c.batch_window = self.batch_window;
         Ok(c)
     }

@@ -84,9 +84,10 @@ pub struct AgentArgs {
     /// Ports handed to workloads (`FLOTILLA_PORT`), as FIRST-LAST.
     #[arg(long, default_value = "20000-29999")]
     pub port_range: String,
-    /// The host other nodes reach this node's workloads at.
-    #[arg(long, env = "FLOTILLA_ADVERTISE_HOST", default_value = "127.0.0.1")]
-    pub advertise_host: String,
+    /// The host other nodes reach this node's workloads at (default: this node's address
+    /// on the interface that reaches its shard).
+    #[arg(long, env = "FLOTILLA_ADVERTISE_HOST")]
+    pub advertise_host: Option<String>,
     /// Between SIGTERM and SIGKILL when a workload is stopped.
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     pub stop_grace: Duration,
@@ -143,6 +144,8 @@ pub fn deprecated_ms(new: Duration, old_ms: Option<u64>, old_flag: &str, new_fla
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
     pub aggregators: Vec<String>,
+    /// `--advertise-host`; unset, the address toward the shard ([`crate::local_address_toward`]).
+    pub advertise_host: Option<String>,
     pub node_id: NodeId,
     pub labels: Labels,
     pub capacity: Resources,
@@ -393,7 +396,7 @@ impl AgentArgs {
         if self.log_cap_bytes < 1024 {
             errors.push("--log-cap-bytes: at least 1024".into());
         }
-        if self.advertise_host.is_empty() || self.advertise_host.len() > 253 {
+        if self.advertise_host.as_ref().is_some_and(|h| h.is_empty() || h.len() > 253) {
             errors.push("--advertise-host: a host name or address".into());
         }
         match (errors.is_empty(), node_id, labels, join_token, ports) {
@@ -401,7 +404,8 @@ impl AgentArgs {
                 runtime: crate::runtime::RuntimeConfig {
                     data_dir: self.data.clone(),
                     node_id: node_id.to_string(),
-                    advertise_host: self.advertise_host.clone(),
+                    // Filled in by `run` once the shard's address is known.
+                    advertise_host: String::new(),
                     ports,
                     stop_grace,
                     log_cap_bytes: self.log_cap_bytes,
@@ -410,6 +414,7 @@ impl AgentArgs {
                     usage_interval,
                 },
                 aggregators: self.aggregators,
+                advertise_host: self.advertise_host,
                 node_id,
                 labels,
                 capacity,

@@ -75,6 +75,15 @@ fn unspecified(for_addr: &SocketAddr) -> SocketAddr {
 }
 
 /// Runs the agent until it is told to stop; always tries to drain first.
+/// This node's address on the interface whose route reaches `shard`: what peers on the
+/// shard's network reach it by (127.0.0.1 when the shard is on loopback). A connected
+/// UDP socket picks it; nothing is sent.
+pub fn local_address_toward(shard: SocketAddr) -> anyhow::Result<IpAddr> {
+    let sock = std::net::UdpSocket::bind(unspecified(&shard))?;
+    sock.connect(shard).with_context(|| format!("no route to the shard at {shard}"))?;
+    Ok(sock.local_addr()?.ip())
+}
+
 pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     let incarnation = unix_nanos();
     std::fs::create_dir_all(&config.data_dir)
@@ -106,9 +115,15 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     let sent = metrics::counter!(m::HEARTBEATS_SENT.name);
     // The version of the assignment set this agent holds (reported in heartbeats).
     let assignments = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let rt = runtime::Runtime::new(config.runtime.clone());
+    let mut rt_config = config.runtime.clone();
+    rt_config.advertise_host = match &config.advertise_host {
+        Some(host) => host.clone(),
+        None => local_address_toward(addr)?.to_string(),
+    };
+    tracing::info!(advertise = %rt_config.advertise_host, "members are reached at this host");
+    let rt = runtime::Runtime::new(rt_config);
     let (logs, log_readers) = (rt.logs(), std::sync::Arc::new(tokio::sync::Semaphore::new(log_service::MAX_READERS)));
-    let (runtime, mut workloads) = spawn_runtime(rt);
+    let (runtime, workloads) = spawn_runtime(rt);
 
     loop {
         // Register (again), with jittered back-off while the shard is away.
@@ -161,7 +176,10 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
             log_readers.clone(),
         ));
         // Whatever runs now is reported to the (possibly new) shard at once.
-        workloads.mark_changed();
+        let mut reports = workloads.clone();
+        reports.mark_changed();
+        let mut reporter =
+            tokio::spawn(report_workloads(conn.clone(), reports, config.node_id.to_string(), session.session_id));
         let key: SessionKey = session.key.as_slice().try_into().map_err(|_| anyhow!("session key is not 32 bytes"))?;
         let hb_port = u16::try_from(session.heartbeat_port).map_err(|_| anyhow!("bad heartbeat port"))?;
         let sock = tokio::net::UdpSocket::bind(unspecified(&addr)).await?;
@@ -194,33 +212,47 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
                     Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => break "the shard is not listening",
                     Err(e) => tracing::debug!(error = %e, "heartbeat socket"),
                 },
-                r = workloads.changed() => {
-                    if r.is_err() { break "the workload runtime stopped"; }
-                    let list = workloads.borrow_and_update().0.clone();
-                    let report = v1::ReportWorkloads { node_id: config.node_id.to_string(), session_id: session.session_id, workloads: list };
-                    let req = v1::AgentRequest { request: Some(v1::agent_request::Request::Workloads(report)) };
-                    let failed = match tokio::time::timeout(Duration::from_secs(3), conn.request(req)).await {
-                        Ok(Ok(_)) => None,
-                        Ok(Err(e)) => Some(e.to_string()),
-                        Err(_) => Some("no answer in 3 s".to_string()),
-                    };
-                    if let Some(error) = failed {
-                        tracing::warn!(%error, "workload report failed; will resend");
-                        workloads.mark_changed();
-                    }
-                }
+                _ = &mut reporter => break "the workload runtime stopped",
                 _ = conn.conn.closed() => break "the QUIC connection closed",
                 stop = stop_rx.recv() => return finish(stop, Some((&conn, session.session_id)), &config, &runtime).await,
             }
         };
         receiver.abort();
         log_server.abort();
+        reporter.abort();
         ready.not_ready(format!("re-registering with shard {shard}: {reason}"));
         tracing::warn!(reason, "re-registering");
         let wait = Duration::from_millis(rand::rng().random_range(100..1000));
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
             stop = stop_rx.recv() => return finish(stop, Some((&conn, session.session_id)), &config, &runtime).await,
+        }
+    }
+}
+
+/// Reports what this node runs to its shard whenever it changes. On a task of its own:
+/// a report the shard does not answer (a one-way partition, a busy shard) must never
+/// hold up a heartbeat. A failed report is sent again, with the newest list, a second
+/// later. Returns when the runtime stops.
+async fn report_workloads(
+    conn: ShardConnection,
+    mut workloads: tokio::sync::watch::Receiver<RuntimeView>,
+    node_id: String,
+    session_id: u64,
+) {
+    while workloads.changed().await.is_ok() {
+        let list = workloads.borrow_and_update().0.clone();
+        let report = v1::ReportWorkloads { node_id: node_id.clone(), session_id, workloads: list };
+        let req = v1::AgentRequest { request: Some(v1::agent_request::Request::Workloads(report)) };
+        let failed = match tokio::time::timeout(Duration::from_secs(3), conn.request(req)).await {
+            Ok(Ok(_)) => None,
+            Ok(Err(e)) => Some(e.to_string()),
+            Err(_) => Some("no answer in 3 s".to_string()),
+        };
+        if let Some(error) = failed {
+            tracing::warn!(%error, "workload report failed; will resend");
+            workloads.mark_changed();
+            tokio::time::sleep(Duration::from_secs(1)).await;
         }
     }
 }

@@ -15,8 +15,9 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::time::Instant;
 
 use crate::ledger::{Claim, Ledger};
-use crate::liveness::{Timeouts, Verdict, Wheel, evaluate};
+use crate::liveness::{Timeouts, Verdict, Wheel, cut_off, evaluate, is_silent};
 use crate::registry::{Change, Registry, SessionRef};
+use crate::silence::DomainSilence;
 
 /// Wheel granularity: deadlines fire within this much of their time.
 pub const WHEEL_SLOT_MS: u64 = 100;
@@ -45,8 +46,12 @@ pub struct Applier {
     nothing_allocated: Arc<flotilla_core::Resources>,
     /// What newly registered agents run, for the ledger to adopt (see `Ledger::adopt`).
     adopt: HashMap<NodeId, (Vec<Claim>, u64)>,
+    /// The assignment version each newly registered agent holds.
+    registered: HashMap<NodeId, u64>,
     removed: Vec<SessionRef>,
     counts: [i64; 5],
+    /// Whether a silent node's domain is mostly silent (then it goes Unknown, not Dead).
+    silence: DomainSilence,
     metrics: Metrics,
 }
 
@@ -69,6 +74,7 @@ impl Applier {
         publisher: Arc<ViewPublisher>,
         timeouts: Timeouts,
         batch_window: Duration,
+        partition_threshold: f64,
     ) -> Self {
         let shard = registry.shard.to_string();
         let slots = ((timeouts.dead_after_ms.max(timeouts.retention_ms) / WHEEL_SLOT_MS) as usize + 2).min(4096);
@@ -100,8 +106,10 @@ impl Applier {
             fresh: HashMap::new(),
             nothing_allocated: Arc::default(),
             adopt: HashMap::new(),
+            registered: HashMap::new(),
             removed: Vec::new(),
             counts: [0; 5],
+            silence: DomainSilence::new(partition_threshold),
             metrics,
         }
     }
@@ -111,6 +119,7 @@ impl Applier {
             Change::Registered(live, d) => {
                 self.wheel.schedule(live.session_id, flotilla_core::now_ms() + self.timeouts.suspect_after_ms);
                 self.samples.insert(live.node_id.clone(), d.health.into());
+                self.registered.insert(live.node_id.clone(), d.running_version);
                 if !d.running.is_empty() {
                     self.adopt.insert(live.node_id.clone(), (d.running, d.running_version));
                 }
@@ -147,15 +156,24 @@ impl Applier {
         }
         let mut due = Vec::new();
         self.wheel.expire(now, &mut due);
+        let view = self.publisher.load();
         for sid in due {
-            let timeouts = &self.timeouts;
+            let (timeouts, silence) = (&self.timeouts, &self.silence);
             let Some((verdict, from, node)) = self.registry.with_session(sid, |live| {
                 let (status, since) = live.status_since();
-                let verdict = evaluate(status, live.last_seen_ms.load(Ordering::Acquire), since, now, timeouts);
+                let mut verdict = evaluate(status, live.last_seen_ms.load(Ordering::Acquire), since, now, timeouts);
+                let domain = view.get(&live.node_id).map(|r| r.labels.domain());
+                if matches!(verdict, Verdict::Transition { to: NodeStatus::Dead, .. })
+                    && domain.is_some_and(|d| silence.partitioned(d))
+                {
+                    verdict = cut_off(status, since, now, timeouts);
+                }
                 let node = match verdict {
                     Verdict::Keep { .. } => None,
                     Verdict::Transition { to, .. } if !live.transition(status, to, now) => None,
-                    Verdict::Transition { .. } | Verdict::Remove => Some(live.node_id.clone()),
+                    Verdict::Transition { .. } | Verdict::Remove => {
+                        Some((live.node_id.clone(), domain.unwrap_or_default().to_string()))
+                    }
                 };
                 (verdict, status, node)
             }) else {
@@ -164,14 +182,20 @@ impl Applier {
             match verdict {
                 Verdict::Keep { check_at } => self.wheel.schedule(sid, check_at),
                 Verdict::Transition { to, check_at } => {
-                    if let Some(node) = node {
+                    if let Some((node, domain)) = node {
                         tracing::info!(%node, %from, %to, "node status changed");
+                        if to == NodeStatus::Unknown && from != NodeStatus::Unknown {
+                            tracing::warn!(%node, %domain, "most of the node's domain is silent: Unknown, not Dead");
+                        }
+                        if !is_silent(from) && is_silent(to) {
+                            self.silence.fell_silent(&domain);
+                        }
                         self.dirty.insert(node);
                     }
                     self.wheel.schedule(sid, check_at);
                 }
                 Verdict::Remove => {
-                    tracing::info!(node = ?node.map(|n| n.to_string()), "dead node leaves the view");
+                    tracing::info!(node = ?node.map(|n| n.0.to_string()), "dead node leaves the view");
                     self.registry.remove(sid);
                 }
             }
@@ -229,6 +253,13 @@ impl Applier {
                     self.ledger_dirty.insert(id.clone());
                 }
             }
+            // An agent that registers again (its connection lost, a one-way partition) may
+            // have missed pushes meanwhile: it gets the ledger's set if it holds another.
+            if let Some(held) = self.registered.remove(&id)
+                && ledger.book(&id).is_some_and(|b| b.version != held)
+            {
+                self.ledger_dirty.insert(id.clone());
+            }
             let allocated = match ledger.allocated(&id) {
                 a if a == *self.nothing_allocated => self.nothing_allocated.clone(),
                 a => Arc::new(a),
@@ -257,10 +288,13 @@ impl Applier {
                 self.counts[p.status as usize] -= 1;
             }
             self.counts[rec.status as usize] += 1;
+            self.silence
+                .published(prev.map(|p| (p.labels.domain(), p.status)), Some((rec.labels.domain(), rec.status)));
             upserts.push(Arc::new(rec));
         }
         self.samples.clear();
         self.fresh.clear();
+        self.registered.clear();
         let mut removed = Vec::new();
         for live in self.removed.drain(..) {
             // Gone only if no newer session took the node over.
@@ -268,11 +302,13 @@ impl Applier {
                 && let Some(p) = view.get(&live.node_id)
             {
                 self.counts[p.status as usize] -= 1;
+                self.silence.published(Some((p.labels.domain(), p.status)), None);
                 ledger.forget_node(&live.node_id);
                 self.ledger_dirty.remove(&live.node_id);
                 removed.push(live.node_id.clone());
             }
         }
+        self.silence.flushed();
         for node in self.ledger_dirty.drain() {
             let _ = self.pushes.send(Push { node });
         }

@@ -22,6 +22,7 @@ mod liveness;
 pub mod persist;
 mod quic;
 mod registry;
+pub mod silence;
 mod slab;
 mod stats;
 mod tls;
@@ -55,6 +56,9 @@ pub struct ShardConfig {
     pub shard: usize,
     pub shards: usize,
     pub timeouts: Timeouts,
+    /// The fraction of a failure domain that must be silent for its silent nodes to go
+    /// Unknown rather than Dead (`silence`); above 1, never.
+    pub partition_threshold: f64,
     /// Longest a change waits before it is published.
     pub batch_window: Duration,
     /// Deltas kept for resuming subscribers.
@@ -105,6 +109,7 @@ impl ShardConfig {
             shards,
             recovery_window: Duration::ZERO,
             timeouts: Timeouts::default(),
+            partition_threshold: silence::DEFAULT_THRESHOLD,
             batch_window: Duration::from_millis(20),
             ring_capacity: 1024,
             master_secret,
@@ -258,6 +263,7 @@ impl ShardCore {
             publisher.clone(),
             config.timeouts,
             config.batch_window,
+            config.partition_threshold,
         );
         tasks.spawn(applier.run(changes_rx, shutdown.clone()));
         let recovering_until_ms = now_ms() + config.recovery_window.as_millis() as u64;

@@ -69,6 +69,29 @@ pub fn evaluate(status: NodeStatus, last_seen: u64, status_since: u64, now: u64,
     }
 }
 
+/// Whether `status` is a node not heard from lately.
+pub fn is_silent(status: NodeStatus) -> bool {
+    matches!(status, NodeStatus::Suspect | NodeStatus::Unknown)
+}
+
+/// The verdict for a node due to go Dead while most of its domain is silent (a likely
+/// partition, `crate::silence`): Unknown, looked at again every `suspect_after`, and
+/// Dead only once it has been Unknown for the retention period.
+pub fn cut_off(status: NodeStatus, status_since: u64, now: u64, t: &Timeouts) -> Verdict {
+    let again = now.saturating_add(t.suspect_after_ms);
+    match status {
+        NodeStatus::Unknown if now >= status_since.saturating_add(t.retention_ms) => {
+            Verdict::Transition { to: NodeStatus::Dead, check_at: now.saturating_add(t.retention_ms) }
+        }
+        NodeStatus::Unknown => Verdict::Keep { check_at: again },
+        // Leaving on purpose: its silence is no partition.
+        NodeStatus::Draining | NodeStatus::Dead => {
+            Verdict::Transition { to: NodeStatus::Dead, check_at: now.saturating_add(t.retention_ms) }
+        }
+        NodeStatus::Alive | NodeStatus::Suspect => Verdict::Transition { to: NodeStatus::Unknown, check_at: again },
+    }
+}
+
 /// A hashed timing wheel of session ids. Each node has at most one entry; an entry
 /// beyond one turn of the wheel simply waits for a later turn.
 pub struct Wheel {
@@ -165,6 +188,15 @@ mod tests {
         assert_eq!(evaluate(Suspect, 1000, 3000, 4000, &T), Verdict::Transition { to: Dead, check_at: 14_000 });
         assert_eq!(evaluate(Dead, 1000, 4000, 13_999, &T), Verdict::Keep { check_at: 14_000 });
         assert_eq!(evaluate(Dead, 1000, 4000, 14_000, &T), Verdict::Remove);
+    }
+
+    #[test]
+    fn in_a_silent_domain_a_node_goes_unknown_and_dead_only_after_retention() {
+        assert_eq!(cut_off(Suspect, 3000, 4000, &T), Verdict::Transition { to: Unknown, check_at: 6000 });
+        assert_eq!(cut_off(Alive, 0, 5000, &T), Verdict::Transition { to: Unknown, check_at: 7000 });
+        assert_eq!(cut_off(Unknown, 4000, 13_999, &T), Verdict::Keep { check_at: 15_999 });
+        assert_eq!(cut_off(Unknown, 4000, 14_000, &T), Verdict::Transition { to: Dead, check_at: 24_000 });
+        assert_eq!(cut_off(Draining, 0, 5000, &T), Verdict::Transition { to: Dead, check_at: 15_000 });
     }
 
     #[test]

@@ -72,7 +72,8 @@ pub async fn push_assignments(mut rx: tokio::sync::mpsc::UnboundedReceiver<Push>
                 .await;
                 match r {
                     Ok(Ok(())) => pushed.increment(1),
-                    // The agent asks again: its heartbeats carry the version it holds.
+                    // A connection lost with the push: the agent's next registration
+                    // names the version it holds, and gets the set again (`Applier`).
                     Ok(Err(e)) => tracing::debug!(%node, error = %e, "assignment push failed"),
                     Err(_) => tracing::debug!(%node, "assignment push timed out"),
                 }

@@ -42,8 +42,9 @@ impl TlsMaterial {
         Ok((TlsMaterial { certs: vec![ck.cert.der().clone()], key }, cert_pem, key_pem))
     }
 
-    /// Writes a self-signed certificate and key for loopback use into `dir`
-    /// (`tls.crt`, `tls.key`), unless they exist already.
+    /// Writes a self-signed certificate and key into `dir` (`tls.crt`, `tls.key`), unless
+    /// they exist already: for `localhost`, 127.0.0.1 and `hosts` (the address a shard
+    /// listens on, so agents on other hosts can verify it there too).
     ///
     /// Both are written before either is put in place ([`flotilla_obs::fsutil`]), so a
     /// full disk leaves neither. A pair an older version left half-written (a file
@@ -52,7 +53,7 @@ impl TlsMaterial {
     /// nothing can depend on it. A pair whose files both hold something but do not
     /// parse is refused with the path named: that is not an interrupted start, and
     /// replacing it silently could hide someone's own certificate.
-    pub fn ensure_in(dir: &Path) -> anyhow::Result<(std::path::PathBuf, std::path::PathBuf)> {
+    pub fn ensure_in(dir: &Path, hosts: &[&str]) -> anyhow::Result<(std::path::PathBuf, std::path::PathBuf)> {
         let cert = dir.join("tls.crt");
         let key = dir.join("tls.key");
         let (cert_blank, key_blank) = (blank(&cert), blank(&key));
@@ -66,7 +67,13 @@ impl TlsMaterial {
                      agents given the old tls.crt as their CA need the new one"
                 );
             }
-            let (_, cert_pem, key_pem) = Self::self_signed(&["localhost", "127.0.0.1"])?;
+            let mut names = vec!["localhost", "127.0.0.1"];
+            for h in hosts {
+                if !names.contains(h) {
+                    names.push(h);
+                }
+            }
+            let (_, cert_pem, key_pem) = Self::self_signed(&names)?;
             flotilla_obs::fsutil::write_atomic_all(&[
                 (&key, key_pem.as_bytes(), 0o600),
                 (&cert, cert_pem.as_bytes(), 0o644),
@@ -130,18 +137,18 @@ mod tests {
     #[test]
     fn a_half_written_pair_is_regenerated_and_a_damaged_one_refused_with_its_path() {
         let d = fresh("pair");
-        let (cert, key) = TlsMaterial::ensure_in(&d).unwrap();
+        let (cert, key) = TlsMaterial::ensure_in(&d, &[]).unwrap();
         let first = std::fs::read(&cert).unwrap();
-        TlsMaterial::ensure_in(&d).unwrap();
+        TlsMaterial::ensure_in(&d, &[]).unwrap();
         assert_eq!(std::fs::read(&cert).unwrap(), first, "a whole pair is kept");
         // What an older version left on a full disk: the certificate, an empty key.
         std::fs::write(&key, b"").unwrap();
-        TlsMaterial::ensure_in(&d).unwrap();
+        TlsMaterial::ensure_in(&d, &[]).unwrap();
         assert_ne!(std::fs::read(&cert).unwrap(), first, "a new pair");
         TlsMaterial::load(&cert, &key).unwrap();
         // Both files hold something, but the key is not one: refused, path named.
         std::fs::write(&key, b"not a key\n").unwrap();
-        let e = format!("{:#}", TlsMaterial::ensure_in(&d).unwrap_err());
+        let e = format!("{:#}", TlsMaterial::ensure_in(&d, &[]).unwrap_err());
         assert!(e.contains(&key.display().to_string()) && e.contains("remove"), "{e}");
         assert_eq!(std::fs::read(&key).unwrap(), b"not a key\n", "left as it was");
         std::fs::remove_dir_all(&d).unwrap();

@@ -1,5 +1,5 @@
 use std::path::{Path, PathBuf};
-use std::process::{Child, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 
 use serde_json::Value;
 
@@ -43,10 +43,15 @@ impl Group {
     }
 
     pub fn spawn_with_env(&mut self, args: &[&str], log: &Path, env: &[(&str, &str)]) -> u32 {
+        let mut cmd = crate::flotilla();
+        cmd.args(args).envs(env.iter().copied());
+        self.spawn_command(cmd, log)
+    }
+
+    /// Starts `cmd` (stdout piped for [`Group::addrs`], stderr to `log`); its pid.
+    pub fn spawn_command(&mut self, mut cmd: Command, log: &Path) -> u32 {
         use std::os::unix::process::CommandExt;
-        let child = crate::flotilla()
-            .args(args)
-            .envs(env.iter().copied())
+        let child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(log).unwrap())

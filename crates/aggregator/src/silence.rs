@@ -1,0 +1,153 @@
+//! Telling a partition from deaths. When most of a failure domain falls silent at once,
+//! its nodes are far likelier cut off (a switch, an uplink, the shard's own link) than
+//! all dead. Declaring them Dead would have every scheduler replace the domain's work at
+//! once, and run it twice when the link comes back. So a node whose domain is mostly
+//! silent goes `Unknown` instead of `Dead`: schedulers wait `--unknown-grace` for it and
+//! then repair at their limited rate, as Kubernetes' node lifecycle controller stops
+//! evicting in a zone past its unhealthy-zone threshold. A node Unknown for the
+//! retention period is declared Dead after all, so a domain that never returns is
+//! given up.
+//!
+//! Counting costs O(1) per status change: the applier reports each node's published
+//! status change ([`DomainSilence::published`]) and each silence it decides before the
+//! next publish ([`DomainSilence::fell_silent`]), so nodes that fall silent in the same
+//! timer tick already count for each other.
+
+use std::collections::HashMap;
+
+use flotilla_core::NodeStatus;
+
+use crate::liveness::is_silent as silent;
+
+/// Domains smaller than this never count as partitioned: one or two silent nodes are
+/// judged one by one.
+pub const MIN_NODES: u32 = 3;
+
+/// The fraction of a domain's nodes that must be silent (Suspect or Unknown) for it to
+/// count as cut off; Kubernetes' `--unhealthy-zone-threshold` default.
+pub const DEFAULT_THRESHOLD: f64 = 0.55;
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Count {
+    /// Nodes not Dead.
+    nodes: u32,
+    /// Of those, Suspect or Unknown.
+    silent: u32,
+}
+
+#[derive(Debug)]
+pub struct DomainSilence {
+    threshold: f64,
+    counted: HashMap<String, Count>,
+    /// Silences decided since the last publish, by domain.
+    pending: HashMap<String, u32>,
+}
+
+impl DomainSilence {
+    /// `threshold` above 1 turns the rule off.
+    pub fn new(threshold: f64) -> DomainSilence {
+        DomainSilence { threshold, counted: HashMap::new(), pending: HashMap::new() }
+    }
+
+    /// A node's published status went from `from` to `to` (`None`: not in the view).
+    pub fn published(&mut self, from: Option<(&str, NodeStatus)>, to: Option<(&str, NodeStatus)>) {
+        if let Some((domain, s)) = from.filter(|(_, s)| *s != NodeStatus::Dead)
+            && let Some(c) = self.counted.get_mut(domain)
+        {
+            c.nodes = c.nodes.saturating_sub(1);
+            c.silent = c.silent.saturating_sub(u32::from(silent(s)));
+            if c.nodes == 0 {
+                self.counted.remove(domain);
+            }
+        }
+        if let Some((domain, s)) = to.filter(|(_, s)| *s != NodeStatus::Dead) {
+            let c = self.counted.entry(domain.to_string()).or_default();
+            c.nodes += 1;
+            c.silent += u32::from(silent(s));
+        }
+    }
+
+    /// A node of `domain` was just made Suspect, not yet published.
+    pub fn fell_silent(&mut self, domain: &str) {
+        *self.pending.entry(domain.to_string()).or_default() += 1;
+    }
+
+    /// A version was published: what was pending is in the counts now.
+    pub fn flushed(&mut self) {
+        self.pending.clear();
+    }
+
+    /// Whether `domain` is mostly silent: its silent nodes should go Unknown, not Dead.
+    pub fn partitioned(&self, domain: &str) -> bool {
+        let Some(c) = self.counted.get(domain) else { return false };
+        let silent = c.silent + self.pending.get(domain).copied().unwrap_or(0);
+        c.nodes >= MIN_NODES && f64::from(silent.min(c.nodes)) >= self.threshold * f64::from(c.nodes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use NodeStatus::*;
+
+    fn domain(s: &mut DomainSilence, name: &str, statuses: &[NodeStatus]) {
+        for st in statuses {
+            s.published(None, Some((name, *st)));
+        }
+    }
+
+    #[test]
+    fn a_mostly_silent_domain_is_partitioned_and_a_few_silent_nodes_are_not() {
+        let mut s = DomainSilence::new(DEFAULT_THRESHOLD);
+        domain(&mut s, "a", &[Alive, Alive, Suspect, Suspect]);
+        assert!(!s.partitioned("a"), "2 of 4 is below 55 %");
+        s.published(Some(("a", Alive)), Some(("a", Suspect)));
+        assert!(s.partitioned("a"), "3 of 4");
+        // Heard again: no longer.
+        s.published(Some(("a", Suspect)), Some(("a", Alive)));
+        s.published(Some(("a", Suspect)), Some(("a", Alive)));
+        assert!(!s.partitioned("a"));
+        assert!(!s.partitioned("nowhere"));
+    }
+
+    #[test]
+    fn small_domains_are_judged_node_by_node() {
+        let mut s = DomainSilence::new(DEFAULT_THRESHOLD);
+        domain(&mut s, "pair", &[Suspect, Suspect]);
+        assert!(!s.partitioned("pair"));
+        domain(&mut s, "three", &[Suspect, Unknown, Suspect]);
+        assert!(s.partitioned("three"));
+    }
+
+    #[test]
+    fn dead_and_departed_nodes_leave_the_count() {
+        let mut s = DomainSilence::new(DEFAULT_THRESHOLD);
+        domain(&mut s, "a", &[Alive, Alive, Alive, Suspect]);
+        // Two die one by one: the rest are 2 nodes, too few to call a partition.
+        s.published(Some(("a", Suspect)), Some(("a", Dead)));
+        s.published(Some(("a", Alive)), Some(("a", Dead)));
+        assert!(!s.partitioned("a"));
+        s.published(Some(("a", Dead)), None);
+        s.published(Some(("a", Alive)), None);
+        s.published(Some(("a", Alive)), None);
+        assert!(s.counted.is_empty(), "{:?}", s.counted);
+    }
+
+    #[test]
+    fn silences_decided_before_a_publish_count_at_once() {
+        let mut s = DomainSilence::new(DEFAULT_THRESHOLD);
+        domain(&mut s, "a", &[Alive, Alive, Suspect]);
+        assert!(!s.partitioned("a"));
+        s.fell_silent("a");
+        assert!(s.partitioned("a"), "2 of 3 with the one made Suspect this tick");
+        s.flushed();
+        assert!(!s.partitioned("a"), "the publish recounts it");
+    }
+
+    #[test]
+    fn a_threshold_above_one_turns_it_off() {
+        let mut s = DomainSilence::new(1.1);
+        domain(&mut s, "a", &[Suspect, Suspect, Suspect]);
+        assert!(!s.partitioned("a"));
+    }
+}
