@@ -155,6 +155,7 @@ mod tests {
                 to: Version { epoch: 1, seq: i as u64 + 1 },
                 upserts,
                 removed: removed.into_iter().map(|s| NodeId::new(s).unwrap()).collect(),
+                published_unix_ms: 0,
             };
             domains.apply(&d);
             view = view.apply(&d).unwrap();

@@ -210,6 +210,10 @@ async fn follow_once(cluster: &ClusterView, shard: usize, endpoint: &str, dialer
             }
             Some(Update::Delta(d)) => {
                 let d = delta_from_wire(d)?;
+                if d.published_unix_ms > 0 {
+                    let age = flotilla_core::now_ms().saturating_sub(d.published_unix_ms);
+                    metrics::histogram!(m::VIEW_LAG.name, "shard" => shard.to_string()).record(age as f64 / 1000.0);
+                }
                 let next = view.apply(&d).ok_or(FollowError::Gap(d.from, view.version))?;
                 domains.apply(&d);
                 view = Arc::new(next);

@@ -78,7 +78,8 @@ impl ViewPublisher {
         }
         let cur = self.current.load_full();
         let to = Version { epoch: cur.version.epoch, seq: cur.version.seq + 1 };
-        let delta = Delta { shard: cur.shard, from: cur.version, to, upserts, removed };
+        let published_unix_ms = flotilla_core::now_ms();
+        let delta = Delta { shard: cur.shard, from: cur.version, to, upserts, removed, published_unix_ms };
         let Some(next) = cur.apply(&delta) else {
             unreachable!("a delta built from the current version applies to it")
         };

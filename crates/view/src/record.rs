@@ -148,6 +148,8 @@ pub struct Delta {
     pub to: Version,
     pub upserts: Vec<Arc<NodeRecord>>,
     pub removed: Vec<NodeId>,
+    /// When the shard published it (Unix ms; 0 from an older shard).
+    pub published_unix_ms: u64,
 }
 
 #[cfg(test)]

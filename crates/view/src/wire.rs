@@ -74,6 +74,7 @@ pub fn delta_to_wire(d: &Delta) -> v1::ViewDelta {
         shard: d.shard,
         upserts: d.upserts.iter().map(|r| record_to_wire(r)).collect(),
         removed: d.removed.iter().map(|n| n.to_string()).collect(),
+        published_unix_ms: d.published_unix_ms,
     }
 }
 
@@ -84,5 +85,6 @@ pub fn delta_from_wire(d: v1::ViewDelta) -> Result<Delta, WireError> {
         to: d.to.ok_or(WireError::Missing("to"))?.into(),
         upserts: d.upserts.into_iter().map(|r| record_from_wire(r).map(Arc::new)).collect::<Result<_, _>>()?,
         removed: d.removed.iter().map(|s| NodeId::new(s)).collect::<Result<_, _>>()?,
+        published_unix_ms: d.published_unix_ms,
     })
 }
