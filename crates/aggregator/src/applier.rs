@@ -15,7 +15,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::time::Instant;
 
 use crate::ledger::{Claim, Ledger};
-use crate::liveness::{Timeouts, Verdict, Wheel, cut_off, evaluate, is_silent};
+use crate::liveness::{Timeouts, Verdict, Wheel, cut_off, evaluate, is_silent, loss_grace_ms};
 use crate::registry::{Change, Registry, SessionRef};
 use crate::silence::DomainSilence;
 
@@ -161,7 +161,9 @@ impl Applier {
             let (timeouts, silence) = (&self.timeouts, &self.silence);
             let Some((verdict, from, node)) = self.registry.with_session(sid, |live| {
                 let (status, since) = live.status_since();
-                let mut verdict = evaluate(status, live.last_seen_ms.load(Ordering::Acquire), since, now, timeouts);
+                let grace = loss_grace_ms(live.loss.load(Ordering::Relaxed));
+                let mut verdict =
+                    evaluate(status, live.last_seen_ms.load(Ordering::Acquire), since, now, timeouts, grace);
                 let domain = view.get(&live.node_id).map(|r| r.labels.domain());
                 if matches!(verdict, Verdict::Transition { to: NodeStatus::Dead, .. })
                     && domain.is_some_and(|d| silence.partitioned(d))

@@ -12,6 +12,7 @@ use flotilla_proto::seal::{self, DatagramError, Direction, Header, MAGIC_HEARTBE
 use flotilla_proto::{convert, v1};
 use prost::Message;
 
+use crate::liveness::record_loss;
 use crate::registry::{Change, Registry};
 use crate::stats::{HeartbeatDrop, ShardStats};
 
@@ -89,9 +90,13 @@ impl Ingest {
             let body = v1::HeartbeatBody::decode(plain).map_err(|_| HeartbeatDrop::Datagram(DatagramError::BadBody))?;
             let sample = convert::health(body.health).map_err(|_| HeartbeatDrop::Datagram(DatagramError::BadBody))?;
             // Only an authenticated datagram may advance the sequence.
-            if live.last_seq.fetch_max(header.seq, Ordering::AcqRel) >= header.seq {
+            let prev = live.last_seq.fetch_max(header.seq, Ordering::AcqRel);
+            if prev >= header.seq {
                 return Err(HeartbeatDrop::Replayed);
             }
+            // Sequence numbers skipped since the last one are heartbeats the network lost.
+            let lost = if prev == 0 { 0 } else { header.seq - prev - 1 };
+            let _ = live.loss.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |l| Some(record_loss(l, lost)));
             match live.status() {
                 NodeStatus::Dead => {
                     reply_to(&live.key, &header, v1::HeartbeatAction::Reregister, "declared dead", reply);

@@ -30,8 +30,41 @@ pub enum Verdict {
     Remove,
 }
 
-/// The status a node should have at `now`, given when it was last heard from.
-pub fn evaluate(status: NodeStatus, last_seen: u64, status_since: u64, now: u64, t: &Timeouts) -> Verdict {
+/// How much longer a node whose link loses heartbeats may be silent before it is
+/// Suspect (and Dead): two of the agents' 1 s heartbeats. Without it, one lost datagram
+/// and a little jitter make a node Suspect (and drop it from the routes) every few
+/// seconds on a link that loses 10 %; with it, that takes three in a row.
+pub const LOSSY_GRACE_MS: u64 = 2000;
+
+/// `record_loss`'s count, in 1/256ths of a heartbeat, from which a link is lossy: one
+/// heartbeat lost in the last minute and a half or so (a quarter of it is left then).
+const LOSSY_FROM: u16 = 64;
+
+/// The decaying count of a node's lost heartbeats after one arrives with `lost` missing
+/// before it: each arrival keeps 63/64 of the count (about a minute of memory at one a
+/// second), and a long silence adds at most 4, so an outage does not mark a link lossy
+/// for minutes.
+pub fn record_loss(count: u16, lost: u64) -> u16 {
+    let kept = count - count.div_ceil(64);
+    kept.saturating_add(256 * lost.min(4) as u16)
+}
+
+/// The extra silence a node with `loss` (`record_loss`'s count) is allowed.
+pub fn loss_grace_ms(loss: u16) -> u64 {
+    if loss >= LOSSY_FROM { LOSSY_GRACE_MS } else { 0 }
+}
+
+/// The status a node should have at `now`, given when it was last heard from, allowing
+/// `grace_ms` more silence than the timeouts (`loss_grace_ms`).
+pub fn evaluate(
+    status: NodeStatus,
+    last_seen: u64,
+    status_since: u64,
+    now: u64,
+    t: &Timeouts,
+    grace_ms: u64,
+) -> Verdict {
+    let last_seen = last_seen.saturating_add(grace_ms);
     let suspect_at = last_seen.saturating_add(t.suspect_after_ms);
     let dead_at = last_seen.saturating_add(t.dead_after_ms);
     let dead = Verdict::Transition { to: NodeStatus::Dead, check_at: now.saturating_add(t.retention_ms) };
@@ -183,11 +216,11 @@ mod tests {
 
     #[test]
     fn alive_goes_suspect_then_dead_then_away() {
-        assert_eq!(evaluate(Alive, 1000, 0, 2999, &T), Verdict::Keep { check_at: 3000 });
-        assert_eq!(evaluate(Alive, 1000, 0, 3000, &T), Verdict::Transition { to: Suspect, check_at: 4000 });
-        assert_eq!(evaluate(Suspect, 1000, 3000, 4000, &T), Verdict::Transition { to: Dead, check_at: 14_000 });
-        assert_eq!(evaluate(Dead, 1000, 4000, 13_999, &T), Verdict::Keep { check_at: 14_000 });
-        assert_eq!(evaluate(Dead, 1000, 4000, 14_000, &T), Verdict::Remove);
+        assert_eq!(evaluate(Alive, 1000, 0, 2999, &T, 0), Verdict::Keep { check_at: 3000 });
+        assert_eq!(evaluate(Alive, 1000, 0, 3000, &T, 0), Verdict::Transition { to: Suspect, check_at: 4000 });
+        assert_eq!(evaluate(Suspect, 1000, 3000, 4000, &T, 0), Verdict::Transition { to: Dead, check_at: 14_000 });
+        assert_eq!(evaluate(Dead, 1000, 4000, 13_999, &T, 0), Verdict::Keep { check_at: 14_000 });
+        assert_eq!(evaluate(Dead, 1000, 4000, 14_000, &T, 0), Verdict::Remove);
     }
 
     #[test]
@@ -200,21 +233,47 @@ mod tests {
     }
 
     #[test]
+    fn a_link_that_loses_heartbeats_earns_more_silence_and_forgets_it_in_time() {
+        assert_eq!(loss_grace_ms(record_loss(0, 0)), 0);
+        let once = record_loss(0, 1);
+        assert_eq!(loss_grace_ms(once), LOSSY_GRACE_MS, "one lost heartbeat");
+        // A Suspect-after of 2 s becomes 4 s, Dead-after 3 s becomes 5 s.
+        assert_eq!(evaluate(Alive, 1000, 0, 3000, &T, LOSSY_GRACE_MS), Verdict::Keep { check_at: 5000 });
+        assert_eq!(
+            evaluate(Alive, 1000, 0, 5000, &T, LOSSY_GRACE_MS),
+            Verdict::Transition { to: Suspect, check_at: 6000 }
+        );
+        // Still lossy a minute later; trusted again two minutes later.
+        let mut l = once;
+        for _ in 0..60 {
+            l = record_loss(l, 0);
+        }
+        assert_eq!(loss_grace_ms(l), LOSSY_GRACE_MS, "{l}");
+        for _ in 0..60 {
+            l = record_loss(l, 0);
+        }
+        assert_eq!(loss_grace_ms(l), 0, "{l}");
+        // An outage counts as at most 4 losses; the count never overflows.
+        assert_eq!(record_loss(0, 1000), 1024);
+        assert_eq!(record_loss(u16::MAX, 4), u16::MAX);
+    }
+
+    #[test]
     fn a_late_timer_goes_straight_to_dead() {
-        assert_eq!(evaluate(Alive, 0, 0, 5000, &T), Verdict::Transition { to: Dead, check_at: 15_000 });
+        assert_eq!(evaluate(Alive, 0, 0, 5000, &T, 0), Verdict::Transition { to: Dead, check_at: 15_000 });
     }
 
     #[test]
     fn heartbeats_push_deadlines_back() {
         // Deadline was for last_seen=0 but a heartbeat at 1500 came in meanwhile.
-        assert_eq!(evaluate(Alive, 1500, 0, 2000, &T), Verdict::Keep { check_at: 3500 });
-        assert_eq!(evaluate(Suspect, 2500, 0, 3000, &T), Verdict::Keep { check_at: 4500 });
+        assert_eq!(evaluate(Alive, 1500, 0, 2000, &T, 0), Verdict::Keep { check_at: 3500 });
+        assert_eq!(evaluate(Suspect, 2500, 0, 3000, &T, 0), Verdict::Keep { check_at: 4500 });
     }
 
     #[test]
     fn draining_stays_until_silent() {
-        assert_eq!(evaluate(Draining, 1000, 1000, 3500, &T), Verdict::Keep { check_at: 4000 });
-        assert_eq!(evaluate(Draining, 1000, 1000, 4000, &T), Verdict::Transition { to: Dead, check_at: 14_000 });
+        assert_eq!(evaluate(Draining, 1000, 1000, 3500, &T, 0), Verdict::Keep { check_at: 4000 });
+        assert_eq!(evaluate(Draining, 1000, 1000, 4000, &T, 0), Verdict::Transition { to: Dead, check_at: 14_000 });
     }
 
     #[test]

@@ -40,6 +40,9 @@ pub struct NodeLive {
     status: AtomicU64,
     /// Published health score (thousandths); changes only outside the hysteresis band.
     pub health_millis: AtomicU16,
+    /// Heartbeats lost lately (`liveness::record_loss`): a lossy link earns the node
+    /// longer silence before it is Suspect. Fits in what was padding.
+    pub loss: AtomicU16,
 }
 
 impl NodeLive {
@@ -384,6 +387,7 @@ impl Registry {
                 last_seq: AtomicU64::new(0),
                 status: AtomicU64::new(NodeLive::pack_status(NodeStatus::Alive, now_ms)),
                 health_millis: AtomicU16::new(health_millis),
+                loss: AtomicU16::new(0),
             };
             let slot = match existing {
                 // The node keeps its slot; the old session id stops matching it.
