@@ -33,11 +33,13 @@ pub struct Options {
     pub schedulers: usize,
     /// An etcd on host `etcd` holding the schedulers' state and leases (TTL 2 s).
     pub etcd: bool,
+    /// More hosts, for the scenario to start what it needs on.
+    pub extra: &'static [&'static str],
 }
 
 impl Default for Options {
     fn default() -> Options {
-        Options { per_domain: 2, shard_flags: &[], schedulers: 1, etcd: false }
+        Options { per_domain: 2, shard_flags: &[], schedulers: 1, etcd: false, extra: &[] }
     }
 }
 
@@ -62,6 +64,7 @@ impl Fed {
             }
         }
         hosts.extend(agents.iter().map(|(h, _)| h.clone()));
+        hosts.extend(o.extra.iter().map(|h| h.to_string()));
         let names: Vec<&str> = hosts.iter().map(String::as_str).collect();
         let mut lab = Lab::new(name, &names);
         let secrets = lab.dir().join("shard");

@@ -63,9 +63,15 @@ pub fn violations(nodes: &[Value], units: &[Value]) -> Vec<String> {
 }
 
 impl Watch {
+    /// Watches through the control plane.
     pub fn start(fed: &Fed) -> Watch {
+        Watch::through(fed, &fed.control)
+    }
+
+    /// Watches through the API at `api` (a scheduler's serves nodes and units too).
+    pub fn through(fed: &Fed, api: &str) -> Watch {
         let stop = Arc::new(AtomicBool::new(false));
-        let (flag, control, ns) = (stop.clone(), fed.control.clone(), fed.lab.host("probe").ns.clone());
+        let (flag, control, ns) = (stop.clone(), api.to_string(), fed.lab.host("probe").ns.clone());
         let handle = std::thread::spawn(move || {
             let mut report = Report::default();
             while !flag.load(Ordering::Relaxed) {

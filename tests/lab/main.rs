@@ -8,4 +8,5 @@
 mod federation;
 mod invariants;
 mod leases;
+mod network;
 mod partitions;
