@@ -204,7 +204,12 @@ pub async fn run(a: UpArgs, log_format: LogFormat) -> anyhow::Result<()> {
 
     let mut shards = Vec::new();
     for i in 0..a.shards {
-        let config = a.liveness.shard_config(([127, 0, 0, 1], 0).into(), i, a.shards, &data)?;
+        let mut config = a.liveness.shard_config(([127, 0, 0, 1], 0).into(), i, a.shards, &data)?;
+        // Cordons, drains and fencing marks outlive a restart of `up`, as a standalone
+        // shard's do (`DATA/shard-I-of-N.state.json`).
+        let (state, loaded) = crate::shard_state::open(None, "", &data.dir, i, a.shards).await?;
+        config.initial_state = loaded;
+        config.state_store = Some(state);
         shards.push(flotilla_aggregator::start(config).await?);
     }
     let addrs: Vec<String> = shards.iter().map(|s| s.addr.to_string()).collect();

@@ -144,7 +144,8 @@ pub async fn aggregator(a: AggregatorArgs) -> anyhow::Result<()> {
         config.recovery_window = a.recovery_window;
     }
     // Cordons, drains and fencing marks: kept across restarts (etcd, else the data dir).
-    let (state, loaded) = crate::shard_state::open(etcd, &a.store_prefix, &a.data, a.shard, a.shards).await?;
+    let fenced = etcd.zip(lease.as_ref().map(|l| l.lease().clone()));
+    let (state, loaded) = crate::shard_state::open(fenced, &a.store_prefix, &a.data, a.shard, a.shards).await?;
     config.initial_state = loaded;
     config.state_store = Some(state);
     if let (Some(cert), Some(key)) = (&a.grpc_tls_cert, &a.grpc_tls_key) {

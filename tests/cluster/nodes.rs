@@ -216,3 +216,19 @@ fn node_drain_and_preemption_notices_replace_units_before_stopping_them() {
     let (status, _) = http(&up.addr, "POST", &format!("/v1/nodes/{node}/drain"), None, "");
     assert_eq!(status, 401, "draining needs the token");
 }
+
+/// `up`'s shards keep their state (cordons, drains, fencing marks) in the data dir, as a
+/// standalone shard does: a cordon outlives a restart of `up`.
+#[test]
+fn a_cordon_outlives_a_restart_of_up() {
+    let mut up = Up::start("cordon-restart", &["--agents", "2"]);
+    wait_for("2 alive nodes", Duration::from_secs(20), || (statuses(&up).len() == 2).then_some(()));
+    run_ok(up.cli().args(["node", "cordon", "node-1"]));
+    assert!(up.restart(), "up stops cleanly");
+    let node =
+        wait_for("node-1 back", Duration::from_secs(30), || up.node("node-1").filter(|n| n["status"] == "alive"));
+    assert_eq!(node["cordoned"], true, "{node}");
+    assert_eq!(up.node("node-2").unwrap()["cordoned"], false);
+    // The shard owning node-1's domain saved it (one that changed nothing saved nothing).
+    assert!(up.data.join("shard-0-of-2.state.json").exists() || up.data.join("shard-1-of-2.state.json").exists());
+}

@@ -35,11 +35,13 @@ pub struct Options {
     pub etcd: bool,
     /// More hosts, for the scenario to start what it needs on.
     pub extra: &'static [&'static str],
+    /// A standby for the shard on host `shard2` (needs `etcd`).
+    pub standby: bool,
 }
 
 impl Default for Options {
     fn default() -> Options {
-        Options { per_domain: 2, shard_flags: &[], schedulers: 1, etcd: false, extra: &[] }
+        Options { per_domain: 2, shard_flags: &[], schedulers: 1, etcd: false, extra: &[], standby: false }
     }
 }
 
@@ -57,6 +59,9 @@ impl Fed {
         if o.etcd {
             hosts.push("etcd".into());
         }
+        if o.standby {
+            hosts.push("shard2".into());
+        }
         let mut agents = Vec::new();
         for (prefix, domain) in [("a", "zone-a"), ("b", "zone-b")] {
             for i in 1..=o.per_domain {
@@ -69,25 +74,47 @@ impl Fed {
         let mut lab = Lab::new(name, &names);
         let secrets = lab.dir().join("shard");
         let d = secrets.display().to_string();
-        let shard = format!("{}:7000", lab.addr("shard"));
-        let metrics = format!("{}:9100", lab.addr("shard"));
-        let mut args = vec![
-            "aggregator",
-            "--listen",
-            &shard,
-            "--shard",
-            "0",
-            "--shards",
-            "1",
-            "--data",
-            &d,
-            "--metrics",
-            &metrics,
-            "--print-addrs",
-        ];
-        args.extend_from_slice(o.shard_flags);
-        let shard_pid = lab.spawn("shard", &args, "shard.err");
-        lab.procs().addrs(shard_pid);
+        let store = o.etcd.then(|| start_etcd(&mut lab));
+        let shard_hosts: &[&str] = if o.standby { &["shard", "shard2"] } else { &["shard"] };
+        if o.standby {
+            // One TLS pair for both processes of the shard, naming both addresses (what an
+            // operator's certificate for the shard's hosts would do).
+            let names: Vec<String> = shard_hosts.iter().map(|h| lab.addr(h).to_string()).collect();
+            let names: Vec<&str> = names.iter().map(String::as_str).collect();
+            let (_, cert, key) = flotilla_aggregator::TlsMaterial::self_signed(&names).unwrap();
+            std::fs::create_dir_all(&secrets).unwrap();
+            std::fs::write(secrets.join("tls.crt"), cert).unwrap();
+            std::fs::write(secrets.join("tls.key"), key).unwrap();
+        }
+        let mut shard_addrs = Vec::new();
+        for (i, host) in shard_hosts.iter().enumerate() {
+            let listen = format!("{}:7000", lab.addr(host));
+            let metrics = format!("{}:9100", lab.addr(host));
+            // The first process makes the secrets in its data dir; the others read them.
+            let data = if i == 0 { d.clone() } else { lab.dir().join(host).display().to_string() };
+            #[rustfmt::skip]
+            let mut args: Vec<&str> = vec![
+                "aggregator", "--listen", &listen, "--shard", "0", "--shards", "1", "--data", &data,
+                "--metrics", &metrics, "--print-addrs",
+            ];
+            if i > 0 {
+                args.extend(["--secrets", &d]);
+            }
+            if let Some(store) = &store {
+                args.extend(["--store", store, "--lease-ttl", "2s", "--recovery-window", "3s"]);
+            }
+            if i > 0 {
+                args.push("--standby");
+            }
+            args.extend_from_slice(o.shard_flags);
+            let pid = lab.spawn(host, &args, &format!("{host}.err"));
+            if i == 0 {
+                lab.procs().addrs(pid);
+            }
+            shard_addrs.push(listen);
+        }
+        // Clients name the shard's processes in turn (`a|b`).
+        let shard = shard_addrs.join("|");
         let token = std::fs::read_to_string(secrets.join("api-token")).unwrap().trim().to_string();
 
         let control = format!("{}:7700", lab.addr("control"));
@@ -114,7 +141,6 @@ impl Fed {
             lab.spawn(host, &args, &format!("{host}.err"));
         }
 
-        let store = o.etcd.then(|| start_etcd(&mut lab));
         let mut schedulers = Vec::new();
         for host in &sched_hosts {
             let store =

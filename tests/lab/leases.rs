@@ -63,7 +63,9 @@ fn the_active_scheduler_cut_from_etcd_is_deposed_and_the_standby_takes_over() {
     settled(&fed, 3, Duration::from_secs(60));
     watch.finish("the active scheduler cut from etcd");
     assert_eq!(role(&fed, &standby.1), "active", "the new scheduler stays active");
-    assert_eq!(counter(&fed, &active.1, "flotilla_scheduler_lease_losses_total"), 1.0, "the old one counted its loss");
+    fed.wait("the old one counted its loss", Duration::from_secs(10), |f| {
+        (counter(f, &active.1, "flotilla_scheduler_lease_losses_total") == 1.0).then_some(())
+    });
     assert!(fed.lab.log(&format!("{}.err", active.0)).contains("lost the lease"));
     eprintln!(
         "writes the old scheduler's store refused as fenced: {}",

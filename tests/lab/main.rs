@@ -10,3 +10,4 @@ mod invariants;
 mod leases;
 mod network;
 mod partitions;
+mod shards;

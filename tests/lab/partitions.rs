@@ -84,7 +84,7 @@ fn a_domain_cut_from_its_shard_goes_unknown_and_nothing_is_doubled() {
                 .all(|r| !cut.contains(&r["node_id"].as_str().unwrap_or("")) || r["weight"].as_f64() == Some(0.0)))
         .then_some(())
     });
-    // Past the agents' QUIC idle timeout (20 s): they lose their connection too.
+    // Past the agents' QUIC idle timeout (10 s): they lose their connection too.
     while started.elapsed() < Duration::from_secs(25) {
         for h in &cut {
             let s = fed.status(h);

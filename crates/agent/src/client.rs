@@ -30,13 +30,22 @@ pub fn client_endpoint(ca_pem: &Path, bind: SocketAddr) -> anyhow::Result<quinn:
     tls.alpn_protocols = vec![ALPN.to_vec()];
     let mut config = quinn::ClientConfig::new(Arc::new(quinn::crypto::rustls::QuicClientConfig::try_from(tls)?));
     let mut transport = quinn::TransportConfig::default();
-    transport.keep_alive_interval(Some(Duration::from_secs(5)));
-    transport.max_idle_timeout(Some(Duration::from_secs(20).try_into()?));
+    // A shard that went silent (its host cut off, its standby serving now) is noticed
+    // within the idle timeout; the agent then registers again, moving on to the next
+    // address of the shard if this one does not answer (schedulers wait
+    // `REJOIN_GRACE_MS` for that).
+    transport.keep_alive_interval(Some(QUIC_KEEP_ALIVE));
+    transport.max_idle_timeout(Some(QUIC_IDLE_TIMEOUT.try_into()?));
     config.transport_config(Arc::new(transport));
     let mut endpoint = quinn::Endpoint::client(bind)?;
     endpoint.set_default_client_config(config);
     Ok(endpoint)
 }
+
+/// How often an idle connection to the shard is pinged.
+pub const QUIC_KEEP_ALIVE: Duration = Duration::from_secs(3);
+/// How long a connection may hear nothing from the shard before it is given up.
+pub const QUIC_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The TLS name to verify a shard address against.
 pub fn server_name(host: &str) -> &str {

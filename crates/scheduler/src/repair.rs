@@ -25,9 +25,12 @@ pub enum MemberHealth {
 }
 
 /// How long after a shard (re)started a node missing from its view is Unknown rather than
-/// lost: its agent may not have registered again yet. A shard's epoch is its start time
-/// (Unix ms), so this needs no word from the shard.
-pub const REJOIN_GRACE_MS: u64 = 15_000;
+/// lost: its agent may not have registered again yet. An agent notices a silent shard
+/// within its QUIC idle timeout (10 s), tries that address again for up to 5 s, then the
+/// next one (a standby now serving): 30 s covers it with room (the lab's isolated shard
+/// host, `tests/lab/shards.rs`, replaced everything at 15 s). A shard's epoch is its
+/// start time (Unix ms), so this needs no word from the shard.
+pub const REJOIN_GRACE_MS: u64 = 30_000;
 
 /// The member state the scheduler records when the member's live node has not run it for
 /// [`MISSING_AFTER_MS`].
