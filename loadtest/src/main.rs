@@ -6,6 +6,7 @@ mod common;
 mod dashboard;
 mod failover;
 mod heartbeats;
+mod lab;
 mod policies;
 mod routing;
 mod schedule;
@@ -35,6 +36,8 @@ enum Cmd {
     Routing(routing::RoutingArgs),
     /// Real agents and an app under churn, with the invariants checked all along.
     Soak(soak::SoakArgs),
+    /// Lab hosts (network namespaces, as root) under mixed faults: `lab --soak`.
+    Lab(lab::LabArgs),
     /// One autoscaling evaluation for each of many apps (both policies).
     Policies(policies::PoliciesArgs),
     /// One pool scale-up decision for a seeded demand, against Ray 2.60's own scheduler.
@@ -53,6 +56,7 @@ async fn main() -> std::process::ExitCode {
         Cmd::Takeover(a) => takeover::run(a).await,
         Cmd::Routing(a) => routing::run(a).await,
         Cmd::Soak(a) => soak::run(a).await,
+        Cmd::Lab(a) => lab::run(a),
         Cmd::Policies(a) => policies::run(a),
         Cmd::Autoscale(a) => autoscale::run(a),
         Cmd::Dashboard(a) => dashboard::run(a).await,

@@ -5,8 +5,7 @@ use std::time::{Duration, Instant};
 
 use flotilla_testkit::{get_text, metric};
 
-use crate::federation::{Fed, LEASE_TTL, Options};
-use crate::invariants::{Watch, settled};
+use flotilla_testkit::lab::{Fed, LEASE_TTL, Options, Watch, settled};
 
 /// The role (`active`, `standby`) scheduler `api` gives itself for the echo app.
 fn role(fed: &Fed, api: &str) -> String {

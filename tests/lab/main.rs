@@ -5,9 +5,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "a test: a failed step fails it, with the panic's message")]
 
-mod federation;
-mod invariants;
 mod leases;
 mod network;
 mod partitions;
 mod shards;
+mod soak;

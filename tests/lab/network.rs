@@ -4,8 +4,7 @@ use std::time::{Duration, Instant};
 
 use flotilla_testkit::{get_text, http};
 
-use crate::federation::{Fed, Options, cli};
-use crate::invariants::{Watch, settled};
+use flotilla_testkit::lab::{Fed, Options, Watch, cli, settled};
 
 /// The cumulative buckets `(le, count)` of histogram `name` with `label` on a metrics page.
 fn buckets(page: &str, name: &str, label: &str) -> Vec<(f64, f64)> {

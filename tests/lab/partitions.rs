@@ -4,8 +4,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::federation::{Fed, Options};
-use crate::invariants::{Watch, settled};
+use flotilla_testkit::lab::{Fed, Options, Watch, settled};
 
 /// Each unit as `id gen G: member on node` lines, sorted: what must not change when
 /// nothing is replaced.

@@ -2,8 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::federation::{Fed, Options};
-use crate::invariants::{Watch, settled};
+use flotilla_testkit::lab::{Fed, Options, Watch, settled};
 
 /// The active shard's host cut from every other host (agents, etcd, standby, control
 /// plane, scheduler): its lease lapses and it stops; the standby takes the lease and

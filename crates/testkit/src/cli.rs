@@ -1,12 +1,15 @@
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
-/// A binary of this workspace, found beside the test executable
-/// (`target/<profile>/deps/<test>` → `target/<profile>/<name>`). One way for every
-/// package: a crate's integration test can `env!` only its own package's binaries.
+/// A binary of this workspace, found beside the running executable: a test's
+/// (`target/<profile>/deps/<test>` → `target/<profile>/<name>`) or another binary's
+/// (`flotilla-loadtest lab`). One way for every package: a crate's integration test can
+/// `env!` only its own package's binaries.
 pub fn bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().unwrap();
-    let path = exe.parent().and_then(|deps| deps.parent()).unwrap().join(name);
+    let dir = exe.parent().unwrap();
+    let beside = dir.join(name);
+    let path = if beside.exists() { beside } else { dir.parent().unwrap().join(name) };
     assert!(path.exists(), "{} not found: build the workspace's binaries first", path.display());
     path
 }

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::federation::{Fed, cli};
+use super::federation::{Fed, cli};
 
 /// What a [`Watch`] saw.
 #[derive(Debug, Default)]
@@ -92,10 +92,15 @@ impl Watch {
         Watch { stop, handle }
     }
 
+    /// Stops the watcher; what it saw.
+    pub fn stop(self) -> Report {
+        self.stop.store(true, Ordering::Relaxed);
+        self.handle.join().unwrap()
+    }
+
     /// Stops the watcher; what it saw. Panics if it saw a violation or too few samples.
     pub fn finish(self, what: &str) -> Report {
-        self.stop.store(true, Ordering::Relaxed);
-        let report = self.handle.join().unwrap();
+        let report = self.stop();
         eprintln!("{what}: {} samples of nodes and units, {} violations", report.checks, report.violations.len());
         assert!(report.checks >= 4, "{what}: the watcher could not read the control plane");
         assert!(report.violations.is_empty(), "{what}: {:#?}", report.violations);

@@ -23,6 +23,14 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use crate::{Group, TempDir};
 
+mod federation;
+mod invariants;
+mod soak;
+
+pub use federation::{AGENT_CORES, ECHO, Fed, LEASE_TTL, Options, cli, spawn_scheduler};
+pub use invariants::{Report, Watch, running_members, settled, violations};
+pub use soak::{SoakReport, soak};
+
 /// What every lab namespace's name starts with: `flab<pid>x<n>-<host>`.
 const PREFIX: &str = "flab";
 

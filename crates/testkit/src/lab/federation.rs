@@ -4,10 +4,11 @@
 
 use std::time::Duration;
 
-use flotilla_testkit::{Lab, http, wait_for};
+use super::Lab;
+use crate::{http, wait_for};
 use serde_json::Value;
 
-pub const ECHO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/echo.toml");
+pub const ECHO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/echo.toml");
 
 /// Agents' CPU: 2 cores each, so 4 echo members (250m) fit many times over.
 pub const AGENT_CORES: u64 = 2;
@@ -21,6 +22,9 @@ pub struct Fed {
     pub token: String,
     /// Agent hosts by domain: `zone-a` holds `a1…`, `zone-b` `b1…`.
     pub agents: Vec<(String, &'static str)>,
+    /// The command line of each agent and shard process, by host, and the pid it runs
+    /// as now: what [`Fed::kill`] and [`Fed::restart`] act on.
+    procs: std::collections::BTreeMap<String, (Vec<String>, u32)>,
 }
 
 /// What a scenario needs besides the base (a shard, a control plane, one scheduler on a
@@ -86,6 +90,7 @@ impl Fed {
             std::fs::write(secrets.join("tls.crt"), cert).unwrap();
             std::fs::write(secrets.join("tls.key"), key).unwrap();
         }
+        let mut procs = std::collections::BTreeMap::new();
         let mut shard_addrs = Vec::new();
         for (i, host) in shard_hosts.iter().enumerate() {
             let listen = format!("{}:7000", lab.addr(host));
@@ -108,6 +113,7 @@ impl Fed {
             }
             args.extend_from_slice(o.shard_flags);
             let pid = lab.spawn(host, &args, &format!("{host}.err"));
+            procs.insert(host.to_string(), (args.iter().map(|a| a.to_string()).collect(), pid));
             if i == 0 {
                 lab.procs().addrs(pid);
             }
@@ -138,7 +144,8 @@ impl Fed {
                 "--join-token-file", &join, "--ca", &ca, "--label", &label,
                 "--cores", &cores, "--memory", "4294967296",
             ];
-            lab.spawn(host, &args, &format!("{host}.err"));
+            let pid = lab.spawn(host, &args, &format!("{host}.err"));
+            procs.insert(host.clone(), (args.map(String::from).to_vec(), pid));
         }
 
         let mut schedulers = Vec::new();
@@ -148,13 +155,38 @@ impl Fed {
             spawn_scheduler(&mut lab, host, &shard, &control, &d, &store);
             schedulers.push((host.clone(), format!("{}:7800", lab.addr(host))));
         }
-        let fed = Fed { lab, control, schedulers, token, agents };
+        let fed = Fed { lab, control, schedulers, token, agents, procs };
         let n = fed.agents.len();
         fed.wait(&format!("{n} alive nodes and 2 running units"), Duration::from_secs(60), |f| {
             let alive = f.nodes().iter().filter(|n| n["status"] == "alive").count();
             (alive == n && f.running().len() == 2).then_some(())
         });
         fed
+    }
+
+    /// Kills host `host`'s agent or shard process (SIGKILL; an agent's members die with
+    /// it): a node or a shard process lost.
+    pub fn kill(&mut self, host: &str) {
+        let (_, pid) = &self.procs[host];
+        crate::signal(*pid as i32, libc::SIGKILL);
+    }
+
+    /// Starts host `host`'s agent or shard process again, with the same flags (an agent
+    /// comes back as a new incarnation of its node).
+    pub fn restart(&mut self, host: &str) {
+        let args = self.procs[host].0.clone();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let pid = self.lab.spawn(host, &args, &format!("{host}.err"));
+        if let Some(p) = self.procs.get_mut(host) {
+            p.1 = pid;
+        }
+    }
+
+    /// Whether host `host`'s agent or shard process has exited (a shard that lost its
+    /// lease stops).
+    pub fn exited(&mut self, host: &str) -> bool {
+        let pid = self.procs[host].1;
+        self.lab.procs().try_wait(pid).is_some()
     }
 
     /// Agent host names in `domain`.
@@ -210,7 +242,7 @@ impl Fed {
 pub fn cli(ns: &str, addr: &str, args: &[&str]) -> Value {
     let out = std::process::Command::new("ip")
         .args(["netns", "exec", ns])
-        .arg(flotilla_testkit::bin("flotilla"))
+        .arg(crate::bin("flotilla"))
         .args(args)
         .arg("--json")
         .env("FLOTILLA_ADDR", format!("http://{addr}"))
@@ -235,7 +267,7 @@ fn start_etcd(lab: &mut Lab) -> String {
     lab.spawn_program("etcd", std::path::Path::new("etcd"), &args, "etcd.err");
     let health = format!("{ip}:2379");
     wait_for("etcd answers", Duration::from_secs(20), || {
-        lab.inside("probe", || flotilla_testkit::get_text(&health, "/health")).filter(|b| b.contains("true"))
+        lab.inside("probe", || crate::get_text(&health, "/health")).filter(|b| b.contains("true"))
     });
     format!("etcd://{ip}:2379")
 }
