@@ -74,7 +74,6 @@ fn unspecified(for_addr: &SocketAddr) -> SocketAddr {
     }
 }
 
-/// Runs the agent until it is told to stop; always tries to drain first.
 /// This node's address on the interface whose route reaches `shard`: what peers on the
 /// shard's network reach it by (127.0.0.1 when the shard is on loopback). A connected
 /// UDP socket picks it; nothing is sent.
@@ -84,6 +83,7 @@ pub fn local_address_toward(shard: SocketAddr) -> anyhow::Result<IpAddr> {
     Ok(sock.local_addr()?.ip())
 }
 
+/// Runs the agent until it is told to stop; always tries to drain first.
 pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     let incarnation = unix_nanos();
     std::fs::create_dir_all(&config.data_dir)

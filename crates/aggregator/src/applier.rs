@@ -15,7 +15,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::time::Instant;
 
 use crate::ledger::{Claim, Ledger};
-use crate::liveness::{Timeouts, Verdict, Wheel, cut_off, evaluate, is_silent, loss_grace_ms};
+use crate::liveness::{Timeouts, Verdict, Wheel, cut_off, evaluate, is_silent, loss_grace_ms, wait_for_peers};
 use crate::registry::{Change, Registry, SessionRef};
 use crate::silence::DomainSilence;
 
@@ -162,13 +162,19 @@ impl Applier {
             let Some((verdict, from, node)) = self.registry.with_session(sid, |live| {
                 let (status, since) = live.status_since();
                 let grace = loss_grace_ms(live.loss.load(Ordering::Relaxed));
-                let mut verdict =
-                    evaluate(status, live.last_seen_ms.load(Ordering::Acquire), since, now, timeouts, grace);
+                let last_seen = live.last_seen_ms.load(Ordering::Acquire);
+                let mut verdict = evaluate(status, last_seen, since, now, timeouts, grace);
                 let domain = view.get(&live.node_id).map(|r| r.labels.domain());
                 if matches!(verdict, Verdict::Transition { to: NodeStatus::Dead, .. })
-                    && domain.is_some_and(|d| silence.partitioned(d))
+                    && let Some(d) = domain
                 {
-                    verdict = cut_off(status, since, now, timeouts);
+                    if silence.partitioned(d) {
+                        verdict = cut_off(status, since, now, timeouts);
+                    } else if is_silent(status) && silence.others_silent(d) {
+                        // Peers falling silent too may not be Suspect yet (their own
+                        // grace, jitter): look again before calling this one Dead.
+                        verdict = wait_for_peers(last_seen, grace, now, timeouts).unwrap_or(verdict);
+                    }
                 }
                 let node = match verdict {
                     Verdict::Keep { .. } => None,

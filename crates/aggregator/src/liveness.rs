@@ -31,22 +31,34 @@ pub enum Verdict {
 }
 
 /// How much longer a node whose link loses heartbeats may be silent before it is
-/// Suspect (and Dead): two of the agents' 1 s heartbeats. Without it, one lost datagram
-/// and a little jitter make a node Suspect (and drop it from the routes) every few
-/// seconds on a link that loses 10 %; with it, that takes three in a row.
-pub const LOSSY_GRACE_MS: u64 = 2000;
+/// Suspect (and Dead): two and a half of the agents' 1 s heartbeats. Without it, one
+/// lost datagram and a little jitter make a node Suspect (and drop it from the routes)
+/// every few seconds on a link that loses 10 %; with it, that takes four in a row.
+pub const LOSSY_GRACE_MS: u64 = 2500;
 
-/// `record_loss`'s count, in 1/256ths of a heartbeat, from which a link is lossy: one
-/// heartbeat lost in the last minute and a half or so (a quarter of it is left then).
+/// A node due to be Dead while another node of its domain is silent waits this much
+/// longer (once), so that peers going silent with it, whose own deadlines come later
+/// (their loss grace, heartbeat jitter), show whether this is a partition (`silence`).
+pub const PEER_WAIT_MS: u64 = LOSSY_GRACE_MS;
+
+/// `record_loss`'s count, in 1/256ths of a heartbeat, from which a link is lossy: a loss
+/// in the last minute or so (a quarter of it is left after 88 heartbeats).
 const LOSSY_FROM: u16 = 64;
 
 /// The decaying count of a node's lost heartbeats after one arrives with `lost` missing
-/// before it: each arrival keeps 63/64 of the count (about a minute of memory at one a
-/// second), and a long silence adds at most 4, so an outage does not mark a link lossy
-/// for minutes.
+/// before it: each arrival keeps 63/64 of the count. A run of lost heartbeats counts as
+/// one loss, so a link that lost many at once (an outage, a partition) is lossy for
+/// about as long as one that lost one: a minute or so.
 pub fn record_loss(count: u16, lost: u64) -> u16 {
     let kept = count - count.div_ceil(64);
-    kept.saturating_add(256 * lost.min(4) as u16)
+    kept.saturating_add(256 * lost.min(1) as u16)
+}
+
+/// When a node due to be Dead while peers are silent too is looked at again
+/// (`PEER_WAIT_MS` past its deadline), or `None` once that has passed.
+pub fn wait_for_peers(last_seen: u64, grace_ms: u64, now: u64, t: &Timeouts) -> Option<Verdict> {
+    let again = last_seen.saturating_add(grace_ms).saturating_add(t.dead_after_ms).saturating_add(PEER_WAIT_MS);
+    (now < again).then_some(Verdict::Keep { check_at: again })
 }
 
 /// The extra silence a node with `loss` (`record_loss`'s count) is allowed.
@@ -237,11 +249,11 @@ mod tests {
         assert_eq!(loss_grace_ms(record_loss(0, 0)), 0);
         let once = record_loss(0, 1);
         assert_eq!(loss_grace_ms(once), LOSSY_GRACE_MS, "one lost heartbeat");
-        // A Suspect-after of 2 s becomes 4 s, Dead-after 3 s becomes 5 s.
-        assert_eq!(evaluate(Alive, 1000, 0, 3000, &T, LOSSY_GRACE_MS), Verdict::Keep { check_at: 5000 });
+        // A Suspect-after of 2 s becomes 4.5 s, Dead-after 3 s becomes 5.5 s.
+        assert_eq!(evaluate(Alive, 1000, 0, 3000, &T, LOSSY_GRACE_MS), Verdict::Keep { check_at: 5500 });
         assert_eq!(
-            evaluate(Alive, 1000, 0, 5000, &T, LOSSY_GRACE_MS),
-            Verdict::Transition { to: Suspect, check_at: 6000 }
+            evaluate(Alive, 1000, 0, 5500, &T, LOSSY_GRACE_MS),
+            Verdict::Transition { to: Suspect, check_at: 6500 }
         );
         // Still lossy a minute later; trusted again two minutes later.
         let mut l = once;
@@ -253,9 +265,18 @@ mod tests {
             l = record_loss(l, 0);
         }
         assert_eq!(loss_grace_ms(l), 0, "{l}");
-        // An outage counts as at most 4 losses; the count never overflows.
-        assert_eq!(record_loss(0, 1000), 1024);
-        assert_eq!(record_loss(u16::MAX, 4), u16::MAX);
+        // A run of losses counts once; losses at every arrival level off far below u16::MAX.
+        assert_eq!(record_loss(0, 1000), 256);
+        let worst = (0..10_000).fold(0, |l, _| record_loss(l, 1));
+        assert!(worst <= 256 * 64, "{worst}");
+    }
+
+    #[test]
+    fn a_node_due_dead_beside_silent_peers_is_looked_at_again_once() {
+        // Heard at 1000: due Dead at 4000; looked at again at 6500, then no more waiting.
+        assert_eq!(wait_for_peers(1000, 0, 4000, &T), Some(Verdict::Keep { check_at: 6500 }));
+        assert_eq!(wait_for_peers(1000, 0, 6500, &T), None);
+        assert_eq!(wait_for_peers(1000, LOSSY_GRACE_MS, 6500, &T), Some(Verdict::Keep { check_at: 9000 }));
     }
 
     #[test]

@@ -67,7 +67,7 @@ impl DomainSilence {
         }
     }
 
-    /// A node of `domain` was just made Suspect, not yet published.
+    /// A node of `domain` was just made Suspect or Unknown, not yet published.
     pub fn fell_silent(&mut self, domain: &str) {
         *self.pending.entry(domain.to_string()).or_default() += 1;
     }
@@ -75,6 +75,13 @@ impl DomainSilence {
     /// A version was published: what was pending is in the counts now.
     pub fn flushed(&mut self) {
         self.pending.clear();
+    }
+
+    /// Whether another node of `domain` besides the one asking is silent: a partition
+    /// may be starting, and a node about to be Dead waits for its peers to show it.
+    pub fn others_silent(&self, domain: &str) -> bool {
+        let Some(c) = self.counted.get(domain) else { return false };
+        c.silent + self.pending.get(domain).copied().unwrap_or(0) >= 2
     }
 
     /// Whether `domain` is mostly silent: its silent nodes should go Unknown, not Dead.

@@ -127,13 +127,14 @@ impl Lab {
             let addr = Ipv4Addr::new(10, 77, (i / 250) as u8, (i % 250 + 1) as u8);
             let port = format!("p{i}");
             ip(&["netns", "add", &ns]);
+            // Known to the lab (and so removed on drop) before anything else can fail.
+            lab.hosts.push(Host { name: host.to_string(), ns: ns.clone(), addr });
             ip(&["-n", &ns, "link", "set", "lo", "up"]);
             ip(&["-n", &switch, "link", "add", &port, "type", "veth", "peer", "name", "eth0", "netns", &ns]);
             ip(&["-n", &switch, "link", "set", &port, "master", "br0"]);
             ip(&["-n", &switch, "link", "set", &port, "up"]);
             ip(&["-n", &ns, "addr", "add", &format!("{addr}/16"), "dev", "eth0"]);
             ip(&["-n", &ns, "link", "set", "eth0", "up"]);
-            lab.hosts.push(Host { name: host.to_string(), ns, addr });
         }
         lab
     }
@@ -168,8 +169,20 @@ impl Lab {
 
     /// Starts any program on host `host` (etcd, say), its stderr in `<dir>/<log>`.
     pub fn spawn_program(&mut self, host: &str, program: &Path, args: &[&str], log: &str) -> u32 {
+        use std::os::unix::process::CommandExt;
         let mut cmd = Command::new("ip");
         cmd.args(["netns", "exec", &self.host(host).ns]).arg(program).args(args);
+        // Killed with the thread that started it: a test or soak stopped by a signal or
+        // a timeout leaves no host running (the next lab's sweep removes the namespaces).
+        // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
         let log = self.dir.join(log);
         self.procs.spawn_command(cmd, &log)
     }
@@ -210,20 +223,6 @@ impl Lab {
             })
             .join()
             .unwrap_or_else(|p| std::panic::resume_unwind(p))
-        })
-    }
-
-    /// Starts a thread inside host `host`'s namespace running `f` (a watcher that
-    /// outlives one call).
-    pub fn thread<T: Send + 'static>(
-        &self,
-        host: &str,
-        f: impl FnOnce() -> T + Send + 'static,
-    ) -> std::thread::JoinHandle<T> {
-        let ns = self.ns_file(host);
-        std::thread::spawn(move || {
-            enter(&ns);
-            f()
         })
     }
 
@@ -279,7 +278,8 @@ impl Lab {
     /// Drops `fraction` of the packets host `host` sends and of those it receives.
     pub fn loss(&self, host: &str, fraction: f64) {
         assert!((0.0..=1.0).contains(&fraction), "loss {fraction}");
-        let rules = ["INPUT", "OUTPUT"]
+        // On the lab link only: an agent and its own members talk over loopback.
+        let rules = ["INPUT -i eth0", "OUTPUT -o eth0"]
             .map(|chain| format!("{chain} -m statistic --mode random --probability {fraction:.4} -j DROP"));
         self.add_rules(host, &rules);
     }

@@ -97,8 +97,11 @@ pub fn soak(minutes: f64, seed: u64, mut log: impl FnMut(&str)) -> SoakReport {
             let a = rng.pick(&agents).clone();
             let what = match rng.between(0, 6) {
                 0 => {
-                    let group: Vec<&str> =
+                    let mut group: Vec<&str> =
                         agents.iter().filter(|_| rng.between(0, 2) == 0).map(String::as_str).collect();
+                    if group.is_empty() {
+                        group.push(&a);
+                    }
                     fed.lab.partition(&group, &["shard", "shard2"]);
                     report.partitions += 1;
                     format!("partition {group:?} from the shard")
