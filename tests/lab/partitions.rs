@@ -4,27 +4,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use flotilla_testkit::lab::{Fed, Options, Watch, settled};
-
-/// Each unit as `id gen G: member on node` lines, sorted: what must not change when
-/// nothing is replaced.
-fn placements(units: &[Value]) -> Vec<String> {
-    let mut out: Vec<String> = units
-        .iter()
-        .filter(|u| u["state"] != "terminated")
-        .flat_map(|u| {
-            let (id, generation) = (u["unit_id"].clone(), u["generation"].clone());
-            u["members"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default()
-                .into_iter()
-                .map(move |m| format!("{id} gen {generation}: {} on {}", m["member"], m["node_id"]))
-        })
-        .collect();
-    out.sort();
-    out
-}
+use flotilla_testkit::lab::{Fed, Options, Watch, placements, settled};
 
 #[test]
 fn a_federation_runs_with_every_process_on_its_own_host() {

@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use flotilla_testkit::lab::{Fed, Options, Watch, settled};
+use flotilla_testkit::lab::{Fed, Options, Watch, placements, settled};
 
 /// The active shard's host cut from every other host (agents, etcd, standby, control
 /// plane, scheduler): its lease lapses and it stops; the standby takes the lease and
@@ -12,24 +12,7 @@ use flotilla_testkit::lab::{Fed, Options, Watch, settled};
 #[test]
 fn an_isolated_shard_host_hands_over_to_its_standby_and_nothing_is_replaced() {
     let fed = Fed::start("shard-isolated", Options { etcd: true, standby: true, ..Options::default() });
-    let placements = |f: &Fed| {
-        let mut p: Vec<String> = f
-            .running()
-            .iter()
-            .flat_map(|u| {
-                let id = u["unit_id"].clone();
-                u["members"]
-                    .as_array()
-                    .cloned()
-                    .unwrap_or_default()
-                    .into_iter()
-                    .map(move |m| format!("{id} {} on {}", m["member"], m["node_id"]))
-            })
-            .collect();
-        p.sort();
-        p
-    };
-    let before = placements(&fed);
+    let before = placements(&fed.units());
     // The shard's epoch is its start time: the standby's is another.
     let epoch = |f: &Fed| f.get(&f.control, "/v1/shards").1[0]["version"]["epoch"].as_u64();
     let first = epoch(&fed).unwrap();
@@ -50,9 +33,9 @@ fn an_isolated_shard_host_hands_over_to_its_standby_and_nothing_is_replaced() {
         (standby && ns.len() == nodes && ns.iter().all(|n| n["status"] == "alive")).then_some(())
     });
     eprintln!("every node Alive again {:?} after the cut", cut.elapsed());
-    assert_eq!(placements(&fed), before, "nothing was replaced");
+    assert_eq!(placements(&fed.units()), before, "nothing was replaced");
     fed.lab.heal();
     settled(&fed, 2, Duration::from_secs(60));
     watch.finish("the active shard's host isolated");
-    assert_eq!(placements(&fed), before, "the same units and members, on the same nodes");
+    assert_eq!(placements(&fed.units()), before, "the same units and members, on the same nodes");
 }

@@ -115,6 +115,26 @@ impl Watch {
     }
 }
 
+/// Each live unit's members as `id gen G: member on node` lines, sorted: what must not
+/// change when nothing is replaced.
+pub fn placements(units: &[Value]) -> Vec<String> {
+    let mut out: Vec<String> = units
+        .iter()
+        .filter(|u| u["state"] != "terminated")
+        .flat_map(|u| {
+            let (id, generation) = (u["unit_id"].clone(), u["generation"].clone());
+            u["members"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .into_iter()
+                .map(move |m| format!("{id} gen {generation}: {} on {}", m["member"], m["node_id"]))
+        })
+        .collect();
+    out.sort();
+    out
+}
+
 /// The members running on the agent hosts themselves: (app, unit, member) → hosts, read
 /// from each process's environment.
 pub fn running_members(fed: &Fed) -> BTreeMap<(String, String, String), Vec<String>> {

@@ -28,7 +28,7 @@ mod invariants;
 mod soak;
 
 pub use federation::{AGENT_CORES, ECHO, Fed, LEASE_TTL, Options, cli, spawn_scheduler};
-pub use invariants::{Report, Watch, running_members, settled, violations};
+pub use invariants::{Report, Watch, placements, running_members, settled, violations};
 pub use soak::{SoakReport, soak};
 
 /// What every lab namespace's name starts with: `flab<pid>x<n>-<host>`.
