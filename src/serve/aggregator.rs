@@ -12,6 +12,7 @@ use super::shutdown_signal;
 use super::tokens::{grpc_token_file, join_token_file, reload_tokens};
 use crate::cli::http::parse_duration;
 use crate::secrets::DataDir;
+use flotilla_aggregator::TlsMaterial;
 
 #[derive(Debug, Args)]
 pub struct AggregatorArgs {
@@ -104,6 +105,53 @@ async fn shard_lease(a: &AggregatorArgs, client: &flotilla_etcd::Client) -> flot
     lease
 }
 
+/// While a shard process waits for the lease, it answers QUIC at its address by refusing
+/// every connection (`Incoming::refuse`, before any handshake): an agent trying it gets a
+/// refusal in one round trip and moves to the next address at once, instead of spending
+/// its connect timeout on a silent port. Nothing when the port is chosen at start (0), or
+/// when it cannot be bound (then the agents wait out their timeout, as before).
+fn refuse_while_waiting(listen: SocketAddr, data: &DataDir) -> Option<(quinn::Endpoint, tokio::task::JoinHandle<()>)> {
+    if listen.port() == 0 {
+        return None;
+    }
+    let config = TlsMaterial::load(&data.tls_cert, &data.tls_key).and_then(TlsMaterial::quic_server_config);
+    let endpoint = match config.map(|c| quinn::Endpoint::server(c, listen)) {
+        Ok(Ok(e)) => e,
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, %listen, "standby: cannot listen to refuse agents; they will time out instead");
+            return None;
+        }
+        Err(e) => {
+            tracing::warn!(error = %format!("{e:#}"), "standby: no TLS for the refusing listener");
+            return None;
+        }
+    };
+    let accepting = endpoint.clone();
+    let task = tokio::spawn(async move {
+        while let Some(incoming) = accepting.accept().await {
+            incoming.refuse();
+        }
+    });
+    Some((endpoint, task))
+}
+
+/// Closes the refusing listener and waits (up to 2 s) until its port is free for the
+/// shard itself.
+async fn hand_over(refusing: Option<(quinn::Endpoint, tokio::task::JoinHandle<()>)>, listen: SocketAddr) {
+    let Some((endpoint, task)) = refusing else { return };
+    task.abort();
+    endpoint.close(0u32.into(), b"serving");
+    endpoint.wait_idle().await;
+    drop(endpoint);
+    for _ in 0..40 {
+        if std::net::UdpSocket::bind(listen).is_ok() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tracing::warn!(%listen, "the refusing listener's port is still busy; starting the shard anyway");
+}
+
 pub async fn aggregator(a: AggregatorArgs) -> anyhow::Result<()> {
     if a.shards == 0 || a.shard >= a.shards {
         bail!("--shard {} must be below --shards {}", a.shard, a.shards);
@@ -128,7 +176,9 @@ pub async fn aggregator(a: AggregatorArgs) -> anyhow::Result<()> {
             let endpoints = flotilla_etcd::Endpoints::parse(store).context("--store")?;
             flotilla_etcd::check_prefix(&a.store_prefix).context("--store-prefix")?;
             let client = flotilla_etcd::connect(&endpoints, flotilla_etcd::REQUEST_TIMEOUT).await?;
+            let refusing = refuse_while_waiting(a.listen, &data);
             let lease = shard_lease(&a, &client).await;
+            hand_over(refusing, a.listen).await;
             (Some(client), Some(lease))
         }
         None => (None, None),

@@ -104,6 +104,17 @@ fn a_standby_shard_takes_over_when_the_active_one_is_killed() {
         (alive && running(&up).len() == 2).then(|| members(&up))
     });
     assert!(procs.try_wait(standby).is_none(), "the standby waits");
+    // Waiting, it refuses QUIC at once: an agent trying it moves on in a round trip, not
+    // after its 5 s connect timeout.
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    wait_for("the waiting standby to refuse connections at once", Duration::from_secs(20), || {
+        rt.block_on(async {
+            let ep =
+                flotilla_agent::client::client_endpoint(&dir.join("tls.crt"), "127.0.0.1:0".parse().unwrap()).ok()?;
+            let tried = flotilla_agent::ShardConnection::connect(&ep, b.parse().unwrap(), "127.0.0.1");
+            matches!(tokio::time::timeout(Duration::from_millis(1500), tried).await, Ok(Err(_))).then_some(())
+        })
+    });
 
     let killed = Instant::now();
     signal(active as i32, libc::SIGKILL);

@@ -149,11 +149,7 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
                 if alternates > 1 {
                     // The shard's standby may serve now: the next try goes to the next address.
                     alternate += 1;
-                    let next = flotilla_core::shard_alternate(&entry, alternate);
-                    match resolve(next).await {
-                        Ok((a, h)) => (addr, host) = (a, h),
-                        Err(e) => tracing::warn!(error = %format!("{e:#}"), next, "shard alternate does not resolve"),
-                    }
+                    next_alternate(&entry, alternate, &mut addr, &mut host).await;
                 }
                 tokio::select! {
                     _ = tokio::time::sleep(wait) => continue,
@@ -222,11 +218,27 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
         reporter.abort();
         ready.not_ready(format!("re-registering with shard {shard}: {reason}"));
         tracing::warn!(reason, "re-registering");
+        if alternates > 1 && matches!(conn.conn.close_reason(), Some(quinn::ConnectionError::TimedOut)) {
+            // The shard went silent (its host cut off, say): its standby may serve by now,
+            // and a waiting one refuses at once, so trying it first costs a round trip.
+            alternate += 1;
+            next_alternate(&entry, alternate, &mut addr, &mut host).await;
+        }
         let wait = Duration::from_millis(rand::rng().random_range(100..1000));
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
             stop = stop_rx.recv() => return finish(stop, Some((&conn, session.session_id)), &config, &runtime).await,
         }
+    }
+}
+
+/// Points `addr` and `host` at alternate number `alternate` (modulo their count) of the
+/// shard's `--aggregators` entry; keeps them if it does not resolve.
+async fn next_alternate(entry: &str, alternate: usize, addr: &mut SocketAddr, host: &mut String) {
+    let next = flotilla_core::shard_alternate(entry, alternate);
+    match resolve(next).await {
+        Ok((a, h)) => (*addr, *host) = (a, h),
+        Err(e) => tracing::warn!(error = %format!("{e:#}"), next, "shard alternate does not resolve"),
     }
 }
 
