@@ -62,6 +62,10 @@ pub const SECTIONS: &[Section] = &[
         title: "Node agent (`flotilla agent`, `flotilla-agent`, crates/agent)",
         families: flotilla_agent::catalogue::FAMILIES,
     },
+    Section {
+        title: "Node agent's artifacts (its cache and swarm, crates/artifact)",
+        families: flotilla_artifact::catalogue::FAMILIES,
+    },
     Section { title: "Router (`flotilla route`, crates/router)", families: flotilla_router::catalogue::FAMILIES },
     Section {
         title: "Pool autoscaler (`flotilla autoscaler`, `up --autoscale`, crates/pool)",

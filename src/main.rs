@@ -72,6 +72,8 @@ enum Cmd {
     Logs(cli::logs::LogsArgs),
     /// The event history: node statuses, unit transitions, rollouts, decisions, operator actions.
     Events(cli::events::EventsArgs),
+    /// Artifacts members fetch peer to peer: `push FILE` stores one in the cluster's origin.
+    Artifact(cli::artifacts::ArtifactArgs),
     /// Named API tokens with scopes (read, operate, deploy, admin), optionally per app.
     Token(cli::tokens::TokenArgs),
     /// Rotate the agents' join token: add a new one, later retire the old ones.
@@ -132,6 +134,7 @@ fn main() -> std::process::ExitCode {
                             Cmd::Autoscaler(a) => pool::run_standalone(a, log_format).await,
                             Cmd::Status(a) => cli::status::status(a).await,
                             Cmd::Token(a) => cli::tokens::token_command(a).await,
+                            Cmd::Artifact(a) => cli::artifacts::artifact(a).await,
                             Cmd::Events(a) => cli::events::events(a).await,
                             Cmd::Logs(a) => cli::logs::logs(a).await,
                             Cmd::Agent(_)

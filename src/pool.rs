@@ -147,6 +147,8 @@ pub struct AgentJoin {
     pub join_token_file: PathBuf,
     pub ca: PathBuf,
     pub log_format: LogFormat,
+    /// The control plane's URL (the artifact origin and tracker the agents use).
+    pub control_plane: String,
 }
 
 /// The provider a pool file names. Local agents are tied to this process when `tied`
@@ -171,6 +173,8 @@ pub fn provider(
                 join.join_token_file.display().to_string(),
                 "--ca".into(),
                 join.ca.display().to_string(),
+                "--control-plane".into(),
+                join.control_plane.clone(),
                 "--stop-grace".into(),
                 "2s".into(),
             ],
@@ -184,6 +188,7 @@ pub fn provider(
             env.insert("FLOTILLA_AGGREGATORS".into(), join.aggregators.clone());
             env.insert("FLOTILLA_JOIN_TOKEN_FILE".into(), join.join_token_file.display().to_string());
             env.insert("FLOTILLA_CA".into(), join.ca.display().to_string());
+            env.insert("FLOTILLA_CONTROL_PLANE".into(), join.control_plane.clone());
             env.insert("FLOTILLA_POOL_DIR".into(), data.join("pool").join(&cfg.name).display().to_string());
             if let Ok(exe) = std::env::current_exe() {
                 env.entry("FLOTILLA_BIN".into()).or_insert(exe.display().to_string());
@@ -281,7 +286,7 @@ pub struct AutoscalerArgs {
 pub async fn run_standalone(a: AutoscalerArgs, log_format: LogFormat) -> anyhow::Result<()> {
     let cfg = load_pool(a.pool.as_deref())?;
     let control = crate::cli::http::base_url(&a.control)?;
-    let a = AutoscalerArgs { control, ..a };
+    let a = AutoscalerArgs { control: control.clone(), ..a };
     let http = crate::cli::http::http_client(a.ca.as_deref())?;
     let token = std::fs::read_to_string(a.data.join("api-token")).ok().map(|t| t.trim().to_string());
     let shards: Value = http
@@ -304,6 +309,7 @@ pub async fn run_standalone(a: AutoscalerArgs, log_format: LogFormat) -> anyhow:
         join_token_file: a.data.join("join-token"),
         ca: a.data.join("tls.crt"),
         log_format,
+        control_plane: control.clone(),
     };
     let provider = provider(&cfg, &a.data, &join, false)?;
     let scaler = autoscaler(cfg, &a.data, provider, &a.control, http, token).await?;

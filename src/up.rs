@@ -62,7 +62,7 @@ struct AgentSpec {
 
 /// Distinct nodes of different sizes, over two domains and three zones, every third
 /// one low priority. They log in `log_format`, like `up` itself.
-fn agent_specs(n: usize, aggregators: &str, data: &DataDir, log_format: LogFormat) -> Vec<AgentSpec> {
+fn agent_specs(n: usize, aggregators: &str, control: &str, data: &DataDir, log_format: LogFormat) -> Vec<AgentSpec> {
     (0..n)
         .map(|i| {
             let node_id = format!("node-{}", i + 1);
@@ -91,6 +91,8 @@ fn agent_specs(n: usize, aggregators: &str, data: &DataDir, log_format: LogForma
                 data.dir.join("join-token").display().to_string(),
                 "--ca".into(),
                 data.tls_cert.display().to_string(),
+                "--control-plane".into(),
+                control.to_string(),
                 "--data".into(),
                 data.dir.join("agents").join(&node_id).display().to_string(),
                 // Local agents share a host: each hands out its own ports.
@@ -112,6 +114,8 @@ fn agent_specs(n: usize, aggregators: &str, data: &DataDir, log_format: LogForma
 
 /// How long the app schedulers wait for `up`'s own agents to register.
 const AGENTS_WAIT: Duration = Duration::from_secs(10);
+/// The largest artifact `flotilla artifact push` stores in `up`'s origin.
+const DEFAULT_ARTIFACT_MAX: u64 = 64 << 30;
 
 /// Waits (at most `limit`) until `n` nodes are Alive in the view, so the first units are
 /// placed over every local node rather than packed on the first to register (node
@@ -217,7 +221,8 @@ pub async fn run(a: UpArgs, log_format: LogFormat) -> anyhow::Result<()> {
     let dialer = flotilla_proto::dial::Dialer::network().on_io_thread().with_token(token)?;
     // Shards, schedulers and the control plane follow the token files: no restart rotates.
     use crate::serve::tokens::{api_token_file, grpc_token_file, join_token_file, reload_tokens};
-    reload_tokens(join_token_file(&data, shards.iter().map(|s| s.registry.clone()).collect()))?;
+    let origin = flotilla_control::artifacts::Origin::open(data.dir.join("artifacts"), DEFAULT_ARTIFACT_MAX, None)?;
+    reload_tokens(join_token_file(&data, shards.iter().map(|s| s.registry.clone()).collect(), Some(origin.clone())))?;
     let auths = shards.iter().map(|s| s.grpc_auth.clone()).collect();
     reload_tokens(grpc_token_file(&data, auths, vec![dialer.clone()]))?;
     let api_token = flotilla_core::SharedToken::new(Some(data.api_token.clone()));
@@ -248,6 +253,7 @@ pub async fn run(a: UpArgs, log_format: LogFormat) -> anyhow::Result<()> {
         policies: flotilla_control::Policies::open(data.dir.join("policies"))?,
         pools: flotilla_control::Pools::open(data.dir.join("pools"))?,
         replicas: None,
+        artifacts: Some(origin),
     });
     flotilla_control::record_events(state.clone());
     let options = a.http.options()?;
@@ -289,6 +295,7 @@ pub async fn run(a: UpArgs, log_format: LogFormat) -> anyhow::Result<()> {
                 join_token_file: data.dir.join("join-token"),
                 ca: data.tls_cert.clone(),
                 log_format,
+                control_plane: format!("{scheme}://{listen}"),
             };
             let provider = crate::pool::provider(&cfg, &data.dir, &join, true)?;
             let url = format!("{scheme}://{listen}");
@@ -312,7 +319,7 @@ pub async fn run(a: UpArgs, log_format: LogFormat) -> anyhow::Result<()> {
         None => None,
     };
     let mut agents: Vec<Agent> = Vec::new();
-    for spec in agent_specs(n_agents, &joined, &data, log_format) {
+    for spec in agent_specs(n_agents, &joined, &format!("{scheme}://{listen}"), &data, log_format) {
         let child = spawn(&spec, &agents_dir)?;
         let pid_file = agents_dir.join(format!("{}.pid", spec.node_id));
         let mut agent = Agent { spec, child: Some(child), pid_file, pid_written: false, restart_at: None };
@@ -442,7 +449,7 @@ mod tests {
             tls_key: dir.join("tls.key"),
         };
         for format in [LogFormat::Text, LogFormat::Json] {
-            let spec = agent_specs(1, "127.0.0.1:7000", &data, format).remove(0);
+            let spec = agent_specs(1, "127.0.0.1:7000", "http://127.0.0.1:7700", &data, format).remove(0);
             // The child's command line, as `flotilla` itself will parse it.
             let cli = crate::Cli::try_parse_from(std::iter::once("flotilla".to_string()).chain(spec.args))
                 .unwrap_or_else(|e| panic!("{e}"));

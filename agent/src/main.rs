@@ -19,10 +19,10 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse_from(flotilla_obs::args());
     flotilla_obs::init_tracing(cli.log.format());
     // Before anything records: HELP text for every family this binary exports.
-    flotilla_obs::install(&[flotilla_obs::Section {
-        title: "Node agent",
-        families: flotilla_agent::catalogue::FAMILIES,
-    }]);
+    flotilla_obs::install(&[
+        flotilla_obs::Section { title: "Node agent", families: flotilla_agent::catalogue::FAMILIES },
+        flotilla_obs::Section { title: "Node agent's artifacts", families: flotilla_artifact::catalogue::FAMILIES },
+    ]);
     match flotilla_agent::main_with(cli.cmd) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {

@@ -67,6 +67,7 @@ pub fn control_json(data: &[u8]) {
         policies: Default::default(),
         pools: Default::default(),
         replicas: None,
+        artifacts: None,
     });
     let router = flotilla_control::router(state);
     let (status, content_type, bytes) = RUNTIME.with(|rt| {

@@ -140,7 +140,7 @@ pub async fn units(a: UnitsArgs) -> anyhow::Result<()> {
         // A member that waits (start order), or cannot start (no free port): why.
         for m in u["members"].as_array().into_iter().flatten() {
             let state = m["state"].as_str().unwrap_or("");
-            if let Some(msg) = m["message"].as_str().filter(|_| matches!(state, "waiting" | "failed")) {
+            if let Some(msg) = m["message"].as_str().filter(|_| matches!(state, "waiting" | "failed" | "fetching")) {
                 let member = m["member"].as_str().unwrap_or("?");
                 why.push(format!("{id}: {member} {state}: {}", msg.lines().last().unwrap_or(msg)));
             }

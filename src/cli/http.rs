@@ -121,6 +121,9 @@ impl Api {
         let req = match body {
             Some(Body::Json(v)) => req.json(&v),
             Some(Body::Text(t)) => req.body(t),
+            Some(Body::File(f)) => req
+                .header(reqwest::header::CONTENT_TYPE, "application/octet-stream")
+                .body(reqwest::Body::wrap_stream(tokio_util::io::ReaderStream::new(f))),
             None => req,
         };
         send(req, &self.base).await
@@ -229,6 +232,8 @@ impl WriteArgs {
 pub enum Body {
     Json(Value),
     Text(String),
+    /// Streamed, never read into memory whole (`flotilla artifact push`).
+    File(tokio::fs::File),
 }
 
 #[cfg(test)]

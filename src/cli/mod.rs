@@ -4,6 +4,7 @@
 
 pub mod apply;
 pub mod apps;
+pub mod artifacts;
 pub mod autoscaling;
 pub mod complete;
 pub mod events;

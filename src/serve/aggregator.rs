@@ -203,7 +203,7 @@ pub async fn aggregator(a: AggregatorArgs) -> anyhow::Result<()> {
         config.grpc_tls = Some(flotilla_aggregator::GrpcTls { cert_pem: read(cert)?, key_pem: read(key)? });
     }
     let mut shard = flotilla_aggregator::start(config).await?;
-    reload_tokens(join_token_file(&data, vec![shard.registry.clone()]))?;
+    reload_tokens(join_token_file(&data, vec![shard.registry.clone()], None))?;
     reload_tokens(grpc_token_file(&data, vec![shard.grpc_auth.clone()], Vec::new()))?;
     ready.ready();
     if a.print_addrs {

@@ -50,6 +50,21 @@ pub struct ControlArgs {
     /// may resolve to; any but link-local ones without it.
     #[arg(long, value_delimiter = ',', value_name = "CIDR")]
     pub scheduler_networks: Vec<String>,
+    /// Keep the cluster's artifact origin here (`flotilla artifact push`), and track which
+    /// agents hold which pieces; without it, `flotilla://` artifacts cannot be fetched.
+    #[arg(long)]
+    pub artifacts_dir: Option<PathBuf>,
+    /// The largest artifact a push may store (`64Gi`, bytes, …).
+    #[arg(long, default_value = "64Gi", value_parser = flotilla_core::quantity::memory_bytes)]
+    pub artifact_max_bytes: u64,
+    /// What every reader of the origin may take together, in bytes a second (`100Mi`);
+    /// unset: no limit. Peers carry the rest.
+    #[arg(long, value_parser = flotilla_core::quantity::memory_bytes)]
+    pub artifact_origin_rate: Option<u64>,
+    /// The agents' join-token file (one token a line, newest first): the tracker takes
+    /// announces only from agents that prove they hold one. Followed for rotations.
+    #[arg(long)]
+    pub join_token_file: Option<PathBuf>,
     /// Print the bound address as one JSON line on stdout (for scripts and tests).
     #[arg(long)]
     pub print_addrs: bool,
@@ -77,6 +92,21 @@ pub async fn control(a: ControlArgs) -> anyhow::Result<()> {
             flotilla_etcd::check_prefix(&a.store_prefix).context("--store-prefix")?;
             let client = flotilla_etcd::connect(&endpoints, flotilla_etcd::REQUEST_TIMEOUT).await?;
             Some(Arc::new(flotilla_control::replicas::Replicas::new(client, &a.store_prefix)))
+        }
+        None => None,
+    };
+    let artifacts = match &a.artifacts_dir {
+        Some(dir) => {
+            let origin =
+                flotilla_control::artifacts::Origin::open(dir.clone(), a.artifact_max_bytes, a.artifact_origin_rate)?;
+            match &a.join_token_file {
+                Some(f) => {
+                    let tokens = crate::secrets::read_tokens(f)?;
+                    reload_tokens(super::tokens::tracker_token_file(f.clone(), tokens, origin.clone()))?;
+                }
+                None => tracing::warn!("no --join-token-file: the tracker refuses agents, which read the origin alone"),
+            }
+            Some(origin)
         }
         None => None,
     };
@@ -112,6 +142,7 @@ pub async fn control(a: ControlArgs) -> anyhow::Result<()> {
             None => Default::default(),
         },
         replicas,
+        artifacts,
     });
     flotilla_control::record_events(state.clone());
     if let Some(replicas) = &state.replicas {

@@ -119,6 +119,7 @@ pub async fn scheduler(a: SchedulerArgs) -> anyhow::Result<()> {
         policies: Default::default(),
         pools: Default::default(),
         replicas: None,
+        artifacts: None,
     });
     let mut options = a.http.options()?;
     if let Some(u) = &a.advertise_url {

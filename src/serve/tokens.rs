@@ -31,14 +31,44 @@ pub struct TokenFile {
     pub apply: ApplyTokens,
 }
 
-/// The join tokens of `registries`, followed in DATA/join-token.
-pub fn join_token_file(data: &DataDir, registries: Vec<Arc<Registry>>) -> TokenFile {
+/// The join tokens of `registries` (and of the artifact tracker, which checks agents'
+/// proofs of them), followed in DATA/join-token.
+pub fn join_token_file(
+    data: &DataDir,
+    registries: Vec<Arc<Registry>>,
+    origin: Option<Arc<flotilla_control::artifacts::Origin>>,
+) -> TokenFile {
+    if let Some(o) = &origin {
+        o.set_join_tokens(&data.join_tokens);
+    }
     TokenFile {
         name: "join",
         metrics: (Some(crate::catalogue::JOIN_TOKENS), crate::catalogue::JOIN_TOKENS_RELOADED),
         path: data.dir.join("join-token"),
         current: data.join_tokens.clone(),
-        apply: Box::new(move |t| registries.iter().for_each(|r| r.set_join_tokens(t.to_vec()))),
+        apply: Box::new(move |t| {
+            registries.iter().for_each(|r| r.set_join_tokens(t.to_vec()));
+            if let Some(o) = &origin {
+                o.set_join_tokens(t);
+            }
+        }),
+    }
+}
+
+/// A control plane's copy of the join tokens (`--join-token-file`): the tracker takes
+/// announces from agents that prove they hold one.
+pub fn tracker_token_file(
+    path: PathBuf,
+    current: Vec<String>,
+    origin: Arc<flotilla_control::artifacts::Origin>,
+) -> TokenFile {
+    origin.set_join_tokens(&current);
+    TokenFile {
+        name: "join",
+        metrics: (None, crate::catalogue::JOIN_TOKENS_RELOADED),
+        path,
+        current,
+        apply: Box::new(move |t| origin.set_join_tokens(t)),
     }
 }
 

@@ -6,6 +6,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "a test: a failed step fails it, with the panic's message")]
 
+mod artifacts;
 mod autoscaling;
 mod charts;
 mod cli;

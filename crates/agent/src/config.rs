@@ -121,6 +121,8 @@ pub struct AgentArgs {
     /// the probe measured, to degrade a node on purpose.
     #[arg(long)]
     pub test_health_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub artifacts: crate::artifacts::ArtifactArgs,
 }
 
 /// Parses `1500ms`, `2s`, `1.5s`, `5m`, `1h30m`, `1d` (a bare number is seconds): the
@@ -160,6 +162,7 @@ pub struct AgentConfig {
     pub preemption_notice_file: Option<PathBuf>,
     pub test_health_file: Option<PathBuf>,
     pub runtime: crate::runtime::RuntimeConfig,
+    pub artifacts: crate::artifacts::ArtifactArgs,
 }
 
 /// The newest token of a join-token file: its first non-blank line.
@@ -399,6 +402,7 @@ impl AgentArgs {
         if self.advertise_host.as_ref().is_some_and(|h| h.is_empty() || h.len() > 253) {
             errors.push("--advertise-host: a host name or address".into());
         }
+        errors.extend(self.artifacts.problems());
         match (errors.is_empty(), node_id, labels, join_token, ports) {
             (true, Some(node_id), Some(labels), Some(join_token), Some(ports)) => Ok(AgentConfig {
                 runtime: crate::runtime::RuntimeConfig {
@@ -427,6 +431,7 @@ impl AgentArgs {
                 drain_delay,
                 preemption_notice_file: self.preemption_notice_file,
                 test_health_file: self.test_health_file,
+                artifacts: self.artifacts,
             }),
             _ => Err(errors),
         }

@@ -4,6 +4,7 @@
 //! The same code runs as the `flotilla-agent` binary (the DaemonSet) and as
 //! `flotilla agent` (so `flotilla up` can start agents by re-executing itself).
 
+pub mod artifacts;
 pub mod catalogue;
 pub mod cgroup;
 pub mod client;
@@ -121,7 +122,14 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
         None => local_address_toward(addr)?.to_string(),
     };
     tracing::info!(advertise = %rt_config.advertise_host, "members are reached at this host");
-    let rt = runtime::Runtime::new(rt_config);
+    let artifacts = artifacts::start(
+        &config.artifacts,
+        config.node_id.as_str(),
+        &config.data_dir,
+        &rt_config.advertise_host,
+        &config.current_join_token(),
+    )?;
+    let rt = runtime::Runtime::new(rt_config).with_artifacts(artifacts);
     let (logs, log_readers) = (rt.logs(), std::sync::Arc::new(tokio::sync::Semaphore::new(log_service::MAX_READERS)));
     let (runtime, workloads) = spawn_runtime(rt);
 

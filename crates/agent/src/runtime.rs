@@ -94,6 +94,8 @@ pub struct Runtime {
     dirty: bool,
     http: reqwest::Client,
     next_usage: Instant,
+    /// The cache members' artifacts come from (none: members with artifacts fail).
+    artifacts: Option<Arc<flotilla_artifact::Artifacts>>,
 }
 
 /// Whether a member's use moved enough to report: 5 % (and at least 1 MiB or 10
@@ -108,6 +110,9 @@ fn moved(old: &v1::WorkloadUsage, new: &v1::WorkloadUsage) -> bool {
 fn restart_backoff() -> Backoff {
     Backoff::new(Duration::from_millis(500), Duration::from_secs(30))
 }
+
+/// How often a member waiting for its artifacts looks again.
+const FETCH_POLL: Duration = Duration::from_millis(500);
 
 /// A run this long resets the back-off.
 const HEALTHY_RUN: Duration = Duration::from_secs(10);
@@ -191,6 +196,44 @@ impl Runtime {
             dirty: false,
             http,
             next_usage: Instant::now(),
+            artifacts: None,
+        }
+    }
+
+    pub fn with_artifacts(mut self, artifacts: Arc<flotilla_artifact::Artifacts>) -> Self {
+        self.artifacts = Some(artifacts);
+        self
+    }
+
+    /// Whether `key`'s artifacts are in its working directory; if not, the member shows
+    /// `fetching` (asked again soon) or fails with why.
+    fn artifacts_placed(&mut self, key: &MemberKey, cwd: &std::path::Path) -> bool {
+        let Some(m) = self.members.get(key) else { return false };
+        let list = m.assignment.workload.as_ref().map(|w| w.artifacts.clone()).unwrap_or_default();
+        if list.is_empty() {
+            return true;
+        }
+        let prepared = match &self.artifacts {
+            Some(arts) => crate::artifacts::prepare(arts, &list, cwd),
+            None => crate::artifacts::Prepared::Failed("this agent keeps no artifacts".into()),
+        };
+        match prepared {
+            crate::artifacts::Prepared::Ready => true,
+            crate::artifacts::Prepared::Fetching(msg) => {
+                if let Some(m) = self.members.get_mut(key) {
+                    if m.state != WorkloadState::Fetching || m.message != msg {
+                        self.dirty = true;
+                    }
+                    m.state = WorkloadState::Fetching;
+                    m.message = msg;
+                    m.next_start = Instant::now() + FETCH_POLL;
+                }
+                false
+            }
+            crate::artifacts::Prepared::Failed(why) => {
+                self.fail(key, why);
+                false
+            }
         }
     }
 
@@ -210,6 +253,9 @@ impl Runtime {
 
     /// Applies a new assignment set: new members start, removed ones stop, changed ones restart.
     pub fn assign(&mut self, list: Vec<v1::Assignment>) {
+        if let Some(arts) = &self.artifacts {
+            arts.pin(crate::artifacts::in_use(&list));
+        }
         let wanted: BTreeMap<MemberKey, v1::Assignment> = list.into_iter().map(|a| (key_of(&a), a)).collect();
         let gone: Vec<MemberKey> = self
             .members
@@ -320,6 +366,16 @@ impl Runtime {
             }
             return;
         }
+        let dir = self.logs.member_dir(&key.0, &key.1, &key.2, key.3);
+        if let Err(e) = std::fs::create_dir_all(&dir) {
+            // A full disk may refuse even a dir: the member runs in the data dir and its
+            // output goes nowhere, rather than not running at all.
+            tracing::warn!(dir = %dir.display(), error = %e, "cannot create the member's dir; its output is dropped");
+        }
+        let cwd = if dir.is_dir() { dir } else { self.cfg.data_dir.clone() };
+        if !self.artifacts_placed(key, &cwd) {
+            return;
+        }
         let ports = match self.ports_for(key) {
             Ok(p) => p,
             Err(why) => {
@@ -339,14 +395,7 @@ impl Runtime {
         } else {
             PathBuf::from(&w.command)
         };
-        let dir = self.logs.member_dir(&key.0, &key.1, &key.2, key.3);
         let logs = self.logs.start(&key.0, &key.1, &key.2, key.3);
-        if let Err(e) = std::fs::create_dir_all(&dir) {
-            // A full disk may refuse even a dir: the member runs in the data dir and its
-            // output goes nowhere, rather than not running at all.
-            tracing::warn!(dir = %dir.display(), error = %e, "cannot create the member's dir; its output is dropped");
-        }
-        let cwd = if dir.is_dir() { dir.clone() } else { cfg.data_dir.clone() };
         let mut cmd = tokio::process::Command::new(&program);
         cmd.args(&w.args)
             .envs(&w.env)

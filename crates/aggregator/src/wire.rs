@@ -20,6 +20,8 @@ pub const MAX_TTL_MS: u32 = 600_000;
 pub const MAX_REPORTED_WORKLOADS: usize = 1024;
 /// Largest workload of a claim: command, arguments and environment together, in bytes.
 const MAX_WORKLOAD_BYTES: usize = 64 * 1024;
+/// A member's artifacts, at most (the spec's limit too).
+const MAX_ARTIFACTS: usize = 16;
 /// Most arguments, and most environment variables, of a workload.
 const MAX_WORKLOAD_ITEMS: usize = 256;
 /// Longest address a workload report may give for a member, in bytes.
@@ -119,6 +121,11 @@ fn workload_from_wire(
     }
     if workload.after.len() > MAX_NAME {
         return Err(InvalidRequest::new(format!("{field}.after"), "too long"));
+    }
+    if workload.artifacts.len() > MAX_ARTIFACTS
+        || workload.artifacts.iter().any(|a| a.source.len() + a.sha256.len() + a.dest.len() + a.unpack.len() > 4096)
+    {
+        return Err(InvalidRequest::new(format!("{field}.artifacts"), "at most 16, each under 4 KiB"));
     }
     Ok(workload)
 }

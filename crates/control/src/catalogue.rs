@@ -155,4 +155,29 @@ pub const FAMILIES: &[Family] = &[
     REPLICA_WRITES,
     REPLICA_SYNCS,
     REPLICA_ENTRIES_SKIPPED,
+    ARTIFACT_PUSHES,
+    ORIGIN_BYTES,
+    TRACKER_ANNOUNCES,
+    TRACKER_SWARMS,
+    TRACKER_PEERS,
 ];
+
+pub const ARTIFACT_PUSHES: Family = Family::counter(
+    "flotilla_origin_pushes_total",
+    "`flotilla artifact push` uploads to the origin, by result (ok, too_large, error).",
+    &["result"],
+);
+pub const ORIGIN_BYTES: Family = Family::counter(
+    "flotilla_origin_bytes_total",
+    "Artifact bytes the origin sent to agents (and other readers): about one copy per artifact when the swarm works.",
+    &[],
+);
+pub const TRACKER_ANNOUNCES: Family = Family::counter(
+    "flotilla_tracker_announces_total",
+    "Agents' artifact announces, by result (ok, unauthenticated: no proof of the cluster's join token, malformed).",
+    &["result"],
+);
+pub const TRACKER_SWARMS: Family =
+    Family::gauge("flotilla_tracker_swarms", "Artifacts the tracker follows now (one swarm each).", &[]);
+pub const TRACKER_PEERS: Family =
+    Family::gauge("flotilla_tracker_peers", "Nodes in the tracker's swarms now, over all artifacts.", &[]);

@@ -51,6 +51,10 @@ pub enum ControlError {
     NoSuchApp(String),
     #[error("no autoscaler has reported pool {0:?}")]
     NoSuchPool(String),
+    #[error("no artifact {0} in the origin (push it with `flotilla artifact push FILE`)")]
+    NoSuchArtifact(String),
+    #[error("this control plane keeps no artifacts: start it with --artifacts-dir")]
+    NoArtifactStore,
     /// A unit, or a member of one, the app's scheduler does not know (the message names it).
     #[error("{0}")]
     NoSuchMember(String),
@@ -133,9 +137,8 @@ impl ServiceError for ControlError {
     fn kind(&self) -> ErrorKind {
         use ControlError::*;
         match self {
-            NoSuchEndpoint | NoSuchAction(_) | NoSuchNode(_) | NoSuchApp(_) | NoSuchPool(_) | NoSuchMember(_) => {
-                ErrorKind::NotFound
-            }
+            NoSuchEndpoint | NoSuchAction(_) | NoSuchNode(_) | NoSuchApp(_) | NoSuchPool(_) | NoSuchMember(_)
+            | NoSuchArtifact(_) => ErrorKind::NotFound,
             NodeGone(_) => ErrorKind::Gone,
             BadRequest(_) | TlsRequired { .. } | HostNotAllowed { .. } => ErrorKind::Malformed,
             InvalidSpec(_) | InvalidPolicy(_) | NotAScheduler { .. } => ErrorKind::InvalidInput,
@@ -150,7 +153,7 @@ impl ServiceError for ControlError {
             Token(crate::tokens::TokenError::NoFile) => ErrorKind::Conflict,
             Token(crate::tokens::TokenError::NoSuchToken(_)) => ErrorKind::NotFound,
             Token(crate::tokens::TokenError::Storage(_)) => ErrorKind::Internal,
-            AppRunsHere(_) | ScheduledElsewhere { .. } | ForwardLoop { .. } => ErrorKind::Conflict,
+            AppRunsHere(_) | ScheduledElsewhere { .. } | ForwardLoop { .. } | NoArtifactStore => ErrorKind::Conflict,
             ShardUnreachable { .. } | SchedulerUnreachable { .. } => ErrorKind::Unavailable,
             Forwarded { status, .. } => kind_of_status(*status),
             TooLarge { .. } => ErrorKind::TooLarge,
@@ -166,6 +169,8 @@ impl ServiceError for ControlError {
             NoSuchNode(_) => "no_such_node",
             NoSuchApp(_) => "no_such_app",
             NoSuchPool(_) => "no_such_pool",
+            NoSuchArtifact(_) => "no_such_artifact",
+            NoArtifactStore => "no_artifact_store",
             NoSuchMember(_) => "no_such_member",
             NodeGone(_) => "node_gone",
             BadRequest(_) => "bad_request",

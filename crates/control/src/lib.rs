@@ -3,6 +3,7 @@
 
 pub mod answers;
 pub mod apps;
+pub mod artifacts;
 mod auth;
 mod autoscaling;
 mod body;
@@ -73,6 +74,8 @@ pub struct ControlState {
     pub pools: Pools,
     /// The store shared with other control-plane replicas (etcd), when there is one.
     pub replicas: Option<Arc<replicas::Replicas>>,
+    /// The artifact origin and tracker (`--artifacts-dir`), when this process keeps them.
+    pub artifacts: Option<Arc<artifacts::Origin>>,
 }
 
 /// Starts recording what changes (node statuses, units, rollouts, decisions) in the
@@ -106,6 +109,7 @@ pub fn router(state: Arc<ControlState>) -> Router {
         .merge(schedulers::routes())
         .merge(autoscaling::routes())
         .merge(pools::routes())
+        .merge(artifacts::routes())
         .merge(ui::routes())
         .fallback(|| async { ControlError::NoSuchEndpoint })
         // gRPC shares the port (HTTP/2); its paths name the service.

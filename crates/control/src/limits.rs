@@ -172,12 +172,21 @@ async fn guard(State(g): State<Guard>, req: Request, next: Next) -> Response {
     if is_grpc_call(&req) {
         return next.run(req).await;
     }
+    // Agents announce with a token derived from the join token, checked by the handler.
+    let announce = req.method() == axum::http::Method::POST
+        && req.uri().path().starts_with("/v1/artifacts/")
+        && req.uri().path().ends_with("/announce");
     // Authenticate from the headers alone: a caller without the token never gets a
     // byte of its body read (hyper closes the connection after the answer).
     if !req.method().is_safe()
+        && !announce
         && let Err(why) = g.creds.grant(req.headers())
     {
         return unauthenticated(why).into_response();
+    }
+    // A push streams to disk under the origin's own cap, never buffered here.
+    if req.method() == axum::http::Method::PUT && req.uri().path() == crate::artifacts::PUSH_PATH {
+        return next.run(req).await;
     }
     let declared = req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
     if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {

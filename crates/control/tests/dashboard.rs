@@ -74,6 +74,7 @@ async fn start_with(options: HttpOptions) -> (SocketAddr, Arc<ClusterView>, toki
         policies: Default::default(),
         pools: Default::default(),
         replicas: None,
+        artifacts: None,
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

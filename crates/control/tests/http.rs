@@ -33,6 +33,7 @@ async fn start(options: HttpOptions) -> (SocketAddr, tokio::sync::oneshot::Sende
         policies: Default::default(),
         pools: Default::default(),
         replicas: None,
+        artifacts: None,
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

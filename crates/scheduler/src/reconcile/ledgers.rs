@@ -298,6 +298,17 @@ pub fn workload(spec: &AppSpec, role: &str, t: &MemberTemplate) -> v1::Workload 
         port_ranges: t.port_ranges.clone().into_iter().collect(),
         main_port,
         after: t.after.clone().unwrap_or_default(),
+        artifacts: t
+            .artifacts
+            .iter()
+            .map(|a| v1::Artifact {
+                source: a.source.clone(),
+                sha256: a.sha256.to_ascii_lowercase(),
+                dest: a.dest.clone(),
+                unpack: a.unpack.clone().filter(|u| u != "none").unwrap_or_default(),
+                mode: a.mode_bits(),
+            })
+            .collect(),
     }
 }
 
@@ -331,6 +342,7 @@ pub fn workload_state(w: &v1::WorkloadStatus) -> &'static str {
         v1::WorkloadState::Exited => "exited",
         v1::WorkloadState::Failed => "failed",
         v1::WorkloadState::Waiting => "waiting",
+        v1::WorkloadState::Fetching => "fetching",
         v1::WorkloadState::Unspecified => "unknown",
     }
 }

@@ -1,0 +1,151 @@
+//! The agent's side of artifacts: its flags, starting the cache and swarm
+//! ([`flotilla_artifact::Artifacts`]), and what a member waits for before it starts.
+
+use std::collections::HashSet;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::Path;
+use std::sync::Arc;
+
+use flotilla_artifact::fetch::{Config, Progress, Want};
+use flotilla_artifact::unpack::Format;
+use flotilla_artifact::{Artifacts, Digest, Source};
+use flotilla_proto::v1;
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct ArtifactArgs {
+    /// The control plane (`http://HOST:7700`): the origin of `flotilla://` artifacts and
+    /// the tracker that tells agents which peers hold which pieces. Without it, only
+    /// `http(s)://` artifacts are fetched, each from its source.
+    #[arg(long, env = "FLOTILLA_CONTROL_PLANE")]
+    pub control_plane: Option<String>,
+    /// The artifact cache's size cap (`20Gi`); unused artifacts are evicted past it.
+    #[arg(long, default_value = "20Gi", value_parser = flotilla_core::quantity::memory_bytes)]
+    pub artifact_cache: u64,
+    /// The UDP port peers fetch pieces from (QUIC); 0: any free port.
+    #[arg(long, default_value_t = 0)]
+    pub peer_port: u16,
+    /// This node cannot take connections (behind NAT): it only dials peers, and serves
+    /// the ones it dialled.
+    #[arg(long)]
+    pub peer_no_listen: bool,
+    /// What this node sends its peers, at most, in bytes a second (`50Mi`).
+    #[arg(long, value_parser = flotilla_core::quantity::memory_bytes)]
+    pub artifact_upload_rate: Option<u64>,
+    /// What this node fetches, at most, in bytes a second (peers and origin together).
+    #[arg(long, value_parser = flotilla_core::quantity::memory_bytes)]
+    pub artifact_download_rate: Option<u64>,
+    /// Pieces sent to peers at once, at most.
+    #[arg(long, default_value_t = 8)]
+    pub artifact_max_uploads: usize,
+}
+
+impl ArtifactArgs {
+    pub fn problems(&self) -> Vec<String> {
+        let mut errors = Vec::new();
+        if let Some(cp) = &self.control_plane
+            && !(cp.starts_with("http://") || cp.starts_with("https://"))
+        {
+            errors.push(format!("--control-plane: {cp:?} is not an http:// or https:// URL"));
+        }
+        if !(1..=1024).contains(&self.artifact_max_uploads) {
+            errors.push("--artifact-max-uploads: within 1..=1024".into());
+        }
+        errors
+    }
+}
+
+/// Starts the cache and the peer port (on the address members are advertised at).
+pub fn start(
+    args: &ArtifactArgs,
+    node: &str,
+    data_dir: &Path,
+    advertise: &str,
+    join_token: &str,
+) -> anyhow::Result<Arc<Artifacts>> {
+    let ip = advertise.parse::<IpAddr>().unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
+    let cfg = Config {
+        node: node.to_string(),
+        dir: data_dir.join("artifacts"),
+        cap: args.artifact_cache,
+        origin: args.control_plane.clone(),
+        keys: flotilla_artifact::auth::PeerKeys::from_tokens(&[join_token.to_string()]),
+        bind: SocketAddr::new(ip, args.peer_port),
+        listen: !args.peer_no_listen,
+        advertise: advertise.to_string(),
+        upload_rate: args.artifact_upload_rate,
+        download_rate: args.artifact_download_rate,
+        max_uploads: args.artifact_max_uploads,
+    };
+    let a = Artifacts::start(cfg)?;
+    tracing::info!(peer_port = ?a.peer_addr(), origin = ?args.control_plane, "artifact cache ready");
+    Ok(a)
+}
+
+fn want(a: &v1::Artifact) -> Result<(Want, Source), String> {
+    let digest = Digest::parse(&a.sha256).map_err(|e| format!("artifact {}: {e}", a.dest))?;
+    let source = Source::parse(&a.source)?;
+    let unpack = match a.unpack.as_str() {
+        "" | "none" => None,
+        u => Some(Format::parse(u)?),
+    };
+    Ok((Want { digest, source: source.clone(), unpack }, source))
+}
+
+/// The digests `assignments` use: the cache keeps them.
+pub fn in_use(assignments: &[v1::Assignment]) -> HashSet<Digest> {
+    let arts = assignments.iter().filter_map(|a| a.workload.as_ref()).flat_map(|w| &w.artifacts);
+    arts.filter_map(|a| Digest::parse(&a.sha256).ok()).collect()
+}
+
+/// Where a member stands with its artifacts.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Prepared {
+    /// All there, placed in its working directory.
+    Ready,
+    /// Still arriving (or retrying): what to show.
+    Fetching(String),
+    /// It cannot start: what to show.
+    Failed(String),
+}
+
+/// Asks for every artifact a member needs; once all are there, places them in `cwd`.
+pub fn prepare(arts: &Arc<Artifacts>, list: &[v1::Artifact], cwd: &Path) -> Prepared {
+    let (mut done, mut total, mut rate, mut waiting, mut retrying) = (0u64, 0u64, 0u64, 0, None);
+    let mut ready = Vec::new();
+    for a in list {
+        let (w, source) = match want(a) {
+            Ok(x) => x,
+            Err(e) => return Prepared::Failed(e),
+        };
+        match arts.want(&w) {
+            Progress::Ready { blob, tree } => ready.push((a, w, source, blob, tree)),
+            Progress::Fetching { done: d, total: t, bytes_per_second } => {
+                (done, total, rate, waiting) = (done + d, total + t, rate + bytes_per_second, waiting + 1);
+            }
+            Progress::Failed { why, lasting: true } => return Prepared::Failed(why),
+            Progress::Failed { why, lasting: false } => {
+                waiting += 1;
+                retrying = Some(why);
+            }
+        }
+    }
+    if waiting > 0 {
+        let mib = |b: u64| b as f64 / (1 << 20) as f64;
+        let mut msg =
+            format!("fetching {waiting} of {} artifacts: {:.1} of {:.1} MiB", list.len(), mib(done), mib(total));
+        if rate > 0 {
+            msg += &format!(" at {:.1} MiB/s", mib(rate));
+        }
+        if let Some(why) = retrying {
+            msg += &format!("; retrying after: {why}");
+        }
+        return Prepared::Fetching(msg);
+    }
+    for (a, w, source, blob, tree) in ready {
+        let name = source.file_name(&w.digest);
+        if let Err(e) = flotilla_artifact::place::place(cwd, &a.dest, &name, &blob, tree.as_deref(), a.mode) {
+            return Prepared::Failed(format!("artifact {}: {e}", a.dest));
+        }
+    }
+    Prepared::Ready
+}
