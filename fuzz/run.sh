@@ -14,7 +14,7 @@ secs=${1:-20}
 shift || true
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
-  targets=(heartbeat registration commit_request app_spec control_json autoscaling pool)
+  targets=(heartbeat registration commit_request app_spec control_json autoscaling pool artifact_wire)
 fi
 jobs=${FUZZ_JOBS:-$(nproc)}
 

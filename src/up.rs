@@ -221,7 +221,8 @@ pub async fn run(a: UpArgs, log_format: LogFormat) -> anyhow::Result<()> {
     let dialer = flotilla_proto::dial::Dialer::network().on_io_thread().with_token(token)?;
     // Shards, schedulers and the control plane follow the token files: no restart rotates.
     use crate::serve::tokens::{api_token_file, grpc_token_file, join_token_file, reload_tokens};
-    let origin = flotilla_control::artifacts::Origin::open(data.dir.join("artifacts"), DEFAULT_ARTIFACT_MAX, None)?;
+    let origin =
+        flotilla_control::artifacts::Origin::open(data.dir.join("artifacts"), DEFAULT_ARTIFACT_MAX, None, 0.0)?;
     reload_tokens(join_token_file(&data, shards.iter().map(|s| s.registry.clone()).collect(), Some(origin.clone())))?;
     let auths = shards.iter().map(|s| s.grpc_auth.clone()).collect();
     reload_tokens(grpc_token_file(&data, auths, vec![dialer.clone()]))?;

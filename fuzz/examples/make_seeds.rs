@@ -9,8 +9,11 @@
 
 use std::path::{Path, PathBuf};
 
+use flotilla_artifact::manifest::{MIN_PIECE, Manifest};
+use flotilla_artifact::wire::{Hello, Request, Status};
+use flotilla_artifact::{Bitfield, Digest};
 use flotilla_core::PROTOCOL_VERSION;
-use flotilla_fuzz::{MASTER, NODE, hb, register_request};
+use flotilla_fuzz::{BITFIELD_EXPLICIT_LEN, MANIFEST_RESERVED, MASTER, NODE, hb, register_request};
 use flotilla_proto::seal::{self, Direction, Header, MAGIC_HEARTBEAT};
 use flotilla_proto::v1;
 use prost::Message;
@@ -32,6 +35,7 @@ fn main() -> std::io::Result<()> {
         ("control_json", control_json()),
         ("autoscaling", autoscaling()),
         ("pool", pool()),
+        ("artifact_wire", artifact_wire()),
     ] {
         let dir = root.join(target);
         std::fs::create_dir_all(&dir)?;
@@ -625,5 +629,60 @@ labels = { priority = "medium" }
         ("list-bad-id", with(3, r#"[{"id": "../etc", "node_type": "a"}]"#)),
         ("list-no-type", with(3, r#"[{"id": "pool-a-1"}]"#)),
         ("list-not-json", with(3, "instances: none")),
+    ]
+}
+
+fn artifact_wire() -> Seeds {
+    // Every input is read as each frame (see `flotilla_fuzz::artifact_wire`); a seed is
+    // named for the one it is.
+    let manifest = |size: u64| {
+        let count = size.div_ceil(u64::from(MIN_PIECE)) as u32;
+        let pieces = (0..count).map(|i| Digest::of(&i.to_be_bytes())).collect();
+        Manifest { size, piece_size: MIN_PIECE, pieces }.encode()
+    };
+    let three = manifest(2 * u64::from(MIN_PIECE) + 5);
+    let with = |mut b: Vec<u8>, at: usize, bytes: &[u8]| {
+        b[at..at + bytes.len()].copy_from_slice(bytes);
+        b
+    };
+    let answer = |s: Status, body: &[u8]| [&s.encode()[..], body].concat();
+    let hello = |node: &str| Hello { key_id: *b"key-0001", node: node.into(), mac: [0xa5; 32] }.encode();
+    let mut bits = Bitfield::new(70);
+    [0, 9, 63, 64, 69].iter().for_each(|i| bits.set(*i));
+    let fitted = |low: u8, hex: &str| [&[low][..], hex.as_bytes()].concat();
+    let explicit = |len: u32, hex: &str| [&[BITFIELD_EXPLICIT_LEN][..], &len.to_be_bytes(), hex.as_bytes()].concat();
+    vec![
+        ("manifest-empty", manifest(0)),
+        ("manifest-three-pieces", three.clone()),
+        ("manifest-reserved-set", with(three.clone(), MANIFEST_RESERVED.start, &[1, 2, 3])),
+        ("manifest-short", three[..23].to_vec()),
+        ("manifest-bad-magic", with(three.clone(), 0, b"FLAX")),
+        ("manifest-bad-version", with(three.clone(), 4, &[2])),
+        ("manifest-bad-piece-size", with(three.clone(), 16, &(MIN_PIECE + 1).to_be_bytes())),
+        ("manifest-bad-count", with(three.clone(), 20, &4u32.to_be_bytes())),
+        ("manifest-too-long", [&three[..], &[0]].concat()),
+        ("manifest-huge-size", with(three.clone(), 8, &u64::MAX.to_be_bytes())),
+        ("answer-manifest", answer(Status::Ok(three.len() as u32), &three)),
+        ("answer-piece", answer(Status::Ok(16), &[7; 16])),
+        ("answer-missing", answer(Status::Missing, &[])),
+        ("answer-busy", answer(Status::Busy, &[])),
+        ("answer-too-big", vec![0, 0xff, 0xff, 0xff, 0xff]),
+        ("answer-bad-status", vec![9, 0, 0, 0, 0]),
+        ("request-manifest", Request::Manifest(Digest::of(b"artifact")).encode().to_vec()),
+        ("request-piece", Request::Piece(Digest::of(b"artifact"), 77).encode().to_vec()),
+        ("request-bad-kind", with(Request::Piece(Digest::of(b"artifact"), 1).encode().to_vec(), 0, &[0])),
+        ("hello", hello("node-7")),
+        ("hello-longest-node", hello(&"n".repeat(253))),
+        ("hello-not-utf8", with(hello("node-7"), 9, &[0xff])),
+        ("hello-empty-node", [&b"key-0001"[..], &[0], &[0xa5; 32]].concat()),
+        ("hello-short", hello("node-7")[..20].to_vec()),
+        ("bitfield", explicit(70, &bits.to_hex())),
+        ("bitfield-fitted", fitted(3, "ff1f")),
+        ("bitfield-upper-case", fitted(0, "A5fF")),
+        ("bitfield-past-the-last", fitted(3, "ffff")),
+        ("bitfield-not-hex", fitted(0, "zz")),
+        ("bitfield-wrong-length", explicit(80, &bits.to_hex())),
+        ("bitfield-huge-length", explicit(u32::MAX, "00")),
+        ("bitfield-empty", explicit(0, "")),
     ]
 }

@@ -458,6 +458,11 @@ pub fn autoscaling(data: &[u8]) {
 mod control;
 pub use control::control_json;
 
+// ---- artifact wire formats (artifact.rs) ---------------------------------------
+
+mod artifact;
+pub use artifact::{BITFIELD_EXPLICIT_LEN, MANIFEST_RESERVED, artifact_wire};
+
 // ---- pool ----------------------------------------------------------------------
 
 /// The most bytes of one pool input: the pool file and a demand file are read whole, so a

@@ -53,3 +53,8 @@ fn autoscaling() {
 fn pool() {
     replay("pool", flotilla_fuzz::pool);
 }
+
+#[test]
+fn artifact_wire() {
+    replay("artifact_wire", flotilla_fuzz::artifact_wire);
+}

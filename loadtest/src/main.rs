@@ -7,6 +7,7 @@ mod dashboard;
 mod failover;
 mod heartbeats;
 mod lab;
+mod p2p;
 mod policies;
 mod routing;
 mod schedule;
@@ -38,6 +39,8 @@ enum Cmd {
     Soak(soak::SoakArgs),
     /// Lab hosts (network namespaces, as root) under mixed faults: `lab --soak`.
     Lab(lab::LabArgs),
+    /// One artifact to many lab hosts: Flotilla's swarm, HTTP from the origin, BitTorrent.
+    P2p(p2p::P2pArgs),
     /// One autoscaling evaluation for each of many apps (both policies).
     Policies(policies::PoliciesArgs),
     /// One pool scale-up decision for a seeded demand, against Ray 2.60's own scheduler.
@@ -57,6 +60,7 @@ async fn main() -> std::process::ExitCode {
         Cmd::Routing(a) => routing::run(a).await,
         Cmd::Soak(a) => soak::run(a).await,
         Cmd::Lab(a) => lab::run(a),
+        Cmd::P2p(a) => p2p::run(a),
         Cmd::Policies(a) => policies::run(a),
         Cmd::Autoscale(a) => autoscale::run(a),
         Cmd::Dashboard(a) => dashboard::run(a).await,

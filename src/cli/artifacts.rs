@@ -42,12 +42,15 @@ pub struct FetchArgs {
     data: PathBuf,
     #[arg(long)]
     node_id: String,
-    /// The agents' join token file (its first line is the cluster's key).
+    /// The agents' join token file (one token a line, newest first): the cluster's key.
     #[arg(long)]
     join_token_file: Option<PathBuf>,
     /// The address peers reach this node at (its peer port is bound there).
     #[arg(long, default_value = "127.0.0.1")]
     advertise: String,
+    /// Also write the JSON report to this file (atomically) once the fetch is done.
+    #[arg(long)]
+    report: Option<PathBuf>,
     /// Keep serving for this long after the fetch (default: until SIGTERM).
     #[arg(long, value_parser = super::http::parse_duration)]
     seed_for: Option<Duration>,
@@ -78,11 +81,11 @@ async fn fetch(f: FetchArgs) -> anyhow::Result<()> {
     anyhow::ensure!(problems.is_empty(), "{}", problems.join("; "));
     let digest = Digest::parse(&f.sha256).map_err(anyhow::Error::msg)?;
     let source = Source::parse(&f.source).map_err(anyhow::Error::msg)?;
-    let token = match &f.join_token_file {
-        Some(p) => crate::secrets::read_tokens(p)?.into_iter().next().unwrap_or_default(),
-        None => String::new(),
+    let tokens = match &f.join_token_file {
+        Some(p) => crate::secrets::read_tokens(p)?,
+        None => Vec::new(),
     };
-    let arts = flotilla_agent::artifacts::start(&f.agent, &f.node_id, &f.data, &f.advertise, &token)?;
+    let arts = flotilla_agent::artifacts::start(&f.agent, &f.node_id, &f.data, &f.advertise, &tokens)?;
     let started = Instant::now();
     let want = Want { digest, source, unpack: None };
     loop {
@@ -106,6 +109,9 @@ async fn fetch(f: FetchArgs) -> anyhow::Result<()> {
         "from_origin": metric(flotilla_artifact::catalogue::BYTES.name, "from=\"origin\""),
     });
     println!("{report}");
+    if let Some(path) = &f.report {
+        flotilla_obs::fsutil::write_atomic(path, report.to_string().as_bytes(), 0o644)?;
+    }
     match f.seed_for {
         Some(d) => tokio::time::sleep(d).await,
         None => crate::serve::shutdown_signal().await,

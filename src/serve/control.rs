@@ -61,6 +61,9 @@ pub struct ControlArgs {
     /// unset: no limit. Peers carry the rest.
     #[arg(long, value_parser = flotilla_core::quantity::memory_bytes)]
     pub artifact_origin_rate: Option<u64>,
+    /// FOR TESTS: cut off this fraction of the origin's reads partway (0..1).
+    #[arg(long, hide = true, default_value_t = 0.0)]
+    pub test_origin_drop: f64,
     /// The agents' join-token file (one token a line, newest first): the tracker takes
     /// announces only from agents that prove they hold one. Followed for rotations.
     #[arg(long)]
@@ -97,8 +100,12 @@ pub async fn control(a: ControlArgs) -> anyhow::Result<()> {
     };
     let artifacts = match &a.artifacts_dir {
         Some(dir) => {
-            let origin =
-                flotilla_control::artifacts::Origin::open(dir.clone(), a.artifact_max_bytes, a.artifact_origin_rate)?;
+            let origin = flotilla_control::artifacts::Origin::open(
+                dir.clone(),
+                a.artifact_max_bytes,
+                a.artifact_origin_rate,
+                a.test_origin_drop.clamp(0.0, 1.0),
+            )?;
             match &a.join_token_file {
                 Some(f) => {
                     let tokens = crate::secrets::read_tokens(f)?;

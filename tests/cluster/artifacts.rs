@@ -144,6 +144,37 @@ unpack = "tar.gz"
     );
     assert!(from_peers >= model.len() as f64, "peers sent each other {from_peers} bytes");
 
+    // A rollout to a spec with a new artifact is make-before-break: the replacements fetch
+    // (the artifact is not even pushed yet) while every old unit keeps running.
+    let v2: Vec<u8> = model.iter().map(|b| b ^ 0x5a).collect();
+    let v2_digest = Digest::of(&v2);
+    std::fs::write(dir.path().join("model-v2.bin"), &v2).unwrap();
+    let v2_spec = dir.path().join("art-v2.toml");
+    let good_v2 = good
+        .replace(&format!("flotilla://{model_digest}"), &format!("flotilla://{v2_digest}"))
+        .replace(&model_digest.hex(), &v2_digest.hex());
+    std::fs::write(&v2_spec, spec("art", &good_v2)).unwrap();
+    run_ok(up.cli().arg("apply").arg(&v2_spec));
+    wait_for("a replacement fetching beside the running units", Duration::from_secs(60), || {
+        let units = up.units("art");
+        let running = units.iter().filter(|u| u["state"] == "running").count();
+        let fetching = units
+            .iter()
+            .flat_map(|u| {
+                u["members"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .chain(u["surge"].as_array().cloned().unwrap_or_default())
+            })
+            .any(|m| m["state"] == "fetching");
+        assert!(units.is_empty() || running >= 2, "a unit stopped before its replacement had its artifact: {units:?}");
+        (fetching && running == 3).then_some(())
+    });
+    run_ok(up.cli().args(["artifact", "push"]).arg(dir.path().join("model-v2.bin")));
+    run_ok(up.cli().args(["apply", "--wait", "--timeout", "120s"]).arg(&v2_spec));
+
     // The wrong digest: the member fails naming both digests; nothing of it is cached.
     let failed = wait_for("the bad member failing", Duration::from_secs(60), || {
         members(&up, "bad")

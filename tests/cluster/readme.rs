@@ -99,13 +99,17 @@ fn run_block(b: &Block) {
             let nodes = up.nodes();
             (!nodes.is_empty() && nodes.iter().all(|n| n["status"] == "alive")).then_some(())
         });
+        // (Or fetching: an artifact the block's own lines push.)
+        let fetching = |u: &serde_json::Value| {
+            u["members"].as_array().is_some_and(|ms| ms.iter().any(|m| m["state"] == "fetching"))
+        };
         flotilla_testkit::wait_for("every app's units running", wait, || {
             let (_, apps) = flotilla_testkit::http(&up.addr, "GET", "/v1/apps", None, "");
             apps.as_array()?
                 .iter()
                 .all(|a| {
                     let units = up.units(a["app"].as_str().unwrap_or_default());
-                    !units.is_empty() && units.iter().all(|u| u["state"] == "running")
+                    !units.is_empty() && units.iter().all(|u| u["state"] == "running" || fetching(u))
                 })
                 .then_some(())
         });

@@ -7,6 +7,7 @@
 
 mod leases;
 mod network;
+mod p2p;
 mod partitions;
 mod shards;
 mod soak;

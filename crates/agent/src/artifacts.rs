@@ -37,6 +37,9 @@ pub struct ArtifactArgs {
     /// Pieces sent to peers at once, at most.
     #[arg(long, default_value_t = 8)]
     pub artifact_max_uploads: usize,
+    /// FOR TESTS: flip a byte of every piece this node sends, to play a corrupted peer.
+    #[arg(long, hide = true)]
+    pub test_corrupt_uploads: bool,
 }
 
 impl ArtifactArgs {
@@ -54,27 +57,33 @@ impl ArtifactArgs {
     }
 }
 
-/// Starts the cache and the peer port (on the address members are advertised at).
+/// Starts the cache and the peer port (on every address: the one advertised may be a
+/// NAT's). `tokens`: the join tokens this node holds, newest first (a rotation keeps it
+/// talking to peers on either).
 pub fn start(
     args: &ArtifactArgs,
     node: &str,
     data_dir: &Path,
     advertise: &str,
-    join_token: &str,
+    tokens: &[String],
 ) -> anyhow::Result<Arc<Artifacts>> {
-    let ip = advertise.parse::<IpAddr>().unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
+    let ip = match advertise.parse::<IpAddr>() {
+        Ok(IpAddr::V6(_)) => IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED),
+        _ => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+    };
     let cfg = Config {
         node: node.to_string(),
         dir: data_dir.join("artifacts"),
         cap: args.artifact_cache,
         origin: args.control_plane.clone(),
-        keys: flotilla_artifact::auth::PeerKeys::from_tokens(&[join_token.to_string()]),
+        keys: flotilla_artifact::auth::PeerKeys::from_tokens(tokens),
         bind: SocketAddr::new(ip, args.peer_port),
         listen: !args.peer_no_listen,
         advertise: advertise.to_string(),
         upload_rate: args.artifact_upload_rate,
         download_rate: args.artifact_download_rate,
         max_uploads: args.artifact_max_uploads,
+        corrupt_uploads: args.test_corrupt_uploads,
     };
     let a = Artifacts::start(cfg)?;
     tracing::info!(peer_port = ?a.peer_addr(), origin = ?args.control_plane, "artifact cache ready");

@@ -122,14 +122,23 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
         None => local_address_toward(addr)?.to_string(),
     };
     tracing::info!(advertise = %rt_config.advertise_host, "members are reached at this host");
-    let artifacts = artifacts::start(
+    let tokens: Vec<String> = match config.join_token_file.as_ref().and_then(|f| std::fs::read_to_string(f).ok()) {
+        Some(text) => text.lines().map(str::trim).filter(|l| !l.is_empty()).map(str::to_string).collect(),
+        None => vec![config.join_token.clone()],
+    };
+    let mut rt = runtime::Runtime::new(rt_config.clone());
+    match artifacts::start(
         &config.artifacts,
         config.node_id.as_str(),
         &config.data_dir,
         &rt_config.advertise_host,
-        &config.current_join_token(),
-    )?;
-    let rt = runtime::Runtime::new(rt_config).with_artifacts(artifacts);
+        &tokens,
+    ) {
+        Ok(a) => rt = rt.with_artifacts(a),
+        // Members without artifacts run all the same; those with fail saying why.
+        Err(e) => tracing::error!(error = %format!("{e:#}"), "no artifact cache: members that need artifacts fail"),
+    }
+    let rt = rt;
     let (logs, log_readers) = (rt.logs(), std::sync::Arc::new(tokio::sync::Semaphore::new(log_service::MAX_READERS)));
     let (runtime, workloads) = spawn_runtime(rt);
 

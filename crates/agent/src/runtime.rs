@@ -373,6 +373,13 @@ impl Runtime {
             tracing::warn!(dir = %dir.display(), error = %e, "cannot create the member's dir; its output is dropped");
         }
         let cwd = if dir.is_dir() { dir } else { self.cfg.data_dir.clone() };
+        let has_artifacts =
+            self.members.get(key).and_then(|m| m.assignment.workload.as_ref()).is_some_and(|w| !w.artifacts.is_empty());
+        if has_artifacts && cwd == self.cfg.data_dir {
+            // Never place artifacts in the agent's own dir (a `dest` could name its cache).
+            self.fail(key, "cannot create the member's directory for its artifacts".into());
+            return;
+        }
         if !self.artifacts_placed(key, &cwd) {
             return;
         }

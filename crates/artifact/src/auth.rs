@@ -46,6 +46,10 @@ fn message(side: Side, exporter: &[u8], node: &str) -> Vec<u8> {
     [tag, &[0], exporter, &[0], node.as_bytes()].concat()
 }
 
+fn tracker_message(node: &str) -> Vec<u8> {
+    [b"tracker\0".as_slice(), node.as_bytes()].concat()
+}
+
 impl PeerKeys {
     pub fn from_tokens(tokens: &[String]) -> PeerKeys {
         let keys = tokens.iter().filter(|t| !t.is_empty()).map(|t| derive(t)).map(|k| (key_id(&k), k)).collect();
@@ -72,16 +76,17 @@ impl PeerKeys {
             .any(|(_, k)| hmac::verify(k, &message(side, exporter, &hello.node), &hello.mac).is_ok())
     }
 
-    /// The bearer token an agent shows the tracker.
-    pub fn tracker_token(&self) -> Option<String> {
+    /// The bearer token node `node` shows the tracker: its own, so a token seen on the
+    /// wire speaks for that node only.
+    pub fn tracker_token(&self, node: &str) -> Option<String> {
         let (_, key) = self.keys.first()?;
-        Some(hmac::sign(key, b"tracker").as_ref().iter().map(|b| format!("{b:02x}")).collect())
+        Some(hmac::sign(key, &tracker_message(node)).as_ref().iter().map(|b| format!("{b:02x}")).collect())
     }
 
-    /// Whether a tracker request's bearer token comes from a holder of one of the keys.
-    pub fn verify_tracker(&self, token: &str) -> bool {
+    /// Whether a tracker request's bearer token is `node`'s, from a holder of a key.
+    pub fn verify_tracker(&self, token: &str, node: &str) -> bool {
         let Ok(digest) = crate::digest::Digest::parse(token) else { return false };
-        self.keys.iter().any(|(_, k)| hmac::verify(k, b"tracker", &digest.0).is_ok())
+        self.keys.iter().any(|(_, k)| hmac::verify(k, &tracker_message(node), &digest.0).is_ok())
     }
 }
 
@@ -103,8 +108,10 @@ mod tests {
         let o = outsider.hello(Side::Dialer, b"session-1", "n1").unwrap();
         assert!(!cluster.verify(Side::Dialer, b"session-1", &o));
         assert!(PeerKeys::from_tokens(&[]).hello(Side::Dialer, b"s", "n").is_none());
-        let t = old_only.tracker_token().unwrap();
-        assert!(cluster.verify_tracker(&t) && !cluster.verify_tracker(&outsider.tracker_token().unwrap()));
-        assert!(!cluster.verify_tracker("not hex"));
+        let t = old_only.tracker_token("n1").unwrap();
+        assert!(cluster.verify_tracker(&t, "n1"));
+        assert!(!cluster.verify_tracker(&t, "n2"), "one node's token does not speak for another");
+        assert!(!cluster.verify_tracker(&outsider.tracker_token("n1").unwrap(), "n1"));
+        assert!(!cluster.verify_tracker("not hex", "n1"));
     }
 }

@@ -62,8 +62,10 @@ impl Bitfield {
         }
         let mut out = Bitfield::new(len);
         for (b, pair) in s.as_bytes().chunks(2).enumerate() {
+            // (from_str_radix alone would take a `+` sign.)
             let v = std::str::from_utf8(pair)
                 .ok()
+                .filter(|p| p.bytes().all(|b| b.is_ascii_hexdigit()))
                 .and_then(|p| u8::from_str_radix(p, 16).ok())
                 .ok_or_else(|| "the bitfield is not hex".to_string())?;
             out.words[b / 8] |= u64::from(v) << ((b % 8) * 8);
@@ -92,6 +94,7 @@ mod tests {
         assert!(Bitfield::from_hex(&b.to_hex(), 80).unwrap_err().contains("hex digits"));
         assert!(Bitfield::from_hex("ff", 3).unwrap_err().contains("past the last"));
         assert!(Bitfield::from_hex("zz", 8).unwrap_err().contains("not hex"));
+        assert!(Bitfield::from_hex("+1", 8).unwrap_err().contains("not hex"), "a sign is no hex digit");
         assert!(Bitfield::full(10).is_full() && Bitfield::new(0).is_full());
     }
 }

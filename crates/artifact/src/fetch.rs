@@ -39,11 +39,19 @@ pub const ANNOUNCE: Duration = Duration::from_secs(1);
 const SEED_ANNOUNCE: Duration = Duration::from_secs(15);
 const MAX_INFLIGHT: usize = 16;
 const PER_PEER: usize = 4;
-/// Origin reads one node keeps going at once.
+/// Origin reads one node keeps going at once. Few, so the tracker spreads the origin's
+/// pieces over many nodes, each of which then serves its share to the rest; a node asks
+/// for the next one as soon as one lands.
 const ORIGIN_INFLIGHT: usize = 4;
 /// With nothing in flight and nothing arriving for this long, read from the origin
 /// whatever no peer offers (a tracker that lost its peers, leases held by a dead node).
 const STALL: Duration = Duration::from_secs(3);
+/// Peers one fetch connects to before it needs them (to hear their HAVEs), at most.
+const MAX_CONNECT: usize = 16;
+/// A peer that answered busy or missing is not asked again for this long.
+const BUSY_COOLDOWN: Duration = Duration::from_secs(1);
+/// A fetch that lands nothing for this long gives up (and is retried after its back-off).
+const NO_PROGRESS: Duration = Duration::from_secs(120);
 /// A peer that failed a transport is not asked again for this long.
 const COOLDOWN: Duration = Duration::from_secs(10);
 
@@ -64,6 +72,8 @@ pub struct Config {
     pub upload_rate: Option<u64>,
     pub download_rate: Option<u64>,
     pub max_uploads: usize,
+    /// FOR TESTS: every piece sent has a byte flipped (a corrupted peer).
+    pub corrupt_uploads: bool,
 }
 
 /// What a member needs of an artifact.
@@ -103,6 +113,7 @@ enum Entry {
 /// What peers may be handed: whole artifacts, and the verified pieces of partial ones.
 struct Shared {
     store: Store,
+    corrupt: bool,
     partials: Mutex<HashMap<Digest, Arc<Mutex<Partial>>>>,
     manifests: Mutex<HashMap<Digest, Manifest>>,
 }
@@ -114,11 +125,22 @@ impl Holdings for Shared {
 
     fn piece(&self, d: &Digest, i: u32) -> Option<Vec<u8>> {
         let partial = self.partials.lock_or_recover().get(d).cloned();
-        if let Some(p) = partial {
-            return p.lock_or_recover().read_piece(i, false);
+        let mut piece = match partial {
+            Some(p) => p.lock_or_recover().read_piece(i, false)?,
+            None => {
+                let m = self.manifests.lock_or_recover().get(d).cloned()?;
+                let piece = self.store.read_blob_piece(d, &m, i)?;
+                // Members hold links to the file: one that changed it does not get its
+                // node banned by every peer.
+                (m.pieces.get(i as usize) == Some(&Digest::of(&piece))).then_some(piece)?
+            }
+        };
+        if self.corrupt
+            && let Some(b) = piece.first_mut()
+        {
+            *b ^= 0xff;
         }
-        let m = self.manifests.lock_or_recover().get(d).cloned()?;
-        self.store.read_blob_piece(d, &m, i)
+        Some(piece)
     }
 }
 
@@ -131,6 +153,7 @@ pub struct Artifacts {
     pinned: Mutex<HashSet<Digest>>,
     origin_limit: Throttle,
     tracker_failed: std::sync::atomic::AtomicBool,
+    downloads: Mutex<HashMap<Digest, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 impl Artifacts {
@@ -139,6 +162,7 @@ impl Artifacts {
         let held = store.complete();
         let shared = Arc::new(Shared {
             store,
+            corrupt: cfg.corrupt_uploads,
             partials: Mutex::new(HashMap::new()),
             manifests: Mutex::new(held.into_iter().collect()),
         });
@@ -162,6 +186,7 @@ impl Artifacts {
             entries: Mutex::new(HashMap::new()),
             pinned: Mutex::new(HashSet::new()),
             tracker_failed: std::sync::atomic::AtomicBool::new(false),
+            downloads: Mutex::new(HashMap::new()),
         });
         tokio::spawn(me.clone().seed_loop());
         Ok(me)
@@ -191,6 +216,7 @@ impl Artifacts {
                     None => return self.running_or_start(w),
                 },
             };
+            self.shared.store.touch(&w.digest);
             return Progress::Ready { blob, tree };
         }
         self.running_or_start(w)
@@ -209,7 +235,7 @@ impl Artifacts {
         }
         let backoff = match entries.remove(w) {
             Some(Entry::Failed { backoff, .. }) => backoff,
-            _ => Backoff::new(Duration::from_secs(1), Duration::from_secs(60)).with_jitter(0.3),
+            _ => Backoff::new(Duration::from_secs(1), Duration::from_secs(10)).with_jitter(0.3),
         };
         entries.insert(w.clone(), Entry::Running { done: 0, total: 0, rate: 0 });
         metrics::gauge!(m::FETCHING.name).increment(1.0);
@@ -258,6 +284,10 @@ impl Artifacts {
     }
 
     async fn fetch(self: &Arc<Self>, w: &Want) -> anyhow::Result<()> {
+        // One download a digest (two members may unpack it differently): the second
+        // waits, then finds the whole there.
+        let lock = self.downloads.lock_or_recover().entry(w.digest).or_default().clone();
+        let _one = lock.lock().await;
         if self.shared.store.blob(&w.digest).is_none() {
             match self.manifest(w).await? {
                 Some(manifest) => self.swarm(w, manifest).await?,
@@ -356,10 +386,10 @@ impl Artifacts {
         let result = self.swarm_loop(w, &manifest, &partial, &mut picker).await;
         self.shared.partials.lock_or_recover().remove(&d);
         result?;
+        // (Duplicate requests still out may write a piece again: the same bytes.)
         let shared = self.shared.clone();
         let sealed = tokio::task::spawn_blocking(move || {
-            let p = Arc::try_unwrap(partial).map_err(|_| anyhow!("a piece is still being written"))?;
-            Ok::<_, anyhow::Error>(shared.store.finish(p.into_inner().unwrap_or_else(|e| e.into_inner()))?)
+            Ok::<_, anyhow::Error>(shared.store.finish(&partial.lock_or_recover())?)
         })
         .await?;
         if let Err(e) = sealed {
@@ -385,6 +415,7 @@ impl Artifacts {
         let mut banned: HashSet<String> = HashSet::new();
         let mut cooling: HashMap<String, Instant> = HashMap::new();
         let mut from_origin: HashSet<u32> = HashSet::new();
+        let mut haves = self.peers.haves();
         let (mut next_announce, mut last_landed) = (Instant::now(), Instant::now());
         let mut meter = Meter::new();
         let mut failures = 0u32;
@@ -397,6 +428,9 @@ impl Artifacts {
                 return Ok(());
             }
             let now = Instant::now();
+            if now.duration_since(last_landed) > NO_PROGRESS {
+                bail!("nothing arrived for {NO_PROGRESS:?} (no peer holds the rest, and the origin did not send it)");
+            }
             if now >= next_announce {
                 next_announce = now + ANNOUNCE;
                 let room = if origin.is_some() { ORIGIN_INFLIGHT.saturating_sub(from_origin.len()) } else { 0 };
@@ -409,6 +443,11 @@ impl Artifacts {
                                 continue;
                             }
                             picker.learn(&p.node, p.have);
+                            if p.addr.is_some() && !addrs.contains_key(&p.node) && addrs.len() < MAX_CONNECT {
+                                // Connected early, so its HAVEs reach this node as they happen.
+                                let (peers, node, addr) = (self.peers.clone(), p.node.clone(), p.addr.clone());
+                                tokio::spawn(async move { peers.connection(&node, addr.as_deref()).await });
+                            }
                             addrs.insert(p.node, p.addr);
                         }
                         answer.origin
@@ -422,38 +461,55 @@ impl Artifacts {
                     grant = (0..manifest.count()).filter(|i| !picker.have().get(*i)).take(room).collect();
                 }
                 for piece in grant {
+                    let Some(url) = origin.clone() else { break };
                     if from_origin.len() >= ORIGIN_INFLIGHT || picker.have().get(piece) || !from_origin.insert(piece) {
                         continue;
                     }
-                    let Some(url) = origin.clone() else { break };
-                    tokio::spawn(self.clone().land_from_origin(
-                        url,
-                        manifest.piece(piece),
-                        piece,
-                        partial.clone(),
-                        tx.clone(),
-                    ));
+                    picker.claim(piece);
+                    let job =
+                        self.clone().land_from_origin(url, manifest.piece(piece), piece, partial.clone(), tx.clone());
+                    tokio::spawn(job);
                 }
             }
             while picker.in_flight() < MAX_INFLIGHT {
                 let Some((piece, node)) = picker.next(PER_PEER, &mut rng) else { break };
+                tracing::debug!(piece, peer = %node, "asking");
                 let addr = addrs.get(&node).cloned().flatten();
-                let job = self.clone().land_from_peer(node, addr, d, piece, partial.clone(), tx.clone());
+                let len = manifest.piece(piece).1;
+                let job = self.clone().land_from_peer(node, addr, (d, piece, len), partial.clone(), tx.clone());
                 tokio::spawn(job);
             }
             let landed = tokio::select! {
                 l = rx.recv() => l,
+                h = haves.recv() => {
+                    if let Ok((node, hd, piece)) = h
+                        && hd == d
+                        && !banned.contains(&node)
+                    {
+                        picker.learn_one(&node, piece);
+                    }
+                    None
+                }
                 _ = tokio::time::sleep_until(next_announce) => None,
             };
             let Some(l) = landed else { continue };
+            tracing::debug!(piece = l.piece, from = ?l.peer, ok = l.result.is_ok(), in_flight = picker.in_flight(), "landed");
+            if l.result.is_ok() {
+                self.peers.broadcast_have(d, l.piece);
+            }
             match l.peer {
                 None => {
                     from_origin.remove(&l.piece);
+                    if l.result.is_err() {
+                        picker.unclaim(l.piece);
+                    }
                     match l.result {
                         Ok(n) => {
                             metrics::counter!(m::BYTES.name, "from" => "origin").increment(n);
                             picker.got(l.piece);
                             last_landed = Instant::now();
+                            // Its lease is spent: ask for the next origin piece now.
+                            next_announce = last_landed;
                         }
                         Err(Failure::Bad) => {
                             metrics::counter!(m::PIECES_REJECTED.name, "from" => "origin").increment(1);
@@ -465,7 +521,7 @@ impl Artifacts {
                             failures += 1;
                         }
                     }
-                    if failures.is_multiple_of(20) {
+                    if failures > 0 && failures.is_multiple_of(20) {
                         tokio::time::sleep(Duration::from_millis(500)).await;
                     }
                 }
@@ -489,7 +545,11 @@ impl Artifacts {
                             picker.forget(&node);
                             cooling.insert(node, Instant::now() + COOLDOWN);
                         }
-                        Err(Failure::Peer(_)) => {}
+                        Err(Failure::Peer(_)) => {
+                            // Busy, or no longer holding it: ask others for a while.
+                            picker.forget(&node);
+                            cooling.insert(node, Instant::now() + BUSY_COOLDOWN);
+                        }
                     }
                 }
             }
@@ -505,14 +565,14 @@ impl Artifacts {
         self: Arc<Self>,
         node: String,
         addr: Option<String>,
-        d: Digest,
-        piece: u32,
+        (d, piece, len): (Digest, u32, u32),
         partial: Arc<Mutex<Partial>>,
         tx: mpsc::Sender<Landed>,
     ) {
         let result = async {
             let conn = self.peers.connection(&node, addr.as_deref()).await.map_err(Failure::Peer)?;
-            let bytes = self.peers.request(&conn, Request::Piece(d, piece), MAX_BODY).await.map_err(Failure::Peer)?;
+            // No more than the piece's length is read (nor allocated) from a peer.
+            let bytes = self.peers.request(&conn, Request::Piece(d, piece), len).await.map_err(Failure::Peer)?;
             write(partial, piece, bytes).await
         }
         .await;
@@ -565,7 +625,7 @@ impl Artifacts {
             anyhow!("no tracker (no --control-plane, or no join token)")
         };
         let origin = self.cfg.origin.as_ref().ok_or_else(no_tracker)?;
-        let token = self.peers.keys().tracker_token().ok_or_else(no_tracker)?;
+        let token = self.peers.keys().tracker_token(&self.cfg.node).ok_or_else(no_tracker)?;
         let addr = self.peers.listen_addr().map(|a| format!("{}:{}", self.cfg.advertise, a.port()));
         let body = serde_json::json!({
             "node": self.cfg.node,

@@ -55,6 +55,8 @@ pub struct Peers {
     limits: Arc<Limits>,
     /// Where peers reach this node; `None` behind NAT.
     listen: Option<SocketAddr>,
+    /// HAVEs from peers: (node, artifact, piece).
+    haves: tokio::sync::broadcast::Sender<(String, Digest, u32)>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -93,6 +95,7 @@ impl Peers {
             holdings,
             limits: Arc::new(limits),
             listen: listen.then_some(addr),
+            haves: tokio::sync::broadcast::channel(1024).0,
         });
         if listen {
             tokio::spawn(peers.clone().accept_loop());
@@ -169,9 +172,31 @@ impl Peers {
         tokio::time::timeout(HELLO_WAIT, exchange).await.map_err(|_| anyhow!("no hello within {HELLO_WAIT:?}"))?
     }
 
+    /// HAVEs peers send from now on.
+    pub fn haves(&self) -> tokio::sync::broadcast::Receiver<(String, Digest, u32)> {
+        self.haves.subscribe()
+    }
+
+    /// Tells every connected peer this node now holds piece `i` of `d` (a datagram:
+    /// one lost costs only the wait for the tracker's next answer).
+    pub fn broadcast_have(&self, d: Digest, i: u32) {
+        let frame = bytes::Bytes::copy_from_slice(&Request::Have(d, i).encode());
+        for c in self.conns.lock_or_recover().values() {
+            let _ = c.send_datagram(frame.clone());
+        }
+    }
+
     /// Keeps an authenticated connection and answers what the peer asks on it.
     fn adopt(self: &Arc<Self>, node: String, conn: quinn::Connection) {
         self.conns.lock_or_recover().insert(node.clone(), conn.clone());
+        let (c, haves, from) = (conn.clone(), self.haves.clone(), node.clone());
+        tokio::spawn(async move {
+            while let Ok(frame) = c.read_datagram().await {
+                if let Ok(Request::Have(d, i)) = Request::decode(&frame) {
+                    let _ = haves.send((from.clone(), d, i));
+                }
+            }
+        });
         let me = self.clone();
         tokio::spawn(async move {
             while let Ok((send, recv)) = conn.accept_bi().await {
@@ -262,6 +287,7 @@ async fn serve(
         return;
     };
     let body = match req {
+        Request::Have(..) => None,
         Request::Manifest(d) => holdings.manifest(&d),
         Request::Piece(d, i) => {
             let h = holdings.clone();
@@ -289,8 +315,9 @@ async fn serve(
 
 fn transport() -> anyhow::Result<Arc<quinn::TransportConfig>> {
     let mut t = quinn::TransportConfig::default();
+    // No keep-alive: a connection nobody uses closes after IDLE, so one dialled twice
+    // (two tasks at once) or replaced in the map costs nothing for long.
     t.max_idle_timeout(Some(IDLE.try_into()?));
-    t.keep_alive_interval(Some(Duration::from_secs(5)));
     t.max_concurrent_bidi_streams(64u32.into());
     Ok(Arc::new(t))
 }

@@ -50,6 +50,18 @@ impl Picker {
         self.peers.insert(node.to_string(), have);
     }
 
+    /// One piece a peer now holds (its HAVE), between tracker answers.
+    pub fn learn_one(&mut self, node: &str, piece: u32) {
+        if piece >= self.have.len() {
+            return;
+        }
+        let bits = self.peers.entry(node.to_string()).or_insert_with(|| Bitfield::new(self.have.len()));
+        if !bits.get(piece) {
+            bits.set(piece);
+            self.avail[piece as usize] += 1;
+        }
+    }
+
     /// A peer that went away or was banned: nothing more is asked of it.
     pub fn forget(&mut self, node: &str) {
         if let Some(old) = self.peers.remove(node) {
@@ -94,10 +106,13 @@ impl Picker {
         }
         let piece = match best {
             Some((i, _)) => i,
+            // Endgame: every missing piece is in flight; ask a second peer for one. (Not
+            // before: a piece no known peer holds yet is coming, and duplicates cost.)
+            None if (0..self.have.len()).any(|i| !self.have.get(i) && !self.inflight.contains_key(&i)) => return None,
             None => {
-                // Endgame: every missing piece is in flight; ask a second peer for one.
                 let mut asked: Vec<(&u32, &Vec<String>)> =
                     self.inflight.iter().filter(|(_, who)| who.len() < MAX_DUPLICATES).collect();
+                // (A claimed piece has no one in `who`: the origin is its first asker.)
                 asked.sort_by_key(|(i, who)| (who.len(), **i));
                 let pick = asked.into_iter().find(|(i, who)| {
                     self.peers.iter().any(|(n, b)| b.get(**i) && !who.contains(n) && free(n, &self.load))
@@ -121,9 +136,23 @@ impl Picker {
         Some((piece, peer))
     }
 
+    /// A piece being read from the origin: not asked of peers too (but for the endgame).
+    pub fn claim(&mut self, piece: u32) {
+        self.inflight.entry(piece).or_default();
+    }
+
+    /// A claimed piece whose origin read failed: peers may be asked for it again.
+    pub fn unclaim(&mut self, piece: u32) {
+        if self.inflight.get(&piece).is_some_and(Vec::is_empty) {
+            self.inflight.remove(&piece);
+        }
+    }
+
     /// A piece this node read another way (the origin), or after a restart.
     pub fn got(&mut self, piece: u32) {
         self.have.set(piece);
+        // Requests still out for it count against their peers until they answer.
+        self.inflight.remove(&piece);
     }
 
     /// The answer to a request `next` handed out: `ok` (the piece arrived and verified)
@@ -136,13 +165,8 @@ impl Picker {
         who.retain(|n| n != peer);
         if ok {
             self.have.set(piece);
-            let rest = self.inflight.remove(&piece).unwrap_or_default();
-            for n in &rest {
-                if let Some(l) = self.load.get_mut(n) {
-                    *l = l.saturating_sub(1);
-                }
-            }
-            return rest;
+            // The others' loads go when their answers come (each answer calls this).
+            return self.inflight.remove(&piece).unwrap_or_default();
         }
         if who.is_empty() {
             self.inflight.remove(&piece);
@@ -194,6 +218,19 @@ mod tests {
         assert_ne!(first.1, second.1);
         assert_eq!(p.next(1, &mut rng), None, "both peers are at their limit");
         assert_eq!(p.finished(1, &first.1, true), vec![second.1.clone()], "the other request is moot");
+        assert!(p.is_complete() && p.in_flight() == 1, "until its answer comes");
+        p.finished(1, &second.1, true);
+        assert_eq!(p.in_flight(), 0);
+
+        // A piece read from the origin is not asked of peers until the endgame.
+        let mut p = Picker::new(Bitfield::new(2));
+        p.learn("a", bits(2, &[0, 1]));
+        p.claim(0);
+        assert_eq!(p.next(1, &mut rng), Some((1, "a".into())));
+        p.finished(1, "a", true);
+        assert_eq!(p.next(1, &mut rng), Some((0, "a".into())), "the endgame asks a peer for it too");
+        p.got(0);
+        p.finished(0, "a", true);
         assert!(p.is_complete() && p.in_flight() == 0);
 
         let mut p = Picker::new(Bitfield::new(1));
@@ -202,7 +239,8 @@ mod tests {
         p.finished(0, "a", false);
         p.forget("a");
         assert_eq!(p.next(1, &mut rng), None, "a banned peer is not asked again");
-        p.learn("b", bits(1, &[0]));
-        assert_eq!(p.next(1, &mut rng), Some((0, "b".into())));
+        p.learn_one("b", 0);
+        p.learn_one("b", 5);
+        assert_eq!(p.next(1, &mut rng), Some((0, "b".into())), "a HAVE is enough to be asked");
     }
 }

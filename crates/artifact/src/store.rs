@@ -114,7 +114,7 @@ impl Store {
     }
 
     /// Checks the whole against its digest; the cache keeps it only if it matches.
-    pub fn finish(&self, p: Partial) -> Result<PathBuf, StoreError> {
+    pub fn finish(&self, p: &Partial) -> Result<PathBuf, StoreError> {
         let part = p.dir.join("part");
         let got = hash_file(&part)?;
         if got != p.digest {
@@ -149,7 +149,12 @@ impl Store {
             return Err(StoreError::Mismatch { digest: d, got });
         }
         let file = File::open(&part).map_err(io("opening", &part))?;
-        let (m, _) = Manifest::build(std::io::BufReader::new(file), size).map_err(io("reading", &part))?;
+        // The bytes on disk, not just those that streamed past: what is kept is checked.
+        let (m, on_disk) = Manifest::build(std::io::BufReader::new(file), size).map_err(io("reading", &part))?;
+        if on_disk != d {
+            self.remove(&d);
+            return Err(StoreError::Mismatch { digest: d, got: on_disk });
+        }
         let mpath = dir.join("manifest");
         fs::write(&mpath, m.encode()).map_err(io("writing", &mpath))?;
         self.seal(&dir, &part)
@@ -240,9 +245,13 @@ impl Store {
         let mut total = 0u64;
         for e in fs::read_dir(&self.root).map_err(io("listing", &self.root))?.flatten() {
             let Ok(digest) = Digest::parse(&e.file_name().to_string_lossy()) else { continue };
+            if digest == *d {
+                // What is there of it already is part of `size`.
+                continue;
+            }
             let bytes = du(&e.path());
             total += bytes;
-            if digest != *d && !pinned.contains(&digest) {
+            if !pinned.contains(&digest) {
                 let used =
                     fs::metadata(e.path().join("used")).and_then(|m| m.modified()).unwrap_or(SystemTime::UNIX_EPOCH);
                 entries.push((used, digest, bytes));
@@ -359,7 +368,7 @@ mod tests {
         p.write_piece(1, &piece(1)).unwrap();
         p.write_piece(2, &piece(2)).unwrap();
         assert_eq!(p.done_bytes(), data.len() as u64);
-        let blob = store.finish(p).unwrap();
+        let blob = store.finish(&p).unwrap();
         assert_eq!(fs::read(&blob).unwrap(), data);
         assert_eq!(store.read_blob_piece(&d, &m, 2).unwrap(), piece(2));
         assert_eq!(store.manifest(&d).unwrap(), m);

@@ -71,6 +71,9 @@ impl Hello {
 pub enum Request {
     Manifest(Digest),
     Piece(Digest, u32),
+    /// Not a request: a datagram saying the sender now holds a piece, so its peers need
+    /// not wait for the tracker's next answer to ask it.
+    Have(Digest, u32),
 }
 
 impl Request {
@@ -81,6 +84,7 @@ impl Request {
         let (kind, d, i) = match self {
             Request::Manifest(d) => (1, d, 0),
             Request::Piece(d, i) => (2, d, *i),
+            Request::Have(d, i) => (3, d, *i),
         };
         out[0] = kind;
         out[1..33].copy_from_slice(&d.0);
@@ -98,13 +102,14 @@ impl Request {
         match b[0] {
             1 => Ok(Request::Manifest(Digest(d))),
             2 => Ok(Request::Piece(Digest(d), i)),
+            3 => Ok(Request::Have(Digest(d), i)),
             k => Err(WireError::Kind(k)),
         }
     }
 
     pub fn digest(&self) -> Digest {
         match self {
-            Request::Manifest(d) | Request::Piece(d, _) => *d,
+            Request::Manifest(d) | Request::Piece(d, _) | Request::Have(d, _) => *d,
         }
     }
 }
@@ -156,7 +161,9 @@ mod tests {
     fn frames_round_trip() {
         let h = Hello { key_id: [1; 8], node: "node-7".into(), mac: [9; 32] };
         assert_eq!(Hello::decode(&h.encode()).unwrap(), h);
-        for r in [Request::Manifest(Digest([3; 32])), Request::Piece(Digest([4; 32]), 77)] {
+        for r in
+            [Request::Manifest(Digest([3; 32])), Request::Piece(Digest([4; 32]), 77), Request::Have(Digest([5; 32]), 9)]
+        {
             assert_eq!(Request::decode(&r.encode()).unwrap(), r);
         }
         for s in [Status::Ok(12), Status::Missing, Status::Busy] {

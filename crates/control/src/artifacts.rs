@@ -31,8 +31,6 @@ use crate::catalogue as m;
 use crate::tokens::Scope;
 use crate::{ControlError, ControlState};
 
-/// The path whose body streams to the origin instead of being buffered by the limits.
-pub const PUSH_PATH: &str = "/v1/artifacts";
 /// How long a push may wait for its next bytes.
 const PUSH_STALL: std::time::Duration = std::time::Duration::from_secs(30);
 /// How much of a whole artifact is read at once for a reader.
@@ -47,16 +45,20 @@ pub struct Origin {
     keys: Mutex<PeerKeys>,
     /// What all readers of the origin may take together (bytes a second).
     rate: Throttle,
+    /// FOR TESTS: the chance that a read is cut off before each chunk (an origin that
+    /// drops connections).
+    drop: f64,
 }
 
 impl Origin {
-    pub fn open(dir: std::path::PathBuf, max_bytes: u64, rate: Option<u64>) -> anyhow::Result<Arc<Origin>> {
+    pub fn open(dir: std::path::PathBuf, max_bytes: u64, rate: Option<u64>, drop: f64) -> anyhow::Result<Arc<Origin>> {
         let origin = Arc::new(Origin {
             store: Store::open(dir, u64::MAX)?,
             max_bytes,
             tracker: Mutex::new(Tracker::default()),
             keys: Mutex::new(PeerKeys::from_tokens(&[])),
             rate: Throttle::new(rate),
+            drop,
         });
         let weak = Arc::downgrade(&origin);
         tokio::spawn(async move {
@@ -226,6 +228,9 @@ fn futures_stream(
         if left == 0 {
             return None;
         }
+        if o.drop > 0.0 && rand::random::<f64>() < o.drop {
+            return Some((Err(std::io::Error::other("dropped on purpose (--test-origin-drop)")), (o, file, 0)));
+        }
         let n = left.min(CHUNK as u64) as usize;
         let mut buf = vec![0u8; n];
         if let Err(e) = file.read_exact(&mut buf).await {
@@ -286,21 +291,32 @@ pub(crate) async fn announce(
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("");
-    if !o.keys.lock_or_recover().verify_tracker(token) {
-        metrics::counter!(m::TRACKER_ANNOUNCES.name, "result" => "unauthenticated").increment(1);
-        return Err(crate::limits::unauthenticated("announces need a token derived from the cluster's join token"));
-    }
+        .unwrap_or("")
+        .to_string();
     let bad = |e: String| {
         metrics::counter!(m::TRACKER_ANNOUNCES.name, "result" => "malformed").increment(1);
         ControlError::BadRequest(e)
     };
     let a: AnnounceBody = serde_json::from_slice(&body).map_err(|e| bad(format!("announce: {e}")))?;
+    // Each node's token is its own: an agent speaks for itself only.
+    if !o.keys.lock_or_recover().verify_tracker(&token, &a.node) {
+        metrics::counter!(m::TRACKER_ANNOUNCES.name, "result" => "unauthenticated").increment(1);
+        return Err(crate::limits::unauthenticated(
+            "announces need the node's token, derived from the cluster's join token",
+        ));
+    }
     if a.node.is_empty() || a.node.len() > 253 || a.addr.as_ref().is_some_and(|x| x.len() > 300) {
         return Err(bad("announce: node must be 1-253 bytes, addr at most 300".into()));
     }
     if a.pieces > flotilla_artifact::manifest::MAX_PIECES {
         return Err(bad(format!("announce: {} pieces is above {}", a.pieces, flotilla_artifact::manifest::MAX_PIECES)));
+    }
+    // For an artifact this origin holds, the piece count is known: nobody fixes another.
+    if let Some(m) = o.store.manifest(&d)
+        && a.pieces != 0
+        && a.pieces != m.count()
+    {
+        return Err(bad(format!("announce: {d} has {} pieces, not {}", m.count(), a.pieces)));
     }
     let have = Bitfield::from_hex(&a.have, a.pieces).map_err(|e| bad(format!("announce: have: {e}")))?;
     let mut rng = rand::rng();

@@ -28,6 +28,9 @@ pub use flotilla_core::RateLimiter;
 /// The largest request body the API reads (a spec applied with `flotilla apply` too), on
 /// every route and whatever the content type.
 pub const MAX_BODY_BYTES: usize = 1 << 20;
+/// `flotilla artifact push`'s path: its body streams to the origin under the origin's own
+/// cap (`--artifact-max-bytes`), never buffered here.
+pub const ARTIFACT_PUSH_PATH: &str = "/v1/artifacts";
 /// Time a client has to send a request's whole body once its headers are read: a client
 /// that trickles one is cut, so it cannot hold a connection (and its buffer) for long.
 pub const BODY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -185,7 +188,7 @@ async fn guard(State(g): State<Guard>, req: Request, next: Next) -> Response {
         return unauthenticated(why).into_response();
     }
     // A push streams to disk under the origin's own cap, never buffered here.
-    if req.method() == axum::http::Method::PUT && req.uri().path() == crate::artifacts::PUSH_PATH {
+    if req.method() == axum::http::Method::PUT && req.uri().path() == ARTIFACT_PUSH_PATH {
         return next.run(req).await;
     }
     let declared = req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());

@@ -295,6 +295,25 @@ impl Lab {
         assert!(out.status.success(), "tc tbf in {host}: {}", String::from_utf8_lossy(&out.stderr));
     }
 
+    /// Shapes host `host`'s link to `mbit` megabits a second each way (htb on its `eth0`
+    /// for what it sends, on its bridge port for what it receives): a host's line rate.
+    pub fn shape(&self, host: &str, mbit: u32) {
+        let i = self.hosts.iter().position(|h| h.name == host).unwrap_or_else(|| panic!("no lab host {host:?}"));
+        let rate = format!("{mbit}mbit");
+        for (ns, dev) in [(self.host(host).ns.clone(), "eth0".to_string()), (self.switch(), format!("p{i}"))] {
+            for cmd in [
+                vec!["qdisc", "replace", "dev", &dev, "root", "handle", "1:", "htb", "default", "10"],
+                vec![
+                    "class", "replace", "dev", &dev, "parent", "1:", "classid", "1:10", "htb", "rate", &rate, "ceil",
+                    &rate,
+                ],
+            ] {
+                let out = in_ns(&ns, "tc", &cmd);
+                assert!(out.status.success(), "tc {} in {ns}: {}", cmd.join(" "), String::from_utf8_lossy(&out.stderr));
+            }
+        }
+    }
+
     /// Whether this kernel has netem (many do not): delay is possible only then.
     pub fn has_netem(&mut self) -> bool {
         if let Some(known) = self.netem {
