@@ -188,6 +188,9 @@ fn ray_serve_units_join_their_heads_on_other_nodes_and_survive_a_worker_loss_a_d
     // Ten nodes over two domains: room for a unit's replacement after two nodes are
     // lost and one drained (one unit per node, a unit's members on distinct nodes).
     let mut up = Up::start("ray", &["--agents", "10", "--shards", "2", "--app", SPEC]);
+    // The Serve app's code is an artifact: the heads fetch it (peer to peer) once pushed.
+    let app = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/ray-serve/serve_echo.py");
+    flotilla_testkit::run_ok(up.cli().args(["artifact", "push", app]));
     let units = wait_for("2 running ray-serve units", Duration::from_secs(240), || {
         let r = running(&up);
         (r.len() == 2).then_some(r)

@@ -42,6 +42,9 @@ pub struct UnitTemplate {
     pub workers: u32,
 }
 
+mod artifacts;
+pub use artifacts::{ArtifactSpec, MAX_ARTIFACTS};
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MemberTemplate {
@@ -81,84 +84,6 @@ pub struct MemberTemplate {
     /// Files fetched (peer to peer) into the member's working directory before it starts.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub artifacts: Vec<ArtifactSpec>,
-}
-
-/// `[[unit.ROLE.artifacts]]`: a file the member needs, named by its sha256.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ArtifactSpec {
-    /// `flotilla://sha256:HEX` (pushed with `flotilla artifact push`), `http://…` or `https://…`.
-    pub source: String,
-    pub sha256: String,
-    /// Relative to the member's working directory: a file name, or a directory ending in
-    /// `/` (the artifact unpacked there, or kept in it under its own name).
-    pub dest: String,
-    /// `tar`, `tar.gz`, `tar.zst` or `zip`; unset (or `none`): kept as it is.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub unpack: Option<String>,
-    /// Octal permission bits (`"0755"`); artifacts are read-only, so only the execute
-    /// bits take effect.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub mode: Option<String>,
-}
-
-/// A member's artifacts, at most.
-pub const MAX_ARTIFACTS: usize = 16;
-
-impl ArtifactSpec {
-    fn validate(&self, path: &str, errors: &mut Vec<String>) {
-        let digest = flotilla_artifact::Digest::parse(&self.sha256);
-        if let Err(e) = &digest {
-            errors.push(format!("{path}.sha256: {e}"));
-        }
-        match flotilla_artifact::Source::parse(&self.source) {
-            Err(e) => errors.push(format!("{path}.source: {e}")),
-            Ok(flotilla_artifact::Source::Cluster(d)) if digest.as_ref().is_ok_and(|s| *s != d) => {
-                errors.push(format!("{path}.source: names {d}, but sha256 is {}", self.sha256))
-            }
-            Ok(_) if self.source.len() > 2048 => errors.push(format!("{path}.source: longer than 2048 bytes")),
-            Ok(_) => {}
-        }
-        if let Some(problem) = dest_problem(&self.dest) {
-            errors.push(format!("{path}.dest: {problem}"));
-        }
-        if let Some(u) = self.unpack.as_deref().filter(|u| *u != "none")
-            && let Err(e) = flotilla_artifact::unpack::Format::parse(u)
-        {
-            errors.push(format!("{path}.unpack: {e}"));
-        }
-        if let Some(m) = &self.mode
-            && u32::from_str_radix(m, 8).map_or(true, |v| v > 0o777)
-        {
-            errors.push(format!("{path}.mode: {m:?} is not octal permission bits like \"0755\""));
-        }
-    }
-
-    /// The permission bits (`0o644` when unset or malformed, which validation refuses).
-    pub fn mode_bits(&self) -> u32 {
-        self.mode.as_deref().and_then(|m| u32::from_str_radix(m, 8).ok()).unwrap_or(0o644)
-    }
-}
-
-/// Why `dest` cannot name a place under a member's working directory.
-fn dest_problem(dest: &str) -> Option<String> {
-    let trimmed = dest.trim_end_matches('/');
-    if trimmed.is_empty() {
-        return Some("must name a file or a directory (`model/`)".into());
-    }
-    if dest.len() > 255 {
-        return Some("longer than 255 bytes".into());
-    }
-    if dest.starts_with('/') {
-        return Some(format!("{dest:?} must be relative to the member's working directory"));
-    }
-    if trimmed.split('/').any(|c| c.is_empty() || c == "." || c == "..") {
-        return Some(format!("{dest:?} must not hold `.`, `..` or empty components"));
-    }
-    if matches!(trimmed.split('/').next(), Some("stdout.log" | "stderr.log" | "stdout.log.1" | "stderr.log.1")) {
-        return Some(format!("{dest:?} is where the member's logs go"));
-    }
-    None
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
