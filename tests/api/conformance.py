@@ -10,6 +10,8 @@ Every process started is ended by its process group, pass or fail.
 """
 
 import argparse
+import hashlib
+import hmac
 import json
 import os
 import re
@@ -49,11 +51,15 @@ class Up:
         self.token = open(os.path.join(self.data, "api-token")).read().strip()
 
     def call(self, method, path, body=None, content_type=None, token=True):
+        """`token`: True for the API token, False for none, or a token of its own."""
         headers = {}
         if token:
-            headers["Authorization"] = f"Bearer {self.token}"
+            headers["Authorization"] = f"Bearer {self.token if token is True else token}"
         data = None
-        if body is not None:
+        if isinstance(body, bytes):
+            data = body
+            headers["Content-Type"] = content_type or "application/octet-stream"
+        elif body is not None:
             data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
             headers["Content-Type"] = content_type or ("text/plain" if isinstance(body, str) else "application/json")
         req = urllib.request.Request(self.url + path, method=method.upper(), data=data, headers=headers)
@@ -158,6 +164,15 @@ def main():
 
         values = {"app": "echo", "unit": unit["unit_id"], "member": "head", "node": node, "pool": "default",
                   "version": "1", "name": "conformance", "node_type": "small", "action": "cordon"}
+        # An artifact in the origin (its reads come before the writes), and an agent's
+        # tracker token for it: HMAC(HMAC(join token, "flotilla-artifacts-v1"), "tracker\0" + node).
+        blob = b"conformance artifact\n"
+        status, _, raw = up.call("put", "/v1/artifacts", blob)
+        assert status == 201, (status, raw)
+        artifact = "sha256:" + json.loads(raw)["sha256"]
+        join = open(os.path.join(up.data, "join-token")).read().split()[0]
+        key = hmac.new(join.encode(), b"flotilla-artifacts-v1", hashlib.sha256).digest()
+        tracker_token = hmac.new(key, b"tracker\0conformance", hashlib.sha256).hexdigest()
         # Before the calls: a pool that reported (so its rows are real, not 404s), and a
         # second version of the app (so a rollback to version 1 has something to undo).
         assert up.call("post", "/v1/pools/default/report", {"instances": []})[0] == 200
@@ -177,7 +192,12 @@ def main():
             ("put", "/v1/pools/{pool}/constraints"): {"resource_requests": [{"resources": {"cpu_millis": 100}, "count": 1}]},
             ("put", "/v1/pools/{pool}/node_types/{node_type}"): {"min": 0, "max": 2},
             ("post", "/v1/pools/{pool}/report"): {"instances": []},
+            ("put", "/v1/artifacts"): blob,
+            ("post", "/v1/artifacts/{name}/announce"): {"node": "conformance", "pieces": 1, "have": "00", "want_origin": 1},
         }
+        # Calls that carry a token other than the API's.
+        tokens = {("post", "/v1/artifacts/{name}/announce"): tracker_token}
+        created = {("put", "/v1/artifacts"): 201}
         # Every call succeeds but these, which are refused as documented.
         refused = {("post", "/v1/schedulers"): 422}
         # Writes after reads, and the token deleted after it is made.
@@ -189,6 +209,8 @@ def main():
             # A policy's path names the policy its file names.
             if template == "/v1/policies/{name}":
                 path = path.replace("{name}", re.search(r'name = "([^"]+)"', policy).group(1))
+            if template.startswith("/v1/artifacts/"):
+                path = path.replace("{name}", artifact)
             for k, v in values.items():
                 path = path.replace("{" + k + "}", v)
             assert "{" not in path, f"no value for a parameter of {template}"
@@ -198,8 +220,8 @@ def main():
                 called += 1
                 continue
             body = bodies.get((method, template))
-            expect = refused.get((method, template), 204 if template == "/v1/schedulers" else 200)
-            status, ctype, raw = up.call(method, path, body)
+            expect = refused.get((method, template), created.get((method, template), 204 if template == "/v1/schedulers" else 200))
+            status, ctype, raw = up.call(method, path, body, token=tokens.get((method, template), True))
             check(spec, method, template, status, ctype, raw, expect=expect)
             # Refusals too: without a token, a call that needs one is a 401 as documented.
             if spec["paths"][template][method].get("security"):
