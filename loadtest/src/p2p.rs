@@ -174,7 +174,7 @@ pub fn run(a: P2pArgs) -> anyhow::Result<()> {
     ensure!(pushed == format!("flotilla://{digest}"), "pushed as {pushed}");
 
     let timeout = Duration::from_secs(a.timeout_seconds);
-    let swarm = flotilla_run(&mut lab, &a, &api, &digest, timeout)?;
+    let swarm = fetch_run(&mut lab, &a, &api, &digest, timeout, true)?;
     eprintln!(
         "p2p: swarm makespan {:.1} s, {}/{} verified, CPUs {:.0} % busy",
         swarm.makespan(),
@@ -183,7 +183,11 @@ pub fn run(a: P2pArgs) -> anyhow::Result<()> {
         swarm.cpu_busy * 100.0
     );
     let http = match a.baselines {
-        Baselines::All | Baselines::Http => Some(http_run(&mut lab, &a, &api, &digest, timeout)?),
+        Baselines::All | Baselines::Http => {
+            let r = fetch_run(&mut lab, &a, &api, &digest, timeout, false)?;
+            eprintln!("p2p: HTTP makespan {:.1} s", r.makespan());
+            Some(r)
+        }
         _ => None,
     };
     let bt = match a.baselines {
@@ -331,22 +335,33 @@ fn fetch_args(
     args
 }
 
-/// Every host runs `flotilla artifact fetch` (the agent's cache and swarm) at once.
-fn flotilla_run(lab: &mut Lab, a: &P2pArgs, api: &str, digest: &Digest, timeout: Duration) -> anyhow::Result<Run> {
-    let dir = lab.dir().join("swarm");
+/// Every host runs `flotilla artifact fetch` at once: with the swarm (the agent's cache,
+/// tracker and peers: `swarm` true), or reading the whole from the origin over HTTP alone.
+fn fetch_run(
+    lab: &mut Lab,
+    a: &P2pArgs,
+    api: &str,
+    digest: &Digest,
+    timeout: Duration,
+    swarm: bool,
+) -> anyhow::Result<Run> {
+    let (name, source, tracker) = match swarm {
+        true => ("swarm", format!("flotilla://{digest}"), Some(api)),
+        false => ("http", format!("{api}/v1/artifacts/{digest}"), None),
+    };
+    let dir = lab.dir().join(name);
     std::fs::create_dir_all(&dir)?;
-    let source = format!("flotilla://{digest}");
+    let before = origin_bytes(lab, api).unwrap_or(0.0);
     let cpu = cpu_jiffies();
     let t0 = now_unix();
-    let mut pids = Vec::new();
-    let mut started = Vec::new();
+    let (mut pids, mut started) = (Vec::new(), Vec::new());
     for i in 1..=a.hosts {
-        let args = fetch_args(a, lab, &dir, i, &source, digest, Some(api));
+        let args = fetch_args(a, lab, &dir, i, &source, digest, tracker);
         let refs: Vec<&str> = args.iter().map(String::as_str).collect();
         started.push(now_unix() - t0);
-        pids.push(lab.spawn(&format!("h{i}"), &refs, &format!("swarm-h{i}.log")));
+        pids.push(lab.spawn(&format!("h{i}"), &refs, &format!("{name}-h{i}.log")));
     }
-    if a.fault == Some(Fault::KillPeer) {
+    if swarm && a.fault == Some(Fault::KillPeer) {
         // Kill h2 once it holds a third of the pieces, and start it again: it resumes.
         let have = dir.join("h2/artifacts").join(digest.hex()).join("have");
         let pieces = (a.size_mb * 1_000_000).div_ceil(1 << 20) as u32;
@@ -355,61 +370,26 @@ fn flotilla_run(lab: &mut Lab, a: &P2pArgs, api: &str, digest: &Digest, timeout:
                 eprintln!("p2p: h2 was done before it could be killed");
                 return Some(0.0);
             }
-            let hex = std::fs::read_to_string(&have).ok()?;
-            let held: u32 = hex
-                .as_bytes()
-                .chunks(2)
-                .filter_map(|p| u8::from_str_radix(std::str::from_utf8(p).ok()?, 16).ok())
-                .map(u8::count_ones)
-                .sum();
-            (held * 3 >= pieces).then_some(0.0)
+            let held =
+                flotilla_artifact::Bitfield::from_hex(std::fs::read_to_string(&have).ok()?.trim(), pieces).ok()?;
+            (held.count() * 3 >= pieces).then_some(0.0)
         })?;
         flotilla_testkit::signal(pids[1] as i32, libc::SIGKILL);
         let _ = std::fs::remove_file(dir.join("h2.json"));
         std::thread::sleep(Duration::from_millis(200));
-        let args = fetch_args(a, lab, &dir, 2, &source, digest, Some(api));
+        let args = fetch_args(a, lab, &dir, 2, &source, digest, tracker);
         let refs: Vec<&str> = args.iter().map(String::as_str).collect();
         started[1] = now_unix() - t0;
-        pids[1] = lab.spawn("h2", &refs, "swarm-h2-again.log");
+        pids[1] = lab.spawn("h2", &refs, &format!("{name}-h2-again.log"));
     }
-    let done = wait_all(a.hosts, timeout, "the swarm", |i| {
-        let r: Value =
-            serde_json::from_str(&std::fs::read_to_string(dir.join(format!("h{}.json", i + 1))).ok()?).ok()?;
+    let report = |i: usize| std::fs::read_to_string(dir.join(format!("h{i}.json"))).unwrap_or_default();
+    let done = wait_all(a.hosts, timeout, name, |i| {
+        let r: Value = serde_json::from_str(&report(i + 1)).ok()?;
         Some(started[i] + r["seconds"].as_f64()?)
     })?;
     for i in 1..=a.hosts {
-        eprintln!("  h{i}: {}", std::fs::read_to_string(dir.join(format!("h{i}.json"))).unwrap_or_default().trim());
+        eprintln!("  {name} h{i}: {}", report(i).trim());
     }
-    let origin_bytes = origin_bytes(lab, api);
-    for p in &pids {
-        flotilla_testkit::signal(*p as i32, libc::SIGTERM);
-    }
-    let verified = (1..=a.hosts)
-        .filter(|i| verified(&dir.join(format!("h{i}")).join("artifacts").join(digest.hex()).join("blob"), digest))
-        .count();
-    Ok(Run { done, verified, origin_bytes, cpu_busy: busy_since(cpu) })
-}
-
-/// Every host reads the whole artifact from the origin over HTTP (no tracker, no peers).
-fn http_run(lab: &mut Lab, a: &P2pArgs, api: &str, digest: &Digest, timeout: Duration) -> anyhow::Result<Run> {
-    let dir = lab.dir().join("http");
-    std::fs::create_dir_all(&dir)?;
-    let source = format!("{api}/v1/artifacts/{digest}");
-    let before = origin_bytes(lab, api).unwrap_or(0.0);
-    let cpu = cpu_jiffies();
-    let t0 = now_unix();
-    let (mut pids, mut started) = (Vec::new(), Vec::new());
-    for i in 1..=a.hosts {
-        let args = fetch_args(a, lab, &dir, i, &source, digest, None);
-        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-        started.push(now_unix() - t0);
-        pids.push(lab.spawn(&format!("h{i}"), &refs, &format!("http-h{i}.log")));
-    }
-    let done = wait_all(a.hosts, timeout, "the HTTP baseline", |i| {
-        let r: Value =
-            serde_json::from_str(&std::fs::read_to_string(dir.join(format!("h{}.json", i + 1))).ok()?).ok()?;
-        Some(started[i] + r["seconds"].as_f64()?)
-    })?;
     let origin = origin_bytes(lab, api).map(|b| b - before);
     for p in &pids {
         flotilla_testkit::signal(*p as i32, libc::SIGTERM);
@@ -417,7 +397,6 @@ fn http_run(lab: &mut Lab, a: &P2pArgs, api: &str, digest: &Digest, timeout: Dur
     let verified = (1..=a.hosts)
         .filter(|i| verified(&dir.join(format!("h{i}")).join("artifacts").join(digest.hex()).join("blob"), digest))
         .count();
-    eprintln!("p2p: HTTP makespan {:.1} s", done.iter().copied().fold(0.0, f64::max));
     Ok(Run { done, verified, origin_bytes: origin, cpu_busy: busy_since(cpu) })
 }
 
