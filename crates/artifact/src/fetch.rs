@@ -30,6 +30,7 @@ use crate::peer::{Holdings, Limits, PeerError, Peers};
 use crate::picker::Picker;
 use crate::store::{Partial, Store, StoreError};
 use crate::throttle::Throttle;
+use crate::tracker::Answer;
 use crate::unpack::Format;
 use crate::wire::{MAX_BODY, Request};
 
@@ -643,7 +644,7 @@ impl Artifacts {
                 bail!("the tracker answered {}", resp.status());
             }
             let v: serde_json::Value = resp.json().await?;
-            Answer::from_json(&v, have.len())
+            Ok(answer_from_json(&v, have.len()))
         }
         .await;
         self.tracker_failed.store(answer.is_err(), std::sync::atomic::Ordering::Relaxed);
@@ -671,33 +672,25 @@ impl Artifacts {
 }
 
 /// A tracker's answer, as this node reads it: a malformed peer entry is skipped.
-pub struct Answer {
-    pub peers: Vec<crate::tracker::PeerInfo>,
-    pub origin: Vec<u32>,
-}
-
-impl Answer {
-    fn from_json(v: &serde_json::Value, pieces: u32) -> anyhow::Result<Answer> {
-        let peers = v["peers"]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(|p| {
-                        let node = p["node"].as_str()?.to_string();
-                        let n = p["pieces"].as_u64().map_or(pieces, |n| n as u32);
-                        let have =
-                            Bitfield::from_hex(p["have"].as_str()?, if pieces == 0 { n } else { pieces }).ok()?;
-                        Some(crate::tracker::PeerInfo { node, addr: p["addr"].as_str().map(str::to_string), have })
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        let origin = v["origin"]
-            .as_array()
-            .map(|a| a.iter().filter_map(|x| x.as_u64()).filter(|x| *x < u64::from(pieces)).map(|x| x as u32).collect())
-            .unwrap_or_default();
-        Ok(Answer { peers, origin })
-    }
+fn answer_from_json(v: &serde_json::Value, pieces: u32) -> Answer {
+    let peers = v["peers"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|p| {
+                    let node = p["node"].as_str()?.to_string();
+                    let n = p["pieces"].as_u64().filter(|n| *n <= u64::from(crate::manifest::MAX_PIECES))? as u32;
+                    let have = Bitfield::from_hex(p["have"].as_str()?, if pieces == 0 { n } else { pieces }).ok()?;
+                    Some(crate::tracker::PeerInfo { node, addr: p["addr"].as_str().map(str::to_string), have })
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let origin = v["origin"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|x| x.as_u64()).filter(|x| *x < u64::from(pieces)).map(|x| x as u32).collect())
+        .unwrap_or_default();
+    Answer { peers, origin }
 }
 
 enum Failure {
