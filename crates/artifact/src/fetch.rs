@@ -49,8 +49,11 @@ const ORIGIN_INFLIGHT: usize = 4;
 const STALL: Duration = Duration::from_secs(3);
 /// Peers one fetch connects to before it needs them (to hear their HAVEs), at most.
 const MAX_CONNECT: usize = 16;
-/// A peer that answered busy or missing is not asked again for this long.
-const BUSY_COOLDOWN: Duration = Duration::from_secs(1);
+/// A peer that answered missing (it evicted the artifact) is not asked again for this long.
+const MISSING_COOLDOWN: Duration = Duration::from_secs(1);
+/// A peer that answered busy is not asked again for this long: short, since its uploads
+/// free up every few dozen milliseconds, and meanwhile other peers' links are used.
+const BUSY_REST: Duration = Duration::from_millis(200);
 /// A fetch that lands nothing for this long gives up (and is retried after its back-off).
 const NO_PROGRESS: Duration = Duration::from_secs(120);
 /// A peer that failed a transport is not asked again for this long.
@@ -415,6 +418,7 @@ impl Artifacts {
         let mut addrs: HashMap<String, Option<String>> = HashMap::new();
         let mut banned: HashSet<String> = HashSet::new();
         let mut cooling: HashMap<String, Instant> = HashMap::new();
+        let mut resting: HashMap<String, Instant> = HashMap::new();
         let mut from_origin: HashSet<u32> = HashSet::new();
         let mut haves = self.peers.haves();
         let (mut next_announce, mut last_landed) = (Instant::now(), Instant::now());
@@ -472,6 +476,13 @@ impl Artifacts {
                     tokio::spawn(job);
                 }
             }
+            resting.retain(|node, until| {
+                let still = *until > now;
+                if !still {
+                    picker.wake(node);
+                }
+                still
+            });
             while picker.in_flight() < MAX_INFLIGHT {
                 let Some((piece, node)) = picker.next(PER_PEER, &mut rng) else { break };
                 tracing::debug!(piece, peer = %node, "asking");
@@ -491,7 +502,7 @@ impl Artifacts {
                     }
                     None
                 }
-                _ = tokio::time::sleep_until(next_announce) => None,
+                _ = tokio::time::sleep_until(resting.values().fold(next_announce, |a, b| a.min(*b))) => None,
             };
             let Some(l) = landed else { continue };
             tracing::debug!(piece = l.piece, from = ?l.peer, ok = l.result.is_ok(), in_flight = picker.in_flight(), "landed");
@@ -546,10 +557,15 @@ impl Artifacts {
                             picker.forget(&node);
                             cooling.insert(node, Instant::now() + COOLDOWN);
                         }
-                        Err(Failure::Peer(_)) => {
-                            // Busy, or no longer holding it: ask others for a while.
+                        Err(Failure::Peer(PeerError::Busy)) => {
+                            // Its uploads are full: others are asked, for pieces it may not hold.
+                            picker.rest(&node);
+                            resting.insert(node, Instant::now() + BUSY_REST);
+                        }
+                        Err(Failure::Peer(PeerError::Missing)) => {
+                            // It no longer holds it (evicted): ask others for a while.
                             picker.forget(&node);
-                            cooling.insert(node, Instant::now() + BUSY_COOLDOWN);
+                            cooling.insert(node, Instant::now() + MISSING_COOLDOWN);
                         }
                     }
                 }

@@ -3,7 +3,7 @@
 //! for), then an endgame that asks a second peer for pieces still in flight, so one slow
 //! peer does not hold back the last percent. Pure; the fetcher owns the sockets.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use rand::Rng;
 
@@ -21,12 +21,21 @@ pub struct Picker {
     /// Who each piece is asked of now.
     inflight: HashMap<u32, Vec<String>>,
     load: HashMap<String, usize>,
+    /// Peers that answered busy: not asked for a moment, but what they hold is kept.
+    resting: HashSet<String>,
 }
 
 impl Picker {
     pub fn new(have: Bitfield) -> Picker {
         let avail = vec![0; have.len() as usize];
-        Picker { have, avail, peers: BTreeMap::new(), inflight: HashMap::new(), load: HashMap::new() }
+        Picker {
+            have,
+            avail,
+            peers: BTreeMap::new(),
+            inflight: HashMap::new(),
+            load: HashMap::new(),
+            resting: HashSet::new(),
+        }
     }
 
     pub fn have(&self) -> &Bitfield {
@@ -69,6 +78,15 @@ impl Picker {
         }
     }
 
+    /// A peer that answered busy is not asked again until [`Picker::wake`].
+    pub fn rest(&mut self, node: &str) {
+        self.resting.insert(node.to_string());
+    }
+
+    pub fn wake(&mut self, node: &str) {
+        self.resting.remove(node);
+    }
+
     /// Peers known to hold anything this node lacks.
     pub fn useful_peers(&self) -> impl Iterator<Item = &str> {
         self.peers.iter().filter(|(_, b)| b.ones().any(|i| !self.have.get(i))).map(|(n, _)| n.as_str())
@@ -77,7 +95,10 @@ impl Picker {
     /// The next (piece, peer) to ask, counting it as in flight; `None` when every peer
     /// that could help has `max_per_peer` requests out, or no peer holds what is missing.
     pub fn next(&mut self, max_per_peer: usize, rng: &mut impl Rng) -> Option<(u32, String)> {
-        let free = |peer: &str, load: &HashMap<String, usize>| load.get(peer).copied().unwrap_or(0) < max_per_peer;
+        let resting = &self.resting;
+        let free = |peer: &str, load: &HashMap<String, usize>| {
+            load.get(peer).copied().unwrap_or(0) < max_per_peer && !resting.contains(peer)
+        };
         // Rarest first among pieces nobody is asked for yet.
         let mut best: Option<(u32, u32)> = None;
         let mut ties = 0u32;
@@ -204,6 +225,14 @@ mod tests {
         assert!(p.useful_peers().count() == 3);
         assert_eq!(p.finished(2, "a", true), Vec::<String>::new());
         assert!(p.have().get(2) && p.in_flight() == 2);
+
+        // A busy peer rests, and keeps what it holds for when it wakes.
+        let mut p = Picker::new(Bitfield::new(2));
+        p.learn("a", bits(2, &[0, 1]));
+        p.rest("a");
+        assert_eq!(p.next(4, &mut rng), None);
+        p.wake("a");
+        assert!(p.next(4, &mut rng).is_some());
     }
 
     #[test]
