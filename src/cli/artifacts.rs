@@ -1,5 +1,6 @@
 //! `flotilla artifact push FILE`: stores a file in the cluster's origin and prints the
-//! name a spec's `source` uses. `flotilla artifact fetch`: one node's fetch, with the
+//! name a spec's `source` uses. `flotilla artifact warm APP`: the app's artifacts fetched
+//! on the nodes a scale-up would use, ahead of it. `flotilla artifact fetch`: one node's fetch, with the
 //! agent's own cache and swarm, then seeding (the p2p lab runs one per host).
 
 use std::path::PathBuf;
@@ -23,6 +24,16 @@ enum ArtifactCmd {
     /// Store FILE in the cluster's origin; prints its `flotilla://sha256:…` name.
     Push {
         file: PathBuf,
+        #[command(flatten)]
+        write: WriteArgs,
+    },
+    /// Fetch APP's artifacts into the caches of the nodes a scale-up could use (alive,
+    /// uncordoned, matching its constraints), before it comes.
+    Warm {
+        app: String,
+        /// Only these nodes: comma-separated node ids (any of) and key=value labels (all of).
+        #[arg(long)]
+        nodes: Option<String>,
         #[command(flatten)]
         write: WriteArgs,
     },
@@ -61,8 +72,36 @@ pub struct FetchArgs {
 pub async fn artifact(a: ArtifactArgs) -> anyhow::Result<()> {
     match a.cmd {
         ArtifactCmd::Push { file, write } => push(file, write).await,
+        ArtifactCmd::Warm { app, nodes, write } => warm(&app, nodes, write).await,
         ArtifactCmd::Fetch(f) => fetch(f).await,
     }
+}
+
+async fn warm(app: &str, nodes: Option<String>, write: WriteArgs) -> anyhow::Result<()> {
+    let token = super::http::token(write.token.clone())?;
+    let body = match nodes {
+        Some(n) => serde_json::json!({ "nodes": n }),
+        None => serde_json::json!({}),
+    };
+    let path = format!("/v1/apps/{app}/warm");
+    let v = write.api()?.write(reqwest::Method::POST, &path, &token, Some(Body::Json(body))).await?;
+    if write.json {
+        return print_json(&v);
+    }
+    let rows = v["nodes"].as_array().cloned().unwrap_or_default();
+    let asked = rows.iter().filter(|n| n["error"].is_null()).count();
+    println!("{app}: {} artifacts, {asked} of {} nodes asked", v["artifacts"], rows.len());
+    for n in &rows {
+        let id = n["node_id"].as_str().unwrap_or("?");
+        match n["error"].as_str() {
+            Some(e) => println!("  {id}: not asked: {e}"),
+            None => println!("  {id}: {} ready, {} fetching", n["ready"], n["fetching"]),
+        }
+        for f in n["failed"].as_array().into_iter().flatten() {
+            println!("  {id}: cannot fetch {}", f.as_str().unwrap_or("?"));
+        }
+    }
+    Ok(())
 }
 
 async fn push(file: PathBuf, write: WriteArgs) -> anyhow::Result<()> {

@@ -193,13 +193,15 @@ def main():
             ("put", "/v1/pools/{pool}/node_types/{node_type}"): {"min": 0, "max": 2},
             ("post", "/v1/pools/{pool}/report"): {"instances": []},
             ("put", "/v1/artifacts"): blob,
+            ("post", "/v1/apps/{app}/warm"): {},
             ("post", "/v1/artifacts/{name}/announce"): {"node": "conformance", "pieces": 1, "have": "00", "want_origin": 1},
         }
         # Calls that carry a token other than the API's.
         tokens = {("post", "/v1/artifacts/{name}/announce"): tracker_token}
         created = {("put", "/v1/artifacts"): 201}
-        # Every call succeeds but these, which are refused as documented.
-        refused = {("post", "/v1/schedulers"): 422}
+        # Every call succeeds but these, which are refused as documented (echo uses no
+        # artifacts: there is nothing to warm).
+        refused = {("post", "/v1/schedulers"): 422, ("post", "/v1/apps/{app}/warm"): 422}
         # Writes after reads, and the token deleted after it is made.
         order = {"get": 0, "put": 1, "post": 1, "delete": 2}
         ops = sorted(((m, t) for t, item in spec["paths"].items() for m in item), key=lambda x: (order.get(x[0], 3), x[1]))

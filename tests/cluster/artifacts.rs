@@ -1,7 +1,9 @@
 //! Artifacts with real agents: members that need a pushed file and an HTTP origin's
 //! archive wait in `fetching` (saying why while the origin lacks the file), start once
-//! both are in their directory, and get the pushed file mostly from each other; a wrong
-//! digest fails the member with the digest it got, and nothing of it stays cached.
+//! both are in their directory, and get the pushed file mostly from each other; a
+//! rollout fetches before it stops anything; `artifact warm` fills a node's cache ahead
+//! of a scale-up; a wrong digest fails the member with the digest it got, and nothing of
+//! it stays cached.
 
 use std::io::{Read, Write};
 use std::time::Duration;
@@ -174,6 +176,32 @@ unpack = "tar.gz"
     });
     run_ok(up.cli().args(["artifact", "push"]).arg(dir.path().join("model-v2.bin")));
     run_ok(up.cli().args(["apply", "--wait", "--timeout", "120s"]).arg(&v2_spec));
+
+    // Warming ahead of a scale-up: the one node without a unit fetches v2 before any unit
+    // needs it there, and the unit the scale-up puts there finds it cached.
+    let used: Vec<String> = up
+        .units("art")
+        .iter()
+        .filter(|u| u["state"] == "running")
+        .flat_map(|u| u["members"].as_array().cloned().unwrap_or_default())
+        .filter_map(|m| m["node_id"].as_str().map(str::to_string))
+        .collect();
+    let spare = (1..=4).map(|n| format!("node-{n}")).find(|n| !used.contains(n)).expect("a node without a unit");
+    let v2_blob = up.agent_dir(&spare).join("artifacts").join(v2_digest.hex()).join("blob");
+    assert!(!v2_blob.exists(), "{spare} holds v2 before it is warmed");
+    let refused = up.cli().args(["artifact", "warm", "art", "--nodes", "gpu="]).output().unwrap();
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("\"gpu=\" is not key=value"), "{refused:?}");
+    let warmed = run_ok(up.cli().args(["artifact", "warm", "art", "--json", "--nodes", &spare]));
+    let warmed: Value = serde_json::from_str(&warmed).unwrap();
+    assert_eq!(warmed["artifacts"], 2, "{warmed}");
+    let node = &warmed["nodes"][0];
+    assert_eq!((node["node_id"].as_str(), node["error"].as_str()), (Some(spare.as_str()), None), "{warmed}");
+    assert_eq!(node["ready"].as_u64().unwrap() + node["fetching"].as_u64().unwrap(), 2, "{warmed}");
+    wait_for("v2 warmed on the spare node", Duration::from_secs(60), || v2_blob.exists().then_some(()));
+    run_ok(up.cli().args(["scale", "art", "--units", "4"]));
+    wait_for("four units running", Duration::from_secs(60), || {
+        (up.units("art").iter().filter(|u| u["state"] == "running").count() == 4).then_some(())
+    });
 
     // The wrong digest: the member fails naming both digests; nothing of it is cached.
     let failed = wait_for("the bad member failing", Duration::from_secs(60), || {

@@ -11,6 +11,8 @@ use flotilla_artifact::unpack::Format;
 use flotilla_artifact::{Artifacts, Digest, Source};
 use flotilla_proto::v1;
 
+use crate::catalogue as m;
+
 #[derive(Debug, Clone, clap::Args)]
 pub struct ArtifactArgs {
     /// The control plane (`http://HOST:7700`): the origin of `flotilla://` artifacts and
@@ -100,6 +102,42 @@ fn want(a: &v1::Artifact) -> Result<(Want, Source), String> {
     Ok((Want { digest, source: source.clone(), unpack }, source))
 }
 
+/// Starts fetching a warm request's artifacts (`flotilla artifact warm`), ahead of
+/// members that will need them. Nothing pins them: the cache may evict them again for
+/// artifacts members use.
+pub fn warm(arts: Option<&Arc<Artifacts>>, req: &v1::WarmRequest, node_id: &str) -> v1::WarmReply {
+    let refuse = |code: &'static str, message: String| {
+        metrics::counter!(m::WARM_REQUESTS.name, "result" => code).increment(1);
+        v1::WarmReply { error: Some(v1::ErrorReply { code: code.into(), message }), ..Default::default() }
+    };
+    if req.node_id != node_id {
+        return refuse("invalid", format!("this is node {node_id}, not {}", req.node_id));
+    }
+    let max = flotilla_proto::MAX_WARM_ARTIFACTS;
+    if req.artifacts.is_empty() || req.artifacts.len() > max || !req.artifacts.iter().all(flotilla_proto::artifact_fits)
+    {
+        return refuse("invalid", format!("artifacts: 1 to {max}, each under 4 KiB"));
+    }
+    let wants = match req.artifacts.iter().map(want).collect::<Result<Vec<_>, _>>() {
+        Ok(w) => w,
+        Err(e) => return refuse("invalid", e),
+    };
+    let Some(arts) = arts else {
+        return refuse("no_cache", format!("node {node_id} has no artifact cache (its agent's log says why)"));
+    };
+    let mut reply = v1::WarmReply::default();
+    for ((w, _), a) in wants.iter().zip(&req.artifacts) {
+        match arts.want(w) {
+            Progress::Ready { .. } => reply.ready += 1,
+            Progress::Fetching { .. } | Progress::Failed { lasting: false, .. } => reply.fetching += 1,
+            Progress::Failed { why, lasting: true } => reply.failed.push(format!("{}: {why}", a.source)),
+        }
+    }
+    metrics::counter!(m::WARM_REQUESTS.name, "result" => "ok").increment(1);
+    tracing::info!(ready = reply.ready, fetching = reply.fetching, failed = reply.failed.len(), "warming artifacts");
+    reply
+}
+
 /// The digests `assignments` use: the cache keeps them.
 pub fn in_use(assignments: &[v1::Assignment]) -> HashSet<Digest> {
     let arts = assignments.iter().filter_map(|a| a.workload.as_ref()).flat_map(|w| &w.artifacts);
@@ -157,4 +195,32 @@ pub fn prepare(arts: &Arc<Artifacts>, list: &[v1::Artifact], cwd: &Path) -> Prep
         }
     }
     Prepared::Ready
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn art(sha256: &str) -> v1::Artifact {
+        v1::Artifact { source: format!("flotilla://sha256:{sha256}"), sha256: sha256.into(), ..Default::default() }
+    }
+
+    #[test]
+    fn a_warm_request_is_checked_before_anything_is_fetched() {
+        let code = |r: v1::WarmReply| r.error.map(|e| (e.code, e.message)).unwrap_or_default();
+        let good = art(&"ab".repeat(32));
+        let req = |node: &str, artifacts: Vec<v1::Artifact>| v1::WarmRequest { node_id: node.into(), artifacts };
+        let (c, msg) = code(warm(None, &req("n2", vec![good.clone()]), "n1"));
+        assert_eq!(c, "invalid");
+        assert!(msg.contains("this is node n1, not n2"), "{msg}");
+        assert_eq!(code(warm(None, &req("n1", vec![]), "n1")).0, "invalid", "nothing to warm");
+        let many = vec![good.clone(); flotilla_proto::MAX_WARM_ARTIFACTS + 1];
+        assert_eq!(code(warm(None, &req("n1", many), "n1")).0, "invalid");
+        let (c, msg) = code(warm(None, &req("n1", vec![art("xyz")]), "n1"));
+        assert_eq!(c, "invalid");
+        assert!(msg.contains("artifact"), "{msg}");
+        let (c, msg) = code(warm(None, &req("n1", vec![good]), "n1"));
+        assert_eq!(c, "no_cache");
+        assert!(msg.contains("no artifact cache"), "{msg}");
+    }
 }

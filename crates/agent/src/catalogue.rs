@@ -32,6 +32,11 @@ pub const LOG_REQUESTS: Family = Family::counter(
     "Requests for a member's logs the agent's shard relayed to it, by result (ok, no_member, invalid, busy).",
     &["result"],
 );
+pub const WARM_REQUESTS: Family = Family::counter(
+    "flotilla_agent_warm_requests_total",
+    "Requests to fetch artifacts ahead of need (`flotilla artifact warm`), by result (ok, invalid, no_cache).",
+    &["result"],
+);
 pub const LOG_LINES_DROPPED: Family = Family::counter(
     "flotilla_agent_log_lines_dropped_total",
     "Lines a log follower was too slow to take, dropped so that neither the member nor the agent waits for it.",
@@ -54,6 +59,7 @@ pub const FAMILIES: &[Family] = &[
     ASSIGNMENTS_REFUSED,
     LOG_BYTES_DROPPED,
     LOG_REQUESTS,
+    WARM_REQUESTS,
     LOG_LINES_DROPPED,
     LOG_READERS,
     FILE_WRITE_ERRORS,

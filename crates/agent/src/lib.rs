@@ -9,12 +9,12 @@ pub mod catalogue;
 pub mod cgroup;
 pub mod client;
 pub mod config;
-pub mod log_service;
 pub mod logs;
 pub mod nodelabels;
 pub mod ports;
 pub mod probe;
 pub mod runtime;
+pub mod shard_requests;
 
 use crate::catalogue as m;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -127,19 +127,30 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
         None => vec![config.join_token.clone()],
     };
     let mut rt = runtime::Runtime::new(rt_config.clone());
-    match artifacts::start(
+    let arts = match artifacts::start(
         &config.artifacts,
         config.node_id.as_str(),
         &config.data_dir,
         &rt_config.advertise_host,
         &tokens,
     ) {
-        Ok(a) => rt = rt.with_artifacts(a),
+        Ok(a) => {
+            rt = rt.with_artifacts(a.clone());
+            Some(a)
+        }
         // Members without artifacts run all the same; those with fail saying why.
-        Err(e) => tracing::error!(error = %format!("{e:#}"), "no artifact cache: members that need artifacts fail"),
-    }
+        Err(e) => {
+            tracing::error!(error = %format!("{e:#}"), "no artifact cache: members that need artifacts fail");
+            None
+        }
+    };
     let rt = rt;
-    let (logs, log_readers) = (rt.logs(), std::sync::Arc::new(tokio::sync::Semaphore::new(log_service::MAX_READERS)));
+    let answers = std::sync::Arc::new(shard_requests::Answers {
+        logs: rt.logs(),
+        node_id: config.node_id.to_string(),
+        readers: std::sync::Arc::new(tokio::sync::Semaphore::new(shard_requests::MAX_READERS)),
+        artifacts: arts,
+    });
     let (runtime, workloads) = spawn_runtime(rt);
 
     loop {
@@ -182,12 +193,7 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
             runtime.clone(),
             config.node_id.to_string(),
         ));
-        let log_server = tokio::spawn(log_service::serve(
-            conn.conn.clone(),
-            logs.clone(),
-            config.node_id.to_string(),
-            log_readers.clone(),
-        ));
+        let shard_server = tokio::spawn(shard_requests::serve(conn.conn.clone(), answers.clone()));
         // Whatever runs now is reported to the (possibly new) shard at once.
         let mut reports = workloads.clone();
         reports.mark_changed();
@@ -231,7 +237,7 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
             }
         };
         receiver.abort();
-        log_server.abort();
+        shard_server.abort();
         reporter.abort();
         ready.not_ready(format!("re-registering with shard {shard}: {reason}"));
         tracing::warn!(reason, "re-registering");

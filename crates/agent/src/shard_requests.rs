@@ -1,12 +1,14 @@
-//! Serves members' logs to the agent's shard over the agent's own QUIC connection, so
-//! the agent opens no port for them: the shard opens a bidirectional stream per request
-//! (`LogRequest` in agent.proto) and reads `LogChunk` frames back.
+//! Answers the shard's requests over the agent's own QUIC connection, so the agent opens
+//! no port for them: the shard opens a bidirectional stream per request and writes one
+//! `ShardRequest` (agent.proto). A member's logs come back as `LogChunk` frames; a warm
+//! request (`flotilla artifact warm`) as one `WarmReply`.
 //!
 //! History is read off the async runtime; following waits on the member's broadcast
 //! and on the shard, so a reader that leaves ends its request at once.
 
 use std::sync::Arc;
 
+use flotilla_artifact::fetch::Artifacts;
 use flotilla_proto::{MAX_LOG_TAIL as MAX_TAIL, frame, v1};
 use prost::Message;
 use tokio::sync::{Semaphore, broadcast, mpsc};
@@ -18,15 +20,41 @@ use crate::logs::{CHUNK_LINES, Line, Logs, Selection};
 /// Log requests one agent answers at once; more are refused (`busy`).
 pub const MAX_READERS: usize = 32;
 
-/// A request is small: four names and some numbers.
-const MAX_REQUEST: usize = 4096;
+/// A request is small: four names and some numbers, or a warm request's artifacts.
+const MAX_REQUEST: usize = flotilla_proto::MAX_WARM_ARTIFACTS * flotilla_proto::MAX_ARTIFACT_BYTES + 4096;
 
-/// Takes the shard's log requests on `conn` until it closes.
-pub async fn serve(conn: quinn::Connection, logs: Arc<Logs>, node_id: String, readers: Arc<Semaphore>) {
+/// What answers the shard's requests.
+pub struct Answers {
+    pub logs: Arc<Logs>,
+    pub node_id: String,
+    pub readers: Arc<Semaphore>,
+    /// `None` when the cache could not start: warm requests are refused.
+    pub artifacts: Option<Arc<Artifacts>>,
+}
+
+/// Takes the shard's requests on `conn` until it closes.
+pub async fn serve(conn: quinn::Connection, answers: Arc<Answers>) {
     while let Ok((send, recv)) = conn.accept_bi().await {
-        let (logs, node_id, readers) = (logs.clone(), node_id.clone(), readers.clone());
-        let span = tracing::debug_span!("log_request", unit = tracing::field::Empty, member = tracing::field::Empty);
-        tokio::spawn(async move { answer(send, recv, &logs, &node_id, &readers).await }.instrument(span));
+        let answers = answers.clone();
+        let span = tracing::debug_span!("shard_request", unit = tracing::field::Empty, member = tracing::field::Empty);
+        tokio::spawn(async move { dispatch(send, recv, &answers).await }.instrument(span));
+    }
+}
+
+async fn dispatch(mut send: quinn::SendStream, mut recv: quinn::RecvStream, a: &Answers) {
+    let req = match recv.read_to_end(MAX_REQUEST).await {
+        Ok(bytes) => v1::ShardRequest::decode(bytes.as_slice()),
+        Err(e) => return refuse(&mut send, "invalid", format!("reading the request: {e}")).await,
+    };
+    match req.map(|r| r.kind) {
+        Ok(Some(v1::shard_request::Kind::Logs(req))) => answer(send, req, a).await,
+        Ok(Some(v1::shard_request::Kind::Warm(req))) => {
+            let reply = crate::artifacts::warm(a.artifacts.as_ref(), &req, &a.node_id);
+            let _ = send.write_all(&frame::encode(&reply)).await;
+            let _ = send.finish();
+        }
+        Ok(None) => refuse(&mut send, "invalid", "the request names no kind".into()).await,
+        Err(e) => refuse(&mut send, "invalid", format!("the request does not decode: {e}")).await,
     }
 }
 
@@ -46,6 +74,8 @@ fn check(req: &v1::LogRequest, node_id: &str) -> Result<(), (&'static str, Strin
     Ok(())
 }
 
+/// Refuses a request with a `LogChunk` holding only the error: its field number is the
+/// same in a `WarmReply`, so it reads as either.
 async fn refuse(send: &mut quinn::SendStream, code: &'static str, message: String) {
     metrics::counter!(m::LOG_REQUESTS.name, "result" => code).increment(1);
     let chunk = v1::LogChunk { error: Some(v1::ErrorReply { code: code.into(), message }), ..Default::default() };
@@ -77,21 +107,8 @@ fn frames(lines: &[Line], dropped_lines: u64) -> Vec<u8> {
     out
 }
 
-async fn answer(
-    mut send: quinn::SendStream,
-    mut recv: quinn::RecvStream,
-    logs: &Logs,
-    node_id: &str,
-    readers: &Arc<Semaphore>,
-) {
-    let req = match recv.read_to_end(MAX_REQUEST).await {
-        Ok(bytes) => v1::LogRequest::decode(bytes.as_slice()),
-        Err(e) => return refuse(&mut send, "invalid", format!("reading the request: {e}")).await,
-    };
-    let req = match req {
-        Ok(r) => r,
-        Err(e) => return refuse(&mut send, "invalid", format!("the request does not decode: {e}")).await,
-    };
+async fn answer(mut send: quinn::SendStream, req: v1::LogRequest, a: &Answers) {
+    let (logs, node_id, readers) = (&a.logs, a.node_id.as_str(), &a.readers);
     if let Err((code, message)) = check(&req, node_id) {
         return refuse(&mut send, code, message).await;
     }

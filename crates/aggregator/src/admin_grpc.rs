@@ -1,5 +1,5 @@
 //! Operator actions on this shard's nodes over gRPC (`NodeAdminService`): cordon and
-//! drain, and a member's logs, relayed from its agent over the agent's own QUIC
+//! drain, warming artifacts, and a member's logs, relayed from its agent over the agent's own QUIC
 //! connection (agents open no port: the shard opens a stream on the connection the
 //! node registered over).
 
@@ -24,7 +24,7 @@ use crate::wire;
 /// session names the one it registered over.
 pub type AgentLinks = dashmap::DashMap<u32, quinn::Connection>;
 
-/// How long an agent may take to accept a log request and answer its first frame.
+/// How long an agent may take to accept a request and answer its first frame.
 const AGENT_ANSWER: Duration = Duration::from_secs(10);
 
 pub struct AdminGrpc {
@@ -51,6 +51,36 @@ fn refused(e: v1::ErrorReply) -> Status {
     counted(code, s)
 }
 
+impl AdminGrpc {
+    /// The connection `node`'s agent registered over, while it is open.
+    fn agent_of(&self, node: &flotilla_core::NodeId) -> Option<quinn::Connection> {
+        self.registry.with_node(node, |l| l.owner).and_then(|o| self.agents.get(&o).map(|c| c.value().clone()))
+    }
+}
+
+/// Opens a stream to an agent, sends `kind` and reads its first answer frame (within
+/// [`AGENT_ANSWER`]); the stream stays open for more. An error says what went wrong.
+async fn ask<T: Message + Default>(
+    conn: &quinn::Connection,
+    kind: v1::shard_request::Kind,
+) -> Result<(quinn::RecvStream, T), (&'static str, String)> {
+    let req = v1::ShardRequest { kind: Some(kind) };
+    let opened = tokio::time::timeout(AGENT_ANSWER, async {
+        let (mut send, mut recv) = conn.open_bi().await.map_err(|e| e.to_string())?;
+        send.write_all(&req.encode_to_vec()).await.map_err(|e| e.to_string())?;
+        send.finish().map_err(|e| e.to_string())?;
+        let first = frame::read::<T, _>(&mut recv, MAX_CONTROL_MESSAGE).await.map_err(|e| e.to_string())?;
+        Ok::<_, String>((recv, first))
+    })
+    .await;
+    match opened {
+        Err(_) => Err(("did not answer", format!("nothing in {AGENT_ANSWER:?}"))),
+        Ok(Err(e)) => Err(("failed", e)),
+        Ok(Ok((_, None))) => Err(("failed", "it ended the stream without an answer".into())),
+        Ok(Ok((recv, Some(first)))) => Ok((recv, first)),
+    }
+}
+
 #[tonic::async_trait]
 impl v1::node_admin_service_server::NodeAdminService for AdminGrpc {
     #[tracing::instrument(skip_all, fields(node = %request.get_ref().node_id, cordoned = request.get_ref().cordoned, drain = request.get_ref().drain))]
@@ -69,38 +99,59 @@ impl v1::node_admin_service_server::NodeAdminService for AdminGrpc {
         Ok(Response::new(v1::CordonResponse { found }))
     }
 
+    #[tracing::instrument(skip_all, fields(node = %request.get_ref().node_id, artifacts = request.get_ref().artifacts.len()))]
+    async fn warm(&self, request: Request<v1::WarmRequest>) -> Result<Response<v1::WarmReply>, Status> {
+        let req = request.into_inner();
+        let warmed = |result: &'static str, s: Status| {
+            metrics::counter!(m::WARM_RELAYS.name, "result" => result).increment(1);
+            s
+        };
+        let node = wire::node_id_from_wire("node_id", &req.node_id).map_err(|e| warmed("invalid", status(&e)))?;
+        let max = flotilla_proto::MAX_WARM_ARTIFACTS;
+        if req.artifacts.is_empty()
+            || req.artifacts.len() > max
+            || !req.artifacts.iter().all(flotilla_proto::artifact_fits)
+        {
+            return Err(warmed(
+                "invalid",
+                Status::invalid_argument(format!("artifacts: 1 to {max}, each under 4 KiB")),
+            ));
+        }
+        let conn = self.agent_of(&node).ok_or_else(|| {
+            warmed("no_node", Status::unavailable(format!("node {node}'s agent is not connected to this shard")))
+        })?;
+        match ask::<v1::WarmReply>(&conn, v1::shard_request::Kind::Warm(req)).await {
+            Err((what, e)) => {
+                Err(warmed("unavailable", Status::unavailable(format!("node {node}'s agent {what}: {e}"))))
+            }
+            Ok((_, v1::WarmReply { error: Some(e), .. })) => {
+                Err(warmed("refused", Status::invalid_argument(format!("node {node}: {}", e.message))))
+            }
+            Ok((_, reply)) => {
+                metrics::counter!(m::WARM_RELAYS.name, "result" => "ok").increment(1);
+                Ok(Response::new(reply))
+            }
+        }
+    }
+
     type ReadLogsStream = Pin<Box<dyn Stream<Item = Result<v1::LogChunk, Status>> + Send + 'static>>;
 
     #[tracing::instrument(skip_all, fields(node = %request.get_ref().node_id, unit = %request.get_ref().unit, member = %request.get_ref().member, follow = request.get_ref().follow))]
     async fn read_logs(&self, request: Request<v1::LogRequest>) -> Result<Response<Self::ReadLogsStream>, Status> {
         let req = request.into_inner();
         let node = wire::node_id_from_wire("node_id", &req.node_id).map_err(|e| counted("invalid", status(&e)))?;
-        let conn = self
-            .registry
-            .with_node(&node, |l| l.owner)
-            .and_then(|o| self.agents.get(&o).map(|c| c.value().clone()))
-            .ok_or_else(|| {
-                counted("no_node", Status::unavailable(format!("node {node}'s agent is not connected to this shard")))
-            })?;
+        let conn = self.agent_of(&node).ok_or_else(|| {
+            counted("no_node", Status::unavailable(format!("node {node}'s agent is not connected to this shard")))
+        })?;
         let unavailable = |what: &str, e: String| {
             counted("unavailable", Status::unavailable(format!("node {node}'s agent {what}: {e}")))
         };
-        let opened = tokio::time::timeout(AGENT_ANSWER, async {
-            let (mut send, mut recv) = conn.open_bi().await.map_err(|e| e.to_string())?;
-            send.write_all(&req.encode_to_vec()).await.map_err(|e| e.to_string())?;
-            send.finish().map_err(|e| e.to_string())?;
-            // The agent answers a refusal, or an empty chunk once it takes the request.
-            let first =
-                frame::read::<v1::LogChunk, _>(&mut recv, MAX_CONTROL_MESSAGE).await.map_err(|e| e.to_string())?;
-            Ok::<_, String>((recv, first))
-        })
-        .await;
+        // The agent answers a refusal, or an empty chunk once it takes the request.
+        let opened = ask::<v1::LogChunk>(&conn, v1::shard_request::Kind::Logs(req)).await;
         let mut recv = match opened {
-            Err(_) => return Err(unavailable("did not answer", format!("nothing in {AGENT_ANSWER:?}"))),
-            Ok(Err(e)) => return Err(unavailable("failed", e)),
-            Ok(Ok((_, None))) => return Err(unavailable("failed", "it ended the stream without an answer".into())),
-            Ok(Ok((_, Some(v1::LogChunk { error: Some(e), .. })))) => return Err(refused(e)),
-            Ok(Ok((recv, Some(_)))) => recv,
+            Err(e) => return Err(unavailable(e.0, e.1)),
+            Ok((_, v1::LogChunk { error: Some(e), .. })) => return Err(refused(e)),
+            Ok((recv, _)) => recv,
         };
         metrics::counter!(m::LOG_RELAYS.name, "result" => "ok").increment(1);
         // Bounded: a slow reader holds the agent's stream back (QUIC flow control),

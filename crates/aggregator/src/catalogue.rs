@@ -85,6 +85,11 @@ pub const LOG_RELAYS: Family = Family::counter(
     "Requests for a member's logs relayed to its agent, by result (ok, no_node, no_member, busy, invalid, unavailable).",
     &["result"],
 );
+pub const WARM_RELAYS: Family = Family::counter(
+    "flotilla_shard_warm_relays_total",
+    "Requests to warm artifacts on a node, relayed to its agent, by result (ok, no_node, invalid, refused, unavailable).",
+    &["result"],
+);
 pub const LEDGER_FENCED: Family = Family::counter(
     "flotilla_ledger_fenced_total",
     "Ledger requests refused because their fencing token was older than the app's mark (a deposed scheduler), by operation (commit, reserve, confirm, release).",
@@ -163,6 +168,7 @@ pub const FAMILIES: &[Family] = &[
     COMMIT_REQUESTS_REJECTED,
     CORDON_CHANGES,
     LOG_RELAYS,
+    WARM_RELAYS,
     LEDGER_FENCED,
     SHARD_STATE_SAVES,
     SHARD_ACTIVE,

@@ -122,9 +122,7 @@ fn workload_from_wire(
     if workload.after.len() > MAX_NAME {
         return Err(InvalidRequest::new(format!("{field}.after"), "too long"));
     }
-    if workload.artifacts.len() > MAX_ARTIFACTS
-        || workload.artifacts.iter().any(|a| a.source.len() + a.sha256.len() + a.dest.len() + a.unpack.len() > 4096)
-    {
+    if workload.artifacts.len() > MAX_ARTIFACTS || !workload.artifacts.iter().all(flotilla_proto::artifact_fits) {
         return Err(InvalidRequest::new(format!("{field}.artifacts"), "at most 16, each under 4 KiB"));
     }
     Ok(workload)

@@ -160,6 +160,7 @@ pub const FAMILIES: &[Family] = &[
     TRACKER_ANNOUNCES,
     TRACKER_SWARMS,
     TRACKER_PEERS,
+    WARMS,
 ];
 
 pub const ARTIFACT_PUSHES: Family = Family::counter(
@@ -181,3 +182,8 @@ pub const TRACKER_SWARMS: Family =
     Family::gauge("flotilla_tracker_swarms", "Artifacts the tracker follows now (one swarm each).", &[]);
 pub const TRACKER_PEERS: Family =
     Family::gauge("flotilla_tracker_peers", "Nodes in the tracker's swarms now, over all artifacts.", &[]);
+pub const WARMS: Family = Family::counter(
+    "flotilla_warm_nodes_total",
+    "Nodes asked to fetch an app's artifacts ahead of need (`flotilla artifact warm`), by result (asked, unreachable).",
+    &["result"],
+);

@@ -71,6 +71,9 @@ pub enum ControlError {
     InvalidSpec(String),
     #[error("{0}")]
     InvalidPolicy(String),
+    /// A warm with nothing to fetch or nowhere to fetch it (the message says which).
+    #[error("{0}")]
+    NothingToWarm(String),
     /// The control plane could not keep what it was given (its data dir).
     #[error("cannot store it: {0}")]
     Storage(String),
@@ -141,7 +144,7 @@ impl ServiceError for ControlError {
             | NoSuchArtifact(_) => ErrorKind::NotFound,
             NodeGone(_) => ErrorKind::Gone,
             BadRequest(_) | TlsRequired { .. } | HostNotAllowed { .. } => ErrorKind::Malformed,
-            InvalidSpec(_) | InvalidPolicy(_) | NotAScheduler { .. } => ErrorKind::InvalidInput,
+            InvalidSpec(_) | InvalidPolicy(_) | NotAScheduler { .. } | NothingToWarm(_) => ErrorKind::InvalidInput,
             UriTooLong { .. } => ErrorKind::AddressTooLong,
             NotJson { .. } => ErrorKind::UnsupportedFormat,
             BodyTimeout { .. } => ErrorKind::TimedOut,
@@ -176,6 +179,7 @@ impl ServiceError for ControlError {
             BadRequest(_) => "bad_request",
             InvalidSpec(_) => "invalid_spec",
             InvalidPolicy(_) => "invalid_policy",
+            NothingToWarm(_) => "nothing_to_warm",
             Storage(_) => "storage_failed",
             SharedStoreUnavailable(_) => flotilla_scheduler::STORE_UNAVAILABLE,
             Unauthorized(_) => "unauthorized",

@@ -31,6 +31,7 @@ mod serve;
 pub mod tokens;
 pub mod ui;
 mod versions;
+mod warm;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -110,6 +111,7 @@ pub fn router(state: Arc<ControlState>) -> Router {
         .merge(autoscaling::routes())
         .merge(pools::routes())
         .merge(artifacts::routes())
+        .merge(warm::routes())
         .merge(ui::routes())
         .fallback(|| async { ControlError::NoSuchEndpoint })
         // gRPC shares the port (HTTP/2); its paths name the service.

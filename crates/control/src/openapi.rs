@@ -116,6 +116,7 @@ impl Modify for CommonRefusals {
         crate::artifacts::read,
         crate::artifacts::manifest,
         crate::artifacts::announce,
+        crate::warm::warm,
         openapi_json,
         healthz,
         readyz,

@@ -17,6 +17,15 @@ pub mod status;
 
 /// The most history lines one log request may ask for (`tail`).
 pub const MAX_LOG_TAIL: u32 = 100_000;
+/// Artifacts one warm request may name (an app's head and worker, 16 each), each under
+/// [`MAX_ARTIFACT_BYTES`] of names.
+pub const MAX_WARM_ARTIFACTS: usize = 32;
+pub const MAX_ARTIFACT_BYTES: usize = 4096;
+
+/// Whether `a`'s names fit in [`MAX_ARTIFACT_BYTES`].
+pub fn artifact_fits(a: &v1::Artifact) -> bool {
+    a.source.len() + a.sha256.len() + a.dest.len() + a.unpack.len() <= MAX_ARTIFACT_BYTES
+}
 /// Largest QUIC control message (one request or response per stream), in bytes.
 pub const MAX_CONTROL_MESSAGE: usize = 256 * 1024;
 /// Largest gRPC message a view stream carries, in bytes (snapshots are chunked below it).

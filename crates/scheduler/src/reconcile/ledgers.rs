@@ -9,7 +9,7 @@ use flotilla_proto::status::RemoteError;
 use flotilla_proto::v1::{self, ledger_service_client::LedgerServiceClient};
 
 use crate::planner::Placement;
-use crate::spec::{AppSpec, MemberTemplate};
+use crate::spec::{AppSpec, ArtifactSpec, MemberTemplate};
 use crate::store::{MemberRecord, UnitRecord};
 
 /// How long a shard may take to accept a connection.
@@ -298,17 +298,7 @@ pub fn workload(spec: &AppSpec, role: &str, t: &MemberTemplate) -> v1::Workload 
         port_ranges: t.port_ranges.clone().into_iter().collect(),
         main_port,
         after: t.after.clone().unwrap_or_default(),
-        artifacts: t
-            .artifacts
-            .iter()
-            .map(|a| v1::Artifact {
-                source: a.source.clone(),
-                sha256: a.sha256.to_ascii_lowercase(),
-                dest: a.dest.clone(),
-                unpack: a.unpack.clone().filter(|u| u != "none").unwrap_or_default(),
-                mode: a.mode_bits(),
-            })
-            .collect(),
+        artifacts: t.artifacts.iter().map(ArtifactSpec::wire).collect(),
     }
 }
 

@@ -53,6 +53,17 @@ impl ArtifactSpec {
         }
     }
 
+    /// As a member's workload carries it.
+    pub fn wire(&self) -> flotilla_proto::v1::Artifact {
+        flotilla_proto::v1::Artifact {
+            source: self.source.clone(),
+            sha256: self.sha256.to_ascii_lowercase(),
+            dest: self.dest.clone(),
+            unpack: self.unpack.clone().filter(|u| u != "none").unwrap_or_default(),
+            mode: self.mode_bits(),
+        }
+    }
+
     /// The permission bits (`0o644` when unset or malformed, which validation refuses).
     pub fn mode_bits(&self) -> u32 {
         self.mode.as_deref().and_then(|m| u32::from_str_radix(m, 8).ok()).unwrap_or(0o644)
