@@ -92,6 +92,36 @@ pub fn start(
     Ok(a)
 }
 
+/// How often the join-token file is read again for the peers' keys.
+const KEYS_RELOAD: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The join tokens in a token file's text, newest first.
+pub fn tokens_in(text: &str) -> Vec<String> {
+    text.lines().map(str::trim).filter(|l| !l.is_empty()).map(str::to_string).collect()
+}
+
+/// Follows the join-token file, so a rotation reaches the peers' keys without a restart:
+/// after `join-token rotate` this node proves and accepts either token, and after
+/// `retire` only the new one, as its peers do.
+pub fn follow_keys(arts: Arc<Artifacts>, file: std::path::PathBuf, mut current: Vec<String>) {
+    let arts = Arc::downgrade(&arts);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(KEYS_RELOAD);
+        loop {
+            tick.tick().await;
+            let Some(arts) = arts.upgrade() else { return };
+            // Unreadable or empty (mid-rewrite): the keys in force stay.
+            let Some(tokens) = std::fs::read_to_string(&file).ok().map(|t| tokens_in(&t)) else { continue };
+            if tokens.is_empty() || tokens == current {
+                continue;
+            }
+            tracing::info!(tokens = tokens.len(), "join tokens changed: peers' keys follow");
+            arts.set_keys(flotilla_artifact::auth::PeerKeys::from_tokens(&tokens));
+            current = tokens;
+        }
+    });
+}
+
 fn want(a: &v1::Artifact) -> Result<(Want, Source), String> {
     let digest = Digest::parse(&a.sha256).map_err(|e| format!("artifact {}: {e}", a.dest))?;
     let source = Source::parse(&a.source)?;

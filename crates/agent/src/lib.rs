@@ -123,7 +123,7 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     };
     tracing::info!(advertise = %rt_config.advertise_host, "members are reached at this host");
     let tokens: Vec<String> = match config.join_token_file.as_ref().and_then(|f| std::fs::read_to_string(f).ok()) {
-        Some(text) => text.lines().map(str::trim).filter(|l| !l.is_empty()).map(str::to_string).collect(),
+        Some(text) => artifacts::tokens_in(&text),
         None => vec![config.join_token.clone()],
     };
     let mut rt = runtime::Runtime::new(rt_config.clone());
@@ -135,6 +135,9 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
         &tokens,
     ) {
         Ok(a) => {
+            if let Some(file) = &config.join_token_file {
+                artifacts::follow_keys(a.clone(), file.clone(), tokens.clone());
+            }
             rt = rt.with_artifacts(a.clone());
             Some(a)
         }

@@ -1,6 +1,7 @@
 //! The peer transport on loopback, with real QUIC: a node holding the cluster's key gets
-//! pieces and manifests; one with another key is refused before it can ask anything; a
-//! node that only dials (behind NAT) still serves the peer it dialled.
+//! pieces and manifests; one with another key is refused before it can ask anything,
+//! until a rotation gives its token to the other side too; a node that only dials
+//! (behind NAT) still serves the peer it dialled.
 
 #![allow(clippy::unwrap_used, reason = "a test: a failed step fails it, with the panic's message")]
 
@@ -68,4 +69,10 @@ async fn cluster_members_fetch_outsiders_are_refused_and_a_dialling_node_serves_
     assert_eq!(a.request(&back, Request::Piece(d, 7), 1 << 20).await.unwrap(), b"piece seven");
     // Without that connection it cannot be reached at all.
     assert!(matches!(b.connection("n", None).await, Err(PeerError::Transport(_))));
+
+    // A rotation that makes the outsider's token the newest (`a` proves with its newest,
+    // and takes either): it is in.
+    a.set_keys(PeerKeys::from_tokens(&["a guess".to_string(), "join-token".to_string()]));
+    let admitted = outsider.connection("a", Some(&a_addr)).await.unwrap();
+    assert_eq!(outsider.request(&admitted, Request::Piece(d, 0), 1 << 20).await.unwrap(), b"piece zero");
 }
