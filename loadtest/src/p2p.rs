@@ -66,6 +66,10 @@ pub struct P2pArgs {
     /// Copy every process's log here at the end (the lab's own dir goes with it).
     #[arg(long)]
     pub logs: Option<PathBuf>,
+    /// A flag for every swarm host's `flotilla artifact fetch` (repeatable; e.g.
+    /// `--fetch-arg=--artifact-max-uploads=4`), to measure the agent's settings.
+    #[arg(long, allow_hyphen_values = true)]
+    pub fetch_arg: Vec<String>,
 }
 
 const ORIGIN: &str = "origin";
@@ -328,6 +332,7 @@ fn fetch_args(
     ];
     if let Some(api) = swarm {
         args.extend(["--control-plane".into(), api.into(), "--join-token-file".into(), path(lab.dir(), "join-token")]);
+        args.extend(a.fetch_arg.iter().cloned());
     }
     if a.fault == Some(Fault::CorruptPeer) && i == 1 && swarm.is_some() {
         args.push("--test-corrupt-uploads".into());
