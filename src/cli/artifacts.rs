@@ -98,7 +98,7 @@ async fn warm(app: &str, nodes: Option<String>, write: WriteArgs) -> anyhow::Res
             None => println!("  {id}: {} ready, {} fetching", n["ready"], n["fetching"]),
         }
         for f in n["failed"].as_array().into_iter().flatten() {
-            println!("  {id}: cannot fetch {}", f.as_str().unwrap_or("?"));
+            println!("  {id}: failed: {}", f.as_str().unwrap_or("?"));
         }
     }
     Ok(())

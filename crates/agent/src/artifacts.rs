@@ -133,8 +133,9 @@ fn want(a: &v1::Artifact) -> Result<(Want, Source), String> {
 }
 
 /// Starts fetching a warm request's artifacts (`flotilla artifact warm`), ahead of
-/// members that will need them. Nothing pins them: the cache may evict them again for
-/// artifacts members use.
+/// members that will need them. Best effort: a fetch that fails is tried again only when
+/// something asks for it again (another warm, or a member). Nothing pins them: the cache
+/// may evict them again for artifacts members use.
 pub fn warm(arts: Option<&Arc<Artifacts>>, req: &v1::WarmRequest, node_id: &str) -> v1::WarmReply {
     let refuse = |code: &'static str, message: String| {
         metrics::counter!(m::WARM_REQUESTS.name, "result" => code).increment(1);
@@ -159,8 +160,12 @@ pub fn warm(arts: Option<&Arc<Artifacts>>, req: &v1::WarmRequest, node_id: &str)
     for ((w, _), a) in wants.iter().zip(&req.artifacts) {
         match arts.want(w) {
             Progress::Ready { .. } => reply.ready += 1,
-            Progress::Fetching { .. } | Progress::Failed { lasting: false, .. } => reply.fetching += 1,
+            Progress::Fetching { .. } => reply.fetching += 1,
             Progress::Failed { why, lasting: true } => reply.failed.push(format!("{}: {why}", a.source)),
+            // Nothing retries a warm by itself: the next warm (or a member) does.
+            Progress::Failed { why, lasting: false } => {
+                reply.failed.push(format!("{}: {why} (tried again when next asked for)", a.source));
+            }
         }
     }
     metrics::counter!(m::WARM_REQUESTS.name, "result" => "ok").increment(1);

@@ -1,14 +1,15 @@
 //! Answers the shard's requests over the agent's own QUIC connection, so the agent opens
 //! no port for them: the shard opens a bidirectional stream per request and writes one
-//! `ShardRequest` (agent.proto). A member's logs come back as `LogChunk` frames; a warm
-//! request (`flotilla artifact warm`) as one `WarmReply`.
+//! message (agent.proto): a `LogRequest`, answered with `LogChunk` frames, or a
+//! `ShardRequest` holding a warm request (`flotilla artifact warm`), answered with one
+//! `WarmReply`.
 //!
 //! History is read off the async runtime; following waits on the member's broadcast
 //! and on the shard, so a reader that leaves ends its request at once.
 
 use std::sync::Arc;
 
-use flotilla_artifact::fetch::Artifacts;
+use flotilla_artifact::Artifacts;
 use flotilla_proto::{MAX_LOG_TAIL as MAX_TAIL, frame, v1};
 use prost::Message;
 use tokio::sync::{Semaphore, broadcast, mpsc};
@@ -20,7 +21,9 @@ use crate::logs::{CHUNK_LINES, Line, Logs, Selection};
 /// Log requests one agent answers at once; more are refused (`busy`).
 pub const MAX_READERS: usize = 32;
 
-/// A request is small: four names and some numbers, or a warm request's artifacts.
+/// A log request is small: four names and some numbers.
+const MAX_LOG_REQUEST: usize = 4096;
+/// The largest request: a warm request's artifacts.
 const MAX_REQUEST: usize = flotilla_proto::MAX_WARM_ARTIFACTS * flotilla_proto::MAX_ARTIFACT_BYTES + 4096;
 
 /// What answers the shard's requests.
@@ -42,18 +45,26 @@ pub async fn serve(conn: quinn::Connection, answers: Arc<Answers>) {
 }
 
 async fn dispatch(mut send: quinn::SendStream, mut recv: quinn::RecvStream, a: &Answers) {
-    let req = match recv.read_to_end(MAX_REQUEST).await {
-        Ok(bytes) => v1::ShardRequest::decode(bytes.as_slice()),
+    let bytes = match recv.read_to_end(MAX_REQUEST).await {
+        Ok(bytes) => bytes,
         Err(e) => return refuse(&mut send, "invalid", format!("reading the request: {e}")).await,
     };
-    match req.map(|r| r.kind) {
-        Ok(Some(v1::shard_request::Kind::Logs(req))) => answer(send, req, a).await,
-        Ok(Some(v1::shard_request::Kind::Warm(req))) => {
-            let reply = crate::artifacts::warm(a.artifacts.as_ref(), &req, &a.node_id);
-            let _ = send.write_all(&frame::encode(&reply)).await;
-            let _ = send.finish();
-        }
-        Ok(None) => refuse(&mut send, "invalid", "the request names no kind".into()).await,
+    if let Ok(v1::ShardRequest { warm: Some(req) }) = v1::ShardRequest::decode(bytes.as_slice()) {
+        let reply = crate::artifacts::warm(a.artifacts.as_ref(), &req, &a.node_id);
+        let _ = send.write_all(&frame::encode(&reply)).await;
+        let _ = send.finish();
+        return;
+    }
+    if bytes.len() > MAX_LOG_REQUEST {
+        return refuse(
+            &mut send,
+            "invalid",
+            format!("a log request of {} bytes (at most {MAX_LOG_REQUEST})", bytes.len()),
+        )
+        .await;
+    }
+    match v1::LogRequest::decode(bytes.as_slice()) {
+        Ok(req) => answer(send, req, a).await,
         Err(e) => refuse(&mut send, "invalid", format!("the request does not decode: {e}")).await,
     }
 }
@@ -74,8 +85,7 @@ fn check(req: &v1::LogRequest, node_id: &str) -> Result<(), (&'static str, Strin
     Ok(())
 }
 
-/// Refuses a request with a `LogChunk` holding only the error: its field number is the
-/// same in a `WarmReply`, so it reads as either.
+/// Refuses a log request with a `LogChunk` holding only the error.
 async fn refuse(send: &mut quinn::SendStream, code: &'static str, message: String) {
     metrics::counter!(m::LOG_REQUESTS.name, "result" => code).increment(1);
     let chunk = v1::LogChunk { error: Some(v1::ErrorReply { code: code.into(), message }), ..Default::default() };

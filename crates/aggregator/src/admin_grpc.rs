@@ -58,13 +58,13 @@ impl AdminGrpc {
     }
 }
 
-/// Opens a stream to an agent, sends `kind` and reads its first answer frame (within
-/// [`AGENT_ANSWER`]); the stream stays open for more. An error says what went wrong.
+/// Opens a stream to an agent, sends `req` (a `LogRequest` or a `ShardRequest`, see
+/// agent.proto) and reads its first answer frame (within [`AGENT_ANSWER`]); the stream
+/// stays open for more. An error says what went wrong.
 async fn ask<T: Message + Default>(
     conn: &quinn::Connection,
-    kind: v1::shard_request::Kind,
+    req: impl Message,
 ) -> Result<(quinn::RecvStream, T), (&'static str, String)> {
-    let req = v1::ShardRequest { kind: Some(kind) };
     let opened = tokio::time::timeout(AGENT_ANSWER, async {
         let (mut send, mut recv) = conn.open_bi().await.map_err(|e| e.to_string())?;
         send.write_all(&req.encode_to_vec()).await.map_err(|e| e.to_string())?;
@@ -120,7 +120,7 @@ impl v1::node_admin_service_server::NodeAdminService for AdminGrpc {
         let conn = self.agent_of(&node).ok_or_else(|| {
             warmed("no_node", Status::unavailable(format!("node {node}'s agent is not connected to this shard")))
         })?;
-        match ask::<v1::WarmReply>(&conn, v1::shard_request::Kind::Warm(req)).await {
+        match ask::<v1::WarmReply>(&conn, v1::ShardRequest { warm: Some(req) }).await {
             Err((what, e)) => {
                 Err(warmed("unavailable", Status::unavailable(format!("node {node}'s agent {what}: {e}"))))
             }
@@ -147,7 +147,7 @@ impl v1::node_admin_service_server::NodeAdminService for AdminGrpc {
             counted("unavailable", Status::unavailable(format!("node {node}'s agent {what}: {e}")))
         };
         // The agent answers a refusal, or an empty chunk once it takes the request.
-        let opened = ask::<v1::LogChunk>(&conn, v1::shard_request::Kind::Logs(req)).await;
+        let opened = ask::<v1::LogChunk>(&conn, req).await;
         let mut recv = match opened {
             Err(e) => return Err(unavailable(e.0, e.1)),
             Ok((_, v1::LogChunk { error: Some(e), .. })) => return Err(refused(e)),

@@ -236,10 +236,6 @@ impl Artifacts {
                 }
                 Err(e) => {
                     let full = disk_full(&e);
-                    if full && me.shared.store.blob(&w.digest).is_none() {
-                        // The rest of the node needs the space more than a resume does.
-                        me.shared.store.remove(&w.digest);
-                    }
                     let lasting = !full
                         && matches!(
                             e.downcast_ref::<StoreError>(),
@@ -279,17 +275,35 @@ impl Artifacts {
         // waits, then finds the whole there.
         let lock = self.downloads.lock_or_recover().entry(w.digest).or_default().clone();
         let _one = lock.lock().await;
-        if self.shared.store.blob(&w.digest).is_none() {
-            match self.manifest(w).await? {
-                Some(manifest) => self.swarm(w, manifest).await?,
-                None => self.whole_from_origin(w).await?,
+        let result = async {
+            if self.shared.store.blob(&w.digest).is_none() {
+                match self.manifest(w).await? {
+                    Some(manifest) => self.swarm(w, manifest).await?,
+                    None => self.whole_from_origin(w).await?,
+                }
             }
+            if let Some(f) = w.unpack {
+                let (store, d) = (self.shared.clone(), w.digest);
+                tokio::task::spawn_blocking(move || store.store.unpacked(&d, f)).await??;
+            }
+            anyhow::Ok(())
         }
-        if let Some(f) = w.unpack {
-            let (store, d) = (self.shared.clone(), w.digest);
-            tokio::task::spawn_blocking(move || store.store.unpacked(&d, f)).await??;
+        .await;
+        if let Err(e) = &result
+            && disk_full(e)
+        {
+            // The rest of the node needs the space more than a resume does. Under the
+            // download's lock, so no other fetch of it is writing there; a sealed whole
+            // (the unpacking filled the disk) stays.
+            let (shared, d) = (self.shared.clone(), w.digest);
+            let _ = tokio::task::spawn_blocking(move || {
+                if shared.store.blob(&d).is_none() {
+                    shared.store.remove(&d);
+                }
+            })
+            .await;
         }
-        Ok(())
+        result
     }
 
     fn origin_url(&self, w: &Want) -> Option<String> {

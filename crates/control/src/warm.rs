@@ -25,8 +25,10 @@ use crate::{ControlError, ControlState};
 
 /// Nodes asked at once.
 const FAN_OUT: usize = 32;
-/// Nodes one request may warm, at most: the rest of a larger pool is named, not asked.
+/// Nodes one request may warm, at most: a larger set is refused, to be narrowed.
 pub const MAX_NODES: usize = 10_000;
+/// The longest selector, in bytes.
+const MAX_SELECTOR: usize = 4096;
 
 pub fn routes() -> axum::Router<Arc<ControlState>> {
     axum::Router::new().route("/v1/apps/{app}/warm", axum::routing::post(warm))
@@ -51,12 +53,18 @@ pub struct Selector {
 
 impl Selector {
     pub fn parse(text: &str) -> Result<Selector, String> {
+        if text.len() > MAX_SELECTOR {
+            return Err(format!("nodes: {} bytes, at most {MAX_SELECTOR}", text.len()));
+        }
         let mut s = Selector::default();
         for term in text.split(',').map(str::trim).filter(|t| !t.is_empty()) {
             match term.split_once('=') {
                 Some((k, v)) if !k.is_empty() && !v.is_empty() => s.labels.push((k.into(), v.into())),
                 Some(_) => return Err(format!("nodes: {term:?} is not key=value")),
-                None => s.ids.push(term.into()),
+                None => {
+                    flotilla_core::NodeId::new(term).map_err(|e| format!("nodes: {term:?} is not a node id: {e}"))?;
+                    s.ids.push(term.into());
+                }
             }
         }
         if s.ids.is_empty() && s.labels.is_empty() {
@@ -88,7 +96,8 @@ pub(crate) struct WarmNode {
     ready: u32,
     /// Artifacts being fetched now.
     fetching: u32,
-    /// Artifacts that cannot be fetched there, each with why.
+    /// Artifacts whose last fetch there failed, each with why (a warm is tried again
+    /// only when asked again).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     failed: Vec<String>,
     /// Why the node could not be asked (its agent is not connected, it refused).
@@ -107,7 +116,7 @@ pub(crate) struct WarmAnswer {
 
 #[utoipa::path(post, path = "/v1/apps/{app}/warm", tag = "apps", security(("bearer" = [])), params(("app" = String, Path)),
     request_body = WarmBody,
-    responses((status = 200, description = "scope operate: every node asked, with what it holds, fetches or cannot fetch", body = WarmAnswer),
+    responses((status = 200, description = "scope operate: every node asked, with what it holds, is fetching, or failed to fetch", body = WarmAnswer),
               (status = 400, description = "a bad selector, or more than 10000 nodes match", body = crate::answers::ErrorBody), (status = 401, body = crate::answers::ErrorBody), (status = 403, description = "the token lacks the scope, or is for other apps", body = crate::answers::ErrorBody),
                     (status = 404, description = "`no_such_app`", body = crate::answers::ErrorBody),
               (status = 422, description = "`nothing_to_warm`: the app uses no artifacts, or no node matches", body = crate::answers::ErrorBody)))]
@@ -155,9 +164,17 @@ pub(crate) async fn warm(
             targets.len()
         )));
     }
+    // One channel a shard, shared by its nodes' requests.
+    let mut clients = BTreeMap::new();
+    for shard in targets.values() {
+        if !clients.contains_key(shard) {
+            let client = crate::nodes::admin_client(&s, *shard).await.map_err(|e| e.to_string());
+            clients.insert(*shard, client);
+        }
+    }
     let asks = targets.into_iter().map(|(node, shard)| {
-        let (s, artifacts) = (s.clone(), artifacts.clone());
-        async move { ask(&s, node, shard, artifacts).await }
+        let (client, artifacts) = (clients.get(&shard).cloned(), artifacts.clone());
+        async move { ask(client, node, artifacts).await }
     });
     let nodes: Vec<WarmNode> = futures_util::stream::iter(asks).buffered(FAN_OUT).collect().await;
     for n in &nodes {
@@ -169,12 +186,15 @@ pub(crate) async fn warm(
     Ok(Json(crate::answers::to_json(&WarmAnswer { app, artifacts: artifacts.len(), nodes })))
 }
 
-async fn ask(s: &ControlState, node: String, shard: usize, artifacts: Vec<v1::Artifact>) -> WarmNode {
+type Client = v1::node_admin_service_client::NodeAdminServiceClient<flotilla_proto::dial::GrpcChannel>;
+
+async fn ask(client: Option<Result<Client, String>>, node: String, artifacts: Vec<v1::Artifact>) -> WarmNode {
     let failed =
         |node: String, e: String| WarmNode { node_id: node, ready: 0, fetching: 0, failed: vec![], error: Some(e) };
-    let mut client = match crate::nodes::admin_client(s, shard).await {
-        Ok(c) => c,
-        Err(e) => return failed(node, e.to_string()),
+    let mut client = match client {
+        Some(Ok(c)) => c,
+        Some(Err(e)) => return failed(node, e),
+        None => return failed(node, "its shard is not known".into()),
     };
     match client.warm(v1::WarmRequest { node_id: node.clone(), artifacts }).await {
         Ok(r) => {
@@ -205,6 +225,8 @@ mod tests {
         assert!(Selector::parse("zone=a").unwrap().matches(&node("n9", &[("zone", "a")])));
         assert!(Selector::parse("gpu=").unwrap_err().contains("\"gpu=\" is not key=value"));
         assert!(Selector::parse(" , ").unwrap_err().contains("comma-separated"));
+        assert!(Selector::parse("no/such node").unwrap_err().contains("is not a node id"));
+        assert!(Selector::parse(&"n,".repeat(3000)).unwrap_err().contains("at most 4096"));
     }
 
     #[test]

@@ -36,6 +36,9 @@ const PER_PEER: usize = 2;
 /// pieces over the nodes, each of which then serves its share to the rest, and a node
 /// asks for the next one as soon as one lands.
 const ORIGIN_INFLIGHT: usize = 1;
+/// Origin reads kept going by a node reading the origin alone (no tracker answers, or
+/// nothing arrives): the origin is then its only source, so one at a time would be slow.
+const FALLBACK_INFLIGHT: usize = 4;
 /// With nothing in flight and nothing arriving for this long, read from the origin
 /// whatever no peer offers (a tracker that lost its peers, leases held by a dead node).
 const STALL: Duration = Duration::from_secs(3);
@@ -138,11 +141,17 @@ impl Artifacts {
                     }
                 };
                 if grant.is_empty() && (stalled || self.tracker_down()) {
-                    grant = (0..manifest.count()).filter(|i| !picker.have().get(*i)).take(room).collect();
+                    // Alone: a wider window, refilled as pieces land (below), not per announce.
+                    let room = FALLBACK_INFLIGHT.saturating_sub(from_origin.len());
+                    grant = (0..manifest.count())
+                        .filter(|i| !picker.have().get(*i) && !from_origin.contains(i))
+                        .take(room)
+                        .collect();
                 }
                 for piece in grant {
                     let Some(url) = origin.clone() else { break };
-                    if from_origin.len() >= ORIGIN_INFLIGHT || picker.have().get(piece) || !from_origin.insert(piece) {
+                    if from_origin.len() >= FALLBACK_INFLIGHT || picker.have().get(piece) || !from_origin.insert(piece)
+                    {
                         continue;
                     }
                     picker.claim(piece);
@@ -195,7 +204,8 @@ impl Artifacts {
                             metrics::counter!(m::BYTES.name, "from" => "origin").increment(n);
                             picker.got(l.piece);
                             last_landed = Instant::now();
-                            // Its lease is spent: ask for the next origin piece now.
+                            // Its lease is spent: ask for the next origin piece now (and
+                            // without a tracker, take the next piece at once).
                             next_announce = last_landed;
                         }
                         Err(Failure::Bad) => {
