@@ -57,6 +57,9 @@ struct Proc {
     child: tokio::process::Child,
     pgid: i32,
     stderr_tail: Arc<Mutex<Vec<u8>>>,
+    /// The tasks copying its output into its logs: a stopped member's logs close only
+    /// once they have read its last lines (its shutdown message, say).
+    pumps: Vec<tokio::task::JoinHandle<()>>,
 }
 
 struct Member {
@@ -443,14 +446,15 @@ impl Runtime {
                     Err(e) => tracing::warn!(error = %e, "could not put the workload in its cgroup"),
                 }
                 let tail = Arc::new(Mutex::new(Vec::new()));
+                let mut pumps = Vec::new();
                 if let Some(out) = child.stdout.take() {
-                    tokio::spawn(pump(out, logs.stdout.clone(), None));
+                    pumps.push(tokio::spawn(pump(out, logs.stdout.clone(), None)));
                 }
                 if let Some(err) = child.stderr.take() {
-                    tokio::spawn(pump(err, logs.stderr.clone(), Some(tail.clone())));
+                    pumps.push(tokio::spawn(pump(err, logs.stderr.clone(), Some(tail.clone()))));
                 }
                 tracing::info!(unit = %key.1, member = %key.2, pid, port, "member started");
-                m.proc = Some(Proc { child, pgid: pid as i32, stderr_tail: tail });
+                m.proc = Some(Proc { child, pgid: pid as i32, stderr_tail: tail, pumps });
                 m.state = WorkloadState::Starting;
                 m.started_at = Instant::now();
                 m.message.clear();
@@ -545,11 +549,15 @@ impl Runtime {
         let mut still = Vec::new();
         let mut stopped = Vec::new();
         for mut s in self.stopping.drain(..) {
+            // Gone, and its output read to the end (or the grace is over: a descendant
+            // may hold the pipe open).
+            let drained = s.proc.pumps.iter().all(tokio::task::JoinHandle::is_finished) || now >= s.kill_at;
             match s.proc.child.try_wait() {
-                Ok(Some(_)) | Err(_) => {
+                Ok(Some(_)) | Err(_) if drained => {
                     s.cgroup.remove();
                     stopped.push(s.key);
                 }
+                Ok(Some(_)) | Err(_) => still.push(s),
                 Ok(None) => {
                     if now >= s.kill_at {
                         signal_group(s.proc.pgid, libc::SIGKILL);
