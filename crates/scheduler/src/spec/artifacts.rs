@@ -70,6 +70,21 @@ impl ArtifactSpec {
     }
 }
 
+impl super::AppSpec {
+    /// Every artifact its members use, once each by digest and unpacking: what
+    /// `flotilla artifact warm` fetches ahead of a scale-up.
+    pub fn artifacts(&self) -> Vec<flotilla_proto::v1::Artifact> {
+        let mut out: Vec<flotilla_proto::v1::Artifact> = Vec::new();
+        let templates = std::iter::once(&self.unit.head).chain(self.unit.worker.as_ref());
+        for a in templates.flat_map(|t| &t.artifacts).map(ArtifactSpec::wire) {
+            if !out.iter().any(|o| o.sha256 == a.sha256 && o.unpack == a.unpack) {
+                out.push(a);
+            }
+        }
+        out
+    }
+}
+
 /// Why `dest` cannot name a place under a member's working directory.
 fn dest_problem(dest: &str) -> Option<String> {
     let trimmed = dest.trim_end_matches('/');
