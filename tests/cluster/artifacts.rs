@@ -216,3 +216,68 @@ unpack = "tar.gz"
     let text = run_ok(up.cli().args(["units", "bad"]));
     assert!(text.contains("sha256 mismatch"), "{text}");
 }
+
+#[test]
+fn an_artifact_no_cache_can_hold_is_refused_at_apply_and_one_of_unknown_size_fails_its_member() {
+    let dir = TempDir::new("artifacts-cap-files");
+    // 3 MiB against agents whose caches hold 2 MiB.
+    let big: Vec<u8> = (0..3u64 << 20).map(|i| (i.wrapping_mul(2_654_435_761) >> 9) as u8).collect();
+    let big_digest = Digest::of(&big);
+    std::fs::write(dir.path().join("big.bin"), &big).unwrap();
+    let url = http_origin(big.clone());
+    let app = |artifact: &str| {
+        format!(
+            "name = \"cap\"\n[unit]\nworkers = 0\n[unit.head]\ncommand = \"sleep\"\nargs = [\"600\"]\ncpu = \"100m\"\n\
+             memory = \"32Mi\"\n{artifact}[constraints]\nallow_low_priority = true\n[units]\nmin = 0\nmax = 2\ninitial = 1\n"
+        )
+    };
+    let artifact = |source: &str| {
+        format!(
+            "[[unit.head.artifacts]]\nsource = \"{source}\"\nsha256 = \"{}\"\ndest = \"big.bin\"\n",
+            big_digest.hex()
+        )
+    };
+    let (v1, pushed, over_http) =
+        (dir.path().join("v1.toml"), dir.path().join("pushed.toml"), dir.path().join("http.toml"));
+    std::fs::write(&v1, app("")).unwrap();
+    std::fs::write(&pushed, app(&artifact(&format!("flotilla://{big_digest}")))).unwrap();
+    std::fs::write(&over_http, app(&artifact(&url))).unwrap();
+    let up = Up::start_with_env(
+        "artifacts-cap",
+        &["--agents", "2", "--shards", "1", "--app", v1.to_str().unwrap()],
+        &[("FLOTILLA_ARTIFACT_CACHE", "2Mi")],
+    );
+    wait_for("the first version running", Duration::from_secs(60), || {
+        up.units("cap").iter().any(|u| u["state"] == "running").then_some(())
+    });
+    let nodes: Value = serde_json::from_str(&run_ok(up.cli().args(["nodes", "--json"]))).unwrap();
+    let offered = |n: &Value| n["capacity"][flotilla_core::ARTIFACT_CACHE_RESOURCE].as_u64();
+    let nodes = nodes.as_array().cloned().unwrap_or_default();
+    assert!(nodes.len() == 2 && nodes.iter().all(|n| offered(n) == Some(2 << 20)), "{nodes:?}");
+
+    // Pushed, its size is known: the apply is refused, naming what would not fit where.
+    run_ok(up.cli().args(["artifact", "push"]).arg(dir.path().join("big.bin")));
+    let refused = up.cli().arg("apply").arg(&pushed).output().unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!("unit.head.artifacts need 3 MiB of artifact cache (flotilla://{big_digest} (3 MiB))"))
+            && stderr.contains("the largest is 2 MiB (node-"),
+        "{stderr}"
+    );
+    let plan = up.cli().args(["apply", "--plan"]).arg(&pushed).output().unwrap();
+    assert!(String::from_utf8_lossy(&plan.stderr).contains("need 3 MiB of artifact cache"), "{plan:?}");
+    let metrics = metrics_page(up.addr.trim_start_matches("http://"));
+    assert!(metric(&metrics, "flotilla_api_errors_total", "code=\"invalid_spec\"").unwrap_or(0.0) >= 2.0);
+
+    // Over HTTP its size is not known before the fetch: the apply is taken and the member
+    // fails with the reason, which `units` shows.
+    run_ok(up.cli().arg("apply").arg(&over_http));
+    let failed = wait_for("the member failing on the cache cap", Duration::from_secs(60), || {
+        members(&up, "cap").into_iter().find(|m| {
+            m["state"] == "failed" && m["message"].as_str().is_some_and(|t| t.contains("above the cache cap"))
+        })
+    });
+    let message = failed["message"].as_str().unwrap();
+    assert!(message.contains(&format!("artifact {big_digest} is ")) && message.contains("2097152 bytes"), "{message}");
+}

@@ -20,8 +20,10 @@ pub struct ArtifactArgs {
     /// `http(s)://` artifacts are fetched, each from its source.
     #[arg(long, env = "FLOTILLA_CONTROL_PLANE")]
     pub control_plane: Option<String>,
-    /// The artifact cache's size cap (`20Gi`); unused artifacts are evicted past it.
-    #[arg(long, default_value = "20Gi", value_parser = flotilla_core::quantity::memory_bytes)]
+    /// The artifact cache's size cap (`20Gi`); unused artifacts are evicted past it. The
+    /// node offers it as the custom resource `artifact-cache`, so an app whose artifacts
+    /// no node could hold is refused when it is applied.
+    #[arg(long, env = "FLOTILLA_ARTIFACT_CACHE", default_value = "20Gi", value_parser = flotilla_core::quantity::memory_bytes)]
     pub artifact_cache: u64,
     /// The UDP port peers fetch pieces from (QUIC); 0: any free port.
     #[arg(long, default_value_t = 0)]

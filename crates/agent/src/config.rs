@@ -320,6 +320,9 @@ impl AgentArgs {
         }
         for r in &self.resources {
             match r.split_once('=').map(|(k, v)| (k, v.parse::<u64>())) {
+                Some((k, _)) if k == flotilla_core::ARTIFACT_CACHE_RESOURCE => {
+                    errors.push(format!("--resource: {k} is the artifact cache's cap: set it with --artifact-cache"))
+                }
                 Some((k, Ok(q))) => {
                     capacity.custom.insert(k.to_string(), q);
                 }
@@ -386,6 +389,10 @@ impl AgentArgs {
             && capacity.custom.len() < flotilla_core::MAX_CUSTOM_RESOURCES
         {
             capacity.custom.entry(flotilla_core::ports::PORTS_RESOURCE.to_string()).or_insert(u64::from(b - a) + 1);
+        }
+        if capacity.custom.len() < flotilla_core::MAX_CUSTOM_RESOURCES {
+            let cap = self.artifacts.artifact_cache.min(flotilla_core::MAX_CUSTOM_QUANTITY);
+            capacity.custom.insert(flotilla_core::ARTIFACT_CACHE_RESOURCE.to_string(), cap);
         }
         if ms(drain_delay) > 600_000 {
             errors.push("--drain-delay: at most 10m".into());
@@ -494,6 +501,15 @@ mod tests {
         assert_eq!(c.capacity.gpu, 2);
         assert_eq!(c.capacity.custom.get("tpu"), Some(&4));
         assert_eq!(c.labels.domain(), "d2");
+    }
+
+    #[test]
+    fn the_artifact_cache_cap_is_offered_as_a_resource_set_only_by_its_flag() {
+        let offered = |c: AgentConfig| c.capacity.custom.get(flotilla_core::ARTIFACT_CACHE_RESOURCE).copied();
+        assert_eq!(offered(parse(&[]).unwrap()), Some(flotilla_core::DEFAULT_ARTIFACT_CACHE));
+        assert_eq!(offered(parse(&["--artifact-cache", "1Gi"]).unwrap()), Some(1 << 30));
+        let errors = parse(&["--resource", "artifact-cache=5"]).unwrap_err();
+        assert!(errors.iter().any(|e| e.contains("set it with --artifact-cache")), "{errors:?}");
     }
 
     #[test]

@@ -76,6 +76,11 @@ impl Origin {
         Ok(origin)
     }
 
+    /// The size of a pushed artifact, if this origin holds it.
+    pub fn size(&self, d: &Digest) -> Option<u64> {
+        std::fs::metadata(self.store.blob(d)?).ok().map(|m| m.len())
+    }
+
     /// The join tokens changed: agents' proofs are checked against these.
     pub fn set_join_tokens(&self, tokens: &[String]) {
         *self.keys.lock_or_recover() = PeerKeys::from_tokens(tokens);

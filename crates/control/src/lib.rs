@@ -3,6 +3,7 @@
 
 pub mod answers;
 pub mod apps;
+mod artifact_fit;
 pub mod artifacts;
 mod auth;
 mod autoscaling;

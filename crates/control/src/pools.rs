@@ -107,6 +107,21 @@ impl Pools {
         })
     }
 
+    /// The node types of every pool that reports (`(POOL/TYPE, its report)`): nodes
+    /// that may come.
+    pub(crate) fn node_types(&self) -> Vec<(String, Value)> {
+        let pools = self.pools.read_or_recover();
+        let reported = pools.iter().filter_map(|(name, p)| {
+            let (report, _) = p.report.as_ref().filter(|(_, at)| at.elapsed() <= STALE_AFTER)?;
+            Some((name, report.get("node_types")?.as_array()?.clone()))
+        });
+        reported
+            .flat_map(|(pool, types)| {
+                types.into_iter().map(move |t| (format!("{pool}/{}", t["name"].as_str().unwrap_or("?")), t))
+            })
+            .collect()
+    }
+
     /// Writes `DATA/pools/NAME.SUFFIX` (through a temporary file) when there is a data dir.
     fn persist(&self, pool: &str, suffix: &str, v: &impl serde::Serialize) -> Result<(), ControlError> {
         let Some(dir) = &self.dir else { return Ok(()) };

@@ -28,7 +28,7 @@ pub use health::{HealthSample, Hysteresis, PackedHealth, health_score};
 pub use limits::*;
 pub use node::{Incarnation, LabelError, Labels, NodeId, NodeIdError, NodeStatus};
 pub use rate::RateLimiter;
-pub use resources::{ResourceError, Resources};
+pub use resources::{ARTIFACT_CACHE_RESOURCE, DEFAULT_ARTIFACT_CACHE, ResourceError, Resources};
 pub use secret::{SharedToken, bearer_token, constant_time_eq};
 pub use shard::{DEFAULT_DOMAIN, shard_alternate, shard_alternates, shard_for_domain};
 pub use sync::{LockExt, RwLockExt};

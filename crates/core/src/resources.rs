@@ -7,6 +7,14 @@ use crate::limits::{
     MAX_NODE_MEMORY_BYTES,
 };
 
+/// The custom resource an agent offers as its artifact cache's cap, in bytes. Members never
+/// ask for it (they share what is cached); the control plane reads it to refuse at apply
+/// time an app whose artifacts no node it may use could hold.
+pub const ARTIFACT_CACHE_RESOURCE: &str = "artifact-cache";
+/// The agent's default `--artifact-cache`, and what a pool's node type offers when it does
+/// not say.
+pub const DEFAULT_ARTIFACT_CACHE: u64 = 20 << 30;
+
 /// A small dense resource vector. The three common dimensions are fields so that a
 /// fit test is a handful of comparisons; rare custom resources live in a sorted map
 /// that is empty (and allocation-free) on most nodes.

@@ -229,6 +229,12 @@ impl PoolConfig {
                 .custom
                 .entry(flotilla_core::ports::PORTS_RESOURCE.to_string())
                 .or_insert(flotilla_core::ports::DEFAULT_PORTS_OFFERED);
+            // And their artifact cache's cap (`--artifact-cache`), so an app whose
+            // artifacts no node could hold is refused when it is applied.
+            resources
+                .custom
+                .entry(flotilla_core::ARTIFACT_CACHE_RESOURCE.to_string())
+                .or_insert(flotilla_core::DEFAULT_ARTIFACT_CACHE);
             if let Err(e) = resources.validate_node_capacity() {
                 errors.push(format!("{path}: {e}"));
             }

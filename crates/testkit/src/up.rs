@@ -15,20 +15,28 @@ pub struct Up {
     child: Option<Child>,
     pub data: PathBuf,
     pub addr: String,
-    /// The arguments `up` was started with (for [`Up::restart`]).
+    /// The arguments and environment `up` was started with (for [`Up::restart`]).
     args: Vec<String>,
+    env: Vec<(String, String)>,
 }
 
 impl Up {
     /// `flotilla up --listen 127.0.0.1:0` with `extra` flags, in a fresh data dir named
     /// after `name`; returns once its control API's address is written.
     pub fn start(name: &str, extra: &[&str]) -> Up {
+        Up::start_with_env(name, extra, &[])
+    }
+
+    /// [`Up::start`] with `env` set for `up` and the agents it starts (`FLOTILLA_…`
+    /// settings that have no flag on `up`).
+    pub fn start_with_env(name: &str, extra: &[&str], env: &[(&str, &str)]) -> Up {
         let data = fresh_dir(name);
         let mut args = vec!["up", "--listen", "127.0.0.1:0", "--data", data.to_str().unwrap()];
         args.extend_from_slice(extra);
         let args: Vec<String> = args.into_iter().map(str::to_string).collect();
-        let (child, addr) = Self::spawn(&data, &args);
-        Up { child: Some(child), data, addr, args }
+        let env: Vec<(String, String)> = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let (child, addr) = Self::spawn(&data, &args, &env);
+        Up { child: Some(child), data, addr, args, env }
     }
 
     /// Stops `up` (SIGTERM, as [`Up::stop`]) and starts it again with the same arguments
@@ -41,17 +49,18 @@ impl Up {
             let _ = child.wait();
         }
         let _ = std::fs::remove_file(self.data.join("control.addr"));
-        let (child, addr) = Self::spawn(&self.data, &self.args);
+        let (child, addr) = Self::spawn(&self.data, &self.args, &self.env);
         self.child = Some(child);
         self.addr = addr;
         clean
     }
 
-    fn spawn(data: &Path, args: &[String]) -> (Child, String) {
+    fn spawn(data: &Path, args: &[String], env: &[(String, String)]) -> (Child, String) {
         use std::os::unix::process::CommandExt;
         let log = |name: &str| std::fs::OpenOptions::new().create(true).append(true).open(data.join(name)).unwrap();
         let child = crate::flotilla()
             .args(args)
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(log("up.out"))
             .stderr(log("up.err"))
@@ -64,7 +73,7 @@ impl Up {
     }
 
     pub fn attach(data: &Path, addr: &str) -> Up {
-        Up { child: None, data: data.to_path_buf(), addr: addr.to_string(), args: Vec::new() }
+        Up { child: None, data: data.to_path_buf(), addr: addr.to_string(), args: Vec::new(), env: Vec::new() }
     }
 
     /// A `flotilla` command aimed at this cluster's API, with its data dir (and so its

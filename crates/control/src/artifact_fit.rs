@@ -1,0 +1,146 @@
+//! Refusing at apply time an app whose artifacts no node could cache: an artifact larger
+//! than the cache of every node it may run on would only fail each member later.
+//!
+//! The origin knows the size of what was pushed to it; each agent offers its cache's cap
+//! as the custom resource `artifact-cache`, and so does each of a pool's node types.
+//! Where a size or a cap is not known (an `http://` artifact, an agent that does not say,
+//! a cluster with no node yet) nothing is refused here: the member's fetch fails with the
+//! reason when it learns the size.
+
+use std::collections::BTreeMap;
+
+use flotilla_artifact::{Digest, Source};
+use flotilla_scheduler::AppSpec;
+use serde_json::Value;
+
+use crate::{ControlError, ControlState};
+
+/// A node, or a pool's node type, the app may be placed on, and its cache's cap if it says.
+#[derive(Debug)]
+pub struct Place {
+    pub name: String,
+    pub cache: Option<u64>,
+}
+
+/// Why `spec` cannot run anywhere, if a role's artifacts (`size_of` those whose size is
+/// known) need more cache than every place offers. Nothing is refused without places.
+pub fn refusal(spec: &AppSpec, size_of: impl Fn(&Digest) -> Option<u64>, places: &[Place]) -> Option<String> {
+    if places.is_empty() {
+        return None;
+    }
+    // A place that does not say may hold anything.
+    let largest = places.iter().map(|p| p.cache).try_fold(0u64, |m, c| c.map(|c| m.max(c)))?;
+    let roles = std::iter::once(("head", &spec.unit.head)).chain(spec.unit.worker.as_ref().map(|w| ("worker", w)));
+    for (role, template) in roles {
+        // By digest: two destinations of one artifact share its cached bytes.
+        let mut known: BTreeMap<Digest, u64> = BTreeMap::new();
+        for a in &template.artifacts {
+            if let Ok(Source::Cluster(d)) = Source::parse(&a.source)
+                && let Some(size) = size_of(&d)
+            {
+                known.insert(d, size);
+            }
+        }
+        let need: u64 = known.values().sum();
+        if need > largest {
+            let listed: Vec<String> = known.iter().map(|(d, n)| format!("flotilla://{d} ({})", bytes(*n))).collect();
+            let best = places.iter().filter(|p| p.cache == Some(largest)).map(|p| p.name.as_str()).next();
+            return Some(format!(
+                "unit.{role}.artifacts need {} of artifact cache ({}), more than any node it may run on holds: \
+                 the largest is {} ({}); raise the agents' --artifact-cache",
+                bytes(need),
+                listed.join(", "),
+                bytes(largest),
+                best.unwrap_or("?"),
+            ));
+        }
+    }
+    None
+}
+
+/// Refuses `spec` (422 `invalid_spec`) when a role's artifacts fit no node's cache.
+pub(crate) fn check(s: &ControlState, spec: &AppSpec) -> Result<(), ControlError> {
+    let size_of = |d: &Digest| s.artifacts.as_ref().and_then(|o| o.size(d));
+    match refusal(spec, size_of, &places(s, spec)) {
+        Some(why) => Err(ControlError::InvalidSpec(why)),
+        None => Ok(()),
+    }
+}
+
+/// The nodes `spec` may be placed on now (alive, uncordoned, its labels) and the pool
+/// node types that admit its labels.
+fn places(s: &ControlState, spec: &AppSpec) -> Vec<Place> {
+    let cache = flotilla_core::ARTIFACT_CACHE_RESOURCE;
+    let mut places = Vec::new();
+    for slot in s.cluster.slots().iter() {
+        for r in slot.view.nodes.values().filter(|r| crate::warm::may_hold(spec, r)) {
+            places.push(Place { name: r.node_id.to_string(), cache: r.capacity.custom.get(cache).copied() });
+        }
+    }
+    let c = &spec.constraints;
+    for (name, t) in s.pools.node_types() {
+        let label = |k: &str| t["labels"].get(k).and_then(Value::as_str);
+        if flotilla_core::unit_shape::node_admits(&c.labels, c.allow_low_priority, label).is_ok() {
+            places.push(Place { name: format!("pool type {name}"), cache: t["resources"][cache].as_u64() });
+        }
+    }
+    places
+}
+
+/// `1.5 GiB`, `512 MiB`, `300 B`.
+fn bytes(n: u64) -> String {
+    const UNITS: [(&str, u64); 4] = [("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)];
+    match UNITS.iter().find(|(_, u)| n >= *u) {
+        Some((name, u)) if n.is_multiple_of(*u) => format!("{} {name}", n / u),
+        Some((name, u)) => format!("{:.1} {name}", n as f64 / *u as f64),
+        None => format!("{n} B"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(head: &[Digest], worker: &[Digest]) -> AppSpec {
+        let list = |role: &str, ds: &[Digest]| {
+            ds.iter()
+                .enumerate()
+                .map(|(i, d)| {
+                    format!(
+                        "[[unit.{role}.artifacts]]\nsource = \"flotilla://{d}\"\nsha256 = \"{}\"\ndest = \"a{i}/\"\n",
+                        d.hex()
+                    )
+                })
+                .collect::<String>()
+        };
+        let toml = format!(
+            "name = \"a\"\n[unit]\nworkers = 1\n[unit.head]\ncommand = \"x\"\ncpu = \"1\"\nmemory = \"1Gi\"\n{}\
+             [unit.worker]\ncommand = \"x\"\ncpu = \"1\"\nmemory = \"1Gi\"\n{}[units]\nmin = 1\nmax = 2\ninitial = 1\n",
+            list("head", head),
+            list("worker", worker)
+        );
+        crate::apps::parse_spec("a", &toml).unwrap()
+    }
+
+    fn place(name: &str, cache: Option<u64>) -> Place {
+        Place { name: name.into(), cache }
+    }
+
+    #[test]
+    fn a_role_whose_known_artifacts_outgrow_every_cache_is_refused_naming_sizes() {
+        let (a, b, c) = (Digest::of(b"a"), Digest::of(b"b"), Digest::of(b"c"));
+        let size = |d: &Digest| [(a, 3u64 << 30), (b, 2 << 30)].into_iter().find(|(x, _)| x == d).map(|(_, n)| n);
+        let places = [place("n1", Some(4 << 30)), place("pool type p/big", Some(9 << 29))];
+        // The head's 3 GiB fits; the worker's 3 + 2 GiB (c's size unknown) does not.
+        let s = spec(&[a, c], &[a, b, a]);
+        let why = refusal(&s, size, &places).unwrap();
+        assert!(why.starts_with("unit.worker.artifacts need 5 GiB of artifact cache"), "{why}");
+        assert!(why.contains(&format!("flotilla://{a} (3 GiB)")) && !why.contains(&c.hex()), "{why}");
+        assert!(why.contains("the largest is 4.5 GiB (pool type p/big)"), "{why}");
+        assert_eq!(refusal(&spec(&[a], &[b]), size, &places), None);
+        // Exactly full fits; a place that does not say, or no place at all, refuses nothing.
+        assert_eq!(refusal(&s, size, &[place("n1", Some(5 << 30))]), None);
+        assert_eq!(refusal(&s, size, &[place("n1", Some(1)), place("old-agent", None)]), None);
+        assert_eq!(refusal(&s, size, &[]), None);
+    }
+}
