@@ -125,7 +125,14 @@ impl v1::node_admin_service_server::NodeAdminService for AdminGrpc {
                 Err(warmed("unavailable", Status::unavailable(format!("node {node}'s agent {what}: {e}"))))
             }
             Ok((_, v1::WarmReply { error: Some(e), .. })) => {
-                Err(warmed("refused", Status::invalid_argument(format!("node {node}: {}", e.message))))
+                // A node without a cache cannot warm whatever is asked; anything else the
+                // agent refuses is the request's fault.
+                let message = format!("node {node}: {}", e.message);
+                let s = match e.code.as_str() {
+                    "no_cache" => Status::failed_precondition(message),
+                    _ => Status::invalid_argument(message),
+                };
+                Err(warmed("refused", s))
             }
             Ok((_, reply)) => {
                 metrics::counter!(m::WARM_RELAYS.name, "result" => "ok").increment(1);

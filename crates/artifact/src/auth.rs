@@ -60,6 +60,11 @@ impl PeerKeys {
         self.keys.is_empty()
     }
 
+    /// Whether the key with this id is among these.
+    pub fn holds(&self, key_id: &[u8; 8]) -> bool {
+        self.keys.iter().any(|(id, _)| id == key_id)
+    }
+
     /// This node's hello on a connection whose TLS exporter is `exporter`.
     pub fn hello(&self, side: Side, exporter: &[u8], node: &str) -> Option<Hello> {
         let (id, key) = self.keys.first()?;
@@ -108,6 +113,7 @@ mod tests {
         let o = outsider.hello(Side::Dialer, b"session-1", "n1").unwrap();
         assert!(!cluster.verify(Side::Dialer, b"session-1", &o));
         assert!(PeerKeys::from_tokens(&[]).hello(Side::Dialer, b"s", "n").is_none());
+        assert!(cluster.holds(&h.key_id) && !PeerKeys::from_tokens(&["new".into()]).holds(&h.key_id));
         let t = old_only.tracker_token("n1").unwrap();
         assert!(cluster.verify_tracker(&t, "n1"));
         assert!(!cluster.verify_tracker(&t, "n2"), "one node's token does not speak for another");

@@ -50,7 +50,8 @@ pub struct Peers {
     endpoint: quinn::Endpoint,
     node: String,
     keys: Mutex<PeerKeys>,
-    conns: Mutex<HashMap<String, quinn::Connection>>,
+    /// Each with the id of the key its peer proved it holds.
+    conns: Mutex<HashMap<String, (quinn::Connection, [u8; 8])>>,
     holdings: Arc<dyn Holdings>,
     limits: Arc<Limits>,
     /// Where peers reach this node; `None` behind NAT.
@@ -107,7 +108,18 @@ impl Peers {
         self.listen
     }
 
+    /// Takes the keys of the join tokens accepted now, and closes the connections of
+    /// peers that proved a key no longer among them: a retired token admits nobody.
     pub fn set_keys(&self, keys: PeerKeys) {
+        let mut conns = self.conns.lock_or_recover();
+        conns.retain(|node, (conn, key)| {
+            let kept = keys.holds(key);
+            if !kept {
+                tracing::info!(peer = %node, "closing a peer connection made with a retired join token");
+                conn.close(CLOSE_REFUSED.into(), b"its join token was retired");
+            }
+            kept
+        });
         *self.keys.lock_or_recover() = keys;
     }
 
@@ -121,7 +133,7 @@ impl Peers {
             tokio::spawn(async move {
                 let Ok(conn) = incoming.await else { return };
                 match me.authenticate(&conn, Side::Listener).await {
-                    Ok(node) => me.adopt(node, conn),
+                    Ok((node, key)) => me.adopt(node, key, conn),
                     Err(why) => {
                         tracing::warn!(peer = %conn.remote_address(), %why, "refused a peer");
                         conn.close(CLOSE_REFUSED.into(), b"not a member of this cluster");
@@ -132,7 +144,8 @@ impl Peers {
     }
 
     /// Exchanges hellos: the dialer speaks first, on the connection's first stream.
-    async fn authenticate(&self, conn: &quinn::Connection, side: Side) -> anyhow::Result<String> {
+    /// Returns the peer's node and the id of the key it proved.
+    async fn authenticate(&self, conn: &quinn::Connection, side: Side) -> anyhow::Result<(String, [u8; 8])> {
         let mut exporter = [0u8; 32];
         conn.export_keying_material(&mut exporter, EXPORTER_LABEL, b"")
             .map_err(|_| anyhow!("no TLS exporter on this connection"))?;
@@ -167,7 +180,7 @@ impl Peers {
                 send.write_all(&mine.encode()).await?;
                 send.finish()?;
             }
-            anyhow::Ok(hello.node)
+            anyhow::Ok((hello.node, hello.key_id))
         };
         tokio::time::timeout(HELLO_WAIT, exchange).await.map_err(|_| anyhow!("no hello within {HELLO_WAIT:?}"))?
     }
@@ -181,14 +194,14 @@ impl Peers {
     /// one lost costs only the wait for the tracker's next answer).
     pub fn broadcast_have(&self, d: Digest, i: u32) {
         let frame = bytes::Bytes::copy_from_slice(&Request::Have(d, i).encode());
-        for c in self.conns.lock_or_recover().values() {
+        for (c, _) in self.conns.lock_or_recover().values() {
             let _ = c.send_datagram(frame.clone());
         }
     }
 
     /// Keeps an authenticated connection and answers what the peer asks on it.
-    fn adopt(self: &Arc<Self>, node: String, conn: quinn::Connection) {
-        self.conns.lock_or_recover().insert(node.clone(), conn.clone());
+    fn adopt(self: &Arc<Self>, node: String, key: [u8; 8], conn: quinn::Connection) {
+        self.conns.lock_or_recover().insert(node.clone(), (conn.clone(), key));
         let (c, haves, from) = (conn.clone(), self.haves.clone(), node.clone());
         tokio::spawn(async move {
             while let Ok(frame) = c.read_datagram().await {
@@ -203,7 +216,7 @@ impl Peers {
                 tokio::spawn(serve(me.holdings.clone(), me.limits.clone(), send, recv));
             }
             let mut conns = me.conns.lock_or_recover();
-            if conns.get(&node).is_some_and(|c| c.stable_id() == conn.stable_id()) {
+            if conns.get(&node).is_some_and(|(c, _)| c.stable_id() == conn.stable_id()) {
                 conns.remove(&node);
             }
         });
@@ -211,7 +224,7 @@ impl Peers {
 
     /// A connection to `node`: the one there is (either direction), else dialled at `addr`.
     pub async fn connection(self: &Arc<Self>, node: &str, addr: Option<&str>) -> Result<quinn::Connection, PeerError> {
-        if let Some(c) = self.conns.lock_or_recover().get(node).filter(|c| c.close_reason().is_none()) {
+        if let Some((c, _)) = self.conns.lock_or_recover().get(node).filter(|(c, _)| c.close_reason().is_none()) {
             return Ok(c.clone());
         }
         let addr = addr.ok_or_else(|| PeerError::Transport(format!("{node} takes no connections (NAT)")))?;
@@ -226,12 +239,12 @@ impl Peers {
             .await
             .map_err(|_| t("no answer".into()))?
             .map_err(|e| t(e.to_string()))?;
-        let who = self.authenticate(&conn, Side::Dialer).await.map_err(|e| t(format!("{e:#}")))?;
+        let (who, key) = self.authenticate(&conn, Side::Dialer).await.map_err(|e| t(format!("{e:#}")))?;
         if who != node {
             conn.close(CLOSE_REFUSED.into(), b"wrong node");
             return Err(t(format!("answered as {who}")));
         }
-        self.adopt(who, conn.clone());
+        self.adopt(who, key, conn.clone());
         Ok(conn)
     }
 

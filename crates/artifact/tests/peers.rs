@@ -1,6 +1,7 @@
 //! The peer transport on loopback, with real QUIC: a node holding the cluster's key gets
 //! pieces and manifests; one with another key is refused before it can ask anything,
-//! until a rotation gives its token to the other side too; a node that only dials
+//! until a rotation gives its token to the other side too, and one whose token is
+//! retired is cut off; a node that only dials
 //! (behind NAT) still serves the peer it dialled.
 
 #![allow(clippy::unwrap_used, reason = "a test: a failed step fails it, with the panic's message")]
@@ -74,5 +75,14 @@ async fn cluster_members_fetch_outsiders_are_refused_and_a_dialling_node_serves_
     // and takes either): it is in.
     a.set_keys(PeerKeys::from_tokens(&["a guess".to_string(), "join-token".to_string()]));
     let admitted = outsider.connection("a", Some(&a_addr)).await.unwrap();
+    assert_eq!(outsider.request(&admitted, Request::Piece(d, 0), 1 << 20).await.unwrap(), b"piece zero");
+
+    // Retiring "join-token" closes the connections of the peers that proved it (b's),
+    // and keeps the one proved with the token still accepted.
+    a.set_keys(PeerKeys::from_tokens(&["a guess".to_string()]));
+    let closed = tokio::time::timeout(std::time::Duration::from_secs(5), conn.closed()).await;
+    assert!(closed.is_ok(), "b's connection stays open after its token was retired");
+    assert!(b.request(&conn, Request::Piece(d, 0), 1 << 20).await.is_err());
+    assert!(b.connection("a", Some(&a_addr)).await.is_err(), "b is refused anew");
     assert_eq!(outsider.request(&admitted, Request::Piece(d, 0), 1 << 20).await.unwrap(), b"piece zero");
 }
