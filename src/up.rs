@@ -14,7 +14,7 @@ use clap::Args;
 use flotilla_obs::LogFormat;
 
 use crate::secrets::DataDir;
-use crate::serve::args::{HttpArgs, LivenessArgs};
+use crate::serve::args::{HttpArgs, LivenessArgs, OriginUrlArgs};
 use crate::serve::shutdown_signal;
 
 #[derive(Debug, Args)]
@@ -48,6 +48,8 @@ pub struct UpArgs {
     /// An app spec (TOML) to schedule in this process; repeatable.
     #[arg(long = "app")]
     pub apps: Vec<PathBuf>,
+    #[command(flatten)]
+    pub origin: OriginUrlArgs,
     #[command(flatten)]
     pub liveness: LivenessArgs,
     #[command(flatten)]
@@ -221,8 +223,9 @@ pub async fn run(a: UpArgs, log_format: LogFormat) -> anyhow::Result<()> {
     let dialer = flotilla_proto::dial::Dialer::network().on_io_thread().with_token(token)?;
     // Shards, schedulers and the control plane follow the token files: no restart rotates.
     use crate::serve::tokens::{api_token_file, grpc_token_file, join_token_file, reload_tokens};
+    let remote = a.origin.remote()?;
     let origin =
-        flotilla_control::artifacts::Origin::open(data.dir.join("artifacts"), DEFAULT_ARTIFACT_MAX, None, 0.0)?;
+        flotilla_control::artifacts::Origin::open(data.dir.join("artifacts"), DEFAULT_ARTIFACT_MAX, None, 0.0, remote)?;
     reload_tokens(join_token_file(&data, shards.iter().map(|s| s.registry.clone()).collect(), Some(origin.clone())))?;
     let auths = shards.iter().map(|s| s.grpc_auth.clone()).collect();
     reload_tokens(grpc_token_file(&data, auths, vec![dialer.clone()]))?;

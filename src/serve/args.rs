@@ -189,3 +189,28 @@ impl LivenessArgs {
         Ok(c)
     }
 }
+
+/// Where the artifact origin keeps pushes for every control replica.
+#[derive(Debug, Clone, Args)]
+pub struct OriginUrlArgs {
+    /// Keep pushed artifacts at this HTTP URL as well (`BASE/HEX` and `BASE/HEX.manifest`):
+    /// any server that takes PUT and answers GET with Range (nginx's WebDAV, an
+    /// S3-compatible bucket that allows the control plane's writes). A push succeeds once
+    /// it is there; a replica that did not take it reads it from there.
+    #[arg(long, value_name = "URL")]
+    pub artifact_origin_url: Option<String>,
+    /// A file holding the bearer token sent to --artifact-origin-url.
+    #[arg(long, requires = "artifact_origin_url")]
+    pub artifact_origin_token_file: Option<PathBuf>,
+}
+
+impl OriginUrlArgs {
+    pub fn remote(&self) -> anyhow::Result<Option<flotilla_control::artifact_remote::Remote>> {
+        let Some(url) = &self.artifact_origin_url else { return Ok(None) };
+        let token = match &self.artifact_origin_token_file {
+            Some(f) => crate::secrets::read_tokens(f)?.into_iter().next(),
+            None => None,
+        };
+        flotilla_control::artifact_remote::Remote::new(url, token).map(Some)
+    }
+}

@@ -61,6 +61,8 @@ pub struct ControlArgs {
     /// unset: no limit. Peers carry the rest.
     #[arg(long, value_parser = flotilla_core::quantity::memory_bytes)]
     pub artifact_origin_rate: Option<u64>,
+    #[command(flatten)]
+    pub origin: super::args::OriginUrlArgs,
     /// FOR TESTS: cut off this fraction of the origin's reads partway (0..1).
     #[arg(long, hide = true, default_value_t = 0.0)]
     pub test_origin_drop: f64,
@@ -105,6 +107,7 @@ pub async fn control(a: ControlArgs) -> anyhow::Result<()> {
                 a.artifact_max_bytes,
                 a.artifact_origin_rate,
                 a.test_origin_drop.clamp(0.0, 1.0),
+                a.origin.remote()?,
             )?;
             match &a.join_token_file {
                 Some(f) => {

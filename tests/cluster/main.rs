@@ -19,6 +19,7 @@ mod hostile;
 mod logs;
 mod metrics;
 mod nodes;
+mod origin_url;
 mod pool;
 mod pool_exec;
 mod ports;

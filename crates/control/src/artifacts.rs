@@ -48,10 +48,18 @@ pub struct Origin {
     /// FOR TESTS: the chance that a read is cut off before each chunk (an origin that
     /// drops connections).
     drop: f64,
+    /// Where pushes are kept for every replica (`--artifact-origin-url`).
+    remote: Option<crate::artifact_remote::Remote>,
 }
 
 impl Origin {
-    pub fn open(dir: std::path::PathBuf, max_bytes: u64, rate: Option<u64>, drop: f64) -> anyhow::Result<Arc<Origin>> {
+    pub fn open(
+        dir: std::path::PathBuf,
+        max_bytes: u64,
+        rate: Option<u64>,
+        drop: f64,
+        remote: Option<crate::artifact_remote::Remote>,
+    ) -> anyhow::Result<Arc<Origin>> {
         let origin = Arc::new(Origin {
             store: Store::open(dir, u64::MAX)?,
             max_bytes,
@@ -59,6 +67,7 @@ impl Origin {
             keys: Mutex::new(PeerKeys::from_tokens(&[])),
             rate: Throttle::new(rate),
             drop,
+            remote,
         });
         let weak = Arc::downgrade(&origin);
         tokio::spawn(async move {
@@ -76,7 +85,8 @@ impl Origin {
         Ok(origin)
     }
 
-    /// The size of a pushed artifact, if this origin holds it.
+    /// The size of a pushed artifact, if this replica holds it (one kept only at the
+    /// origin URL counts as unknown: an apply does not wait on that server).
     pub fn size(&self, d: &Digest) -> Option<u64> {
         std::fs::metadata(self.store.blob(d)?).ok().map(|m| m.len())
     }
@@ -162,18 +172,30 @@ async fn store_body(o: &Arc<Origin>, body: Body) -> Result<(Digest, u64), Contro
         return Err(e);
     }
     let d = hash.finish();
-    if o.store.blob(&d).is_some() {
+    if let Some(blob) = o.store.blob(&d) {
         let _ = tokio::fs::remove_file(&incoming).await;
+        upload(o, &d, &blob).await?;
         return Ok((d, size));
     }
     let part = o.store.part_path(&d).map_err(|e| ControlError::Storage(e.to_string()))?;
     tokio::fs::rename(&incoming, &part).await.map_err(storage)?;
-    let o = o.clone();
-    tokio::task::spawn_blocking(move || o.store.seal_whole(d, size, d))
+    let o2 = o.clone();
+    let blob = tokio::task::spawn_blocking(move || o2.store.seal_whole(d, size, d))
         .await
         .map_err(|e| ControlError::Storage(e.to_string()))?
         .map_err(|e| ControlError::Storage(e.to_string()))?;
+    upload(o, &d, &blob).await?;
     Ok((d, size))
+}
+
+/// Puts a push at the origin URL too, if there is one: the push succeeds only once it is
+/// there, so any replica serves it.
+async fn upload(o: &Origin, d: &Digest, blob: &std::path::Path) -> Result<(), ControlError> {
+    let (Some(remote), Some(manifest)) = (&o.remote, o.store.manifest(d)) else { return Ok(()) };
+    remote
+        .upload(d, blob, &manifest)
+        .await
+        .map_err(|e| ControlError::Storage(format!("kept here, but not at the origin URL (push it again): {e}")))
 }
 
 /// A `Range: bytes=A-B` (or `A-`) header, if there is one; past the end is clamped.
@@ -201,7 +223,7 @@ pub(crate) async fn read(
     headers: HeaderMap,
 ) -> Result<Response, ControlError> {
     let (o, d) = (origin(&s)?.clone(), digest(&name)?);
-    let path = o.store.blob(&d).ok_or_else(|| ControlError::NoSuchArtifact(d.to_string()))?;
+    let Some(path) = o.store.blob(&d) else { return read_remote(o, d, &headers).await };
     let storage = |e: std::io::Error| ControlError::Storage(e.to_string());
     let mut file = tokio::fs::File::open(&path).await.map_err(storage)?;
     let size = file.metadata().await.map_err(storage)?.len();
@@ -221,6 +243,35 @@ pub(crate) async fn read(
         resp = resp.header(header::CONTENT_RANGE, format!("bytes {start}-{end}/{size}"));
     }
     resp.body(Body::from_stream(stream)).map_err(|e| ControlError::Storage(e.to_string()))
+}
+
+/// A read of what only the origin URL holds, passed on through this origin's rate.
+async fn read_remote(o: Arc<Origin>, d: Digest, headers: &HeaderMap) -> Result<Response, ControlError> {
+    let missing = || ControlError::NoSuchArtifact(d.to_string());
+    let remote = o.remote.as_ref().ok_or_else(missing)?;
+    let range = headers
+        .get(header::RANGE)
+        .map(|v| v.to_str().map_err(|_| ControlError::BadRequest("Range is not text".into())))
+        .transpose()?;
+    let resp = remote.read(&d, range).await.map_err(ControlError::Storage)?.ok_or_else(missing)?;
+    let status = StatusCode::from_u16(resp.status().as_u16()).unwrap_or(StatusCode::OK);
+    let mut out = Response::builder().status(status).header(header::CONTENT_TYPE, "application/octet-stream");
+    for h in [header::CONTENT_LENGTH, header::CONTENT_RANGE, header::ACCEPT_RANGES] {
+        if let Some(v) = resp.headers().get(h.as_str()).and_then(|v| header::HeaderValue::from_bytes(v.as_bytes()).ok())
+        {
+            out = out.header(h, v);
+        }
+    }
+    let stream = futures_util::StreamExt::then(resp.bytes_stream(), move |chunk| {
+        let o = o.clone();
+        async move {
+            let chunk = chunk.map_err(std::io::Error::other)?;
+            o.rate.take(chunk.len() as u64).await;
+            metrics::counter!(m::ORIGIN_BYTES.name).increment(chunk.len() as u64);
+            Ok::<_, std::io::Error>(chunk)
+        }
+    });
+    out.body(Body::from_stream(stream)).map_err(|e| ControlError::Storage(e.to_string()))
 }
 
 /// The file's next `len` bytes, chunk by chunk, each waiting for the origin's rate.
@@ -256,7 +307,10 @@ pub(crate) async fn manifest(
     Path(name): Path<String>,
 ) -> Result<Response, ControlError> {
     let (o, d) = (origin(&s)?, digest(&name)?);
-    let m = o.store.manifest(&d).filter(|_| o.store.blob(&d).is_some());
+    let mut m = o.store.manifest(&d).filter(|_| o.store.blob(&d).is_some());
+    if let (None, Some(remote)) = (&m, &o.remote) {
+        m = remote.manifest(&d).await.map_err(ControlError::Storage)?;
+    }
     let m = m.ok_or_else(|| ControlError::NoSuchArtifact(d.to_string()))?;
     Ok(([(header::CONTENT_TYPE, "application/octet-stream")], m.encode()).into_response())
 }

@@ -157,6 +157,7 @@ pub const FAMILIES: &[Family] = &[
     REPLICA_ENTRIES_SKIPPED,
     ARTIFACT_PUSHES,
     ORIGIN_BYTES,
+    ORIGIN_REMOTE,
     TRACKER_ANNOUNCES,
     TRACKER_SWARMS,
     TRACKER_PEERS,
@@ -172,6 +173,11 @@ pub const ORIGIN_BYTES: Family = Family::counter(
     "flotilla_origin_bytes_total",
     "Artifact bytes the origin sent to agents (and other readers): about one copy per artifact when the swarm works.",
     &[],
+);
+pub const ORIGIN_REMOTE: Family = Family::counter(
+    "flotilla_origin_remote_requests_total",
+    "Requests to the origin URL (`--artifact-origin-url`), by op (upload, read, manifest) and result (ok, missing, error).",
+    &["op", "result"],
 );
 pub const TRACKER_ANNOUNCES: Family = Family::counter(
     "flotilla_tracker_announces_total",

@@ -4,6 +4,7 @@
 pub mod answers;
 pub mod apps;
 mod artifact_fit;
+pub mod artifact_remote;
 pub mod artifacts;
 mod auth;
 mod autoscaling;

@@ -1,0 +1,72 @@
+//! The artifact origin kept at an HTTP URL (a real nginx taking WebDAV PUTs): a push
+//! lands there with its manifest, and members fetch it through a control plane that no
+//! longer holds its own copy, as a replica that did not take the push would; with the
+//! URL gone, a push fails saying so.
+
+use std::time::Duration;
+
+use flotilla_artifact::Digest;
+use flotilla_artifact::manifest::Manifest;
+use flotilla_testkit::{Nginx, TempDir, Up, metric, metrics_page, run_ok, wait_for};
+
+#[test]
+fn a_push_lands_at_the_origin_url_and_members_fetch_it_from_there() {
+    let nginx = Nginx::start("origin-url");
+    let dir = TempDir::new("origin-url-files");
+    let model: Vec<u8> = (0..3u64 << 20).map(|i| (i.wrapping_mul(2_654_435_761) >> 7) as u8).collect();
+    let d = Digest::of(&model);
+    std::fs::write(dir.path().join("model.bin"), &model).unwrap();
+    let spec = format!(
+        "name = \"far\"\n[unit]\nworkers = 0\n[unit.head]\ncommand = \"/bin/sh\"\n\
+         args = [\"-c\", \"test -r model.bin && exec sleep 600\"]\ncpu = \"100m\"\nmemory = \"32Mi\"\n\
+         [[unit.head.artifacts]]\nsource = \"flotilla://{d}\"\nsha256 = \"{}\"\ndest = \"model.bin\"\n\
+         [constraints]\nallow_low_priority = true\n[units]\nmin = 0\nmax = 2\ninitial = 0\n",
+        d.hex()
+    );
+    let spec_file = dir.path().join("far.toml");
+    std::fs::write(&spec_file, spec).unwrap();
+    let up = Up::start(
+        "origin-url",
+        &[
+            "--agents",
+            "2",
+            "--shards",
+            "1",
+            "--app",
+            spec_file.to_str().unwrap(),
+            "--artifact-origin-url",
+            &nginx.url(),
+        ],
+    );
+
+    // The push is at the URL: the bytes, and the manifest that lets agents check pieces.
+    let pushed = run_ok(up.cli().args(["artifact", "push"]).arg(dir.path().join("model.bin")));
+    assert_eq!(pushed.trim(), format!("flotilla://{d}"));
+    assert_eq!(std::fs::read(nginx.file(&d.hex())).unwrap(), model);
+    let manifest = Manifest::decode(&std::fs::read(nginx.file(&format!("{}.manifest", d.hex()))).unwrap()).unwrap();
+    assert_eq!((manifest.size, manifest.count()), (model.len() as u64, 3));
+
+    // This control plane's own copy goes: members fetch what only the URL holds.
+    let local = up.data.join("artifacts").join(d.hex());
+    run_ok(std::process::Command::new("chmod").arg("-R").arg("u+w").arg(&local));
+    std::fs::remove_dir_all(&local).unwrap();
+    run_ok(up.cli().args(["scale", "far", "--units", "2"]));
+    wait_for("both units running with the model", Duration::from_secs(90), || {
+        let units = up.units("far");
+        (units.len() == 2 && units.iter().all(|u| u["state"] == "running")).then_some(())
+    });
+    let log = nginx.access_log();
+    assert!(log.contains(&format!("GET /files/{}.manifest", d.hex())), "{log}");
+    assert!(log.lines().any(|l| l.contains(&format!("GET /files/{} ", d.hex()))), "{log}");
+    let page = metrics_page(up.addr.trim_start_matches("http://"));
+    let reads = metric(&page, "flotilla_origin_remote_requests_total", "op=\"read\",result=\"ok\"");
+    assert!(reads.unwrap_or(0.0) >= 1.0, "{page}");
+    assert!(!local.join("blob").exists(), "the read through did not keep a copy here");
+
+    // Without the URL, a push is refused, and says where it could not go.
+    drop(nginx);
+    std::fs::write(dir.path().join("other.bin"), b"another artifact").unwrap();
+    let out = up.cli().args(["artifact", "push"]).arg(dir.path().join("other.bin")).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("not at the origin URL (push it again)"), "{stderr}");
+}
