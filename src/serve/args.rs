@@ -199,18 +199,30 @@ pub struct OriginUrlArgs {
     /// it is there; a replica that did not take it reads it from there.
     #[arg(long, value_name = "URL")]
     pub artifact_origin_url: Option<String>,
-    /// A file holding the bearer token sent to --artifact-origin-url.
+    /// A file holding the bearer token sent to --artifact-origin-url (read at start).
     #[arg(long, requires = "artifact_origin_url")]
     pub artifact_origin_token_file: Option<PathBuf>,
+    /// PEM certificates to trust for an https:// --artifact-origin-url.
+    #[arg(long, requires = "artifact_origin_url")]
+    pub artifact_origin_ca: Option<PathBuf>,
 }
 
 impl OriginUrlArgs {
     pub fn remote(&self) -> anyhow::Result<Option<flotilla_control::artifact_remote::Remote>> {
         let Some(url) = &self.artifact_origin_url else { return Ok(None) };
         let token = match &self.artifact_origin_token_file {
-            Some(f) => crate::secrets::read_tokens(f)?.into_iter().next(),
+            Some(f) => Some(
+                crate::secrets::read_tokens(f)?
+                    .into_iter()
+                    .next()
+                    .ok_or_else(|| anyhow::anyhow!("--artifact-origin-token-file {} holds no token", f.display()))?,
+            ),
             None => None,
         };
-        flotilla_control::artifact_remote::Remote::new(url, token).map(Some)
+        let ca = match &self.artifact_origin_ca {
+            Some(f) => Some(std::fs::read(f).with_context(|| format!("--artifact-origin-ca {}", f.display()))?),
+            None => None,
+        };
+        flotilla_control::artifact_remote::Remote::new(url, token, ca.as_deref()).map(Some)
     }
 }

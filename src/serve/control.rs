@@ -100,6 +100,10 @@ pub async fn control(a: ControlArgs) -> anyhow::Result<()> {
         }
         None => None,
     };
+    anyhow::ensure!(
+        a.artifacts_dir.is_some() || a.origin.artifact_origin_url.is_none(),
+        "--artifact-origin-url needs --artifacts-dir (where pushes are taken and manifests made)"
+    );
     let artifacts = match &a.artifacts_dir {
         Some(dir) => {
             let origin = flotilla_control::artifacts::Origin::open(

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use flotilla_artifact::Digest;
 use flotilla_artifact::manifest::Manifest;
-use flotilla_testkit::{Nginx, TempDir, Up, metric, metrics_page, run_ok, wait_for};
+use flotilla_testkit::{Nginx, TempDir, Up, exchange, metric, metrics_page, run_ok, wait_for};
 
 #[test]
 fn a_push_lands_at_the_origin_url_and_members_fetch_it_from_there() {
@@ -61,12 +61,27 @@ fn a_push_lands_at_the_origin_url_and_members_fetch_it_from_there() {
     let page = metrics_page(up.addr.trim_start_matches("http://"));
     let reads = metric(&page, "flotilla_origin_remote_requests_total", "op=\"read\",result=\"ok\"");
     assert!(reads.unwrap_or(0.0) >= 1.0, "{page}");
-    assert!(!local.join("blob").exists(), "the read through did not keep a copy here");
+    assert!(!local.exists(), "a read through the URL keeps no copy here");
+
+    // Reads through the URL are checked like local ones: one range, inside the artifact,
+    // answered as asked; an artifact the URL lacks is 404.
+    let get = |path: &str, range: &str| {
+        let range = if range.is_empty() { String::new() } else { format!("Range: {range}\r\n") };
+        exchange(&up.addr, &format!("GET {path} HTTP/1.1\r\nHost: x\r\n{range}Connection: close\r\n\r\n"))
+    };
+    let path = format!("/v1/artifacts/{d}");
+    let ranged = get(&path, "bytes=1-3").to_ascii_lowercase();
+    assert!(ranged.starts_with("http/1.1 206") && ranged.contains("content-range: bytes 1-3/3145728"), "{ranged}");
+    assert!(get(&path, "bytes=0-,0-").starts_with("HTTP/1.1 400"), "several ranges are refused");
+    assert!(get(&path, "bytes=9999999-").starts_with("HTTP/1.1 400"), "a range past the end is refused");
+    let other = Digest::of(b"never pushed");
+    assert!(get(&format!("/v1/artifacts/{other}"), "").starts_with("HTTP/1.1 404"));
 
     // Without the URL, a push is refused, and says where it could not go.
     drop(nginx);
     std::fs::write(dir.path().join("other.bin"), b"another artifact").unwrap();
     let out = up.cli().args(["artifact", "push"]).arg(dir.path().join("other.bin")).output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && stderr.contains("not at the origin URL (push it again)"), "{stderr}");
+    assert!(!out.status.success() && stderr.contains("did not take it (it is kept here; push it again)"), "{stderr}");
+    assert!(!stderr.contains("127.0.0.1"), "the origin URL stays out of answers: {stderr}");
 }

@@ -20,11 +20,11 @@ pub struct ArtifactArgs {
     /// `http(s)://` artifacts are fetched, each from its source.
     #[arg(long, env = "FLOTILLA_CONTROL_PLANE")]
     pub control_plane: Option<String>,
-    /// The artifact cache's size cap (`20Gi`); unused artifacts are evicted past it. The
+    /// The artifact cache's size cap (default `20Gi`); unused artifacts are evicted past it. The
     /// node offers it as the custom resource `artifact-cache`, so an app whose artifacts
     /// no node could hold is refused when it is applied.
-    #[arg(long, env = "FLOTILLA_ARTIFACT_CACHE", default_value = "20Gi", value_parser = flotilla_core::quantity::memory_bytes)]
-    pub artifact_cache: u64,
+    #[arg(long, env = "FLOTILLA_ARTIFACT_CACHE", value_parser = flotilla_core::quantity::memory_bytes)]
+    pub artifact_cache: Option<u64>,
     /// The UDP port peers fetch pieces from (QUIC); 0: any free port.
     #[arg(long, default_value_t = 0)]
     pub peer_port: u16,
@@ -78,7 +78,7 @@ pub fn start(
     let cfg = Config {
         node: node.to_string(),
         dir: data_dir.join("artifacts"),
-        cap: args.artifact_cache,
+        cap: args.artifact_cache.unwrap_or(flotilla_core::DEFAULT_ARTIFACT_CACHE),
         origin: args.control_plane.clone(),
         keys: flotilla_artifact::auth::PeerKeys::from_tokens(tokens),
         bind: SocketAddr::new(ip, args.peer_port),

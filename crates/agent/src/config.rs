@@ -320,9 +320,6 @@ impl AgentArgs {
         }
         for r in &self.resources {
             match r.split_once('=').map(|(k, v)| (k, v.parse::<u64>())) {
-                Some((k, _)) if k == flotilla_core::ARTIFACT_CACHE_RESOURCE => {
-                    errors.push(format!("--resource: {k} is the artifact cache's cap: set it with --artifact-cache"))
-                }
                 Some((k, Ok(q))) => {
                     capacity.custom.insert(k.to_string(), q);
                 }
@@ -390,9 +387,25 @@ impl AgentArgs {
         {
             capacity.custom.entry(flotilla_core::ports::PORTS_RESOURCE.to_string()).or_insert(u64::from(b - a) + 1);
         }
-        if capacity.custom.len() < flotilla_core::MAX_CUSTOM_RESOURCES {
-            let cap = self.artifacts.artifact_cache.min(flotilla_core::MAX_CUSTOM_QUANTITY);
-            capacity.custom.insert(flotilla_core::ARTIFACT_CACHE_RESOURCE.to_string(), cap);
+        // The artifact cache's cap is offered as a resource too (nothing asks for it: the
+        // control plane reads it to refuse artifacts no cache could hold). A pool's node
+        // type may give it as `--resource artifact-cache=N`: the same setting.
+        let cache_key = flotilla_core::ARTIFACT_CACHE_RESOURCE;
+        let artifact_cache = match (self.artifacts.artifact_cache, capacity.custom.get(cache_key).copied()) {
+            (Some(flag), Some(resource)) if flag != resource => {
+                errors
+                    .push(format!("--artifact-cache {flag} and --resource {cache_key}={resource} disagree: give one"));
+                flag
+            }
+            (flag, resource) => flag.or(resource).unwrap_or(flotilla_core::DEFAULT_ARTIFACT_CACHE),
+        };
+        if capacity.custom.len() < flotilla_core::MAX_CUSTOM_RESOURCES || capacity.custom.contains_key(cache_key) {
+            capacity.custom.insert(cache_key.to_string(), artifact_cache);
+        } else {
+            tracing::warn!(
+                "{} custom resources already: {cache_key} is not offered, so applies are not checked against this node's cache",
+                flotilla_core::MAX_CUSTOM_RESOURCES
+            );
         }
         if ms(drain_delay) > 600_000 {
             errors.push("--drain-delay: at most 10m".into());
@@ -438,7 +451,7 @@ impl AgentArgs {
                 drain_delay,
                 preemption_notice_file: self.preemption_notice_file,
                 test_health_file: self.test_health_file,
-                artifacts: self.artifacts,
+                artifacts: crate::artifacts::ArtifactArgs { artifact_cache: Some(artifact_cache), ..self.artifacts },
             }),
             _ => Err(errors),
         }
@@ -508,8 +521,12 @@ mod tests {
         let offered = |c: AgentConfig| c.capacity.custom.get(flotilla_core::ARTIFACT_CACHE_RESOURCE).copied();
         assert_eq!(offered(parse(&[]).unwrap()), Some(flotilla_core::DEFAULT_ARTIFACT_CACHE));
         assert_eq!(offered(parse(&["--artifact-cache", "1Gi"]).unwrap()), Some(1 << 30));
-        let errors = parse(&["--resource", "artifact-cache=5"]).unwrap_err();
-        assert!(errors.iter().any(|e| e.contains("set it with --artifact-cache")), "{errors:?}");
+        // A pool's node type passes it as a resource: the same setting, and the cache's cap.
+        let c = parse(&["--resource", "artifact-cache=5000"]).unwrap();
+        assert_eq!(c.artifacts.artifact_cache, Some(5000));
+        assert_eq!(offered(c), Some(5000));
+        let errors = parse(&["--resource", "artifact-cache=5", "--artifact-cache", "1Gi"]).unwrap_err();
+        assert!(errors.iter().any(|e| e.contains("disagree: give one")), "{errors:?}");
     }
 
     #[test]

@@ -201,7 +201,16 @@ impl Peers {
 
     /// Keeps an authenticated connection and answers what the peer asks on it.
     fn adopt(self: &Arc<Self>, node: String, key: [u8; 8], conn: quinn::Connection) {
-        self.conns.lock_or_recover().insert(node.clone(), (conn.clone(), key));
+        {
+            // Checked again under the lock `set_keys` holds (conns, then keys): a key
+            // retired while this connection's hello was being checked does not slip in.
+            let mut conns = self.conns.lock_or_recover();
+            if !self.keys.lock_or_recover().holds(&key) {
+                conn.close(CLOSE_REFUSED.into(), b"its join token was retired");
+                return;
+            }
+            conns.insert(node.clone(), (conn.clone(), key));
+        }
         let (c, haves, from) = (conn.clone(), self.haves.clone(), node.clone());
         tokio::spawn(async move {
             while let Ok(frame) = c.read_datagram().await {

@@ -47,7 +47,7 @@ pub fn refusal(spec: &AppSpec, size_of: impl Fn(&Digest) -> Option<u64>, places:
             let best = places.iter().filter(|p| p.cache == Some(largest)).map(|p| p.name.as_str()).next();
             return Some(format!(
                 "unit.{role}.artifacts need {} of artifact cache ({}), more than any node it may run on holds: \
-                 the largest is {} ({}); raise the agents' --artifact-cache",
+                 the largest is {} ({}); raise the agents' --artifact-cache or the node types' artifact-cache",
                 bytes(need),
                 listed.join(", "),
                 bytes(largest),
@@ -67,17 +67,21 @@ pub(crate) fn check(s: &ControlState, spec: &AppSpec) -> Result<(), ControlError
     }
 }
 
-/// The nodes `spec` may be placed on now (alive, uncordoned, its labels) and the pool
-/// node types that admit its labels.
+/// The nodes `spec` may be placed on (its labels; cordoned or suspect ones too, which
+/// may come back, but not dead ones) and the pool node types that admit its labels.
 fn places(s: &ControlState, spec: &AppSpec) -> Vec<Place> {
     let cache = flotilla_core::ARTIFACT_CACHE_RESOURCE;
+    let c = &spec.constraints;
+    let admits = |r: &flotilla_view::NodeRecord| {
+        r.status != flotilla_core::NodeStatus::Dead
+            && flotilla_core::unit_shape::node_admits(&c.labels, c.allow_low_priority, |k| r.labels.get(k)).is_ok()
+    };
     let mut places = Vec::new();
     for slot in s.cluster.slots().iter() {
-        for r in slot.view.nodes.values().filter(|r| crate::warm::may_hold(spec, r)) {
+        for r in slot.view.nodes.values().filter(|r| admits(r)) {
             places.push(Place { name: r.node_id.to_string(), cache: r.capacity.custom.get(cache).copied() });
         }
     }
-    let c = &spec.constraints;
     for (name, t) in s.pools.node_types() {
         let label = |k: &str| t["labels"].get(k).and_then(Value::as_str);
         if flotilla_core::unit_shape::node_admits(&c.labels, c.allow_low_priority, label).is_ok() {

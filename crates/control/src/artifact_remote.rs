@@ -5,12 +5,17 @@
 //! did not take the push reads both from there and passes them on through its own
 //! origin rate. So every control replica serves every pushed artifact, and the bytes
 //! outlive the control plane's disk.
+//!
+//! What the URL answers is input from the network: a manifest is bounded and decoded, a
+//! read must be the range asked for, and errors name the status, not the URL (artifact
+//! reads need no token, and the URL is the operator's).
 
 use std::path::Path;
 use std::time::Duration;
 
 use flotilla_artifact::Digest;
-use flotilla_artifact::manifest::Manifest;
+use flotilla_artifact::manifest::{MAX_PIECES, Manifest};
+use futures_util::StreamExt;
 
 use crate::catalogue as m;
 
@@ -26,16 +31,42 @@ pub struct Remote {
     token: Option<String>,
 }
 
+/// What a read of the URL gave.
+pub enum Read {
+    /// The bytes asked for (the range, or the whole), and their length if it said.
+    Bytes(reqwest::Response),
+    /// It does not hold the artifact.
+    Missing,
+}
+
 impl Remote {
-    pub fn new(url: &str, token: Option<String>) -> anyhow::Result<Remote> {
-        let parsed = reqwest::Url::parse(url).map_err(|e| anyhow::anyhow!("--artifact-origin-url {url:?}: {e}"))?;
-        anyhow::ensure!(
-            matches!(parsed.scheme(), "http" | "https") && parsed.query().is_none(),
-            "--artifact-origin-url {url:?}: an http:// or https:// URL without a query"
-        );
+    /// `ca`: PEM certificates to trust for an `https://` URL (this build carries no
+    /// public roots, like every client of Flotilla's).
+    pub fn new(url: &str, token: Option<String>, ca: Option<&[u8]>) -> anyhow::Result<Remote> {
+        let bad = |why: &str| anyhow::anyhow!("--artifact-origin-url {url:?}: {why}");
+        let parsed = reqwest::Url::parse(url).map_err(|e| bad(&e.to_string()))?;
+        if !matches!(parsed.scheme(), "http" | "https") {
+            return Err(bad("not an http:// or https:// URL"));
+        }
+        if parsed.query().is_some() || parsed.fragment().is_some() || !parsed.username().is_empty() {
+            return Err(bad(
+                "a URL without a query, a fragment or a user (a token goes in --artifact-origin-token-file)",
+            ));
+        }
+        let mut client = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(10))
+            .redirect(reqwest::redirect::Policy::none());
+        match (parsed.scheme(), ca) {
+            ("https", None) => return Err(bad("https:// needs --artifact-origin-ca")),
+            (_, Some(pem)) => {
+                for cert in reqwest::Certificate::from_pem_bundle(pem)? {
+                    client = client.add_root_certificate(cert);
+                }
+            }
+            _ => {}
+        }
         let base = if url.ends_with('/') { url.to_string() } else { format!("{url}/") };
-        let http = reqwest::Client::builder().connect_timeout(Duration::from_secs(10)).build()?;
-        Ok(Remote { base, http, token })
+        Ok(Remote { base, http: client.build()?, token })
     }
 
     fn url(&self, d: &Digest, suffix: &str) -> String {
@@ -58,73 +89,120 @@ impl Remote {
             let size = file.metadata().await.map_err(|e| e.to_string())?.len();
             let timeout = UPLOAD_PER_GIB.saturating_mul((size >> 30) as u32 + 1).max(Duration::from_secs(60));
             let body = reqwest::Body::wrap_stream(tokio_util::io::ReaderStream::new(file));
-            let url = self.url(d, "");
-            let put = self.request(reqwest::Method::PUT, &url).header(reqwest::header::CONTENT_LENGTH, size);
-            check(put.body(body).timeout(timeout).send().await, &url)?;
-            let url = self.url(d, ".manifest");
-            let put = self.request(reqwest::Method::PUT, &url).body(manifest.encode()).timeout(READ_WAIT);
-            check(put.send().await, &url)
+            let put =
+                self.request(reqwest::Method::PUT, &self.url(d, "")).header(reqwest::header::CONTENT_LENGTH, size);
+            success(put.body(body).timeout(timeout).send().await, "taking the bytes")?;
+            let put = self.request(reqwest::Method::PUT, &self.url(d, ".manifest"));
+            success(put.body(manifest.encode()).timeout(READ_WAIT).send().await, "taking the manifest")
         }
         .await;
-        count("upload", &result.as_ref().map(|_| Some(())));
+        count("upload", if result.is_ok() { "ok" } else { "error" });
+        if let Err(e) = &result {
+            tracing::warn!(artifact = %d, url = %self.base, error = %e, "the origin URL did not take a push");
+        }
         result
     }
 
-    /// The manifest of `d`, if the origin holds it (checked: it is input from the network).
+    /// The manifest of `d`, if the URL holds it (read to a bound, and decoded).
     pub async fn manifest(&self, d: &Digest) -> Result<Option<Manifest>, String> {
-        let url = self.url(d, ".manifest");
         let result = async {
-            let resp = self.request(reqwest::Method::GET, &url).timeout(READ_WAIT).send().await;
-            let Some(resp) = found(resp.map_err(|e| format!("{url}: {e}")), &url)? else { return Ok(None) };
-            let max = flotilla_artifact::manifest::MAX_PIECES as u64 * 32 + 64;
-            if resp.content_length().is_some_and(|n| n > max) {
-                return Err(format!("{url}: a manifest of more than {max} bytes"));
+            let resp = self.request(reqwest::Method::GET, &self.url(d, ".manifest")).timeout(READ_WAIT).send().await;
+            let resp = match resp.map_err(describe)? {
+                r if r.status() == reqwest::StatusCode::NOT_FOUND => return Ok(None),
+                r if r.status() != reqwest::StatusCode::OK => return Err(format!("answered {}", r.status())),
+                r => r,
+            };
+            let max = MAX_PIECES as usize * 32 + 64;
+            let (mut body, mut stream) = (Vec::new(), resp.bytes_stream());
+            while let Some(chunk) = stream.next().await {
+                body.extend_from_slice(&chunk.map_err(describe)?);
+                if body.len() > max {
+                    return Err(format!("sent a manifest of more than {max} bytes"));
+                }
             }
-            let bytes = resp.bytes().await.map_err(|e| format!("{url}: {e}"))?;
-            Manifest::decode(&bytes).map(Some).map_err(|e| format!("{url}: {e}"))
+            Manifest::decode(&body).map(Some).map_err(|e| format!("sent a bad manifest: {e}"))
         }
         .await;
-        count("manifest", &result.as_ref().map(|m| m.as_ref().map(|_| ())));
+        count("manifest", outcome(&result.as_ref().map(Option::is_some)));
         result
     }
 
-    /// A read of `d` (the whole, or `range` as the agent asked it), if the origin holds it.
-    pub async fn read(&self, d: &Digest, range: Option<&str>) -> Result<Option<reqwest::Response>, String> {
-        let url = self.url(d, "");
-        let mut req = self.request(reqwest::Method::GET, &url);
-        if let Some(r) = range {
-            req = req.header(reqwest::header::RANGE, r);
+    /// Bytes `range` (inclusive) of `d`, or the whole; the answer must be what was asked.
+    pub async fn read(&self, d: &Digest, range: Option<(u64, u64)>) -> Result<Read, String> {
+        let mut req = self.request(reqwest::Method::GET, &self.url(d, ""));
+        if let Some((a, b)) = range {
+            req = req.header(reqwest::header::RANGE, format!("bytes={a}-{b}"));
         }
-        let sent = match tokio::time::timeout(READ_WAIT, req.send()).await {
-            Ok(r) => r.map_err(|e| format!("{url}: {e}")),
-            Err(_) => Err(format!("{url}: no answer within {READ_WAIT:?}")),
-        };
-        let result = found(sent, &url);
-        count("read", &result.as_ref().map(|r| r.as_ref().map(|_| ())));
+        let result = async {
+            let resp = match tokio::time::timeout(READ_WAIT, req.send()).await {
+                Ok(r) => r.map_err(describe)?,
+                Err(_) => return Err(format!("did not answer within {READ_WAIT:?}")),
+            };
+            let status = resp.status();
+            if status == reqwest::StatusCode::NOT_FOUND {
+                return Ok(Read::Missing);
+            }
+            let content_range = resp.headers().get(reqwest::header::CONTENT_RANGE).and_then(|v| v.to_str().ok());
+            let as_asked = match range {
+                Some((a, b)) => {
+                    status == reqwest::StatusCode::PARTIAL_CONTENT
+                        && content_range.is_some_and(|c| c.starts_with(&format!("bytes {a}-{b}/")))
+                }
+                None => status == reqwest::StatusCode::OK,
+            };
+            if !as_asked {
+                return Err(format!("answered {status} {}, not the bytes asked for", content_range.unwrap_or("")));
+            }
+            Ok(Read::Bytes(resp))
+        }
+        .await;
+        count("read", outcome(&result.as_ref().map(|r| matches!(r, Read::Bytes(_)))));
+        if let Err(e) = &result {
+            tracing::warn!(artifact = %d, url = %self.base, error = %e, "a read of the origin URL failed");
+        }
         result
     }
 }
 
-fn check(resp: reqwest::Result<reqwest::Response>, url: &str) -> Result<(), String> {
-    let resp = resp.map_err(|e| format!("{url}: {e}"))?;
-    if resp.status().is_success() { Ok(()) } else { Err(format!("{url}: answered {}", resp.status())) }
-}
-
-/// A success, `None` for 404, or why not.
-fn found(resp: Result<reqwest::Response, String>, url: &str) -> Result<Option<reqwest::Response>, String> {
-    let resp = resp?;
-    match resp.status() {
-        s if s.is_success() => Ok(Some(resp)),
-        reqwest::StatusCode::NOT_FOUND => Ok(None),
-        s => Err(format!("{url}: answered {s}")),
+/// A request error without its URL.
+fn describe(e: reqwest::Error) -> String {
+    if e.is_timeout() {
+        "timed out".into()
+    } else if e.is_connect() {
+        "refused the connection".into()
+    } else {
+        e.without_url().to_string()
     }
 }
 
-fn count(op: &'static str, result: &Result<Option<()>, &String>) {
-    let outcome = match result {
-        Ok(Some(())) => "ok",
-        Ok(None) => "missing",
+fn success(resp: reqwest::Result<reqwest::Response>, what: &str) -> Result<(), String> {
+    let resp = resp.map_err(|e| format!("{what}: {}", describe(e)))?;
+    if resp.status().is_success() { Ok(()) } else { Err(format!("{what}: answered {}", resp.status())) }
+}
+
+fn outcome(found: &Result<bool, &String>) -> &'static str {
+    match found {
+        Ok(true) => "ok",
+        Ok(false) => "missing",
         Err(_) => "error",
-    };
+    }
+}
+
+fn count(op: &'static str, outcome: &'static str) {
     metrics::counter!(m::ORIGIN_REMOTE.name, "op" => op, "result" => outcome).increment(1);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_origin_url_that_would_lose_or_leak_something_is_refused() {
+        let refused = |url: &str| Remote::new(url, None, None).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(Remote::new("http://store:9000/artifacts", None, None).is_ok());
+        assert!(refused("ftp://store/a").contains("not an http:// or https:// URL"));
+        assert!(refused("http://store/a#x").contains("without a query, a fragment or a user"));
+        assert!(refused("http://me:secret@store/a").contains("without a query, a fragment or a user"));
+        assert!(refused("https://store/a").contains("https:// needs --artifact-origin-ca"));
+    }
 }

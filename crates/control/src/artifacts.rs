@@ -16,15 +16,19 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use flotilla_artifact::auth::PeerKeys;
+use flotilla_artifact::manifest::Manifest;
 use flotilla_artifact::store::Store;
 use flotilla_artifact::throttle::Throttle;
 use flotilla_artifact::tracker::{Announce, Tracker};
 use flotilla_artifact::{Bitfield, Digest};
 use flotilla_core::LockExt;
+use futures_util::StreamExt;
 use http_body_util::BodyExt;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
+
+use crate::artifact_remote::Read;
 
 use crate::auth::authorize;
 use crate::catalogue as m;
@@ -119,7 +123,8 @@ fn digest(name: &str) -> Result<Digest, ControlError> {
     responses((status = 201, description = "scope deploy: `{name, sha256, size}`, name is `flotilla://sha256:HEX`", body = Object),
               (status = 401, body = crate::answers::ErrorBody), (status = 403, body = crate::answers::ErrorBody),
               (status = 409, description = "`no_artifact_store`: the control plane keeps no artifacts", body = crate::answers::ErrorBody),
-              (status = 413, description = "larger than the origin takes", body = crate::answers::ErrorBody)))]
+              (status = 413, description = "larger than the origin takes", body = crate::answers::ErrorBody),
+              (status = 502, description = "`origin_unreachable`: the origin URL did not take it (kept here; push it again)", body = crate::answers::ErrorBody)))]
 pub(crate) async fn push(
     State(s): State<Arc<ControlState>>,
     headers: HeaderMap,
@@ -191,11 +196,12 @@ async fn store_body(o: &Arc<Origin>, body: Body) -> Result<(Digest, u64), Contro
 /// Puts a push at the origin URL too, if there is one: the push succeeds only once it is
 /// there, so any replica serves it.
 async fn upload(o: &Origin, d: &Digest, blob: &std::path::Path) -> Result<(), ControlError> {
-    let (Some(remote), Some(manifest)) = (&o.remote, o.store.manifest(d)) else { return Ok(()) };
+    let Some(remote) = &o.remote else { return Ok(()) };
+    let manifest = o.store.manifest(d).ok_or_else(|| ControlError::Storage(format!("{d} has no manifest here")))?;
     remote
         .upload(d, blob, &manifest)
         .await
-        .map_err(|e| ControlError::Storage(format!("kept here, but not at the origin URL (push it again): {e}")))
+        .map_err(|e| ControlError::OriginUnreachable(format!("did not take it (it is kept here; push it again): {e}")))
 }
 
 /// A `Range: bytes=A-B` (or `A-`) header, if there is one; past the end is clamped.
@@ -216,24 +222,44 @@ fn range(headers: &HeaderMap, size: u64) -> Result<Option<(u64, u64)>, ControlEr
 #[utoipa::path(get, path = "/v1/artifacts/{name}", tag = "artifacts", params(("name" = String, Path, description = "sha256:HEX")),
     responses((status = 200, description = "the artifact", content_type = "application/octet-stream"),
               (status = 206, description = "the range asked for", content_type = "application/octet-stream"),
-              (status = 404, description = "no such artifact", body = crate::answers::ErrorBody)))]
+              (status = 400, description = "a Range that is not one range inside the artifact", body = crate::answers::ErrorBody),
+              (status = 404, description = "no such artifact", body = crate::answers::ErrorBody),
+              (status = 502, description = "`origin_unreachable`: the origin URL failed the read", body = crate::answers::ErrorBody)))]
 pub(crate) async fn read(
     State(s): State<Arc<ControlState>>,
     Path(name): Path<String>,
     headers: HeaderMap,
 ) -> Result<Response, ControlError> {
     let (o, d) = (origin(&s)?.clone(), digest(&name)?);
-    let Some(path) = o.store.blob(&d) else { return read_remote(o, d, &headers).await };
     let storage = |e: std::io::Error| ControlError::Storage(e.to_string());
-    let mut file = tokio::fs::File::open(&path).await.map_err(storage)?;
-    let size = file.metadata().await.map_err(storage)?.len();
+    // Here, or only at the origin URL (then its size is its manifest's).
+    let (file, size) = match o.store.blob(&d) {
+        Some(path) => {
+            let file = tokio::fs::File::open(&path).await.map_err(storage)?;
+            let size = file.metadata().await.map_err(storage)?.len();
+            (Some(file), size)
+        }
+        None => (None, remote_manifest(&o, &d).await?.size),
+    };
     let (status, (start, end)) = match range(&headers, size)? {
         Some(r) => (StatusCode::PARTIAL_CONTENT, r),
         None => (StatusCode::OK, (0, size.saturating_sub(1))),
     };
     let len = if size == 0 { 0 } else { end - start + 1 };
-    file.seek(std::io::SeekFrom::Start(start)).await.map_err(storage)?;
-    let stream = futures_stream(o, file, len);
+    let bytes: futures_util::stream::BoxStream<'static, std::io::Result<bytes::Bytes>> = match (file, &o.remote) {
+        (Some(mut file), _) => {
+            file.seek(std::io::SeekFrom::Start(start)).await.map_err(storage)?;
+            Box::pin(tokio_util::io::ReaderStream::with_capacity(file.take(len), CHUNK))
+        }
+        (None, Some(remote)) => {
+            let asked = (status == StatusCode::PARTIAL_CONTENT).then_some((start, end));
+            match remote.read(&d, asked).await.map_err(ControlError::OriginUnreachable)? {
+                Read::Bytes(resp) => Box::pin(resp.bytes_stream().map(|c| c.map_err(std::io::Error::other))),
+                Read::Missing => return Err(ControlError::NoSuchArtifact(d.to_string())),
+            }
+        }
+        (None, None) => return Err(ControlError::NoSuchArtifact(d.to_string())),
+    };
     let mut resp = Response::builder()
         .status(status)
         .header(header::CONTENT_TYPE, "application/octet-stream")
@@ -242,76 +268,57 @@ pub(crate) async fn read(
     if status == StatusCode::PARTIAL_CONTENT {
         resp = resp.header(header::CONTENT_RANGE, format!("bytes {start}-{end}/{size}"));
     }
-    resp.body(Body::from_stream(stream)).map_err(|e| ControlError::Storage(e.to_string()))
+    resp.body(Body::from_stream(metered(o, bytes, len))).map_err(|e| ControlError::Storage(e.to_string()))
 }
 
-/// A read of what only the origin URL holds, passed on through this origin's rate.
-async fn read_remote(o: Arc<Origin>, d: Digest, headers: &HeaderMap) -> Result<Response, ControlError> {
-    let missing = || ControlError::NoSuchArtifact(d.to_string());
-    let remote = o.remote.as_ref().ok_or_else(missing)?;
-    let range = headers
-        .get(header::RANGE)
-        .map(|v| v.to_str().map_err(|_| ControlError::BadRequest("Range is not text".into())))
-        .transpose()?;
-    let resp = remote.read(&d, range).await.map_err(ControlError::Storage)?.ok_or_else(missing)?;
-    let status = StatusCode::from_u16(resp.status().as_u16()).unwrap_or(StatusCode::OK);
-    let mut out = Response::builder().status(status).header(header::CONTENT_TYPE, "application/octet-stream");
-    for h in [header::CONTENT_LENGTH, header::CONTENT_RANGE, header::ACCEPT_RANGES] {
-        if let Some(v) = resp.headers().get(h.as_str()).and_then(|v| header::HeaderValue::from_bytes(v.as_bytes()).ok())
-        {
-            out = out.header(h, v);
-        }
-    }
-    let stream = futures_util::StreamExt::then(resp.bytes_stream(), move |chunk| {
-        let o = o.clone();
-        async move {
-            let chunk = chunk.map_err(std::io::Error::other)?;
-            o.rate.take(chunk.len() as u64).await;
-            metrics::counter!(m::ORIGIN_BYTES.name).increment(chunk.len() as u64);
-            Ok::<_, std::io::Error>(chunk)
-        }
-    });
-    out.body(Body::from_stream(stream)).map_err(|e| ControlError::Storage(e.to_string()))
+/// The manifest of what only the origin URL holds (404 if it does not, or there is none).
+async fn remote_manifest(o: &Origin, d: &Digest) -> Result<Manifest, ControlError> {
+    let remote = o.remote.as_ref().ok_or_else(|| ControlError::NoSuchArtifact(d.to_string()))?;
+    let m = remote.manifest(d).await.map_err(ControlError::OriginUnreachable)?;
+    m.ok_or_else(|| ControlError::NoSuchArtifact(d.to_string()))
 }
 
-/// The file's next `len` bytes, chunk by chunk, each waiting for the origin's rate.
-fn futures_stream(
+/// `len` bytes of `bytes`, each chunk waiting for the origin's rate; more than `len` is
+/// an error (an origin URL that sends more than it was asked for).
+fn metered(
     o: Arc<Origin>,
-    file: tokio::fs::File,
+    bytes: futures_util::stream::BoxStream<'static, std::io::Result<bytes::Bytes>>,
     len: u64,
 ) -> impl futures_util::Stream<Item = std::io::Result<bytes::Bytes>> + Send {
-    futures_util::stream::unfold((o, file, len), |(o, mut file, left)| async move {
+    futures_util::stream::unfold((o, bytes, len), |(o, mut bytes, left)| async move {
         if left == 0 {
             return None;
         }
         if o.drop > 0.0 && rand::random::<f64>() < o.drop {
-            return Some((Err(std::io::Error::other("dropped on purpose (--test-origin-drop)")), (o, file, 0)));
+            return Some((Err(std::io::Error::other("dropped on purpose (--test-origin-drop)")), (o, bytes, 0)));
         }
-        let n = left.min(CHUNK as u64) as usize;
-        let mut buf = vec![0u8; n];
-        if let Err(e) = file.read_exact(&mut buf).await {
-            return Some((Err(e), (o, file, 0)));
-        }
-        o.rate.take(n as u64).await;
-        metrics::counter!(m::ORIGIN_BYTES.name).increment(n as u64);
-        Some((Ok(bytes::Bytes::from(buf)), (o, file, left - n as u64)))
+        let chunk = match bytes.next().await {
+            Some(Ok(c)) if c.len() as u64 <= left => c,
+            Some(Ok(_)) => return Some((Err(std::io::Error::other("the origin sent more than asked")), (o, bytes, 0))),
+            Some(Err(e)) => return Some((Err(e), (o, bytes, 0))),
+            None => return Some((Err(std::io::Error::other("the origin's bytes ended early")), (o, bytes, 0))),
+        };
+        o.rate.take(chunk.len() as u64).await;
+        metrics::counter!(m::ORIGIN_BYTES.name).increment(chunk.len() as u64);
+        let left = left - chunk.len() as u64;
+        Some((Ok(chunk), (o, bytes, left)))
     })
 }
 
 /// `GET /v1/artifacts/{name}/manifest`: the piece hashes.
 #[utoipa::path(get, path = "/v1/artifacts/{name}/manifest", tag = "artifacts", params(("name" = String, Path, description = "sha256:HEX")),
     responses((status = 200, description = "the manifest (binary: see crates/artifact/src/manifest.rs)", content_type = "application/octet-stream"),
-              (status = 404, description = "no such artifact", body = crate::answers::ErrorBody)))]
+              (status = 404, description = "no such artifact", body = crate::answers::ErrorBody),
+              (status = 502, description = "`origin_unreachable`: the origin URL failed the read", body = crate::answers::ErrorBody)))]
 pub(crate) async fn manifest(
     State(s): State<Arc<ControlState>>,
     Path(name): Path<String>,
 ) -> Result<Response, ControlError> {
     let (o, d) = (origin(&s)?, digest(&name)?);
-    let mut m = o.store.manifest(&d).filter(|_| o.store.blob(&d).is_some());
-    if let (None, Some(remote)) = (&m, &o.remote) {
-        m = remote.manifest(&d).await.map_err(ControlError::Storage)?;
-    }
-    let m = m.ok_or_else(|| ControlError::NoSuchArtifact(d.to_string()))?;
+    let m = match o.store.manifest(&d).filter(|_| o.store.blob(&d).is_some()) {
+        Some(m) => m,
+        None => remote_manifest(o, &d).await?,
+    };
     Ok(([(header::CONTENT_TYPE, "application/octet-stream")], m.encode()).into_response())
 }
 

@@ -77,6 +77,10 @@ pub enum ControlError {
     /// The control plane could not keep what it was given (its data dir).
     #[error("cannot store it: {0}")]
     Storage(String),
+    /// The artifact origin URL (`--artifact-origin-url`) failed a read or an upload (the
+    /// message names no URL: callers of artifact reads need not be authenticated).
+    #[error("the artifact origin URL {0}")]
+    OriginUnreachable(String),
     /// The store the control-plane replicas share (etcd) did not take a change: retry.
     #[error("the shared store is unavailable: {0}")]
     SharedStoreUnavailable(String),
@@ -157,7 +161,7 @@ impl ServiceError for ControlError {
             Token(crate::tokens::TokenError::NoSuchToken(_)) => ErrorKind::NotFound,
             Token(crate::tokens::TokenError::Storage(_)) => ErrorKind::Internal,
             AppRunsHere(_) | ScheduledElsewhere { .. } | ForwardLoop { .. } | NoArtifactStore => ErrorKind::Conflict,
-            ShardUnreachable { .. } | SchedulerUnreachable { .. } => ErrorKind::Unavailable,
+            ShardUnreachable { .. } | SchedulerUnreachable { .. } | OriginUnreachable(_) => ErrorKind::Unavailable,
             Forwarded { status, .. } => kind_of_status(*status),
             TooLarge { .. } => ErrorKind::TooLarge,
             RateLimited { .. } | TooManySubscribers { .. } | TooManyFollows { .. } => ErrorKind::RateLimited,
@@ -181,6 +185,7 @@ impl ServiceError for ControlError {
             InvalidPolicy(_) => "invalid_policy",
             NothingToWarm(_) => "nothing_to_warm",
             Storage(_) => "storage_failed",
+            OriginUnreachable(_) => "origin_unreachable",
             SharedStoreUnavailable(_) => flotilla_scheduler::STORE_UNAVAILABLE,
             Unauthorized(_) => "unauthorized",
             Forbidden(_) => "forbidden",

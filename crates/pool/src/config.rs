@@ -229,12 +229,15 @@ impl PoolConfig {
                 .custom
                 .entry(flotilla_core::ports::PORTS_RESOURCE.to_string())
                 .or_insert(flotilla_core::ports::DEFAULT_PORTS_OFFERED);
-            // And their artifact cache's cap (`--artifact-cache`), so an app whose
-            // artifacts no node could hold is refused when it is applied.
-            resources
-                .custom
-                .entry(flotilla_core::ARTIFACT_CACHE_RESOURCE.to_string())
-                .or_insert(flotilla_core::DEFAULT_ARTIFACT_CACHE);
+            // And their artifact cache's cap (the agent's default, unless the type says),
+            // so an app whose artifacts no node could hold is refused when it is applied.
+            // Never asked for, so it takes no part in packing (`Shape::from_resources`).
+            if resources.custom.len() < flotilla_core::MAX_CUSTOM_RESOURCES {
+                resources
+                    .custom
+                    .entry(flotilla_core::ARTIFACT_CACHE_RESOURCE.to_string())
+                    .or_insert(flotilla_core::DEFAULT_ARTIFACT_CACHE);
+            }
             if let Err(e) = resources.validate_node_capacity() {
                 errors.push(format!("{path}: {e}"));
             }

@@ -167,13 +167,15 @@ impl Shape {
         self.0.iter().enumerate().filter(|(_, q)| **q > 0).map(|(i, _)| i)
     }
 
-    /// A Flotilla resource vector as a shape (custom resources are whole units).
+    /// A Flotilla resource vector as a shape (custom resources are whole units). The
+    /// artifact cache's cap is left out: nothing asks for it, and a dimension every node
+    /// has and no demand uses would only dilute the packing's utilisation scores.
     pub fn from_resources(r: &flotilla_core::Resources, names: &mut ResourceNames) -> Result<Shape, ShapeError> {
         let mut s = Shape::zero(3);
         s.set(CPU, r.cpu_millis.min(MAX_QTY));
         s.set(MEMORY, r.memory_bytes.min(MAX_QTY));
         s.set(GPU, u64::from(r.gpu) * 1000);
-        for (k, v) in &r.custom {
+        for (k, v) in r.custom.iter().filter(|(k, _)| *k != flotilla_core::ARTIFACT_CACHE_RESOURCE) {
             let i = names.intern(k)?;
             s.set(i, v.saturating_mul(1000).min(MAX_QTY));
         }
@@ -184,6 +186,16 @@ impl Shape {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_artifact_cache_takes_no_part_in_packing() {
+        let mut r = flotilla_core::Resources::new(2000, 1 << 30, 0);
+        r.custom.insert("tpu".into(), 2);
+        let mut names = ResourceNames::default();
+        let plain = Shape::from_resources(&r, &mut names).unwrap();
+        r.custom.insert(flotilla_core::ARTIFACT_CACHE_RESOURCE.into(), 20 << 30);
+        assert_eq!(Shape::from_resources(&r, &mut names).unwrap(), plain);
+    }
 
     #[test]
     fn quantities_are_fixed_point_and_never_shrink() {

@@ -10,10 +10,8 @@
 //!   `{"cpu_millis":4000,"memory_bytes":8589934592,"gpu":0,"my_res":2}`),
 //!   `FLOTILLA_NODE_LABELS` (JSON object), and for scripts without a JSON parser
 //!   `FLOTILLA_NODE_CPU_MILLIS`, `FLOTILLA_NODE_MEMORY_BYTES`, `FLOTILLA_NODE_GPU`,
-//!   `FLOTILLA_NODE_RESOURCE_LINES` (the custom resources, one `name=quantity` a line,
-//!   but for `artifact-cache`), `FLOTILLA_ARTIFACT_CACHE` (the type's artifact cache in
-//!   bytes, which an agent started with this environment takes as its
-//!   `--artifact-cache`) and `FLOTILLA_NODE_LABEL_LINES` (one `key=value` a line; control characters in
+//!   `FLOTILLA_NODE_RESOURCE_LINES` (the custom resources, one `name=quantity` a line)
+//!   and `FLOTILLA_NODE_LABEL_LINES` (one `key=value` a line; control characters in
 //!   labels are refused, so a line is a label).
 //!   Its stdin is the whole [`LaunchSpec`] as one JSON object
 //!   (`{"id","node_type","resources","labels"}`). Exit 0 means the launch was accepted;
@@ -232,19 +230,8 @@ impl InstanceProvider for ExecProvider {
                 }
                 Ok(out)
             };
-            // The cache's cap is the agent's `--artifact-cache` (which reads this variable
-            // too), not a `--resource`.
-            let cache = flotilla_core::ARTIFACT_CACHE_RESOURCE;
-            let resource_lines = lines(
-                spec.resources
-                    .custom
-                    .iter()
-                    .filter(|(k, _)| *k != cache)
-                    .map(|(k, v)| (k.as_str(), v.to_string()))
-                    .collect(),
-            )?;
-            let artifact_cache =
-                spec.resources.custom.get(cache).copied().unwrap_or(flotilla_core::DEFAULT_ARTIFACT_CACHE);
+            let resource_lines =
+                lines(spec.resources.custom.iter().map(|(k, v)| (k.as_str(), v.to_string())).collect())?;
             let label_lines = lines(spec.labels.iter().map(|(k, v)| (k.as_str(), v.clone())).collect())?;
             let env = [
                 ("FLOTILLA_INSTANCE_ID", spec.id.clone()),
@@ -255,7 +242,6 @@ impl InstanceProvider for ExecProvider {
                 ("FLOTILLA_NODE_MEMORY_BYTES", spec.resources.memory_bytes.to_string()),
                 ("FLOTILLA_NODE_GPU", spec.resources.gpu.to_string()),
                 ("FLOTILLA_NODE_RESOURCE_LINES", resource_lines),
-                ("FLOTILLA_ARTIFACT_CACHE", artifact_cache.to_string()),
                 ("FLOTILLA_NODE_LABEL_LINES", label_lines),
             ];
             let stdin = to_json(&spec.id, spec)?.into_bytes();

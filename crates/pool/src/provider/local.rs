@@ -240,11 +240,7 @@ fn agent_args(spec: &LaunchSpec, dir: &Path, first_port: u32, last_port: u32) ->
         a.extend(["--gpus".into(), r.gpu.to_string()]);
     }
     for (k, v) in &r.custom {
-        if k == flotilla_core::ARTIFACT_CACHE_RESOURCE {
-            a.extend(["--artifact-cache".into(), v.to_string()]);
-        } else {
-            a.extend(["--resource".into(), format!("{k}={v}")]);
-        }
+        a.extend(["--resource".into(), format!("{k}={v}")]);
     }
     for (k, v) in &spec.labels {
         a.extend(["--label".into(), format!("{k}={v}")]);
