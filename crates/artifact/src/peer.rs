@@ -133,7 +133,9 @@ impl Peers {
             tokio::spawn(async move {
                 let Ok(conn) = incoming.await else { return };
                 match me.authenticate(&conn, Side::Listener).await {
-                    Ok((node, key)) => me.adopt(node, key, conn),
+                    Ok((node, key)) => {
+                        me.adopt(node, key, conn);
+                    }
                     Err(why) => {
                         tracing::warn!(peer = %conn.remote_address(), %why, "refused a peer");
                         conn.close(CLOSE_REFUSED.into(), b"not a member of this cluster");
@@ -199,15 +201,16 @@ impl Peers {
         }
     }
 
-    /// Keeps an authenticated connection and answers what the peer asks on it.
-    fn adopt(self: &Arc<Self>, node: String, key: [u8; 8], conn: quinn::Connection) {
+    /// Keeps an authenticated connection and answers what the peer asks on it; false
+    /// (and closed) if the key it proved was retired meanwhile.
+    fn adopt(self: &Arc<Self>, node: String, key: [u8; 8], conn: quinn::Connection) -> bool {
         {
             // Checked again under the lock `set_keys` holds (conns, then keys): a key
             // retired while this connection's hello was being checked does not slip in.
             let mut conns = self.conns.lock_or_recover();
             if !self.keys.lock_or_recover().holds(&key) {
                 conn.close(CLOSE_REFUSED.into(), b"its join token was retired");
-                return;
+                return false;
             }
             conns.insert(node.clone(), (conn.clone(), key));
         }
@@ -229,6 +232,7 @@ impl Peers {
                 conns.remove(&node);
             }
         });
+        true
     }
 
     /// A connection to `node`: the one there is (either direction), else dialled at `addr`.
@@ -253,7 +257,9 @@ impl Peers {
             conn.close(CLOSE_REFUSED.into(), b"wrong node");
             return Err(t(format!("answered as {who}")));
         }
-        self.adopt(who, key, conn.clone());
+        if !self.adopt(who, key, conn.clone()) {
+            return Err(t("its join token was retired".into()));
+        }
         Ok(conn)
     }
 

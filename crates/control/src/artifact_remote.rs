@@ -48,7 +48,11 @@ impl Remote {
         if !matches!(parsed.scheme(), "http" | "https") {
             return Err(bad("not an http:// or https:// URL"));
         }
-        if parsed.query().is_some() || parsed.fragment().is_some() || !parsed.username().is_empty() {
+        if parsed.query().is_some()
+            || parsed.fragment().is_some()
+            || !parsed.username().is_empty()
+            || parsed.password().is_some()
+        {
             return Err(bad(
                 "a URL without a query, a fragment or a user (a token goes in --artifact-origin-token-file)",
             ));
@@ -59,12 +63,16 @@ impl Remote {
         match (parsed.scheme(), ca) {
             ("https", None) => return Err(bad("https:// needs --artifact-origin-ca")),
             (_, Some(pem)) => {
-                for cert in reqwest::Certificate::from_pem_bundle(pem)? {
+                let certs = reqwest::Certificate::from_pem_bundle(pem)
+                    .map_err(|e| anyhow::anyhow!("--artifact-origin-ca: {e}"))?;
+                anyhow::ensure!(!certs.is_empty(), "--artifact-origin-ca holds no PEM certificate");
+                for cert in certs {
                     client = client.add_root_certificate(cert);
                 }
             }
             _ => {}
         }
+        let url = parsed.as_str();
         let base = if url.ends_with('/') { url.to_string() } else { format!("{url}/") };
         Ok(Remote { base, http: client.build()?, token })
     }
@@ -127,8 +135,9 @@ impl Remote {
         result
     }
 
-    /// Bytes `range` (inclusive) of `d`, or the whole; the answer must be what was asked.
-    pub async fn read(&self, d: &Digest, range: Option<(u64, u64)>) -> Result<Read, String> {
+    /// Bytes `range` (inclusive) of `d`, whose size is `size`, or the whole; the answer
+    /// must be what was asked.
+    pub async fn read(&self, d: &Digest, size: u64, range: Option<(u64, u64)>) -> Result<Read, String> {
         let mut req = self.request(reqwest::Method::GET, &self.url(d, ""));
         if let Some((a, b)) = range {
             req = req.header(reqwest::header::RANGE, format!("bytes={a}-{b}"));
@@ -146,7 +155,7 @@ impl Remote {
             let as_asked = match range {
                 Some((a, b)) => {
                     status == reqwest::StatusCode::PARTIAL_CONTENT
-                        && content_range.is_some_and(|c| c.starts_with(&format!("bytes {a}-{b}/")))
+                        && content_range.is_some_and(|c| c == format!("bytes {a}-{b}/{size}"))
                 }
                 None => status == reqwest::StatusCode::OK,
             };
@@ -164,8 +173,9 @@ impl Remote {
     }
 }
 
-/// A request error without its URL.
+/// A request error without its URL (for answers); the whole of it goes to the log.
 fn describe(e: reqwest::Error) -> String {
+    tracing::warn!(error = ?e, "a request to the origin URL failed");
     if e.is_timeout() {
         "timed out".into()
     } else if e.is_connect() {
@@ -203,6 +213,9 @@ mod tests {
         assert!(refused("ftp://store/a").contains("not an http:// or https:// URL"));
         assert!(refused("http://store/a#x").contains("without a query, a fragment or a user"));
         assert!(refused("http://me:secret@store/a").contains("without a query, a fragment or a user"));
+        assert!(refused("http://:secret@store/a").contains("without a query, a fragment or a user"));
+        let ca = |pem: &[u8]| Remote::new("https://store/a", None, Some(pem)).err().map(|e| e.to_string());
+        assert!(ca(b"not a certificate").unwrap_or_default().contains("no PEM certificate"));
         assert!(refused("https://store/a").contains("https:// needs --artifact-origin-ca"));
     }
 }

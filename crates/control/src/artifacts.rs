@@ -253,7 +253,7 @@ pub(crate) async fn read(
         }
         (None, Some(remote)) => {
             let asked = (status == StatusCode::PARTIAL_CONTENT).then_some((start, end));
-            match remote.read(&d, asked).await.map_err(ControlError::OriginUnreachable)? {
+            match remote.read(&d, size, asked).await.map_err(ControlError::OriginUnreachable)? {
                 Read::Bytes(resp) => Box::pin(resp.bytes_stream().map(|c| c.map_err(std::io::Error::other))),
                 Read::Missing => return Err(ControlError::NoSuchArtifact(d.to_string())),
             }

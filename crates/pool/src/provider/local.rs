@@ -202,7 +202,14 @@ impl LocalProvider {
             .map_err(|e| io_err(format!("opening {}", log_path.display()), e))?;
         let log2 = log.try_clone().map_err(|e| io_err(format!("opening {}", log_path.display()), e))?;
         let mut cmd = Command::new(&self.config.program);
-        cmd.args(&args).stdin(Stdio::null()).stdout(log).stderr(log2).process_group(0);
+        // The type's cache is in its `--resource artifact-cache`: one the pool process
+        // inherited would disagree with it.
+        cmd.args(&args)
+            .env_remove("FLOTILLA_ARTIFACT_CACHE")
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log2)
+            .process_group(0);
         let pid = match spawn_on_keeper(cmd, self.config.tied_to_parent).await {
             Ok(pid) => pid,
             Err(e) => {
