@@ -1,7 +1,8 @@
 //! The artifact origin kept at an HTTP URL (a real nginx taking WebDAV PUTs): a push
 //! lands there with its manifest, and members fetch it through a control plane that no
-//! longer holds its own copy, as a replica that did not take the push would; with the
-//! URL gone, a push fails saying so.
+//! longer holds its own copy, as a replica that did not take the push would (an apply
+//! there still learns the artifact's size from the URL); with the URL gone, a push fails
+//! saying so.
 
 use std::time::Duration;
 
@@ -16,16 +17,19 @@ fn a_push_lands_at_the_origin_url_and_members_fetch_it_from_there() {
     let model: Vec<u8> = (0..3u64 << 20).map(|i| (i.wrapping_mul(2_654_435_761) >> 7) as u8).collect();
     let d = Digest::of(&model);
     std::fs::write(dir.path().join("model.bin"), &model).unwrap();
-    let spec = format!(
-        "name = \"far\"\n[unit]\nworkers = 0\n[unit.head]\ncommand = \"/bin/sh\"\n\
-         args = [\"-c\", \"test -r model.bin && exec sleep 600\"]\ncpu = \"100m\"\nmemory = \"32Mi\"\n\
-         [[unit.head.artifacts]]\nsource = \"flotilla://{d}\"\nsha256 = \"{}\"\ndest = \"model.bin\"\n\
-         [constraints]\nallow_low_priority = true\n[units]\nmin = 0\nmax = 2\ninitial = 0\n",
-        d.hex()
-    );
+    let spec = |d: &Digest| {
+        format!(
+            "name = \"far\"\n[unit]\nworkers = 0\n[unit.head]\ncommand = \"/bin/sh\"\n\
+             args = [\"-c\", \"test -r model.bin && exec sleep 600\"]\ncpu = \"100m\"\nmemory = \"32Mi\"\n\
+             [[unit.head.artifacts]]\nsource = \"flotilla://{d}\"\nsha256 = \"{}\"\ndest = \"model.bin\"\n\
+             [constraints]\nallow_low_priority = true\n[units]\nmin = 0\nmax = 2\ninitial = 0\n",
+            d.hex()
+        )
+    };
     let spec_file = dir.path().join("far.toml");
-    std::fs::write(&spec_file, spec).unwrap();
-    let up = Up::start(
+    std::fs::write(&spec_file, spec(&d)).unwrap();
+    // Caches of 4 MiB: the 3 MiB model fits, a 5 MiB one would not.
+    let up = Up::start_with_env(
         "origin-url",
         &[
             "--agents",
@@ -37,6 +41,7 @@ fn a_push_lands_at_the_origin_url_and_members_fetch_it_from_there() {
             "--artifact-origin-url",
             &nginx.url(),
         ],
+        &[("FLOTILLA_ARTIFACT_CACHE", "4Mi")],
     );
 
     // The push is at the URL: the bytes, and the manifest that lets agents check pieces.
@@ -76,6 +81,21 @@ fn a_push_lands_at_the_origin_url_and_members_fetch_it_from_there() {
     assert!(get(&path, "bytes=9999999-").starts_with("HTTP/1.1 400"), "a range past the end is refused");
     let other = Digest::of(b"never pushed");
     assert!(get(&format!("/v1/artifacts/{other}"), "").starts_with("HTTP/1.1 404"));
+
+    // An apply where the push is not kept still learns its size, from the URL's manifest,
+    // and refuses an artifact no cache could hold.
+    let big = vec![7u8; 5 << 20];
+    let big_digest = Digest::of(&big);
+    std::fs::write(dir.path().join("big.bin"), &big).unwrap();
+    run_ok(up.cli().args(["artifact", "push"]).arg(dir.path().join("big.bin")));
+    let big_local = up.data.join("artifacts").join(big_digest.hex());
+    run_ok(std::process::Command::new("chmod").arg("-R").arg("u+w").arg(&big_local));
+    std::fs::remove_dir_all(&big_local).unwrap();
+    let big_spec = dir.path().join("far-big.toml");
+    std::fs::write(&big_spec, spec(&big_digest)).unwrap();
+    let refused = up.cli().arg("apply").arg(&big_spec).output().unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && stderr.contains("need 5 MiB of artifact cache"), "{stderr}");
 
     // Without the URL, a push is refused, and says where it could not go.
     drop(nginx);

@@ -416,7 +416,7 @@ pub(crate) async fn apply(
     let axum::extract::Query(q) = query
         .map_err(|e| ControlError::BadRequest(format!("{}; the query takes check_version=VERSION", e.body_text())))?;
     let spec = parse_spec(&app, &body)?;
-    crate::artifact_fit::check(&s, &spec)?;
+    crate::artifact_fit::check(&s, &spec).await?;
     let answer = match s.apps.get(&app) {
         Some(Ok(h)) => {
             let req = flotilla_scheduler::ChangeRequest { by: by.clone(), check_version: q.check_version };

@@ -1,7 +1,8 @@
 //! Refusing at apply time an app whose artifacts no node could cache: an artifact larger
 //! than the cache of every node it may run on would only fail each member later.
 //!
-//! The origin knows the size of what was pushed to it; each agent offers its cache's cap
+//! The origin knows the size of what was pushed to it (this replica's copy, or the origin
+//! URL's manifest: an apply waits 2 s at most for them all); each agent offers its cache's cap
 //! as the custom resource `artifact-cache`, and so does each of a pool's node types.
 //! Where a size or a cap is not known (an `http://` artifact, an agent that does not say,
 //! a cluster with no node yet) nothing is refused here: the member's fetch fails with the
@@ -58,10 +59,26 @@ pub fn refusal(spec: &AppSpec, size_of: impl Fn(&Digest) -> Option<u64>, places:
     None
 }
 
+/// How long an apply waits, at most, for the origin URL to say its artifacts' sizes.
+const SIZE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Refuses `spec` (422 `invalid_spec`) when a role's artifacts fit no node's cache.
-pub(crate) fn check(s: &ControlState, spec: &AppSpec) -> Result<(), ControlError> {
-    let size_of = |d: &Digest| s.artifacts.as_ref().and_then(|o| o.size(d));
-    match refusal(spec, size_of, &places(s, spec)) {
+pub(crate) async fn check(s: &ControlState, spec: &AppSpec) -> Result<(), ControlError> {
+    let mut sizes: BTreeMap<Digest, u64> = BTreeMap::new();
+    if let Some(o) = &s.artifacts {
+        // One wait for them all: an origin URL that does not answer delays an apply 2 s.
+        let deadline = std::time::Instant::now() + SIZE_WAIT;
+        let templates = std::iter::once(&spec.unit.head).chain(spec.unit.worker.as_ref());
+        for a in templates.flat_map(|t| &t.artifacts) {
+            if let Ok(Source::Cluster(d)) = Source::parse(&a.source)
+                && !sizes.contains_key(&d)
+                && let Some(size) = o.size(&d, deadline.saturating_duration_since(std::time::Instant::now())).await
+            {
+                sizes.insert(d, size);
+            }
+        }
+    }
+    match refusal(spec, |d| sizes.get(d).copied(), &places(s, spec)) {
         Some(why) => Err(ControlError::InvalidSpec(why)),
         None => Ok(()),
     }

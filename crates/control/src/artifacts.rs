@@ -7,6 +7,7 @@
 //! origin once per shard. Its state is soft (agents announce again within seconds), so
 //! a restarted control plane, or another replica, rebuilds it without a store.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -54,7 +55,13 @@ pub struct Origin {
     drop: f64,
     /// Where pushes are kept for every replica (`--artifact-origin-url`).
     remote: Option<crate::artifact_remote::Remote>,
+    /// Sizes of artifacts only the origin URL holds, from their manifests: a piece read
+    /// needs the size, and should not cost a manifest read each.
+    remote_sizes: Mutex<HashMap<Digest, u64>>,
 }
+
+/// Sizes remembered from the origin URL, at most (then forgotten all at once).
+const MAX_REMOTE_SIZES: usize = 4096;
 
 impl Origin {
     pub fn open(
@@ -72,6 +79,7 @@ impl Origin {
             rate: Throttle::new(rate),
             drop,
             remote,
+            remote_sizes: Mutex::new(HashMap::new()),
         });
         let weak = Arc::downgrade(&origin);
         tokio::spawn(async move {
@@ -89,10 +97,27 @@ impl Origin {
         Ok(origin)
     }
 
-    /// The size of a pushed artifact, if this replica holds it (one kept only at the
-    /// origin URL counts as unknown: an apply does not wait on that server).
-    pub fn size(&self, d: &Digest) -> Option<u64> {
-        std::fs::metadata(self.store.blob(d)?).ok().map(|m| m.len())
+    /// The size of a pushed artifact: this replica's copy, or the origin URL's manifest
+    /// (which an apply waits for at most `wait`); `None` if neither says.
+    pub async fn size(&self, d: &Digest, wait: std::time::Duration) -> Option<u64> {
+        if let Some(blob) = self.store.blob(d) {
+            return std::fs::metadata(blob).ok().map(|m| m.len());
+        }
+        tokio::time::timeout(wait, self.remote_size(d)).await.ok()?.ok()
+    }
+
+    /// The size of what only the origin URL holds (404 if it does not, or there is none).
+    async fn remote_size(&self, d: &Digest) -> Result<u64, ControlError> {
+        if let Some(size) = self.remote_sizes.lock_or_recover().get(d) {
+            return Ok(*size);
+        }
+        let size = remote_manifest(self, d).await?.size;
+        let mut sizes = self.remote_sizes.lock_or_recover();
+        if sizes.len() >= MAX_REMOTE_SIZES {
+            sizes.clear();
+        }
+        sizes.insert(*d, size);
+        Ok(size)
     }
 
     /// The join tokens changed: agents' proofs are checked against these.
@@ -239,7 +264,7 @@ pub(crate) async fn read(
             let size = file.metadata().await.map_err(storage)?.len();
             (Some(file), size)
         }
-        None => (None, remote_manifest(&o, &d).await?.size),
+        None => (None, o.remote_size(&d).await?),
     };
     let (status, (start, end)) = match range(&headers, size)? {
         Some(r) => (StatusCode::PARTIAL_CONTENT, r),

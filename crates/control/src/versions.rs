@@ -218,7 +218,7 @@ pub(crate) async fn plan(
     metrics::counter!(m::API_REQUESTS.name, "route" => "/v1/apps/{app}/plan").increment(1);
     authorize(&s, &headers, Scope::Deploy, Some(&app))?;
     let spec = parse_spec(&app, &body)?;
-    crate::artifact_fit::check(&s, &spec)?;
+    crate::artifact_fit::check(&s, &spec).await?;
     match s.apps.get(&app) {
         Some(Ok(h)) => {
             let p = h.plan(spec).await?;
