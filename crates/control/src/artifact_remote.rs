@@ -33,7 +33,7 @@ pub struct Remote {
 
 /// What a read of the URL gave.
 pub enum Read {
-    /// The bytes asked for (the range, or the whole), and their length if it said.
+    /// The answer carrying the bytes asked for (the range, or the whole).
     Bytes(reqwest::Response),
     /// It does not hold the artifact.
     Missing,

@@ -30,7 +30,6 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
 
 use crate::artifact_remote::Read;
-
 use crate::auth::authorize;
 use crate::catalogue as m;
 use crate::tokens::Scope;
@@ -209,8 +208,8 @@ async fn store_body(o: &Arc<Origin>, body: Body) -> Result<(Digest, u64), Contro
     }
     let part = o.store.part_path(&d).map_err(|e| ControlError::Storage(e.to_string()))?;
     tokio::fs::rename(&incoming, &part).await.map_err(storage)?;
-    let o2 = o.clone();
-    let blob = tokio::task::spawn_blocking(move || o2.store.seal_whole(d, size, d))
+    let sealing = o.clone();
+    let blob = tokio::task::spawn_blocking(move || sealing.store.seal_whole(d, size, d))
         .await
         .map_err(|e| ControlError::Storage(e.to_string()))?
         .map_err(|e| ControlError::Storage(e.to_string()))?;
