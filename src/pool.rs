@@ -329,6 +329,35 @@ mod tests {
         assert_eq!(format!("{built_in:?}"), format!("{file:?}"));
     }
 
+    /// The examples agree: `examples/ray-serve.toml`'s units on `examples/pool.toml`'s
+    /// types. Two queued units: each one's head and CPU worker on CPU nodes, the first
+    /// GPU worker on the a100 type (its max is 1), the second on the l4 type (the
+    /// group's alternative).
+    #[test]
+    fn the_ray_serve_example_packs_onto_the_example_pools_types() {
+        use flotilla_pool::model::{AppRow, Observation, Queued};
+        let cfg = load_pool(None).unwrap();
+        let spec = flotilla_scheduler::AppSpec::parse(include_str!("../examples/ray-serve.toml")).unwrap();
+        let apps = [AppRow {
+            app: "ray-serve".into(),
+            queued: Queued { primary: 2, secondary: 0 },
+            unit_shape: spec.unit_shape(),
+        }];
+        let obs = Observation {
+            nodes: &[],
+            apps: &apps,
+            instances: &[],
+            floor: &Default::default(),
+            idle: &Default::default(),
+            now_ms: 0,
+        };
+        let (plan, record) = flotilla_pool::reconciler::decide(&cfg, &obs, &mut Default::default());
+        assert_eq!((plan.launch.get("gpu-a100"), plan.launch.get("gpu-l4")), (Some(&1), Some(&1)), "{record}");
+        assert!(record["infeasible"].as_array().is_none_or(Vec::is_empty), "{record}");
+        let cpu: u32 = plan.launch.iter().filter(|(t, _)| !t.starts_with("gpu")).map(|(_, n)| n).sum();
+        assert!(cpu >= 4, "two heads and two CPU workers, each on its own node: {record}");
+    }
+
     #[tokio::test]
     async fn a_store_another_process_holds_is_waited_for_and_refused_with_why_past_the_wait() {
         let dir = flotilla_testkit::TempDir::new("pool-store-wait");

@@ -20,7 +20,9 @@ use crate::serve::shutdown_signal;
 #[derive(Debug, Args)]
 pub struct UpArgs {
     /// Local agents to start (each a distinct node); default 4, or 0 with --autoscale
-    /// (the pool starts each node type's min).
+    /// (the pool starts each node type's min). From the ninth on, each offers one fake
+    /// GPU, labelled `gpu_model` `a100` (ninth and tenth, one per domain), `l4`
+    /// (eleventh and twelfth), and so on.
     #[arg(long)]
     pub agents: Option<usize>,
     /// Run the pool autoscaler: the pool grows when units are pending and shrinks when
@@ -63,7 +65,10 @@ struct AgentSpec {
 }
 
 /// Distinct nodes of different sizes, over two domains and three zones, every third
-/// one low priority. They log in `log_format`, like `up` itself.
+/// one low priority; from the ninth on, each with one fake GPU (`--gpus 1`) of a model
+/// specs can select (`gpu_model`: a pair of a100, one per domain, then a pair of l4,
+/// …), so small clusters stay CPU-only.
+/// They log in `log_format`, like `up` itself.
 fn agent_specs(n: usize, aggregators: &str, control: &str, data: &DataDir, log_format: LogFormat) -> Vec<AgentSpec> {
     (0..n)
         .map(|i| {
@@ -71,7 +76,7 @@ fn agent_specs(n: usize, aggregators: &str, control: &str, data: &DataDir, log_f
             let domain = ["domain-a", "domain-b"][i % 2];
             let priority = if i % 3 == 2 { "low" } else { "high" };
             let (cores, mem_gib) = [(4, 8u64), (8, 16), (16, 32)][i % 3];
-            let args = vec![
+            let mut args: Vec<String> = vec![
                 "--log-format".into(),
                 log_format.as_arg().into(),
                 "agent".into(),
@@ -109,10 +114,18 @@ fn agent_specs(n: usize, aggregators: &str, control: &str, data: &DataDir, log_f
                 "--test-health-file".into(),
                 data.dir.join("agents").join(&node_id).join("test-health").display().to_string(),
             ];
+            if i >= FIRST_GPU_AGENT {
+                // A pair per model, so each domain has one of each.
+                let model = ["a100", "l4"][(i - FIRST_GPU_AGENT) / 2 % 2];
+                args.extend(["--gpus".into(), "1".into(), "--gpu-model".into(), model.into()]);
+            }
             AgentSpec { node_id, args }
         })
         .collect()
 }
+
+/// The first of `up`'s agents (0-based) that offers a fake GPU.
+const FIRST_GPU_AGENT: usize = 8;
 
 /// How long the app schedulers wait for `up`'s own agents to register.
 const AGENTS_WAIT: Duration = Duration::from_secs(10);

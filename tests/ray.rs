@@ -1,6 +1,7 @@
 //! Ray Serve for real (issue #18, item 5): `flotilla up` with `examples/ray-serve.toml`
 //! and `ray` from PyPI (`.ci/run` installs the pinned version). Two units, each a Ray
-//! head serving a Serve app and a worker that joins it from another node (`ray status`
+//! head serving a Serve app and two worker groups (a CPU worker, a GPU worker on an
+//! a100 node) whose members join it from other nodes (`ray status`
 //! against each head); traffic through `flotilla route --app ray-serve` all along while
 //! a worker's agent is killed (the worker alone is replaced and rejoins), a head's node
 //! is drained (the unit moves make before break) and a head's agent is killed (the unit
@@ -185,9 +186,10 @@ fn ray_serve_units_join_their_heads_on_other_nodes_and_survive_a_worker_loss_a_d
         }
     };
     let t_up = Instant::now();
-    // Ten nodes over two domains: room for a unit's replacement after two nodes are
-    // lost and one drained (one unit per node, a unit's members on distinct nodes).
-    let mut up = Up::start("ray", &["--agents", "10", "--shards", "2", "--app", SPEC]);
+    // Twelve nodes over two domains, the last four with a fake GPU each (an a100 and an
+    // l4 in each domain): room for a unit's replacement after two nodes are lost and one drained (one
+    // unit per node, a unit's members on distinct nodes).
+    let mut up = Up::start("ray", &["--agents", "12", "--shards", "2", "--app", SPEC]);
     // The Serve app's code is an artifact: the heads fetch it (peer to peer) once pushed.
     let app = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/ray-serve/serve_echo.py");
     flotilla_testkit::run_ok(up.cli().args(["artifact", "push", app]));
@@ -197,10 +199,17 @@ fn ray_serve_units_join_their_heads_on_other_nodes_and_survive_a_worker_loss_a_d
     });
     remember(&mut dirs, &units);
     for u in &units {
-        assert_ne!(node_of(u, "head"), node_of(u, "worker"), "a unit's worker on another node than its head: {u:#?}");
+        assert_ne!(node_of(u, "head"), node_of(u, "cpu"), "a unit's worker on another node than its head: {u:#?}");
     }
     let heads: BTreeSet<String> = units.iter().map(|u| node_of(u, "head")).collect();
     assert_eq!(heads.len(), 2, "the two heads on distinct nodes: {units:#?}");
+    // Two worker groups: the CPU one off the GPU nodes, the GPU one on an a100 (its
+    // template; an a100 in each domain, one per unit).
+    let gpu_model = |node: &str| up.node(node).and_then(|n| n["labels"]["gpu_model"].as_str().map(String::from));
+    for u in &units {
+        assert_eq!((gpu_model(&node_of(u, "head")), gpu_model(&node_of(u, "cpu"))), (None, None), "{u:#?}");
+        assert_eq!(gpu_model(&node_of(u, "gpu")).as_deref(), Some("a100"), "{u:#?}");
+    }
 
     // Traffic through the route proxy over both units' Serve ports.
     let mut procs = Group::new();
@@ -214,17 +223,17 @@ fn ray_serve_units_join_their_heads_on_other_nodes_and_survive_a_worker_loss_a_d
     let cold = t_up.elapsed();
     let load = Load::start(proxy.clone());
 
-    // Each worker joined its own head: two alive Ray nodes in each cluster (`ray
-    // status`), its head and its worker (their node manager ports).
+    // Each worker joined its own head: three alive Ray nodes in each cluster (`ray
+    // status`), its head and its two groups' workers (their node manager ports).
     for u in &units {
         let gcs = gcs_of(u);
-        wait_for(&format!("2 Ray nodes at {gcs}"), Duration::from_secs(60), || {
-            (ray_nodes(&gcs) == Some(2)).then_some(())
+        wait_for(&format!("3 Ray nodes at {gcs}"), Duration::from_secs(60), || {
+            (ray_nodes(&gcs) == Some(3)).then_some(())
         });
         assert_eq!(
             ray_node_ports(&gcs),
             Some(member_ports(u)),
-            "the unit's head and worker form its Ray cluster: {u:#?}"
+            "the unit's head and workers form its Ray cluster: {u:#?}"
         );
     }
 
@@ -232,16 +241,16 @@ fn ray_serve_units_join_their_heads_on_other_nodes_and_survive_a_worker_loss_a_d
     // rejoins its head; Serve keeps answering.
     let a = units[0].clone();
     let a_id = a["unit_id"].as_str().unwrap().to_string();
-    let (a_worker_node, a_head_node) = (node_of(&a, "worker"), node_of(&a, "head"));
-    let old_worker_dir = BTreeSet::from([temp_dir_of(member(&a, "worker"))]);
+    let (a_worker_node, a_head_node) = (node_of(&a, "cpu"), node_of(&a, "head"));
+    let old_worker_dir = BTreeSet::from([temp_dir_of(member(&a, "cpu"))]);
     let t_worker = Instant::now();
     flotilla_testkit::signal(up.agent_pid(&a_worker_node), libc::SIGKILL);
     let a2 = wait_for("the worker replaced on another node", Duration::from_secs(120), || {
         up.units(APP).into_iter().find(|u| {
             u["unit_id"] == a_id.as_str()
                 && u["state"] == "running"
-                && member(u, "worker")["state"] == "running"
-                && ![a_worker_node.as_str(), a_head_node.as_str(), ""].contains(&node_of(u, "worker").as_str())
+                && member(u, "cpu")["state"] == "running"
+                && ![a_worker_node.as_str(), a_head_node.as_str(), ""].contains(&node_of(u, "cpu").as_str())
         })
     });
     let worker_running = t_worker.elapsed();
@@ -251,7 +260,7 @@ fn ray_serve_units_join_their_heads_on_other_nodes_and_survive_a_worker_loss_a_d
         (ray_node_ports(&gcs) == Some(member_ports(&a2))).then_some(())
     });
     let worker_move = t_worker.elapsed();
-    let worker_port = member(&a2, "worker")["ports"]["node_manager"].as_u64().unwrap_or_default();
+    let worker_port = member(&a2, "cpu")["ports"]["node_manager"].as_u64().unwrap_or_default();
     let worker_ray_id = ray_node_ids(&gcs).and_then(|ids| ids.get(&worker_port).cloned());
     wait_for("the lost worker's Ray processes gone", Duration::from_secs(30), || {
         ray_processes(&old_worker_dir).is_empty().then_some(())
@@ -259,7 +268,7 @@ fn ray_serve_units_join_their_heads_on_other_nodes_and_survive_a_worker_loss_a_d
     let (ok, lost) = load.since(t_worker);
     println!(
         "worker agent killed: replaced on {} (running in {worker_running:.1?}), in its head's Ray cluster in {worker_move:.1?}; {ok} answered, {lost} not",
-        node_of(&a2, "worker")
+        node_of(&a2, "cpu")
     );
     assert!(ok > 0 && lost * 10 <= ok + lost, "Serve keeps answering while a worker is replaced: {ok} ok, {lost} not");
 
@@ -290,8 +299,8 @@ fn ray_serve_units_join_their_heads_on_other_nodes_and_survive_a_worker_loss_a_d
     // the dead node still lists, does not stop it), still in its head's cluster.
     let a3 = up.units(APP).into_iter().find(|u| u["unit_id"] == a_id.as_str()).unwrap();
     assert_eq!(
-        (node_of(&a3, "worker"), member_ports(&a3)),
-        (node_of(&a2, "worker"), member_ports(&a2)),
+        (node_of(&a3, "cpu"), member_ports(&a3)),
+        (node_of(&a2, "cpu"), member_ports(&a2)),
         "the replacement worker was not replaced again"
     );
     let ids = ray_node_ids(&gcs_of(&a3));
@@ -322,8 +331,11 @@ fn ray_serve_units_join_their_heads_on_other_nodes_and_survive_a_worker_loss_a_d
     wait_for("the new unit's worker joined its head", Duration::from_secs(120), || {
         let u = up.units(APP).into_iter().find(|u| u["unit_id"] == a_new_id.as_str())?;
         let ports = member_ports(&u);
-        (member(&u, "worker")["state"] == "running" && ports.len() == 2 && ray_node_ports(&gcs) == Some(ports))
-            .then_some(())
+        (member(&u, "cpu")["state"] == "running"
+            && member(&u, "gpu")["state"] == "running"
+            && ports.len() == 3
+            && ray_node_ports(&gcs) == Some(ports))
+        .then_some(())
     });
     // Answered by the replacement: a request sent after the routes moved.
     let moved_at = t_head + routes_moved;

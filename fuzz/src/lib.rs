@@ -376,11 +376,15 @@ pub fn app_spec(data: &[u8]) {
         }
     };
     let members = spec.members();
-    assert_eq!(members.len(), 1 + spec.unit.workers as usize);
+    let in_groups: u32 = spec.unit.groups.values().filter_map(|g| g.count).sum();
+    assert_eq!(members.len(), 1 + spec.unit.workers as usize + in_groups as usize);
     for (name, _, t) in &members {
-        let r = t.resources();
-        assert!(!r.is_zero(), "{name}: a member that asks for nothing");
-        r.validate_node_capacity().unwrap_or_else(|e| panic!("{name}: a valid spec no node can hold: {e}"));
+        // Every way to run it: the template and each alternative.
+        for k in 0..=t.alternatives.len() as u32 {
+            let r = t.alternative(k).resources();
+            assert!(!r.is_zero(), "{name}: a member that asks for nothing");
+            r.validate_node_capacity().unwrap_or_else(|e| panic!("{name}: a valid spec no node can hold: {e}"));
+        }
     }
     let fingerprint = spec.template_fingerprint();
     // What the store and the API hand on is the canonical TOML: it must read back the same.

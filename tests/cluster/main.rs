@@ -13,6 +13,7 @@ mod cli;
 mod common;
 mod events;
 mod full_disk;
+mod groups;
 mod ha;
 mod health;
 mod hostile;

@@ -28,6 +28,11 @@ pub struct AgentArgs {
     /// GPUs to offer (default: what `nvidia-smi` reports, else 0).
     #[arg(long)]
     pub gpus: Option<u32>,
+    /// The GPUs' model, offered as the label `gpu_model` that specs select by
+    /// (`node_labels = { gpu_model = "l4" }`). Default: the model `nvidia-smi` reports;
+    /// the same as `--label gpu_model=MODEL`.
+    #[arg(long, env = "FLOTILLA_GPU_MODEL")]
+    pub gpu_model: Option<String>,
     /// A custom resource `NAME=QTY`; repeatable.
     #[arg(long = "resource")]
     pub resources: Vec<String>,
@@ -285,6 +290,16 @@ impl AgentArgs {
                 Err(e) => errors.push(format!("--label: {e}")),
             }
         }
+        if let Some(model) = &self.gpu_model {
+            match map.get("gpu_model") {
+                Some(other) if other != model && self.labels.iter().any(|l| l.starts_with("gpu_model=")) => {
+                    errors.push(format!("--gpu-model {model:?} and --label gpu_model={other} disagree: give one"))
+                }
+                _ => {
+                    map.insert("gpu_model".into(), model.clone());
+                }
+            }
+        }
         let mut capacity = Resources::default();
         match self.cores {
             Some(c) if !(c.is_finite() && c > 0.0) => errors.push(format!("--cores: {c} is not a positive number")),
@@ -514,6 +529,10 @@ mod tests {
         assert_eq!(c.capacity.gpu, 2);
         assert_eq!(c.capacity.custom.get("tpu"), Some(&4));
         assert_eq!(c.labels.domain(), "d2");
+        // The GPU model is a label specs select by, from its flag (the host reports none).
+        assert_eq!(parse(&["--gpus", "1", "--gpu-model", "l4"]).unwrap().labels.get("gpu_model"), Some("l4"));
+        let errors = parse(&["--gpu-model", "l4", "--label", "gpu_model=a100"]).unwrap_err();
+        assert!(errors.iter().any(|e| e.contains("disagree")), "{errors:?}");
     }
 
     #[test]

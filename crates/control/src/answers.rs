@@ -164,7 +164,12 @@ pub enum AppListRow {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct MemberRow {
     pub member: String,
+    /// `head`, or its group's name (`worker` for `[unit.worker]`).
     pub role: String,
+    /// Which of its template's alternatives it runs as (`1` is `alternatives[0]`);
+    /// absent for the template itself.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub alternative: Option<u32>,
     pub node_id: Option<String>,
     /// `pending`, `allocated`, `starting`, `running`, `exited`, `failed`, `stopped`, …
     pub state: String,

@@ -160,6 +160,7 @@ pub fn unit_rows(s: &AppStatus) -> Value {
                 .map(|m| MemberRow {
                     member: m.member.clone(),
                     role: m.role.clone(),
+                    alternative: (m.alternative > 0).then_some(m.alternative),
                     node_id: m.node_id.clone(),
                     state: m.state.clone().unwrap_or_else(|| "allocated".into()),
                     address: m.address.clone(),
@@ -179,6 +180,7 @@ pub fn unit_rows(s: &AppStatus) -> Value {
                 .map(|m| MemberRow {
                     member: m.member.clone(),
                     role: m.role.clone(),
+                    alternative: (m.alternative > 0).then_some(m.alternative),
                     node_id: m.node_id.clone(),
                     state: m
                         .state

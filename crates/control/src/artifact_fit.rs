@@ -12,27 +12,34 @@ use std::collections::BTreeMap;
 
 use flotilla_artifact::{Digest, Source};
 use flotilla_scheduler::AppSpec;
-use serde_json::Value;
 
 use crate::{ControlError, ControlState};
 
-/// A node, or a pool's node type, the app may be placed on, and its cache's cap if it says.
+/// A node, or a pool's node type, with its labels and its cache's cap if it says.
 #[derive(Debug)]
 pub struct Place {
     pub name: String,
     pub cache: Option<u64>,
+    pub labels: BTreeMap<String, String>,
 }
 
 /// Why `spec` cannot run anywhere, if a role's artifacts (`size_of` those whose size is
-/// known) need more cache than every place offers. Nothing is refused without places.
+/// known) need more cache than every place it may run on (in any of its alternatives)
+/// offers. Nothing is refused without places.
 pub fn refusal(spec: &AppSpec, size_of: impl Fn(&Digest) -> Option<u64>, places: &[Place]) -> Option<String> {
-    if places.is_empty() {
-        return None;
-    }
-    // A place that does not say may hold anything.
-    let largest = places.iter().map(|p| p.cache).try_fold(0u64, |m, c| c.map(|c| m.max(c)))?;
-    let roles = std::iter::once(("head", &spec.unit.head)).chain(spec.unit.worker.as_ref().map(|w| ("worker", w)));
-    for (role, template) in roles {
+    let selectors = spec.selectors();
+    for (role, path, template) in spec.templates() {
+        let admits = |p: &&Place| {
+            selectors.iter().any(|(r, s)| *r == role && s.admits(|k| p.labels.get(k).map(String::as_str)).is_ok())
+        };
+        let places: Vec<&Place> = places.iter().filter(admits).collect();
+        if places.is_empty() {
+            continue;
+        }
+        // A place that does not say may hold anything.
+        let Some(largest) = places.iter().map(|p| p.cache).try_fold(0u64, |m, c| c.map(|c| m.max(c))) else {
+            continue;
+        };
         // By digest: two destinations of one artifact share its cached bytes.
         let mut known: BTreeMap<Digest, u64> = BTreeMap::new();
         for a in &template.artifacts {
@@ -47,7 +54,7 @@ pub fn refusal(spec: &AppSpec, size_of: impl Fn(&Digest) -> Option<u64>, places:
             let listed: Vec<String> = known.iter().map(|(d, n)| format!("flotilla://{d} ({})", bytes(*n))).collect();
             let best = places.iter().filter(|p| p.cache == Some(largest)).map(|p| p.name.as_str()).next();
             return Some(format!(
-                "unit.{role}.artifacts need {} of artifact cache ({}), more than any node it may run on holds: \
+                "{path}.artifacts need {} of artifact cache ({}), more than any node it may run on holds: \
                  the largest is {} ({}); raise the agents' --artifact-cache or the node types' artifact-cache",
                 bytes(need),
                 listed.join(", "),
@@ -68,8 +75,7 @@ pub(crate) async fn check(s: &ControlState, spec: &AppSpec) -> Result<(), Contro
     if let Some(o) = &s.artifacts {
         // One wait for them all: an origin URL that does not answer delays an apply 2 s.
         let deadline = std::time::Instant::now() + SIZE_WAIT;
-        let templates = std::iter::once(&spec.unit.head).chain(spec.unit.worker.as_ref());
-        for a in templates.flat_map(|t| &t.artifacts) {
+        for a in spec.templates().into_iter().flat_map(|(_, _, t)| &t.artifacts) {
             if let Ok(Source::Cluster(d)) = Source::parse(&a.source)
                 && !sizes.contains_key(&d)
                 && let Some(size) = o.size(&d, deadline.saturating_duration_since(std::time::Instant::now())).await
@@ -78,32 +84,32 @@ pub(crate) async fn check(s: &ControlState, spec: &AppSpec) -> Result<(), Contro
             }
         }
     }
-    match refusal(spec, |d| sizes.get(d).copied(), &places(s, spec)) {
+    match refusal(spec, |d| sizes.get(d).copied(), &places(s)) {
         Some(why) => Err(ControlError::InvalidSpec(why)),
         None => Ok(()),
     }
 }
 
-/// The nodes `spec` may be placed on (its labels; cordoned or suspect ones too, which
-/// may come back, but not dead ones) and the pool node types that admit its labels.
-fn places(s: &ControlState, spec: &AppSpec) -> Vec<Place> {
+/// The nodes an app may be placed on (cordoned or suspect ones too, which may come
+/// back, but not dead ones) and the pool node types.
+fn places(s: &ControlState) -> Vec<Place> {
     let cache = flotilla_core::ARTIFACT_CACHE_RESOURCE;
-    let c = &spec.constraints;
-    let admits = |r: &flotilla_view::NodeRecord| {
-        r.status != flotilla_core::NodeStatus::Dead
-            && flotilla_core::unit_shape::node_admits(&c.labels, c.allow_low_priority, |k| r.labels.get(k)).is_ok()
-    };
     let mut places = Vec::new();
     for slot in s.cluster.slots().iter() {
-        for r in slot.view.nodes.values().filter(|r| admits(r)) {
-            places.push(Place { name: r.node_id.to_string(), cache: r.capacity.custom.get(cache).copied() });
+        for r in slot.view.nodes.values().filter(|r| r.status != flotilla_core::NodeStatus::Dead) {
+            places.push(Place {
+                name: r.node_id.to_string(),
+                cache: r.capacity.custom.get(cache).copied(),
+                labels: r.labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            });
         }
     }
     for (name, t) in s.pools.node_types() {
-        let label = |k: &str| t["labels"].get(k).and_then(Value::as_str);
-        if flotilla_core::unit_shape::node_admits(&c.labels, c.allow_low_priority, label).is_ok() {
-            places.push(Place { name: format!("pool type {name}"), cache: t["resources"][cache].as_u64() });
-        }
+        let labels = t["labels"]
+            .as_object()
+            .map(|m| m.iter().filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string()))).collect())
+            .unwrap_or_default();
+        places.push(Place { name: format!("pool type {name}"), cache: t["resources"][cache].as_u64(), labels });
     }
     places
 }
@@ -144,7 +150,7 @@ mod tests {
     }
 
     fn place(name: &str, cache: Option<u64>) -> Place {
-        Place { name: name.into(), cache }
+        Place { name: name.into(), cache, labels: BTreeMap::new() }
     }
 
     #[test]
@@ -163,5 +169,31 @@ mod tests {
         assert_eq!(refusal(&s, size, &[place("n1", Some(5 << 30))]), None);
         assert_eq!(refusal(&s, size, &[place("n1", Some(1)), place("old-agent", None)]), None);
         assert_eq!(refusal(&s, size, &[]), None);
+    }
+
+    /// A group that runs only on some nodes (its `node_labels`, in any alternative)
+    /// is held against those nodes' caches, not the cluster's largest.
+    #[test]
+    fn a_group_is_held_against_the_caches_of_the_nodes_it_may_run_on() {
+        let a = Digest::of(b"a");
+        let toml = format!(
+            "name = \"a\"\n[unit.head]\ncommand = \"x\"\ncpu = \"1\"\nmemory = \"1Gi\"\n\
+             [unit.groups.gpu]\ncommand = \"x\"\ncpu = \"1\"\nmemory = \"1Gi\"\ncount = 1\n\
+             node_labels = {{ gpu_model = \"a100\" }}\n\
+             [[unit.groups.gpu.artifacts]]\nsource = \"flotilla://{a}\"\nsha256 = \"{}\"\ndest = \"m/\"\n\
+             [units]\nmin = 1\nmax = 2\ninitial = 1\n",
+            a.hex()
+        );
+        let s = crate::apps::parse_spec("a", &toml).unwrap();
+        let size = |_: &Digest| Some(3u64 << 30);
+        let gpu = |cache: u64| Place {
+            name: "pool type p/a100".into(),
+            cache: Some(cache),
+            labels: [("gpu_model".to_string(), "a100".to_string())].into(),
+        };
+        let why = refusal(&s, size, &[place("big-cpu", Some(100 << 30)), gpu(1 << 30)]).unwrap();
+        assert!(why.starts_with("unit.groups.gpu.artifacts need 3 GiB"), "{why}");
+        assert!(why.contains("the largest is 1 GiB (pool type p/a100)"), "{why}");
+        assert_eq!(refusal(&s, size, &[place("big-cpu", Some(1)), gpu(4 << 30)]), None);
     }
 }

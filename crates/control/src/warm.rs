@@ -82,10 +82,9 @@ impl Selector {
 /// Whether a scale-up of `spec` could place a member on `r`: alive, not cordoned, and
 /// admitted by the planner's own label test.
 pub fn may_hold(spec: &AppSpec, r: &NodeRecord) -> bool {
-    let c = &spec.constraints;
     r.status == NodeStatus::Alive
         && !r.cordoned
-        && flotilla_core::unit_shape::node_admits(&c.labels, c.allow_low_priority, |k| r.labels.get(k)).is_ok()
+        && spec.selectors().iter().any(|(_, s)| s.admits(|k| r.labels.get(k)).is_ok())
 }
 
 /// One node's answer.

@@ -33,4 +33,4 @@ pub use secret::{SharedToken, bearer_token, constant_time_eq};
 pub use shard::{DEFAULT_DOMAIN, shard_alternate, shard_alternates, shard_for_domain};
 pub use sync::{LockExt, RwLockExt};
 pub use timestamp::{parse_rfc3339, rfc3339};
-pub use unit_shape::UnitShape;
+pub use unit_shape::{MemberOption, MemberShape, NodeSelector, UnitShape};

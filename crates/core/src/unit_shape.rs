@@ -9,16 +9,71 @@ use serde::{Deserialize, Serialize};
 
 use crate::{DEFAULT_DOMAIN, Resources};
 
+/// Where a member may run: on a node carrying, for every key of `labels`, one of its
+/// values (the app's `constraints.labels` and the member's own `node_labels` merged),
+/// and on a low-priority node only if `allow_low_priority`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct NodeSelector {
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, BTreeSet<String>>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_low_priority: bool,
+}
+
+impl NodeSelector {
+    /// Every label of `exact` with its one value.
+    pub fn exact(exact: &BTreeMap<String, String>, allow_low_priority: bool) -> NodeSelector {
+        let labels = exact.iter().map(|(k, v)| (k.clone(), BTreeSet::from([v.clone()]))).collect();
+        NodeSelector { labels, allow_low_priority }
+    }
+
+    /// Whether a node whose labels `label` looks up may run the member.
+    pub fn admits<'a>(&self, label: impl Fn(&str) -> Option<&'a str>) -> Result<(), Refusal> {
+        if !self.labels.iter().all(|(k, vs)| label(k).is_some_and(|v| vs.contains(v))) {
+            return Err(Refusal::Labels);
+        }
+        if !self.allow_low_priority && label(LOW_PRIORITY.0) == Some(LOW_PRIORITY.1) {
+            return Err(Refusal::LowPriority);
+        }
+        Ok(())
+    }
+}
+
+/// One way to run a member: what it asks of a node and which nodes may take it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct MemberOption {
+    pub resources: Resources,
+    #[serde(default)]
+    pub selector: NodeSelector,
+}
+
+/// One member of a unit, as the pool sees it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct MemberShape {
+    /// Its group (`head`, `worker`, or a `[unit.groups.NAME]`), to say whose demand no
+    /// node type can hold.
+    pub group: String,
+    /// Its template, then its alternatives (for another kind of node), in the order its
+    /// scheduler tries them: at least one.
+    pub options: Vec<MemberOption>,
+}
+
+impl MemberShape {
+    /// A member with one option, anywhere the app's constraints allow.
+    pub fn plain(group: &str, resources: Resources) -> MemberShape {
+        MemberShape {
+            group: group.to_string(),
+            options: vec![MemberOption { resources, selector: NodeSelector::default() }],
+        }
+    }
+}
+
 /// One unit's members and where they may run: the pool autoscaler packs the queued
 /// units of every app by it (all members of a unit in one domain).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct UnitShape {
-    /// Each member's resources, the head first.
-    pub members: Vec<Resources>,
-    /// Labels a node must carry.
-    pub labels: BTreeMap<String, String>,
-    /// Whether primary units may use low-priority nodes (secondary ones always may).
-    pub allow_low_priority: bool,
+    /// Each member, the head first.
+    pub members: Vec<MemberShape>,
     /// `spread.max_units_per_domain`: at most this many of the app's units in a domain.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_units_per_domain: Option<u32>,
@@ -63,22 +118,6 @@ impl Refusal {
 /// The label and value of a low-priority (preemptible, spot) node.
 pub const LOW_PRIORITY: (&str, &str) = ("priority", "low");
 
-/// Whether a node whose labels `label` looks up may run a member that requires the
-/// labels `required`, on a low-priority node only if `allow_low_priority`.
-pub fn node_admits<'a>(
-    required: &BTreeMap<String, String>,
-    allow_low_priority: bool,
-    label: impl Fn(&str) -> Option<&'a str>,
-) -> Result<(), Refusal> {
-    if !required.iter().all(|(k, v)| label(k) == Some(v.as_str())) {
-        return Err(Refusal::Labels);
-    }
-    if !allow_low_priority && label(LOW_PRIORITY.0) == Some(LOW_PRIORITY.1) {
-        return Err(Refusal::LowPriority);
-    }
-    Ok(())
-}
-
 /// Whether a node holding `units_here` of an app's units may take a member of one more
 /// (`holds_unit`: it holds a member of this very unit, which counts once) under
 /// `spread.max_units_per_node` (`max`).
@@ -110,10 +149,20 @@ pub fn preference<'a>(label: impl Fn(&str) -> Option<&'a str>) -> (bool, std::cm
 
 impl UnitShape {
     /// Whether a node whose labels `label` looks up may take a member of one more unit
-    /// (of the secondary group when `secondary`): its labels, its priority, and its
-    /// domain's room under `max_units_per_domain`.
-    pub fn admits<'a>(&self, label: impl Fn(&str) -> Option<&'a str>, secondary: bool) -> Result<(), Refusal> {
-        node_admits(&self.labels, self.allow_low_priority || secondary, &label)?;
+    /// in option `option` (of the secondary group when `secondary`, which may always use
+    /// low-priority nodes): its labels, its priority, and its domain's room under
+    /// `max_units_per_domain`.
+    pub fn admits<'a>(
+        &self,
+        option: &MemberOption,
+        label: impl Fn(&str) -> Option<&'a str>,
+        secondary: bool,
+    ) -> Result<(), Refusal> {
+        let selector = NodeSelector {
+            allow_low_priority: option.selector.allow_low_priority || secondary,
+            ..option.selector.clone()
+        };
+        selector.admits(&label)?;
         if self.domain_room(label("domain").unwrap_or(DEFAULT_DOMAIN)) == Some(0) {
             return Err(Refusal::DomainFull);
         }
@@ -139,23 +188,34 @@ mod tests {
     #[test]
     fn a_node_is_admitted_by_labels_priority_and_its_domains_room() {
         let shape = UnitShape {
-            labels: [("zone".to_string(), "z1".to_string())].into(),
             units_per_domain: [("domain-a".to_string(), 2), ("domain-b".to_string(), 1)].into(),
             max_units_per_domain: Some(2),
+            ..Default::default()
+        };
+        let option = MemberOption {
+            selector: NodeSelector::exact(&[("zone".to_string(), "z1".to_string())].into(), false),
             ..Default::default()
         };
         let node = |pairs: &'static [(&'static str, &'static str)]| {
             move |k: &str| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| *v)
         };
-        assert_eq!(shape.admits(node(&[("zone", "z1"), ("domain", "domain-b")]), false), Ok(()));
-        assert_eq!(shape.admits(node(&[("domain", "domain-b")]), false), Err(Refusal::Labels));
+        assert_eq!(shape.admits(&option, node(&[("zone", "z1"), ("domain", "domain-b")]), false), Ok(()));
+        assert_eq!(shape.admits(&option, node(&[("domain", "domain-b")]), false), Err(Refusal::Labels));
         let low = node(&[("zone", "z1"), ("priority", "low"), ("domain", "domain-b")]);
-        assert_eq!(shape.admits(low, false), Err(Refusal::LowPriority));
-        assert_eq!(shape.admits(low, true), Ok(()), "a secondary unit may");
+        assert_eq!(shape.admits(&option, low, false), Err(Refusal::LowPriority));
+        assert_eq!(shape.admits(&option, low, true), Ok(()), "a secondary unit may");
         let full = node(&[("zone", "z1"), ("domain", "domain-a")]);
-        assert_eq!(shape.admits(full, true), Err(Refusal::DomainFull));
+        assert_eq!(shape.admits(&option, full, true), Err(Refusal::DomainFull));
         assert_eq!((shape.domain_room("domain-b"), shape.domain_room("domain-c")), (Some(1), Some(2)));
         assert_eq!(shape.full_domains(), ["domain-a".to_string()].into());
+        // A list of values admits any of them.
+        let any = NodeSelector {
+            labels: [("gpu_model".to_string(), ["a100".to_string(), "h100".to_string()].into())].into(),
+            allow_low_priority: true,
+        };
+        assert_eq!(any.admits(node(&[("gpu_model", "h100"), ("priority", "low")])), Ok(()));
+        assert_eq!(any.admits(node(&[("gpu_model", "l4")])), Err(Refusal::Labels));
+        assert_eq!(any.admits(node(&[])), Err(Refusal::Labels));
         // Per node: a node at the limit takes only members of units it already holds.
         assert_eq!(node_has_room(2, Some(2), false), Err(Refusal::NodeFull));
         assert_eq!(node_has_room(2, Some(2), true), Ok(()));

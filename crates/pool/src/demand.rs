@@ -22,7 +22,7 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-use crate::pack::{self, Gang, Infeasible, Node, NodeType, Problem, Request, Selector, Strategy, Termination};
+use crate::pack::{self, Bundle, Gang, Infeasible, Node, NodeType, Problem, Request, Selector, Strategy, Termination};
 use crate::shape::{ResourceNames, Shape};
 
 /// Bounds on one demand file: beyond them it is a mistake, not a cluster.
@@ -291,14 +291,14 @@ impl DemandFile {
                 .bundles
                 .iter()
                 .enumerate()
-                .map(|(j, b)| shape(&format!("{path}.bundles[{j}]"), b, &mut names))
+                .map(|(j, b)| shape(&format!("{path}.bundles[{j}]"), b, &mut names).map(Bundle::new))
                 .collect::<Result<_, _>>()?;
             let id = if g.id.is_empty() { format!("#{i}") } else { g.id.clone() };
             gangs.push(Gang {
                 id,
                 strategy,
                 bundles,
-                selector: Selector::default(),
+                alternatives: Vec::new(),
                 same: None,
                 per_node: None,
                 per_domain: None,

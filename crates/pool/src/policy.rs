@@ -64,8 +64,9 @@ pub fn size(cfg: &PoolConfig, pp: &PoolPolicy, st: &mut PolicyState, obs: &Obser
         .collect();
     let mut load = Load::default();
     for a in obs.apps {
-        let unit = a.unit_shape.members.iter().fold(Res::default(), |mut acc, m| {
-            add(&mut acc, res(m), 1);
+        // A member counts at its template: what its scheduler asks for first.
+        let unit = a.unit_shape.members.iter().filter_map(|m| m.options.first()).fold(Res::default(), |mut acc, o| {
+            add(&mut acc, res(&o.resources), 1);
             acc
         });
         add(&mut load.pending, unit, u64::from(a.queued.primary) + u64::from(a.queued.secondary));

@@ -4,12 +4,14 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use flotilla_core::Resources;
+use flotilla_core::{MemberOption, MemberShape, Resources};
 use serde_json::{Value, json};
 
 use crate::config::PoolConfig;
 use crate::model::{NodeRow, Observation, Phase, PoolInstance};
-use crate::pack::{self, Cause, Gang, Labels, Limit, Node, Plan, Problem, Request, Selector, Strategy, Termination};
+use crate::pack::{
+    self, Bundle, Cause, Gang, Labels, Limit, Node, Plan, Problem, Request, Selector, Strategy, Termination,
+};
 use crate::policy::{PolicyState, Sizing, size};
 use crate::shape::{ResourceNames, Shape};
 
@@ -87,7 +89,15 @@ pub fn problem(cfg: &PoolConfig, obs: &Observation) -> Problem {
         if s.members.is_empty() || a.queued.primary + a.queued.secondary == 0 {
             continue;
         }
-        let bundles: Vec<Shape> = s.members.iter().map(|m| shape(m, &mut names)).collect();
+        // Each member's options as shapes, once for both priorities. A member with none
+        // (its scheduler always sends one) asks for nothing rather than failing the pass.
+        let nothing = [MemberOption::default()];
+        let mut options: Vec<Vec<(Shape, &MemberOption)>> = Vec::with_capacity(s.members.len());
+        for m in &s.members {
+            let opts = if m.options.is_empty() { &nothing[..] } else { &m.options[..] };
+            options.push(opts.iter().map(|o| (shape(&o.resources, &mut names), o)).collect());
+        }
+        let ways = options.iter().map(Vec::len).max().unwrap_or(1);
         let limit = |limits: &mut Vec<Limit>, max: Option<u32>, units: &BTreeMap<String, u32>| {
             max.map(|max| {
                 limits.push(Limit { app: a.app.clone(), max, units: units.clone() });
@@ -100,10 +110,28 @@ pub fn problem(cfg: &PoolConfig, obs: &Observation) -> Problem {
             if count == 0 {
                 continue;
             }
-            let selector = Selector::for_unit(s, secondary);
-            if let ([one], None) = (bundles.as_slice(), domain_limit) {
-                // A one-member unit with no domain limit to count against: a plain request.
-                requests.push(Request { shape: one.clone(), count: u64::from(count), selector, per_node: node_limit });
+            // Variant j: each member in its option j, or its last when it has fewer (so
+            // the first is every member's template, as its scheduler tries first).
+            let mut variants = (0..ways).map(|j| {
+                let members = s.members.iter().zip(&options);
+                let bundle = |(m, opts): (&MemberShape, &Vec<(Shape, &MemberOption)>)| {
+                    let (shape, option) = opts.get(j).or_else(|| opts.last())?;
+                    let selector = Selector::for_member(s, option, secondary);
+                    Some(Bundle { shape: shape.clone(), selector, group: m.group.clone() })
+                };
+                members.filter_map(bundle).collect::<Vec<Bundle>>()
+            });
+            let bundles = variants.next().unwrap_or_default();
+            let alternatives: Vec<Vec<Bundle>> = variants.collect();
+            if let ([one], true, None) = (bundles.as_slice(), alternatives.is_empty(), domain_limit) {
+                // A one-member unit with one option and no domain limit to count against:
+                // a plain request.
+                requests.push(Request {
+                    shape: one.shape.clone(),
+                    count: u64::from(count),
+                    selector: one.selector.clone(),
+                    per_node: node_limit,
+                });
                 request_apps.push(a.app.clone());
                 continue;
             }
@@ -112,7 +140,7 @@ pub fn problem(cfg: &PoolConfig, obs: &Observation) -> Problem {
                     id: format!("{}/{}{k}", a.app, if secondary { "secondary-" } else { "" }),
                     strategy: if s.spread_members { Strategy::StrictSpread } else { Strategy::Pack },
                     bundles: bundles.clone(),
-                    selector: selector.clone(),
+                    alternatives: alternatives.clone(),
                     same: Some("domain".into()),
                     per_node: node_limit,
                     per_domain: domain_limit,
@@ -308,7 +336,10 @@ mod tests {
         AppRow {
             app: "echo".into(),
             queued: Queued { primary, secondary },
-            unit_shape: UnitShape { members: vec![m.clone(), m], ..Default::default() },
+            unit_shape: UnitShape {
+                members: vec![MemberShape::plain("head", m.clone()), MemberShape::plain("worker", m)],
+                ..Default::default()
+            },
         }
     }
 
@@ -427,5 +458,140 @@ mod tests {
         let (plan, record) = decide_on(&pool_with_b(), &nodes, "small-a", &[app]);
         assert_eq!(plan.launch.get("small-b"), Some(&1), "{record}");
         assert_eq!(plan.needed, vec!["pool-small-a-1".to_string()], "{record}");
+    }
+
+    const GPU_POOL: &str = r#"
+        [node_types.cpu]
+        cpu = 4
+        memory = "8Gi"
+        labels = { domain = "domain-a" }
+        max = 4
+        cost = 0.2
+        [node_types.a100]
+        cpu = 8
+        memory = "32Gi"
+        gpu = 1
+        labels = { domain = "domain-a", gpu_model = "a100" }
+        max = 1
+        cost = 4.0
+        [node_types.l4]
+        cpu = 8
+        memory = "32Gi"
+        gpu = 1
+        labels = { domain = "domain-a", gpu_model = "l4" }
+        max = 4
+        cost = 1.0
+    "#;
+
+    /// An app whose units are a CPU-only head and a one-GPU worker on each of `models`
+    /// in turn (its template, then its alternatives).
+    fn hetero(queued: u32, models: &[&[&str]]) -> AppRow {
+        let option = |m: &&[&str]| flotilla_core::MemberOption {
+            resources: Resources::new(4000, 8 << 30, 1),
+            selector: flotilla_core::NodeSelector {
+                labels: [("gpu_model".to_string(), m.iter().map(|v| v.to_string()).collect())].into(),
+                allow_low_priority: false,
+            },
+        };
+        let gpu = MemberShape { group: "gpu".into(), options: models.iter().map(option).collect() };
+        AppRow {
+            app: "hetero".into(),
+            queued: Queued { primary: queued, secondary: 0 },
+            unit_shape: UnitShape {
+                members: vec![MemberShape::plain("head", Resources::new(1000, 1 << 30, 0)), gpu],
+                ..Default::default()
+            },
+        }
+    }
+
+    /// Issue: heterogeneous units. The pool launches, per group, the node types whose
+    /// labels match: the head on the CPU type, the worker on the a100 type while it has
+    /// room, then on its alternative, the l4 type.
+    #[test]
+    fn a_units_groups_get_the_types_their_labels_match_and_alternatives_past_a_max() {
+        let cfg = PoolConfig::parse(GPU_POOL).unwrap();
+        let (plan, record) = decide_on(&cfg, &[], "cpu", &[hetero(2, &[&["a100"], &["l4"]])]);
+        let launched: Vec<(&str, u32)> = plan.launch.iter().map(|(t, n)| (t.as_str(), *n)).collect();
+        // Both heads on one CPU node; the first worker on the one a100 the type allows,
+        // the second on an l4.
+        assert_eq!(launched, vec![("a100", 1), ("cpu", 1), ("l4", 1)], "{record}");
+        assert!(plan.infeasible.is_empty(), "{record}");
+        assert!(record["explanation"].as_str().unwrap().contains("launch 1 × l4 (1 for gang hetero/1)"), "{record}");
+        let gpu = &record["demand"]["units"][0]["members"][1];
+        assert_eq!(gpu["group"], "gpu", "{record}");
+        assert_eq!(gpu["options"][1]["selector"]["labels"]["gpu_model"], json!(["l4"]), "{record}");
+
+        // The a100 type at its max, its node fully used: the next unit takes an l4.
+        let mut a100 = row("pool-a100-1", &[("domain", "domain-a"), ("gpu_model", "a100")], 8000);
+        a100.capacity = Resources::new(8000, 32 << 30, 1);
+        a100.allocated = a100.capacity.clone();
+        let nodes = [a100];
+        let (plan, record) = decide_on(&cfg, &nodes, "a100", &[hetero(1, &[&["a100"], &["l4"]])]);
+        let launched: Vec<(&str, u32)> = plan.launch.iter().map(|(t, n)| (t.as_str(), *n)).collect();
+        assert_eq!(launched, vec![("cpu", 1), ("l4", 1)], "{record}");
+        // A one-member unit with an alternative too (a gang, not a plain request).
+        let mut solo = hetero(1, &[&["a100"], &["l4"]]);
+        solo.unit_shape.members.remove(0);
+        let (plan, record) = decide_on(&cfg, &nodes, "a100", &[solo]);
+        let launched: Vec<(&str, u32)> = plan.launch.iter().map(|(t, n)| (t.as_str(), *n)).collect();
+        assert_eq!(launched, vec![("l4", 1)], "{record}");
+    }
+
+    /// Issue: a group no node type can hold is reported infeasible, named, with what it
+    /// asks for; the app's queued units say the pool cannot place them.
+    #[test]
+    fn a_group_no_type_can_hold_is_infeasible_by_name() {
+        let cfg = PoolConfig::parse(GPU_POOL).unwrap();
+        let (plan, record) = decide_on(&cfg, &[], "cpu", &[hetero(1, &[&["h100", "b200"]])]);
+        assert!(plan.launch.is_empty(), "{record}");
+        let want = "group \"gpu\": no node type with the labels it asks for (gpu_model = b200 | h100, priority != low) is big enough";
+        assert_eq!(record["cannot_place"]["hetero"], want, "{record}");
+    }
+
+    /// A secondary unit may use low-priority types even when its members' options do
+    /// not allow them; a primary one may not, and says why.
+    #[test]
+    fn secondary_units_may_use_low_priority_types() {
+        let pool = r#"
+            [node_types.small]
+            cpu = 1
+            memory = "2Gi"
+            labels = { priority = "high" }
+            max = 4
+            [node_types.big-low]
+            cpu = 4
+            memory = "8Gi"
+            labels = { priority = "low" }
+            max = 4
+        "#;
+        let cfg = PoolConfig::parse(pool).unwrap();
+        let two_cpu = Resources::new(2000, 1 << 30, 0);
+        let mut app = AppRow {
+            app: "batch".into(),
+            queued: Queued { primary: 1, secondary: 0 },
+            unit_shape: UnitShape {
+                members: vec![MemberShape::plain("head", two_cpu.clone()), MemberShape::plain("worker", two_cpu)],
+                ..Default::default()
+            },
+        };
+        let (plan, record) = decide_on(&cfg, &[], "small", std::slice::from_ref(&app));
+        assert!(plan.launch.is_empty(), "{record}");
+        let reason = record["cannot_place"]["batch"].as_str().unwrap_or_default();
+        assert!(
+            reason.contains("group \"head\": no node type with the labels it asks for (priority != low)"),
+            "{record}"
+        );
+        assert!(reason.contains("group \"worker\""), "{record}");
+
+        app.queued = Queued { primary: 0, secondary: 1 };
+        let (plan, record) = decide_on(&cfg, &[], "small", std::slice::from_ref(&app));
+        assert_eq!(plan.launch.get("big-low"), Some(&1), "both members on one node: {record}");
+        // A one-member unit is a plain request: the same rule.
+        app.unit_shape.members.truncate(1);
+        let (plan, record) = decide_on(&cfg, &[], "small", std::slice::from_ref(&app));
+        assert_eq!(plan.launch.get("big-low"), Some(&1), "{record}");
+        app.queued = Queued { primary: 1, secondary: 0 };
+        let (plan, record) = decide_on(&cfg, &[], "small", &[app]);
+        assert!(plan.launch.is_empty(), "{record}");
     }
 }

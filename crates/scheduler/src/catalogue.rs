@@ -27,6 +27,12 @@ pub const PLACEMENTS: Family = Family::counter(
     "Unit placements the scheduler tried to commit, by result (committed, conflict, unknown).",
     &["result"],
 );
+pub const MEMBERS_PLACED: Family = Family::counter(
+    "flotilla_members_placed_total",
+    "Members committed to a node (placed with their unit, healed or moved), by group and by the alternative of \
+     its template each runs as (0: the template itself).",
+    &["app", "group", "alternative"],
+);
 pub const SCHEDULER_CLAIMS: Family = Family::counter(
     "flotilla_scheduler_claims_total",
     "Member claims the shards answered, by result (accepted or conflict).",
@@ -156,6 +162,7 @@ pub const FAMILIES: &[Family] = &[
     PLAN_SECONDS,
     SCHEDULER_COMMIT_SECONDS,
     PLACEMENTS,
+    MEMBERS_PLACED,
     SCHEDULER_CLAIMS,
     SCHEDULER_CONFLICT_RATIO,
     UNITS,

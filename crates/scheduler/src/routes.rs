@@ -29,7 +29,7 @@ use flotilla_view::ShardSlot;
 
 use crate::lifecycle::UnitState;
 use crate::spec::Performance;
-use crate::store::UnitRecord;
+use crate::store::{MemberRecord, UnitRecord};
 
 pub const TAU_MS: f64 = 5_000.0;
 pub const BAND: f64 = 0.1;
@@ -75,6 +75,7 @@ impl Weights {
         serving_roles: &[String],
         slots: &[Arc<ShardSlot>],
         performance: &Performance,
+        member_performance: &dyn Fn(&MemberRecord) -> Option<f64>,
         now_ms: u64,
     ) -> Vec<v1::Route> {
         let mut routes = Vec::new();
@@ -92,7 +93,9 @@ impl Weights {
                 let serving = unit_serves && m.state.as_deref() == Some("running");
                 let weight = match record {
                     Some(r) if serving && r.status == NodeStatus::Alive && r.incarnation.0 == m.incarnation => {
-                        let perf = performance.estimate(r.labels.get("gpu_model"), r.capacity.cpu_millis / 1000);
+                        let perf = member_performance(m).unwrap_or_else(|| {
+                            performance.estimate(r.labels.get("gpu_model"), r.capacity.cpu_millis / 1000)
+                        });
                         perf * self.health_factor(endpoint, f64::from(r.health_score()), now_ms)
                     }
                     _ => 0.0,
@@ -223,7 +226,7 @@ mod tests {
         ];
         let refs: Vec<&UnitRecord> = units.iter().collect();
         let mut w = Weights::default();
-        let t = w.table(&refs, &["head".into()], &s, &Performance::default(), 0);
+        let t = w.table(&refs, &["head".into()], &s, &Performance::default(), &|_| None, 0);
         let weights: Vec<(String, f64)> = t.iter().map(|r| (r.unit_id.clone(), r.weight)).collect();
         assert_eq!(
             weights,
@@ -243,7 +246,7 @@ mod tests {
         assert_eq!(p.estimate(None, 2), 1.0, "nothing matches");
         let s = slots(&[("n1", NodeStatus::Alive, 500, Some("a100"))]);
         let u = unit("u1", UnitState::Running, "n1", "running");
-        let t = Weights::default().table(&[&u], &["head".into()], &s, &p, 0);
+        let t = Weights::default().table(&[&u], &["head".into()], &s, &p, &|_| None, 0);
         assert_eq!(t[0].weight, 2.0, "4 × 0.5");
     }
 

@@ -4,8 +4,7 @@
 use std::collections::BTreeMap;
 
 use flotilla_autoscale::Span;
-use flotilla_core::quantity::{cpu_millis, memory_bytes};
-use flotilla_core::{MAX_UNITS, MAX_WORKERS, Resources, UnitShape, is_name};
+use flotilla_core::{MAX_UNITS, MAX_WORKERS, MemberShape, UnitShape, is_name};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -37,54 +36,20 @@ pub struct AppSpec {
 pub struct UnitTemplate {
     pub head: MemberTemplate,
     pub worker: Option<MemberTemplate>,
-    /// Workers per unit (each unit is one head plus this many workers).
+    /// Workers per unit (each unit is one head plus this many workers): the group
+    /// named `worker`.
     #[serde(default)]
     pub workers: u32,
+    /// Worker groups by name (`[unit.groups.gpu]`), each a template with a `count`:
+    /// members `NAME-0`, `NAME-1`, …, their role the group's name.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub groups: BTreeMap<String, MemberTemplate>,
 }
 
 mod artifacts;
+mod member;
 pub use artifacts::{ArtifactSpec, MAX_ARTIFACTS};
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct MemberTemplate {
-    pub command: String,
-    #[serde(default)]
-    pub args: Vec<String>,
-    #[serde(default)]
-    pub env: BTreeMap<String, String>,
-    /// CPU as cores ("0.5", "2") or millicores ("500m").
-    pub cpu: String,
-    /// Memory with a binary or decimal suffix ("256Mi", "1Gi", "500M") or bytes.
-    pub memory: String,
-    #[serde(default)]
-    pub gpu: u32,
-    /// Does this member serve HTTP (and so appear in routes)?
-    #[serde(default)]
-    pub serves_http: bool,
-    /// HTTP path that answers 2xx when the member is ready.
-    pub readiness_path: Option<String>,
-    /// `always` (the default), `on-failure` or `never`.
-    #[serde(default)]
-    pub restart: Option<String>,
-    /// Named ports the agent assigns from its range, each passed as
-    /// `FLOTILLA_PORT_<NAME>` (upper-cased, `-` as `_`): a Ray node needs several, and
-    /// several share a host.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub ports: Vec<String>,
-    /// Named blocks of contiguous ports by size (`worker_ports = 100`), passed as
-    /// `FLOTILLA_PORT_<NAME>_MIN` and `FLOTILLA_PORT_<NAME>_MAX` (inclusive).
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub port_ranges: BTreeMap<String, u32>,
-    /// Start order: the member this one starts after (only `"head"`, on workers). It is
-    /// held back until that member is running, then started with the head's address and
-    /// ports (`FLOTILLA_HEAD_ADDR`, `FLOTILLA_HEAD_PORT_<NAME>`) wherever the head runs.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub after: Option<String>,
-    /// Files fetched (peer to peer) into the member's working directory before it starts.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub artifacts: Vec<ArtifactSpec>,
-}
+pub use member::MemberTemplate;
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -274,89 +239,6 @@ fn fnv(text: &str) -> String {
     format!("{h:016x}")
 }
 
-impl MemberTemplate {
-    /// What the member asks of a node: CPU, memory, GPUs and, with named ports, the
-    /// ports it holds (the `ports` custom resource every agent offers), so a node whose
-    /// agent has too few left is not chosen.
-    pub fn resources(&self) -> Resources {
-        let mut r =
-            Resources::new(cpu_millis(&self.cpu).unwrap_or(0), memory_bytes(&self.memory).unwrap_or(0), self.gpu);
-        let ports = flotilla_core::ports::ports_needed(self.ports.len(), self.port_ranges.values());
-        if ports > 0 {
-            r.custom.insert(flotilla_core::ports::PORTS_RESOURCE.to_string(), ports);
-        }
-        r
-    }
-
-    fn validate(&self, path: &str, errors: &mut Vec<String>) {
-        if self.command.trim().is_empty() {
-            errors.push(format!("{path}.command: must not be empty"));
-        }
-        match cpu_millis(&self.cpu) {
-            Ok(0) => errors.push(format!("{path}.cpu: must be above 0")),
-            Ok(m) if m > flotilla_core::MAX_NODE_CPU_MILLIS => {
-                errors.push(format!("{path}.cpu: {:?} is more than any node has", self.cpu))
-            }
-            Ok(_) => {}
-            Err(e) => errors.push(format!("{path}.cpu: {e}")),
-        }
-        if self.gpu > flotilla_core::MAX_NODE_GPUS {
-            errors.push(format!("{path}.gpu: {} is more than any node has", self.gpu));
-        }
-        match memory_bytes(&self.memory) {
-            Ok(0) => errors.push(format!("{path}.memory: must be above 0")),
-            Ok(_) => {}
-            Err(e) => errors.push(format!("{path}.memory: {e}")),
-        }
-        if self.args.len() > MAX_ARGS {
-            errors.push(format!("{path}.args: at most {MAX_ARGS}"));
-        }
-        if self.env.len() > MAX_ENV {
-            errors.push(format!("{path}.env: at most {MAX_ENV} variables"));
-        }
-        // The shard refuses a claim whose workload is larger (see `claims_from_wire`).
-        let size = self.command.len()
-            + self.args.iter().map(String::len).sum::<usize>()
-            + self.env.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>();
-        if size > MAX_WORKLOAD_BYTES {
-            errors.push(format!("{path}: command, args and env are {size} bytes (at most {MAX_WORKLOAD_BYTES})"));
-        }
-        for k in self.env.keys() {
-            if k.is_empty() || !k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
-                errors.push(format!("{path}.env: {k:?} is not a variable name"));
-            }
-        }
-        if let Some(p) = &self.readiness_path
-            && !p.starts_with('/')
-        {
-            errors.push(format!("{path}.readiness_path: must start with '/'"));
-        }
-        if let Some(r) = &self.restart
-            && !matches!(r.as_str(), "always" | "on-failure" | "never")
-        {
-            errors.push(format!("{path}.restart: {r:?} is not always, on-failure or never"));
-        }
-        if self.artifacts.len() > MAX_ARTIFACTS {
-            errors.push(format!("{path}.artifacts: at most {MAX_ARTIFACTS}"));
-        }
-        let mut dests = std::collections::BTreeSet::new();
-        for (i, a) in self.artifacts.iter().enumerate() {
-            a.validate(&format!("{path}.artifacts[{i}]"), errors);
-            if !dests.insert(a.dest.trim_end_matches('/')) {
-                errors.push(format!("{path}.artifacts[{i}].dest: {:?} is another artifact's dest too", a.dest));
-            }
-        }
-        for problem in flotilla_core::ports::port_problems(&self.ports, &self.port_ranges) {
-            let field = if self.port_ranges.keys().any(|k| problem.starts_with(&format!("{k:?}"))) {
-                "port_ranges"
-            } else {
-                "ports"
-            };
-            errors.push(format!("{path}.{field}: {problem}"));
-        }
-    }
-}
-
 impl AppSpec {
     pub fn parse(text: &str) -> Result<AppSpec, SpecError> {
         if text.len() > MAX_SPEC_BYTES {
@@ -372,16 +254,7 @@ impl AppSpec {
         if !is_name(&self.name) {
             e.push(format!("name: {:?} must be 1-63 of [a-z0-9-], not starting with '-'", self.name));
         }
-        self.unit.head.validate("unit.head", &mut e);
-        if let Some(w) = &self.unit.worker {
-            w.validate("unit.worker", &mut e);
-        }
-        if self.unit.workers > MAX_WORKERS {
-            e.push(format!("unit.workers: {} (at most {MAX_WORKERS})", self.unit.workers));
-        }
-        if self.unit.workers > 0 && self.unit.worker.is_none() {
-            e.push("unit.worker: required when unit.workers > 0".into());
-        }
+        self.validate_members(&mut e);
         let s = &self.units;
         if s.max > MAX_UNITS {
             e.push(format!("units.max: {} (at most {MAX_UNITS})", s.max));
@@ -430,30 +303,20 @@ impl AppSpec {
         if perf.gpu_model.len() + perf.cores.len() > 256 {
             e.push("routing.performance: at most 256 entries".into());
         }
+        let templates = self.templates();
         for r in &self.routing.roles {
-            if r != "head" && r != "worker" {
-                e.push(format!("routing.roles: {r:?} is not a role (head or worker)"));
+            if r != "worker" && !templates.iter().any(|(role, _, _)| role == r) {
+                e.push(format!("routing.roles: {r:?} is not a role (head, worker or a group's name)"));
             }
         }
         if let Some(port) = &self.routing.port {
-            for r in &self.routing.roles {
-                let t = if r == "head" { Some(&self.unit.head) } else { self.unit.worker.as_ref() };
-                if let Some(t) = t
-                    && !t.ports.contains(port)
-                {
+            for (role, path, t) in &templates {
+                if self.routing.roles.iter().any(|r| r == role) && !t.ports.contains(port) {
                     e.push(format!(
-                        "routing.port: {port:?} is not among unit.{r}.ports (the routed members serve on it)"
+                        "routing.port: {port:?} is not among {path}.ports (the routed members serve on it)"
                     ));
                 }
             }
-        }
-        if let Some(a) = &self.unit.head.after {
-            e.push(format!("unit.head.after: {a:?}: the head starts first (only a worker may start after the head)"));
-        }
-        if let Some(a) = self.unit.worker.as_ref().and_then(|w| w.after.as_ref())
-            && a != "head"
-        {
-            e.push(format!("unit.worker.after: {a:?} is not a member a worker may wait for (only \"head\")"));
         }
         if let Some(a) = &self.autoscaling {
             if a.name.is_some() {
@@ -503,12 +366,33 @@ impl AppSpec {
         fnv(&toml::to_string(self).unwrap_or_default())
     }
 
+    /// Each way to run a member built from `t` (of a secondary unit when `secondary`,
+    /// which may always use low-priority nodes), with its alternative's index, in the
+    /// order placement tries them.
+    pub fn options(&self, t: &MemberTemplate, secondary: bool) -> Vec<(u32, flotilla_core::MemberOption)> {
+        let mut options = t.options(&self.constraints.labels, self.constraints.allow_low_priority);
+        for (_, o) in &mut options {
+            o.selector.allow_low_priority |= secondary;
+        }
+        options
+    }
+
+    /// Whether a member built from `t` may run on low-priority nodes.
+    pub fn allows_low_priority(&self, t: &MemberTemplate, secondary: bool) -> bool {
+        t.allow_low_priority.unwrap_or(self.constraints.allow_low_priority) || secondary
+    }
+
     /// What one unit asks of the node pool, for the pool autoscaler.
     pub fn unit_shape(&self) -> UnitShape {
         UnitShape {
-            members: self.members().iter().map(|(_, _, t)| t.resources()).collect(),
-            labels: self.constraints.labels.clone(),
-            allow_low_priority: self.constraints.allow_low_priority,
+            members: self
+                .members()
+                .into_iter()
+                .map(|(_, role, t)| MemberShape {
+                    group: role.to_string(),
+                    options: self.options(t, false).into_iter().map(|(_, o)| o).collect(),
+                })
+                .collect(),
             max_units_per_domain: self.spread.max_units_per_domain,
             units_per_domain: Default::default(),
             max_units_per_node: self.spread.max_units_per_node,
@@ -523,21 +407,112 @@ impl AppSpec {
         self.members().iter().any(|(_, role, t)| t.serves_http && self.routing.roles.iter().any(|r| r == role))
     }
 
-    /// The members of one unit: the head, then `workers` workers.
-    pub fn members(&self) -> Vec<(String, &'static str, &MemberTemplate)> {
+    /// The members of one unit with their roles: the head, then `workers` workers
+    /// (`worker-0`, …), then each group's (`NAME-0`, …, by group name).
+    pub fn members(&self) -> Vec<(String, &str, &MemberTemplate)> {
         let mut m = vec![("head".to_string(), "head", &self.unit.head)];
         if let Some(w) = &self.unit.worker {
             for i in 0..self.unit.workers {
                 m.push((format!("worker-{i}"), "worker", w));
             }
         }
+        for (name, t) in &self.unit.groups {
+            for i in 0..t.count.unwrap_or(0) {
+                m.push((format!("{name}-{i}"), name.as_str(), t));
+            }
+        }
         m
+    }
+
+    /// Each role's template with its place in the spec: `("gpu", "unit.groups.gpu", t)`.
+    pub fn templates(&self) -> Vec<(&str, String, &MemberTemplate)> {
+        let mut out = vec![("head", "unit.head".to_string(), &self.unit.head)];
+        if let Some(w) = &self.unit.worker {
+            out.push(("worker", "unit.worker".to_string(), w));
+        }
+        out.extend(self.unit.groups.iter().map(|(n, t)| (n.as_str(), format!("unit.groups.{n}"), t)));
+        out
+    }
+
+    /// Where each role may run, in any of its alternatives: `(role, selector)`.
+    pub fn selectors(&self) -> Vec<(&str, flotilla_core::NodeSelector)> {
+        let c = &self.constraints;
+        self.templates()
+            .into_iter()
+            .flat_map(|(role, _, t)| {
+                (0..=t.alternatives.len() as u32)
+                    .map(move |k| (role, t.alternative(k).selector(&c.labels, c.allow_low_priority)))
+            })
+            .collect()
+    }
+
+    /// The templates and their groups: each valid, sized, named, and able to run
+    /// somewhere the app's labels allow.
+    fn validate_members(&self, e: &mut Vec<String>) {
+        let u = &self.unit;
+        if u.workers > MAX_WORKERS {
+            e.push(format!("unit.workers: {} (at most {MAX_WORKERS})", u.workers));
+        }
+        if u.workers > 0 && u.worker.is_none() {
+            e.push("unit.worker: required when unit.workers > 0".into());
+        }
+        for (role, path, t) in self.templates() {
+            t.validate(&path, e);
+            match (role, t.count) {
+                ("head", Some(_)) => e.push("unit.head.count: a unit has one head (only a group has a count)".into()),
+                ("worker", Some(_)) if path == "unit.worker" => {
+                    e.push("unit.worker.count: the worker group's size is unit.workers".into())
+                }
+                (_, Some(n)) if n > MAX_WORKERS => e.push(format!("{path}.count: {n} (at most {MAX_WORKERS})")),
+                _ => {}
+            }
+            match (role, t.after.as_deref()) {
+                (_, None) => {}
+                ("head", Some(a)) => e.push(format!(
+                    "unit.head.after: {a:?}: the head starts first (only a worker may start after the head)"
+                )),
+                (_, Some("head")) => {}
+                (_, Some(a)) => {
+                    e.push(format!("{path}.after: {a:?} is not a member a worker may wait for (only \"head\")"))
+                }
+            }
+            // An alternative that keeps the template's labels has the template's problem.
+            let own_labels = |k: u32| k == 0 || t.alternatives[k as usize - 1].node_labels.is_some();
+            for k in (0..=t.alternatives.len() as u32).filter(|k| own_labels(*k)) {
+                let s = t.alternative(k).selector(&self.constraints.labels, false);
+                for (key, want) in &self.constraints.labels {
+                    if s.labels.get(key).is_some_and(|values| values.is_empty()) {
+                        let at = if k == 0 { path.clone() } else { format!("{path}.alternatives[{}]", k - 1) };
+                        e.push(format!("{at}.node_labels.{key}: no value it allows is constraints.labels' {want:?}"));
+                    }
+                }
+            }
+        }
+        for name in u.groups.keys() {
+            if !is_name(name) {
+                e.push(format!("unit.groups.{name}: a group's name is 1-63 of [a-z0-9-], not starting with '-'"));
+            } else if name == "head" {
+                e.push("unit.groups.head: \"head\" is the head's role, not a group's name".into());
+            } else if name == "worker" && u.worker.is_some() {
+                e.push("unit.groups.worker: [unit.worker] is the group named worker already".into());
+            }
+        }
+        for (name, t) in &u.groups {
+            if t.count.is_none() {
+                e.push(format!("unit.groups.{name}.count: required (members of the group in each unit)"));
+            }
+        }
+        let total = self.members().len() - 1;
+        if total > MAX_WORKERS as usize {
+            e.push(format!("unit: {total} workers in all groups (at most {MAX_WORKERS})"));
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use flotilla_core::quantity::{cpu_millis, memory_bytes};
 
     const ECHO: &str = include_str!("../../../examples/echo.toml");
 

@@ -41,6 +41,14 @@ pub struct MemberRecord {
     /// its claim never collides with the claim of the member it replaces.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub generation: Option<u64>,
+    /// Which of its template's alternatives it runs as (0: the template itself; `k`:
+    /// `alternatives[k - 1]`), so claims, heals and routes use that build.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub alternative: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl MemberRecord {
@@ -406,6 +414,7 @@ pub(crate) mod tests {
                 ports: Default::default(),
                 message: None,
                 generation: None,
+                alternative: 0,
             }],
             created_unix_ms: 5,
             unplaced_reason: None,

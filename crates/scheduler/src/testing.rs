@@ -47,6 +47,7 @@ pub fn unit(id: &str, generation: u64, state: UnitState, members: &[(&str, &str)
                 ports: Default::default(),
                 message: None,
                 generation: None,
+                alternative: 0,
             })
             .collect(),
         created_unix_ms: 0,

@@ -2,7 +2,7 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 use flotilla_core::Resources;
-use flotilla_core::UnitShape;
+use flotilla_core::{MemberShape, UnitShape};
 
 use super::*;
 use crate::model::{AppRow, NodeRow, Queued};
@@ -62,7 +62,10 @@ impl FakeCluster {
             apps: Mutex::new(vec![AppRow {
                 app: "echo".into(),
                 queued: Queued { primary: queued, secondary: 0 },
-                unit_shape: UnitShape { members: vec![member.clone(), member], ..Default::default() },
+                unit_shape: UnitShape {
+                    members: vec![MemberShape::plain("head", member.clone()), MemberShape::plain("worker", member)],
+                    ..Default::default()
+                },
             }]),
             drains: Mutex::new(vec![]),
             bounds: Mutex::new(BTreeMap::new()),

@@ -6,8 +6,9 @@
 //!    (terminating the least useful nodes first);
 //! 2. the floor (`request_resources`, Ray's cluster resource constraint): fitted against
 //!    nodes' whole capacity, launching what is missing;
-//! 3. gangs (all or nothing; STRICT_SPREAD one bundle per node, STRICT_PACK as one
-//!    bundle; a unit's members in one domain, in a domain and on nodes with room under
+//! 3. gangs (all or nothing, in the first of their variants that fits; STRICT_SPREAD
+//!    one bundle per node, STRICT_PACK as one bundle; a unit's members in one domain,
+//!    each on a node its own selector allows, in a domain and on nodes with room under
 //!    its app's `max_units_per_domain` and `max_units_per_node`, this pass's units
 //!    counted);
 //! 4. plain requests, biggest first: onto existing nodes, then onto new ones (a node
@@ -35,11 +36,11 @@ use std::sync::Arc;
 use classes::Classes;
 use node::{Origin, SimNode};
 use pending::Pending;
-use problem::{Cap, Group, Item, Source};
 pub use problem::{
-    Cause, Gang, Infeasible, Labels, Limit, MAX_REASONS, Node, NodeType, Plan, Problem, Request, Selector, Strategy,
-    Termination,
+    Bundle, Cause, Gang, Infeasible, Labels, Limit, MAX_REASONS, Node, NodeType, Plan, Problem, Request, Selector,
+    Strategy, Termination,
 };
+use problem::{Cap, Group, Item, Source};
 
 use crate::shape::{ResourceNames, Shape};
 
@@ -567,7 +568,7 @@ fn why_not(p: &Problem, g: &Group) -> String {
     let fits_type = p.node_types.iter().any(|t| g.selector.matches(&t.labels) && g.shape.fits_in(&t.resources));
     if !fits_type {
         if p.node_types.iter().any(|t| g.shape.fits_in(&t.resources)) {
-            "no node type with the labels it asks for is big enough".into()
+            format!("no node type with the labels it asks for ({}) is big enough", g.selector.describe())
         } else {
             "no node type is big enough".into()
         }

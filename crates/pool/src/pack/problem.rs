@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use flotilla_core::UnitShape;
+use flotilla_core::{MemberOption, UnitShape};
 
 use crate::shape::{ResourceNames, Shape};
 
@@ -41,21 +41,21 @@ pub struct Node {
     pub pending: bool,
 }
 
-/// Which nodes a request may use: all `require`d labels present with these values, no
-/// label with one of its `forbid`den values.
+/// Which nodes a request may use: for every `require`d label one of its values, no label
+/// with one of its `forbid`den values.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Selector {
-    pub require: Labels,
+    pub require: BTreeMap<String, BTreeSet<String>>,
     pub forbid: BTreeMap<String, BTreeSet<String>>,
 }
 
 impl Selector {
-    /// Where a unit of `shape` (of the secondary group when `secondary`) may go: what
-    /// `UnitShape::admits` says, as data the packer groups requests by. A property test
-    /// holds the two together.
-    pub fn for_unit(shape: &UnitShape, secondary: bool) -> Selector {
+    /// Where a member of a unit of `shape` may go in `option` (of the secondary group when
+    /// `secondary`): what `UnitShape::admits` says, as data the packer groups requests
+    /// by. A property test holds the two together.
+    pub fn for_member(shape: &UnitShape, option: &MemberOption, secondary: bool) -> Selector {
         let mut forbid: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-        if !(shape.allow_low_priority || secondary) {
+        if !(option.selector.allow_low_priority || secondary) {
             let (k, v) = flotilla_core::unit_shape::LOW_PRIORITY;
             forbid.entry(k.into()).or_default().insert(v.into());
         }
@@ -63,7 +63,7 @@ impl Selector {
         if !full.is_empty() {
             forbid.insert("domain".into(), full);
         }
-        Selector { require: shape.labels.clone(), forbid }
+        Selector { require: option.selector.labels.clone(), forbid }
     }
 
     pub fn is_empty(&self) -> bool {
@@ -71,8 +71,34 @@ impl Selector {
     }
 
     pub fn matches(&self, labels: &Labels) -> bool {
-        self.require.iter().all(|(k, v)| labels.get(k) == Some(v))
+        self.require.iter().all(|(k, vs)| labels.get(k).is_some_and(|v| vs.contains(v)))
             && self.forbid.iter().all(|(k, vs)| labels.get(k).is_none_or(|v| !vs.contains(v)))
+    }
+
+    /// The nodes both `self` and `other` allow: a gang's bundles packed as one, or a
+    /// bundle kept to one domain. Values of a key both require that do not overlap leave
+    /// it no value, which no node matches.
+    pub fn and(&self, other: &Selector) -> Selector {
+        let mut out = self.clone();
+        for (k, vs) in &other.require {
+            out.require
+                .entry(k.clone())
+                .and_modify(|mine| mine.retain(|v| vs.contains(v)))
+                .or_insert_with(|| vs.clone());
+        }
+        for (k, vs) in &other.forbid {
+            out.forbid.entry(k.clone()).or_default().extend(vs.iter().cloned());
+        }
+        out
+    }
+
+    /// For reasons, as an operator reads labels: `gpu_model = a100 | h100, priority != low`.
+    pub fn describe(&self) -> String {
+        let values = |vs: &BTreeSet<String>| vs.iter().map(String::as_str).collect::<Vec<_>>().join(" | ");
+        let require = self.require.iter().map(|(k, vs)| format!("{k} = {}", values(vs)));
+        let forbid = self.forbid.iter().map(|(k, vs)| format!("{k} != {}", values(vs)));
+        let all: Vec<String> = require.chain(forbid).collect();
+        if all.is_empty() { "any labels".into() } else { all.join(", ") }
     }
 }
 
@@ -110,19 +136,49 @@ pub enum Strategy {
     Spread,
 }
 
+/// One bundle of a gang, with the nodes it may use: a unit's members differ (a CPU head,
+/// GPU workers on a GPU type), so each has its own.
+#[derive(Debug, Clone)]
+pub struct Bundle {
+    pub shape: Shape,
+    pub selector: Selector,
+    /// The member group it is for, so a reason can say whose demand no node type holds
+    /// (empty for a Ray bundle).
+    pub group: String,
+}
+
+impl Bundle {
+    /// A bundle any node may take, for no group (Ray's).
+    pub fn new(shape: Shape) -> Bundle {
+        Bundle { shape, selector: Selector::default(), group: String::new() }
+    }
+}
+
 /// Bundles placed all or nothing.
 #[derive(Debug, Clone)]
 pub struct Gang {
     pub id: String,
     pub strategy: Strategy,
-    pub bundles: Vec<Shape>,
-    pub selector: Selector,
+    /// The way its scheduler tries first.
+    pub bundles: Vec<Bundle>,
+    /// The other ways (a member on another kind of node), tried in order only when no
+    /// earlier one can be placed, as its scheduler falls back to a member's alternatives
+    /// only when its template does not fit. Each is as long as `bundles`, bundle `i` for
+    /// the same member.
+    pub alternatives: Vec<Vec<Bundle>>,
     /// Every bundle on nodes sharing this label's value (a unit's one domain).
     pub same: Option<String>,
     /// The gang is a unit of the app `Problem::per_node[i]` limits.
     pub per_node: Option<usize>,
     /// ... and `Problem::per_domain[i]` (with `same` the domain label).
     pub per_domain: Option<usize>,
+}
+
+impl Gang {
+    /// `bundles`, then each of `alternatives`.
+    pub fn variants(&self) -> impl Iterator<Item = &[Bundle]> {
+        std::iter::once(self.bundles.as_slice()).chain(self.alternatives.iter().map(Vec::as_slice))
+    }
 }
 
 /// One packing problem.

@@ -119,8 +119,8 @@ fn gangs_are_all_or_nothing_and_honour_their_strategy() {
     let gang = |id: &str, strategy, n: usize, cpu: u64| Gang {
         id: id.into(),
         strategy,
-        bundles: vec![shape(cpu, 1, 0); n],
-        selector: Selector::default(),
+        bundles: vec![Bundle::new(shape(cpu, 1, 0)); n],
+        alternatives: Vec::new(),
         same: None,
         per_node: None,
         per_domain: None,
@@ -181,8 +181,8 @@ fn a_units_members_share_one_domain() {
         gangs: vec![Gang {
             id: "unit".into(),
             strategy: Strategy::Pack,
-            bundles: vec![shape(3, 4, 0), shape(3, 4, 0)],
-            selector: Selector::default(),
+            bundles: vec![Bundle::new(shape(3, 4, 0)), Bundle::new(shape(3, 4, 0))],
+            alternatives: Vec::new(),
             same: Some("domain".into()),
             per_node: None,
             per_domain: None,
@@ -207,7 +207,7 @@ fn selectors_keep_requests_off_forbidden_nodes() {
         requests: vec![Request {
             shape: shape(2, 2, 0),
             count: 1,
-            selector: Selector { require: Labels::new(), forbid },
+            selector: Selector { require: BTreeMap::new(), forbid },
             per_node: None,
         }],
         ..Default::default()
@@ -407,29 +407,33 @@ fn waste_is_measured_on_the_new_nodes() {
 }
 
 proptest::proptest! {
-    /// The pool packs a unit only where its scheduler would place it: the selector the
-    /// packer matches says what `UnitShape::admits` says, for any node labels.
+    /// The pool packs a member only where its scheduler would place it: the selector the
+    /// packer matches says what `UnitShape::admits` says, for any node labels and any
+    /// option (each label one of a set of values, which may be empty or name the
+    /// priority or the domain).
     #[test]
-    fn a_units_selector_admits_exactly_the_nodes_its_scheduler_would(
-        required in proptest::collection::btree_map("(zone|gpu)", "(a|b)", 0..2),
+    fn a_members_selector_admits_exactly_the_nodes_its_scheduler_would(
+        required in proptest::collection::btree_map(
+            "(zone|gpu|priority|domain)",
+            proptest::collection::btree_set("(a|b|low|domain-a)", 0..3),
+            0..3,
+        ),
         allow_low_priority: bool,
         secondary: bool,
         units_per_domain in proptest::collection::btree_map("domain-(a|b|c)", 0u32..4, 0..3),
         max_units_per_domain in proptest::option::of(1u32..3),
         node in proptest::collection::btree_map("(zone|gpu|priority|domain)", "(a|b|low|high|domain-a|domain-b|domain-c)", 0..4),
     ) {
-        let shape = flotilla_core::UnitShape {
-            labels: required,
-            allow_low_priority,
-            units_per_domain,
-            max_units_per_domain,
-            ..Default::default()
+        let shape = flotilla_core::UnitShape { units_per_domain, max_units_per_domain, ..Default::default() };
+        let option = flotilla_core::MemberOption {
+            resources: flotilla_core::Resources::default(),
+            selector: flotilla_core::NodeSelector { labels: required, allow_low_priority },
         };
         // The pool gives every node a domain label (the default one when it has none).
         let mut labels = node;
         labels.entry("domain".into()).or_insert_with(|| flotilla_core::DEFAULT_DOMAIN.into());
-        let admitted = shape.admits(|k| labels.get(k).map(String::as_str), secondary).is_ok();
-        proptest::prop_assert_eq!(Selector::for_unit(&shape, secondary).matches(&labels), admitted);
+        let admitted = shape.admits(&option, |k| labels.get(k).map(String::as_str), secondary).is_ok();
+        proptest::prop_assert_eq!(Selector::for_member(&shape, &option, secondary).matches(&labels), admitted);
     }
 }
 
@@ -457,8 +461,8 @@ fn a_per_node_limit_caps_the_units_on_each_node() {
     let pack = |id: &str| Gang {
         id: id.into(),
         strategy: Strategy::Pack,
-        bundles: vec![shape(1, 1, 0); 2],
-        selector: Selector::default(),
+        bundles: vec![Bundle::new(shape(1, 1, 0)); 2],
+        alternatives: Vec::new(),
         same: None,
         per_node: Some(0),
         per_domain: None,
@@ -485,8 +489,8 @@ fn a_per_domain_limit_counts_the_units_this_pass_places() {
     let unit = |i: usize| Gang {
         id: format!("a/{i}"),
         strategy: Strategy::Pack,
-        bundles: vec![shape(1, 1, 0); 2],
-        selector: Selector::default(),
+        bundles: vec![Bundle::new(shape(1, 1, 0)); 2],
+        alternatives: Vec::new(),
         same: Some("domain".into()),
         per_node: None,
         per_domain: Some(0),
@@ -510,8 +514,8 @@ fn launch_reasons_stay_short_however_many_gangs() {
     let gang = |i: usize| Gang {
         id: format!("g{i}"),
         strategy: Strategy::StrictSpread,
-        bundles: vec![shape(8, 1, 0); 2],
-        selector: Selector::default(),
+        bundles: vec![Bundle::new(shape(8, 1, 0)); 2],
+        alternatives: Vec::new(),
         same: None,
         per_node: None,
         per_domain: None,
@@ -522,4 +526,199 @@ fn launch_reasons_stay_short_however_many_gangs() {
     let reasons = &out.launch_reasons["cpu-8"];
     assert_eq!(reasons.len(), MAX_REASONS + 1, "{reasons:?}");
     assert_eq!(reasons.last().map(String::as_str), Some("84 for 42 others"));
+}
+
+/// A type in `domain` with labels `extra`, costing `cost` an hour.
+fn typed(name: &str, s: Shape, max: u32, cost: Option<f64>, labels: &[(&str, &str)]) -> NodeType {
+    let mut t = ty(name, s, max);
+    t.cost = cost;
+    t.labels = labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    t
+}
+
+/// Only nodes whose `key` is one of `values`, never a low-priority one.
+fn only(key: &str, values: &[&str]) -> Selector {
+    let mut s = Selector::for_member(&Default::default(), &Default::default(), false);
+    s.require.insert(key.into(), values.iter().map(|v| v.to_string()).collect());
+    s
+}
+
+/// Allowed in either domain: the gang's one domain narrows it.
+fn head() -> Bundle {
+    Bundle { shape: shape(2, 4, 0), selector: only("domain", &["domain-a", "domain-b"]), group: "head".into() }
+}
+
+fn gpu_on(models: &[&str]) -> Bundle {
+    Bundle { shape: shape(8, 32, 1), selector: only("gpu_model", models), group: "gpu".into() }
+}
+
+/// A unit of a CPU head and a GPU worker, in one domain, its worker on `models` first,
+/// then on each of `then`.
+fn unit(id: &str, models: &[&str], then: &[&[&str]]) -> Gang {
+    Gang {
+        id: id.into(),
+        strategy: Strategy::Pack,
+        bundles: vec![head(), gpu_on(models)],
+        alternatives: then.iter().map(|m| vec![head(), gpu_on(m)]).collect(),
+        same: Some("domain".into()),
+        per_node: None,
+        per_domain: None,
+    }
+}
+
+/// Issue: heterogeneous units. The GPU worker goes to the type its labels ask for, the
+/// head to a CPU node in the same domain, never the other way round.
+#[test]
+fn each_member_of_a_unit_goes_to_a_type_its_own_selector_allows() {
+    let a = [("domain", "domain-a")];
+    let cpu = typed("cpu", shape(16, 64, 0), 10, Some(0.5), &a);
+    let cpu_b = typed("cpu-b", shape(16, 64, 0), 10, Some(0.1), &[("domain", "domain-b")]);
+    let a100 = typed("a100", shape(32, 128, 2), 10, Some(4.0), &[("domain", "domain-a"), ("gpu_model", "a100")]);
+    let types = vec![a100.clone(), cpu_b.clone(), cpu.clone()];
+    // With costs, a node for the head alone is cheaper per member than the GPU node
+    // holding both: one of each type, both in domain-a (the only one with an a100 type,
+    // although domain-b's CPU type is cheaper).
+    let p = Problem { node_types: types.clone(), gangs: vec![unit("u/0", &["a100"], &[])], ..Default::default() };
+    let out = plan(&p);
+    assert_eq!(launched(&out), vec![("a100", 1), ("cpu", 1)], "{:?}", out.infeasible);
+    assert_eq!(out.new_used.get(GPU), 1000);
+    // A free CPU node takes the head, costs or not (existing nodes are filled before
+    // new ones), the one in the GPU worker's domain; only the worker needs a new node.
+    let uncosted: Vec<NodeType> = types.iter().cloned().map(|t| NodeType { cost: None, ..t }).collect();
+    let p = Problem {
+        node_types: uncosted.clone(),
+        nodes: vec![node("cpu-free", &cpu, shape(16, 64, 0), 0), node("b-free", &cpu_b, shape(16, 64, 0), 0)],
+        gangs: vec![unit("u/0", &["a100"], &[])],
+        ..Default::default()
+    };
+    let out = plan(&p);
+    assert_eq!(launched(&out), vec![("a100", 1)]);
+    assert_eq!(out.needed, vec!["cpu-free".to_string()]);
+    // With no costs and no free node, Ray's score is per node: a GPU node holding GPU
+    // work is "ok" and matches more resource kinds, so it takes the head as well (one
+    // node, not two), as Ray would; the scheduler then has no CPU node to prefer.
+    let p = Problem { node_types: uncosted, gangs: vec![unit("u/0", &["a100"], &[])], ..Default::default() };
+    assert_eq!(launched(&plan(&p)), vec![("a100", 1)]);
+}
+
+/// Issue: when the preferred GPU type reaches its max, further units use the
+/// alternative; while it has room, the alternative is not used even if cheaper.
+#[test]
+fn a_gang_falls_back_to_its_alternative_when_its_preferred_type_is_at_max() {
+    let a = [("domain", "domain-a")];
+    let cpu = typed("cpu", shape(16, 64, 0), 10, Some(0.4), &a);
+    let a100 = typed("a100", shape(16, 64, 1), 1, Some(4.0), &[("domain", "domain-a"), ("gpu_model", "a100")]);
+    let l4 = typed("l4", shape(16, 64, 1), 10, Some(1.0), &[("domain", "domain-a"), ("gpu_model", "l4")]);
+    let types = vec![cpu.clone(), a100.clone(), l4.clone()];
+    // The a100 type at its max, its one node full: the next unit takes an l4.
+    let p = Problem {
+        node_types: types.clone(),
+        nodes: vec![node("a100-busy", &a100, shape(0, 0, 0), 0)],
+        gangs: vec![unit("u/0", &["a100"], &[&["l4"]])],
+        ..Default::default()
+    };
+    let out = plan(&p);
+    assert_eq!(launched(&out), vec![("cpu", 1), ("l4", 1)], "{:?}", out.infeasible);
+    assert!(out.infeasible.is_empty());
+    // Two units, room for one a100: the first takes it, the second an l4; both heads
+    // share one CPU node.
+    let p = Problem {
+        node_types: types,
+        gangs: vec![unit("u/0", &["a100"], &[&["l4"]]), unit("u/1", &["a100"], &[&["l4"]])],
+        ..Default::default()
+    };
+    let out = plan(&p);
+    assert_eq!(launched(&out), vec![("a100", 1), ("cpu", 1), ("l4", 1)], "{:?}", out.infeasible);
+    assert!(out.launch_reasons["l4"].iter().any(|r| r.contains("gang u/1")), "{:?}", out.launch_reasons);
+    // Without the alternative the second unit waits, for the type's max.
+    let p = Problem {
+        node_types: vec![cpu, a100],
+        gangs: vec![unit("u/0", &["a100"], &[]), unit("u/1", &["a100"], &[])],
+        ..Default::default()
+    };
+    let out = plan(&p);
+    assert_eq!(launched(&out), vec![("a100", 1), ("cpu", 1)]);
+    let reasons: Vec<_> = out.infeasible.iter().map(|i| (i.request.as_str(), i.reason.as_str())).collect();
+    assert_eq!(reasons, vec![("gang u/1", "no single domain can hold every bundle within the pool's limits")]);
+}
+
+/// Issue: a group no node type can hold in any of its options is infeasible, and the
+/// reason names it and what it asks for; other groups are not blamed.
+#[test]
+fn a_group_no_type_can_hold_is_named_in_the_reason() {
+    let cpu = typed("cpu", shape(16, 64, 0), 10, None, &[("domain", "domain-a")]);
+    let a100 = typed("a100", shape(16, 64, 1), 10, None, &[("domain", "domain-a"), ("gpu_model", "a100")]);
+    let mut huge = unit("u/huge", &["a100"], &[]);
+    huge.bundles[1].shape = shape(8, 32, 4);
+    let p = Problem {
+        node_types: vec![cpu, a100],
+        gangs: vec![unit("u/0", &["h100", "v100"], &[&["b200"]]), huge],
+        ..Default::default()
+    };
+    let out = plan(&p);
+    assert!(out.launch.is_empty(), "{:?}", out.launch);
+    let reasons: Vec<_> = out.infeasible.iter().map(|i| (i.request.as_str(), i.count, i.reason.as_str())).collect();
+    assert_eq!(
+        reasons,
+        vec![
+            (
+                "gang u/0",
+                2,
+                "group \"gpu\": no node type with the labels it asks for (gpu_model = h100 | v100, priority != low) \
+                 or (gpu_model = b200, priority != low) is big enough"
+            ),
+            ("gang u/huge", 2, "group \"gpu\": a member is bigger than every node type"),
+        ]
+    );
+    // A plain request says what it asks for too.
+    let p = Problem {
+        node_types: vec![typed("cpu", shape(16, 64, 0), 10, None, &[])],
+        requests: vec![Request { selector: only("gpu_model", &["a100"]), ..req(shape(1, 1, 0), 1) }],
+        ..Default::default()
+    };
+    assert_eq!(
+        plan(&p).infeasible[0].reason,
+        "no node type with the labels it asks for (gpu_model = a100, priority != low) is big enough"
+    );
+}
+
+/// A secondary unit may use low-priority nodes though its option does not allow them;
+/// a primary one may not.
+#[test]
+fn a_secondary_unit_may_use_low_priority_types() {
+    let low = typed("spot", shape(8, 32, 0), 10, None, &[("priority", "low")]);
+    let option = flotilla_core::MemberOption::default();
+    let member = |secondary| Selector::for_member(&Default::default(), &option, secondary);
+    let gang = |id: &str, secondary| Gang {
+        id: id.into(),
+        strategy: Strategy::Pack,
+        bundles: vec![Bundle { shape: shape(2, 2, 0), selector: member(secondary), group: "worker".into() }; 2],
+        alternatives: Vec::new(),
+        same: None,
+        per_node: None,
+        per_domain: None,
+    };
+    let p = Problem { node_types: vec![low.clone()], gangs: vec![gang("a/secondary-0", true)], ..Default::default() };
+    let out = plan(&p);
+    assert_eq!(launched(&out), vec![("spot", 1)]);
+    let p = Problem { node_types: vec![low], gangs: vec![gang("a/0", false)], ..Default::default() };
+    let out = plan(&p);
+    assert!(out.launch.is_empty());
+    assert_eq!(
+        out.infeasible[0].reason,
+        "group \"worker\": no node type with the labels it asks for (priority != low) is big enough"
+    );
+}
+
+#[test]
+fn selectors_combine_and_describe_themselves() {
+    let a = only("gpu_model", &["a100", "h100"]);
+    let b = only("gpu_model", &["h100", "l4"]);
+    let both = a.and(&b);
+    assert_eq!(both.describe(), "gpu_model = h100, priority != low");
+    let labels = |model: &str| Labels::from([("gpu_model".to_string(), model.to_string())]);
+    assert!(both.matches(&labels("h100")) && !both.matches(&labels("a100")));
+    let none = only("gpu_model", &["a100"]).and(&only("gpu_model", &["l4"]));
+    assert!(!none.matches(&labels("a100")) && !none.matches(&labels("l4")), "no value left: no node");
+    assert_eq!(Selector::default().describe(), "any labels");
 }

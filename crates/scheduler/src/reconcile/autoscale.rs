@@ -263,15 +263,15 @@ fn gather(spec: &AppSpec, units: &BTreeMap<String, UnitRecord>, demand: Option<&
         }
     }
     let templates = spec.members();
-    let member_res = |member: &str| {
+    let member_res = |member: &str, alternative: u32| {
         templates
             .iter()
             .find(|(n, _, _)| n == member)
-            .map(|(_, _, t)| t.resources())
+            .map(|(_, _, t)| t.alternative(alternative).resources())
             .map(|r| Res::new(r.cpu_millis, r.memory_bytes))
             .unwrap_or_default()
     };
-    let per_unit = templates.iter().map(|(n, _, _)| member_res(n)).fold(Res::default(), add);
+    let per_unit = templates.iter().map(|(n, _, _)| member_res(n, 0)).fold(Res::default(), add);
     // Usage of the members of running units: all of it, or "no data".
     let mut members = Some(Vec::new());
     for u in units.values().filter(|u| matches!(u.state, UnitState::Running | UnitState::Degraded)) {
@@ -279,7 +279,7 @@ fn gather(spec: &AppSpec, units: &BTreeMap<String, UnitRecord>, demand: Option<&
             match (m.usage, members.as_mut()) {
                 (Some(used), Some(list)) => list.push(MemberUsage {
                     used: Res::new(used.cpu_millis, used.memory_bytes),
-                    allocated: member_res(&m.member),
+                    allocated: member_res(&m.member, m.alternative),
                 }),
                 _ => members = None,
             }

@@ -93,11 +93,10 @@ impl Scheduler {
         n: u32,
         slots: &[std::sync::Arc<flotilla_view::ShardSlot>],
     ) -> (u32, Vec<CannotPlace>) {
-        let requests = super::planning::member_requests(spec);
+        let requests = super::planning::member_requests(spec, false);
         let mut pending = self.planning.pending_by_node();
         let mut per_domain = self.units_per_domain();
         let mut per_node = self.units_per_node(None);
-        let constraints = spec.constraints.clone();
         let mut cache = ClassCache::default();
         let mut rng: rand::rngs::StdRng = rand::SeedableRng::seed_from_u64(0);
         let (mut fit, mut reasons) = (0u32, HashMap::<String, u32>::new());
@@ -107,7 +106,7 @@ impl Scheduler {
                 max_units_per_node: spec.spread.max_units_per_node,
                 prefer_spread: spec.spread.spreads_over_nodes(spec.serves()),
                 members: spec.spread.members,
-                ..PlanInput::new(slots, &constraints, &per_domain, &per_node, &pending)
+                ..PlanInput::new(slots, &per_domain, &per_node, &pending)
             };
             match place_unit(&input, &requests, &mut cache, &mut rng) {
                 Ok(p) => {

@@ -160,7 +160,7 @@ impl Scheduler {
             .members()
             .iter()
             .filter(|(member, _, _)| unit.members.iter().any(|m| &m.member == member && m.node_id.is_none()))
-            .map(|(member, _, t)| MemberRequest { member: member.clone(), resources: t.resources() })
+            .map(|(member, _, t)| super::planning::member_again(&self.spec, &unit, member, t))
             .collect();
         if missing.is_empty() {
             return;
@@ -198,9 +198,11 @@ impl Scheduler {
                 m.incarnation = pm.incarnation;
                 m.shard = Some(p.shard as u32);
                 m.generation = generations.get(&pm.member).copied().or(m.generation);
+                m.alternative = pm.alternative;
             }
         }
         u.unplaced_reason = None;
+        super::planning::count_placed(&self.spec, &p);
         tracing::info!(unit = %id, "replacement members allocated");
     }
 
@@ -223,7 +225,6 @@ impl Scheduler {
             .filter(|m| !missing.iter().any(|r| r.member == m.member))
             .filter_map(|m| NodeId::new(m.node_id.as_deref()?).ok())
             .collect();
-        let constraints = self.constraints(unit.secondary);
         let input = PlanInput {
             only_domain: unit.domain.as_deref(),
             max_units_per_node: self.spec.spread.max_units_per_node,
@@ -231,7 +232,7 @@ impl Scheduler {
             members: self.spec.spread.members,
             unit_nodes: &held,
             surge,
-            ..PlanInput::new(slots, &constraints, &per_domain, &per_node, &pending)
+            ..PlanInput::new(slots, &per_domain, &per_node, &pending)
         };
         let (classes, rng) = self.planning.planner(unit.secondary);
         place_unit(&input, missing, classes, rng)

@@ -271,14 +271,17 @@ pub fn claims(
         .filter_map(|m| {
             templates.iter().find(|(name, _, _)| *name == m.member).map(|(member, role, t)| (m, member, role, t))
         })
-        .map(|(m, member, role, t)| v1::Claim {
-            key: Some(claim_key(&spec.name, unit_id, member, generation(member))),
-            node_id: m.node.to_string(),
-            incarnation: m.incarnation,
-            resources: Some((&t.resources()).into()),
-            allow_low_priority: spec.constraints.allow_low_priority || secondary,
-            group: unit_id.to_string(),
-            workload: Some(workload(spec, role, t)),
+        .map(|(m, member, role, t)| {
+            let t = t.alternative(m.alternative);
+            v1::Claim {
+                key: Some(claim_key(&spec.name, unit_id, member, generation(member))),
+                node_id: m.node.to_string(),
+                incarnation: m.incarnation,
+                resources: Some((&t.resources()).into()),
+                allow_low_priority: spec.allows_low_priority(&t, secondary),
+                group: unit_id.to_string(),
+                workload: Some(workload(spec, role, &t)),
+            }
         })
         .collect()
 }
@@ -305,7 +308,7 @@ pub fn workload(spec: &AppSpec, role: &str, t: &MemberTemplate) -> v1::Workload 
 /// The members of a unit as placed by `p` on `shard`.
 pub fn member_records(spec: &AppSpec, p: &Placement, shard: usize) -> Vec<MemberRecord> {
     let templates = spec.members();
-    let role_of = |member: &str| templates.iter().find(|(n, _, _)| n == member).map(|(_, r, _)| *r).unwrap_or("worker");
+    let role_of = |member: &str| templates.iter().find(|(n, _, _)| n == member).map_or("worker", |(_, r, _)| *r);
     p.members
         .iter()
         .map(|m| MemberRecord {
@@ -320,6 +323,7 @@ pub fn member_records(spec: &AppSpec, p: &Placement, shard: usize) -> Vec<Member
             ports: Default::default(),
             message: None,
             generation: None,
+            alternative: m.alternative,
         })
         .collect()
 }
@@ -370,7 +374,7 @@ mod tests {
         let p = Placement {
             domain: "d".into(),
             shard: 0,
-            members: vec![PlacedMember { member: "worker-0".into(), node: node("n5"), incarnation: 1 }],
+            members: vec![PlacedMember { member: "worker-0".into(), node: node("n5"), incarnation: 1, alternative: 0 }],
             note: None,
         };
         let c = claims(&spec, "echo-3", &|m| u.generation_of(m), false, &p);
@@ -381,5 +385,35 @@ mod tests {
         assert!(!json.contains("\"generation\":null") && !json.contains("surge"), "{json}");
         let back: UnitRecord = serde_json::from_str(&json).unwrap();
         assert_eq!((back.generation_of("head"), back.surge.len()), (1, 0));
+    }
+
+    /// A member placed as an alternative is claimed as that build (its args, env laid
+    /// over the template's, resources) with its role's own priority setting, and its
+    /// record says which alternative and which group.
+    #[test]
+    fn a_member_placed_as_an_alternative_is_claimed_and_recorded_as_it() {
+        let spec = AppSpec::parse(&format!(
+            "{ECHO}\n[unit.groups.gpu]\ncommand = \"infer\"\nargs = [\"--cuda\"]\ncpu = \"1\"\nmemory = \"1Gi\"\n\
+             gpu = 1\ncount = 1\nallow_low_priority = false\nenv = {{ A = \"1\" }}\n\
+             [[unit.groups.gpu.alternatives]]\nargs = [\"--npu\"]\ncpu = \"2\"\nenv = {{ B = \"2\" }}\n"
+        ))
+        .unwrap();
+        let placed = |alternative| Placement {
+            domain: "d".into(),
+            shard: 0,
+            members: vec![PlacedMember { member: "gpu-0".into(), node: node("n5"), incarnation: 1, alternative }],
+            note: None,
+        };
+        let c = claims(&spec, "echo-1", &|_| 1, false, &placed(1));
+        let w = c[0].workload.as_ref().unwrap();
+        assert_eq!((w.role.as_str(), w.args.as_slice()), ("gpu", &["--npu".to_string()][..]));
+        assert_eq!((w.env.get("A"), w.env.get("B")), (Some(&"1".to_string()), Some(&"2".to_string())));
+        assert_eq!(c[0].resources.as_ref().map(|r| (r.cpu_millis, r.gpu)), Some((2000, 1)));
+        assert!(!c[0].allow_low_priority, "the group says no, over the app's yes");
+        assert!(claims(&spec, "echo-1", &|_| 1, true, &placed(1))[0].allow_low_priority, "a secondary unit may");
+        let c = claims(&spec, "echo-1", &|_| 1, false, &placed(0));
+        assert_eq!(c[0].workload.as_ref().unwrap().args, ["--cuda"]);
+        let r = member_records(&spec, &placed(1), 0);
+        assert_eq!((r[0].role.as_str(), r[0].alternative), ("gpu", 1));
     }
 }

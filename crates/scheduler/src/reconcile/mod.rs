@@ -514,14 +514,25 @@ impl Scheduler {
     pub fn publish_routes(&mut self) {
         let slots = self.cluster.slots();
         let units: Vec<&UnitRecord> = self.stored.units.values().collect();
-        let routes =
-            self.out.weights.table(&units, &self.spec.routing.roles, &slots, &self.spec.routing.performance, now_ms());
+        let templates = self.spec.members();
+        // A member's own estimate (its alternative's `performance`) before the node's.
+        let member_performance = |m: &crate::store::MemberRecord| {
+            let (_, _, t) = templates.iter().find(|(n, _, _)| *n == m.member)?;
+            t.alternative(m.alternative).performance
+        };
+        let routes = self.out.weights.table(
+            &units,
+            &self.spec.routing.roles,
+            &slots,
+            &self.spec.routing.performance,
+            &member_performance,
+            now_ms(),
+        );
         let current = self.out.routes.borrow().clone();
         if current.routes != routes {
             let changed = routes.iter().filter(|r| !current.routes.contains(r)).count();
             metrics::counter!(m::ROUTE_WEIGHT_CHANGES.name, "app" => self.spec.name.clone()).increment(changed as u64);
             let table = v1::RouteTable { app: self.spec.name.clone(), version: current.version + 1, routes };
-            let templates = self.spec.members();
             let resources_of =
                 |member: &str| templates.iter().find(|(n, _, _)| n == member).map(|(_, _, t)| t.resources());
             let capacity = crate::routes::capacity(&table, resources_of, &slots);

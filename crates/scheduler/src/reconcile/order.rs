@@ -71,7 +71,8 @@ pub fn releases<'a>(spec: &AppSpec, units: impl IntoIterator<Item = &'a UnitReco
                 continue;
             };
             let (Some(node), Some(shard)) = (&m.node_id, m.shard) else { continue };
-            let mut w = workload(spec, role, t);
+            let t = t.alternative(m.alternative);
+            let mut w = workload(spec, role, &t);
             w.after.clear();
             for (k, v) in env {
                 // A variable the spec sets itself stays the spec's.
@@ -86,7 +87,7 @@ pub fn releases<'a>(spec: &AppSpec, units: impl IntoIterator<Item = &'a UnitReco
                     node_id: node.clone(),
                     incarnation: m.incarnation,
                     resources: Some((&t.resources()).into()),
-                    allow_low_priority: spec.constraints.allow_low_priority || unit.secondary,
+                    allow_low_priority: spec.allows_low_priority(&t, unit.secondary),
                     group: unit.unit_id.clone(),
                     workload: Some(w),
                 },

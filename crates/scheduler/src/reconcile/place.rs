@@ -86,7 +86,7 @@ impl Scheduler {
     /// the view as it is then, so what others committed meanwhile is not claimed again.
     async fn plan(&mut self, ids: &[String]) -> (ByShard, Vec<String>) {
         let mut slots = self.cluster.slots();
-        let requests = super::planning::member_requests(&self.spec);
+        let requests = [false, true].map(|secondary| super::planning::member_requests(&self.spec, secondary));
         let mut pending = self.planning.pending_by_node();
         let mut per_domain = self.units_per_domain();
         let mut per_node = self.units_per_node(None);
@@ -105,7 +105,6 @@ impl Scheduler {
         let prefer_spread = self.spec.spread.spreads_over_nodes(self.spec.serves());
         let mut by_shard = ByShard::new();
         let mut still = Vec::new();
-        let constraints = [self.constraints(false), self.constraints(true)];
         for (n, (id, replacement)) in ids.iter().zip(replacements).enumerate() {
             if n > 0 && n % PLAN_CHUNK == 0 {
                 tokio::task::yield_now().await;
@@ -120,10 +119,11 @@ impl Scheduler {
                 members: self.spec.spread.members,
                 surge: if replacement.is_some() { leaving } else { 0 },
                 prefer_domain: replacement.as_ref().and_then(|d| d.as_deref()),
-                ..PlanInput::new(&slots, &constraints[usize::from(secondary)], &per_domain, &per_node, &pending)
+                ..PlanInput::new(&slots, &per_domain, &per_node, &pending)
             };
             let (classes, rng) = self.planning.planner(secondary);
-            let plan = place_unit(&input, &requests, classes, rng);
+            let requests = &requests[usize::from(secondary)];
+            let plan = place_unit(&input, requests, classes, rng);
             metrics::histogram!(m::PLAN_SECONDS.name).record(started.elapsed().as_secs_f64());
             Stats::record(&self.out.stats.decision_us, started.elapsed());
             let Some(unit) = self.stored.units.get_mut(id) else { continue };
@@ -141,7 +141,7 @@ impl Scheduler {
                     still.push(id.clone());
                 }
                 Ok(p) => {
-                    super::planning::hold(&p, &requests, &mut pending, &mut per_node, &mut per_domain);
+                    super::planning::hold(&p, requests, &mut pending, &mut per_node, &mut per_domain);
                     unit.state = UnitState::Placing;
                     by_shard.entry(p.shard).or_default().push((id.clone(), p));
                 }
@@ -213,8 +213,9 @@ impl Scheduler {
             unit.members = member_records(&self.spec, &p, shard);
             // It runs the spec in force, whatever was in force when it was queued.
             unit.template = Some(self.fingerprint.clone());
+            super::planning::count_placed(&self.spec, &p);
             for (m, (_, _, t)) in p.members.iter().zip(self.spec.members()) {
-                self.planning.committed(shard, shown_in, m.node.clone(), t.resources());
+                self.planning.committed(shard, shown_in, m.node.clone(), t.alternative(m.alternative).resources());
             }
             tracing::info!(unit = %id, domain = %p.domain, "unit allocated");
             writes.push(Write::Unit(unit.clone()));
@@ -262,14 +263,6 @@ impl Scheduler {
         let unit = self.stored.units.get(unit_id);
         let generation = unit.map_or(0, |u| u.generation);
         claims(&self.spec, unit_id, &|_| generation, unit.is_some_and(|u| u.secondary), p)
-    }
-
-    /// Where units of a group may go: secondary units also on low-priority nodes
-    /// (Dataproc's secondary workers are its preemptible ones).
-    pub(super) fn constraints(&self, secondary: bool) -> crate::spec::Constraints {
-        let mut c = self.spec.constraints.clone();
-        c.allow_low_priority |= secondary;
-        c
     }
 
     /// Active units of the app on each node (a unit counts once on every node where one

@@ -102,12 +102,42 @@ impl Planning {
 }
 
 /// Counts `r` as taken on `node`.
-/// What each member of a unit of `spec` asks for, in member order.
-pub(super) fn member_requests(spec: &crate::spec::AppSpec) -> Vec<MemberRequest> {
+/// What each member of a unit of `spec` asks for and where it may run, in member
+/// order (of a secondary unit when `secondary`).
+pub(super) fn member_requests(spec: &crate::spec::AppSpec, secondary: bool) -> Vec<MemberRequest> {
     spec.members()
         .iter()
-        .map(|(member, _, t)| MemberRequest { member: member.clone(), resources: t.resources() })
+        .map(|(member, _, t)| MemberRequest { member: member.clone(), options: spec.options(t, secondary) })
         .collect()
+}
+
+/// Counts the members of `p`, committed, by group and alternative.
+pub(super) fn count_placed(spec: &crate::spec::AppSpec, p: &Placement) {
+    for m in &p.members {
+        // `head`, or `GROUP-i`: the name says the group without a look-up.
+        let group = m.member.rsplit_once('-').map_or(m.member.as_str(), |(g, _)| g).to_string();
+        metrics::counter!(crate::catalogue::MEMBERS_PLACED.name, "app" => spec.name.clone(), "group" => group,
+            "alternative" => m.alternative.to_string())
+        .increment(1);
+    }
+}
+
+/// A member of `unit` placed again (healed, or moved off a leaving node): as the
+/// alternative it ran as first, so a unit's members keep the build they started with
+/// while it fits, then the others.
+pub(super) fn member_again(
+    spec: &crate::spec::AppSpec,
+    unit: &crate::store::UnitRecord,
+    member: &str,
+    t: &crate::spec::MemberTemplate,
+) -> MemberRequest {
+    let mut options = spec.options(t, unit.secondary);
+    let had = unit.members.iter().find(|m| m.member == member).map_or(0, |m| m.alternative);
+    if let Some(i) = options.iter().position(|(k, _)| *k == had) {
+        let first = options.remove(i);
+        options.insert(0, first);
+    }
+    MemberRequest { member: member.to_string(), options }
 }
 
 /// Holds what a planned unit takes, so the next unit planned in the same pass (or dry
@@ -120,7 +150,9 @@ pub(super) fn hold(
     per_domain: &mut HashMap<String, u32>,
 ) {
     for (m, r) in p.members.iter().zip(requests) {
-        add(pending, &m.node, &r.resources);
+        if let Some(resources) = r.resources(m.alternative) {
+            add(pending, &m.node, resources);
+        }
     }
     let mut nodes: Vec<&NodeId> = p.members.iter().map(|m| &m.node).collect();
     nodes.sort();

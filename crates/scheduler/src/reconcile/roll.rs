@@ -89,7 +89,7 @@ impl Scheduler {
             .members()
             .iter()
             .filter(|(member, _, _)| members.contains(member))
-            .map(|(member, _, t)| MemberRequest { member: member.clone(), resources: t.resources() })
+            .map(|(member, _, t)| super::planning::member_again(&self.spec, &unit, member, t))
             .collect();
         if requests.is_empty() {
             return;
@@ -130,6 +130,7 @@ impl Scheduler {
             );
             return;
         }
+        super::planning::count_placed(&self.spec, &p);
         let records = super::ledgers::member_records(&self.spec, &p, p.shard);
         let Some(u) = self.stored.units.get_mut(id) else { return };
         let mut moves = Vec::new();

@@ -75,8 +75,7 @@ impl super::AppSpec {
     /// `flotilla artifact warm` fetches ahead of a scale-up.
     pub fn artifacts(&self) -> Vec<flotilla_proto::v1::Artifact> {
         let mut out: Vec<flotilla_proto::v1::Artifact> = Vec::new();
-        let templates = std::iter::once(&self.unit.head).chain(self.unit.worker.as_ref());
-        for a in templates.flat_map(|t| &t.artifacts).map(ArtifactSpec::wire) {
+        for a in self.templates().into_iter().flat_map(|(_, _, t)| &t.artifacts).map(ArtifactSpec::wire) {
             if !out.iter().any(|o| o.sha256 == a.sha256 && o.unpack == a.unpack) {
                 out.push(a);
             }
