@@ -130,7 +130,9 @@ pub async fn status(a: ListArgs) -> anyhow::Result<()> {
         let shape = &p["unit_shape"];
         let mut line = format!("  {}: {} unit(s) queued", s(&p["app"]), s(&p["queued_units"]));
         if let Some(members) = shape["members"].as_array() {
-            let sum = |k: &str| members.iter().map(|m| m[k].as_u64().unwrap_or(0)).sum::<u64>();
+            // Each member as its template asks (its first option).
+            let sum =
+                |k: &str| members.iter().map(|m| m["options"][0]["resources"][k].as_u64().unwrap_or(0)).sum::<u64>();
             line.push_str(&format!(" of {}m CPU, {:.2}Gi each", sum("cpu_millis"), gib(&json!(sum("memory_bytes")))));
         }
         if let Some(reqs) = p.pointer("/demand/requests").and_then(Value::as_array) {

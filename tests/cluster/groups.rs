@@ -189,3 +189,104 @@ fn a_units_groups_run_on_their_own_kinds_of_node_and_alternatives_take_over_past
         assert_eq!(kind(&u[0].1), "cpu", "heads stay on the CPU node: {units:?}");
     }
 }
+
+/// Two groups beside the head; an apply that changes one group's template rolls only
+/// that group's members, make before break: the units keep their ids, their heads and
+/// the other group's members (same processes), and each changed member runs the new
+/// template. A bad template for that group fails the rollout at its deadline, with the
+/// old members serving on.
+#[test]
+fn an_apply_that_changes_one_group_rolls_only_its_members() {
+    const TIERED: &str = r#"
+name = "tiered"
+[unit.head]
+command = "flotilla"
+args = ["echo-server"]
+cpu = "100m"
+memory = "32Mi"
+serves_http = true
+readiness_path = "/healthz"
+[unit.groups.prefill]
+command = "flotilla"
+args = ["echo-server"]
+cpu = "100m"
+memory = "32Mi"
+serves_http = true
+count = 1
+[unit.groups.decode]
+command = "flotilla"
+args = ["echo-server"]
+cpu = "100m"
+memory = "32Mi"
+serves_http = true
+count = 1
+env = { BUILD = "1" }
+[units]
+min = 1
+max = 4
+initial = 2
+[rollout]
+max_unavailable = 1
+progress_deadline = "6s"
+"#;
+    let dir = fresh_dir("groups-roll-files");
+    let v1 = dir.join("v1.toml");
+    std::fs::write(&v1, TIERED).unwrap();
+    let up = Up::start("groups-roll", &["--agents", "4", "--shards", "1", "--app", v1.to_str().unwrap()]);
+    // (unit, member) → the pid of the process answering at its address.
+    let pids = |up: &Up| -> Option<std::collections::BTreeMap<(String, String), i64>> {
+        let units: Vec<serde_json::Value> =
+            up.units("tiered").into_iter().filter(|u| u["state"] == "running").collect();
+        let mut out = std::collections::BTreeMap::new();
+        for u in &units {
+            for m in u["members"].as_array()? {
+                let pid = flotilla_testkit::who(m["address"].as_str()?)?["pid"].as_i64()?;
+                out.insert((u["unit_id"].as_str()?.to_string(), m["member"].as_str()?.to_string()), pid);
+            }
+        }
+        (out.len() == 6).then_some(out)
+    };
+    let before = wait_for("2 running units of 3 members", Duration::from_secs(60), || pids(&up));
+
+    let v2 = dir.join("v2.toml");
+    std::fs::write(&v2, TIERED.replace("BUILD = \"1\"", "BUILD = \"2\"")).unwrap();
+    run_ok(up.cli().args(["apply", v2.to_str().unwrap()]));
+    let after = wait_for("the decode members rolled and the rollout complete", Duration::from_secs(90), || {
+        let (_, app) = http(&up.addr, "GET", "/v1/apps/tiered", None, "");
+        let p = pids(&up)?;
+        (app["rollout"]["state"] == "complete" && p.keys().eq(before.keys())).then_some(p)
+    });
+    for ((unit, member), pid) in &before {
+        let now = after[&(unit.clone(), member.clone())];
+        if member == "decode-0" {
+            assert_ne!(now, *pid, "{unit}/{member} runs the new template: {before:?} {after:?}");
+        } else {
+            assert_eq!(now, *pid, "{unit}/{member} left alone: {before:?} {after:?}");
+        }
+    }
+    let page = metrics_page(up.addr.trim_start_matches("http://"));
+    assert_eq!(metric(&page, "flotilla_members_rolled_total", "app=\"tiered\""), Some(2.0), "one member a unit");
+    assert_eq!(metric(&page, "flotilla_units_replaced_total", "why=\"its template changed\""), None, "no unit");
+
+    // A decode template that never starts: the rollout fails at its deadline, the
+    // replacement members are released, and every old member serves on.
+    let v3 = dir.join("v3.toml");
+    let broken = TIERED.replace("BUILD = \"1\" }", "BUILD = \"3\" }\n").replacen(
+        "[unit.groups.decode]\ncommand = \"flotilla\"",
+        "[unit.groups.decode]\ncommand = \"/nonexistent/bin\"",
+        1,
+    );
+    std::fs::write(&v3, broken).unwrap();
+    run_ok(up.cli().args(["apply", v3.to_str().unwrap()]));
+    let failed = wait_for("the rollout failed", Duration::from_secs(60), || {
+        let (_, app) = http(&up.addr, "GET", "/v1/apps/tiered", None, "");
+        (app["rollout"]["state"] == "failed").then_some(app)
+    });
+    let reason = failed["rollout"]["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("decode-0") && reason.contains("progress deadline of 6s"), "{failed}");
+    wait_for("no member coming up any more", Duration::from_secs(30), || {
+        let units = up.units("tiered");
+        units.iter().all(|u| u["surge"].as_array().is_none_or(|s| s.is_empty())).then_some(())
+    });
+    assert_eq!(pids(&up).as_ref(), Some(&after), "the old members serve on, none replaced");
+}

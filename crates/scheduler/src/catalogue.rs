@@ -33,6 +33,12 @@ pub const MEMBERS_PLACED: Family = Family::counter(
      its template each runs as (0: the template itself).",
     &["app", "group", "alternative"],
 );
+pub const MEMBERS_ROLLED: Family = Family::counter(
+    "flotilla_members_rolled_total",
+    "Members replaced alone, make before break, because their group's template changed (the unit's head and \
+     other groups stayed).",
+    &["app"],
+);
 pub const SCHEDULER_CLAIMS: Family = Family::counter(
     "flotilla_scheduler_claims_total",
     "Member claims the shards answered, by result (accepted or conflict).",
@@ -163,6 +169,7 @@ pub const FAMILIES: &[Family] = &[
     SCHEDULER_COMMIT_SECONDS,
     PLACEMENTS,
     MEMBERS_PLACED,
+    MEMBERS_ROLLED,
     SCHEDULER_CLAIMS,
     SCHEDULER_CONFLICT_RATIO,
     UNITS,

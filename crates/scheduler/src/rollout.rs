@@ -28,6 +28,9 @@ use flotilla_view::ShardSlot;
 use crate::lifecycle::UnitState;
 use crate::store::UnitRecord;
 
+mod members;
+pub use members::Roll;
+
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct RolloutPlan {
     /// Old units whose replacement is Running: drain them now.
@@ -45,12 +48,23 @@ pub struct RolloutPlan {
     /// Workers on leaving nodes whose unit's head stays: each is replaced alone, make
     /// before break (unit, members, why). The unit keeps its id and its head serves on.
     pub replace_members: Vec<(String, Vec<String>, String)>,
+    /// Members of groups whose template changed, in units whose frame holds: each is
+    /// replaced alone, make before break, as on a leaving node (unit, members).
+    pub roll_members: Vec<(String, Vec<String>)>,
+    /// Members coming up in a unit's surge that are released now (unit, member, why):
+    /// superseded by another spec, or past the progress deadline.
+    pub release_surge: Vec<(String, String, String)>,
+    /// Units whose members all run the spec's templates now: they take its fingerprint.
+    pub adopt: Vec<String>,
 }
 
 /// What a rollout is rolling to and how it stands.
 pub struct Target<'a> {
     /// The template fingerprint of the spec in force.
     pub fingerprint: &'a str,
+    /// Its frame and its groups' templates (`crate::spec::Fingerprints`).
+    pub frame: &'a str,
+    pub roles: &'a BTreeMap<String, String>,
     pub desired: u32,
     pub max_unavailable: u32,
     pub progress_deadline_ms: u64,
@@ -246,6 +260,20 @@ pub fn plan(units: &BTreeMap<String, UnitRecord>, slots: &[Arc<ShardSlot>], t: &
             None => in_flight += 1,
         }
     }
+    // Members rolling alone: replacements of another template are released, one past
+    // the deadline fails the rollout, a unit with one coming up is in flight.
+    let mut members_in_flight: HashSet<&str> = HashSet::new();
+    for u in units.values().filter(|u| u.state.is_active() && !u.surge.is_empty()) {
+        let (release, coming, failed) = members::surge(u, t);
+        if coming {
+            members_in_flight.insert(u.unit_id.as_str());
+            in_flight += 1;
+        }
+        if let Some(f) = failed {
+            p.failed.get_or_insert(f);
+        }
+        p.release_surge.extend(release.into_iter().map(|(m, why)| (u.unit_id.clone(), m, why)));
+    }
     let released = |u: &UnitRecord| p.release.iter().any(|(id, _)| *id == u.unit_id);
     let counted = units
         .values()
@@ -259,22 +287,47 @@ pub fn plan(units: &BTreeMap<String, UnitRecord>, slots: &[Arc<ShardSlot>], t: &
             && (u.replaced_by.is_none() || p.orphaned.contains(&u.unit_id))
             && !released(u)
     };
-    let mut rolls: Vec<&UnitRecord> = Vec::new();
+    let mut rolls: Vec<(&UnitRecord, Roll)> = Vec::new();
     for u in units.values().filter(placed) {
         if let Some(why) = unit_leaving(u, slots) {
             p.replace.push((u.unit_id.clone(), why.to_string()));
         } else if let Some((members, why)) = members_leaving(u, slots) {
             p.replace_members.push((u.unit_id.clone(), members, why.to_string()));
         } else if u.template.as_deref().is_some_and(|tpl| tpl != t.fingerprint) {
-            rolls.push(u);
+            match members::how(u, t) {
+                Roll::Done if u.surge.is_empty() => p.adopt.push(u.unit_id.clone()),
+                Roll::Done => {}
+                roll => rolls.push((u, roll)),
+            }
         }
     }
     if t.halted || p.failed.is_some() {
         return p;
     }
-    rolls.sort_by_key(|u| u.generation);
-    let room = t.max_unavailable.saturating_sub(in_flight) as usize;
-    p.replace.extend(rolls.into_iter().take(room).map(|u| (u.unit_id.clone(), "its template changed".to_string())));
+    rolls.sort_by_key(|(u, _)| u.generation);
+    let mut room = t.max_unavailable.saturating_sub(in_flight) as usize;
+    for (u, roll) in rolls {
+        // A unit with members coming up already rolls its other stale ones too, at no
+        // cost in room: it is one unit short either way.
+        let in_flight = members_in_flight.contains(u.unit_id.as_str());
+        if !in_flight {
+            if room == 0 {
+                continue;
+            }
+            room -= 1;
+        }
+        match roll {
+            Roll::Members(stale) => {
+                let waiting: Vec<String> =
+                    stale.into_iter().filter(|m| !u.surge.iter().any(|s| &s.member == m)).collect();
+                if !waiting.is_empty() {
+                    p.roll_members.push((u.unit_id.clone(), waiting));
+                }
+            }
+            _ if in_flight => {}
+            _ => p.replace.push((u.unit_id.clone(), "its template changed".to_string())),
+        }
+    }
     p
 }
 
@@ -297,6 +350,8 @@ mod tests {
     }
 
     /// A plan with no deadline in sight and nothing halted.
+    static NO_ROLES: BTreeMap<String, String> = BTreeMap::new();
+
     fn plan_(
         units: &BTreeMap<String, UnitRecord>,
         slots: &[Arc<ShardSlot>],
@@ -306,6 +361,8 @@ mod tests {
     ) -> RolloutPlan {
         let t = Target {
             fingerprint,
+            frame: "",
+            roles: &NO_ROLES,
             desired,
             max_unavailable,
             progress_deadline_ms: 300_000,
@@ -431,7 +488,16 @@ mod tests {
     }
 
     fn target(fingerprint: &str, now_ms: u64) -> Target<'_> {
-        Target { fingerprint, desired: 2, max_unavailable: 1, progress_deadline_ms: 5_000, now_ms, halted: false }
+        Target {
+            fingerprint,
+            frame: "",
+            roles: &NO_ROLES,
+            desired: 2,
+            max_unavailable: 1,
+            progress_deadline_ms: 5_000,
+            now_ms,
+            halted: false,
+        }
     }
 
     #[test]
@@ -587,6 +653,8 @@ mod tests {
                 self.units.get_mut(id).unwrap().state = UnitState::Terminated;
             }
             let target = Target {
+                frame: "",
+                roles: &NO_ROLES,
                 fingerprint: &self.fingerprint,
                 desired: self.desired,
                 max_unavailable: self.max_unavailable,

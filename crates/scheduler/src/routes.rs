@@ -121,7 +121,7 @@ impl Weights {
 /// taken back, and speeds up as units come.
 pub fn capacity(
     table: &v1::RouteTable,
-    resources_of: impl Fn(&str) -> Option<flotilla_core::Resources>,
+    resources_of: impl Fn(&str, &str) -> Option<flotilla_core::Resources>,
     slots: &[Arc<ShardSlot>],
 ) -> v1::Capacity {
     let mut by: [(f64, [f64; 3]); 2] = Default::default();
@@ -131,7 +131,7 @@ pub fn capacity(
         });
         let (weight, res) = &mut by[usize::from(low)];
         *weight += r.weight;
-        if let Some(m) = resources_of(&r.member) {
+        if let Some(m) = resources_of(&r.unit_id, &r.member) {
             for (acc, v) in res.iter_mut().zip([m.cpu_millis as f64, m.memory_bytes as f64, f64::from(m.gpu)]) {
                 *acc += r.weight * v;
             }
@@ -269,7 +269,7 @@ mod tests {
             version: 7,
             routes: vec![route("n1", 1.0), route("n2", 0.5), route("n1", 0.0)],
         };
-        let c = capacity(&t, |_| Some(Resources::new(1000, 1 << 30, 0)), &s);
+        let c = capacity(&t, |_, _| Some(Resources::new(1000, 1 << 30, 0)), &s);
         assert_eq!((c.app.as_str(), c.version, c.total_weight), ("a", 7, 1.5));
         let [high, low] = [&c.by_priority[0], &c.by_priority[1]];
         assert_eq!((high.priority.as_str(), high.weight), ("high", 1.0));

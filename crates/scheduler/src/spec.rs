@@ -147,6 +147,18 @@ impl Default for Rollout {
     }
 }
 
+/// What a unit runs, in parts, so a change to one worker group's template rolls only
+/// that group's members: `template` is the whole (what `flotilla apply` compares),
+/// `frame` what makes a unit whole (its head, the app's constraints, which groups it has
+/// and their sizes: a change there replaces units whole), `roles` each worker group's
+/// template by name.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Fingerprints {
+    pub template: String,
+    pub frame: String,
+    pub roles: BTreeMap<String, String>,
+}
+
 /// Where the spec in force came from, kept in the store beside it (`apps` shows it): the
 /// stored spec is the truth, and a restart with the same `--app` file does not replace it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -359,6 +371,35 @@ impl AppSpec {
         fnv(&text)
     }
 
+    /// The template fingerprint and its parts (see [`Fingerprints`]).
+    pub fn fingerprints(&self) -> Fingerprints {
+        #[derive(Serialize)]
+        struct Frame<'a> {
+            head: &'a MemberTemplate,
+            constraints: &'a Constraints,
+            workers: u32,
+            groups: BTreeMap<&'a str, Option<u32>>,
+        }
+        let u = &self.unit;
+        let frame = Frame {
+            head: &u.head,
+            constraints: &self.constraints,
+            workers: if u.worker.is_some() { u.workers } else { 0 },
+            groups: u.groups.iter().map(|(n, t)| (n.as_str(), t.count)).collect(),
+        };
+        let roles = self
+            .templates()
+            .into_iter()
+            .filter(|(role, _, _)| *role != "head")
+            .map(|(role, _, t)| (role.to_string(), fnv(&serde_json::to_string(t).unwrap_or_default())))
+            .collect();
+        Fingerprints {
+            template: self.template_fingerprint(),
+            frame: fnv(&serde_json::to_string(&frame).unwrap_or_default()),
+            roles,
+        }
+    }
+
     /// Identifies the whole spec (its canonical TOML, so comments and layout do not
     /// count): a scheduler restarted with the same `--app` file keeps the spec in force
     /// when the file's fingerprint is the one it last applied.
@@ -478,7 +519,8 @@ impl AppSpec {
             }
             // An alternative that keeps the template's labels has the template's problem.
             let own_labels = |k: u32| k == 0 || t.alternatives[k as usize - 1].node_labels.is_some();
-            for k in (0..=t.alternatives.len() as u32).filter(|k| own_labels(*k)) {
+            let checked = t.alternatives.len().min(member::MAX_ALTERNATIVES) as u32;
+            for k in (0..=checked).filter(|k| own_labels(*k)) {
                 let s = t.alternative(k).selector(&self.constraints.labels, false);
                 for (key, want) in &self.constraints.labels {
                     if s.labels.get(key).is_some_and(|values| values.is_empty()) {
@@ -502,8 +544,10 @@ impl AppSpec {
                 e.push(format!("unit.groups.{name}.count: required (members of the group in each unit)"));
             }
         }
-        let total = self.members().len() - 1;
-        if total > MAX_WORKERS as usize {
+        // Counted, not listed: a count of 4 billion must not build 4 billion names.
+        let total = u64::from(if u.worker.is_some() { u.workers } else { 0 })
+            + u.groups.values().map(|t| u64::from(t.count.unwrap_or(0))).sum::<u64>();
+        if total > u64::from(MAX_WORKERS) {
             e.push(format!("unit: {total} workers in all groups (at most {MAX_WORKERS})"));
         }
     }

@@ -45,6 +45,14 @@ pub struct MemberRecord {
     /// `alternatives[k - 1]`), so claims, heals and routes use that build.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub alternative: u32,
+    /// Its group's template fingerprint when it was placed (`Fingerprints::roles`): a
+    /// rollout that changes only some groups replaces only their members.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<String>,
+    /// When it was queued to replace the same-named member (in a unit's `surge`): a
+    /// rollout's replacement member not running within the progress deadline fails it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub surged_unix_ms: Option<u64>,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -99,6 +107,10 @@ pub struct UnitRecord {
     /// units whose fingerprint differs).
     #[serde(default)]
     pub template: Option<String>,
+    /// The spec's frame fingerprint when it was placed (`Fingerprints::frame`): while it
+    /// holds, a template change rolls the members of the changed groups, not the unit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub frame: Option<String>,
     /// The unit queued to replace this one (make before break); this one drains once
     /// that one is Running.
     #[serde(default)]
@@ -415,10 +427,13 @@ pub(crate) mod tests {
                 message: None,
                 generation: None,
                 alternative: 0,
+                template: None,
+                surged_unix_ms: None,
             }],
             created_unix_ms: 5,
             unplaced_reason: None,
             draining_since_unix_ms: None,
+            frame: None,
             template: None,
             replaced_by: None,
             secondary: false,

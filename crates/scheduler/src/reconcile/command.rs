@@ -205,8 +205,8 @@ impl Scheduler {
         };
         tracing::info!(app = %spec.name, %fingerprint, version, stale, superseded, "spec applied");
         metrics::counter!(m::SPEC_APPLIED.name, "app" => spec.name.clone()).increment(1);
+        self.fingerprints = spec.fingerprints();
         self.spec = spec;
-        self.fingerprint = fingerprint;
         self.planning.forget_classes();
         self.autoscaler.own = self.spec.own_policy();
         self.autoscaler.force_evaluation();

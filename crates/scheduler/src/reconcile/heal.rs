@@ -199,6 +199,8 @@ impl Scheduler {
                 m.shard = Some(p.shard as u32);
                 m.generation = generations.get(&pm.member).copied().or(m.generation);
                 m.alternative = pm.alternative;
+                // It runs its group's template in force now.
+                m.template = self.fingerprints.roles.get(&m.role).cloned();
             }
         }
         u.unplaced_reason = None;

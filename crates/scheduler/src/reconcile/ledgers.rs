@@ -305,8 +305,14 @@ pub fn workload(spec: &AppSpec, role: &str, t: &MemberTemplate) -> v1::Workload 
     }
 }
 
-/// The members of a unit as placed by `p` on `shard`.
-pub fn member_records(spec: &AppSpec, p: &Placement, shard: usize) -> Vec<MemberRecord> {
+/// The members of a unit as placed by `p` on `shard`, each with its group's template
+/// fingerprint from `roles` (`Fingerprints::roles`).
+pub fn member_records(
+    spec: &AppSpec,
+    roles: &std::collections::BTreeMap<String, String>,
+    p: &Placement,
+    shard: usize,
+) -> Vec<MemberRecord> {
     let templates = spec.members();
     let role_of = |member: &str| templates.iter().find(|(n, _, _)| n == member).map_or("worker", |(_, r, _)| *r);
     p.members
@@ -324,6 +330,8 @@ pub fn member_records(spec: &AppSpec, p: &Placement, shard: usize) -> Vec<Member
             message: None,
             generation: None,
             alternative: m.alternative,
+            template: roles.get(role_of(&m.member)).cloned(),
+            surged_unix_ms: None,
         })
         .collect()
 }
@@ -413,7 +421,8 @@ mod tests {
         assert!(claims(&spec, "echo-1", &|_| 1, true, &placed(1))[0].allow_low_priority, "a secondary unit may");
         let c = claims(&spec, "echo-1", &|_| 1, false, &placed(0));
         assert_eq!(c[0].workload.as_ref().unwrap().args, ["--cuda"]);
-        let r = member_records(&spec, &placed(1), 0);
+        let r = member_records(&spec, &spec.fingerprints().roles, &placed(1), 0);
         assert_eq!((r[0].role.as_str(), r[0].alternative), ("gpu", 1));
+        assert_eq!(r[0].template, spec.fingerprints().roles.get("gpu").cloned());
     }
 }

@@ -66,8 +66,8 @@ const ATTEMPTS: usize = 3;
 /// only decide take those and the unit records as arguments, not the whole scheduler.
 pub struct Scheduler {
     spec: AppSpec,
-    /// `spec.template_fingerprint()`, kept with the spec.
-    fingerprint: String,
+    /// `spec.fingerprints()`, kept with the spec.
+    fingerprints: crate::spec::Fingerprints,
     /// The spec as stored (TOML), shared with every published status.
     spec_text: Arc<str>,
     /// The app's state as stored: the units and what the steps decided.
@@ -163,7 +163,7 @@ impl Scheduler {
         let autoscaler = Autoscaler::new(&spec, &stored.decisions);
         let (out, handle, commands) = Outputs::new(status, autoscaler.decisions.iter().rev().cloned().collect());
         let scheduler = Scheduler {
-            fingerprint: spec.template_fingerprint(),
+            fingerprints: spec.fingerprints(),
             spec_text,
             spec,
             stored,
@@ -393,7 +393,7 @@ impl Scheduler {
         if let Some(text) = stored.spec.as_deref().filter(|t| **t != *self.spec_text) {
             match AppSpec::parse(text) {
                 Ok(spec) if spec.name == self.spec.name => {
-                    self.fingerprint = spec.template_fingerprint();
+                    self.fingerprints = spec.fingerprints();
                     self.spec_text = Arc::from(text);
                     self.spec = spec;
                     self.planning.forget_classes();
@@ -476,7 +476,8 @@ impl Scheduler {
             created_unix_ms: now_ms(),
             unplaced_reason: None,
             draining_since_unix_ms: None,
-            template: Some(self.fingerprint.clone()),
+            frame: None,
+            template: Some(self.fingerprints.template.clone()),
             replaced_by: None,
             secondary,
             drain_timeout_ms: None,
@@ -533,8 +534,12 @@ impl Scheduler {
             let changed = routes.iter().filter(|r| !current.routes.contains(r)).count();
             metrics::counter!(m::ROUTE_WEIGHT_CHANGES.name, "app" => self.spec.name.clone()).increment(changed as u64);
             let table = v1::RouteTable { app: self.spec.name.clone(), version: current.version + 1, routes };
-            let resources_of =
-                |member: &str| templates.iter().find(|(n, _, _)| n == member).map(|(_, _, t)| t.resources());
+            // Each route's member as the alternative it runs.
+            let resources_of = |unit: &str, member: &str| {
+                let m = self.stored.units.get(unit)?.members.iter().find(|m| m.member == member)?;
+                let (_, _, t) = templates.iter().find(|(n, _, _)| *n == member)?;
+                Some(t.alternative(m.alternative).resources())
+            };
             let capacity = crate::routes::capacity(&table, resources_of, &slots);
             let old = self.out.capacity.borrow().clone();
             if (old.total_weight, &old.by_priority) != (capacity.total_weight, &capacity.by_priority) {
@@ -600,7 +605,8 @@ impl Scheduler {
     fn record_first_version(&mut self) -> anyhow::Result<()> {
         let Some(text) = self.stored.spec.clone().filter(|_| self.stored.versions.is_empty()) else { return Ok(()) };
         let origin = self.stored.spec_origin.clone().unwrap_or_else(|| crate::spec::SpecOrigin::new("file", now_ms()));
-        let v = crate::store::SpecVersion { version: 1, spec: text, origin, template: self.fingerprint.clone() };
+        let v =
+            crate::store::SpecVersion { version: 1, spec: text, origin, template: self.fingerprints.template.clone() };
         save(&*self.store, &self.spec.name, &[Write::Version(v.clone())])?;
         self.stored.versions.insert(1, v);
         Ok(())
@@ -644,7 +650,7 @@ impl Scheduler {
             has_previous_spec: self.stored.previous_spec.is_some(),
             versions: self.published_versions(),
             spec_origin: self.stored.spec_origin.clone(),
-            template: self.fingerprint.clone(),
+            template: self.fingerprints.template.clone(),
             rollout: self.stored.rollout.clone(),
             store_error: self.store.failing(),
             waiting: (!self.tracking.started).then(|| self.waiting_for()).flatten(),

@@ -210,9 +210,10 @@ impl Scheduler {
                 tracing::info!(unit = %id, %note, "unit placed where spread could not be honoured");
             }
             unit.placement_note = p.note.clone();
-            unit.members = member_records(&self.spec, &p, shard);
+            unit.members = member_records(&self.spec, &self.fingerprints.roles, &p, shard);
             // It runs the spec in force, whatever was in force when it was queued.
-            unit.template = Some(self.fingerprint.clone());
+            unit.template = Some(self.fingerprints.template.clone());
+            unit.frame = Some(self.fingerprints.frame.clone());
             super::planning::count_placed(&self.spec, &p);
             for (m, (_, _, t)) in p.members.iter().zip(self.spec.members()) {
                 self.planning.committed(shard, shown_in, m.node.clone(), t.alternative(m.alternative).resources());
@@ -252,7 +253,7 @@ impl Scheduler {
                 metrics::counter!(m::PLACEMENTS.name, "result" => "unknown").increment(1);
                 unit.state = UnitState::Failed;
                 unit.domain = Some(p.domain.clone());
-                unit.members = member_records(&self.spec, &p, shard);
+                unit.members = member_records(&self.spec, &self.fingerprints.roles, &p, shard);
                 unit.unplaced_reason = Some(format!("commit outcome unknown: {e}"));
                 writes.push(Write::Unit(unit.clone()));
             }

@@ -19,18 +19,23 @@ use crate::store::{UnitRecord, Write};
 pub const DRAIN_WAITS: &str = "drain waits:";
 /// How a note on a unit whose replacement cannot be placed starts.
 pub const WAITS_FOR: &str = "waits for its replacement";
+/// How a note on a unit whose members roll alone (a group's template changed) starts
+/// when one cannot be placed or is released.
+pub const ROLLOUT_WAITS: &str = "rollout waits:";
 
 impl Scheduler {
     /// Replacements first; the old unit drains once its replacement is Running.
     pub(super) async fn roll(&mut self, slots: &[Arc<ShardSlot>], writes: &mut Vec<Write>) {
         let now = now_ms();
         let target = Target {
-            fingerprint: &self.fingerprint,
+            fingerprint: &self.fingerprints.template,
+            frame: &self.fingerprints.frame,
+            roles: &self.fingerprints.roles,
             desired: self.desired(),
             max_unavailable: self.spec.rollout.max_unavailable,
             progress_deadline_ms: self.spec.rollout.progress_deadline.as_ms(),
             now_ms: now,
-            halted: self.stored.rollout.as_ref().is_some_and(|r| r.halts(&self.fingerprint)),
+            halted: self.stored.rollout.as_ref().is_some_and(|r| r.halts(&self.fingerprints.template)),
         };
         let plan = crate::rollout::plan(&self.stored.units, slots, &target);
         for (id, why) in &plan.release {
@@ -63,23 +68,49 @@ impl Scheduler {
                 writes.push(Write::Unit(u.clone()));
             }
         }
+        for (id, member, why) in &plan.release_surge {
+            tracing::warn!(unit = %id, %member, %why, "releasing a member coming up");
+            self.release_surge(
+                id,
+                std::slice::from_ref(member),
+                format!("{ROLLOUT_WAITS} {member} released: {why}"),
+                writes,
+            )
+            .await;
+        }
+        for id in &plan.adopt {
+            if let Some(u) = self.stored.units.get_mut(id) {
+                tracing::info!(unit = %id, "every member runs the spec's templates: the unit is rolled");
+                u.template = Some(self.fingerprints.template.clone());
+                if u.placement_note.as_deref().is_some_and(|n| n.starts_with(ROLLOUT_WAITS)) {
+                    u.placement_note = None;
+                }
+                writes.push(Write::Unit(u.clone()));
+            }
+        }
         self.drop_lost_surge(slots, writes).await;
         for (id, members, why) in plan.replace_members {
-            self.surge_members(&id, &members, &why, slots, writes).await;
+            self.surge_members(&id, &members, &why, DRAIN_WAITS, slots, writes).await;
+        }
+        for (id, members) in plan.roll_members {
+            metrics::counter!(m::MEMBERS_ROLLED.name, "app" => self.spec.name.clone()).increment(members.len() as u64);
+            self.surge_members(&id, &members, "its group's template changed", ROLLOUT_WAITS, slots, writes).await;
         }
         self.note_waiting_drains(slots, writes);
         self.follow_rollout(plan.failed, now, writes);
     }
 
-    /// Workers of unit `id` on leaving nodes: each gets a replacement in the unit's
-    /// domain under a fresh generation (so its claim never collides with the old one's),
-    /// recorded in the unit's surge. The old worker runs on until the new one does. The
-    /// node spread may be passed by the members leaving (the note says so).
+    /// Workers of unit `id` on leaving nodes, or of groups whose template changed: each
+    /// gets a replacement in the unit's domain under a fresh generation (so its claim
+    /// never collides with the old one's), recorded in the unit's surge. The old worker
+    /// runs on until the new one does. The node spread may be passed by the members
+    /// leaving (the note says so); a note on what waits starts with `waits`.
     async fn surge_members(
         &mut self,
         id: &str,
         members: &[String],
         why: &str,
+        waits: &str,
         slots: &[Arc<ShardSlot>],
         writes: &mut Vec<Write>,
     ) {
@@ -98,7 +129,7 @@ impl Scheduler {
         let p = match placed {
             Ok(p) => p,
             Err(e) => {
-                let note = format!("{DRAIN_WAITS} {} cannot move ({why}): {e}", members.join(", "));
+                let note = format!("{waits} {} cannot move ({why}): {e}", members.join(", "));
                 self.set_note(id, note, writes);
                 return;
             }
@@ -125,13 +156,13 @@ impl Scheduler {
             tracing::info!(unit = %id, %detail, "moving workers off a leaving node: commit refused; retrying");
             self.set_note(
                 id,
-                format!("{DRAIN_WAITS} moving {} was refused ({detail}); retrying", members.join(", ")),
+                format!("{waits} moving {} was refused ({detail}); retrying", members.join(", ")),
                 writes,
             );
             return;
         }
         super::planning::count_placed(&self.spec, &p);
-        let records = super::ledgers::member_records(&self.spec, &p, p.shard);
+        let records = super::ledgers::member_records(&self.spec, &self.fingerprints.roles, &p, p.shard);
         let Some(u) = self.stored.units.get_mut(id) else { return };
         let mut moves = Vec::new();
         for mut r in records {
@@ -143,6 +174,7 @@ impl Scheduler {
                 r.node_id.as_deref().unwrap_or("-")
             ));
             r.generation = generations.get(&r.member).copied();
+            r.surged_unix_ms = Some(now_ms());
             u.surge.push(r);
         }
         let mut note = format!("{} ({why}), make before break", moves.join(", "));
@@ -156,11 +188,14 @@ impl Scheduler {
         writes.push(Write::Unit(u.clone()));
     }
 
-    /// A member coming up to replace one whose node was lost (or whose workload failed)
-    /// leaves the surge and is released; the next pass places another. Written first, so
-    /// a release that fails leaves an orphan the sweep releases.
+    /// A member coming up to replace one whose node was lost (or, moving off a leaving
+    /// node, whose workload failed) leaves the surge and is released; the next pass
+    /// places another. A rollout's member whose workload fails stays until the progress
+    /// deadline fails the rollout (placing another would restart its clock for ever).
+    /// Written first, so a release that fails leaves an orphan the sweep releases.
     async fn drop_lost_surge(&mut self, slots: &[Arc<ShardSlot>], writes: &mut Vec<Write>) {
         let now = now_ms();
+        let template = self.fingerprints.template.clone();
         let lost: Vec<(String, Vec<String>, String)> = self
             .stored
             .units
@@ -168,13 +203,14 @@ impl Scheduler {
             .filter(|u| u.state.is_active())
             .filter_map(|u| {
                 let mut why = String::new();
+                let moving = u.template.as_deref() == Some(template.as_str());
                 let members: Vec<String> = u
                     .surge
                     .iter()
                     .filter(|m| {
                         let w = match crate::repair::member_health(m, slots, now) {
                             crate::repair::MemberHealth::Lost(w) => w,
-                            _ if m.state.as_deref() == Some("failed") => "it failed",
+                            _ if moving && m.state.as_deref() == Some("failed") => "it failed",
                             _ => return false,
                         };
                         why = format!("{} on {}: {w}", m.member, m.node_id.as_deref().unwrap_or("-"));
@@ -186,19 +222,29 @@ impl Scheduler {
             })
             .collect();
         for (id, members, why) in lost {
-            let Some(u) = self.stored.units.get_mut(&id) else { continue };
-            let dropped: Vec<_> = u.surge.iter().filter(|m| members.contains(&m.member)).cloned().collect();
-            u.surge.retain(|m| !members.contains(&m.member));
-            u.placement_note = Some(format!("{DRAIN_WAITS} the replacement {why}; placing another"));
             tracing::warn!(unit = %id, %why, "a member coming up to replace one was lost; placing another");
-            if let Err(e) = save(&*self.store, &self.spec.name, &[Write::Unit(u.clone())]) {
-                tracing::warn!(unit = %id, error = %e, "cannot record the lost surge member; the sweep releases it");
-            }
-            writes.push(Write::Unit(u.clone()));
-            let gone = UnitRecord { members: dropped, surge: Vec::new(), ..u.clone() };
-            if let Err(e) = self.ledgers.release_unit(&gone, &[]).await {
-                tracing::warn!(unit = %id, error = %e, "releasing a lost surge member; the orphan sweep retries");
-            }
+            self.release_surge(&id, &members, format!("{DRAIN_WAITS} the replacement {why}; placing another"), writes)
+                .await;
+        }
+    }
+
+    /// Takes `members` out of unit `id`'s surge and releases them, the unit written
+    /// first (a release that fails leaves an orphan the sweep releases), with `note`.
+    async fn release_surge(&mut self, id: &str, members: &[String], note: String, writes: &mut Vec<Write>) {
+        let Some(u) = self.stored.units.get_mut(id) else { return };
+        let dropped: Vec<_> = u.surge.iter().filter(|m| members.contains(&m.member)).cloned().collect();
+        if dropped.is_empty() {
+            return;
+        }
+        u.surge.retain(|m| !members.contains(&m.member));
+        u.placement_note = Some(note);
+        if let Err(e) = save(&*self.store, &self.spec.name, &[Write::Unit(u.clone())]) {
+            tracing::warn!(unit = %id, error = %e, "cannot record the surge member's end; the sweep releases it");
+        }
+        writes.push(Write::Unit(u.clone()));
+        let gone = UnitRecord { members: dropped, surge: Vec::new(), ..u.clone() };
+        if let Err(e) = self.ledgers.release_unit(&gone, &[]).await {
+            tracing::warn!(unit = %id, error = %e, "releasing a surge member; the orphan sweep retries");
         }
     }
 
@@ -331,9 +377,12 @@ impl Scheduler {
     /// template), keeps the last spec that ran, and reverts a failed rollout when the
     /// spec has `auto_revert`.
     fn follow_rollout(&mut self, failed: Option<String>, now: u64, writes: &mut Vec<Write>) {
-        let settled = crate::rollout::settled(&self.stored.units, &self.fingerprint);
-        if let Some(next) =
-            self.stored.rollout.as_ref().and_then(|r| r.advance(&self.fingerprint, failed.as_deref(), settled, now))
+        let settled = crate::rollout::settled(&self.stored.units, &self.fingerprints.template);
+        if let Some(next) = self
+            .stored
+            .rollout
+            .as_ref()
+            .and_then(|r| r.advance(&self.fingerprints.template, failed.as_deref(), settled, now))
         {
             tracing::info!(app = %self.spec.name, state = ?next.state, reason = ?next.reason, "rollout");
             if failed.is_some() {

@@ -157,7 +157,7 @@ impl MemberTemplate {
         if self.alternatives.len() > MAX_ALTERNATIVES {
             errors.push(format!("{path}.alternatives: at most {MAX_ALTERNATIVES}"));
         }
-        for (i, a) in self.alternatives.iter().enumerate() {
+        for (i, a) in self.alternatives.iter().enumerate().take(MAX_ALTERNATIVES) {
             let at = format!("{path}.alternatives[{i}]");
             if !a.changes_something() {
                 errors.push(format!(
@@ -244,7 +244,11 @@ impl MemberTemplate {
     /// first (unset counts as 1).
     pub fn alternative_order(&self) -> Vec<u32> {
         let mut order: Vec<u32> = (0..=self.alternatives.len() as u32).collect();
-        let perf = |k: u32| self.alternative(k).performance;
+        // As `alternative(k).performance`, without building the merged template.
+        let perf = |k: u32| match (k as usize).checked_sub(1) {
+            None => self.performance,
+            Some(i) => self.alternatives.get(i).and_then(|a| a.performance),
+        };
         if order.iter().any(|k| perf(*k).is_some()) {
             order.sort_by(|a, b| perf(*b).unwrap_or(1.0).total_cmp(&perf(*a).unwrap_or(1.0)));
         }
@@ -456,6 +460,9 @@ roles = ["head", "gpu"]
         ] {
             assert!(err.contains(needle), "{needle} missing from:\n{err}");
         }
+        // A huge count is refused, not listed member by member.
+        let err = AppSpec::parse(&BASE.replace("count = 2", "count = 4294967295")).unwrap_err().to_string();
+        assert!(err.contains("4294967295 (at most 256)") && err.contains("workers in all groups"), "{err}");
         let err = AppSpec::parse(&BASE.replace("count = 1\n", "")).unwrap_err().to_string();
         assert!(err.contains("unit.groups.gpu.count: required"), "{err}");
         let err = AppSpec::parse(&BASE.replace("roles = [\"head\", \"gpu\"]", "roles = [\"tpu\"]")).unwrap_err();
