@@ -68,6 +68,43 @@ impl MemberShape {
     }
 }
 
+/// Most sets of options [`option_sets`] gives.
+pub const MAX_OPTION_SETS: usize = 32;
+
+/// The ways to run a whole unit at once, where all its members must be planned together
+/// (the pool's gangs, a packed unit): for each, every member's option index, in the
+/// order to try. Every member as its template first; then each group falling back on
+/// its alternatives alone, the others on their templates (the usual case: the GPU group
+/// moves to another card, the rest stays); then every member as its `j`-th option (or
+/// its last). Repeats are left out; at most [`MAX_OPTION_SETS`]. `members` gives each
+/// member's group and how many options it has.
+pub fn option_sets<'a>(members: impl Iterator<Item = (&'a str, usize)> + Clone) -> Vec<Vec<usize>> {
+    let at = |k: usize, n: usize| k.min(n.saturating_sub(1));
+    let mut out: Vec<Vec<usize>> = vec![members.clone().map(|_| 0).collect()];
+    let mut push = |set: Vec<usize>| {
+        if out.len() < MAX_OPTION_SETS && !out.contains(&set) {
+            out.push(set);
+        }
+    };
+    let mut groups: Vec<&str> = Vec::new();
+    for (g, n) in members.clone() {
+        if n > 1 && !groups.contains(&g) {
+            groups.push(g);
+        }
+    }
+    for g in groups {
+        let most = members.clone().filter(|(m, _)| *m == g).map(|(_, n)| n).max().unwrap_or(1);
+        for k in 1..most {
+            push(members.clone().map(|(m, n)| if m == g { at(k, n) } else { 0 }).collect());
+        }
+    }
+    let ways = members.clone().map(|(_, n)| n).max().unwrap_or(1);
+    for j in 1..ways {
+        push(members.clone().map(|(_, n)| at(j, n)).collect());
+    }
+    out
+}
+
 /// One unit's members and where they may run: the pool autoscaler packs the queued
 /// units of every app by it (all members of a unit in one domain).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -220,6 +257,26 @@ mod tests {
         assert_eq!(node_has_room(2, Some(2), false), Err(Refusal::NodeFull));
         assert_eq!(node_has_room(2, Some(2), true), Ok(()));
         assert_eq!(node_has_room(9, None, false), Ok(()));
+    }
+
+    #[test]
+    fn option_sets_try_templates_then_one_group_at_a_time_then_matched_sets() {
+        let members = [("head", 1), ("cpu", 2), ("gpu", 3), ("gpu", 3)];
+        let sets = option_sets(members.iter().copied());
+        assert_eq!(
+            sets,
+            vec![
+                vec![0, 0, 0, 0],
+                vec![0, 1, 0, 0], // cpu falls back alone
+                vec![0, 0, 1, 1], // gpu alone, option by option
+                vec![0, 0, 2, 2],
+                vec![0, 1, 1, 1], // matched sets
+                vec![0, 1, 2, 2],
+            ]
+        );
+        assert_eq!(option_sets([("head", 1)].into_iter()), vec![vec![0]]);
+        let many: Vec<(&str, usize)> = (0..9).map(|_| ("a", 8)).chain((0..9).map(|_| ("b", 8))).collect();
+        assert!(option_sets(many.iter().copied()).len() <= MAX_OPTION_SETS);
     }
 
     #[test]

@@ -92,12 +92,16 @@ pub fn problem(cfg: &PoolConfig, obs: &Observation) -> Problem {
         // Each member's options as shapes, once for both priorities. A member with none
         // (its scheduler always sends one) asks for nothing rather than failing the pass.
         let nothing = [MemberOption::default()];
-        let mut options: Vec<Vec<(Shape, &MemberOption)>> = Vec::with_capacity(s.members.len());
+        /// A member's options, each as a shape in this problem's resource names.
+        type Options<'m> = Vec<(Shape, &'m MemberOption)>;
+        let mut options: Vec<Options> = Vec::with_capacity(s.members.len());
         for m in &s.members {
             let opts = if m.options.is_empty() { &nothing[..] } else { &m.options[..] };
             options.push(opts.iter().map(|o| (shape(&o.resources, &mut names), o)).collect());
         }
-        let ways = options.iter().map(Vec::len).max().unwrap_or(1);
+        let sets = flotilla_core::unit_shape::option_sets(
+            s.members.iter().zip(&options).map(|(m, opts)| (m.group.as_str(), opts.len())),
+        );
         let limit = |limits: &mut Vec<Limit>, max: Option<u32>, units: &BTreeMap<String, u32>| {
             max.map(|max| {
                 limits.push(Limit { app: a.app.clone(), max, units: units.clone() });
@@ -110,16 +114,16 @@ pub fn problem(cfg: &PoolConfig, obs: &Observation) -> Problem {
             if count == 0 {
                 continue;
             }
-            // Variant j: each member in its option j, or its last when it has fewer (so
-            // the first is every member's template, as its scheduler tries first).
-            let mut variants = (0..ways).map(|j| {
-                let members = s.members.iter().zip(&options);
-                let bundle = |(m, opts): (&MemberShape, &Vec<(Shape, &MemberOption)>)| {
-                    let (shape, option) = opts.get(j).or_else(|| opts.last())?;
+            // The variants: every member's template first, as its scheduler tries first,
+            // then each group on its alternatives alone, then matched sets
+            // (`option_sets`).
+            let mut variants = sets.iter().map(|set| {
+                let bundle = |((m, opts), k): ((&MemberShape, &Options), &usize)| {
+                    let (shape, option) = opts.get(*k).or_else(|| opts.last())?;
                     let selector = Selector::for_member(s, option, secondary);
                     Some(Bundle { shape: shape.clone(), selector, group: m.group.clone() })
                 };
-                members.filter_map(bundle).collect::<Vec<Bundle>>()
+                s.members.iter().zip(&options).zip(set).filter_map(bundle).collect::<Vec<Bundle>>()
             });
             let bundles = variants.next().unwrap_or_default();
             let alternatives: Vec<Vec<Bundle>> = variants.collect();
@@ -535,6 +539,36 @@ mod tests {
         let (plan, record) = decide_on(&cfg, &nodes, "a100", &[solo]);
         let launched: Vec<(&str, u32)> = plan.launch.iter().map(|(t, n)| (t.as_str(), *n)).collect();
         assert_eq!(launched, vec![("l4", 1)], "{record}");
+    }
+
+    /// Two groups with alternatives: one falls back while the other stays on its
+    /// template (the scheduler chooses each member's alternative on its own, so the
+    /// pool must not try only matched sets). No a100 type: the GPU group takes its l4
+    /// alternative; the CPU group keeps its template (the `cpu` type), though its own
+    /// alternative (a zone no type has) cannot be held.
+    #[test]
+    fn one_group_falls_back_to_its_alternative_while_another_keeps_its_template() {
+        let cfg = PoolConfig::parse(
+            &GPU_POOL
+                .replace("[node_types.a100]", "[node_types.a100-gone]")
+                .replace("gpu_model = \"a100\" }\n        max = 1", "gpu_model = \"a100\" }\n        max = 0"),
+        )
+        .unwrap();
+        let mut app = hetero(1, &[&["a100"], &["l4"]]);
+        let cpu = |domain: &str| flotilla_core::MemberOption {
+            resources: Resources::new(1000, 1 << 30, 0),
+            selector: flotilla_core::NodeSelector {
+                labels: [("domain".to_string(), [domain.to_string()].into())].into(),
+                allow_low_priority: false,
+            },
+        };
+        app.unit_shape
+            .members
+            .push(MemberShape { group: "cpu".into(), options: vec![cpu("domain-a"), cpu("domain-z")] });
+        let (plan, record) = decide_on(&cfg, &[], "cpu", &[app]);
+        assert!(plan.infeasible.is_empty(), "{record}");
+        assert_eq!(plan.launch.get("l4"), Some(&1), "{record}");
+        assert!(plan.launch.contains_key("cpu"), "{record}");
     }
 
     /// Issue: a group no node type can hold is reported infeasible, named, with what it

@@ -308,8 +308,8 @@ fn place_in_domain(
 }
 
 /// `pack`: the members together are one request on one node, which every member's
-/// selector admits. Variant `j` runs each member as its `j`-th option (or its last),
-/// tried in turn.
+/// selector admits, in each of the unit's sets of options in turn
+/// (`flotilla_core::unit_shape::option_sets`; a member's group is its name's prefix).
 fn place_packed(
     input: &PlanInput<'_>,
     nodes: &Vector<Arc<NodeRecord>>,
@@ -317,10 +317,13 @@ fn place_packed(
     rng: &mut impl Rng,
     why: &mut Unplaced,
 ) -> Option<InDomain> {
-    let variants = members.iter().map(|m| m.options.len()).max().unwrap_or(1);
-    for j in 0..variants {
+    let group = |m: &MemberRequest| m.member.rsplit_once('-').map_or(m.member.as_str(), |(g, _)| g).to_string();
+    let groups: Vec<String> = members.iter().map(group).collect();
+    let sets =
+        flotilla_core::unit_shape::option_sets(groups.iter().zip(members).map(|(g, m)| (g.as_str(), m.options.len())));
+    for set in sets {
         let chosen: Vec<&(u32, MemberOption)> =
-            members.iter().filter_map(|m| m.options.get(j.min(m.options.len().saturating_sub(1)))).collect();
+            members.iter().zip(&set).filter_map(|(m, k)| m.options.get(*k)).collect();
         let mut together = MemberOption::default();
         for (i, (_, o)) in chosen.iter().enumerate() {
             together.resources = together.resources.checked_add(&o.resources).unwrap_or(together.resources);

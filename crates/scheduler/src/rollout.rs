@@ -297,7 +297,12 @@ pub fn plan(units: &BTreeMap<String, UnitRecord>, slots: &[Arc<ShardSlot>], t: &
             match members::how(u, t) {
                 Roll::Done if u.surge.is_empty() => p.adopt.push(u.unit_id.clone()),
                 Roll::Done => {}
-                roll => rolls.push((u, roll)),
+                roll => {
+                    if let Some(why) = members::stuck(u, t) {
+                        p.failed.get_or_insert(why);
+                    }
+                    rolls.push((u, roll));
+                }
             }
         }
     }
@@ -349,9 +354,9 @@ mod tests {
         crate::testing::slots(records, true)
     }
 
-    /// A plan with no deadline in sight and nothing halted.
     static NO_ROLES: BTreeMap<String, String> = BTreeMap::new();
 
+    /// A plan with no deadline in sight and nothing halted.
     fn plan_(
         units: &BTreeMap<String, UnitRecord>,
         slots: &[Arc<ShardSlot>],

@@ -111,6 +111,11 @@ pub struct UnitRecord {
     /// holds, a template change rolls the members of the changed groups, not the unit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub frame: Option<String>,
+    /// The template a rollout of some of its members rolls to, and when it first could
+    /// not place them: the progress deadline counts from then, so a rollout whose new
+    /// members never fit fails like one whose replacement units never run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub roll_waits: Option<(String, u64)>,
     /// The unit queued to replace this one (make before break); this one drains once
     /// that one is Running.
     #[serde(default)]
@@ -434,6 +439,7 @@ pub(crate) mod tests {
             unplaced_reason: None,
             draining_since_unix_ms: None,
             frame: None,
+            roll_waits: None,
             template: None,
             replaced_by: None,
             secondary: false,

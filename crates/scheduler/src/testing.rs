@@ -56,6 +56,7 @@ pub fn unit(id: &str, generation: u64, state: UnitState, members: &[(&str, &str)
         unplaced_reason: None,
         draining_since_unix_ms: None,
         frame: None,
+        roll_waits: None,
         template: None,
         replaced_by: None,
         secondary: false,

@@ -296,7 +296,7 @@ export function appPage(name) {
       return h('div', { class: 'unit-group' },
         h('h3', {}, h('span', { text: domain }), h('span', { class: 'muted', text: ` · ${list.length} unit${list.length === 1 ? '' : 's'} ` }), unitCounts(counts)),
         h('table', { class: 'grid compact' },
-          h('thead', {}, h('tr', {}, ['unit / member', 'role', 'node', 'state', 'address', 'usage', ''].map((c) => h('th', { text: c })))),
+          h('thead', {}, h('tr', {}, ['unit / member', 'group', 'node', 'state', 'address', 'usage', ''].map((c) => h('th', { text: c })))),
           list.map((u) => unitRows(u, (unit, member) => ui.logs.open(unit, member)))));
     }));
   }
@@ -387,7 +387,8 @@ function unitRows(u, onLogs) {
       h('td', { colspan: 2, class: 'warn', text: u.unplaced_reason || '' })),
     (u.members || []).map((m) => h('tr', { class: 'member-row' },
       h('td', { class: 'mono indent', text: m.member }),
-      h('td', { text: m.role }),
+      // Its group, and which of the template's alternatives it runs as (none: the template).
+      h('td', { text: m.alternative ? `${m.role} · alternative ${m.alternative}` : m.role }),
       h('td', {}, nodeLink(m.node_id)),
       h('td', {}, pill(m.state)),
       h('td', { class: 'mono', text: m.address || '–' }),

@@ -477,6 +477,7 @@ impl Scheduler {
             unplaced_reason: None,
             draining_since_unix_ms: None,
             frame: None,
+            roll_waits: None,
             template: Some(self.fingerprints.template.clone()),
             replaced_by: None,
             secondary,

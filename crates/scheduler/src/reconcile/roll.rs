@@ -82,6 +82,7 @@ impl Scheduler {
             if let Some(u) = self.stored.units.get_mut(id) {
                 tracing::info!(unit = %id, "every member runs the spec's templates: the unit is rolled");
                 u.template = Some(self.fingerprints.template.clone());
+                u.roll_waits = None;
                 if u.placement_note.as_deref().is_some_and(|n| n.starts_with(ROLLOUT_WAITS)) {
                     u.placement_note = None;
                 }
@@ -130,6 +131,13 @@ impl Scheduler {
             Ok(p) => p,
             Err(e) => {
                 let note = format!("{waits} {} cannot move ({why}): {e}", members.join(", "));
+                if waits == ROLLOUT_WAITS
+                    && let Some(u) = self.stored.units.get_mut(id)
+                    && u.roll_waits.as_ref().is_none_or(|(t, _)| *t != self.fingerprints.template)
+                {
+                    u.roll_waits = Some((self.fingerprints.template.clone(), now_ms()));
+                    writes.push(Write::Unit(u.clone()));
+                }
                 self.set_note(id, note, writes);
                 return;
             }
@@ -177,6 +185,7 @@ impl Scheduler {
             r.surged_unix_ms = Some(now_ms());
             u.surge.push(r);
         }
+        u.roll_waits = None;
         let mut note = format!("{} ({why}), make before break", moves.join(", "));
         if let Some(n) = p.note {
             note.push_str(&format!("; {n}"));

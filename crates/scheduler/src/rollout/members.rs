@@ -36,6 +36,20 @@ pub fn how(u: &UnitRecord, t: &Target) -> Roll {
     if stale.is_empty() { Roll::Done } else { Roll::Members(stale) }
 }
 
+/// Why the rollout fails, if `u`'s members of changed groups could not be placed for
+/// the progress deadline (`UnitRecord::roll_waits`, for this template).
+pub fn stuck(u: &UnitRecord, t: &Target) -> Option<String> {
+    let (template, since) = u.roll_waits.as_ref()?;
+    let waited = t.now_ms.saturating_sub(*since);
+    (template == t.fingerprint && waited >= t.progress_deadline_ms).then(|| {
+        format!(
+            "rollout failed: members of {} could not be placed within the progress deadline of {}s",
+            u.unit_id,
+            t.progress_deadline_ms / 1000
+        )
+    })
+}
+
 /// Is `s`, in `u`'s surge, a replacement of the spec's template for its group?
 pub fn current(s: &MemberRecord, t: &Target) -> bool {
     s.template.as_deref().is_some_and(|have| t.roles.get(&s.role).is_some_and(|want| want == have))
@@ -187,5 +201,21 @@ mod tests {
         b.template = Some("t2".into());
         let p = super::super::plan(&units(&a, &b), &slots, &Target { halted: true, desired: 2, ..target(&roles) });
         assert_eq!((p.adopt, p.roll_members), (vec!["a-1".to_string()], vec![]));
+    }
+
+    /// New members that cannot be placed fail the rollout at the deadline too, counted
+    /// from the first failed attempt for this template (an older one does not count).
+    #[test]
+    fn members_that_never_fit_fail_the_rollout_at_the_deadline() {
+        let roles = BTreeMap::from([("gpu".to_string(), "g2".to_string())]);
+        let t = target(&roles);
+        let mut u = unit(&[("gpu-0", "gpu", "g1")]);
+        assert_eq!(stuck(&u, &t), None);
+        u.roll_waits = Some(("t2".into(), 50_000));
+        assert_eq!(stuck(&u, &t), None, "50 s of 60");
+        u.roll_waits = Some(("t2".into(), 40_000));
+        assert!(stuck(&u, &t).is_some_and(|w| w.contains("members of a-1 could not be placed")));
+        u.roll_waits = Some(("t1".into(), 0));
+        assert_eq!(stuck(&u, &t), None, "another template's wait");
     }
 }
