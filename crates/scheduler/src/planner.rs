@@ -317,10 +317,9 @@ fn place_packed(
     rng: &mut impl Rng,
     why: &mut Unplaced,
 ) -> Option<InDomain> {
-    let group = |m: &MemberRequest| m.member.rsplit_once('-').map_or(m.member.as_str(), |(g, _)| g).to_string();
-    let groups: Vec<String> = members.iter().map(group).collect();
-    let sets =
-        flotilla_core::unit_shape::option_sets(groups.iter().zip(members).map(|(g, m)| (g.as_str(), m.options.len())));
+    let sets = flotilla_core::unit_shape::option_sets(
+        members.iter().map(|m| (crate::spec::AppSpec::group_of(&m.member), m.options.len())),
+    );
     for set in sets {
         let chosen: Vec<&(u32, MemberOption)> =
             members.iter().zip(&set).filter_map(|(m, k)| m.options.get(*k)).collect();

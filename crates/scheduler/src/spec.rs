@@ -465,6 +465,12 @@ impl AppSpec {
         m
     }
 
+    /// The group (role) of a member from its name alone: `head`, or `GROUP` of
+    /// `GROUP-i` (the inverse of [`AppSpec::members`]' naming, without a look-up).
+    pub fn group_of(member: &str) -> &str {
+        member.rsplit_once('-').map_or(member, |(g, _)| g)
+    }
+
     /// Each role's template with its place in the spec: `("gpu", "unit.groups.gpu", t)`.
     pub fn templates(&self) -> Vec<(&str, String, &MemberTemplate)> {
         let mut out = vec![("head", "unit.head".to_string(), &self.unit.head)];
@@ -521,12 +527,21 @@ impl AppSpec {
             let own_labels = |k: u32| k == 0 || t.alternatives[k as usize - 1].node_labels.is_some();
             let checked = t.alternatives.len().min(member::MAX_ALTERNATIVES) as u32;
             for k in (0..=checked).filter(|k| own_labels(*k)) {
-                let s = t.alternative(k).selector(&self.constraints.labels, false);
-                for (key, want) in &self.constraints.labels {
+                let c = &self.constraints;
+                let s = t.alternative(k).selector(&c.labels, c.allow_low_priority);
+                let at = if k == 0 { path.clone() } else { format!("{path}.alternatives[{}]", k - 1) };
+                for (key, want) in &c.labels {
                     if s.labels.get(key).is_some_and(|values| values.is_empty()) {
-                        let at = if k == 0 { path.clone() } else { format!("{path}.alternatives[{}]", k - 1) };
                         e.push(format!("{at}.node_labels.{key}: no value it allows is constraints.labels' {want:?}"));
                     }
+                }
+                // Only low-priority nodes, but not allowed on them: never placed.
+                let (key, low) = flotilla_core::unit_shape::LOW_PRIORITY;
+                if !s.allow_low_priority && s.labels.get(key).is_some_and(|vs| vs.iter().all(|v| v == low)) {
+                    e.push(format!(
+                        "{at}.node_labels.{key}: selects only {key}={low} nodes, which it may not use \
+                         (set allow_low_priority = true)"
+                    ));
                 }
             }
         }

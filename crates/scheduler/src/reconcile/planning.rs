@@ -101,7 +101,6 @@ impl Planning {
     }
 }
 
-/// Counts `r` as taken on `node`.
 /// What each member of a unit of `spec` asks for and where it may run, in member
 /// order (of a secondary unit when `secondary`).
 pub(super) fn member_requests(spec: &crate::spec::AppSpec, secondary: bool) -> Vec<MemberRequest> {
@@ -114,8 +113,7 @@ pub(super) fn member_requests(spec: &crate::spec::AppSpec, secondary: bool) -> V
 /// Counts the members of `p`, committed, by group and alternative.
 pub(super) fn count_placed(spec: &crate::spec::AppSpec, p: &Placement) {
     for m in &p.members {
-        // `head`, or `GROUP-i`: the name says the group without a look-up.
-        let group = m.member.rsplit_once('-').map_or(m.member.as_str(), |(g, _)| g).to_string();
+        let group = crate::spec::AppSpec::group_of(&m.member).to_string();
         metrics::counter!(crate::catalogue::MEMBERS_PLACED.name, "app" => spec.name.clone(), "group" => group,
             "alternative" => m.alternative.to_string())
         .increment(1);
@@ -163,6 +161,7 @@ pub(super) fn hold(
     *per_domain.entry(p.domain.clone()).or_insert(0) += 1;
 }
 
+/// Counts `r` as taken on `node`.
 pub(super) fn add(pending: &mut NodeMap<Resources>, node: &NodeId, r: &Resources) {
     let e = pending.entry(node.clone()).or_default();
     *e = e.checked_add(r).unwrap_or_else(|_| e.clone());

@@ -463,6 +463,11 @@ roles = ["head", "gpu"]
         // A huge count is refused, not listed member by member.
         let err = AppSpec::parse(&BASE.replace("count = 2", "count = 4294967295")).unwrap_err().to_string();
         assert!(err.contains("4294967295 (at most 256)") && err.contains("workers in all groups"), "{err}");
+        // Only low-priority nodes for a member that may not use them: never placed.
+        let err = AppSpec::parse(&BASE.replace("count = 2", "count = 2\nnode_labels = { priority = \"low\" }"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("unit.groups.cpu.node_labels.priority: selects only priority=low nodes"), "{err}");
         let err = AppSpec::parse(&BASE.replace("count = 1\n", "")).unwrap_err().to_string();
         assert!(err.contains("unit.groups.gpu.count: required"), "{err}");
         let err = AppSpec::parse(&BASE.replace("roles = [\"head\", \"gpu\"]", "roles = [\"tpu\"]")).unwrap_err();
