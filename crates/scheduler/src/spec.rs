@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use flotilla_autoscale::Span;
-use flotilla_core::{MAX_UNITS, MAX_WORKERS, MemberShape, UnitShape, is_name};
+use flotilla_core::{MAX_UNITS, MemberShape, UnitShape, is_name};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -491,80 +491,6 @@ impl AppSpec {
                     .map(move |k| (role, t.alternative(k).selector(&c.labels, c.allow_low_priority)))
             })
             .collect()
-    }
-
-    /// The templates and their groups: each valid, sized, named, and able to run
-    /// somewhere the app's labels allow.
-    fn validate_members(&self, e: &mut Vec<String>) {
-        let u = &self.unit;
-        if u.workers > MAX_WORKERS {
-            e.push(format!("unit.workers: {} (at most {MAX_WORKERS})", u.workers));
-        }
-        if u.workers > 0 && u.worker.is_none() {
-            e.push("unit.worker: required when unit.workers > 0".into());
-        }
-        for (role, path, t) in self.templates() {
-            t.validate(&path, e);
-            match (role, t.count) {
-                ("head", Some(_)) => e.push("unit.head.count: a unit has one head (only a group has a count)".into()),
-                ("worker", Some(_)) if path == "unit.worker" => {
-                    e.push("unit.worker.count: the worker group's size is unit.workers".into())
-                }
-                (_, Some(n)) if n > MAX_WORKERS => e.push(format!("{path}.count: {n} (at most {MAX_WORKERS})")),
-                _ => {}
-            }
-            match (role, t.after.as_deref()) {
-                (_, None) => {}
-                ("head", Some(a)) => e.push(format!(
-                    "unit.head.after: {a:?}: the head starts first (only a worker may start after the head)"
-                )),
-                (_, Some("head")) => {}
-                (_, Some(a)) => {
-                    e.push(format!("{path}.after: {a:?} is not a member a worker may wait for (only \"head\")"))
-                }
-            }
-            // An alternative that keeps the template's labels has the template's problem.
-            let own_labels = |k: u32| k == 0 || t.alternatives[k as usize - 1].node_labels.is_some();
-            let checked = t.alternatives.len().min(member::MAX_ALTERNATIVES) as u32;
-            for k in (0..=checked).filter(|k| own_labels(*k)) {
-                let c = &self.constraints;
-                let s = t.alternative(k).selector(&c.labels, c.allow_low_priority);
-                let at = if k == 0 { path.clone() } else { format!("{path}.alternatives[{}]", k - 1) };
-                for (key, want) in &c.labels {
-                    if s.labels.get(key).is_some_and(|values| values.is_empty()) {
-                        e.push(format!("{at}.node_labels.{key}: no value it allows is constraints.labels' {want:?}"));
-                    }
-                }
-                // Only low-priority nodes, but not allowed on them: never placed.
-                let (key, low) = flotilla_core::unit_shape::LOW_PRIORITY;
-                if !s.allow_low_priority && s.labels.get(key).is_some_and(|vs| vs.iter().all(|v| v == low)) {
-                    e.push(format!(
-                        "{at}.node_labels.{key}: selects only {key}={low} nodes, which it may not use \
-                         (set allow_low_priority = true)"
-                    ));
-                }
-            }
-        }
-        for name in u.groups.keys() {
-            if !is_name(name) {
-                e.push(format!("unit.groups.{name}: a group's name is 1-63 of [a-z0-9-], not starting with '-'"));
-            } else if name == "head" {
-                e.push("unit.groups.head: \"head\" is the head's role, not a group's name".into());
-            } else if name == "worker" && u.worker.is_some() {
-                e.push("unit.groups.worker: [unit.worker] is the group named worker already".into());
-            }
-        }
-        for (name, t) in &u.groups {
-            if t.count.is_none() {
-                e.push(format!("unit.groups.{name}.count: required (members of the group in each unit)"));
-            }
-        }
-        // Counted, not listed: a count of 4 billion must not build 4 billion names.
-        let total = u64::from(if u.worker.is_some() { u.workers } else { 0 })
-            + u.groups.values().map(|t| u64::from(t.count.unwrap_or(0))).sum::<u64>();
-        if total > u64::from(MAX_WORKERS) {
-            e.push(format!("unit: {total} workers in all groups (at most {MAX_WORKERS})"));
-        }
     }
 }
 
