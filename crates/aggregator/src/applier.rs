@@ -170,7 +170,11 @@ impl Applier {
                 {
                     if silence.partitioned(d) {
                         verdict = cut_off(status, since, now, timeouts);
-                    } else if is_silent(status) && silence.others_silent(d) {
+                    } else if silence.peers_may_follow(
+                        d,
+                        is_silent(status),
+                        now.saturating_sub(live.domain_heard_ms.load(Ordering::Relaxed)),
+                    ) {
                         // Peers falling silent too may not be Suspect yet (their own
                         // grace, jitter): look again before calling this one Dead.
                         verdict = wait_for_peers(last_seen, grace, now, timeouts).unwrap_or(verdict);

@@ -106,12 +106,12 @@ impl Ingest {
                     return Err(HeartbeatDrop::DeadNode);
                 }
                 status @ (NodeStatus::Suspect | NodeStatus::Unknown) => {
-                    live.last_seen_ms.store(now_ms, Ordering::Release);
+                    live.heard(now_ms);
                     if live.transition(status, NodeStatus::Alive, now_ms) {
                         registry.emit(Change::Dirty(live.session()));
                     }
                 }
-                NodeStatus::Alive | NodeStatus::Draining => live.last_seen_ms.store(now_ms, Ordering::Release),
+                NodeStatus::Alive | NodeStatus::Draining => live.heard(now_ms),
             }
             let published = live.health_millis.load(Ordering::Acquire);
             if let Some(new) = hysteresis.update(published, health_score(&sample)) {

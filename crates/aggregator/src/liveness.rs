@@ -30,13 +30,16 @@ pub enum Verdict {
     Remove,
 }
 
+/// The heartbeat interval the shard gives agents at registration.
+pub const HEARTBEAT_INTERVAL_MS: u64 = 1000;
+
 /// How much longer a node whose link loses heartbeats may be silent before it is
 /// Suspect (and Dead): two and a half of the agents' 1 s heartbeats. Without it, one
 /// lost datagram and a little jitter make a node Suspect (and drop it from the routes)
 /// every few seconds on a link that loses 10 %; with it, that takes four in a row.
 pub const LOSSY_GRACE_MS: u64 = 2500;
 
-/// A node due to be Dead while another node of its domain is silent waits this much
+/// A node due to be Dead while its domain may be going silent with it waits this much
 /// longer (once), so that peers going silent with it, whose own deadlines come later
 /// (their loss grace, heartbeat jitter), show whether this is a partition (`silence`).
 pub const PEER_WAIT_MS: u64 = LOSSY_GRACE_MS;

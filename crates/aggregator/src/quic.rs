@@ -227,7 +227,7 @@ fn register(ctx: &QuicContext, number: u32, req: v1::RegisterRequest, now: u64) 
                 incarnation: live.incarnation,
                 key: live.key.to_vec(),
                 heartbeat_port: u32::from(ctx.heartbeat_port),
-                heartbeat_interval_ms: 1000,
+                heartbeat_interval_ms: crate::liveness::HEARTBEAT_INTERVAL_MS as u32,
                 shard: ctx.registry.shard as u32,
                 shard_epoch: ctx.epoch,
             })

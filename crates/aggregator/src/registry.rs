@@ -1,18 +1,20 @@
-//! Sessions and per-node liveness. A heartbeat touches only its own node's atomics;
-//! registration, drain and removal are the only writers of the session table.
+//! Sessions and per-node liveness. A heartbeat touches only its own node's atomics and
+//! (rarely writing it) its domain's clock; registration, drain and removal are the only
+//! writers of the session table.
 //!
 //! Sessions live inline in a slab (see `slab`): the session id names its slot, so a
 //! heartbeat finds its session without hashing, and the node-id index holds one `u32`
 //! per node. Readers (ingest, the applier) share one read lock; a registration takes
 //! the write lock for the few instructions that place it.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use arc_swap::ArcSwap;
 use dashmap::DashMap;
 use flotilla_core::{
-    ErrorKind, HealthSample, Labels, NodeId, NodeStatus, PROTOCOL_VERSION, Resources, RwLockExt, ServiceError,
+    ErrorKind, HealthSample, Labels, LockExt, NodeId, NodeStatus, PROTOCOL_VERSION, Resources, RwLockExt, ServiceError,
     shard_for_domain,
 };
 use flotilla_proto::seal::{SessionKey, derive_session_key};
@@ -34,6 +36,10 @@ pub struct NodeLive {
     /// drain it, report for it and receive its pushes.
     pub owner: u32,
     pub last_seen_ms: AtomicU64,
+    /// When any node of this node's failure domain was last heard from (ms), shared by
+    /// the domain's sessions: a node due to be Dead in a domain that has gone quiet
+    /// waits for its peers to show a partition (`DomainSilence::peers_may_follow`).
+    pub domain_heard_ms: Arc<AtomicU64>,
     pub last_seq: AtomicU64,
     /// The status in the low byte and the time it was entered (ms) above it: one word,
     /// so a transition moves both at once, in 8 bytes of the session rather than 16.
@@ -67,6 +73,15 @@ impl NodeLive {
                 (word as u8 == from.to_u8()).then(|| Self::pack_status(to, now_ms))
             })
             .is_ok()
+    }
+
+    /// A heartbeat arrived at `now_ms`. The domain's clock is written only when it
+    /// moves, so a domain's nodes share a cache line that is mostly read.
+    pub fn heard(&self, now_ms: u64) {
+        self.last_seen_ms.store(now_ms, Ordering::Release);
+        if self.domain_heard_ms.load(Ordering::Relaxed) < now_ms {
+            self.domain_heard_ms.store(now_ms, Ordering::Relaxed);
+        }
     }
 
     /// The handle change notices carry.
@@ -237,6 +252,8 @@ pub struct Registry {
     /// Nodes an operator cordoned (by name: a restarted node stays cordoned), and
     /// whether a drain was asked for too.
     cordoned: DashMap<NodeId, bool>,
+    /// Each domain's clock (`NodeLive::domain_heard_ms`), held by its sessions.
+    domain_clocks: Mutex<HashMap<String, Weak<AtomicU64>>>,
     changes: UnboundedSender<Change>,
 }
 
@@ -275,8 +292,22 @@ impl Registry {
             workloads: DashMap::new(),
             no_workloads: Arc::new(Vec::new()),
             cordoned: DashMap::new(),
+            domain_clocks: Mutex::default(),
             changes,
         }
+    }
+
+    /// The clock the sessions of `domain` share, started at `now_ms` if none holds it.
+    fn domain_clock(&self, domain: &str, now_ms: u64) -> Arc<AtomicU64> {
+        let mut clocks = self.domain_clocks.lock_or_recover();
+        if let Some(clock) = clocks.get(domain).and_then(Weak::upgrade) {
+            return clock;
+        }
+        // A domain new here, or whose sessions have all gone: forget every such domain.
+        clocks.retain(|_, c| c.strong_count() > 0);
+        let clock = Arc::new(AtomicU64::new(now_ms));
+        clocks.insert(domain.to_string(), Arc::downgrade(&clock));
+        clock
     }
 
     pub fn emit(&self, c: Change) {
@@ -367,6 +398,7 @@ impl Registry {
             });
         }
         let health_millis = flotilla_core::Hysteresis::to_millis(flotilla_core::health_score(&health));
+        let domain_heard_ms = self.domain_clock(labels.domain(), now_ms);
         let random: u64 = rand::random();
         let registered = {
             let mut guard = self.sessions.write_or_recover();
@@ -384,6 +416,7 @@ impl Registry {
                 incarnation: req.incarnation,
                 owner,
                 last_seen_ms: AtomicU64::new(now_ms),
+                domain_heard_ms: domain_heard_ms.clone(),
                 last_seq: AtomicU64::new(0),
                 status: AtomicU64::new(NodeLive::pack_status(NodeStatus::Alive, now_ms)),
                 health_millis: AtomicU16::new(health_millis),
@@ -665,9 +698,9 @@ pub(crate) mod tests {
 
     /// A shard holds one session per node in its slab (issue #19's 300 bytes a node).
     #[test]
-    fn a_session_stays_at_88_bytes() {
-        assert_eq!(std::mem::size_of::<NodeLive>(), 88);
-        assert_eq!(std::mem::size_of::<Option<NodeLive>>(), 88, "a slab cell costs nothing over its session");
+    fn a_session_stays_at_96_bytes() {
+        assert_eq!(std::mem::size_of::<NodeLive>(), 96);
+        assert_eq!(std::mem::size_of::<Option<NodeLive>>(), 96, "a slab cell costs nothing over its session");
     }
 
     #[test]

@@ -8,6 +8,16 @@
 //! retention period is declared Dead after all, so a domain that never returns is
 //! given up.
 //!
+//! Nodes cut off together do not fall silent together: each was last heard at its own
+//! point of the heartbeat cycle, and one whose last heartbeat came late was last heard
+//! up to an interval earlier than the rest. With the default timeouts (Suspect after
+//! 2 s, Dead after 3 s) it is due to be Dead before its peers are even Suspect, and,
+//! Dead, it leaves too few nodes to call the rest a partition. So a node due to be Dead
+//! waits for its peers ([`DomainSilence::peers_may_follow`]) when another node of its
+//! domain is silent, or when nobody in its domain has been heard for a heartbeat
+//! interval (the domain's clock, `NodeLive::domain_heard_ms`): with two or more peers
+//! heartbeating, a domain is never that quiet unless they are cut off too.
+//!
 //! Counting costs O(1) per status change: the applier reports each node's published
 //! status change ([`DomainSilence::published`]) and each silence it decides before the
 //! next publish ([`DomainSilence::fell_silent`]), so nodes that fall silent in the same
@@ -17,7 +27,7 @@ use std::collections::HashMap;
 
 use flotilla_core::NodeStatus;
 
-use crate::liveness::is_silent as silent;
+use crate::liveness::{HEARTBEAT_INTERVAL_MS, is_silent as silent};
 
 /// Domains smaller than this never count as partitioned: one or two silent nodes are
 /// judged one by one.
@@ -77,11 +87,20 @@ impl DomainSilence {
         self.pending.clear();
     }
 
-    /// Whether another node of `domain` besides the one asking is silent: a partition
-    /// may be starting, and a node about to be Dead waits for its peers to show it.
-    pub fn others_silent(&self, domain: &str) -> bool {
+    /// Whether another node of `domain` besides the one asking (silent itself) is
+    /// silent: a partition may be starting.
+    fn others_silent(&self, domain: &str) -> bool {
         let Some(c) = self.counted.get(domain) else { return false };
         c.silent + self.pending.get(domain).copied().unwrap_or(0) >= 2
+    }
+
+    /// Whether a node of `domain` due to be Dead should first wait for its peers
+    /// (`liveness::wait_for_peers`): another node of the domain is silent (`silent`:
+    /// whether the asking node is), or the domain, of `MIN_NODES` or more, has heard
+    /// from none of its nodes for `quiet_ms`, a heartbeat interval or more.
+    pub fn peers_may_follow(&self, domain: &str, silent: bool, quiet_ms: u64) -> bool {
+        let Some(c) = self.counted.get(domain) else { return false };
+        (silent && self.others_silent(domain)) || (c.nodes >= MIN_NODES && quiet_ms >= HEARTBEAT_INTERVAL_MS)
     }
 
     /// Whether `domain` is mostly silent: its silent nodes should go Unknown, not Dead.
@@ -149,6 +168,22 @@ mod tests {
         assert!(s.partitioned("a"), "2 of 3 with the one made Suspect this tick");
         s.flushed();
         assert!(!s.partitioned("a"), "the publish recounts it");
+    }
+
+    #[test]
+    fn a_node_due_to_be_dead_waits_for_peers_that_are_silent_or_quiet() {
+        let mut s = DomainSilence::new(DEFAULT_THRESHOLD);
+        domain(&mut s, "a", &[Suspect, Alive, Alive]);
+        assert!(!s.peers_may_follow("a", true, 300), "its peers were heard lately: it alone is gone");
+        assert!(
+            s.peers_may_follow("a", true, HEARTBEAT_INTERVAL_MS),
+            "nobody heard for an interval: cut off together?"
+        );
+        s.published(Some(("a", Alive)), Some(("a", Suspect)));
+        assert!(s.peers_may_follow("a", true, 0), "a peer is silent too");
+        domain(&mut s, "pair", &[Suspect, Alive]);
+        assert!(!s.peers_may_follow("pair", true, 10_000), "too small to tell a partition");
+        assert!(!s.peers_may_follow("nowhere", true, 10_000));
     }
 
     #[test]

@@ -233,6 +233,61 @@ async fn silent_nodes_go_suspect_then_dead_then_leave_the_view() {
     f.shard.shutdown().await;
 }
 
+/// A rack cut off from its shard, whose first node's last heartbeat had come late: that
+/// node is due to be Dead before its peers are Suspect. It waits for them (the rack has
+/// heard nothing for an interval), and all three go Unknown; none is Dead, so nothing of
+/// theirs is replaced while the link is down.
+#[tokio::test]
+async fn a_rack_cut_off_goes_unknown_though_one_node_fell_silent_first() {
+    let f = LocalShard::start("rack", |c| {
+        c.ring_capacity = 64;
+        c.timeouts = flotilla_aggregator::Timeouts::default();
+    })
+    .await;
+    let conn = f.connect().await;
+    let mut sessions = Vec::new();
+    for n in ["r1", "r2", "r3"] {
+        sessions.push(
+            conn.register(v1::RegisterRequest { incarnation: 7, ..registration(n, "join", "rack", 2000) })
+                .await
+                .unwrap(),
+        );
+    }
+    let sock = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let mut seq = 0;
+    let mut beat_all = async |from: usize| {
+        seq += 1;
+        for (i, s) in sessions.iter().enumerate().skip(from) {
+            sock.send_to(&beat(s, &format!("r{}", i + 1), seq), f.shard.heartbeat_addr).await.unwrap();
+        }
+    };
+    for _ in 0..4 {
+        beat_all(0).await;
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    // r1 falls silent; r2 and r3 1.6 s later (default timeouts: Suspect 2 s, Dead 3 s).
+    let cut = Instant::now();
+    while cut.elapsed() < Duration::from_millis(1600) {
+        beat_all(1).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    use flotilla_core::NodeStatus::*;
+    let statuses = || {
+        let view = f.shard.publisher.load();
+        ["r1", "r2", "r3"].map(|n| view.nodes.values().find(|r| r.node_id.as_str() == n).map(|r| r.status))
+    };
+    while cut.elapsed() < Duration::from_secs(12) {
+        let now = statuses();
+        assert!(!now.contains(&Some(Dead)), "{now:?} after {:?}", cut.elapsed());
+        if now == [Some(Unknown); 3] {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(statuses(), [Some(Unknown); 3]);
+    f.shard.shutdown().await;
+}
+
 fn commit_claim(node: &str, inc: u64, unit: &str, cpu: u64) -> v1::Claim {
     v1::Claim {
         key: Some(v1::ClaimKey { app: "app".into(), unit: unit.into(), member: "head".into(), generation: 1 }),
