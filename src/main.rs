@@ -62,6 +62,8 @@ enum Cmd {
     Rollback(cli::versions::RollbackArgs),
     /// An app's autoscaling decisions, newest first, with the numbers behind each.
     Decisions(cli::apps::AppArgs),
+    /// What moving an app's units to better places would do now (`--plan`).
+    Rebalance(cli::rebalance::RebalanceArgs),
     /// Named autoscaling policies that many apps share.
     Policy(cli::autoscaling::PolicyArgs),
     /// What consumers need an app to be able to run (its policy sizes the app to it).
@@ -125,6 +127,7 @@ fn main() -> std::process::ExitCode {
                             Cmd::History(a) => cli::versions::history(a).await,
                             Cmd::Rollback(a) => cli::versions::rollback(a).await,
                             Cmd::Decisions(a) => cli::autoscaling::decisions(a).await,
+                            Cmd::Rebalance(a) => cli::rebalance::rebalance(a).await,
                             Cmd::Policy(a) => cli::autoscaling::policy(a).await,
                             Cmd::Demand(a) => cli::autoscaling::demand(a).await,
                             Cmd::Route(a) => route::run(a).await,

@@ -304,6 +304,8 @@ pub async fn run(a: UpArgs, log_format: LogFormat) -> anyhow::Result<()> {
     }));
 
     let joined = addrs.join(",");
+    // For scripts and tests that add agents of their own (`--aggregators $(cat …)`).
+    flotilla_obs::fsutil::write_atomic(&data.dir.join("aggregators"), joined.as_bytes(), 0o644)?;
     let (stop_pool, pool_stopped) = tokio::sync::oneshot::channel::<()>();
     let pool_task = match pool {
         Some(cfg) => {

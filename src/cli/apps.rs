@@ -148,6 +148,9 @@ pub async fn units(a: UnitsArgs) -> anyhow::Result<()> {
         if let Some(n) = u["placement_note"].as_str() {
             why.push(format!("{id}: note: {n}"));
         }
+        if let (Some(why_moving), Some(to)) = (u["moving"].as_str(), u["replaced_by"].as_str()) {
+            why.push(format!("{id}: moving to {to}: {why_moving}"));
+        }
         for m in u["surge"].as_array().into_iter().flatten() {
             let s = |k: &str| m[k].as_str().unwrap_or("-").to_string();
             why.push(format!(

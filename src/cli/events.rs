@@ -20,7 +20,7 @@ pub struct EventsArgs {
     /// Only events this recent (`10m`, `1h`, `7d`).
     #[arg(long)]
     pub since: Option<String>,
-    /// Only events of this type (node, unit, rollout, autoscaling, pool, scale, apply,
+    /// Only events of this type (node, unit, rollout, autoscaling, rebalance, pool, scale, apply,
     /// rollback, node_action, policy, pool_bounds, pool_floor, token).
     #[arg(long = "type")]
     pub kind: Option<String>,

@@ -12,6 +12,7 @@ pub mod http;
 pub mod logs;
 pub mod nodes;
 pub mod progress;
+pub mod rebalance;
 pub mod scale;
 pub mod status;
 pub mod table;

@@ -26,6 +26,7 @@ mod pool_exec;
 mod ports;
 mod prometheus;
 mod readme;
+mod rebalance;
 mod replicas;
 mod rollouts;
 mod route_clients;

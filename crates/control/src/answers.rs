@@ -203,6 +203,8 @@ pub struct UnitRow {
     pub placement_note: Option<String>,
     pub surge: Vec<MemberRow>,
     pub replaced_by: Option<String>,
+    /// Why the unit is moving to a better place (a rebalance) while `replaced_by` comes up.
+    pub moving: Option<String>,
     pub template: Option<String>,
     pub secondary: bool,
     pub ended_unix_ms: Option<u64>,

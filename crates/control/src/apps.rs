@@ -171,6 +171,7 @@ pub fn unit_rows(s: &AppStatus) -> Value {
                 })
                 .collect(),
             replaced_by: u.replaced_by.clone(),
+            moving: u.moving.clone(),
             template: u.template.clone(),
             secondary: u.secondary,
             ended_unix_ms: u.ended_unix_ms,

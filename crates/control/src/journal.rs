@@ -24,7 +24,7 @@ const EVENTS: TableDefinition<u64, &str> = TableDefinition::new("events");
 pub struct Event {
     pub seq: u64,
     pub at_unix_ms: u64,
-    /// `node`, `unit`, `rollout`, `autoscaling`, `pool`, or an operator action
+    /// `node`, `unit`, `rollout`, `autoscaling`, `rebalance`, `pool`, or an operator action
     /// (`scale`, `apply`, `rollback`, `node_action`, `policy`, `pool_bounds`,
     /// `pool_floor`, `token`).
     #[serde(rename = "type")]

@@ -126,7 +126,13 @@ impl Seen {
                     decisions.iter().take_while(|d| !seen.newest_decision.as_ref().is_some_and(|s| Arc::ptr_eq(s, d)))
                 {
                     let what = d["explanation"].as_str().or_else(|| d["action"].as_str()).unwrap_or("a decision");
-                    out.push(NewEvent::new("autoscaling", format!("{app}: {what}")).app(app));
+                    // Rebalance moves share the decision log (`reconcile::rebalance`).
+                    let kind = if d["kind"] == "rebalance" { "rebalance" } else { "autoscaling" };
+                    let mut e = NewEvent::new(kind, format!("{app}: {what}")).app(app);
+                    if let Some(unit) = d["unit"].as_str() {
+                        e = e.unit(unit);
+                    }
+                    out.push(e);
                 }
                 seen.newest_decision = newest;
             }

@@ -24,6 +24,7 @@ pub mod nodes;
 pub mod openapi;
 mod policies;
 mod pools;
+mod rebalance;
 pub mod replicas;
 pub mod routes_grpc;
 mod schedulers;
@@ -111,6 +112,7 @@ pub fn router(state: Arc<ControlState>) -> Router {
         .merge(charts::routes())
         .merge(schedulers::routes())
         .merge(autoscaling::routes())
+        .merge(rebalance::routes())
         .merge(pools::routes())
         .merge(artifacts::routes())
         .merge(warm::routes())

@@ -96,6 +96,7 @@ impl Modify for CommonRefusals {
         crate::autoscaling::decisions,
         crate::autoscaling::demand,
         crate::autoscaling::capacity,
+        crate::rebalance::rebalance_plan,
         crate::autoscaling::list_policies,
         crate::autoscaling::apply_policy,
         crate::charts::app_history,

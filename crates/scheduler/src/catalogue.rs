@@ -39,6 +39,13 @@ pub const MEMBERS_ROLLED: Family = Family::counter(
      other groups stayed).",
     &["app"],
 );
+pub const REBALANCE_MOVES: Family = Family::counter(
+    "flotilla_rebalance_moves_total",
+    "Units moved to a better place, make before break, by why: off a low-priority or sub-healthy node \
+     (poor_node), out of a domain holding more than its share (domain), off a node holding more of the app's \
+     units than another (node).",
+    &["app", "reason"],
+);
 pub const SCHEDULER_CLAIMS: Family = Family::counter(
     "flotilla_scheduler_claims_total",
     "Member claims the shards answered, by result (accepted or conflict).",
@@ -170,6 +177,7 @@ pub const FAMILIES: &[Family] = &[
     PLACEMENTS,
     MEMBERS_PLACED,
     MEMBERS_ROLLED,
+    REBALANCE_MOVES,
     SCHEDULER_CLAIMS,
     SCHEDULER_CONFLICT_RATIO,
     UNITS,

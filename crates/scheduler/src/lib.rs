@@ -12,6 +12,7 @@ pub mod diff;
 mod leader;
 mod lifecycle;
 mod planner;
+mod rebalance;
 mod reconcile;
 mod repair;
 mod retention;
@@ -28,7 +29,8 @@ pub use leader::{LOCAL_TOKEN, Leader, Role, default_instance};
 pub use lifecycle::UnitState;
 pub use reconcile::{
     AppHandle, AppStatus, Applied, ApplyPlan, AutoscalingStatus, CannotPlace, ChangeRequest, Command, CommandError,
-    Demand, DemandRequest, MAX_DEMAND_COUNT, MAX_DEMAND_ENTRIES, PolicyBook, STORE_UNAVAILABLE, Scheduler, Stats,
+    Demand, DemandRequest, MAX_DEMAND_COUNT, MAX_DEMAND_ENTRIES, PolicyBook, RebalancePlan, STORE_UNAVAILABLE,
+    Scheduler, Stats,
 };
 pub use rollout::counts_toward_desired;
 pub use spec::{AppSpec, SpecOrigin};

@@ -237,7 +237,10 @@ pub fn plan(units: &BTreeMap<String, UnitRecord>, slots: &[Arc<ShardSlot>], t: &
         let waited_ms = t.now_ms.saturating_sub(r.created_unix_ms);
         let release = if settling {
             None
-        } else if !rolling && unit_leaving(u, slots).is_none() {
+        } else if !rolling && u.moving.is_some() && waited_ms >= t.progress_deadline_ms {
+            // A move that does not make it is given up; the unit stays where it was.
+            Some(format!("move abandoned: {} was not running within the progress deadline", r.unit_id))
+        } else if !rolling && u.moving.is_none() && unit_leaving(u, slots).is_none() {
             Some(format!("not needed: {} already matches the spec in force", u.unit_id))
         } else if rolling && waited_ms >= t.progress_deadline_ms {
             let why = format!(

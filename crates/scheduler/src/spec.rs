@@ -21,6 +21,9 @@ pub struct AppSpec {
     pub routing: Routing,
     #[serde(default)]
     pub rollout: Rollout,
+    /// How far moving units to better places may disturb the app (`crate::rebalance`).
+    #[serde(default, skip_serializing_if = "Disruption::is_default")]
+    pub disruption: Disruption,
     /// The app's own autoscaling policy (`[autoscaling]`); without one (and without
     /// `autoscaling_policy`) the app's size changes only by `flotilla scale`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -47,8 +50,10 @@ pub struct UnitTemplate {
 }
 
 mod artifacts;
+mod disruption;
 mod member;
 pub use artifacts::{ArtifactSpec, MAX_ARTIFACTS};
+pub use disruption::{Disruption, Switch};
 pub use member::MemberTemplate;
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -290,6 +295,7 @@ impl AppSpec {
                 self.rollout.progress_deadline
             ));
         }
+        self.disruption.validate(&mut e);
         if self.spread.max_units_per_domain == Some(0) {
             e.push("spread.max_units_per_domain: must be at least 1".into());
         }

@@ -120,6 +120,10 @@ pub struct UnitRecord {
     /// that one is Running.
     #[serde(default)]
     pub replaced_by: Option<String>,
+    /// Why the unit is being moved to a better place (`crate::rebalance`) while its
+    /// replacement (`replaced_by`) comes up; unset for a rollout or a leaving node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moving: Option<String>,
     /// In the autoscaling policy's secondary group (Dataproc's secondary workers): placed
     /// on low-priority nodes as well as high-priority ones.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -442,6 +446,7 @@ pub(crate) mod tests {
             roll_waits: None,
             template: None,
             replaced_by: None,
+            moving: None,
             secondary: false,
             drain_timeout_ms: None,
             placement_note: None,

@@ -59,6 +59,7 @@ pub fn unit(id: &str, generation: u64, state: UnitState, members: &[(&str, &str)
         roll_waits: None,
         template: None,
         replaced_by: None,
+        moving: None,
         secondary: false,
         drain_timeout_ms: None,
         placement_note: None,

@@ -225,6 +225,16 @@ impl Autoscaler {
         if let Some(e) = decision.inputs.get("estimate") {
             metrics::gauge!(m::AUTOSCALER_ESTIMATED_UNITS.name, "app" => spec.name.clone()).set(e);
         }
+        self.keep(json, record, writes);
+    }
+
+    /// Records a rebalance move among the decisions (`reconcile::rebalance`).
+    pub(super) fn record(&mut self, record: serde_json::Value, writes: &mut Vec<Write>) {
+        self.keep(record.to_string(), record, writes);
+    }
+
+    /// Keeps decision `record` (`json` its text) in the store and the newest kept.
+    fn keep(&mut self, json: String, record: serde_json::Value, writes: &mut Vec<Write>) {
         let seq = self.next_seq;
         self.next_seq += 1;
         writes.push(Write::Decision(seq, json));

@@ -151,6 +151,7 @@ pub struct AppHandle {
     pub(super) routes: tokio::sync::watch::Receiver<Arc<v1::RouteTable>>,
     pub(super) capacity: tokio::sync::watch::Receiver<Arc<v1::Capacity>>,
     pub(super) decisions: Arc<ArcSwap<Vec<Arc<serde_json::Value>>>>,
+    pub(super) rebalance: Arc<ArcSwap<super::RebalancePlan>>,
 }
 
 impl AppHandle {
@@ -205,6 +206,12 @@ impl AppHandle {
         self.decisions.load_full()
     }
 
+    /// What moving units to better places would do now (`flotilla rebalance APP --plan`),
+    /// as the scheduler last looked.
+    pub fn rebalance(&self) -> Arc<super::RebalancePlan> {
+        self.rebalance.load_full()
+    }
+
     /// The app's serving capacity; `changed()` wakes when it changes.
     pub fn capacity(&self) -> tokio::sync::watch::Receiver<Arc<v1::Capacity>> {
         self.capacity.clone()
@@ -231,6 +238,7 @@ pub(super) struct Outputs {
     pub(super) routes: tokio::sync::watch::Sender<Arc<v1::RouteTable>>,
     pub(super) capacity: tokio::sync::watch::Sender<Arc<v1::Capacity>>,
     pub(super) decisions: Arc<ArcSwap<Vec<Arc<serde_json::Value>>>>,
+    pub(super) rebalance: Arc<ArcSwap<super::RebalancePlan>>,
     /// The routing weights' memory between passes (`crate::routes`).
     pub(super) weights: crate::routes::Weights,
 }
@@ -251,6 +259,8 @@ impl Outputs {
         let (capacity, capacity_rx) =
             tokio::sync::watch::channel(Arc::new(v1::Capacity { app: app.clone(), ..Default::default() }));
         let decisions = Arc::new(ArcSwap::from_pointee(decisions));
+        let rebalance =
+            Arc::new(ArcSwap::from_pointee(super::RebalancePlan { app: app.clone(), ..Default::default() }));
         let handle = AppHandle {
             app,
             status: status.clone(),
@@ -259,8 +269,9 @@ impl Outputs {
             routes: routes_rx,
             capacity: capacity_rx,
             decisions: decisions.clone(),
+            rebalance: rebalance.clone(),
         };
-        let outputs = Outputs { status, stats, routes, capacity, decisions, weights: Default::default() };
+        let outputs = Outputs { status, stats, routes, capacity, decisions, rebalance, weights: Default::default() };
         (outputs, handle, rx)
     }
 }

@@ -29,6 +29,7 @@ mod observe;
 mod order;
 mod place;
 mod planning;
+mod rebalance;
 mod roll;
 mod scale_in;
 
@@ -52,6 +53,7 @@ use ledgers::Ledgers;
 use observe::Tracking;
 use order::Held;
 use planning::Planning;
+pub use rebalance::RebalancePlan;
 
 use crate::lifecycle::UnitState;
 use crate::spec::AppSpec;
@@ -88,6 +90,7 @@ pub struct Scheduler {
     held: Held,
     planning: Planning,
     autoscaler: Autoscaler,
+    rebalancing: rebalance::Rebalancing,
 }
 
 impl Scheduler {
@@ -179,6 +182,7 @@ impl Scheduler {
             held: Held::default(),
             planning: Planning::new(rand::SeedableRng::seed_from_u64(rand::random())),
             autoscaler,
+            rebalancing: Default::default(),
         };
         Ok((scheduler, handle))
     }
@@ -360,6 +364,7 @@ impl Scheduler {
         )
         .await;
         self.roll(&slots, &mut writes).await;
+        self.rebalance(&slots, &mut writes);
         tokio::task::yield_now().await;
 
         self.queue_missing(&mut writes);
@@ -480,6 +485,7 @@ impl Scheduler {
             roll_waits: None,
             template: Some(self.fingerprints.template.clone()),
             replaced_by: None,
+            moving: None,
             secondary,
             drain_timeout_ms: None,
             placement_note: None,
@@ -645,7 +651,13 @@ impl Scheduler {
                 policy_name: self.spec.autoscaling_policy.clone(),
                 override_bounds: self.stored.override_bounds,
                 demand: self.autoscaler.demand.clone(),
-                last_decision: self.autoscaler.decisions.back().map(|d| d.as_ref().clone()),
+                last_decision: self
+                    .autoscaler
+                    .decisions
+                    .iter()
+                    .rev()
+                    .find(|d| d["kind"] != "rebalance")
+                    .map(|d| d.as_ref().clone()),
             }),
             spec_toml: self.spec_text.clone(),
             has_previous_spec: self.stored.previous_spec.is_some(),

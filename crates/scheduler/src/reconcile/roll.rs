@@ -55,6 +55,7 @@ impl Scheduler {
             if let Some(u) = self.stored.units.get_mut(id) {
                 tracing::warn!(unit = %id, replacement = ?u.replaced_by, "the replacement is gone; the unit stays");
                 u.replaced_by = None;
+                u.moving = None;
                 writes.push(Write::Unit(u.clone()));
             }
         }

@@ -1,0 +1,156 @@
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use flotilla_core::{Labels, NodeId};
+use flotilla_view::NodeRecord;
+use rand::{Rng, SeedableRng};
+
+use super::*;
+use crate::testing::{node, slots, unit};
+
+fn labelled(id: &str, pairs: &[(&str, &str)]) -> NodeRecord {
+    let map = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    NodeRecord { labels: Arc::new(Labels::from_map(map).unwrap()), ..node(id) }
+}
+
+/// Units `(id, domain, node)` of one member each, Running, placed an hour ago.
+fn placed(spec: &[(&str, &str, &str)]) -> BTreeMap<String, UnitRecord> {
+    spec.iter()
+        .map(|(id, d, n)| {
+            let u = UnitRecord { domain: Some(d.to_string()), ..unit(id, 1, UnitState::Running, &[("head", n)]) };
+            (id.to_string(), u)
+        })
+        .collect()
+}
+
+fn counted(units: &BTreeMap<String, UnitRecord>) -> (HashMap<String, u32>, NodeMap<u32>) {
+    let (mut d, mut n) = (HashMap::new(), NodeMap::default());
+    for u in units.values().filter(|u| u.state.is_active()) {
+        *d.entry(u.domain.clone().unwrap_or_default()).or_default() += 1;
+        for m in &u.members {
+            *n.entry(NodeId::new(m.node_id.as_deref().unwrap()).unwrap()).or_default() += 1;
+        }
+    }
+    (d, n)
+}
+
+const HOUR: u64 = 3_600_000;
+
+fn budget(desired: u32) -> Budget {
+    Budget { max_moving: 1, min_available: 0.9, quiet_ms: 600_000, desired, now_ms: HOUR }
+}
+
+#[test]
+fn units_packed_on_two_nodes_move_once_four_more_join() {
+    let nodes = ["n1", "n2", "n3", "n4", "n5", "n6"].map(|n| labelled(n, &[("domain", "d")]));
+    let slots = slots(nodes, true);
+    let units = placed(&[
+        ("a-1", "d", "n1"),
+        ("a-2", "d", "n1"),
+        ("a-3", "d", "n1"),
+        ("a-4", "d", "n2"),
+        ("a-5", "d", "n2"),
+        ("a-6", "d", "n2"),
+    ]);
+    let (d, n) = counted(&units);
+    let counts = Counts { per_domain: &d, per_node: &n, spreads: true };
+    let found = candidates(&units, &slots, &counts, &budget(6));
+    assert_eq!(found.room, 1);
+    assert_eq!(found.waiting, None);
+    assert_eq!(found.candidates.len(), 6, "{found:?}");
+    let c = &found.candidates[0];
+    assert_eq!(c.before, Fit { poor: 0, domain: 5, node: 2 });
+    assert!(c.why.contains("2 other units on its node, 0 on another"), "{}", c.why);
+    // Where the planner would put it: an empty node of the same domain.
+    let n3 = node("n3");
+    let after = fit_at(&units[&c.unit], "d", &[(&n3.node_id, &n3)], &counts, false);
+    assert_eq!(after, Fit { poor: 0, domain: 5, node: 0 });
+    assert!(improves(c.before, after));
+    // Onto the other crowded node: no better.
+    let n2 = node("n2");
+    assert!(!improves(c.before, fit_at(&units["a-1"], "d", &[(&n2.node_id, &n2)], &counts, false)));
+}
+
+#[test]
+fn a_domain_holding_more_than_its_share_after_a_failover_gives_units_back() {
+    let nodes =
+        ["a1", "a2", "b1", "b2"].map(|n| labelled(n, &[("domain", if n.starts_with('a') { "za" } else { "zb" })]));
+    let slots = slots(nodes, true);
+    let units = placed(&[("a-1", "za", "a1"), ("a-2", "za", "a2"), ("a-3", "za", "a1"), ("a-4", "za", "a2")]);
+    let (d, n) = counted(&units);
+    let counts = Counts { per_domain: &d, per_node: &n, spreads: false };
+    let found = candidates(&units, &slots, &counts, &budget(4));
+    assert_eq!(found.candidates.len(), 4);
+    assert!(found.candidates[0].why.contains("3 other units in its domain za, 0 in another"), "{found:?}");
+    let b1 = node("b1");
+    assert_eq!(fit_at(&units["a-1"], "zb", &[(&b1.node_id, &b1)], &counts, false), Fit::default());
+}
+
+#[test]
+fn low_priority_and_sub_healthy_nodes_are_poor_for_the_primary_group() {
+    let low = labelled("low", &[("domain", "d"), ("priority", "low")]);
+    let sick = NodeRecord { health_millis: 300, ..labelled("sick", &[("domain", "d")]) };
+    let fine = labelled("fine", &[("domain", "d")]);
+    let slots = slots([low, sick, fine], true);
+    let mut units = placed(&[("a-1", "d", "low"), ("a-2", "d", "sick"), ("a-3", "d", "fine")]);
+    units.get_mut("a-3").unwrap().secondary = true;
+    let (d, n) = counted(&units);
+    let counts = Counts { per_domain: &d, per_node: &n, spreads: true };
+    let found = candidates(&units, &slots, &counts, &budget(3));
+    let ids: Vec<&str> = found.candidates.iter().map(|c| c.unit.as_str()).collect();
+    assert_eq!(ids, ["a-1", "a-2"], "{found:?}");
+    assert!(found.candidates[0].why.contains("low-priority or sub-healthy"));
+    let secondary_on_low = UnitRecord { secondary: true, ..units["a-1"].clone() };
+    assert_eq!(fit_of(&secondary_on_low, &slots, &counts).poor, 0, "the secondary group is meant for them");
+}
+
+#[test]
+fn the_budget_holds_moves_back_and_says_why() {
+    let nodes = ["n1", "n2", "n3"].map(|n| labelled(n, &[("domain", "d")]));
+    let slots = slots(nodes, true);
+    let mut units = placed(&[("a-1", "d", "n1"), ("a-2", "d", "n1"), ("a-3", "d", "n1")]);
+    let (d, n) = counted(&units);
+    let counts = Counts { per_domain: &d, per_node: &n, spreads: true };
+    // Too recent to move.
+    let young = Budget { now_ms: 1000, ..budget(3) };
+    assert!(candidates(&units, &slots, &counts, &young).candidates.is_empty());
+    // One moving already, at max_moving 1.
+    units.get_mut("a-1").unwrap().replaced_by = Some("a-4".into());
+    let found = candidates(&units, &slots, &counts, &budget(3));
+    assert_eq!((found.room, found.waiting.as_deref()), (0, Some("1 units moving, at disruption.max_moving 1")));
+    units.get_mut("a-1").unwrap().replaced_by = None;
+    // Degraded below min_available: repair first.
+    units.get_mut("a-2").unwrap().members[0].state = Some("failed".into());
+    let found = candidates(&units, &slots, &counts, &budget(3));
+    assert!(found.waiting.unwrap().contains("below disruption.min_available (3 of 3)"));
+}
+
+/// The no-churn property: in a cluster whose domains differ by at most one unit of the
+/// app, and whose nodes too, no unit is a candidate, whatever the sizes.
+#[test]
+fn a_balanced_cluster_never_moves_a_unit() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(40);
+    for _ in 0..300 {
+        let domains = rng.random_range(1..=4usize);
+        let per = rng.random_range(1..=5usize);
+        let units_n = rng.random_range(0..=3 * domains * per);
+        let names: Vec<(String, String)> =
+            (0..domains).flat_map(|d| (0..per).map(move |i| (format!("d{d}"), format!("n{d}-{i}")))).collect();
+        let slots = slots(names.iter().map(|(d, n)| labelled(n, &[("domain", d)])), true);
+        // Round-robin over domains, and over each domain's nodes: balanced by construction.
+        let spec: Vec<(String, String, String)> = (0..units_n)
+            .map(|k| {
+                let d = k % domains;
+                let i = (k / domains) % per;
+                (format!("a-{k}"), format!("d{d}"), format!("n{d}-{i}"))
+            })
+            .collect();
+        let spec: Vec<(&str, &str, &str)> = spec.iter().map(|(a, b, c)| (a.as_str(), b.as_str(), c.as_str())).collect();
+        let units = placed(&spec);
+        let (d, n) = counted(&units);
+        let spreads = rng.random_bool(0.5);
+        let counts = Counts { per_domain: &d, per_node: &n, spreads };
+        let found = candidates(&units, &slots, &counts, &budget(units_n as u32));
+        assert!(found.candidates.is_empty(), "{domains} domains × {per} nodes, {units_n} units: {found:?}");
+    }
+}
