@@ -349,6 +349,7 @@ mod tests {
             instances: &[],
             floor: &Default::default(),
             idle: &Default::default(),
+            unavailable: &Default::default(),
             now_ms: 0,
         };
         let (plan, record) = flotilla_pool::reconciler::decide(&cfg, &obs, &mut Default::default());

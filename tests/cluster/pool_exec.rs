@@ -172,3 +172,61 @@ fn exec_provider_with_the_example_script_grows_and_shrinks_a_pool_of_real_agents
     });
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Issue #40 item 4: the cheapest type cannot be had (its launches fail, as a spot type
+/// with no capacity does): it is marked unavailable, with the provider's reason, and the
+/// unit's demand goes to the next cheapest type at once, whose node takes it.
+#[test]
+fn a_node_type_whose_launches_fail_falls_back_to_the_next_cheapest() {
+    let dir = fresh_dir("pool-fallback-files");
+    let wrapper = dir.join("spot-exhausted.sh");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/usr/bin/env bash\n\
+             if [[ $1 == launch && $FLOTILLA_NODE_TYPE == spot ]]; then\n\
+             \x20 echo 'ZONE_RESOURCE_POOL_EXHAUSTED: no spot capacity in domain-a' >&2; exit 1\n\
+             fi\n\
+             exec bash {SCRIPT} \"$@\"\n"
+        ),
+    )
+    .unwrap();
+    let w = wrapper.display().to_string();
+    let pool = pool_file()
+        .replace(&format!("bash\", \"{SCRIPT}"), &format!("bash\", \"{w}"))
+        .replace("[node_types.small]", "[node_types.ondemand]")
+        .replace("min = 1\nmax = 3", "min = 0\nmax = 3\ncost = 0.20")
+        + "\n[node_types.spot]\ncpu = 1\nmemory = \"1Gi\"\nlabels = { domain = \"domain-a\", priority = \"high\" }\nmax = 3\ncost = 0.05\n";
+    let (pool_path, app) = files(&dir);
+    std::fs::write(&pool_path, pool).unwrap();
+    let up = Up::start("pool-fallback", &["--autoscale", "--pool", &pool_path, "--app", &app]);
+
+    let unit = wait_for("the unit running on an ondemand node", Duration::from_secs(120), || {
+        let units = running_units(&up);
+        (units.len() == 1 && units[0].iter().all(|n| n.starts_with("pool-ondemand-"))).then(|| units[0].clone())
+    });
+    let (status, body) = http(&up.addr, "GET", "/v1/pools/default", None, "");
+    assert_eq!(status, 200, "{body}");
+    let reason = body["unavailable"]["spot"]["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("ZONE_RESOURCE_POOL_EXHAUSTED"), "{body:#}");
+    let spot: Vec<&Value> = body["instances"].as_array().unwrap().iter().filter(|i| i["node_type"] == "spot").collect();
+    assert!(!spot.is_empty() && spot.iter().all(|i| i["state"] == "terminated"), "{spot:#?}");
+    let decisions = body["decisions"].as_array().unwrap();
+    assert!(
+        decisions.iter().any(|d| d["explanation"].as_str().is_some_and(|e| e.contains("spot unavailable"))),
+        "{decisions:#?}"
+    );
+    // The fallback took one pass (1 s), not the instance request timeout (30 s).
+    let failed = spot.iter().filter_map(|i| i["since_ms"].as_u64()).min().unwrap();
+    let launched = body["instances"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|i| i["node_type"] == "ondemand")
+        .filter_map(|i| i["history"][0][1].as_u64())
+        .min()
+        .unwrap();
+    assert!(launched.saturating_sub(failed) < 10_000, "ondemand queued {} ms after spot gave up", launched - failed);
+    eprintln!("{unit:?} on ondemand; queued {} ms after spot gave up", launched.saturating_sub(failed));
+    let _ = std::fs::remove_dir_all(&dir);
+}

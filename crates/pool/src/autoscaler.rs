@@ -54,9 +54,17 @@ pub struct Autoscaler {
     file_bounds: BTreeMap<String, TypeBounds>,
     /// The operator's bounds, from the control plane's last answer.
     bounds: BTreeMap<String, TypeBounds>,
-    /// Node types whose last launch failed: no launch before the time (ms), and the
-    /// back-off that set it (reset by a launch the provider takes).
-    launch_backoff: HashMap<String, (u64, flotilla_core::Backoff)>,
+    /// Node types whose launches failed: unavailable until the time (ms), the back-off
+    /// that set it (reset by a launch the provider takes) and why.
+    launch_backoff: HashMap<String, TypeBackoff>,
+}
+
+/// A node type that could not be had lately (a launch refused, an instance that never
+/// appeared or whose agent never joined: a spot type with no capacity, a quota).
+struct TypeBackoff {
+    until_ms: u64,
+    backoff: flotilla_core::Backoff,
+    reason: String,
 }
 
 /// The first wait after a failed launch, doubling per failure up to the max: a refused
@@ -169,6 +177,29 @@ impl Autoscaler {
             .collect();
         let t = self.cfg.timeouts;
         let mut changes = self.instances.observe(&cloud, &seen, now, &t);
+        for c in &changes {
+            if let crate::instance::Change::Transition { node_type, to, reason, .. } = c
+                && matches!(to, InstanceState::AllocationFailed | InstanceState::AgentStartFailed)
+            {
+                self.back_off(node_type, now, &format!("{}: {reason}", to.as_str()));
+            }
+        }
+        // Fallback: a type that cannot be had now launches nothing more, and what waits
+        // to launch as it is given up, so the packing below sends the demand to the next
+        // type that can hold it (the Cluster Autoscaler waits 15 minutes for this).
+        let unavailable: BTreeMap<String, String> = self
+            .launch_backoff
+            .iter()
+            .filter(|(_, b)| now < b.until_ms)
+            .map(|(t, b)| (t.clone(), b.reason.clone()))
+            .collect();
+        for (node_type, reason) in &unavailable {
+            changes.extend(self.instances.cancel_queued(node_type, now, &format!("its type is unavailable: {reason}")));
+        }
+        for nt in &self.cfg.node_types {
+            metrics::gauge!(m::TYPE_UNAVAILABLE.name, "pool" => self.cfg.name.clone(), "node_type" => nt.name.clone())
+                .set(if unavailable.contains_key(&nt.name) { 1.0 } else { 0.0 });
+        }
 
         let pool_instances: Vec<PoolInstance> = self
             .instances
@@ -183,6 +214,7 @@ impl Autoscaler {
             instances: &pool_instances,
             floor: &self.constraints,
             idle: &self.idle,
+            unavailable: &unavailable,
             now_ms: now,
         };
         let (plan, record) = reconciler::decide(&self.cfg, &obs, &mut self.policy);
@@ -353,7 +385,7 @@ impl Autoscaler {
         for id in &ids {
             // A type whose launches failed waits its back-off; its instances stay queued.
             let waits = self.instances.get(id).and_then(|i| self.launch_backoff.get(&i.node_type));
-            if waits.is_some_and(|(until, _)| now < *until) {
+            if waits.is_some_and(|b| now < b.until_ms) {
                 continue;
             }
             if self.instances.begin_launch(id, now).is_err() {
@@ -376,7 +408,7 @@ impl Autoscaler {
             return Err(e);
         }
         for spec in specs {
-            if self.launch_backoff.get(&spec.node_type).is_some_and(|(until, _)| now < *until) {
+            if self.launch_backoff.get(&spec.node_type).is_some_and(|b| now < b.until_ms) {
                 // Its type failed earlier in this pass: the rest wait with it.
                 let _ = self.instances.launch_not_started(&spec.id, now, "its type's launches back off");
                 continue;
@@ -387,11 +419,7 @@ impl Autoscaler {
                     self.launch_backoff.remove(&spec.node_type);
                 }
                 Err(e) => {
-                    let (until, backoff) = self.launch_backoff.entry(spec.node_type.clone()).or_insert_with(|| {
-                        (0, flotilla_core::Backoff::new(LAUNCH_BACKOFF_FIRST, LAUNCH_BACKOFF_MAX).with_jitter(0.2))
-                    });
-                    let wait = backoff.next_wait();
-                    *until = now + u64::try_from(wait.as_millis()).unwrap_or(u64::MAX / 2);
+                    let wait = self.back_off(&spec.node_type, now, &format!("launch failed: {e}"));
                     tracing::warn!(instance = %spec.id, error = %e, retry_in = ?wait, "launch failed; launches of its type back off");
                     metrics::counter!(m::LAUNCH_FAILURES.name, "pool" => self.cfg.name.clone(),
                         "node_type" => spec.node_type.clone())
@@ -401,6 +429,21 @@ impl Autoscaler {
             }
         }
         Ok(())
+    }
+
+    /// Marks `node_type` unavailable for its next back-off (doubling per failure);
+    /// returns the wait.
+    fn back_off(&mut self, node_type: &str, now: u64, reason: &str) -> Duration {
+        let b = self.launch_backoff.entry(node_type.to_string()).or_insert_with(|| TypeBackoff {
+            until_ms: 0,
+            backoff: flotilla_core::Backoff::new(LAUNCH_BACKOFF_FIRST, LAUNCH_BACKOFF_MAX).with_jitter(0.2),
+            reason: String::new(),
+        });
+        let wait = b.backoff.next_wait();
+        b.until_ms = now + u64::try_from(wait.as_millis()).unwrap_or(u64::MAX / 2);
+        b.reason = reason.to_string();
+        tracing::warn!(pool = %self.cfg.name, %node_type, %reason, unavailable_for = ?wait, "node type unavailable; demand goes to other types");
+        wait
     }
 
     fn export_gauges(&self) {
@@ -441,7 +484,12 @@ impl Autoscaler {
             "decisions": self.decisions.iter().rev().map(|d| d.as_ref()).collect::<Vec<_>>(),
             "store_failing": self.store.failing(),
             // Node types whose launches back off after a failure, and until when (ms).
-            "launch_backoff": self.launch_backoff.iter().map(|(t, (until, _))| (t.clone(), *until)).collect::<BTreeMap<_, _>>(),
+            "launch_backoff": self.launch_backoff.iter().map(|(t, b)| (t.clone(), b.until_ms)).collect::<BTreeMap<_, _>>(),
+            // Of those, the ones still unavailable and why: demand goes to other types.
+            "unavailable": self.launch_backoff.iter()
+                .filter(|(_, b)| flotilla_core::now_ms() < b.until_ms)
+                .map(|(t, b)| (t.clone(), json!({"until_ms": b.until_ms, "reason": b.reason})))
+                .collect::<BTreeMap<_, _>>(),
         })
     }
 

@@ -31,6 +31,12 @@ pub const LAUNCH_FAILURES: Family = Family::counter(
     "Instance launches the provider failed, by node type.",
     &["pool", "node_type"],
 );
+pub const TYPE_UNAVAILABLE: Family = Family::gauge(
+    "flotilla_pool_node_type_unavailable",
+    "1 while a node type cannot be had (its launches failed, an instance never appeared or its agent never \
+     joined): nothing more of it launches and its demand goes to other types, until its back-off ends.",
+    &["pool", "node_type"],
+);
 pub const TERMINATIONS: Family = Family::counter(
     "flotilla_pool_terminations_total",
     "Instances the pool autoscaler terminated, by node type and cause.",
@@ -81,6 +87,7 @@ pub const FAMILIES: &[Family] = &[
     DECISION_SECONDS,
     LAUNCHES,
     LAUNCH_FAILURES,
+    TYPE_UNAVAILABLE,
     TERMINATIONS,
     INSTANCES,
     INSTANCE_TRANSITIONS,

@@ -130,6 +130,9 @@ pub struct Observation<'a> {
     pub instances: &'a [PoolInstance],
     pub floor: &'a Constraints,
     pub idle: &'a IdleClock,
+    /// Node types that cannot be had now (their launches failed), and why: nothing more
+    /// of them is launched, so their demand goes to other types.
+    pub unavailable: &'a std::collections::BTreeMap<String, String>,
     pub now_ms: u64,
 }
 

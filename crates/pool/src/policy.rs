@@ -190,6 +190,7 @@ mod tests {
                 instances: &instances,
                 floor: &floor,
                 idle: &idle,
+                unavailable: &Default::default(),
                 now_ms: now,
             };
             let (plan, rec) = decide(&cfg, &obs, &mut st);
@@ -215,6 +216,7 @@ mod tests {
                 instances: &instances,
                 floor: &floor,
                 idle: &idle,
+                unavailable: &Default::default(),
                 now_ms: now,
             };
             let (plan, _) = decide(&cfg, &obs, &mut st);

@@ -206,6 +206,9 @@ pub fn record(cfg: &PoolConfig, obs: &Observation, p: &Problem, plan: &Plan, dec
             cannot_place.entry(app).or_insert(i.reason.as_str());
         }
     }
+    for (t, reason) in obs.unavailable {
+        why.push(format!("{t} unavailable ({reason}): its demand goes to other types"));
+    }
     if why.is_empty() {
         why.push("no change: the pool holds the demand".into());
     }
@@ -218,6 +221,7 @@ pub fn record(cfg: &PoolConfig, obs: &Observation, p: &Problem, plan: &Plan, dec
         "terminate": plan.terminate,
         "infeasible": plan.infeasible,
         "cannot_place": cannot_place,
+        "unavailable": obs.unavailable,
         "packing": {
             "placed_on_existing": plan.needed,
             "launched": report.launched,
@@ -240,6 +244,10 @@ pub fn decide(cfg: &PoolConfig, obs: &Observation, policy: &mut PolicyState) -> 
             t.max = live_of(obs, &t.name).min(t.max as usize) as u32;
             t.idle_timeout_ms = None;
         }
+    }
+    // A type that cannot be had now launches nothing more (`Observation::unavailable`).
+    for t in p.node_types.iter_mut().filter(|t| obs.unavailable.contains_key(&t.name)) {
+        t.max = live_of(obs, &t.name).min(t.max as usize) as u32;
     }
     let start = std::time::Instant::now();
     let mut plan = pack::plan(&p);
@@ -362,6 +370,7 @@ mod tests {
             instances: &instances,
             floor: &Constraints::default(),
             idle: &IdleClock::default(),
+            unavailable: &Default::default(),
             now_ms: 0,
         };
         let (plan, record) = decide(&cfg, &obs, &mut PolicyState::default());
@@ -399,6 +408,7 @@ mod tests {
             instances: &instances,
             floor: &Constraints::default(),
             idle: &IdleClock::default(),
+            unavailable: &Default::default(),
             now_ms: 0,
         };
         decide(cfg, &obs, &mut PolicyState::default())

@@ -14,6 +14,8 @@ struct FakeProvider {
     launches: Mutex<Vec<String>>,
     /// Refuse every launch.
     refuse: std::sync::atomic::AtomicBool,
+    /// Refuse the launches of this type (a spot type with no capacity).
+    refuse_type: Mutex<Option<String>>,
 }
 
 impl InstanceProvider for FakeProvider {
@@ -32,7 +34,8 @@ impl InstanceProvider for FakeProvider {
     }
     fn launch<'a>(&'a self, spec: &'a LaunchSpec) -> BoxFuture<'a, Result<(), ProviderError>> {
         self.launches.lock().unwrap().push(spec.id.clone());
-        if self.refuse.load(std::sync::atomic::Ordering::SeqCst) {
+        let refused = self.refuse_type.lock().unwrap().as_deref() == Some(spec.node_type.as_str());
+        if refused || self.refuse.load(std::sync::atomic::Ordering::SeqCst) {
             let e = ProviderError::Exit { command: "launch".into(), status: "1".into(), stderr: "quota".into() };
             return Box::pin(async move { Err(e) });
         }
@@ -244,6 +247,51 @@ async fn refused_launches_back_their_type_off() {
     let report = a.report();
     let until = report["launch_backoff"]["t"].as_u64().expect("t backs off");
     assert!(until > flotilla_core::now_ms() + 3_000, "{report}");
-    assert_eq!(a.instances().iter().filter(|i| i.state == InstanceState::Queued).count(), 3, "they wait queued");
+    // The only type cannot be had: what waited to launch as it is given up, and the
+    // demand is reported as nothing the pool can hold now.
+    assert_eq!(a.instances().iter().filter(|i| i.state == InstanceState::Queued).count(), 0, "{report}");
+    assert!(report["unavailable"]["t"]["reason"].as_str().unwrap().contains("quota"), "{report}");
+    assert!(report["decisions"][0]["explanation"].as_str().unwrap().contains("t unavailable"), "{report}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Issue #40 item 4: the cheapest type's launches fail (a spot type with no capacity):
+/// it is marked unavailable and the next pass sends the demand to the next cheapest
+/// type that can hold it, which launches at once.
+#[tokio::test]
+async fn a_type_whose_launches_fail_falls_back_to_the_next_cheapest() {
+    const TWO: &str = r#"
+        max_concurrent_launches = 10
+        upscaling_speed = 10.0
+        [node_types.spot]
+        cpu = 2
+        memory = "4Gi"
+        max = 5
+        cost = 0.05
+        [node_types.ondemand]
+        cpu = 2
+        memory = "4Gi"
+        max = 5
+        cost = 0.20
+    "#;
+    let dir = fresh_dir("fallback");
+    let provider = Arc::new(FakeProvider::default());
+    *provider.refuse_type.lock().unwrap() = Some("spot".into());
+    let cluster = FakeCluster::with_echo(&provider, 2);
+    let store = PoolStore::open("test", dir.join("pool.redb")).unwrap();
+    let mut a = Autoscaler::new(PoolConfig::parse(TWO).unwrap(), provider.clone(), cluster.clone(), store).unwrap();
+    a.pass().await.unwrap();
+    let first: Vec<String> = provider.launches.lock().unwrap().clone();
+    assert!(!first.is_empty() && first.iter().all(|id| id.contains("spot")), "the cheapest first: {first:?}");
+    a.pass().await.unwrap();
+    let report = a.report();
+    a.pass().await.unwrap();
+    let ondemand = a.instances().iter().filter(|i| i.node_type == "ondemand" && i.state == InstanceState::Running);
+    assert_eq!(ondemand.count(), 2, "both units go to the next cheapest type: {report}");
+    assert!(report["unavailable"]["spot"]["reason"].as_str().unwrap().contains("launch failed"), "{report}");
+    let why = report["decisions"][0]["explanation"].as_str().unwrap();
+    assert!(why.contains("spot unavailable") && why.contains("launch 2 × ondemand"), "{why}");
+    assert_eq!(provider.launches.lock().unwrap().iter().filter(|id| id.contains("ondemand")).count(), 2);
+    assert!(a.instances().iter().all(|i| i.node_type != "spot" || i.state == InstanceState::Terminated), "{report}");
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -435,6 +435,14 @@ impl Instances {
         ids
     }
 
+    /// Gives up the QUEUED records of `node_type` (QUEUED → TERMINATED): its type cannot
+    /// be had now, and the demand they were for is packed again onto other types.
+    pub fn cancel_queued(&mut self, node_type: &str, now_ms: u64, reason: &str) -> Vec<Change> {
+        let ids: Vec<String> =
+            self.map.values().filter(|i| i.node_type == node_type && i.state == Queued).map(|i| i.id.clone()).collect();
+        ids.iter().filter_map(|id| self.move_to(id, Terminated, now_ms, reason).ok()).collect()
+    }
+
     /// Which QUEUED records to launch now, oldest first. Two limits, from Ray's
     /// autoscalers:
     ///
