@@ -66,6 +66,7 @@ launch)
   if [[ -n ${FLOTILLA_JOIN_TOKEN_FILE:-} ]]; then args+=(--join-token-file "$FLOTILLA_JOIN_TOKEN_FILE"); fi
   if [[ -n ${FLOTILLA_CA:-} ]]; then args+=(--ca "$FLOTILLA_CA"); fi
   if ((${FLOTILLA_NODE_GPU:-0} > 0)); then args+=(--gpus "$FLOTILLA_NODE_GPU"); fi
+  if [[ ${FLOTILLA_NODE_CORDONED:-} == true ]]; then args+=(--cordoned); fi # a warm pool's node
   while IFS= read -r l; do if [[ -n $l ]]; then args+=(--resource "$l"); fi; done <<<"${FLOTILLA_NODE_RESOURCE_LINES:-}"
   while IFS= read -r l; do if [[ -n $l ]]; then args+=(--label "$l"); fi; done <<<"${FLOTILLA_NODE_LABEL_LINES:-}"
   echo "$slot" >"$dir/$id.slot"

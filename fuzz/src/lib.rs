@@ -42,6 +42,7 @@ pub fn register_request(node: &str) -> v1::RegisterRequest {
         assignments: vec![],
         health: None,
         assignment_version: 0,
+        cordoned: false,
     }
 }
 
@@ -584,7 +585,15 @@ pub fn pool(data: &[u8]) {
         return;
     }
     let empty = |cfg: &PoolConfig, floor: &Constraints| {
-        let obs = Observation { nodes: &[], apps: &[], instances: &[], floor, idle: &IdleClock::default(), now_ms: 0 };
+        let obs = Observation {
+            nodes: &[],
+            apps: &[],
+            instances: &[],
+            floor,
+            idle: &IdleClock::default(),
+            unavailable: &Default::default(),
+            now_ms: 0,
+        };
         reconciler::problem(cfg, &obs)
     };
     match selector % 4 {

@@ -226,6 +226,7 @@ pub async fn register_nodes(
                         assignments: vec![],
                         health: None,
                         assignment_version: 0,
+                        cordoned: false,
                     };
                     let sess = conn.register(req).await.with_context(|| format!("registering {id}"))?;
                     let key: flotilla_proto::seal::SessionKey =

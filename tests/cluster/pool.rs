@@ -300,3 +300,67 @@ fn autoscale_plan_makes_the_documented_example_decision() {
     assert!(!o.status.success());
     assert!(flotilla_testkit::stderr(&o).contains("larger than 128 MiB"), "{}", flotilla_testkit::stderr(&o));
 }
+
+/// Issue #40 item 3: with `warm = 2` the pool holds two nodes registered, cordoned and
+/// idle (no unit lands on them, none is idle-terminated); a pending unit claims one (an
+/// uncordon, not a launch) and runs on it; the pool launches a warm replacement.
+#[test]
+fn a_warm_node_takes_a_pending_unit_at_once_and_the_warm_pool_refills() {
+    let dir = fresh_dir("pool-warm-files");
+    let (pool_path, app) = files(&dir);
+    let warm_pool = POOL.replace("min = 1\nmax = 4", "min = 1\nmax = 5\nwarm = 2");
+    std::fs::write(&pool_path, warm_pool).unwrap();
+    let (pool_path, app) = (pool_path.display().to_string(), app.display().to_string());
+    let up = Up::start("pool-warm", &["--autoscale", "--pool", &pool_path, "--app", &app]);
+    let held = |p: &Value| -> Vec<String> {
+        p["instances"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|i| i["warm"] == "held" && i["state"] == "running")
+            .filter_map(|i| i["id"].as_str().map(str::to_string))
+            .collect()
+    };
+    let warm = wait_for("one unit running and two warm nodes held", Duration::from_secs(90), || {
+        let p = pool(&up)?;
+        let h = held(&p);
+        (running_units(&up) == 1 && h.len() == 2).then_some(h)
+    });
+    // Held nodes are cordoned in the view and hold nothing, past the idle timeout (3 s).
+    std::thread::sleep(Duration::from_secs(5));
+    for n in &warm {
+        let node = up.node(n).unwrap_or_else(|| panic!("{n} is not in the view"));
+        assert_eq!(node["cordoned"], true, "{node:#}");
+        assert_eq!(node["status"], "alive", "{node:#}");
+    }
+    let p = pool(&up).unwrap();
+    assert_eq!(held(&p), warm, "neither used nor idle-terminated: {p:#}");
+
+    // A second unit: a warm node takes it.
+    let started = std::time::Instant::now();
+    run_ok(up.cli().args(["scale", "echo", "--units", "2"]));
+    let node = wait_for("the new unit running on a warm node", Duration::from_secs(60), || {
+        let units = up.units("echo");
+        let on: Vec<String> = units
+            .iter()
+            .filter(|u| u["state"] == "running")
+            .flat_map(|u| u["members"].as_array().cloned().unwrap_or_default())
+            .filter_map(|m| m["node_id"].as_str().map(str::to_string))
+            .filter(|n| warm.contains(n))
+            .collect();
+        on.first().cloned()
+    });
+    eprintln!("pending to running on warm node {node}: {:?}", started.elapsed());
+    let p = wait_for("two warm nodes held again", Duration::from_secs(60), || {
+        let p = pool(&up)?;
+        (held(&p).len() == 2 && !held(&p).contains(&node)).then_some(p)
+    });
+    let decisions = p["decisions"].as_array().unwrap();
+    assert!(
+        decisions.iter().any(|d| d["explanation"].as_str().is_some_and(|e| e.contains(&format!("claim warm {node}")))),
+        "{decisions:#?}"
+    );
+    let claimed = up.node(&node).unwrap();
+    assert_eq!(claimed["cordoned"], false, "{claimed:#}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -36,6 +36,11 @@ pub struct AgentArgs {
     /// A custom resource `NAME=QTY`; repeatable.
     #[arg(long = "resource")]
     pub resources: Vec<String>,
+    /// Register cordoned, as a warm pool node: ready, holding nothing, taking no
+    /// placements until its pool claims it (`flotilla node uncordon`). A node its shard
+    /// knows already keeps the cordon it has.
+    #[arg(long, env = "FLOTILLA_CORDONED")]
+    pub cordoned: bool,
     #[arg(long, env = "FLOTILLA_JOIN_TOKEN", hide_env_values = true)]
     pub join_token: Option<String>,
     /// A file holding join tokens, one per line, newest first (`flotilla join-token
@@ -168,6 +173,8 @@ pub struct AgentConfig {
     pub test_health_file: Option<PathBuf>,
     pub runtime: crate::runtime::RuntimeConfig,
     pub artifacts: crate::artifacts::ArtifactArgs,
+    /// `--cordoned`: register as a warm pool node.
+    pub cordoned: bool,
 }
 
 /// The newest token of a join-token file: its first non-blank line.
@@ -467,6 +474,7 @@ impl AgentArgs {
                 preemption_notice_file: self.preemption_notice_file,
                 test_health_file: self.test_health_file,
                 artifacts: crate::artifacts::ArtifactArgs { artifact_cache: Some(artifact_cache), ..self.artifacts },
+                cordoned: self.cordoned,
             }),
             _ => Err(errors),
         }

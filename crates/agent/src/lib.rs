@@ -452,6 +452,7 @@ async fn register(
         assignments: running.0,
         health: Some((&probe.sample()).into()),
         assignment_version: running.1,
+        cordoned: config.cordoned,
     };
     let session = conn.register(req).await?;
     Ok((conn, session))

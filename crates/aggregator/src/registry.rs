@@ -447,6 +447,9 @@ impl Registry {
                     slot
                 }
             };
+            if req.cordoned && existing.is_none() {
+                self.cordoned.entry(node_id.clone()).or_insert(false);
+            }
             let l = sessions.slab.get(slot).ok_or_else(|| RegisterError::Invalid("session table".into()))?;
             Registered { session_id: l.session_id, node_id: l.node_id.clone(), incarnation: l.incarnation, key: l.key }
         };
@@ -583,6 +586,7 @@ pub(crate) mod tests {
             assignments: vec![],
             health: None,
             assignment_version: 0,
+            cordoned: false,
         }
     }
 
@@ -701,6 +705,21 @@ pub(crate) mod tests {
     fn a_session_stays_at_96_bytes() {
         assert_eq!(std::mem::size_of::<NodeLive>(), 96);
         assert_eq!(std::mem::size_of::<Option<NodeLive>>(), 96, "a slab cell costs nothing over its session");
+    }
+
+    /// A warm pool node registers cordoned; once its pool uncordoned it, a restart of
+    /// its agent (the same flag) does not cordon it again.
+    #[test]
+    fn a_node_registering_cordoned_is_cordoned_once() {
+        let r = registry();
+        let warm = |inc| v1::RegisterRequest { cordoned: true, ..request("w1", inc, "d") };
+        let a = r.register(warm(1), 0).unwrap();
+        assert_eq!(r.cordon(&a.node_id), Some(false), "cordoned, no drain");
+        assert!(r.set_cordon(&a.node_id, false, false));
+        r.register(warm(2), 10).unwrap();
+        assert_eq!(r.cordon(&a.node_id), None, "a node the shard knows keeps its cordon");
+        let b = r.register(request("n2", 1, "d"), 0).unwrap();
+        assert_eq!(r.cordon(&b.node_id), None);
     }
 
     #[test]

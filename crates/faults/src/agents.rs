@@ -129,6 +129,7 @@ impl Agent {
             assignments: self.running.clone(),
             health: Some(v1::HealthSample::default()),
             assignment_version: self.version,
+            cordoned: false,
         };
         match registry.register(req, now_ms) {
             Ok(live) => {

@@ -21,6 +21,7 @@ use crate::policy::PolicyState;
 use crate::provider::{InstanceProvider, LaunchSpec, ProviderError};
 use crate::reconciler;
 use crate::store::{PoolStore, StoreError};
+use crate::warm::Warm;
 
 /// Decisions kept for `GET /v1/pools/{pool}` (newest first there).
 pub const DECISIONS_KEPT: usize = 50;
@@ -205,7 +206,12 @@ impl Autoscaler {
             .instances
             .iter()
             .filter_map(|i| {
-                phase(i.state).map(|phase| PoolInstance { id: i.id.clone(), node_type: i.node_type.clone(), phase })
+                phase(i.state).map(|phase| PoolInstance {
+                    id: i.id.clone(),
+                    node_type: i.node_type.clone(),
+                    phase,
+                    warm: i.warm == Some(Warm::Held),
+                })
             })
             .collect();
         let obs = Observation {
@@ -227,6 +233,18 @@ impl Autoscaler {
             tracing::info!(pool = %self.cfg.name, %node_type, count = ids.len(), reason = %why, "queueing instances");
             metrics::counter!(m::LAUNCHES.name, "pool" => self.cfg.name.clone(), "node_type" => node_type.clone())
                 .increment(ids.len() as u64);
+        }
+        let warm = self.warm_pools(&nodes, &plan, &unavailable, now).await;
+        let mut record = record;
+        if !warm.claim.is_empty() || !warm.replenish.is_empty() {
+            let mut why: Vec<String> =
+                warm.claim.iter().map(|id| format!("claim warm {id} for pending demand")).collect();
+            why.extend(warm.replenish.iter().map(|(t, n)| format!("launch {n} × {t} (warm pool)")));
+            let text = record["explanation"].as_str().unwrap_or_default().to_string();
+            let text =
+                if text.starts_with("no change") { why.join("; ") } else { format!("{text}; {}", why.join("; ")) };
+            record["explanation"] = json!(text);
+            record["warm"] = json!({"claimed": warm.claim, "launched": warm.replenish});
         }
         for term in &plan.terminate {
             let Some(state) = self.instances.get(&term.node_id).map(|i| i.state) else { continue };
@@ -315,6 +333,7 @@ impl Autoscaler {
                 .iter()
                 .all(|k| r[k].as_object().is_none_or(|m| m.is_empty()) && r[k].as_array().is_none_or(|a| a.is_empty()))
                 && r.get("policy").is_none()
+                && r.get("warm").is_none()
         };
         if quiet(&record)
             && let Some(last) = self.decisions.back()
@@ -398,6 +417,7 @@ impl Autoscaler {
                 node_type: t.name.clone(),
                 resources: t.resources.clone(),
                 labels: pool_labels(t),
+                cordoned: inst.warm == Some(Warm::Held),
             });
         }
         let records: Vec<_> = specs.iter().filter_map(|s| self.instances.get(&s.id).cloned()).collect();
@@ -431,6 +451,42 @@ impl Autoscaler {
         Ok(())
     }
 
+    /// Claims the warm nodes the packing put demand on (an uncordon), settles the
+    /// claimed ones the view shows uncordoned, and queues warm replacements.
+    async fn warm_pools(
+        &mut self,
+        nodes: &[crate::model::NodeRow],
+        plan: &crate::pack::Plan,
+        unavailable: &BTreeMap<String, String>,
+        now: u64,
+    ) -> crate::warm::WarmPlan {
+        let cordoned: HashMap<&str, bool> = nodes.iter().map(|n| (n.node_id.as_str(), n.cordoned)).collect();
+        let all: Vec<&crate::instance::Instance> = self.instances.iter().collect();
+        let wp = crate::warm::plan(&self.cfg, &all, &cordoned, &plan.needed, &plan.launch, unavailable);
+        for id in &wp.claim {
+            tracing::info!(pool = %self.cfg.name, instance = %id, "claiming a warm node for pending demand");
+            self.instances.set_warm(id, Some(Warm::Claimed));
+            let node_type = self.instances.get(id).map(|i| i.node_type.clone()).unwrap_or_default();
+            metrics::counter!(m::WARM_CLAIMS.name, "pool" => self.cfg.name.clone(), "node_type" => node_type)
+                .increment(1);
+        }
+        // A claimed node not registered yet is uncordoned once it shows (`wp.uncordon`).
+        for id in wp.claim.iter().filter(|id| cordoned.contains_key(id.as_str())).chain(&wp.uncordon) {
+            if let Err(e) = self.cluster.uncordon(id).await {
+                tracing::warn!(instance = %id, error = %e, "uncordoning a claimed warm node failed; retrying next pass");
+            }
+        }
+        for id in &wp.settled {
+            self.instances.set_warm(id, None);
+        }
+        for (node_type, n) in &wp.replenish {
+            let why = format!("warm pool: {n} held ready");
+            let ids = self.instances.queue_as(node_type, *n as usize, now, &why, Some(Warm::Held));
+            tracing::info!(pool = %self.cfg.name, %node_type, count = ids.len(), "queueing warm instances");
+        }
+        wp
+    }
+
     /// Marks `node_type` unavailable for its next back-off (doubling per failure);
     /// returns the wait.
     fn back_off(&mut self, node_type: &str, now: u64, reason: &str) -> Duration {
@@ -455,6 +511,9 @@ impl Autoscaler {
                     "node_type" => t.name.clone(), "state" => s.as_str())
                 .set(n as f64);
             }
+            let held = self.instances.live_of_type(&t.name).filter(|i| i.warm == Some(Warm::Held)).count();
+            metrics::gauge!(m::WARM_INSTANCES.name, "pool" => self.cfg.name.clone(), "node_type" => t.name.clone())
+                .set(held as f64);
         }
     }
 
@@ -469,8 +528,10 @@ impl Autoscaler {
             .node_types
             .iter()
             .map(|t| {
+                let held = self.instances.live_of_type(&t.name).filter(|i| i.warm == Some(Warm::Held)).count();
                 json!({"name": t.name, "resources": t.resources, "labels": t.labels, "min": t.min, "max": t.max,
-                       "cost": t.cost, "idle_timeout_s": t.idle_timeout.map(|d| d.as_secs())})
+                       "cost": t.cost, "idle_timeout_s": t.idle_timeout.map(|d| d.as_secs()), "warm": t.warm,
+                       "warm_held": held})
             })
             .collect();
         let instances: Vec<&crate::instance::Instance> = self.instances.iter().collect();

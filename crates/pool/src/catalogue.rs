@@ -37,6 +37,16 @@ pub const TYPE_UNAVAILABLE: Family = Family::gauge(
      joined): nothing more of it launches and its demand goes to other types, until its back-off ends.",
     &["pool", "node_type"],
 );
+pub const WARM_INSTANCES: Family = Family::gauge(
+    "flotilla_pool_warm_instances",
+    "Instances held warm: launched, registered, cordoned and holding nothing until demand claims them.",
+    &["pool", "node_type"],
+);
+pub const WARM_CLAIMS: Family = Family::counter(
+    "flotilla_pool_warm_claims_total",
+    "Warm instances claimed for pending demand (uncordoned instead of launched).",
+    &["pool", "node_type"],
+);
 pub const TERMINATIONS: Family = Family::counter(
     "flotilla_pool_terminations_total",
     "Instances the pool autoscaler terminated, by node type and cause.",
@@ -88,6 +98,8 @@ pub const FAMILIES: &[Family] = &[
     LAUNCHES,
     LAUNCH_FAILURES,
     TYPE_UNAVAILABLE,
+    WARM_INSTANCES,
+    WARM_CLAIMS,
     TERMINATIONS,
     INSTANCES,
     INSTANCE_TRANSITIONS,

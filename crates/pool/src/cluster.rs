@@ -56,6 +56,8 @@ pub trait Cluster: Send + Sync {
     fn apps(&self) -> BoxFuture<'_, Result<Vec<AppRow>, ClusterError>>;
     /// Cordons the node and has every app move its members elsewhere first.
     fn drain<'a>(&'a self, node: &'a str) -> BoxFuture<'a, Result<(), ClusterError>>;
+    /// Uncordons the node: a warm pool's node, claimed for demand.
+    fn uncordon<'a>(&'a self, node: &'a str) -> BoxFuture<'a, Result<(), ClusterError>>;
     /// Posts the pool's report; the answer carries its floor and node type bounds.
     fn report<'a>(&'a self, pool: &'a str, report: &'a Value) -> BoxFuture<'a, Result<ReportAnswer, ClusterError>>;
 }
@@ -116,6 +118,14 @@ impl Cluster for HttpCluster {
     fn drain<'a>(&'a self, node: &'a str) -> BoxFuture<'a, Result<(), ClusterError>> {
         Box::pin(async move {
             let path = format!("/v1/nodes/{node}/drain");
+            let _: Value = self.call(self.client.post(self.url(&path)), &path).await?;
+            Ok(())
+        })
+    }
+
+    fn uncordon<'a>(&'a self, node: &'a str) -> BoxFuture<'a, Result<(), ClusterError>> {
+        Box::pin(async move {
+            let path = format!("/v1/nodes/{node}/uncordon");
             let _: Value = self.call(self.client.post(self.url(&path)), &path).await?;
             Ok(())
         })

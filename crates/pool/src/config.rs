@@ -82,6 +82,8 @@ struct RawNodeType {
     max: u32,
     cost: Option<f64>,
     idle_timeout: Option<Span>,
+    #[serde(default)]
+    warm: u32,
 }
 
 /// `cpu = 4` or `cpu = "500m"`; `memory = "8Gi"` or bytes.
@@ -147,6 +149,10 @@ pub struct PoolNodeType {
     pub max: u32,
     pub cost: Option<f64>,
     pub idle_timeout: Option<Duration>,
+    /// Instances kept launched, registered and holding nothing (cordoned, so no app
+    /// places on them) beyond what demand needs: the pool takes them first on scale-up
+    /// (an uncordon, not a boot) and launches their replacements.
+    pub warm: u32,
 }
 
 /// A checked pool file.
@@ -244,6 +250,9 @@ impl PoolConfig {
             if t.min > t.max {
                 errors.push(format!("{path}: min {} > max {}", t.min, t.max));
             }
+            if t.warm > t.max {
+                errors.push(format!("{path}.warm: {} is more than max {}", t.warm, t.max));
+            }
             if t.max > MAX_POOL_NODES {
                 errors.push(format!("{path}.max: {} is more than {MAX_POOL_NODES}", t.max));
             }
@@ -268,6 +277,7 @@ impl PoolConfig {
                 max: t.max,
                 cost: t.cost,
                 idle_timeout: t.idle_timeout.or(raw.idle_timeout).map(|s| Duration::from_secs(s.as_secs())),
+                warm: t.warm,
             });
         }
         if let Some(m) = raw.max_nodes

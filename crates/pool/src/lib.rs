@@ -9,7 +9,8 @@
 //! - [`store`]: the instance records in redb, saved before every launch (no leaks or
 //!   double launches across restarts);
 //! - [`policy`]: a Dataproc or MR3 policy sizing two node types by load instead;
-//! - [`provider`]: where instances come from (`local` agent processes, `exec` user commands).
+//! - [`provider`]: where instances come from (`local` agent processes, `exec` user commands);
+//! - [`warm`]: warm pools, instances held ready ahead of demand (pure).
 
 pub mod autoscaler;
 pub mod catalogue;
@@ -24,3 +25,4 @@ pub mod provider;
 pub mod reconciler;
 pub mod shape;
 pub mod store;
+pub mod warm;

@@ -100,10 +100,15 @@ pub struct PoolInstance {
     pub id: String,
     pub node_type: String,
     pub phase: Phase,
+    /// Held warm (`PoolNodeType::warm`): cordoned and idle on purpose, capacity the
+    /// packing may claim, never idle-terminated.
+    pub warm: bool,
 }
 
 /// Since when each node has held nothing; a node is idle from when it is first seen
-/// alive with nothing allocated.
+/// alive, schedulable and with nothing allocated. A cordoned node (a warm pool's, held
+/// on purpose; an operator's) is not idle: uncordoned, its clock starts then, so a warm
+/// node just claimed is not terminated before the units it was claimed for land.
 #[derive(Debug, Default, Clone)]
 pub struct IdleClock(HashMap<String, u64>);
 
@@ -111,7 +116,7 @@ impl IdleClock {
     pub fn update(&mut self, nodes: &[NodeRow], now_ms: u64) {
         let mut next = HashMap::with_capacity(nodes.len());
         for n in nodes {
-            if n.status == "alive" && n.allocated.is_zero() {
+            if n.status == "alive" && !n.cordoned && n.allocated.is_zero() {
                 next.insert(n.node_id.clone(), self.0.get(&n.node_id).copied().unwrap_or(now_ms));
             }
         }

@@ -168,7 +168,12 @@ mod tests {
 
     fn running(ids: &[&str]) -> Vec<PoolInstance> {
         ids.iter()
-            .map(|id| PoolInstance { id: id.to_string(), node_type: "primary".into(), phase: Phase::Running })
+            .map(|id| PoolInstance {
+                id: id.to_string(),
+                node_type: "primary".into(),
+                phase: Phase::Running,
+                warm: false,
+            })
             .collect()
     }
 

@@ -44,8 +44,10 @@ pub fn problem(cfg: &PoolConfig, obs: &Observation) -> Problem {
         seen.insert(n.node_id.as_str());
         let total = shape(&n.capacity, &mut names);
         // A node that is not plainly alive and schedulable holds its place (it still
-        // counts against its type's max) but takes no demand and is never idle.
-        let usable = n.status == "alive" && !n.cordoned && !n.drain_requested;
+        // counts against its type's max) but takes no demand and is never idle. A warm
+        // pool's node is cordoned on purpose: it takes demand (which claims it).
+        let warm = inst.is_some_and(|i| i.warm);
+        let usable = n.status == "alive" && (!n.cordoned || warm) && !n.drain_requested;
         let available = if usable {
             let mut a = total.clone();
             a.sub_times(&shape(&n.allocated, &mut names), 1);
@@ -360,8 +362,18 @@ mod tests {
         let cfg = PoolConfig::parse(POOL).unwrap();
         let nodes = vec![row("pool-small-a-1", &[("domain", "domain-a"), ("priority", "high")], 0)];
         let instances = vec![
-            PoolInstance { id: "pool-small-a-1".into(), node_type: "small-a".into(), phase: Phase::Running },
-            PoolInstance { id: "pool-small-a-2".into(), node_type: "small-a".into(), phase: Phase::Pending },
+            PoolInstance {
+                id: "pool-small-a-1".into(),
+                node_type: "small-a".into(),
+                phase: Phase::Running,
+                warm: false,
+            },
+            PoolInstance {
+                id: "pool-small-a-2".into(),
+                node_type: "small-a".into(),
+                phase: Phase::Pending,
+                warm: false,
+            },
         ];
         let apps = vec![echo(3, 0)];
         let obs = Observation {
@@ -396,7 +408,7 @@ mod tests {
     }
 
     fn running(id: &str, node_type: &str) -> PoolInstance {
-        PoolInstance { id: id.into(), node_type: node_type.into(), phase: Phase::Running }
+        PoolInstance { id: id.into(), node_type: node_type.into(), phase: Phase::Running, warm: false }
     }
 
     /// One pass over these nodes (each a running instance of `node_type`) and apps.

@@ -60,6 +60,7 @@ fn spec() -> LaunchSpec {
             custom: BTreeMap::from([("tpu".into(), 4), ("fpga".into(), 1)]),
         },
         labels: BTreeMap::from([("zone".into(), "z1".into()), ("team".into(), "ml infra".into())]),
+        cordoned: false,
     }
 }
 

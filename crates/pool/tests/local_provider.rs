@@ -76,6 +76,7 @@ fn spec(id: &str) -> LaunchSpec {
             custom: BTreeMap::from([("tpu".into(), 2)]),
         },
         labels: BTreeMap::from([("zone".into(), "z1".into())]),
+        cordoned: false,
     }
 }
 

@@ -7,6 +7,7 @@ use flotilla_core::{MemberShape, UnitShape};
 use super::*;
 use crate::model::{AppRow, NodeRow, Queued};
 use crate::provider::{BoxFuture, CloudInstance};
+use crate::warm::Warm;
 
 #[derive(Default)]
 struct FakeProvider {
@@ -16,6 +17,8 @@ struct FakeProvider {
     refuse: std::sync::atomic::AtomicBool,
     /// Refuse the launches of this type (a spot type with no capacity).
     refuse_type: Mutex<Option<String>>,
+    /// Instances launched cordoned (a warm pool's) and not uncordoned since.
+    cordoned: Mutex<std::collections::BTreeSet<String>>,
 }
 
 impl InstanceProvider for FakeProvider {
@@ -40,6 +43,9 @@ impl InstanceProvider for FakeProvider {
             return Box::pin(async move { Err(e) });
         }
         self.running.lock().unwrap().insert(spec.id.clone(), spec.node_type.clone());
+        if spec.cordoned {
+            self.cordoned.lock().unwrap().insert(spec.id.clone());
+        }
         Box::pin(async { Ok(()) })
     }
     fn terminate<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), ProviderError>> {
@@ -53,6 +59,7 @@ struct FakeCluster {
     provider: Arc<FakeProvider>,
     apps: Mutex<Vec<AppRow>>,
     drains: Mutex<Vec<String>>,
+    uncordons: Mutex<Vec<String>>,
     bounds: Mutex<BTreeMap<String, TypeBounds>>,
 }
 
@@ -71,6 +78,7 @@ impl FakeCluster {
                 },
             }]),
             drains: Mutex::new(vec![]),
+            uncordons: Mutex::new(vec![]),
             bounds: Mutex::new(BTreeMap::new()),
         })
     }
@@ -79,6 +87,7 @@ impl FakeCluster {
 impl Cluster for FakeCluster {
     fn nodes(&self) -> BoxFuture<'_, Result<Vec<NodeRow>, ClusterError>> {
         let drains = self.drains.lock().unwrap().clone();
+        let warm = self.provider.cordoned.lock().unwrap().clone();
         let rows = self
             .provider
             .running
@@ -91,7 +100,7 @@ impl Cluster for FakeCluster {
                 labels: BTreeMap::new(),
                 capacity: Resources::new(2000, 4 << 30, 0),
                 allocated: Resources::default(),
-                cordoned: drains.contains(id),
+                cordoned: drains.contains(id) || warm.contains(id),
                 drain_requested: drains.contains(id),
             })
             .collect();
@@ -103,6 +112,11 @@ impl Cluster for FakeCluster {
     }
     fn drain<'a>(&'a self, node: &'a str) -> BoxFuture<'a, Result<(), ClusterError>> {
         self.drains.lock().unwrap().push(node.to_string());
+        Box::pin(async { Ok(()) })
+    }
+    fn uncordon<'a>(&'a self, node: &'a str) -> BoxFuture<'a, Result<(), ClusterError>> {
+        self.uncordons.lock().unwrap().push(node.to_string());
+        self.provider.cordoned.lock().unwrap().remove(node);
         Box::pin(async { Ok(()) })
     }
     fn report<'a>(&'a self, _: &'a str, r: &'a Value) -> BoxFuture<'a, Result<ReportAnswer, ClusterError>> {
@@ -293,5 +307,47 @@ async fn a_type_whose_launches_fail_falls_back_to_the_next_cheapest() {
     assert!(why.contains("spot unavailable") && why.contains("launch 2 × ondemand"), "{why}");
     assert_eq!(provider.launches.lock().unwrap().iter().filter(|id| id.contains("ondemand")).count(), 2);
     assert!(a.instances().iter().all(|i| i.node_type != "spot" || i.state == InstanceState::Terminated), "{report}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Issue #40 item 3: a type with `warm = 2` keeps two instances launched and cordoned;
+/// pending demand claims one (an uncordon, no launch for it) and a warm replacement is
+/// launched; the claimed node is an ordinary one once the view shows it uncordoned.
+#[tokio::test]
+async fn a_warm_pool_is_held_claimed_for_demand_and_refilled() {
+    let dir = fresh_dir("warm");
+    let provider = Arc::new(FakeProvider::default());
+    let cluster = FakeCluster::with_echo(&provider, 0);
+    let store = PoolStore::open("test", dir.join("pool.redb")).unwrap();
+    let cfg = PoolConfig::parse(&POOL.replace("max = 5", "max = 5\nwarm = 2")).unwrap();
+    let mut a = Autoscaler::new(cfg, provider.clone(), cluster.clone(), store).unwrap();
+    a.pass().await.unwrap();
+    a.pass().await.unwrap();
+    let held = |a: &Autoscaler| a.instances().iter().filter(|i| i.warm == Some(Warm::Held)).count();
+    assert_eq!(provider.launches.lock().unwrap().len(), 2, "two warm, no more");
+    assert_eq!(provider.cordoned.lock().unwrap().len(), 2, "launched cordoned");
+    assert_eq!(held(&a), 2);
+    assert_eq!(a.report()["node_types"][0]["warm_held"], 2);
+
+    // One unit pending: a warm node takes it.
+    cluster.apps.lock().unwrap()[0].queued = Queued { primary: 1, secondary: 0 };
+    a.pass().await.unwrap();
+    let uncordoned = cluster.uncordons.lock().unwrap().clone();
+    assert_eq!(uncordoned.len(), 1, "one claimed");
+    let report = a.report();
+    let d = &report["decisions"][0];
+    assert!(d["launch"].as_object().is_none_or(|l| l.is_empty()), "nothing launched for the demand: {d:#}");
+    let why = d["explanation"].as_str().unwrap();
+    assert!(
+        why.contains(&format!("claim warm {}", uncordoned[0])) && why.contains("launch 1 × t (warm pool)"),
+        "{why}"
+    );
+    assert_eq!(provider.launches.lock().unwrap().len(), 3, "a warm replacement");
+    // The unit lands; the claimed node is an ordinary one, two are held again.
+    cluster.apps.lock().unwrap()[0].queued = Queued::default();
+    a.pass().await.unwrap();
+    let claimed = a.instances().get(&uncordoned[0]).unwrap();
+    assert_eq!(claimed.warm, None, "settled once seen uncordoned");
+    assert_eq!(held(&a), 2);
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -218,6 +218,9 @@ pub struct Instance {
     /// idle that took work since stays; one asked to go for a limit or a policy does not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drain_cause: Option<Cause>,
+    /// Launched for the type's warm pool (`crate::warm`), until it is taken for demand.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warm: Option<crate::warm::Warm>,
 }
 
 impl Instance {
@@ -233,6 +236,7 @@ impl Instance {
             history: vec![(state, now_ms)],
             allocated_at_ms: (state == Allocated).then_some(now_ms),
             drain_cause: None,
+            warm: None,
         }
     }
 
@@ -373,6 +377,13 @@ impl Instances {
         self.node_types = node_types.into_iter().collect();
     }
 
+    /// Marks instance `id`'s place in its type's warm pool (`crate::warm`).
+    pub fn set_warm(&mut self, id: &str, warm: Option<crate::warm::Warm>) {
+        if let Some(i) = self.map.get_mut(id) {
+            i.warm = warm;
+        }
+    }
+
     pub fn get(&self, id: &str) -> Option<&Instance> {
         self.map.get(id)
     }
@@ -425,10 +436,23 @@ impl Instances {
 
     /// `n` new QUEUED records of `node_type`, with fresh ids (returned).
     pub fn queue(&mut self, node_type: &str, n: usize, now_ms: u64, reason: &str) -> Vec<String> {
+        self.queue_as(node_type, n, now_ms, reason, None)
+    }
+
+    /// [`Instances::queue`], the records marked `warm` (a warm pool's instances).
+    pub fn queue_as(
+        &mut self,
+        node_type: &str,
+        n: usize,
+        now_ms: u64,
+        reason: &str,
+        warm: Option<crate::warm::Warm>,
+    ) -> Vec<String> {
         let mut ids = Vec::with_capacity(n);
         for _ in 0..n {
             let id = self.next_id(node_type);
-            let rec = Instance::new(id.clone(), node_type.to_string(), Queued, now_ms, reason.to_string());
+            let mut rec = Instance::new(id.clone(), node_type.to_string(), Queued, now_ms, reason.to_string());
+            rec.warm = warm;
             self.map.insert(id.clone(), rec);
             ids.push(id);
         }

@@ -243,6 +243,8 @@ impl InstanceProvider for ExecProvider {
                 ("FLOTILLA_NODE_GPU", spec.resources.gpu.to_string()),
                 ("FLOTILLA_NODE_RESOURCE_LINES", resource_lines),
                 ("FLOTILLA_NODE_LABEL_LINES", label_lines),
+                // "true" for a warm pool's instance: its agent registers `--cordoned`.
+                ("FLOTILLA_NODE_CORDONED", spec.cordoned.to_string()),
             ];
             let stdin = to_json(&spec.id, spec)?.into_bytes();
             self.run(&self.config.launch, &env, Some(stdin)).await.map(drop)

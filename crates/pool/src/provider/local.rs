@@ -252,6 +252,9 @@ fn agent_args(spec: &LaunchSpec, dir: &Path, first_port: u32, last_port: u32) ->
     for (k, v) in &spec.labels {
         a.extend(["--label".into(), format!("{k}={v}")]);
     }
+    if spec.cordoned {
+        a.push("--cordoned".into());
+    }
     a.extend([
         "--data".into(),
         dir.join(&spec.id).display().to_string(),

@@ -32,6 +32,8 @@ pub struct LaunchSpec {
     pub node_type: String,
     pub resources: flotilla_core::Resources,
     pub labels: BTreeMap<String, String>,
+    /// For a warm pool: the agent registers cordoned (`flotilla agent --cordoned`).
+    pub cordoned: bool,
 }
 
 /// One instance the provider lists.
