@@ -109,7 +109,7 @@ pub async fn pool(a: ListArgs) -> anyhow::Result<()> {
         if let Some(e) = p["store_failing"].as_str() {
             println!("  its store takes no writes, so it launches nothing until a reopen succeeds: {e}");
         }
-        let mut types = crate::cli::table::Table::new(&["TYPE", ">MIN", ">MAX", "STATES"]);
+        let mut types = crate::cli::table::Table::new(&["TYPE", ">MIN", ">MAX", ">WARM", "STATES", "UNAVAILABLE"]);
         for t in p["node_types"].as_array().into_iter().flatten() {
             let name = s(t, "name");
             let states = p["by_type"][&name]
@@ -117,12 +117,17 @@ pub async fn pool(a: ListArgs) -> anyhow::Result<()> {
                 .map(|m| m.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" "))
                 .unwrap_or_default();
             let n = |k: &str| t[k].as_u64().map(|v| v.to_string()).unwrap_or_else(|| "-".into());
-            types.row(vec![name, n("min"), n("max"), states]);
+            let warm = match (t["warm"].as_u64(), t["warm_held"].as_u64()) {
+                (Some(w), Some(h)) if w > 0 => format!("{h}/{w}"),
+                _ => "-".into(),
+            };
+            let unavailable = p["unavailable"][&name]["reason"].as_str().unwrap_or("-").to_string();
+            types.row(vec![name, n("min"), n("max"), warm, states, unavailable]);
         }
         print!("{}", types.render("  "));
-        let mut instances = crate::cli::table::Table::new(&["INSTANCE", "TYPE", "STATE", "REASON"]);
+        let mut instances = crate::cli::table::Table::new(&["INSTANCE", "TYPE", "STATE", "WARM", "REASON"]);
         for i in p["instances"].as_array().into_iter().flatten() {
-            instances.row(vec![s(i, "id"), s(i, "node_type"), s(i, "state"), s(i, "reason")]);
+            instances.row(vec![s(i, "id"), s(i, "node_type"), s(i, "state"), s(i, "warm"), s(i, "reason")]);
         }
         print!("{}", instances.render("  "));
         // The newest 20, with their reasons: a terminate is not hidden by the quiet
