@@ -166,7 +166,7 @@ pub fn provider(
     tied: bool,
 ) -> anyhow::Result<Arc<dyn InstanceProvider>> {
     Ok(match &cfg.provider {
-        ProviderConfig::Local => Arc::new(LocalProvider::new(LocalConfig {
+        ProviderConfig::Local { boot_delay } => Arc::new(LocalProvider::new(LocalConfig {
             program: std::env::current_exe().context("finding this binary")?,
             args_before: vec![
                 "--log-format".into(),
@@ -187,6 +187,7 @@ pub fn provider(
             port_base: 30_000,
             tied_to_parent: tied,
             stop_grace: std::time::Duration::from_secs(10),
+            boot_delay: std::time::Duration::from_secs(boot_delay.map_or(0, |d| d.as_secs())),
         })),
         ProviderConfig::Exec { launch, terminate, list, timeout, env } => {
             let mut env = env.clone();

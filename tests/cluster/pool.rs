@@ -303,12 +303,15 @@ fn autoscale_plan_makes_the_documented_example_decision() {
 
 /// Issue #40 item 3: with `warm = 2` the pool holds two nodes registered, cordoned and
 /// idle (no unit lands on them, none is idle-terminated); a pending unit claims one (an
-/// uncordon, not a launch) and runs on it; the pool launches a warm replacement.
+/// uncordon, not a launch) and runs on it; the pool launches a warm replacement. With a
+/// boot of 5 s played by the local provider, it prints how long a pending unit waits on
+/// a warm node and on a cold launch (BENCHMARKS.md).
 #[test]
 fn a_warm_node_takes_a_pending_unit_at_once_and_the_warm_pool_refills() {
     let dir = fresh_dir("pool-warm-files");
     let (pool_path, app) = files(&dir);
-    let warm_pool = POOL.replace("min = 1\nmax = 4", "min = 1\nmax = 5\nwarm = 2");
+    let warm_pool = POOL.replace("min = 1\nmax = 4", "min = 1\nmax = 5\nwarm = 2")
+        + "\n[provider]\nkind = \"local\"\nboot_delay = \"5s\"\n";
     std::fs::write(&pool_path, warm_pool).unwrap();
     let (pool_path, app) = (pool_path.display().to_string(), app.display().to_string());
     let up = Up::start("pool-warm", &["--autoscale", "--pool", &pool_path, "--app", &app]);
@@ -362,5 +365,29 @@ fn a_warm_node_takes_a_pending_unit_at_once_and_the_warm_pool_refills() {
     );
     let claimed = up.node(&node).unwrap();
     assert_eq!(claimed["cordoned"], false, "{claimed:#}");
+
+    // Three more units: two take the warm nodes, the third waits for a launch (a boot).
+    let warm = held(&p);
+    let before: Vec<String> =
+        up.units("echo").iter().filter_map(|u| u["unit_id"].as_str().map(str::to_string)).collect();
+    let started = std::time::Instant::now();
+    run_ok(up.cli().args(["scale", "echo", "--units", "5"]));
+    let mut waited: std::collections::BTreeMap<String, (Duration, bool)> = Default::default();
+    wait_for("five running units", Duration::from_secs(120), || {
+        for u in up.units("echo").iter().filter(|u| u["state"] == "running") {
+            let id = u["unit_id"].as_str().unwrap_or_default().to_string();
+            if before.contains(&id) || waited.contains_key(&id) {
+                continue;
+            }
+            let on_warm =
+                u["members"].as_array().into_iter().flatten().any(|m| warm.iter().any(|w| m["node_id"] == *w));
+            waited.insert(id, (started.elapsed(), on_warm));
+        }
+        (waited.len() == 3).then_some(())
+    });
+    let on_warm: Vec<Duration> = waited.values().filter(|(_, w)| *w).map(|(d, _)| *d).collect();
+    let cold: Vec<Duration> = waited.values().filter(|(_, w)| !*w).map(|(d, _)| *d).collect();
+    assert_eq!((on_warm.len(), cold.len()), (2, 1), "two on the warm nodes, one on a launched node: {waited:?}");
+    eprintln!("pending to running with a 5 s boot: on warm nodes {on_warm:?}, on a cold launch {cold:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -117,12 +117,16 @@ fn default_interval() -> Span {
 }
 
 /// Where instances come from.
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
 pub enum ProviderConfig {
-    /// Agent processes on this machine.
-    #[default]
-    Local,
+    /// Agent processes on this machine. `boot_delay` plays a cloud VM's boot: each
+    /// agent starts that long after its launch (listed, not yet registered), for
+    /// measuring what warm pools save.
+    Local {
+        #[serde(default)]
+        boot_delay: Option<Span>,
+    },
     /// User commands (see docs/exec-provider.md).
     Exec {
         launch: Vec<String>,
@@ -133,6 +137,12 @@ pub enum ProviderConfig {
         #[serde(default)]
         env: BTreeMap<String, String>,
     },
+}
+
+impl Default for ProviderConfig {
+    fn default() -> Self {
+        ProviderConfig::Local { boot_delay: None }
+    }
 }
 
 fn default_exec_timeout() -> Span {
@@ -313,6 +323,11 @@ impl PoolConfig {
             if !(1..=3600).contains(&timeout.as_secs()) {
                 errors.push(format!("provider.timeout: {timeout} is not within 1s..=1h"));
             }
+        }
+        if let ProviderConfig::Local { boot_delay: Some(b) } = &raw.provider
+            && b.as_secs() > 3600
+        {
+            errors.push(format!("provider.boot_delay: {b} is more than 1h"));
         }
         let ms = |s: Option<Span>, default: u64| s.map(Span::as_ms).unwrap_or(default);
         let d = Timeouts::default();

@@ -62,6 +62,7 @@ fn config(dir: &Path, port_base: u16) -> LocalConfig {
         port_base,
         tied_to_parent: true,
         stop_grace: Duration::from_secs(2),
+        boot_delay: Duration::ZERO,
     }
 }
 
@@ -141,6 +142,32 @@ async fn launch_list_terminate() -> R {
     assert!(!dir.0.join("pool-cpu-00000001.json").exists(), "its slot is freed");
     // Terminating what is gone is fine.
     p.terminate("pool-cpu-00000001").await?;
+    Ok(())
+}
+
+/// `boot_delay` plays a VM's boot: the instance is listed from its launch (a booting
+/// VM is), its agent runs only after the delay, as the same process, flagged
+/// `--cordoned` for a warm pool.
+#[tokio::test]
+async fn a_boot_delay_lists_the_instance_at_once_and_starts_its_agent_later() -> R {
+    let dir = Dir::new("local-boot");
+    let p = LocalProvider::new(LocalConfig { boot_delay: Duration::from_millis(1500), ..config(&dir.0, 31_300) });
+    let warm = LaunchSpec { cordoned: true, ..spec("pool-cpu-0000b007") };
+    p.launch(&warm).await?;
+    wait_listed(&p, &["pool-cpu-0000b007"]).await?;
+    let pid = pid_of(&dir.0, "pool-cpu-0000b007").ok_or("no pid file")?;
+    assert!(cmdline(pid).iter().any(|a| a == "sleep \"$0\" && exec \"$@\""), "booting: {:?}", cmdline(pid));
+    let started = Instant::now();
+    // Booted: `sh -c SCRIPT 1.500 sh -c 'sleep 300; :' agent …` became `sh -c 'sleep 300; :' agent …`.
+    while cmdline(pid).get(2).map(String::as_str) != Some("sleep 300; :") {
+        assert!(started.elapsed() < Duration::from_secs(10), "never booted: {:?}", cmdline(pid));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(flag(&cmdline(pid), "--node-id"), ["pool-cpu-0000b007"], "the same process became the agent");
+    assert!(cmdline(pid).iter().any(|a| a == "--cordoned"));
+    assert_eq!(ids(&p).await?, ["pool-cpu-0000b007"]);
+    p.terminate("pool-cpu-0000b007").await?;
+    wait_listed(&p, &[]).await?;
     Ok(())
 }
 

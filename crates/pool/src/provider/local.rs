@@ -49,6 +49,8 @@ pub struct LocalConfig {
     pub tied_to_parent: bool,
     /// How long after SIGTERM a terminated agent gets SIGKILL.
     pub stop_grace: Duration,
+    /// A cloud VM's boot, played: each agent starts this long after its launch.
+    pub boot_delay: Duration,
 }
 
 impl Default for LocalConfig {
@@ -60,6 +62,7 @@ impl Default for LocalConfig {
             port_base: 20_000,
             tied_to_parent: false,
             stop_grace: Duration::from_secs(10),
+            boot_delay: Duration::ZERO,
         }
     }
 }
@@ -201,7 +204,17 @@ impl LocalProvider {
             .open(&log_path)
             .map_err(|e| io_err(format!("opening {}", log_path.display()), e))?;
         let log2 = log.try_clone().map_err(|e| io_err(format!("opening {}", log_path.display()), e))?;
-        let mut cmd = Command::new(&self.config.program);
+        let mut cmd = if self.config.boot_delay.is_zero() {
+            Command::new(&self.config.program)
+        } else {
+            // `sh` sleeps, then becomes the agent (same pid, the id on its command line
+            // all along, so it is listed from the launch on, as a booting VM is).
+            let mut c = Command::new("sh");
+            c.args(["-c", "sleep \"$0\" && exec \"$@\""])
+                .arg(format!("{:.3}", self.config.boot_delay.as_secs_f64()))
+                .arg(&self.config.program);
+            c
+        };
         // The type's cache is in its `--resource artifact-cache`: one the pool process
         // inherited would disagree with it.
         cmd.args(&args)
