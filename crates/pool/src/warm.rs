@@ -10,20 +10,10 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use serde::{Deserialize, Serialize};
-
 use crate::config::PoolConfig;
+pub use crate::instance::Warm;
 use crate::instance::{Instance, InstanceState};
 
-/// Where an instance stands in its type's warm pool.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Warm {
-    /// Held for demand: cordoned, idle on purpose.
-    Held,
-    /// Taken for demand: uncordoned until the view shows it so, then an ordinary node.
-    Claimed,
-}
 
 /// What a pass does about the warm pools.
 #[derive(Debug, Default, PartialEq, Eq)]

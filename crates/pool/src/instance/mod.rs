@@ -190,6 +190,16 @@ pub enum TransitionError {
     NotFound(String),
 }
 
+/// Where an instance stands in its type's warm pool (`crate::warm`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Warm {
+    /// Held for demand: cordoned, idle on purpose.
+    Held,
+    /// Taken for demand: uncordoned until the view shows it so, then an ordinary node.
+    Claimed,
+}
+
 /// How many `(state, at_ms)` entries a record keeps.
 pub const HISTORY_LEN: usize = 10;
 
@@ -220,7 +230,7 @@ pub struct Instance {
     pub drain_cause: Option<Cause>,
     /// Launched for the type's warm pool (`crate::warm`), until it is taken for demand.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub warm: Option<crate::warm::Warm>,
+    pub warm: Option<Warm>,
 }
 
 impl Instance {
@@ -378,7 +388,7 @@ impl Instances {
     }
 
     /// Marks instance `id`'s place in its type's warm pool (`crate::warm`).
-    pub fn set_warm(&mut self, id: &str, warm: Option<crate::warm::Warm>) {
+    pub fn set_warm(&mut self, id: &str, warm: Option<Warm>) {
         if let Some(i) = self.map.get_mut(id) {
             i.warm = warm;
         }
@@ -446,7 +456,7 @@ impl Instances {
         n: usize,
         now_ms: u64,
         reason: &str,
-        warm: Option<crate::warm::Warm>,
+        warm: Option<Warm>,
     ) -> Vec<String> {
         let mut ids = Vec::with_capacity(n);
         for _ in 0..n {

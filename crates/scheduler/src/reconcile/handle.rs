@@ -151,7 +151,7 @@ pub struct AppHandle {
     pub(super) routes: tokio::sync::watch::Receiver<Arc<v1::RouteTable>>,
     pub(super) capacity: tokio::sync::watch::Receiver<Arc<v1::Capacity>>,
     pub(super) decisions: Arc<ArcSwap<Vec<Arc<serde_json::Value>>>>,
-    pub(super) rebalance: Arc<ArcSwap<super::RebalancePlan>>,
+    pub(super) rebalance: Arc<ArcSwap<super::rebalance::RebalancePlan>>,
 }
 
 impl AppHandle {
@@ -208,7 +208,7 @@ impl AppHandle {
 
     /// What moving units to better places would do now (`flotilla rebalance APP --plan`),
     /// as the scheduler last looked.
-    pub fn rebalance(&self) -> Arc<super::RebalancePlan> {
+    pub fn rebalance(&self) -> Arc<super::rebalance::RebalancePlan> {
         self.rebalance.load_full()
     }
 
@@ -238,7 +238,7 @@ pub(super) struct Outputs {
     pub(super) routes: tokio::sync::watch::Sender<Arc<v1::RouteTable>>,
     pub(super) capacity: tokio::sync::watch::Sender<Arc<v1::Capacity>>,
     pub(super) decisions: Arc<ArcSwap<Vec<Arc<serde_json::Value>>>>,
-    pub(super) rebalance: Arc<ArcSwap<super::RebalancePlan>>,
+    pub(super) rebalance: Arc<ArcSwap<super::rebalance::RebalancePlan>>,
     /// The routing weights' memory between passes (`crate::routes`).
     pub(super) weights: crate::routes::Weights,
 }
@@ -260,7 +260,7 @@ impl Outputs {
             tokio::sync::watch::channel(Arc::new(v1::Capacity { app: app.clone(), ..Default::default() }));
         let decisions = Arc::new(ArcSwap::from_pointee(decisions));
         let rebalance =
-            Arc::new(ArcSwap::from_pointee(super::RebalancePlan { app: app.clone(), ..Default::default() }));
+            Arc::new(ArcSwap::from_pointee(super::rebalance::RebalancePlan { app: app.clone(), ..Default::default() }));
         let handle = AppHandle {
             app,
             status: status.clone(),
