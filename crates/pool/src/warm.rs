@@ -14,7 +14,6 @@ use crate::config::PoolConfig;
 pub use crate::instance::Warm;
 use crate::instance::{Instance, InstanceState};
 
-
 /// What a pass does about the warm pools.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct WarmPlan {
