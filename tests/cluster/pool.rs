@@ -391,3 +391,63 @@ fn a_warm_node_takes_a_pending_unit_at_once_and_the_warm_pool_refills() {
     eprintln!("pending to running with a 5 s boot: on warm nodes {on_warm:?}, on a cold launch {cold:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Issue #40 item 2: a unit left on a node the pool launched above a type's min moves,
+/// make before break, to a node the pool keeps once one has room, and the node it left
+/// idles and is terminated: the pool is back at its min, nothing stranded on a node it
+/// pays for. Two apps of one unit each start on the min node (small-a, max 1) and a
+/// small-b node; the app on the min node scales to 0; the other's unit moves there.
+#[test]
+fn a_unit_on_a_node_the_pool_need_not_keep_moves_home_and_the_pool_shrinks_to_its_min() {
+    let dir = fresh_dir("pool-consolidate-files");
+    let (pool_file, app) = files(&dir);
+    std::fs::write(&pool_file, POOL.replace("min = 1\nmax = 4", "min = 1\nmax = 1")).unwrap();
+    let spec = std::fs::read_to_string(&app).unwrap().replace("min = 1", "min = 0")
+        + "\n[disruption]\nquiet_period = \"1s\"\n";
+    std::fs::write(&app, &spec).unwrap();
+    let other = dir.join("other.toml");
+    std::fs::write(&other, spec.replace("name = \"echo\"", "name = \"other\"")).unwrap();
+    let up = Up::start(
+        "pool-consolidate",
+        &[
+            "--autoscale",
+            "--pool",
+            pool_file.to_str().unwrap(),
+            "--app",
+            app.to_str().unwrap(),
+            "--app",
+            other.to_str().unwrap(),
+        ],
+    );
+    let node_of = |app: &str| -> Option<String> {
+        let units = up.units(app);
+        let running: Vec<&Value> = units.iter().filter(|u| u["state"] == "running").collect();
+        let [u] = running.as_slice() else { return None };
+        u["members"][0]["node_id"].as_str().map(str::to_string)
+    };
+    let (home, away) =
+        wait_for("one unit on the min node, the other on a small-b node", Duration::from_secs(90), || {
+            let (a, b) = (node_of("echo")?, node_of("other")?);
+            match (a.starts_with("pool-small-a-"), b.starts_with("pool-small-a-")) {
+                (true, false) => Some((("echo", a), ("other", b))),
+                (false, true) => Some((("other", b), ("echo", a))),
+                _ => None,
+            }
+        });
+    assert!(away.1.starts_with("pool-small-b-"), "{away:?}");
+    // The app on the min node goes: the other's unit moves there, and the small-b node
+    // it left is terminated.
+    run_ok(up.cli().args(["scale", home.0, "--units", "0"]));
+    wait_for("the unit moved to the min node", Duration::from_secs(90), || (node_of(away.0)? == home.1).then_some(()));
+    wait_for("the small-b node terminated", Duration::from_secs(60), || {
+        pool(&up).filter(|p| {
+            instances_in(p, "terminated").contains(&away.1) && instances_in(p, "running") == [home.1.clone()]
+        })
+    });
+    let (_, decisions) = http(&up.addr, "GET", &format!("/v1/apps/{}/decisions", away.0), None, "");
+    let moves: Vec<&Value> = decisions.as_array().unwrap().iter().filter(|d| d["kind"] == "rebalance").collect();
+    assert_eq!(moves.len(), 1, "{decisions:#}");
+    assert_eq!(moves[0]["reason"], "consolidate", "{:#}", moves[0]);
+    assert_eq!(moves[0]["to_nodes"][0], home.1.as_str());
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -8,7 +8,11 @@
 //!    unit of the primary group; sub-healthy nodes);
 //! 2. `domain`: other units of the app in its domain (the planner balances domains);
 //! 3. `node`: other units of the app on its most crowded node (when the app spreads
-//!    over nodes: `Spread::spreads_over_nodes`).
+//!    over nodes: `Spread::spreads_over_nodes`);
+//! 4. `spare`: its members on nodes the pool need not keep (`flotilla.io/pool-keeps`
+//!    false: above a type's `min`): moved to a node the pool keeps, they leave theirs
+//!    idle, and the pool terminates it (consolidation, as Karpenter's; within the
+//!    `[disruption]` budget like every move, and never at the cost of spread).
 //!
 //! [`candidates`] finds, from counts alone, the units some place could score better
 //! for; the reconcile step plans each with the planner, as its replacement would be
@@ -40,11 +44,16 @@ pub struct Fit {
     pub poor: u32,
     pub domain: u32,
     pub node: u32,
+    pub spare: u32,
 }
 
 impl std::fmt::Display for Fit {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} on poor nodes, {} others in its domain, {} on its node", self.poor, self.domain, self.node)
+        write!(
+            f,
+            "{} on poor nodes, {} others in its domain, {} on its node, {} on nodes the pool need not keep",
+            self.poor, self.domain, self.node, self.spare
+        )
     }
 }
 
@@ -97,6 +106,11 @@ fn poor(r: &NodeRecord, secondary: bool) -> bool {
     (!secondary && r.labels.get(LOW_PRIORITY.0) == Some(LOW_PRIORITY.1)) || r.health_score() < SUBHEALTHY
 }
 
+/// Whether the pool would terminate `r` once idle: it launched it above its type's `min`.
+fn spare(r: &NodeRecord) -> bool {
+    !r.labels.pool_preference().0
+}
+
 fn node_record<'a>(slots: &'a [Arc<ShardSlot>], shard: Option<u32>, node: &str) -> Option<&'a Arc<NodeRecord>> {
     slots.get(shard? as usize)?.view.get(&NodeId::new(node).ok()?)
 }
@@ -107,8 +121,9 @@ pub fn fit_of(u: &UnitRecord, slots: &[Arc<ShardSlot>], counts: &Counts<'_>) -> 
     let mut fit = Fit { domain, ..Fit::default() };
     for m in &u.members {
         let Some(node) = m.node_id.as_deref() else { continue };
-        if node_record(slots, m.shard, node).is_some_and(|r| poor(r, u.secondary)) {
-            fit.poor += 1;
+        if let Some(r) = node_record(slots, m.shard, node) {
+            fit.poor += u32::from(poor(r, u.secondary));
+            fit.spare += u32::from(spare(r));
         }
         if counts.spreads {
             let here = NodeId::new(node).ok().and_then(|n| counts.per_node.get(&n)).copied().unwrap_or(1);
@@ -139,6 +154,7 @@ pub fn fit_at(
     };
     for (id, r) in nodes {
         fit.poor += u32::from(poor(r, secondary));
+        fit.spare += u32::from(spare(r));
         if counts.spreads {
             let here = counts.per_node.get(*id).copied().unwrap_or(0);
             fit.node = fit.node.max(here.saturating_sub(u32::from(own(id))));
@@ -191,6 +207,8 @@ pub fn candidates(
             format!("{} other units in its domain {}, {fewest_in_domain} in another", before.domain, domain_name(u))
         } else if counts.spreads && before.node > fewest_on_node {
             format!("{} other units on its node, {fewest_on_node} on another", before.node)
+        } else if before.spare > 0 {
+            format!("{} of its members on nodes the pool need not keep", before.spare)
         } else {
             continue;
         };

@@ -59,12 +59,12 @@ fn units_packed_on_two_nodes_move_once_four_more_join() {
     assert_eq!(found.waiting, None);
     assert_eq!(found.candidates.len(), 6, "{found:?}");
     let c = &found.candidates[0];
-    assert_eq!(c.before, Fit { poor: 0, domain: 5, node: 2 });
+    assert_eq!(c.before, Fit { poor: 0, domain: 5, node: 2, spare: 0 });
     assert!(c.why.contains("2 other units on its node, 0 on another"), "{}", c.why);
     // Where the planner would put it: an empty node of the same domain.
     let n3 = node("n3");
     let after = fit_at(&units[&c.unit], "d", &[(&n3.node_id, &n3)], &counts, false);
-    assert_eq!(after, Fit { poor: 0, domain: 5, node: 0 });
+    assert_eq!(after, Fit { poor: 0, domain: 5, node: 0, spare: 0 });
     assert!(improves(c.before, after));
     // Onto the other crowded node: no better.
     let n2 = node("n2");
@@ -123,6 +123,32 @@ fn the_budget_holds_moves_back_and_says_why() {
     units.get_mut("a-2").unwrap().members[0].state = Some("failed".into());
     let found = candidates(&units, &slots, &counts, &budget(3));
     assert!(found.waiting.unwrap().contains("below disruption.min_available (3 of 3)"));
+}
+
+/// Consolidation: a unit on a node the pool launched above its type's min, while a node
+/// it keeps has room, moves there (its own node then idles and goes); between two
+/// nodes the pool keeps, or two it need not, nothing moves.
+#[test]
+fn a_unit_on_a_node_the_pool_need_not_keep_moves_to_one_it_keeps() {
+    use flotilla_core::unit_shape::{POOL_COST, POOL_KEEPS};
+    let kept = labelled("kept", &[("domain", "d"), (POOL_KEEPS, "true"), (POOL_COST, "200")]);
+    let extra = labelled("extra", &[("domain", "d"), (POOL_KEEPS, "false"), (POOL_COST, "200")]);
+    let slots = slots([kept.clone(), extra.clone()], true);
+    let units = placed(&[("a-1", "d", "extra")]);
+    let (d, n) = counted(&units);
+    let counts = Counts { per_domain: &d, per_node: &n, spreads: true };
+    let found = candidates(&units, &slots, &counts, &budget(1));
+    assert_eq!(found.candidates.len(), 1, "{found:?}");
+    let c = &found.candidates[0];
+    assert!(c.why.contains("on nodes the pool need not keep"), "{}", c.why);
+    let after = fit_at(&units["a-1"], "d", &[(&kept.node_id, &kept)], &counts, false);
+    assert!(improves(c.before, after), "{:?} → {after:?}", c.before);
+    assert!(!improves(c.before, fit_at(&units["a-1"], "d", &[(&extra.node_id, &extra)], &counts, false)));
+    // On a kept node already: nothing to do.
+    let home = placed(&[("a-1", "d", "kept")]);
+    let (d, n) = counted(&home);
+    let counts = Counts { per_domain: &d, per_node: &n, spreads: true };
+    assert!(candidates(&home, &slots, &counts, &budget(1)).candidates.is_empty());
 }
 
 /// The no-churn property: in a cluster whose domains differ by at most one unit of the

@@ -154,8 +154,10 @@ impl Scheduler {
             "poor_node"
         } else if mv.before.domain > mv.after.domain {
             "domain"
-        } else {
+        } else if mv.before.node > mv.after.node {
             "node"
+        } else {
+            "consolidate"
         };
         let explanation = format!(
             "rebalance: {} moves ({}), replaced by {new}: from [{}] to [{}] in {}; before {}, after {}",
