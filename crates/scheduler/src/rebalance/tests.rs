@@ -180,3 +180,42 @@ fn a_balanced_cluster_never_moves_a_unit() {
         assert!(found.candidates.is_empty(), "{domains} domains × {per} nodes, {units_n} units: {found:?}");
     }
 }
+
+/// A move is a rollout's replacement to `rollout::plan`: not released as needless (its
+/// unit matches the spec), drained once it runs, given up past the progress deadline
+/// without failing any rollout, and superseded by an apply like any replacement.
+#[test]
+fn a_move_joins_the_rollouts_replacements_without_failing_them() {
+    use crate::rollout::{Target, plan};
+    let roles = BTreeMap::new();
+    let target = |fingerprint, now_ms| Target {
+        fingerprint,
+        frame: "",
+        roles: &roles,
+        desired: 1,
+        max_unavailable: 1,
+        progress_deadline_ms: 300_000,
+        now_ms,
+        halted: false,
+    };
+    let slots = slots([labelled("n1", &[("domain", "d")]), labelled("n2", &[("domain", "d")])], true);
+    let mut units = placed(&[("a-1", "d", "n1")]);
+    let old = units.get_mut("a-1").unwrap();
+    old.template = Some("t1".into());
+    old.replaced_by = Some("a-2".into());
+    old.moving = Some("2 other units on its node, 0 on another".into());
+    let new = UnitRecord { template: Some("t1".into()), ..unit("a-2", 2, UnitState::Starting, &[("head", "n2")]) };
+    units.insert("a-2".into(), new);
+    assert_eq!(plan(&units, &slots, &target("t1", 1_000)).release, vec![], "a move is no needless replacement");
+    let late = plan(&units, &slots, &target("t1", 400_000));
+    assert!(late.release[0].1.starts_with("move abandoned"), "{late:?}");
+    assert_eq!((late.orphaned, late.failed), (vec!["a-1".to_string()], None), "the unit stays; no rollout failed");
+    let applied = plan(&units, &slots, &target("t2", 1_000));
+    assert!(applied.release[0].1.starts_with("superseded"), "{applied:?}");
+    units.get_mut("a-2").unwrap().state = UnitState::Running;
+    assert_eq!(plan(&units, &slots, &target("t1", 1_000)).drain, vec!["a-1".to_string()]);
+    // Without the mark, the same replacement of a matching unit on a staying node goes.
+    units.get_mut("a-1").unwrap().moving = None;
+    units.get_mut("a-2").unwrap().state = UnitState::Starting;
+    assert!(plan(&units, &slots, &target("t1", 1_000)).release[0].1.starts_with("not needed"));
+}
