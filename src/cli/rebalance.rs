@@ -29,12 +29,8 @@ pub async fn rebalance(a: RebalanceArgs) -> anyhow::Result<()> {
         list.join(",")
     };
     let fit = |f: &serde_json::Value| {
-        format!(
-            "{}/{}/{}",
-            f["poor"].as_u64().unwrap_or(0),
-            f["domain"].as_u64().unwrap_or(0),
-            f["node"].as_u64().unwrap_or(0)
-        )
+        let n = |k: &str| f[k].as_u64().unwrap_or(0);
+        format!("{}/{}/{}/{}", n("poor"), n("domain"), n("node"), n("spare"))
     };
     let mut t = Table::new(&["UNIT", "FROM", "TO", "BEFORE", "AFTER", "STARTED", "WHY"]);
     for m in &moves {
@@ -50,7 +46,8 @@ pub async fn rebalance(a: RebalanceArgs) -> anyhow::Result<()> {
     }
     t.print();
     println!(
-        "{} units would move (scores: poor nodes/others in the domain/others on the node, lower is better); rebalance {}",
+        "{} units would move (scores: poor nodes/others in the domain/others on the node/on nodes the pool need not \
+         keep, lower is better); rebalance {}",
         moves.len(),
         v["rebalance"].as_str().unwrap_or("on")
     );

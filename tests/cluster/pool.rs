@@ -392,7 +392,7 @@ fn a_warm_node_takes_a_pending_unit_at_once_and_the_warm_pool_refills() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Issue #40 item 2: a unit left on a node the pool launched above a type's min moves,
+/// Issue #40 item 2: a unit left on a node of a type the pool keeps no min of moves,
 /// make before break, to a node the pool keeps once one has room, and the node it left
 /// idles and is terminated: the pool is back at its min, nothing stranded on a node it
 /// pays for. Two apps of one unit each start on the min node (small-a, max 1) and a

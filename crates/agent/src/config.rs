@@ -37,8 +37,9 @@ pub struct AgentArgs {
     #[arg(long = "resource")]
     pub resources: Vec<String>,
     /// Register cordoned, as a warm pool node: ready, holding nothing, taking no
-    /// placements until its pool claims it (`flotilla node uncordon`). A node its shard
-    /// knows already keeps the cordon it has.
+    /// placements until its pool claims it (`flotilla node uncordon`). Only the node's
+    /// first registration (its data dir remembers it): once claimed, it stays uncordoned
+    /// across shard and agent restarts.
     #[arg(long, env = "FLOTILLA_CORDONED")]
     pub cordoned: bool,
     #[arg(long, env = "FLOTILLA_JOIN_TOKEN", hide_env_values = true)]

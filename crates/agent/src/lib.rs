@@ -432,6 +432,9 @@ async fn receive_assignments(
     }
 }
 
+/// In the data dir once the node has registered (`--cordoned` applies before that only).
+const REGISTERED_ONCE: &str = "registered-once";
+
 async fn register(
     endpoint: &quinn::Endpoint,
     addr: SocketAddr,
@@ -452,9 +455,18 @@ async fn register(
         assignments: running.0,
         health: Some((&probe.sample()).into()),
         assignment_version: running.1,
-        cordoned: config.cordoned,
+        cordoned: config.cordoned && !config.data_dir.join(REGISTERED_ONCE).exists(),
     };
     let session = conn.register(req).await?;
+    if config.cordoned {
+        // `--cordoned` is for the node's first registration only: a warm node its pool
+        // claimed (uncordoned) must not come back cordoned after a shard restart or an
+        // agent restart. Best effort: without the mark it is cordoned again, and its pool
+        // or an operator uncordons it.
+        if let Err(e) = std::fs::write(config.data_dir.join(REGISTERED_ONCE), b"") {
+            tracing::warn!(error = %e, "cannot record the first registration");
+        }
+    }
     Ok((conn, session))
 }
 

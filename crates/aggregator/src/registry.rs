@@ -76,11 +76,12 @@ impl NodeLive {
     }
 
     /// A heartbeat arrived at `now_ms`. The domain's clock is written only when it
-    /// moves, so a domain's nodes share a cache line that is mostly read.
+    /// moves (at most once a millisecond), so a domain's nodes share a cache line that
+    /// is mostly read; `fetch_max`, so two threads never move it back.
     pub fn heard(&self, now_ms: u64) {
         self.last_seen_ms.store(now_ms, Ordering::Release);
         if self.domain_heard_ms.load(Ordering::Relaxed) < now_ms {
-            self.domain_heard_ms.store(now_ms, Ordering::Relaxed);
+            self.domain_heard_ms.fetch_max(now_ms, Ordering::Relaxed);
         }
     }
 

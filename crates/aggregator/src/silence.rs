@@ -16,7 +16,9 @@
 //! waits for its peers ([`DomainSilence::peers_may_follow`]) when another node of its
 //! domain is silent, or when nobody in its domain has been heard for a heartbeat
 //! interval (the domain's clock, `NodeLive::domain_heard_ms`): with two or more peers
-//! heartbeating, a domain is never that quiet unless they are cut off too.
+//! heartbeating, a domain is that quiet only when they are cut off too, or now and then
+//! when their heartbeats fall in phase and come late, which costs a lone dead node
+//! 2.5 s more before it is Dead.
 //!
 //! Counting costs O(1) per status change: the applier reports each node's published
 //! status change ([`DomainSilence::published`]) and each silence it decides before the

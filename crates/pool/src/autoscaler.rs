@@ -178,22 +178,30 @@ impl Autoscaler {
             .collect();
         let t = self.cfg.timeouts;
         let mut changes = self.instances.observe(&cloud, &seen, now, &t);
+        // An instance that never appeared or never joined makes its type unavailable
+        // (once per type and pass); one of the type that runs ends its back-off.
+        let mut failed: BTreeMap<&str, String> = BTreeMap::new();
         for c in &changes {
-            if let crate::instance::Change::Transition { node_type, to, reason, .. } = c
-                && matches!(to, InstanceState::AllocationFailed | InstanceState::AgentStartFailed)
-            {
-                self.back_off(node_type, now, &format!("{}: {reason}", to.as_str()));
+            if let crate::instance::Change::Transition { node_type, to, reason, .. } = c {
+                match to {
+                    InstanceState::AllocationFailed | InstanceState::AgentStartFailed => {
+                        failed.entry(node_type).or_insert_with(|| format!("{}: {reason}", to.as_str()));
+                    }
+                    InstanceState::Running => {
+                        self.launch_backoff.remove(node_type);
+                    }
+                    _ => {}
+                }
             }
+        }
+        for (node_type, reason) in failed {
+            self.back_off(node_type, now, &reason);
         }
         // Fallback: a type that cannot be had now launches nothing more, and what waits
         // to launch as it is given up, so the packing below sends the demand to the next
         // type that can hold it (the Cluster Autoscaler waits 15 minutes for this).
-        let unavailable: BTreeMap<String, String> = self
-            .launch_backoff
-            .iter()
-            .filter(|(_, b)| now < b.until_ms)
-            .map(|(t, b)| (t.clone(), b.reason.clone()))
-            .collect();
+        let unavailable: BTreeMap<String, String> =
+            self.unavailable(now).map(|(t, b)| (t.to_string(), b.reason.clone())).collect();
         for (node_type, reason) in &unavailable {
             changes.extend(self.instances.cancel_queued(node_type, now, &format!("its type is unavailable: {reason}")));
         }
@@ -210,7 +218,7 @@ impl Autoscaler {
                     id: i.id.clone(),
                     node_type: i.node_type.clone(),
                     phase,
-                    warm: i.warm == Some(Warm::Held),
+                    warm: i.warm.is_some(),
                 })
             })
             .collect();
@@ -435,9 +443,9 @@ impl Autoscaler {
             }
             tracing::info!(instance = %spec.id, node_type = %spec.node_type, "launching an instance");
             match self.provider.launch(&spec).await {
-                Ok(()) => {
-                    self.launch_backoff.remove(&spec.node_type);
-                }
+                // The back-off ends when an instance of the type runs (`pass`): a
+                // launch the provider takes may still never appear (no capacity).
+                Ok(()) => {}
                 Err(e) => {
                     let wait = self.back_off(&spec.node_type, now, &format!("launch failed: {e}"));
                     tracing::warn!(instance = %spec.id, error = %e, retry_in = ?wait, "launch failed; launches of its type back off");
@@ -462,7 +470,7 @@ impl Autoscaler {
     ) -> crate::warm::WarmPlan {
         let cordoned: HashMap<&str, bool> = nodes.iter().map(|n| (n.node_id.as_str(), n.cordoned)).collect();
         let all: Vec<&crate::instance::Instance> = self.instances.iter().collect();
-        let wp = crate::warm::plan(&self.cfg, &all, &cordoned, &plan.needed, &plan.launch, unavailable);
+        let wp = crate::warm::plan(&self.cfg, &all, &cordoned, &plan.demand_on, unavailable);
         for id in &wp.claim {
             tracing::info!(pool = %self.cfg.name, instance = %id, "claiming a warm node for pending demand");
             self.instances.set_warm(id, Some(Warm::Claimed));
@@ -484,7 +492,27 @@ impl Autoscaler {
             let ids = self.instances.queue_as(node_type, *n as usize, now, &why, Some(Warm::Held));
             tracing::info!(pool = %self.cfg.name, %node_type, count = ids.len(), "queueing warm instances");
         }
+        for id in &wp.release {
+            let why = "warm pool: more held than the type's warm";
+            let r = match self.instances.get(id).map(|i| i.state) {
+                Some(InstanceState::Running) => self.instances.request_drain(id, now, Cause::Idle, why),
+                _ => self.instances.request_terminate(id, now, why),
+            };
+            if let Err(e) = r {
+                tracing::warn!(instance = %id, error = %e, "releasing a surplus warm instance");
+            }
+        }
         wp
+    }
+
+    /// Node types that cannot be had at `now`, with their back-off.
+    fn unavailable(&self, now: u64) -> impl Iterator<Item = (&str, &TypeBackoff)> {
+        self.launch_backoff.iter().filter(move |(_, b)| now < b.until_ms).map(|(t, b)| (t.as_str(), b))
+    }
+
+    /// The instances of `node_type` held warm.
+    fn held(&self, node_type: &str) -> usize {
+        self.instances.live_of_type(node_type).filter(|i| i.warm == Some(Warm::Held)).count()
     }
 
     /// Marks `node_type` unavailable for its next back-off (doubling per failure);
@@ -511,9 +539,8 @@ impl Autoscaler {
                     "node_type" => t.name.clone(), "state" => s.as_str())
                 .set(n as f64);
             }
-            let held = self.instances.live_of_type(&t.name).filter(|i| i.warm == Some(Warm::Held)).count();
             metrics::gauge!(m::WARM_INSTANCES.name, "pool" => self.cfg.name.clone(), "node_type" => t.name.clone())
-                .set(held as f64);
+                .set(self.held(&t.name) as f64);
         }
     }
 
@@ -528,7 +555,7 @@ impl Autoscaler {
             .node_types
             .iter()
             .map(|t| {
-                let held = self.instances.live_of_type(&t.name).filter(|i| i.warm == Some(Warm::Held)).count();
+                let held = self.held(&t.name);
                 json!({"name": t.name, "resources": t.resources, "labels": t.labels, "min": t.min, "max": t.max,
                        "cost": t.cost, "idle_timeout_s": t.idle_timeout.map(|d| d.as_secs()), "warm": t.warm,
                        "warm_held": held})
@@ -547,9 +574,8 @@ impl Autoscaler {
             // Node types whose launches back off after a failure, and until when (ms).
             "launch_backoff": self.launch_backoff.iter().map(|(t, b)| (t.clone(), b.until_ms)).collect::<BTreeMap<_, _>>(),
             // Of those, the ones still unavailable and why: demand goes to other types.
-            "unavailable": self.launch_backoff.iter()
-                .filter(|(_, b)| flotilla_core::now_ms() < b.until_ms)
-                .map(|(t, b)| (t.clone(), json!({"until_ms": b.until_ms, "reason": b.reason})))
+            "unavailable": self.unavailable(flotilla_core::now_ms())
+                .map(|(t, b)| (t, json!({"until_ms": b.until_ms, "reason": b.reason})))
                 .collect::<BTreeMap<_, _>>(),
         })
     }

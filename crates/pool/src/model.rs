@@ -100,8 +100,8 @@ pub struct PoolInstance {
     pub id: String,
     pub node_type: String,
     pub phase: Phase,
-    /// Held warm (`PoolNodeType::warm`): cordoned and idle on purpose, capacity the
-    /// packing may claim, never idle-terminated.
+    /// A warm pool's (`crate::warm`), held or claimed: cordoned on purpose, capacity the
+    /// packing may use, never idle-terminated while cordoned.
     pub warm: bool,
 }
 

@@ -45,7 +45,8 @@ pub fn problem(cfg: &PoolConfig, obs: &Observation) -> Problem {
         let total = shape(&n.capacity, &mut names);
         // A node that is not plainly alive and schedulable holds its place (it still
         // counts against its type's max) but takes no demand and is never idle. A warm
-        // pool's node is cordoned on purpose: it takes demand (which claims it).
+        // pool's node is cordoned on purpose: it takes demand (held: which claims it;
+        // claimed: until its uncordon shows).
         let warm = inst.is_some_and(|i| i.warm);
         let usable = n.status == "alive" && (!n.cordoned || warm) && !n.drain_requested;
         let available = if usable {
@@ -241,15 +242,14 @@ pub fn record(cfg: &PoolConfig, obs: &Observation, p: &Problem, plan: &Plan, dec
 pub fn decide(cfg: &PoolConfig, obs: &Observation, policy: &mut PolicyState) -> (Plan, Value) {
     let mut p = problem(cfg, obs);
     let sizing = cfg.policy.as_ref().and_then(|pp| size(cfg, pp, policy, obs));
-    if let Some(pp) = &cfg.policy {
-        for t in p.node_types.iter_mut().filter(|t| pp.types().any(|s| s == t.name)) {
-            t.max = live_of(obs, &t.name).min(t.max as usize) as u32;
+    // A type the policy sizes, or that cannot be had now (`Observation::unavailable`),
+    // launches nothing for demand: it keeps what it has.
+    let sized = |t: &str| cfg.policy.as_ref().is_some_and(|pp| pp.types().any(|s| s == t));
+    for t in p.node_types.iter_mut().filter(|t| sized(&t.name) || obs.unavailable.contains_key(&t.name)) {
+        t.max = live_of(obs, &t.name).min(t.max as usize) as u32;
+        if sized(&t.name) {
             t.idle_timeout_ms = None;
         }
-    }
-    // A type that cannot be had now launches nothing more (`Observation::unavailable`).
-    for t in p.node_types.iter_mut().filter(|t| obs.unavailable.contains_key(&t.name)) {
-        t.max = live_of(obs, &t.name).min(t.max as usize) as u32;
     }
     let start = std::time::Instant::now();
     let mut plan = pack::plan(&p);
@@ -276,6 +276,9 @@ fn apply_sizing(obs: &Observation, s: &Sizing, plan: &mut Plan) {
     let why = format!("policy {}: {}", s.decision.policy, s.decision.explanation());
     for (t, want) in &s.desired {
         let have = live_of(obs, t) as u32;
+        if *want > have && obs.unavailable.contains_key(t) {
+            continue;
+        }
         if *want > have {
             *plan.launch.entry(t.clone()).or_default() += want - have;
             plan.launch_reasons.entry(t.clone()).or_default().push(format!("{} for {why}", want - have));

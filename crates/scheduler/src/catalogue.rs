@@ -43,7 +43,7 @@ pub const REBALANCE_MOVES: Family = Family::counter(
     "flotilla_rebalance_moves_total",
     "Units moved to a better place, make before break, by why: off a low-priority or sub-healthy node \
      (poor_node), out of a domain holding more than its share (domain), off a node holding more of the app's \
-     units than another (node), off a node the pool need not keep onto one it keeps (consolidate).",
+     units than another (node), off a node of a type the pool keeps no min of onto one it keeps (consolidate).",
     &["app", "reason"],
 );
 pub const SCHEDULER_CLAIMS: Family = Family::counter(

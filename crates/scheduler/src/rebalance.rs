@@ -9,15 +9,18 @@
 //! 2. `domain`: other units of the app in its domain (the planner balances domains);
 //! 3. `node`: other units of the app on its most crowded node (when the app spreads
 //!    over nodes: `Spread::spreads_over_nodes`);
-//! 4. `spare`: its members on nodes the pool need not keep (`flotilla.io/pool-keeps`
-//!    false: above a type's `min`): moved to a node the pool keeps, they leave theirs
-//!    idle, and the pool terminates it (consolidation, as Karpenter's; within the
-//!    `[disruption]` budget like every move, and never at the cost of spread).
+//! 4. `spare`: its members on nodes of a type the pool keeps no `min` of
+//!    (`flotilla.io/pool-keeps=false`): moved to a node of a type it keeps, they leave
+//!    theirs idle, and the pool terminates it (consolidation across types, as
+//!    Karpenter's; within the `[disruption]` budget like every move, and never at the
+//!    cost of spread). Nodes of one type are not consolidated with each other: the
+//!    label is the type's, not the instance's.
 //!
 //! [`candidates`] finds, from counts alone, the units some place could score better
 //! for; the reconcile step plans each with the planner, as its replacement would be
 //! planned, and moves it only if that placement scores strictly better ([`improves`]).
-//! So a balanced app never moves (no churn), and a move is never a guess. The
+//! So a balanced app never moves (no churn). The replacement is then placed by the
+//! placement pass, with the same preferences (so, usually, where it was planned). The
 //! `[disruption]` budget bounds what moves: at most `max_moving` in flight, nothing
 //! while fewer than `min_available` run, nothing placed within `quiet_period`.
 
@@ -62,15 +65,19 @@ pub fn improves(before: Fit, after: Fit) -> bool {
     after < before
 }
 
-/// The budget a pass may spend (`[disruption]`).
+/// The budget a pass may spend (`[disruption]`), and what it may move.
 #[derive(Debug, Clone, Copy)]
-pub struct Budget {
+pub struct Budget<'a> {
     pub max_moving: u32,
     /// Fraction of the desired units that must run.
     pub min_available: f64,
     pub quiet_ms: u64,
     pub desired: u32,
     pub now_ms: u64,
+    /// The template fingerprint in force: a unit of another one is the rollout's to
+    /// replace (or, after a failed rollout, stays where it is: a move would put it on
+    /// the failing template).
+    pub template: &'a str,
 }
 
 /// A unit worth planning a move for, worst first.
@@ -106,7 +113,7 @@ fn poor(r: &NodeRecord, secondary: bool) -> bool {
     (!secondary && r.labels.get(LOW_PRIORITY.0) == Some(LOW_PRIORITY.1)) || r.health_score() < SUBHEALTHY
 }
 
-/// Whether the pool would terminate `r` once idle: it launched it above its type's `min`.
+/// Whether `r` is of a type the pool keeps no `min` of: idle, it is terminated.
 fn spare(r: &NodeRecord) -> bool {
     !r.labels.pool_preference().0
 }
@@ -170,7 +177,7 @@ pub fn candidates(
     units: &BTreeMap<String, UnitRecord>,
     slots: &[Arc<ShardSlot>],
     counts: &Counts<'_>,
-    b: &Budget,
+    b: &Budget<'_>,
 ) -> Found {
     let mut found = Found::default();
     let active = || units.values().filter(|u| u.state.is_active());
@@ -178,7 +185,7 @@ pub fn candidates(
         + units.values().filter(|u| u.state == UnitState::Draining && u.moving.is_some()).count();
     found.room = b.max_moving.saturating_sub(moving as u32);
     let running = active().filter(|u| u.replaced_by.is_none() && progressing(u)).count();
-    let needed = (f64::from(b.desired) * b.min_available).ceil() as usize;
+    let needed = needed(b.desired, b.min_available);
     let settling = active().any(|u| matches!(u.state, UnitState::Queued | UnitState::Placing));
     found.waiting = if found.room == 0 {
         Some(format!("{moving} units moving, at disruption.max_moving {}", b.max_moving))
@@ -212,13 +219,22 @@ pub fn candidates(
         } else {
             continue;
         };
-        if b.now_ms.saturating_sub(u.created_unix_ms) < b.quiet_ms {
+        // Quiet since it was placed, and since its last move was tried (one abandoned
+        // at the progress deadline is not tried again at once).
+        let since = u.created_unix_ms.max(u.moved_unix_ms.unwrap_or(0));
+        if b.now_ms.saturating_sub(since) < b.quiet_ms || u.template.as_deref().is_some_and(|t| t != b.template) {
             continue;
         }
         found.candidates.push(Candidate { unit: u.unit_id.clone(), before, why });
     }
     found.candidates.sort_by(|a, b| b.before.cmp(&a.before).then_with(|| a.unit.cmp(&b.unit)));
     found
+}
+
+/// How many of `desired` units must run for a move to start: `min_available` of them,
+/// rounded up, less a hair first so 55 % of 100 is 55 (f64 makes it 55.000000000000007).
+pub fn needed(desired: u32, min_available: f64) -> usize {
+    (f64::from(desired) * min_available - 1e-9).ceil().max(0.0) as usize
 }
 
 fn domain_name(u: &UnitRecord) -> &str {

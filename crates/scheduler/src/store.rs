@@ -124,6 +124,10 @@ pub struct UnitRecord {
     /// replacement (`replaced_by`) comes up; unset for a rollout or a leaving node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub moving: Option<String>,
+    /// When a move of this unit was last started (`crate::rebalance`): it is quiet for
+    /// `disruption.quiet_period` from then, whether the move made it or was abandoned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moved_unix_ms: Option<u64>,
     /// In the autoscaling policy's secondary group (Dataproc's secondary workers): placed
     /// on low-priority nodes as well as high-priority ones.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -447,6 +451,7 @@ pub(crate) mod tests {
             template: None,
             replaced_by: None,
             moving: None,
+            moved_unix_ms: None,
             secondary: false,
             drain_timeout_ms: None,
             placement_note: None,

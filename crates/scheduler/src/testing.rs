@@ -60,6 +60,7 @@ pub fn unit(id: &str, generation: u64, state: UnitState, members: &[(&str, &str)
         template: None,
         replaced_by: None,
         moving: None,
+        moved_unix_ms: None,
         secondary: false,
         drain_timeout_ms: None,
         placement_note: None,

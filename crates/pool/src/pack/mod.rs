@@ -554,7 +554,12 @@ pub fn plan(p: &Problem) -> Plan {
                 used.sub_times(&n.free, 1);
                 out.new_used.add_times(&used, 1);
             }
-            Origin::Existing(e) if n.placed.iter().any(|c| *c > 0) => out.needed.push(p.nodes[e].id.clone()),
+            Origin::Existing(e) if n.placed.iter().any(|c| *c > 0) => {
+                out.needed.push(p.nodes[e].id.clone());
+                if n.placed[Source::Demand as usize] > 0 {
+                    out.demand_on.push(p.nodes[e].id.clone());
+                }
+            }
             Origin::Existing(_) => {}
         }
     }

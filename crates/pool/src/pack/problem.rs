@@ -271,6 +271,9 @@ pub struct Plan {
     pub new_used: Shape,
     /// Existing nodes that took demand or floor in this pass (never terminated).
     pub needed: Vec<String>,
+    /// Of those, the ones that took pending demand (not only the floor): a warm pool's
+    /// node among them is claimed (`crate::warm`).
+    pub demand_on: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -36,8 +36,8 @@ fn counted(units: &BTreeMap<String, UnitRecord>) -> (HashMap<String, u32>, NodeM
 
 const HOUR: u64 = 3_600_000;
 
-fn budget(desired: u32) -> Budget {
-    Budget { max_moving: 1, min_available: 0.9, quiet_ms: 600_000, desired, now_ms: HOUR }
+fn budget(desired: u32) -> Budget<'static> {
+    Budget { max_moving: 1, min_available: 0.9, quiet_ms: 600_000, desired, now_ms: HOUR, template: "t" }
 }
 
 #[test]
@@ -119,6 +119,16 @@ fn the_budget_holds_moves_back_and_says_why() {
     let found = candidates(&units, &slots, &counts, &budget(3));
     assert_eq!((found.room, found.waiting.as_deref()), (0, Some("1 units moving, at disruption.max_moving 1")));
     units.get_mut("a-1").unwrap().replaced_by = None;
+    // A move tried lately (made or abandoned) is quiet too; a unit of another template
+    // is the rollout's (after a failed rollout it stays: a move would use the failing one).
+    units.get_mut("a-1").unwrap().moved_unix_ms = Some(HOUR - 1000);
+    units.get_mut("a-2").unwrap().template = Some("old".into());
+    let ids: Vec<String> =
+        candidates(&units, &slots, &counts, &budget(3)).candidates.into_iter().map(|c| c.unit).collect();
+    assert_eq!(ids, ["a-3"]);
+    units.get_mut("a-1").unwrap().moved_unix_ms = None;
+    units.get_mut("a-2").unwrap().template = None;
+    assert_eq!([needed(100, 0.55), needed(3, 0.9), needed(10, 0.0), needed(7, 1.0)], [55, 3, 0, 7]);
     // Degraded below min_available: repair first.
     units.get_mut("a-2").unwrap().members[0].state = Some("failed".into());
     let found = candidates(&units, &slots, &counts, &budget(3));

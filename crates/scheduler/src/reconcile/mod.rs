@@ -486,6 +486,7 @@ impl Scheduler {
             template: Some(self.fingerprints.template.clone()),
             replaced_by: None,
             moving: None,
+            moved_unix_ms: None,
             secondary,
             drain_timeout_ms: None,
             placement_note: None,

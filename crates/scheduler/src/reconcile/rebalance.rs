@@ -51,6 +51,34 @@ pub struct Move {
     pub started: bool,
 }
 
+/// Counts unit `u` in `domain` on `nodes` instead of where it is.
+fn shift(
+    per_domain: &mut std::collections::HashMap<String, u32>,
+    per_node: &mut crate::planner::NodeMap<u32>,
+    u: &crate::store::UnitRecord,
+    domain: &str,
+    nodes: &[flotilla_core::NodeId],
+) {
+    if let Some(n) = u.domain.as_ref().and_then(|d| per_domain.get_mut(d)) {
+        *n = n.saturating_sub(1);
+    }
+    *per_domain.entry(domain.to_string()).or_default() += 1;
+    let mut left: Vec<&str> = u.members.iter().filter_map(|m| m.node_id.as_deref()).collect();
+    left.sort_unstable();
+    left.dedup();
+    for id in left.iter().filter_map(|n| flotilla_core::NodeId::new(n).ok()) {
+        if let Some(n) = per_node.get_mut(&id) {
+            *n = n.saturating_sub(1);
+        }
+    }
+    let mut to = nodes.to_vec();
+    to.sort_unstable();
+    to.dedup();
+    for id in to {
+        *per_node.entry(id).or_default() += 1;
+    }
+}
+
 /// When the app is looked at next.
 #[derive(Debug, Default)]
 pub(super) struct Rebalancing {
@@ -74,7 +102,7 @@ impl Scheduler {
         self.out.rebalance.store(Arc::new(plan));
     }
 
-    fn budget(&self, now: u64) -> Budget {
+    fn budget(&self, now: u64) -> Budget<'_> {
         let d = &self.spec.disruption;
         Budget {
             max_moving: d.max_moving,
@@ -82,14 +110,15 @@ impl Scheduler {
             quiet_ms: d.quiet_period.as_ms(),
             desired: self.desired(),
             now_ms: now,
+            template: &self.fingerprints.template,
         }
     }
 
     /// The units that would move now, each planned as its replacement will be, and how
     /// many moves the budget leaves room for.
     fn rebalance_plan(&mut self, slots: &[Arc<ShardSlot>], now: u64) -> (RebalancePlan, usize) {
-        let per_domain = self.units_per_domain();
-        let per_node = self.units_per_node(None);
+        let mut per_domain = self.units_per_domain();
+        let mut per_node = self.units_per_node(None);
         let pending = self.planning.pending_by_node();
         let spreads = self.spec.spread.spreads_over_nodes(self.spec.serves());
         let counts = Counts { per_domain: &per_domain, per_node: &per_node, spreads };
@@ -115,10 +144,15 @@ impl Scheduler {
                 .iter()
                 .filter_map(|pm| slots.get(p.shard)?.view.get(&pm.node).map(|r| (&pm.node, r.as_ref())))
                 .collect();
+            let counts = Counts { per_domain: &per_domain, per_node: &per_node, spreads };
             let after = fit_at(u, &p.domain, &nodes, &counts, u.secondary);
             if !improves(c.before, after) {
                 continue;
             }
+            // The next candidate is planned as if this one had moved: two moves of one
+            // look do not both go to the one emptier place.
+            let planned: Vec<flotilla_core::NodeId> = nodes.iter().map(|(id, _)| (*id).clone()).collect();
+            shift(&mut per_domain, &mut per_node, u, &p.domain, &planned);
             moves.push(Move {
                 unit: c.unit.clone(),
                 why: c.why.clone(),
@@ -149,6 +183,7 @@ impl Scheduler {
         let Some(u) = self.stored.units.get_mut(&mv.unit) else { return };
         u.replaced_by = Some(new.clone());
         u.moving = Some(mv.why.clone());
+        u.moved_unix_ms = Some(now);
         writes.push(Write::Unit(u.clone()));
         let reason = if mv.before.poor > mv.after.poor {
             "poor_node"
