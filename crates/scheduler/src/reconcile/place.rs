@@ -102,7 +102,6 @@ impl Scheduler {
         let leaving = replacing.len() as u32;
         let replacements: Vec<Option<Option<String>>> =
             ids.iter().map(|id| replacing.get(id.as_str()).map(|d| d.map(str::to_string))).collect();
-        let prefer_spread = self.spec.spread.spreads_over_nodes(self.spec.serves());
         let mut by_shard = ByShard::new();
         let mut still = Vec::new();
         for (n, (id, replacement)) in ids.iter().zip(replacements).enumerate() {
@@ -113,13 +112,9 @@ impl Scheduler {
             let started = Instant::now();
             let secondary = self.stored.units.get(id).is_some_and(|u| u.secondary);
             let input = PlanInput {
-                max_units_per_domain: self.spec.spread.max_units_per_domain,
-                max_units_per_node: self.spec.spread.max_units_per_node,
-                prefer_spread,
-                members: self.spec.spread.members,
                 surge: if replacement.is_some() { leaving } else { 0 },
                 prefer_domain: replacement.as_ref().and_then(|d| d.as_deref()),
-                ..PlanInput::new(&slots, &per_domain, &per_node, &pending)
+                ..self.spread_input(PlanInput::new(&slots, &per_domain, &per_node, &pending))
             };
             let (classes, rng) = self.planning.planner(secondary);
             let requests = &requests[usize::from(secondary)];
@@ -288,6 +283,18 @@ impl Scheduler {
             }
         }
         m
+    }
+
+    /// `input` with the app's spread: the maxima, the node preference and `spread.members`.
+    pub(super) fn spread_input<'a>(&self, input: PlanInput<'a>) -> PlanInput<'a> {
+        let spread = &self.spec.spread;
+        PlanInput {
+            max_units_per_domain: spread.max_units_per_domain,
+            max_units_per_node: spread.max_units_per_node,
+            prefer_spread: spread.spreads_over_nodes(self.spec.serves()),
+            members: spread.members,
+            ..input
+        }
     }
 
     /// Active units of the app in each domain, for the spread limit.

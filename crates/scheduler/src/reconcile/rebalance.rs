@@ -128,13 +128,9 @@ impl Scheduler {
         for c in found.candidates.iter().take(MAX_PLANNED) {
             let Some(u) = self.stored.units.get(&c.unit) else { continue };
             let input = PlanInput {
-                max_units_per_domain: self.spec.spread.max_units_per_domain,
-                max_units_per_node: self.spec.spread.max_units_per_node,
-                prefer_spread: spreads,
-                members: self.spec.spread.members,
                 surge: leaving as u32 + 1,
                 prefer_domain: u.domain.as_deref(),
-                ..PlanInput::new(slots, &per_domain, &per_node, &pending)
+                ..self.spread_input(PlanInput::new(slots, &per_domain, &per_node, &pending))
             };
             let requests = super::planning::member_requests(&self.spec, u.secondary);
             let (classes, rng) = self.planning.planner(u.secondary);
