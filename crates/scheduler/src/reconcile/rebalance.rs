@@ -123,7 +123,7 @@ impl Scheduler {
         let spreads = self.spec.spread.spreads_over_nodes(self.spec.serves());
         let counts = Counts { per_domain: &per_domain, per_node: &per_node, spreads };
         let found = candidates(&self.stored.units, slots, &counts, &self.budget(now));
-        let leaving = self.stored.units.values().filter(|u| u.state.is_active() && u.replaced_by.is_some()).count();
+        let mut leaving = self.stored.units.values().filter(|u| u.state.is_active() && u.replaced_by.is_some()).count();
         let mut moves = Vec::new();
         for c in found.candidates.iter().take(MAX_PLANNED) {
             let Some(u) = self.stored.units.get(&c.unit) else { continue };
@@ -149,6 +149,7 @@ impl Scheduler {
             // look do not both go to the one emptier place.
             let planned: Vec<flotilla_core::NodeId> = nodes.iter().map(|(id, _)| (*id).clone()).collect();
             shift(&mut per_domain, &mut per_node, u, &p.domain, &planned);
+            leaving += 1;
             moves.push(Move {
                 unit: c.unit.clone(),
                 why: c.why.clone(),
