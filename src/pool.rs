@@ -127,7 +127,12 @@ pub async fn pool(a: ListArgs) -> anyhow::Result<()> {
         print!("{}", types.render("  "));
         let mut instances = crate::cli::table::Table::new(&["INSTANCE", "TYPE", "STATE", "WARM", "REASON"]);
         for i in p["instances"].as_array().into_iter().flatten() {
-            instances.row(vec![s(i, "id"), s(i, "node_type"), s(i, "state"), s(i, "warm"), s(i, "reason")]);
+            // A node being emptied says so (it is cordoned, its units moving off).
+            let state = match i["consolidating_since_ms"].as_u64() {
+                Some(since) => format!("{} (consolidating since {})", s(i, "state"), crate::cli::table::ago(since)),
+                None => s(i, "state"),
+            };
+            instances.row(vec![s(i, "id"), s(i, "node_type"), state, s(i, "warm"), s(i, "reason")]);
         }
         print!("{}", instances.render("  "));
         // The newest 20, with their reasons: a terminate is not hidden by the quiet

@@ -11,6 +11,7 @@ mod autoscaling;
 mod charts;
 mod cli;
 mod common;
+mod consolidation;
 mod events;
 mod full_disk;
 mod groups;

@@ -55,12 +55,12 @@ fn running_units(up: &Up) -> usize {
     up.units("echo").iter().filter(|u| u["state"] == "running").count()
 }
 
-fn pool(up: &Up) -> Option<Value> {
+pub(crate) fn pool(up: &Up) -> Option<Value> {
     let (status, body) = http(&up.addr, "GET", "/v1/pools/default", None, "");
     (status == 200).then_some(body)
 }
 
-fn instances_in(p: &Value, state: &str) -> Vec<String> {
+pub(crate) fn instances_in(p: &Value, state: &str) -> Vec<String> {
     p["instances"]
         .as_array()
         .into_iter()

@@ -58,6 +58,10 @@ pub struct Autoscaler {
     /// Node types whose launches failed: unavailable until the time (ms), the back-off
     /// that set it (reset by a launch the provider takes) and why.
     launch_backoff: HashMap<String, TypeBackoff>,
+    /// Since when no demand waited and no pass launched or terminated anything.
+    still_since_ms: u64,
+    /// Nodes whose consolidation was given up, left alone until the time (ms).
+    given_up: HashMap<String, u64>,
 }
 
 /// A node type that could not be had lately (a launch refused, an instance that never
@@ -106,9 +110,21 @@ impl Autoscaler {
         cfg: PoolConfig,
         provider: Arc<dyn InstanceProvider>,
         cluster: Arc<dyn Cluster>,
-        mut store: PoolStore,
+        store: PoolStore,
     ) -> Result<Self, StoreError> {
         let seed = flotilla_core::now_ms() ^ u64::from(std::process::id()).rotate_left(32);
+        Self::seeded(cfg, provider, cluster, store, seed)
+    }
+
+    /// As [`Autoscaler::new`], with instance ids drawn from `seed`: a simulation that
+    /// replays gets the same ids, so the same ties are broken the same way.
+    pub fn seeded(
+        cfg: PoolConfig,
+        provider: Arc<dyn InstanceProvider>,
+        cluster: Arc<dyn Cluster>,
+        mut store: PoolStore,
+        seed: u64,
+    ) -> Result<Self, StoreError> {
         let mut instances = Instances::new(cfg.node_types.iter().map(|t| t.name.clone()), seed);
         let records = store.load()?;
         tracing::info!(pool = %cfg.name, records = records.len(), "pool autoscaler resuming");
@@ -128,6 +144,8 @@ impl Autoscaler {
             policy: PolicyState::default(),
             decisions: VecDeque::new(),
             launch_backoff: HashMap::new(),
+            still_since_ms: flotilla_core::now_ms(),
+            given_up: HashMap::new(),
         })
     }
 
@@ -248,11 +266,14 @@ impl Autoscaler {
             let mut why: Vec<String> =
                 warm.claim.iter().map(|id| format!("claim warm {id} for pending demand")).collect();
             why.extend(warm.replenish.iter().map(|(t, n)| format!("launch {n} × {t} (warm pool)")));
-            let text = record["explanation"].as_str().unwrap_or_default().to_string();
-            let text =
-                if text.starts_with("no change") { why.join("; ") } else { format!("{text}; {}", why.join("; ")) };
-            record["explanation"] = json!(text);
+            consolidation::explain(&mut record, &why);
             record["warm"] = json!({"claimed": warm.claim, "launched": warm.replenish});
+        }
+        let saw = Seen { nodes: &nodes, apps: &apps, instances: &pool_instances, unavailable: &unavailable };
+        let step = self.consolidation(&saw, &plan, now, &mut changes).await;
+        consolidation::explain(&mut record, &step.why);
+        if let Some(c) = step.record {
+            record["consolidation"] = c;
         }
         for term in &plan.terminate {
             let Some(state) = self.instances.get(&term.node_id).map(|i| i.state) else { continue };
@@ -342,6 +363,7 @@ impl Autoscaler {
                 .all(|k| r[k].as_object().is_none_or(|m| m.is_empty()) && r[k].as_array().is_none_or(|a| a.is_empty()))
                 && r.get("policy").is_none()
                 && r.get("warm").is_none()
+                && r.get("consolidation").is_none()
         };
         if quiet(&record)
             && let Some(last) = self.decisions.back()
@@ -480,7 +502,7 @@ impl Autoscaler {
         }
         // A claimed node not registered yet is uncordoned once it shows (`wp.uncordon`).
         for id in wp.claim.iter().filter(|id| cordoned.contains_key(id.as_str())).chain(&wp.uncordon) {
-            if let Err(e) = self.cluster.uncordon(id).await {
+            if let Err(e) = self.cluster.set_cordon(id, false).await {
                 tracing::warn!(instance = %id, error = %e, "uncordoning a claimed warm node failed; retrying next pass");
             }
         }
@@ -586,5 +608,7 @@ impl Autoscaler {
     }
 }
 
+mod consolidation;
+use consolidation::Seen;
 #[cfg(test)]
 mod tests;

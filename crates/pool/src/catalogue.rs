@@ -47,6 +47,12 @@ pub const WARM_CLAIMS: Family = Family::counter(
     "Warm instances claimed for pending demand (uncordoned instead of launched).",
     &["pool", "node_type"],
 );
+pub const CONSOLIDATIONS: Family = Family::counter(
+    "flotilla_pool_consolidations_total",
+    "Consolidations: nodes the pool empties because their members fit elsewhere, by outcome (started; done, \
+     the node terminated; given_up, its members did not move within the deadline or it was uncordoned).",
+    &["pool", "outcome"],
+);
 pub const TERMINATIONS: Family = Family::counter(
     "flotilla_pool_terminations_total",
     "Instances the pool autoscaler terminated, by node type and cause.",
@@ -100,6 +106,7 @@ pub const FAMILIES: &[Family] = &[
     TYPE_UNAVAILABLE,
     WARM_INSTANCES,
     WARM_CLAIMS,
+    CONSOLIDATIONS,
     TERMINATIONS,
     INSTANCES,
     INSTANCE_TRANSITIONS,

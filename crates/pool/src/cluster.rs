@@ -56,8 +56,10 @@ pub trait Cluster: Send + Sync {
     fn apps(&self) -> BoxFuture<'_, Result<Vec<AppRow>, ClusterError>>;
     /// Cordons the node and has every app move its members elsewhere first.
     fn drain<'a>(&'a self, node: &'a str) -> BoxFuture<'a, Result<(), ClusterError>>;
-    /// Uncordons the node: a warm pool's node, claimed for demand.
-    fn uncordon<'a>(&'a self, node: &'a str) -> BoxFuture<'a, Result<(), ClusterError>>;
+    /// Cordons the node (one the pool empties: its apps move their members off it
+    /// within their disruption budgets) or uncordons it (a warm node claimed for demand,
+    /// a consolidation given up).
+    fn set_cordon<'a>(&'a self, node: &'a str, cordoned: bool) -> BoxFuture<'a, Result<(), ClusterError>>;
     /// Posts the pool's report; the answer carries its floor and node type bounds.
     fn report<'a>(&'a self, pool: &'a str, report: &'a Value) -> BoxFuture<'a, Result<ReportAnswer, ClusterError>>;
 }
@@ -123,9 +125,9 @@ impl Cluster for HttpCluster {
         })
     }
 
-    fn uncordon<'a>(&'a self, node: &'a str) -> BoxFuture<'a, Result<(), ClusterError>> {
+    fn set_cordon<'a>(&'a self, node: &'a str, cordoned: bool) -> BoxFuture<'a, Result<(), ClusterError>> {
         Box::pin(async move {
-            let path = format!("/v1/nodes/{node}/uncordon");
+            let path = format!("/v1/nodes/{node}/{}", if cordoned { "cordon" } else { "uncordon" });
             let _: Value = self.call(self.client.post(self.url(&path)), &path).await?;
             Ok(())
         })

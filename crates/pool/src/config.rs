@@ -44,6 +44,16 @@ struct RawPool {
     /// A Dataproc/MR3 policy sizing two types by load instead of demand packing.
     #[serde(default)]
     policy: Option<RawPolicy>,
+    #[serde(default)]
+    consolidation: RawConsolidation,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConsolidation {
+    enabled: Option<bool>,
+    after: Option<Span>,
+    deadline: Option<Span>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -177,6 +187,8 @@ pub struct PoolConfig {
     pub timeouts: Timeouts,
     pub provider: ProviderConfig,
     pub policy: Option<PoolPolicy>,
+    /// Emptying nodes whose members fit elsewhere (`crate::consolidate`).
+    pub consolidation: crate::consolidate::Settings,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -338,6 +350,20 @@ impl PoolConfig {
             terminate_ms: ms(raw.timeouts.terminate, d.terminate_ms),
             ..d
         };
+        let dc = crate::consolidate::Settings::default();
+        let c = &raw.consolidation;
+        let consolidation = crate::consolidate::Settings {
+            enabled: c.enabled.unwrap_or(dc.enabled),
+            after: c.after.map_or(dc.after, |s| Duration::from_secs(s.as_secs())),
+            deadline: c.deadline.map_or(dc.deadline, |s| Duration::from_secs(s.as_secs())),
+        };
+        if consolidation.after > Duration::from_secs(86_400) {
+            errors.push(format!("consolidation.after: {}s is more than a day", consolidation.after.as_secs()));
+        }
+        if !(10..=86_400).contains(&consolidation.deadline.as_secs()) {
+            errors
+                .push(format!("consolidation.deadline: {}s is not within 10s..=1d", consolidation.deadline.as_secs()));
+        }
         if !errors.is_empty() {
             return Err(PoolError(errors));
         }
@@ -351,6 +377,7 @@ impl PoolConfig {
             timeouts,
             provider: raw.provider,
             policy,
+            consolidation,
         })
     }
 

@@ -16,6 +16,7 @@ pub mod autoscaler;
 pub mod catalogue;
 pub mod cluster;
 pub mod config;
+pub mod consolidate;
 pub mod demand;
 pub mod instance;
 pub mod model;

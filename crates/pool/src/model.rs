@@ -23,6 +23,9 @@ pub struct NodeRow {
     pub cordoned: bool,
     #[serde(default)]
     pub drain_requested: bool,
+    /// How many members it runs (what a consolidation of it moves).
+    #[serde(default)]
+    pub workloads: usize,
 }
 
 /// Queued units of one group of an app.

@@ -163,6 +163,7 @@ mod tests {
             allocated: Resources::new(cpu, 0, 0),
             cordoned: false,
             drain_requested: false,
+            workloads: 0,
         }
     }
 

@@ -345,6 +345,7 @@ mod tests {
             allocated: Resources::new(allocated_cpu, 0, 0),
             cordoned: false,
             drain_requested: false,
+            workloads: 0,
         }
     }
 

@@ -83,6 +83,17 @@ impl PoolStore {
         Self::with_opener(pool, Box::new(move || open_file(&path)), REOPEN_FIRST, REOPEN_MAX)
     }
 
+    /// A store in memory: for `flotilla sim`, whose pool lives as long as the run.
+    pub fn in_memory(pool: &str) -> Result<Self, StoreError> {
+        let open = || {
+            let db = Database::builder()
+                .create_with_backend(redb::backends::InMemoryBackend::new())
+                .map_err(|e| StoreError::Open { path: "memory".into(), detail: e.to_string() })?;
+            with_table(db).map_err(|e| StoreError::Open { path: "memory".into(), detail: e.to_string() })
+        };
+        Self::with_opener(pool, Box::new(open), REOPEN_FIRST, REOPEN_MAX)
+    }
+
     fn with_opener(pool: &str, open: Opener, first: Duration, max: Duration) -> Result<Self, StoreError> {
         let db = open()?;
         metrics::gauge!(m::STORE_HEALTHY.name, "pool" => pool.to_string()).set(1.0);

@@ -9,12 +9,13 @@
 //! 2. `domain`: other units of the app in its domain (the planner balances domains);
 //! 3. `node`: other units of the app on its most crowded node (when the app spreads
 //!    over nodes: `Spread::spreads_over_nodes`);
-//! 4. `spare`: its members on nodes of a type the pool keeps no `min` of
-//!    (`flotilla.io/pool-keeps=false`): moved to a node of a type it keeps, they leave
-//!    theirs idle, and the pool terminates it (consolidation across types, as
-//!    Karpenter's; within the `[disruption]` budget like every move, and never at the
-//!    cost of spread). Nodes of one type are not consolidated with each other: the
-//!    label is the type's, not the instance's.
+//! 4. `spare`: its members on nodes the pool means to let go: twice each on a pool node
+//!    the pool cordoned to empty it (`flotilla_pool::consolidate` picks it, knowing
+//!    costs and what fits where), once each on a node of a type the pool keeps no `min`
+//!    of (`flotilla.io/pool-keeps=false`). Moved, they leave the node idle and the pool
+//!    terminates it (consolidation, as Karpenter's; within the `[disruption]` budget
+//!    like every move, and never at the cost of spread). So a cordoned pool node's
+//!    members move off it gently: an operator's cordon of one means it is going.
 //!
 //! [`candidates`] finds, from counts alone, the units some place could score better
 //! for; the reconcile step plans each with the planner, as its replacement would be
@@ -28,7 +29,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use flotilla_core::NodeId;
-use flotilla_core::unit_shape::LOW_PRIORITY;
+use flotilla_core::unit_shape::{LOW_PRIORITY, POOL_COST, POOL_KEEPS};
 use flotilla_view::{NodeRecord, ShardSlot};
 use serde::Serialize;
 
@@ -54,7 +55,7 @@ impl std::fmt::Display for Fit {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} on poor nodes, {} others in its domain, {} on its node, {} on nodes the pool need not keep",
+            "{} on poor nodes, {} others in its domain, {} on its node, {} on nodes the pool need not keep (twice on one it empties)",
             self.poor, self.domain, self.node, self.spare
         )
     }
@@ -113,9 +114,14 @@ fn poor(r: &NodeRecord, secondary: bool) -> bool {
     (!secondary && r.labels.get(LOW_PRIORITY.0) == Some(LOW_PRIORITY.1)) || r.health_score() < SUBHEALTHY
 }
 
-/// Whether `r` is of a type the pool keeps no `min` of: idle, it is terminated.
-fn spare(r: &NodeRecord) -> bool {
-    !r.labels.pool_preference().0
+/// How much a member on `r` weighs in `spare`: 2 on a pool node that is cordoned (the
+/// pool is emptying it: `flotilla_pool::consolidate`), 1 on a node of a type the pool
+/// keeps no `min` of (idle, it is terminated), else 0. A unit on a node being emptied
+/// so moves even onto one of a type without a `min`.
+fn spare(r: &NodeRecord) -> u32 {
+    let (keeps, _) = r.labels.pool_preference();
+    let pools = r.labels.get(POOL_COST).is_some() || r.labels.get(POOL_KEEPS).is_some();
+    if pools && r.cordoned && !r.drain_requested { 2 } else { u32::from(!keeps) }
 }
 
 fn node_record<'a>(slots: &'a [Arc<ShardSlot>], shard: Option<u32>, node: &str) -> Option<&'a Arc<NodeRecord>> {
@@ -130,7 +136,7 @@ pub fn fit_of(u: &UnitRecord, slots: &[Arc<ShardSlot>], counts: &Counts<'_>) -> 
         let Some(node) = m.node_id.as_deref() else { continue };
         if let Some(r) = node_record(slots, m.shard, node) {
             fit.poor += u32::from(poor(r, u.secondary));
-            fit.spare += u32::from(spare(r));
+            fit.spare += spare(r);
         }
         if counts.spreads {
             let here = NodeId::new(node).ok().and_then(|n| counts.per_node.get(&n)).copied().unwrap_or(1);
@@ -161,7 +167,7 @@ pub fn fit_at(
     };
     for (id, r) in nodes {
         fit.poor += u32::from(poor(r, secondary));
-        fit.spare += u32::from(spare(r));
+        fit.spare += spare(r);
         if counts.spreads {
             let here = counts.per_node.get(*id).copied().unwrap_or(0);
             fit.node = fit.node.max(here.saturating_sub(u32::from(own(id))));
@@ -215,7 +221,7 @@ pub fn candidates(
         } else if counts.spreads && before.node > fewest_on_node {
             format!("{} other units on its node, {fewest_on_node} on another", before.node)
         } else if before.spare > 0 {
-            format!("{} of its members on nodes the pool need not keep", before.spare)
+            format!("{} of its members on nodes the pool need not keep or is emptying (counted twice)", before.spare)
         } else {
             continue;
         };

@@ -102,6 +102,7 @@ impl Cluster for FakeCluster {
                 allocated: Resources::default(),
                 cordoned: drains.contains(id) || warm.contains(id),
                 drain_requested: drains.contains(id),
+                workloads: 0,
             })
             .collect();
         Box::pin(async move { Ok(rows) })
@@ -114,9 +115,13 @@ impl Cluster for FakeCluster {
         self.drains.lock().unwrap().push(node.to_string());
         Box::pin(async { Ok(()) })
     }
-    fn uncordon<'a>(&'a self, node: &'a str) -> BoxFuture<'a, Result<(), ClusterError>> {
-        self.uncordons.lock().unwrap().push(node.to_string());
-        self.provider.cordoned.lock().unwrap().remove(node);
+    fn set_cordon<'a>(&'a self, node: &'a str, cordoned: bool) -> BoxFuture<'a, Result<(), ClusterError>> {
+        if cordoned {
+            self.provider.cordoned.lock().unwrap().insert(node.to_string());
+        } else {
+            self.uncordons.lock().unwrap().push(node.to_string());
+            self.provider.cordoned.lock().unwrap().remove(node);
+        }
         Box::pin(async { Ok(()) })
     }
     fn report<'a>(&'a self, _: &'a str, r: &'a Value) -> BoxFuture<'a, Result<ReportAnswer, ClusterError>> {

@@ -231,6 +231,10 @@ pub struct Instance {
     /// Launched for the type's warm pool (`crate::warm`), until it is taken for demand.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub warm: Option<Warm>,
+    /// Since when the pool empties it (`crate::consolidate`): cordoned, its members
+    /// moving off. Kept in the record so a restarted pool finishes or gives it up.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub consolidating_since_ms: Option<u64>,
 }
 
 impl Instance {
@@ -247,6 +251,7 @@ impl Instance {
             allocated_at_ms: (state == Allocated).then_some(now_ms),
             drain_cause: None,
             warm: None,
+            consolidating_since_ms: None,
         }
     }
 
@@ -267,6 +272,9 @@ impl Instance {
         self.reason = Some(reason.into());
         if to != DrainRequested {
             self.drain_cause = None;
+        }
+        if to != Running {
+            self.consolidating_since_ms = None;
         }
         if self.history.len() >= HISTORY_LEN {
             let excess = self.history.len() + 1 - HISTORY_LEN;
@@ -391,6 +399,12 @@ impl Instances {
     pub fn set_warm(&mut self, id: &str, warm: Option<Warm>) {
         if let Some(i) = self.map.get_mut(id) {
             i.warm = warm;
+        }
+    }
+
+    pub fn set_consolidating(&mut self, id: &str, since_ms: Option<u64>) {
+        if let Some(i) = self.map.get_mut(id) {
+            i.consolidating_since_ms = since_ms;
         }
     }
 

@@ -210,6 +210,8 @@ pub enum Cause {
     Idle,
     /// A pool policy wants fewer nodes of the type.
     Policy,
+    /// Its members moved to other nodes (`crate::consolidate`).
+    Consolidation,
 }
 
 impl Cause {
@@ -219,6 +221,7 @@ impl Cause {
             Cause::MaxNodes => "max_nodes",
             Cause::Idle => "idle",
             Cause::Policy => "policy",
+            Cause::Consolidation => "consolidation",
         }
     }
 }

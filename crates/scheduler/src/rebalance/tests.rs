@@ -161,6 +161,33 @@ fn a_unit_on_a_node_the_pool_need_not_keep_moves_to_one_it_keeps() {
     assert!(candidates(&home, &slots, &counts, &budget(1)).candidates.is_empty());
 }
 
+/// A pool node the pool cordoned to empty it (`flotilla_pool::consolidate`): its unit
+/// moves to any uncordoned node, one of a type without a min too; a cordoned node the
+/// pool did not launch holds its units (an operator's cordon means no new work only).
+#[test]
+fn a_unit_on_a_pool_node_being_emptied_moves_even_to_a_node_the_pool_need_not_keep() {
+    use flotilla_core::unit_shape::{POOL_COST, POOL_KEEPS};
+    let pool = |id: &str, keeps: &str| labelled(id, &[("domain", "d"), (POOL_KEEPS, keeps), (POOL_COST, "100")]);
+    let emptied = NodeRecord { cordoned: true, ..pool("small-1", "false") };
+    let other = pool("small-2", "false");
+    let slots = slots([emptied.clone(), other.clone()], true);
+    let units = placed(&[("a-1", "d", "small-1")]);
+    let (d, n) = counted(&units);
+    let counts = Counts { per_domain: &d, per_node: &n, spreads: true };
+    let found = candidates(&units, &slots, &counts, &budget(1));
+    assert_eq!(found.candidates.len(), 1, "{found:?}");
+    assert_eq!(found.candidates[0].before.spare, 2);
+    let after = fit_at(&units["a-1"], "d", &[(&other.node_id, &other)], &counts, false);
+    assert!(improves(found.candidates[0].before, after), "{:?} → {after:?}", found.candidates[0].before);
+
+    let static_cordoned = NodeRecord { cordoned: true, ..labelled("static", &[("domain", "d")]) };
+    let slots = crate::testing::slots([static_cordoned, labelled("static-2", &[("domain", "d")])], true);
+    let units = placed(&[("a-1", "d", "static")]);
+    let (d, n) = counted(&units);
+    let counts = Counts { per_domain: &d, per_node: &n, spreads: true };
+    assert!(candidates(&units, &slots, &counts, &budget(1)).candidates.is_empty());
+}
+
 /// The no-churn property: in a cluster whose domains differ by at most one unit of the
 /// app, and whose nodes too, no unit is a candidate, whatever the sizes.
 #[test]

@@ -1,0 +1,143 @@
+//! The consolidation step of a pass: follows the node being emptied (terminates it once
+//! its members moved, gives it back at the deadline) and, when none is and the pool has
+//! been still for `consolidation.after`, starts the next one `crate::consolidate` picks.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use serde_json::{Value, json};
+
+use super::Autoscaler;
+use crate::catalogue as m;
+use crate::instance::{Change, InstanceState};
+use crate::model::{AppRow, Constraints, IdleClock, NodeRow, Observation, PoolInstance};
+use crate::pack::{Cause, Plan};
+
+/// What the pass saw, as the step reads it.
+pub(super) struct Seen<'a> {
+    pub nodes: &'a [NodeRow],
+    pub apps: &'a [AppRow],
+    pub instances: &'a [PoolInstance],
+    pub unavailable: &'a BTreeMap<String, String>,
+}
+
+/// What the step did, for the pass's decision record.
+#[derive(Default)]
+pub(super) struct Step {
+    pub why: Vec<String>,
+    pub record: Option<Value>,
+}
+
+impl Autoscaler {
+    pub(super) async fn consolidation(
+        &mut self,
+        seen: &Seen<'_>,
+        plan: &Plan,
+        now: u64,
+        changes: &mut Vec<Change>,
+    ) -> Step {
+        let mut step = Step::default();
+        let settings = self.cfg.consolidation;
+        let rows: HashMap<&str, &NodeRow> = seen.nodes.iter().map(|n| (n.node_id.as_str(), n)).collect();
+        let busy = !plan.launch.is_empty() || !plan.terminate.is_empty();
+        if busy || seen.apps.iter().any(|a| a.queued.primary + a.queued.secondary > 0) {
+            self.still_since_ms = now;
+        }
+        self.given_up.retain(|_, until| *until > now);
+        let emptying: Vec<(String, u64)> = self
+            .instances
+            .iter()
+            .filter(|i| i.state == InstanceState::Running)
+            .filter_map(|i| i.consolidating_since_ms.map(|s| (i.id.clone(), s)))
+            .collect();
+        for (id, since) in &emptying {
+            let Some(row) = rows.get(id.as_str()) else { continue };
+            let elapsed = now.saturating_sub(*since);
+            let give_up = if row.allocated.is_zero() && row.workloads == 0 {
+                let why = "its members moved to other nodes";
+                match self.instances.request_drain(id, now, Cause::Consolidation, why) {
+                    Ok(c) => changes.push(c),
+                    Err(e) => tracing::warn!(instance = %id, error = %e, "terminating a consolidated node"),
+                }
+                step.why.push(format!("terminate {id} (consolidation: {why})"));
+                self.count(&m::CONSOLIDATIONS, "done");
+                metrics::counter!(m::TERMINATIONS.name, "pool" => self.cfg.name.clone(),
+                    "node_type" => self.instances.get(id).map(|i| i.node_type.clone()).unwrap_or_default(),
+                    "cause" => Cause::Consolidation.as_str())
+                .increment(1);
+                None
+            } else if elapsed > settings.deadline.as_millis() as u64 {
+                Some(format!(
+                    "its members did not move within consolidation.deadline ({}s)",
+                    settings.deadline.as_secs()
+                ))
+            } else if !row.cordoned && elapsed > 2 * self.cfg.interval.as_millis() as u64 {
+                Some("it was uncordoned".to_string())
+            } else {
+                if !row.cordoned {
+                    // The cordon has not shown in the view yet: ask again (idempotent).
+                    self.cordon(id, true).await;
+                }
+                None
+            };
+            if let Some(why) = give_up {
+                self.instances.set_consolidating(id, None);
+                self.given_up.insert(id.clone(), now + settings.deadline.as_millis() as u64);
+                self.cordon(id, false).await;
+                tracing::info!(pool = %self.cfg.name, instance = %id, %why, "consolidation given up");
+                step.why.push(format!("consolidation of {id} given up: {why}"));
+                self.count(&m::CONSOLIDATIONS, "given_up");
+            }
+        }
+        let still_ms = now.saturating_sub(self.still_since_ms);
+        if !settings.enabled || !emptying.is_empty() || busy || still_ms < settings.after.as_millis() as u64 {
+            return step;
+        }
+        let skip: BTreeSet<String> = self.given_up.keys().cloned().collect();
+        let obs = Observation {
+            nodes: seen.nodes,
+            apps: seen.apps,
+            instances: seen.instances,
+            floor: &Constraints::default(),
+            idle: &IdleClock::default(),
+            unavailable: seen.unavailable,
+            now_ms: now,
+        };
+        let Some(c) = crate::consolidate::plan(&self.cfg, &obs, &skip) else { return step };
+        tracing::info!(pool = %self.cfg.name, nodes = ?c.nodes, launch = ?c.launch, saving = c.saving_per_hour,
+            members = c.members, "consolidating");
+        if let Some(t) = &c.launch {
+            self.instances.queue(t, 1, now, &c.explanation);
+            metrics::counter!(m::LAUNCHES.name, "pool" => self.cfg.name.clone(), "node_type" => t.clone()).increment(1);
+        }
+        for id in &c.nodes {
+            self.instances.set_consolidating(id, Some(now));
+            self.cordon(id, true).await;
+        }
+        self.count(&m::CONSOLIDATIONS, "started");
+        step.why.push(c.explanation.clone());
+        step.record = serde_json::to_value(&c).ok();
+        step
+    }
+
+    /// `&mut self`: the future holds it across the call, and an `&Autoscaler` is not
+    /// `Send` (its store is not `Sync`).
+    async fn cordon(&mut self, id: &str, cordoned: bool) {
+        if let Err(e) = self.cluster.set_cordon(id, cordoned).await {
+            tracing::warn!(instance = %id, cordoned, error = %e, "cordoning a node for consolidation failed; retrying next pass");
+        }
+    }
+
+    fn count(&self, family: &flotilla_obs::Family, outcome: &'static str) {
+        metrics::counter!(family.name, "pool" => self.cfg.name.clone(), "outcome" => outcome).increment(1);
+    }
+}
+
+/// Appends `why` to a pass record's explanation (replacing "no change").
+pub(super) fn explain(record: &mut Value, why: &[String]) {
+    if why.is_empty() {
+        return;
+    }
+    let text = record["explanation"].as_str().unwrap_or_default();
+    let text = if text.starts_with("no change") { why.join("; ") } else { format!("{text}; {}", why.join("; ")) };
+    record["explanation"] = json!(text);
+}
