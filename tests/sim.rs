@@ -110,3 +110,82 @@ fn sim_names_a_bad_trace_line() {
     assert!(stderr.contains("line 3: cpu_millis: \"lots\" is not a number"), "{stderr}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `flotilla sim --pool` (issue #40 item 5) on the shipped fragmented scenario: a pool
+/// grown for a burst, then demand at a third. Consolidating, the pool ends at the exact
+/// cheapest pool for the units left (within 10 %, the issue's bound); without it, it pays
+/// more at the end and in all. Warm nodes start units sooner. Deterministic.
+#[test]
+fn the_pool_sim_consolidates_a_fragmented_pool_to_its_cheapest() {
+    let dir = std::env::temp_dir().join(format!("flotilla-pool-sim-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let out = dir.join("burst.svg");
+    let run = || {
+        let o = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+            .args(["sim", "--pool"])
+            .arg(root().join("examples/pools/burst.toml"))
+            .arg("--demand")
+            .arg(root().join("examples/traces/pool-burst.csv"))
+            .arg("--json")
+            .arg("--plot")
+            .arg(&out)
+            .output()
+            .expect("run flotilla sim --pool");
+        let stdout = String::from_utf8_lossy(&o.stdout);
+        assert!(o.status.success(), "{}\n{stdout}", String::from_utf8_lossy(&o.stderr));
+        let mut v: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+        v.as_object_mut().unwrap().remove("wall_seconds");
+        v
+    };
+    let v = run();
+    check_svg(&out);
+    assert_eq!(v, run(), "the pool simulation is deterministic");
+    let runs = v["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 4, "consolidation on/off × warm on/off: {v:#}");
+    let find = |consolidation: bool, warm: bool| {
+        runs.iter().find(|r| r["consolidation"] == consolidation && r["warm"] == warm).unwrap()
+    };
+    let f = |r: &serde_json::Value, k: &str| r[k].as_f64().unwrap_or_else(|| panic!("{k} in {r}"));
+    for warm in [true, false] {
+        let (on, off) = (find(true, warm), find(false, warm));
+        for r in [on, off] {
+            assert_eq!(r["failed_passes"], 0, "{r}");
+        }
+        let optimal = f(on, "optimal_cost_per_hour");
+        assert!(f(on, "final_cost_per_hour") <= optimal * 1.1 + 1e-9, "within 10 % of the cheapest: {on}");
+        assert!(f(off, "final_cost_per_hour") > f(on, "final_cost_per_hour"), "{off} vs {on}");
+        assert!(f(off, "cost") > f(on, "cost"), "{off} vs {on}");
+        assert!(on["units_moved"].as_u64().unwrap() > 0, "consolidation moves units: {on}");
+        assert_eq!(off["units_moved"], 0, "nothing moves without it: {off}");
+    }
+    // A warm node takes the first units of a burst at once; a launch waits for a boot.
+    assert!(f(find(true, true), "pending_p50_s") * 5.0 <= f(find(true, false), "pending_p50_s"), "{v:#}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_pool_sim_names_a_bad_demand_line_and_a_bad_pool() {
+    let dir = std::env::temp_dir().join(format!("flotilla-pool-sim-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let demand = dir.join("bad.csv");
+    std::fs::write(&demand, "time_s,app,units,cpu,memory\n0,web,1,1,1Gi\n60,web,many,1,1Gi\n").unwrap();
+    let pool = root().join("examples/pools/burst.toml");
+    let sim = |pool: &Path, demand: &Path| {
+        let o = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+            .args(["sim", "--pool"])
+            .arg(pool)
+            .arg("--demand")
+            .arg(demand)
+            .output()
+            .expect("run flotilla sim --pool");
+        assert!(!o.status.success());
+        String::from_utf8_lossy(&o.stderr).into_owned()
+    };
+    let stderr = sim(&pool, &demand);
+    assert!(stderr.contains("line 3: units: \"many\" is not a whole number"), "{stderr}");
+    let bad_pool = dir.join("pool.toml");
+    std::fs::write(&bad_pool, "[node_types.a]\ncpu = 1\nmemory = \"1Gi\"\nmax = 1\ncost = -1\nwarm = 2\n").unwrap();
+    let stderr = sim(&bad_pool, &root().join("examples/traces/pool-burst.csv"));
+    assert!(stderr.contains("node_types.a.cost") && stderr.contains("warm"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

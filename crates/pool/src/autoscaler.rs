@@ -15,7 +15,7 @@ use tracing::Instrument;
 use crate::cluster::{Cluster, ClusterError, ReportAnswer, TypeBounds};
 use crate::config::PoolConfig;
 use crate::instance::{Change, InstanceState, Instances, NodeSeen};
-use crate::model::{Constraints, IdleClock, Observation, Phase, PoolInstance};
+use crate::model::{AppRow, Constraints, IdleClock, NodeRow, Observation, Phase, PoolInstance};
 use crate::pack::Cause;
 use crate::policy::PolicyState;
 use crate::provider::{InstanceProvider, LaunchSpec, ProviderError};
@@ -62,6 +62,9 @@ pub struct Autoscaler {
     still_since_ms: u64,
     /// Nodes whose consolidation was given up, left alone until the time (ms).
     given_up: HashMap<String, u64>,
+    /// The node launched for the consolidation in flight: idle until its units move in,
+    /// it is not the idle rule's.
+    consolidation_launch: Option<String>,
 }
 
 /// A node type that could not be had lately (a launch refused, an instance that never
@@ -146,6 +149,7 @@ impl Autoscaler {
             launch_backoff: HashMap::new(),
             still_since_ms: flotilla_core::now_ms(),
             given_up: HashMap::new(),
+            consolidation_launch: None,
         })
     }
 
@@ -266,16 +270,19 @@ impl Autoscaler {
             let mut why: Vec<String> =
                 warm.claim.iter().map(|id| format!("claim warm {id} for pending demand")).collect();
             why.extend(warm.replenish.iter().map(|(t, n)| format!("launch {n} × {t} (warm pool)")));
-            consolidation::explain(&mut record, &why);
+            explain(&mut record, &why);
             record["warm"] = json!({"claimed": warm.claim, "launched": warm.replenish});
         }
         let saw = Seen { nodes: &nodes, apps: &apps, instances: &pool_instances, unavailable: &unavailable };
         let step = self.consolidation(&saw, &plan, now, &mut changes).await;
-        consolidation::explain(&mut record, &step.why);
+        explain(&mut record, &step.why);
         if let Some(c) = step.record {
             record["consolidation"] = c;
         }
         for term in &plan.terminate {
+            if term.cause == Cause::Idle && self.consolidation_launch.as_deref() == Some(term.node_id.as_str()) {
+                continue;
+            }
             let Some(state) = self.instances.get(&term.node_id).map(|i| i.state) else { continue };
             let cause = term.cause.as_str();
             let r = if state == InstanceState::Running {
@@ -485,7 +492,7 @@ impl Autoscaler {
     /// claimed ones the view shows uncordoned, and queues warm replacements.
     async fn warm_pools(
         &mut self,
-        nodes: &[crate::model::NodeRow],
+        nodes: &[NodeRow],
         plan: &crate::pack::Plan,
         unavailable: &BTreeMap<String, String>,
         now: u64,
@@ -608,7 +615,24 @@ impl Autoscaler {
     }
 }
 
+/// What the pass saw, as the consolidation step reads it.
+struct Seen<'a> {
+    nodes: &'a [NodeRow],
+    apps: &'a [AppRow],
+    instances: &'a [PoolInstance],
+    unavailable: &'a BTreeMap<String, String>,
+}
+
+/// Appends `why` to a pass record's explanation (replacing "no change").
+fn explain(record: &mut Value, why: &[String]) {
+    if why.is_empty() {
+        return;
+    }
+    let text = record["explanation"].as_str().unwrap_or_default();
+    let text = if text.starts_with("no change") { why.join("; ") } else { format!("{text}; {}", why.join("; ")) };
+    record["explanation"] = json!(text);
+}
+
 mod consolidation;
-use consolidation::Seen;
 #[cfg(test)]
 mod tests;

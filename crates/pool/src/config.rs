@@ -175,6 +175,24 @@ pub struct PoolNodeType {
     pub warm: u32,
 }
 
+/// `[consolidation]` of the pool file (`crate::consolidate`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ConsolidationConfig {
+    pub enabled: bool,
+    /// How long the pool must have been still before it consolidates: a pool that just
+    /// grew is not shrunk while the burst may come back.
+    pub after: Duration,
+    /// How long a node may take to empty; past it the pool uncordons it and leaves it
+    /// alone for a while (its members could not move: a spread limit, a selector).
+    pub deadline: Duration,
+}
+
+impl Default for ConsolidationConfig {
+    fn default() -> Self {
+        ConsolidationConfig { enabled: true, after: Duration::from_secs(60), deadline: Duration::from_secs(900) }
+    }
+}
+
 /// A checked pool file.
 #[derive(Debug, Clone)]
 pub struct PoolConfig {
@@ -188,7 +206,7 @@ pub struct PoolConfig {
     pub provider: ProviderConfig,
     pub policy: Option<PoolPolicy>,
     /// Emptying nodes whose members fit elsewhere (`crate::consolidate`).
-    pub consolidation: crate::consolidate::Settings,
+    pub consolidation: ConsolidationConfig,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -350,9 +368,9 @@ impl PoolConfig {
             terminate_ms: ms(raw.timeouts.terminate, d.terminate_ms),
             ..d
         };
-        let dc = crate::consolidate::Settings::default();
+        let dc = ConsolidationConfig::default();
         let c = &raw.consolidation;
-        let consolidation = crate::consolidate::Settings {
+        let consolidation = ConsolidationConfig {
             enabled: c.enabled.unwrap_or(dc.enabled),
             after: c.after.map_or(dc.after, |s| Duration::from_secs(s.as_secs())),
             deadline: c.deadline.map_or(dc.deadline, |s| Duration::from_secs(s.as_secs())),

@@ -2,8 +2,9 @@
 //! its nodes while each still holds a unit or two (the idle rule only ends empty ones),
 //! so it pays for the burst long after it. This finds a node whose members fit in the
 //! room the other nodes have and whose removal saves the most per member moved, or,
-//! failing that, several nodes of one type whose members fit on one new node of a type
-//! with the same labels that costs less than they do (several small for one larger).
+//! failing that, nodes of one type whose members fit on one new node of a type with the
+//! same labels that costs less than they do: several small for one larger, or one large
+//! for a smaller one (a burst's big node left holding a unit).
 //!
 //! The driver cordons what it picks; the apps' schedulers move the members off a cordoned
 //! pool node through rebalance (make before break, within each app's `[disruption]`
@@ -17,7 +18,6 @@
 //! costs a consolidation that does not finish; the driver gives it up at its deadline.
 
 use std::collections::{BTreeSet, HashMap};
-use std::time::Duration;
 
 use serde::Serialize;
 
@@ -25,30 +25,12 @@ use crate::config::PoolConfig;
 use crate::model::{NodeRow, Observation, Phase, PoolInstance};
 use crate::shape::{ResourceNames, Shape};
 
-/// `[consolidation]` of the pool file.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Settings {
-    pub enabled: bool,
-    /// How long the pool must have been still before it consolidates: a pool that just
-    /// grew is not shrunk while the burst may come back.
-    pub after: Duration,
-    /// How long a node may take to empty; past it the pool uncordons it and leaves it
-    /// alone for a while (its members could not move: a spread limit, a selector).
-    pub deadline: Duration,
-}
-
-impl Default for Settings {
-    fn default() -> Self {
-        Settings { enabled: true, after: Duration::from_secs(60), deadline: Duration::from_secs(900) }
-    }
-}
-
 /// What to empty next, and why.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Consolidation {
     /// The nodes to empty, then terminate.
     pub nodes: Vec<String>,
-    /// A node type to launch first for their members (several small for one larger).
+    /// A node type to launch first for their members (a replacement).
     pub launch: Option<String>,
     /// Cost per hour saved once done (a type without a `cost` counts 1 an hour).
     pub saving_per_hour: f64,
@@ -153,7 +135,7 @@ pub fn plan(cfg: &PoolConfig, obs: &Observation, skip: &BTreeSet<String>) -> Opt
             });
         }
     }
-    replace_several(cfg, obs, &candidates, &live, &limits, &mut names)
+    replace(cfg, obs, &candidates, &live, &limits, &mut names)
 }
 
 /// The apps' `max_units_per_node`: a unit moves only to a node holding fewer of its
@@ -189,9 +171,9 @@ impl<'a> Limits<'a> {
     }
 }
 
-/// Several nodes of one type whose members fit on one new node of a type with the same
+/// Nodes of one type whose members fit on one new node of a type with the same
 /// labels that costs less than they do together: the best saving per member moved.
-fn replace_several(
+fn replace(
     cfg: &PoolConfig,
     obs: &Observation,
     candidates: &[Candidate],
@@ -234,7 +216,7 @@ fn replace_several(
                 }
             }
             let saving = cost - cost_into;
-            if taken.len() < 2 || saving <= 1e-9 {
+            if taken.is_empty() || saving <= 1e-9 {
                 continue;
             }
             let better = best.as_ref().is_none_or(|b| saving / members as f64 > b.saving_per_hour / b.members as f64);

@@ -25,5 +25,6 @@ pub mod policy;
 pub mod provider;
 pub mod reconciler;
 pub mod shape;
+pub mod sim;
 pub mod store;
 pub mod warm;

@@ -2,23 +2,15 @@
 //! its members moved, gives it back at the deadline) and, when none is and the pool has
 //! been still for `consolidation.after`, starts the next one `crate::consolidate` picks.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 
-use serde_json::{Value, json};
+use serde_json::Value;
 
-use super::Autoscaler;
+use super::{Autoscaler, Seen};
 use crate::catalogue as m;
 use crate::instance::{Change, InstanceState};
-use crate::model::{AppRow, Constraints, IdleClock, NodeRow, Observation, PoolInstance};
+use crate::model::{Constraints, IdleClock, NodeRow, Observation};
 use crate::pack::{Cause, Plan};
-
-/// What the pass saw, as the step reads it.
-pub(super) struct Seen<'a> {
-    pub nodes: &'a [NodeRow],
-    pub apps: &'a [AppRow],
-    pub instances: &'a [PoolInstance],
-    pub unavailable: &'a BTreeMap<String, String>,
-}
 
 /// What the step did, for the pass's decision record.
 #[derive(Default)]
@@ -88,6 +80,9 @@ impl Autoscaler {
                 self.count(&m::CONSOLIDATIONS, "given_up");
             }
         }
+        if emptying.is_empty() {
+            self.consolidation_launch = None;
+        }
         let still_ms = now.saturating_sub(self.still_since_ms);
         if !settings.enabled || !emptying.is_empty() || busy || still_ms < settings.after.as_millis() as u64 {
             return step;
@@ -106,7 +101,7 @@ impl Autoscaler {
         tracing::info!(pool = %self.cfg.name, nodes = ?c.nodes, launch = ?c.launch, saving = c.saving_per_hour,
             members = c.members, "consolidating");
         if let Some(t) = &c.launch {
-            self.instances.queue(t, 1, now, &c.explanation);
+            self.consolidation_launch = self.instances.queue(t, 1, now, &c.explanation).into_iter().next();
             metrics::counter!(m::LAUNCHES.name, "pool" => self.cfg.name.clone(), "node_type" => t.clone()).increment(1);
         }
         for id in &c.nodes {
@@ -130,14 +125,4 @@ impl Autoscaler {
     fn count(&self, family: &flotilla_obs::Family, outcome: &'static str) {
         metrics::counter!(family.name, "pool" => self.cfg.name.clone(), "outcome" => outcome).increment(1);
     }
-}
-
-/// Appends `why` to a pass record's explanation (replacing "no change").
-pub(super) fn explain(record: &mut Value, why: &[String]) {
-    if why.is_empty() {
-        return;
-    }
-    let text = record["explanation"].as_str().unwrap_or_default();
-    let text = if text.starts_with("no change") { why.join("; ") } else { format!("{text}; {}", why.join("; ")) };
-    record["explanation"] = json!(text);
 }

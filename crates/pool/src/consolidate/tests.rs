@@ -1,4 +1,5 @@
 use std::collections::BTreeSet;
+use std::time::Duration;
 
 use flotilla_core::Resources;
 
@@ -157,7 +158,7 @@ fn cordoned_warm_and_idle_nodes_are_no_room_but_a_kept_empty_node_is() {
 }
 
 #[test]
-fn several_small_nodes_are_replaced_by_one_larger_one_when_it_costs_less() {
+fn nodes_are_replaced_by_one_of_a_cheaper_type_when_it_costs_less() {
     let cfg = PoolConfig::parse(POOL).unwrap();
     // Four small nodes, each with two 800m members: no member fits on another.
     let ids = ["s1", "s2", "s3", "s4"];
@@ -173,6 +174,11 @@ fn several_small_nodes_are_replaced_by_one_larger_one_when_it_costs_less() {
     assert!(c.explanation.contains("with one large"), "{}", c.explanation);
     // Two small ones cost less than a large one: nothing.
     assert_eq!(plan_for(&cfg, &nodes[..3], &instances[..3], &[]), None);
+    // A large node left holding one unit, the kept small one full: a small one for it.
+    let left = vec![node("s1", 2000, 2, 1000), node("l1", 8000, 1, 1000)];
+    let c = plan_for(&cfg, &left, &[inst("s1", "small"), inst("l1", "large")], &[]).expect("a smaller node");
+    assert_eq!((c.nodes.as_slice(), c.launch.as_deref()), (&["l1".to_string()][..], Some("small")), "{c:?}");
+    assert!((c.saving_per_hour - 0.15).abs() < 1e-9, "{c:?}");
     // Types of other labels are no replacement (a selector may need the labels).
     let other = PoolConfig::parse(&POOL.replacen(
         "labels = { domain = \"a\" }\n    max = 2",
@@ -190,5 +196,8 @@ fn a_bad_consolidation_table_is_refused_by_field() {
     assert!(e.contains("consolidation.deadline") && e.contains("consolidation.after"), "{e}");
     assert!(PoolConfig::parse(&format!("{POOL}\n[consolidation]\nsurprise = 1\n")).is_err());
     let off = PoolConfig::parse(&format!("{POOL}\n[consolidation]\nenabled = false\nafter = \"5s\"\n")).unwrap();
-    assert_eq!(off.consolidation, Settings { enabled: false, after: Duration::from_secs(5), ..Settings::default() });
+    assert_eq!(
+        off.consolidation,
+        crate::config::ConsolidationConfig { enabled: false, after: Duration::from_secs(5), ..Default::default() }
+    );
 }
