@@ -148,95 +148,101 @@ fn run_pool(a: &SimArgs, pool_file: &Path, demand_file: &Path, started: Instant)
 fn plot_pool(out: &Path, r: &flotilla_pool::sim::PoolSimReport, demand: &Path) -> anyhow::Result<()> {
     use flotilla_pool::sim::Point;
     let Some(first) = r.runs.first() else { return Ok(()) };
-    let other = r.runs.iter().find(|o| o.consolidation != first.consolidation && o.warm == first.warm);
-    let hours = r.simulated_seconds > 2 * 3600;
-    let (per, unit) = if hours { (3600.0, "hours") } else { (60.0, "minutes") };
-    let x = |p: &Point| p.at_s as f64 / per;
-    let x_end = (r.simulated_seconds as f64 / per).max(f64::MIN_POSITIVE);
-    let all = r.runs.iter().flat_map(|run| run.series.iter());
-    let y_max = all.map(|p| f64::from(p.demand).max(p.nodes as f64).max(p.running as f64)).fold(1.0, f64::max) * 1.1;
-    let mut svg = String::new();
-    {
-        let root = SVGBackend::with_string(&mut svg, (1200, 500)).into_drawing_area();
-        root.fill(&WHITE)?;
-        let name = demand.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned());
-        let mut chart = ChartBuilder::on(&root)
-            .caption(format!("{name}: pool autoscaler"), ("sans-serif", 20))
-            .margin(12)
-            .x_label_area_size(40)
-            .y_label_area_size(50)
-            .build_cartesian_2d(0.0..x_end, 0.0..y_max)?;
-        chart.configure_mesh().x_desc(format!("time ({unit})")).y_desc("units, nodes").draw()?;
-        type PoolValue = fn(&Point) -> f64;
-        let lines: [(&str, RGBColor, &[Point], PoolValue); 3] = [
-            ("units wanted", BLUE, &first.series, |p| f64::from(p.demand)),
-            ("units running", RGBColor(0, 150, 0), &first.series, |p| p.running as f64),
-            ("nodes paid", RED, &first.series, |p| p.nodes as f64),
-        ];
-        for (label, color, series, value) in lines {
-            chart
-                .draw_series(LineSeries::new(series.iter().map(|p| (x(p), value(p))), color.stroke_width(2)))?
-                .label(label)
-                .legend(move |(lx, ly)| PathElement::new(vec![(lx, ly), (lx + 20, ly)], color.stroke_width(2)));
-        }
-        if let Some(o) = other {
-            let grey = RGBColor(150, 150, 150);
-            let label = format!("nodes paid, consolidation {}", if o.consolidation { "on" } else { "off" });
-            chart
-                .draw_series(LineSeries::new(o.series.iter().map(|p| (x(p), p.nodes as f64)), grey.stroke_width(2)))?
-                .label(label)
-                .legend(move |(lx, ly)| PathElement::new(vec![(lx, ly), (lx + 20, ly)], grey.stroke_width(2)));
-        }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .draw()?;
-        root.present()?;
+    let (per, unit) = if r.simulated_seconds > 2 * 3600 { (3600.0, "hours") } else { (60.0, "minutes") };
+    let line = |label: String, color: RGBColor, series: &[Point], value: fn(&Point) -> f64| Line {
+        label,
+        color,
+        points: series.iter().map(|p| (p.at_s as f64 / per, value(p))).collect(),
+    };
+    let mut lines = vec![
+        line("units wanted".into(), BLUE, &first.series, |p| f64::from(p.demand)),
+        line("units running".into(), RGBColor(0, 150, 0), &first.series, |p| p.running as f64),
+        line("nodes paid".into(), RED, &first.series, |p| p.nodes as f64),
+    ];
+    if let Some(o) = r.runs.iter().find(|o| o.consolidation != first.consolidation && o.warm == first.warm) {
+        let label = format!("nodes paid, consolidation {}", if o.consolidation { "on" } else { "off" });
+        lines.push(line(label, RGBColor(150, 150, 150), &o.series, |p| p.nodes as f64));
     }
-    std::fs::write(out, svg)?;
-    Ok(())
+    let name = demand.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+    let chart = Chart {
+        title: format!("{name}: pool autoscaler"),
+        x_desc: format!("time ({unit})"),
+        x_end: r.simulated_seconds as f64 / per,
+        y_desc: "units, nodes",
+        legend: SeriesLabelPosition::UpperRight,
+    };
+    draw(out, &chart, &lines)
 }
 
 /// Picks one plotted value out of a sample.
 type Value = fn(&Sample) -> f64;
 
+fn plot(out: &Path, r: &SimReport, trace: &Path) -> anyhow::Result<()> {
+    let (per, unit) = if r.simulated_seconds > 2.0 * 3600.0 { (3600.0, "hours") } else { (60.0, "minutes") };
+    let series: [(&str, RGBColor, Value); 4] = [
+        ("demand", BLUE, |p| p.demand),
+        ("running capacity", RGBColor(0, 150, 0), |p| p.capacity),
+        ("units paid (incl. starting, draining)", RGBColor(150, 150, 150), |p| p.units),
+        ("pending", RED, |p| p.pending),
+    ];
+    let lines: Vec<Line> = series
+        .into_iter()
+        .map(|(label, color, value)| Line {
+            label: label.into(),
+            color,
+            points: r.series.iter().map(|p| (p.at_s / per, value(p))).collect(),
+        })
+        .collect();
+    let name = trace.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+    let chart = Chart {
+        title: format!("{name}: {} policy", r.policy),
+        x_desc: format!("time ({unit})"),
+        x_end: r.simulated_seconds / per,
+        y_desc: "units",
+        legend: SeriesLabelPosition::UpperLeft,
+    };
+    draw(out, &chart, &lines)
+}
+
+struct Chart {
+    title: String,
+    x_desc: String,
+    x_end: f64,
+    y_desc: &'static str,
+    legend: SeriesLabelPosition,
+}
+
+struct Line {
+    label: String,
+    color: RGBColor,
+    points: Vec<(f64, f64)>,
+}
+
 /// Labels are written as SVG `<text>` (plotters' SVG backend without a font feature), so no
 /// font file is needed to draw them.
-fn plot(out: &Path, r: &SimReport, trace: &Path) -> anyhow::Result<()> {
-    let hours = r.simulated_seconds > 2.0 * 3600.0;
-    let (per, unit) = if hours { (3600.0, "hours") } else { (60.0, "minutes") };
-    let x = |p: &Sample| p.at_s / per;
-    let x_end = (r.simulated_seconds / per).max(f64::MIN_POSITIVE);
-    let y_max = r.series.iter().map(|p| p.demand.max(p.units).max(p.pending)).fold(1.0, f64::max) * 1.1;
+fn draw(out: &Path, c: &Chart, lines: &[Line]) -> anyhow::Result<()> {
+    let y_max = lines.iter().flat_map(|l| l.points.iter().map(|p| p.1)).fold(1.0, f64::max) * 1.1;
     let mut svg = String::new();
     {
         let root = SVGBackend::with_string(&mut svg, (1200, 500)).into_drawing_area();
         root.fill(&WHITE)?;
-        let name = trace.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned());
         let mut chart = ChartBuilder::on(&root)
-            .caption(format!("{name}: {} policy", r.policy), ("sans-serif", 20))
+            .caption(&c.title, ("sans-serif", 20))
             .margin(12)
             .x_label_area_size(40)
             .y_label_area_size(50)
-            .build_cartesian_2d(0.0..x_end, 0.0..y_max)?;
-        chart.configure_mesh().x_desc(format!("time ({unit})")).y_desc("units").draw()?;
-        let series: [(&str, RGBColor, Value); 4] = [
-            ("demand", BLUE, |p| p.demand),
-            ("running capacity", RGBColor(0, 150, 0), |p| p.capacity),
-            ("units paid (incl. starting, draining)", RGBColor(150, 150, 150), |p| p.units),
-            ("pending", RED, |p| p.pending),
-        ];
-        for (label, color, value) in series {
+            .build_cartesian_2d(0.0..c.x_end.max(f64::MIN_POSITIVE), 0.0..y_max)?;
+        chart.configure_mesh().x_desc(&c.x_desc).y_desc(c.y_desc).draw()?;
+        for l in lines {
+            let color = l.color;
             chart
-                .draw_series(LineSeries::new(r.series.iter().map(|p| (x(p), value(p))), color.stroke_width(2)))?
-                .label(label)
+                .draw_series(LineSeries::new(l.points.iter().copied(), color.stroke_width(2)))?
+                .label(l.label.as_str())
                 .legend(move |(lx, ly)| PathElement::new(vec![(lx, ly), (lx + 20, ly)], color.stroke_width(2)));
         }
         chart
             .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
+            .position(c.legend.clone())
             .background_style(WHITE.mix(0.8))
             .border_style(BLACK)
             .draw()?;
