@@ -60,8 +60,9 @@ pub struct Autoscaler {
     launch_backoff: HashMap<String, TypeBackoff>,
     /// Since when no demand waited and no pass launched or terminated anything.
     still_since_ms: u64,
-    /// Nodes whose consolidation was given up, left alone until the time (ms).
-    given_up: HashMap<String, u64>,
+    /// Nodes whose consolidation was given up: left alone until the time (ms), and how
+    /// many times in a row.
+    given_up: HashMap<String, (u64, u32)>,
     /// The node launched for the consolidation in flight: idle until its units move in,
     /// it is not the idle rule's.
     consolidation_launch: Option<String>,

@@ -10,8 +10,9 @@
 //! pool node through rebalance (make before break, within each app's `[disruption]`
 //! budget, `flotilla_scheduler::rebalance`); the node, empty, is terminated. One
 //! consolidation runs at a time, so the room counted for it is not counted twice, and
-//! only while the pool is still (no demand queued, nothing launching or leaving). A
-//! type's `min` is never crossed, and types a policy sizes are the policy's.
+//! only while the pool is still (no demand queued, nothing launching). A unit's room is
+//! counted in its node's domain only. A type's `min` is never crossed, and types a
+//! policy sizes are the policy's (neither emptied nor launched).
 //!
 //! What a node holds is known as a total and a member count (`NodeRow::workloads`), not
 //! member by member: the members are taken as equal shares of the total. A wrong guess
@@ -55,7 +56,7 @@ struct Candidate<'a> {
 /// The consolidation to start now, if any. `skip` holds nodes given up lately.
 pub fn plan(cfg: &PoolConfig, obs: &Observation, skip: &BTreeSet<String>) -> Option<Consolidation> {
     if obs.apps.iter().any(|a| a.queued.primary + a.queued.secondary > 0)
-        || obs.instances.iter().any(|i| i.phase != Phase::Running)
+        || obs.instances.iter().any(|i| i.phase == Phase::Pending)
     {
         return None;
     }
@@ -75,7 +76,7 @@ pub fn plan(cfg: &PoolConfig, obs: &Observation, skip: &BTreeSet<String>) -> Opt
             *k = k.saturating_sub(1);
         }
     }
-    let mut room: Vec<(&str, Shape)> = Vec::new();
+    let mut room: Vec<(&str, &str, Shape)> = Vec::new();
     let mut candidates = Vec::new();
     for n in obs.nodes.iter().filter(|n| usable(n)) {
         let inst = by_id.get(n.node_id.as_str()).copied();
@@ -92,7 +93,7 @@ pub fn plan(cfg: &PoolConfig, obs: &Observation, skip: &BTreeSet<String>) -> Opt
         if kept {
             let mut free = shape(&n.capacity, &mut names);
             free.sub_times(&shape(&n.allocated, &mut names), 1);
-            room.push((n.node_id.as_str(), free));
+            room.push((n.node_id.as_str(), domain(n), free));
         }
         let Some(i) = inst.filter(|i| i.phase == Phase::Running && !i.warm) else { continue };
         let Some(t) = cfg.node_type(&i.node_type) else { continue };
@@ -120,9 +121,10 @@ pub fn plan(cfg: &PoolConfig, obs: &Observation, skip: &BTreeSet<String>) -> Opt
     });
     let limits = Limits::of(obs);
     for c in candidates.iter().filter(|c| above_min(c, 1)).take(MAX_TRIED) {
-        let others = || room.iter().filter(|(id, _)| *id != c.row.node_id.as_str());
-        let mut free: Vec<Shape> = others().map(|(_, f)| f.clone()).collect();
-        if limits.room_for(&c.row.node_id, others().map(|(id, _)| *id)) && fits(&c.share, c.members, &mut free) {
+        // A unit stays in its domain (rebalance weighs the domain before `spare`).
+        let others = || room.iter().filter(|(id, d, _)| *id != c.row.node_id.as_str() && *d == domain(c.row));
+        let mut free: Vec<Shape> = others().map(|(_, _, f)| f.clone()).collect();
+        if limits.room_for(&c.row.node_id, others().map(|(id, _, _)| *id)) && fits(&c.share, c.members, &mut free) {
             return Some(Consolidation {
                 nodes: vec![c.row.node_id.clone()],
                 launch: None,
@@ -186,8 +188,12 @@ fn replace(
         return None;
     }
     let mut best: Option<Consolidation> = None;
+    let sized = |t: &str| cfg.policy.as_ref().is_some_and(|p| p.types().any(|s| s == t));
     for into in &cfg.node_types {
-        if obs.unavailable.contains_key(&into.name) || live.get(into.name.as_str()).copied().unwrap_or(0) >= into.max {
+        if sized(&into.name)
+            || obs.unavailable.contains_key(&into.name)
+            || live.get(into.name.as_str()).copied().unwrap_or(0) >= into.max
+        {
             continue;
         }
         let cost_into = into.cost.unwrap_or(1.0);
@@ -239,6 +245,11 @@ fn replace(
         }
     }
     best
+}
+
+/// A node's failure domain, as the schedulers see it.
+fn domain(n: &NodeRow) -> &str {
+    n.labels.get("domain").map_or(flotilla_core::DEFAULT_DOMAIN, String::as_str)
 }
 
 fn shape(r: &flotilla_core::Resources, names: &mut ResourceNames) -> Shape {

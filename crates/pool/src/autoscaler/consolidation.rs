@@ -9,7 +9,7 @@ use serde_json::Value;
 use super::{Autoscaler, Seen};
 use crate::catalogue as m;
 use crate::instance::{Change, InstanceState};
-use crate::model::{Constraints, IdleClock, NodeRow, Observation};
+use crate::model::{Constraints, IdleClock, NodeRow, Observation, Phase};
 use crate::pack::{Cause, Plan};
 
 /// What the step did, for the pass's decision record.
@@ -34,17 +34,35 @@ impl Autoscaler {
         if busy || seen.apps.iter().any(|a| a.queued.primary + a.queued.secondary > 0) {
             self.still_since_ms = now;
         }
-        self.given_up.retain(|_, until| *until > now);
+        // Kept while the instance is (the count of give-ups in a row doubles the wait).
+        let instances = &self.instances;
+        self.given_up.retain(|id, _| instances.get(id).is_some());
         let emptying: Vec<(String, u64)> = self
             .instances
             .iter()
             .filter(|i| i.state == InstanceState::Running)
             .filter_map(|i| i.consolidating_since_ms.map(|s| (i.id.clone(), s)))
             .collect();
+        // The whole consolidation is given up at once when demand needs new nodes (the
+        // cordoned room is wanted: no penalty), or its replacement node failed to come.
+        let replacement_failed = self.consolidation_launch.as_deref().is_some_and(|id| {
+            self.instances
+                .get(id)
+                .is_none_or(|i| !matches!(super::phase(i.state), Some(Phase::Pending | Phase::Running)))
+        });
+        let abandon = if !plan.launch.is_empty() {
+            Some(("demand waits for new nodes: the room of the nodes being emptied is needed", false))
+        } else if replacement_failed {
+            Some(("the node launched for their members did not come", true))
+        } else {
+            None
+        };
         for (id, since) in &emptying {
-            let Some(row) = rows.get(id.as_str()) else { continue };
             let elapsed = now.saturating_sub(*since);
-            let give_up = if row.allocated.is_zero() && row.workloads == 0 {
+            let row = rows.get(id.as_str());
+            let give_up = if let Some((why, penalty)) = abandon {
+                Some((why.to_string(), penalty))
+            } else if row.is_some_and(|r| r.allocated.is_zero() && r.workloads == 0) {
                 let why = "its members moved to other nodes";
                 match self.instances.request_drain(id, now, Cause::Consolidation, why) {
                     Ok(c) => changes.push(c),
@@ -58,22 +76,25 @@ impl Autoscaler {
                 .increment(1);
                 None
             } else if elapsed > settings.deadline.as_millis() as u64 {
-                Some(format!(
-                    "its members did not move within consolidation.deadline ({}s)",
-                    settings.deadline.as_secs()
-                ))
-            } else if !row.cordoned && elapsed > 2 * self.cfg.interval.as_millis() as u64 {
-                Some("it was uncordoned".to_string())
+                let s = settings.deadline.as_secs();
+                Some((format!("its members did not move within consolidation.deadline ({s}s)"), true))
+            } else if row.is_some_and(|r| !r.cordoned) && elapsed > 2 * self.cfg.interval.as_millis() as u64 {
+                Some(("it was uncordoned".to_string(), true))
             } else {
-                if !row.cordoned {
+                if row.is_some_and(|r| !r.cordoned) {
                     // The cordon has not shown in the view yet: ask again (idempotent).
                     self.cordon(id, true).await;
                 }
                 None
             };
-            if let Some(why) = give_up {
+            if let Some((why, penalty)) = give_up {
                 self.instances.set_consolidating(id, None);
-                self.given_up.insert(id.clone(), now + settings.deadline.as_millis() as u64);
+                if penalty {
+                    // Left alone for a deadline, doubling with each give-up in a row.
+                    let times = self.given_up.get(id).map_or(0, |(_, n)| *n) + 1;
+                    let wait = (settings.deadline.as_millis() as u64).saturating_mul(1 << times.min(6)) / 2;
+                    self.given_up.insert(id.clone(), (now + wait, times));
+                }
                 self.cordon(id, false).await;
                 tracing::info!(pool = %self.cfg.name, instance = %id, %why, "consolidation given up");
                 step.why.push(format!("consolidation of {id} given up: {why}"));
@@ -87,7 +108,8 @@ impl Autoscaler {
         if !settings.enabled || !emptying.is_empty() || busy || still_ms < settings.after.as_millis() as u64 {
             return step;
         }
-        let skip: BTreeSet<String> = self.given_up.keys().cloned().collect();
+        let skip: BTreeSet<String> =
+            self.given_up.iter().filter(|(_, (until, _))| *until > now).map(|(id, _)| id.clone()).collect();
         let obs = Observation {
             nodes: seen.nodes,
             apps: seen.apps,

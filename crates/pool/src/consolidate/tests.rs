@@ -144,6 +144,10 @@ fn cordoned_warm_and_idle_nodes_are_no_room_but_a_kept_empty_node_is() {
     let mut cordoned = nodes.clone();
     cordoned[2].cordoned = true;
     assert_eq!(plan_for(&cfg, &cordoned, &instances, &[]), None);
+    // Nor is a node in another domain (a unit keeps its domain).
+    let mut apart = nodes.clone();
+    apart[2].labels.insert("domain".into(), "b".into());
+    assert_eq!(plan_for(&cfg, &apart, &instances, &[]), None);
     // An empty node of a type with a min is kept: s1's member goes to it.
     let kept = vec![node("k1", 8000, 0, 0), node("s1", 2000, 1, 500)];
     // (small without a min, large with one).

@@ -36,8 +36,10 @@ fn now() -> u64 {
 
 /// Makes simulated time the process's clock; false if another clock was installed first.
 pub fn install_clock() -> bool {
-    NOW_MS.store(EPOCH_MS, Ordering::Relaxed);
-    flotilla_core::install_clock(now)
+    flotilla_core::install_clock(now) && {
+        NOW_MS.store(EPOCH_MS, Ordering::Relaxed);
+        true
+    }
 }
 
 /// About this many points of the time series are kept.
@@ -65,7 +67,8 @@ pub struct Run {
     pub cost: f64,
     /// Units moved (make before break): consolidation, drains.
     pub units_moved: u64,
-    /// From a unit asked for to running, weighted per unit.
+    /// From a unit asked for to running, per unit (a unit still waiting at the end, with
+    /// what it waited so far; one whose node went, once more from then).
     pub pending_p50_s: f64,
     pub pending_p99_s: f64,
     pub launches: usize,
@@ -100,7 +103,7 @@ pub enum SimError {
 
 /// Every run of the report over `demand`.
 pub fn simulate(cfg: &PoolConfig, demand: &Demand, timing: Timing) -> Result<PoolSimReport, SimError> {
-    if now() < EPOCH_MS {
+    if now() < EPOCH_MS || flotilla_core::now_ms() != now() {
         return Err(SimError::Clock);
     }
     let has_warm = cfg.node_types.iter().any(|t| t.warm > 0);
@@ -109,9 +112,13 @@ pub fn simulate(cfg: &PoolConfig, demand: &Demand, timing: Timing) -> Result<Poo
     if has_warm {
         variants.extend([(on, false), (!on, false)]);
     }
+    // The demand in force as the trace ends: rows at the end itself change it for no time
+    // (unless they are an app's only rows).
     let mut last: std::collections::BTreeMap<&str, (flotilla_core::Resources, u32)> = Default::default();
     for r in &demand.rows {
-        last.insert(&r.app, (r.unit.clone(), r.units));
+        if r.at_s < demand.end_s() || !last.contains_key(r.app.as_str()) {
+            last.insert(&r.app, (r.unit.clone(), r.units));
+        }
     }
     let units: Vec<_> = last.into_values().collect();
     let optimal = optimum::cheapest(cfg, &units);
@@ -181,7 +188,8 @@ fn run(cfg: &PoolConfig, demand: &Demand, timing: Timing) -> Result<Run, SimErro
         }
     }
     let w = shared.lock();
-    let mut waits = w.waits.clone();
+    // Units still waiting at the end count with what they waited so far.
+    let mut waits: Vec<u64> = w.waits.iter().copied().chain(w.still_waiting()).collect();
     waits.sort_unstable();
     let pct = |p: f64| {
         if waits.is_empty() {

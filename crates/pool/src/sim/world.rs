@@ -75,33 +75,41 @@ impl World {
             .is_some_and(|i| !i.terminated && !i.cordoned && !i.drain_requested && i.ready_ms <= self.now_ms)
     }
 
-    fn allocated(&self) -> BTreeMap<&str, Resources> {
-        let mut a: BTreeMap<&str, Resources> = BTreeMap::new();
+    /// What each node holds (computed once a step: placement updates it as it goes).
+    fn allocated(&self) -> BTreeMap<String, Resources> {
+        let mut a: BTreeMap<String, Resources> = BTreeMap::new();
         for u in self.units.values() {
             if let Some(n) = &u.node {
-                let e = a.entry(n.as_str()).or_default();
+                let e = a.entry(n.clone()).or_default();
                 *e = e.checked_add(&self.apps[&u.app].0).unwrap_or_else(|_| e.clone());
             }
         }
         a
     }
 
+    /// Whether `node` is of a type with a `min` (`flotilla.io/pool-keeps`).
+    fn kept(&self, cfg: &PoolConfig, node: &str) -> bool {
+        self.instances.get(node).and_then(|i| cfg.node_type(&i.node_type)).is_some_and(|t| t.min > 0)
+    }
+
     /// How much a member on `node` weighs for rebalance's `spare`: 2 on a cordoned pool
     /// node, 1 on a type without a `min`, else 0 (`flotilla_scheduler::rebalance`).
     fn spare(&self, cfg: &PoolConfig, node: &str) -> u32 {
         let Some(i) = self.instances.get(node) else { return 0 };
-        if i.cordoned && !i.drain_requested {
-            2
-        } else {
-            u32::from(cfg.node_type(&i.node_type).is_none_or(|t| t.min == 0))
-        }
+        if i.cordoned && !i.drain_requested { 2 } else { u32::from(!self.kept(cfg, node)) }
     }
 
     /// The node placement picks for a unit of `app` (never `not`): a type the pool keeps,
     /// then the cheaper, then the fullest after (the planner's bin packing), then by id.
-    fn best_node(&self, cfg: &PoolConfig, app: &str, not: Option<&str>, max_spare: u32) -> Option<String> {
+    fn best_node(
+        &self,
+        cfg: &PoolConfig,
+        allocated: &BTreeMap<String, Resources>,
+        app: &str,
+        not: Option<&str>,
+        max_spare: u32,
+    ) -> Option<String> {
         let unit = &self.apps[app].0;
-        let allocated = self.allocated();
         let mut best: Option<((bool, i64, u64), &str)> = None;
         for (id, i) in &self.instances {
             if Some(id.as_str()) == not || !self.usable(id) || self.spare(cfg, id) >= max_spare {
@@ -154,7 +162,7 @@ impl World {
                     .iter()
                     .map(|id| {
                         let u = &self.units[id];
-                        let kept = u.node.as_deref().is_some_and(|n| self.spare(cfg, n) == 0);
+                        let kept = u.node.as_deref().is_some_and(|n| self.kept(cfg, n));
                         (u.node.is_some(), kept, std::cmp::Reverse(*id), *id)
                     })
                     .collect();
@@ -195,9 +203,22 @@ impl World {
         }
         // Placement, oldest first.
         let queued: Vec<u64> = self.units.iter().filter(|(_, u)| u.node.is_none()).map(|(id, _)| *id).collect();
+        let mut allocated = self.allocated();
+        let mut full: std::collections::BTreeSet<&str> = Default::default();
         for id in queued {
             let app = self.units[&id].app.clone();
-            let Some(node) = self.best_node(cfg, &app, None, u32::MAX) else { continue };
+            // An app none of whose units fit now is not tried again this step.
+            if full.contains(app.as_str()) {
+                continue;
+            }
+            let Some(node) = self.best_node(cfg, &allocated, &app, None, u32::MAX) else {
+                if let Some((a, _)) = self.apps.get_key_value(&app) {
+                    full.insert(a.as_str());
+                }
+                continue;
+            };
+            let e = allocated.entry(node.clone()).or_default();
+            *e = e.checked_add(&self.apps[&app].0).unwrap_or_else(|_| e.clone());
             let now = self.now_ms;
             let start = self.start_ms();
             let Some(u) = self.units.get_mut(&id) else { continue };
@@ -225,6 +246,7 @@ impl World {
     /// on a node the pool lets go, to a node it lets go less.
     fn rebalance(&mut self, cfg: &PoolConfig) {
         let apps: Vec<String> = self.apps.keys().cloned().collect();
+        let mut allocated = self.allocated();
         for app in apps {
             if self.units.values().any(|u| u.app == app && u.replaces.is_some()) {
                 continue;
@@ -236,12 +258,14 @@ impl World {
                 if spare == 0 || self.now_ms < u.placed_ms + self.timing.quiet_ms {
                     continue;
                 }
-                if let Some(to) = self.best_node(cfg, &app, Some(node), spare) {
+                if let Some(to) = self.best_node(cfg, &allocated, &app, Some(node), spare) {
                     found = Some((*id, to));
                     break;
                 }
             }
             let Some((old, to)) = found else { continue };
+            let e = allocated.entry(to.clone()).or_default();
+            *e = e.checked_add(&self.apps[&app].0).unwrap_or_else(|_| e.clone());
             self.queue(&app, Some(old));
             let now = self.now_ms;
             if let Some(u) = self.units.get_mut(&self.next_unit) {
@@ -250,6 +274,12 @@ impl World {
             }
             self.moves += 1;
         }
+    }
+
+    /// Units the apps asked for that have not run yet, and since when (ms): their waits,
+    /// were the trace to end now.
+    pub fn still_waiting(&self) -> impl Iterator<Item = u64> + '_ {
+        self.units.values().filter(|u| u.replaces.is_none() && u.node.is_none()).map(|u| self.now_ms - u.queued_ms)
     }
 
     /// Units the apps asked for and have not got running.
