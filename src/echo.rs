@@ -4,7 +4,8 @@
 //! and watch the autoscaler react. `GET /env` answers with the variables the agent gave it
 //! and when it started, so a test can see the ports and head address it was given and
 //! the order members started in; `--ready-after` keeps `/healthz` failing for a while (a
-//! head slow to come up). Every answered request is a line on stdout (an access log,
+//! head slow to come up); `--delay` and `--error-rate` make a slow or failing version (a
+//! bad release, by its args alone). Every answered request is a line on stdout (an access log,
 //! what `flotilla logs` shows), the start a line on stderr.
 
 use flotilla_core::LockExt;
@@ -30,6 +31,11 @@ pub struct EchoArgs {
     /// Deprecated spelling of --delay, in milliseconds.
     #[arg(long, hide = true, conflicts_with = "delay")]
     pub delay_ms: Option<u64>,
+    /// Answer this fraction of requests (0 to 1) with 500, spread evenly: of the first N
+    /// requests, exactly ⌊N × rate⌋ fail (a bad version, for canary tests). `/healthz`
+    /// and `/env` never fail.
+    #[arg(long, default_value_t = 0.0)]
+    pub error_rate: f64,
     /// `/healthz` answers 503 until this long after start (a slow head, for start-order tests).
     #[arg(long, default_value = "0s", value_parser = crate::cli::http::parse_duration)]
     pub ready_after: Duration,
@@ -45,6 +51,9 @@ pub async fn run(a: EchoArgs) -> anyhow::Result<()> {
     };
     let delay = flotilla_agent::config::deprecated_ms(a.delay, a.delay_ms, "--delay-ms", "--delay");
     anyhow::ensure!(delay <= Duration::from_secs(60), "--delay must be at most 60s");
+    anyhow::ensure!((0.0..=1.0).contains(&a.error_rate), "--error-rate must be within 0 and 1, not {}", a.error_rate);
+    let per_million = (a.error_rate * 1e6).round() as u64;
+    let served = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let var = |k: &str| std::env::var(k).unwrap_or_default();
     let identity = serde_json::json!({
         "node": var("FLOTILLA_NODE_ID"),
@@ -83,17 +92,25 @@ pub async fn run(a: EchoArgs) -> anyhow::Result<()> {
         .route("/load", put(move |q: Query<Load>| hold(held.clone(), q.0)))
         .fallback(get(move |uri: axum::http::Uri| {
             let (body, log) = (identity.clone(), access_log.clone());
+            let n = served.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             async move {
                 tokio::time::sleep(delay).await;
+                let status = if fails(n, per_million) { StatusCode::INTERNAL_SERVER_ERROR } else { StatusCode::OK };
                 // Full (stdout not read): the line is dropped, the answer never waits.
-                let _ = log.try_send(format!("GET {uri} 200"));
-                Json(body)
+                let _ = log.try_send(format!("GET {uri} {}", status.as_u16()));
+                (status, Json(body))
             }
         }));
     let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
     tracing::info!(addr = %listener.local_addr()?, "echo-server listening");
     axum::serve(listener, app).with_graceful_shutdown(crate::serve::shutdown_signal()).await?;
     Ok(())
+}
+
+/// Whether request `n` (from 0) fails at `per_million` errors a million: exactly
+/// ⌊N × rate⌋ of the first N do, as evenly as they can be spread.
+fn fails(n: u64, per_million: u64) -> bool {
+    (n + 1).saturating_mul(per_million) / 1_000_000 > n.saturating_mul(per_million) / 1_000_000
 }
 
 /// Writes the access log's lines to stdout on a thread of its own, so a stdout nobody
@@ -132,4 +149,22 @@ async fn hold(held: Arc<Mutex<Vec<u8>>>, load: Load) -> Result<Json<serde_json::
     *h = vec![1u8; bytes];
     tracing::info!(memory_mib = load.memory_mib, "holding memory");
     Ok(Json(serde_json::json!({"memory_mib": load.memory_mib})))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fails;
+
+    #[test]
+    fn an_error_rate_fails_exactly_its_share_evenly() {
+        let failed = |rate: u64, n: u64| (0..n).filter(|i| fails(*i, rate)).count();
+        assert_eq!(failed(200_000, 1000), 200);
+        assert_eq!(failed(0, 1000), 0);
+        assert_eq!(failed(1_000_000, 1000), 1000);
+        assert_eq!(failed(333_333, 3000), 999);
+        // Evenly: one in every five at 20 %, never two in a row.
+        for w in 0..995u64 {
+            assert_eq!((w..w + 5).filter(|i| fails(*i, 200_000)).count(), 1, "window at {w}");
+        }
+    }
 }

@@ -3,7 +3,7 @@
 use std::process::Stdio;
 use std::time::Duration;
 
-use flotilla_testkit::{TempDir, Up, alive, flotilla, free_port, run_ok, signal, wait_for, who};
+use flotilla_testkit::{TempDir, Up, alive, flotilla, free_port, get_text, http, run_ok, signal, wait_for, who};
 use serde_json::Value;
 
 use crate::common::{ECHO, running};
@@ -138,6 +138,31 @@ fn echo_server_answers_with_its_identity_on_flotilla_port() {
     assert_eq!(v["node"], "node-7");
     assert_eq!(v["unit"], "echo-3");
     assert_eq!(v["role"], "head");
+}
+
+/// Issue #41 item 4: `--error-rate` answers its share of requests 500, evenly (a bad
+/// version by its args alone); `/healthz` stays up; a rate outside 0..1 is refused.
+#[test]
+fn echo_server_fails_its_error_rate_of_requests() {
+    let port = free_port();
+    let mut child = flotilla()
+        .args(["echo-server", "--error-rate", "0.2"])
+        .env("FLOTILLA_PORT", port.to_string())
+        .stderr(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let addr = format!("127.0.0.1:{port}");
+    wait_for("echo-server", Duration::from_secs(10), || get_text(&addr, "/healthz"));
+    let statuses: Vec<u16> = (0..10).map(|i| http(&addr, "GET", &format!("/r{i}"), None, "").0).collect();
+    let healthz = http(&addr, "GET", "/healthz", None, "").0;
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(statuses, [200, 200, 200, 200, 500, 200, 200, 200, 200, 500]);
+    assert_eq!(healthz, 200);
+    let out = flotilla().args(["echo-server", "--error-rate", "1.5"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--error-rate must be within 0 and 1"));
 }
 
 /// Issue #35 item 8: `up` stopping drains its agents, which is `up` going away, not
