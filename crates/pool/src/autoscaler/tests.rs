@@ -61,6 +61,8 @@ struct FakeCluster {
     drains: Mutex<Vec<String>>,
     uncordons: Mutex<Vec<String>>,
     bounds: Mutex<BTreeMap<String, TypeBounds>>,
+    /// What each node holds (millicores, members); the rest hold nothing.
+    held: Mutex<BTreeMap<String, (u64, usize)>>,
 }
 
 impl FakeCluster {
@@ -80,6 +82,7 @@ impl FakeCluster {
             drains: Mutex::new(vec![]),
             uncordons: Mutex::new(vec![]),
             bounds: Mutex::new(BTreeMap::new()),
+            held: Mutex::new(BTreeMap::new()),
         })
     }
 }
@@ -88,6 +91,7 @@ impl Cluster for FakeCluster {
     fn nodes(&self) -> BoxFuture<'_, Result<Vec<NodeRow>, ClusterError>> {
         let drains = self.drains.lock().unwrap().clone();
         let warm = self.provider.cordoned.lock().unwrap().clone();
+        let held = self.held.lock().unwrap().clone();
         let rows = self
             .provider
             .running
@@ -99,10 +103,10 @@ impl Cluster for FakeCluster {
                 status: "alive".into(),
                 labels: BTreeMap::new(),
                 capacity: Resources::new(2000, 4 << 30, 0),
-                allocated: Resources::default(),
+                allocated: Resources::new(held.get(id).map_or(0, |h| h.0), 0, 0),
                 cordoned: drains.contains(id) || warm.contains(id),
                 drain_requested: drains.contains(id),
-                workloads: 0,
+                workloads: held.get(id).map_or(0, |h| h.1),
             })
             .collect();
         Box::pin(async move { Ok(rows) })
@@ -354,5 +358,70 @@ async fn a_warm_pool_is_held_claimed_for_demand_and_refilled() {
     let claimed = a.instances().get(&uncordoned[0]).unwrap();
     assert_eq!(claimed.warm, None, "settled once seen uncordoned");
     assert_eq!(held(&a), 2);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The consolidation step (issue #40): a node whose member fits on another is cordoned;
+/// demand that needs new nodes gives it up at once (uncordoned); started again, the node,
+/// once empty, is drained and goes.
+#[tokio::test]
+async fn a_consolidation_is_cordoned_given_up_for_demand_and_finished_once_empty() {
+    let dir = fresh_dir("consolidation");
+    let provider = Arc::new(FakeProvider::default());
+    let cluster = FakeCluster::with_echo(&provider, 3);
+    let cfg = format!(
+        "{POOL}\n    min = 1\n    cost = 0.1\n    [consolidation]\n    after = \"0s\"\n    deadline = \"10s\"\n"
+    )
+    .replace("idle_timeout = \"1s\"", "idle_timeout = \"1h\"");
+    let store = PoolStore::open("test", dir.join("pool.redb")).unwrap();
+    let mut a = Autoscaler::new(PoolConfig::parse(&cfg).unwrap(), provider.clone(), cluster.clone(), store).unwrap();
+    a.pass().await.unwrap();
+    a.pass().await.unwrap();
+    let nodes: Vec<String> = provider.running.lock().unwrap().keys().cloned().collect();
+    assert_eq!(nodes.len(), 3);
+    // The units are placed, one 1-CPU member left on each 2-CPU node: any one fits on another.
+    cluster.apps.lock().unwrap()[0].queued = Queued::default();
+    *cluster.held.lock().unwrap() = nodes.iter().map(|n| (n.clone(), (1000, 1))).collect();
+    a.pass().await.unwrap();
+    let cordoned = provider.cordoned.lock().unwrap().clone();
+    assert_eq!(cordoned.len(), 1, "{}", a.report()["decisions"][0]);
+    let first = cordoned.iter().next().unwrap().clone();
+    let why = a.report()["decisions"][0]["explanation"].as_str().unwrap().to_string();
+    assert!(why.contains(&format!("consolidate {first} (t): its 1 member(s) fit on the other nodes")), "{why}");
+    assert!(a.instances().get(&first).unwrap().consolidating_since_ms.is_some());
+
+    // Demand that needs new nodes: the cordoned room is wanted back.
+    cluster.apps.lock().unwrap()[0].queued = Queued { primary: 2, secondary: 0 };
+    a.pass().await.unwrap();
+    assert_eq!(*cluster.uncordons.lock().unwrap(), vec![first.clone()]);
+    assert!(provider.cordoned.lock().unwrap().is_empty());
+    let why = a.report()["decisions"][0]["explanation"].as_str().unwrap().to_string();
+    assert!(why.contains(&format!("consolidation of {first} given up: demand waits for new nodes")), "{why}");
+
+    // The demand placed on the new nodes, the pool still again: it consolidates anew, and
+    // once the node's member moved, the node is drained.
+    cluster.apps.lock().unwrap()[0].queued = Queued::default();
+    let all: Vec<String> = provider.running.lock().unwrap().keys().cloned().collect();
+    {
+        let mut held = cluster.held.lock().unwrap();
+        for n in all.iter().filter(|n| !nodes.contains(n)) {
+            held.insert(n.clone(), (2000, 2));
+        }
+    }
+    a.pass().await.unwrap();
+    a.pass().await.unwrap();
+    let cordoned = provider.cordoned.lock().unwrap().clone();
+    assert_eq!(cordoned.len(), 1, "{}", a.report()["decisions"][0]);
+    let node = cordoned.iter().next().unwrap().clone();
+    let to = nodes.iter().find(|n| **n != node).unwrap().clone();
+    {
+        let mut held = cluster.held.lock().unwrap();
+        held.insert(node.clone(), (0, 0));
+        held.insert(to, (2000, 2));
+    }
+    a.pass().await.unwrap();
+    assert!(cluster.drains.lock().unwrap().contains(&node), "the emptied node is drained");
+    let why = a.report()["decisions"][0]["explanation"].as_str().unwrap().to_string();
+    assert!(why.contains(&format!("terminate {node} (consolidation: its members moved to other nodes)")), "{why}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
