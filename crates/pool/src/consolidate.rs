@@ -64,8 +64,9 @@ pub fn plan(cfg: &PoolConfig, obs: &Observation, skip: &BTreeSet<String>) -> Opt
     let by_id: HashMap<&str, &PoolInstance> = obs.instances.iter().map(|i| (i.id.as_str(), i)).collect();
     let sized = |t: &str| cfg.policy.as_ref().is_some_and(|p| p.types().any(|s| s == t));
     let usable = |n: &NodeRow| n.status == "alive" && !n.cordoned && !n.drain_requested;
+    // What counts toward a type's `min`: instances not on their way out.
     let mut live: HashMap<&str, u32> = HashMap::new();
-    for i in obs.instances {
+    for i in obs.instances.iter().filter(|i| i.phase != Phase::Leaving) {
         *live.entry(i.node_type.as_str()).or_default() += 1;
     }
     // Room: what every usable node has free. An empty pool node the idle rule may end is
@@ -109,8 +110,8 @@ pub fn plan(cfg: &PoolConfig, obs: &Observation, skip: &BTreeSet<String>) -> Opt
             share: share(&shape(&n.allocated, &mut names), members as u64),
         });
     }
-    let above_min = |c: &Candidate, k: u32| {
-        cfg.node_type(c.node_type).is_some_and(|t| live.get(c.node_type).copied().unwrap_or(0) >= t.min + k)
+    let above_min = |c: &&Candidate| {
+        cfg.node_type(c.node_type).is_some_and(|t| live.get(c.node_type).copied().unwrap_or(0) > t.min)
     };
     // Most saved per member moved first; then fewer members, then by id (stable).
     candidates.sort_by(|a, b| {
@@ -120,7 +121,7 @@ pub fn plan(cfg: &PoolConfig, obs: &Observation, skip: &BTreeSet<String>) -> Opt
             .then(a.row.node_id.cmp(&b.row.node_id))
     });
     let limits = Limits::of(obs);
-    for c in candidates.iter().filter(|c| above_min(c, 1)).take(MAX_TRIED) {
+    for c in candidates.iter().filter(above_min).take(MAX_TRIED) {
         // A unit stays in its domain (rebalance weighs the domain before `spare`).
         let others = || room.iter().filter(|(id, d, _)| *id != c.row.node_id.as_str() && *d == domain(c.row));
         let mut free: Vec<Shape> = others().map(|(_, _, f)| f.clone()).collect();

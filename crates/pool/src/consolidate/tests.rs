@@ -114,6 +114,13 @@ fn nothing_is_consolidated_below_min_while_demand_waits_or_where_nothing_fits() 
     // Every node full: no room anywhere.
     let full: Vec<NodeRow> = ["s1", "s2"].iter().map(|id| node(id, 2000, 2, 1000)).collect();
     assert_eq!(plan_for(&cfg, &full, &instances[..2], &[]), None);
+    // An instance on its way out does not count toward the min: with s4 leaving and a
+    // min of 3, none of the other three may go.
+    let min3 = PoolConfig::parse(&POOL.replacen("min = 1", "min = 3", 1)).unwrap();
+    let mut leaving = instances.clone();
+    leaving[3].phase = Phase::Leaving;
+    assert_eq!(plan_for(&min3, &nodes[..3], &leaving, &[]), None);
+    assert!(plan_for(&min3, &nodes, &instances, &[]).is_some());
     // An app's spread limit holds its units apart: no node may take another of them.
     let apart = |max: u32| AppRow {
         app: "a".into(),
