@@ -66,15 +66,21 @@ pub fn run(a: SimArgs) -> anyhow::Result<()> {
         plot(out, &report, trace_file).with_context(|| format!("plotting to {}", out.display()))?;
     }
     if a.json {
-        let mut v = serde_json::to_value(&report)?;
-        if let Some(o) = v.as_object_mut() {
-            o.insert("wall_seconds".into(), wall_seconds.into());
-        }
-        println!("{v}");
+        print_json(&report, wall_seconds)?;
     } else {
         println!("{report}");
         println!("wall            {wall_seconds:.3}s (parse and simulate)");
     }
+    Ok(())
+}
+
+/// A report as one compact JSON line, with the command's own wall time added.
+fn print_json(report: &impl serde::Serialize, wall_seconds: f64) -> anyhow::Result<()> {
+    let mut v = serde_json::to_value(report)?;
+    if let Some(o) = v.as_object_mut() {
+        o.insert("wall_seconds".into(), wall_seconds.into());
+    }
+    println!("{v}");
     Ok(())
 }
 
@@ -103,12 +109,7 @@ fn run_pool(a: &SimArgs, pool_file: &Path, demand_file: &Path, started: Instant)
         plot_pool(out, &report, demand_file).with_context(|| format!("plotting to {}", out.display()))?;
     }
     if a.json {
-        let mut v = serde_json::to_value(&report)?;
-        if let Some(o) = v.as_object_mut() {
-            o.insert("wall_seconds".into(), wall_seconds.into());
-        }
-        println!("{v}");
-        return Ok(());
+        return print_json(&report, wall_seconds);
     }
     let on_off = |b: bool| if b { "on" } else { "off" };
     let mut t = crate::cli::table::Table::new(&[
