@@ -60,6 +60,8 @@ enum Cmd {
     History(cli::apps::AppArgs),
     /// Go back to an earlier version of an app's spec (default: the one before the last apply).
     Rollback(cli::versions::RollbackArgs),
+    /// A canary rollout: its step and both versions' numbers (`status`), `promote`, `abort`.
+    Rollout(cli::rollout::RolloutArgs),
     /// An app's autoscaling decisions, newest first, with the numbers behind each.
     Decisions(cli::apps::AppArgs),
     /// What moving an app's units to better places would do now (`--plan`).
@@ -126,6 +128,7 @@ fn main() -> std::process::ExitCode {
                             Cmd::Apply(a) => cli::apply::apply(a).await,
                             Cmd::History(a) => cli::versions::history(a).await,
                             Cmd::Rollback(a) => cli::versions::rollback(a).await,
+                            Cmd::Rollout(a) => cli::rollout::rollout(a).await,
                             Cmd::Decisions(a) => cli::autoscaling::decisions(a).await,
                             Cmd::Rebalance(a) => cli::rebalance::rebalance(a).await,
                             Cmd::Policy(a) => cli::autoscaling::policy(a).await,

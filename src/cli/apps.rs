@@ -102,7 +102,18 @@ fn rollout_lines(app: &str, r: &Value) -> Vec<String> {
     }
     let template = r.pointer("/rollout/template").and_then(Value::as_str).unwrap_or("-");
     match r.pointer("/rollout/state").and_then(Value::as_str) {
-        Some("in_progress") => lines.push(format!("{app}: rollout of template {template} in progress")),
+        Some("in_progress") => {
+            // The summary's `canary`: set while one shifts traffic.
+            let step = r.pointer("/canary/step").and_then(Value::as_u64);
+            let share = r.pointer("/canary/share").and_then(Value::as_f64);
+            match (step, share) {
+                (Some(step), Some(share)) => lines.push(format!(
+                    "{app}: canary of template {template} at step {step}, {:.1}% of requests (`flotilla rollout status {app}`)",
+                    share * 100.0
+                )),
+                _ => lines.push(format!("{app}: rollout of template {template} in progress")),
+            }
+        }
         Some("failed") => {
             let why = r.pointer("/rollout/reason").and_then(Value::as_str).unwrap_or("");
             lines.push(format!("{app}: rollout of template {template} failed: {why}"));
@@ -118,7 +129,8 @@ pub async fn units(a: UnitsArgs) -> anyhow::Result<()> {
     if a.list.json {
         return print_json(&v);
     }
-    let mut t = Table::new(&["UNIT", "STATE", "DOMAIN", ">GEN", "MEMBERS"]);
+    // The version each unit runs: its template fingerprint (`apps` shows the spec's).
+    let mut t = Table::new(&["UNIT", "STATE", "DOMAIN", ">GEN", "VERSION", "MEMBERS"]);
     let mut why = Vec::new();
     let (shown, ended): (Vec<Value>, Vec<Value>) =
         v.as_array().cloned().unwrap_or_default().into_iter().partition(|u| all || u["state"] != "terminated");
@@ -169,6 +181,7 @@ pub async fn units(a: UnitsArgs) -> anyhow::Result<()> {
             },
             u["domain"].as_str().unwrap_or("-").to_string(),
             u["generation"].as_u64().unwrap_or(0).to_string(),
+            u["template"].as_str().unwrap_or("-").to_string(),
             members.join(" "),
         ]);
     }

@@ -13,6 +13,7 @@ pub mod logs;
 pub mod nodes;
 pub mod progress;
 pub mod rebalance;
+pub mod rollout;
 pub mod scale;
 pub mod status;
 pub mod table;

@@ -200,8 +200,10 @@ def main():
         tokens = {("post", "/v1/artifacts/{name}/announce"): tracker_token}
         created = {("put", "/v1/artifacts"): 201}
         # Every call succeeds but these, which are refused as documented (echo uses no
-        # artifacts: there is nothing to warm).
-        refused = {("post", "/v1/schedulers"): 422, ("post", "/v1/apps/{app}/warm"): 422}
+        # artifacts: there is nothing to warm; it has no canary).
+        refused = {("post", "/v1/schedulers"): 422, ("post", "/v1/apps/{app}/warm"): 422,
+                   # echo rolls without a canary: nothing to promote or abort.
+                   ("post", "/v1/apps/{app}/rollout/promote"): 409, ("post", "/v1/apps/{app}/rollout/abort"): 409}
         # Writes after reads, and the token deleted after it is made.
         order = {"get": 0, "put": 1, "post": 1, "delete": 2}
         ops = sorted(((m, t) for t, item in spec["paths"].items() for m in item), key=lambda x: (order.get(x[0], 3), x[1]))

@@ -8,6 +8,7 @@
 
 mod artifacts;
 mod autoscaling;
+mod canary;
 mod charts;
 mod cli;
 mod common;

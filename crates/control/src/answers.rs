@@ -137,6 +137,9 @@ pub struct AppSummary {
     pub spec: SpecInForce,
     /// The last rollout: `in_progress`, `complete` or `failed` with its reason.
     pub rollout: Value,
+    /// A canary shifting traffic (`GET …/rollout`): its step, share and both versions'
+    /// numbers over the step; null otherwise.
+    pub canary: Value,
     /// Which instance serves the app and whether it holds the app's lease.
     pub scheduler: Value,
     /// Set while the scheduler places nothing for want of a view of every shard.

@@ -126,6 +126,7 @@ pub(crate) fn summary(s: &AppStatus) -> Value {
             template: s.template.clone(),
         },
         rollout: to_json(&s.rollout),
+        canary: to_json(&s.canary),
         scheduler: to_json(&s.scheduler),
         waiting: to_json(&s.waiting),
         store: StoreHealth { healthy: s.store_error.is_none(), error: s.store_error.clone() },

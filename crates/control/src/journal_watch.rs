@@ -127,7 +127,11 @@ impl Seen {
                 {
                     let what = d["explanation"].as_str().or_else(|| d["action"].as_str()).unwrap_or("a decision");
                     // Rebalance moves share the decision log (`reconcile::rebalance`).
-                    let kind = if d["kind"] == "rebalance" { "rebalance" } else { "autoscaling" };
+                    let kind = match d["kind"].as_str() {
+                        Some("rebalance") => "rebalance",
+                        Some("rollout") => "rollout",
+                        _ => "autoscaling",
+                    };
                     let mut e = NewEvent::new(kind, format!("{app}: {what}")).app(app);
                     if let Some(unit) = d["unit"].as_str() {
                         e = e.unit(unit);

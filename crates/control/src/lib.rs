@@ -26,6 +26,7 @@ mod policies;
 mod pools;
 mod rebalance;
 pub mod replicas;
+mod rollouts;
 pub mod routes_grpc;
 mod schedulers;
 pub mod secrets;
@@ -105,6 +106,7 @@ pub fn router(state: Arc<ControlState>) -> Router {
         .route("/v1/nodes/{node}/{action}", axum::routing::post(nodes::node_action))
         .merge(apps::routes())
         .merge(versions::routes())
+        .merge(rollouts::routes())
         .merge(logs::routes())
         .merge(openapi::routes())
         .merge(auth::routes())

@@ -57,4 +57,14 @@ impl v1::route_service_server::RouteService for RoutesGrpc {
         let stream = tokio_stream::wrappers::WatchStream::new(h.capacity()).map(|c| Ok(c.as_ref().clone()));
         Ok(Response::new(Box::pin(stream)))
     }
+
+    /// A router's per-version numbers, for the canary step its scheduler judges.
+    #[tracing::instrument(skip_all, fields(app = %request.get_ref().app, router = %request.get_ref().router))]
+    async fn report_traffic(&self, request: Request<v1::TrafficReport>) -> Result<Response<v1::TrafficAck>, Status> {
+        let report = request.into_inner();
+        let h = local_app(&self.0, report.app.clone())?;
+        h.report_traffic(&report)
+            .map_err(|e| flotilla_proto::status::status(&ControlError::BadRequest(format!("traffic report: {e}"))))?;
+        Ok(Response::new(v1::TrafficAck {}))
+    }
 }

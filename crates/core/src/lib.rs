@@ -8,6 +8,7 @@ mod clock;
 pub mod duration;
 mod error;
 mod health;
+pub mod latency;
 mod limits;
 mod node;
 pub mod ports;

@@ -45,6 +45,13 @@
 //! endpoints (p99 2.5× the all-healthy run), the speed factor 0.4–1.4 % (the p99 flipped
 //! between the healthy and the slow latency from run to run), probes only 0.5 %.
 //!
+//! **Versions.** While a canary rollout shifts traffic the table carries a split: a share
+//! of the requests goes to the endpoints of the new version and the rest to the others,
+//! each request's side drawn first, then P2C inside that side (the median is the side's
+//! own: a slow new version is judged on its latency, not starved by the old one's). A side
+//! with nothing that may take traffic leaves the request to the other. Every answer is
+//! also counted per endpoint (`traffic`) for the reports the canary is judged on.
+//!
 //! The balancer is a plain data structure: callers pass the time, so tests are exact.
 
 use flotilla_core::LockExt;
@@ -53,8 +60,11 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use arc_swap::ArcSwap;
+use arc_swap::{ArcSwap, ArcSwapOption};
 use rand::Rng;
+
+mod traffic;
+pub use traffic::{Counts, Traffic};
 
 /// How much a full error rate multiplies the cost.
 const ERROR_PENALTY: f64 = 20.0;
@@ -118,6 +128,16 @@ pub struct Endpoint {
     /// [`PROBE_INTERVAL`]); claimed by compare-and-swap, so two threads never both probe.
     probe_at_ns: AtomicU64,
     state: Mutex<State>,
+    /// Every answer, for the per-version reports (`crate::report`).
+    pub traffic: Traffic,
+}
+
+/// The share of requests the endpoints of one version get (the route table's split).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Split {
+    pub version: String,
+    /// 0..=1.
+    pub share: f64,
 }
 
 #[derive(Debug, Clone)]
@@ -132,6 +152,8 @@ struct State {
     ejected_until: Option<Instant>,
     /// Since when the endpoint serves (added, or back from an ejection): slow start.
     serving_since: Instant,
+    /// The version its unit runs (the route's template fingerprint; empty if unknown).
+    version: Arc<str>,
 }
 
 /// The latency estimate (see the module doc): the median of the last [`WINDOW`] answers, in
@@ -191,6 +213,8 @@ struct Seen {
     /// Candidate weight: `weight × speed`.
     draw: f64,
     floored: bool,
+    /// Of the split's version.
+    split_side: bool,
 }
 
 impl State {
@@ -214,6 +238,11 @@ impl Endpoint {
         self.state.lock_or_recover().weight
     }
 
+    /// The version its unit runs (empty if the table did not say).
+    pub fn version(&self) -> Arc<str> {
+        self.state.lock_or_recover().version.clone()
+    }
+
     /// The latency estimate, `None` before the first answer.
     pub fn latency(&self) -> Option<Duration> {
         self.state.lock_or_recover().latency.estimate().map(Duration::from_secs_f64)
@@ -229,7 +258,7 @@ impl Endpoint {
         self.state.lock_or_recover().effective_weight(now, slow_start)
     }
 
-    fn seen(&self, now: Instant, slow_start: Duration) -> Seen {
+    fn seen(&self, now: Instant, slow_start: Duration, split: Option<&Split>) -> Seen {
         let s = self.state.lock_or_recover();
         let errors = decayed(s.error_ewma, now.saturating_duration_since(s.error_at), ERROR_DECAY);
         Seen {
@@ -240,6 +269,7 @@ impl Endpoint {
             penalty: 1.0 + ERROR_PENALTY * errors,
             draw: 0.0,
             floored: false,
+            split_side: split.is_some_and(|x| *s.version == *x.version),
         }
     }
 }
@@ -253,6 +283,7 @@ fn decayed(value: f64, elapsed: Duration, tau: Duration) -> f64 {
 pub struct Balancer {
     config: Config,
     endpoints: ArcSwap<Vec<Arc<Endpoint>>>,
+    split: ArcSwapOption<Split>,
     next: AtomicU32,
     /// The origin of the endpoints' probe clocks.
     epoch: Instant,
@@ -287,6 +318,7 @@ impl Balancer {
         Balancer {
             config,
             endpoints: ArcSwap::from_pointee(Vec::new()),
+            split: ArcSwapOption::empty(),
             next: AtomicU32::new(0),
             epoch: Instant::now(),
         }
@@ -303,10 +335,17 @@ impl Balancer {
     /// Replaces the endpoint set with `(addr, weight)` pairs. Endpoints that stay keep
     /// their statistics; new ones start in slow start. Returns how many weights changed.
     pub fn update(&self, routes: &[(String, f64)], now: Instant) -> usize {
+        let routes: Vec<(String, f64, Arc<str>)> = routes.iter().map(|(a, w)| (a.clone(), *w, "".into())).collect();
+        self.update_versions(&routes, None, now)
+    }
+
+    /// [`Balancer::update`] with each endpoint's version and the table's split between
+    /// versions (`None`: weights alone decide).
+    pub fn update_versions(&self, routes: &[(String, f64, Arc<str>)], split: Option<Split>, now: Instant) -> usize {
         let old = self.endpoints.load_full();
         let mut changed = 0;
         let mut next = Vec::with_capacity(routes.len());
-        for (addr, weight) in routes {
+        for (addr, weight, version) in routes {
             let weight = if weight.is_finite() { weight.max(0.0) } else { 0.0 };
             match old.iter().find(|e| &e.addr == addr) {
                 Some(e) => {
@@ -314,6 +353,9 @@ impl Balancer {
                     if s.weight != weight {
                         s.weight = weight;
                         changed += 1;
+                    }
+                    if s.version != *version {
+                        s.version = version.clone();
                     }
                     drop(s);
                     next.push(e.clone());
@@ -333,23 +375,44 @@ impl Balancer {
                             ejections: 0,
                             ejected_until: None,
                             serving_since: now,
+                            version: version.clone(),
                         }),
+                        traffic: Traffic::default(),
                     }));
                 }
             }
         }
-        changed += old.iter().filter(|e| !routes.iter().any(|(a, _)| a == &e.addr)).count();
+        changed += old.iter().filter(|e| !routes.iter().any(|(a, _, _)| a == &e.addr)).count();
         self.endpoints.store(Arc::new(next));
+        let split = split.filter(|s| s.share.is_finite()).map(|s| Split { share: s.share.clamp(0.0, 1.0), ..s });
+        if self.split.load().as_deref() != split.as_ref() {
+            self.split.store(split.map(Arc::new));
+        }
         changed
+    }
+
+    /// The split between versions in force.
+    pub fn split(&self) -> Option<Arc<Split>> {
+        self.split.load_full()
     }
 
     /// Chooses an endpoint for one request, or `None` when no endpoint may take traffic.
     pub fn pick(&self, now: Instant, rng: &mut impl Rng) -> Option<Pick> {
         let eps = self.endpoints.load();
+        let split = self.split.load();
+        // Which side of a split this request goes to (`None`: no split).
+        let side = split.as_deref().map(|s| rng.random::<f64>() < s.share);
         let mut probe = false;
         let chosen = match self.config.policy {
             Policy::RoundRobin => {
-                let live: Vec<&Arc<Endpoint>> = eps.iter().filter(|e| e.weight() > 0.0 && !e.ejected(now)).collect();
+                let all: Vec<&Arc<Endpoint>> = eps.iter().filter(|e| e.weight() > 0.0 && !e.ejected(now)).collect();
+                let on_side =
+                    |e: &Endpoint, side: bool| split.as_deref().is_some_and(|x| *e.version() == *x.version) == side;
+                let sided: Vec<&Arc<Endpoint>> = match side {
+                    Some(side) => all.iter().copied().filter(|e| on_side(e, side)).collect(),
+                    None => Vec::new(),
+                };
+                let live = if sided.is_empty() { all } else { sided };
                 if live.is_empty() {
                     return None;
                 }
@@ -357,8 +420,16 @@ impl Balancer {
                 live[i].clone()
             }
             Policy::P2c => {
-                let mut seen: Vec<Seen> = eps.iter().map(|e| e.seen(now, self.config.slow_start)).collect();
-                let median = self.median(&seen);
+                let mut seen: Vec<Seen> =
+                    eps.iter().map(|e| e.seen(now, self.config.slow_start, split.as_deref())).collect();
+                let side = side.filter(|&side| seen.iter().any(|s| s.split_side == side && s.weight > 0.0));
+                if let Some(side) = side {
+                    // The other side's endpoints are not candidates for this request.
+                    for s in seen.iter_mut().filter(|s| s.split_side != side) {
+                        s.weight = 0.0;
+                    }
+                }
+                let median = self.median(&seen, side);
                 let r = LATENCY_RESOLUTION.as_secs_f64();
                 let decay = self.config.decay.as_secs_f64().max(1e-9);
                 let mut total = 0.0;
@@ -408,8 +479,10 @@ impl Balancer {
 
     /// The (lower) median latency of the endpoints that have answered; `default_rtt` if none
     /// has. The lower one, so that of two endpoints the faster is the reference.
-    fn median(&self, seen: &[Seen]) -> f64 {
-        let mut known: Vec<f64> = seen.iter().filter_map(|s| s.estimate).collect();
+    /// Of one side of a split only, when the request goes to that side.
+    fn median(&self, seen: &[Seen], side: Option<bool>) -> f64 {
+        let mut known: Vec<f64> =
+            seen.iter().filter(|s| side.is_none_or(|x| s.split_side == x)).filter_map(|s| s.estimate).collect();
         if known.is_empty() {
             return self.config.default_rtt.as_secs_f64();
         }
@@ -434,6 +507,7 @@ impl Balancer {
         let mut out = Finished::default();
         let live = self.endpoints.load();
         let failed = outcome == Outcome::Failure;
+        e.traffic.count(rtt, failed);
         // Only a failure may eject; counting the ejected locks every endpoint, so a success
         // (nearly every request) skips it. Counted before `e` is locked: it is one of them.
         let ejected_now = if failed { live.iter().filter(|x| x.ejected(now)).count() } else { 0 };

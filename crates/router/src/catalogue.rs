@@ -80,6 +80,21 @@ pub const ACCEPT_ERRORS: Family = Family::counter(
     "Failed accepts of client connections, by kind: fds (out of file descriptors; the proxy closes its idlest connection and pauses) or other.",
     &["kind"],
 );
+pub const VERSION_REQUESTS: Family = Family::counter(
+    "flotilla_route_version_requests_total",
+    "Requests the router forwarded, by the version (template fingerprint) of the endpoint's unit and result (ok or error): what a canary is judged on.",
+    &["app", "version", "result"],
+);
+pub const TRAFFIC_REPORTS: Family = Family::counter(
+    "flotilla_route_traffic_reports_total",
+    "Per-version traffic reports sent to the app's scheduler, by outcome (sent or failed).",
+    &["outcome"],
+);
+pub const SPLIT_SHARE: Family = Family::gauge(
+    "flotilla_route_split_share",
+    "Share of requests the router sends to the version a canary rollout tests (0 without a split).",
+    &["app"],
+);
 
 /// Every family a router exports.
 pub const FAMILIES: &[Family] = &[
@@ -98,6 +113,9 @@ pub const FAMILIES: &[Family] = &[
     CLIENTS_CLOSED,
     CLIENTS_REFUSED,
     ACCEPT_ERRORS,
+    VERSION_REQUESTS,
+    TRAFFIC_REPORTS,
+    SPLIT_SHARE,
 ];
 
 /// The labels of a router's series: its app and the node of each endpoint, as the route

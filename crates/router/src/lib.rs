@@ -10,6 +10,7 @@ mod forward;
 mod framing;
 pub mod pace;
 pub mod proxy;
+pub mod report;
 pub mod service;
 
 pub use balancer::{Balancer, Config, Outcome, Policy};

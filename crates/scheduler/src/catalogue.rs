@@ -146,6 +146,26 @@ pub const ROLLOUTS_REVERTED: Family = Family::counter(
     "Failed rollouts reverted to the last spec that ran (rollout.auto_revert).",
     &["app"],
 );
+pub const ROLLOUT_STEP: Family = Family::gauge(
+    "flotilla_rollout_step",
+    "The step a canary rollout is at (1 for the first; 0 without a canary shifting traffic).",
+    &["app"],
+);
+pub const ROLLOUT_SHARE: Family = Family::gauge(
+    "flotilla_rollout_share",
+    "Share of requests the routes send to the version a canary rollout tests (0 to 1).",
+    &["app"],
+);
+pub const CANARY_VERDICTS: Family = Family::counter(
+    "flotilla_rollout_canary_verdicts_total",
+    "Canary steps ended, by verdict: passed, promoted (by the analysis or flotilla rollout promote), aborted (by the analysis or flotilla rollout abort).",
+    &["app", "verdict"],
+);
+pub const TRAFFIC_REPORTS: Family = Family::counter(
+    "flotilla_rollout_traffic_reports_total",
+    "Routers' per-version traffic reports a scheduler received, by outcome: counted (a canary step is judged on it), ignored (no step runs) or invalid.",
+    &["outcome"],
+);
 pub const ROUTE_WEIGHT_CHANGES: Family = Family::counter(
     "flotilla_route_weight_changes_total",
     "Route entries whose weight changed, in the tables a scheduler publishes or a router applies.",
@@ -202,6 +222,10 @@ pub const FAMILIES: &[Family] = &[
     ROLLOUTS_FAILED,
     ROLLOUTS_SUPERSEDED,
     ROLLOUTS_REVERTED,
+    ROLLOUT_STEP,
+    ROLLOUT_SHARE,
+    CANARY_VERDICTS,
+    TRAFFIC_REPORTS,
     ROUTE_WEIGHT_CHANGES,
     APP_CAPACITY_WEIGHT,
     AUTOSCALER_DECISIONS,

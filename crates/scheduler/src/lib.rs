@@ -7,6 +7,7 @@
 //!   replacements), `routes` (route weights); the autoscaling policies are `flotilla-autoscale`'s;
 //! - `reconcile`: the loop that carries their decisions out, one file per step.
 
+mod canary;
 pub mod catalogue;
 pub mod diff;
 mod leader;
@@ -25,6 +26,7 @@ mod store_redb;
 #[cfg(test)]
 mod testing;
 
+pub use canary::{CanaryProgress, CanaryStatus, SideStatus};
 pub use leader::{LOCAL_TOKEN, Leader, Role, default_instance};
 pub use lifecycle::UnitState;
 pub use reconcile::{

@@ -15,6 +15,9 @@
 //!   `progress_deadline`): a replacement not Running with every member running within
 //!   `rollout.progress_deadline` of being queued is released and the rollout fails; no
 //!   more units roll to that template until the next apply.
+//! - A canary rollout (`crate::canary`) holds: at most `hold` units have a replacement
+//!   of the new template, replaced whole, and an old unit whose replacement runs is not
+//!   drained until promotion: both serve, each side its share of the requests.
 //! - A newer spec supersedes an in-flight rollout at once: replacements of another
 //!   template are released, running or not, and the units they were to replace roll
 //!   to the new one (or stay, if they already match it: a rollback keeps them).
@@ -72,6 +75,9 @@ pub struct Target<'a> {
     /// The rollout to this template failed: no more units roll to it (units on leaving
     /// nodes are still replaced).
     pub halted: bool,
+    /// A canary shifting traffic: how many units may have a replacement of this template
+    /// now, their old units kept serving (`None`: a rolling update, or a promoted canary).
+    pub hold: Option<u32>,
 }
 
 /// Does this unit count toward the app's desired number of units? A unit being replaced
@@ -213,6 +219,8 @@ pub fn rolling<'a>(units: &'a BTreeMap<String, UnitRecord>, fingerprint: &str) -
 pub fn plan(units: &BTreeMap<String, UnitRecord>, slots: &[Arc<ShardSlot>], t: &Target) -> RolloutPlan {
     let mut p = RolloutPlan::default();
     let mut in_flight = 0u32;
+    // Units with a replacement of the spec's template (a canary's new version).
+    let mut new_version = 0u32;
     for u in units.values().filter(|u| u.state.is_active()) {
         let Some(new) = &u.replaced_by else { continue };
         let Some(r) = units.get(new).filter(|r| r.state.is_active()) else {
@@ -229,11 +237,17 @@ pub fn plan(units: &BTreeMap<String, UnitRecord>, slots: &[Arc<ShardSlot>], t: &
             p.orphaned.push(u.unit_id.clone());
             continue;
         }
+        let rolling = u.template.as_deref().is_some_and(|tpl| tpl != t.fingerprint);
+        if rolling {
+            new_version += 1;
+        }
         if progressing(r) {
-            p.drain.push(u.unit_id.clone());
+            // A canary's old unit serves on beside its replacement until promotion.
+            if !(rolling && t.hold.is_some()) {
+                p.drain.push(u.unit_id.clone());
+            }
             continue;
         }
-        let rolling = u.template.as_deref().is_some_and(|tpl| tpl != t.fingerprint);
         let waited_ms = t.now_ms.saturating_sub(r.created_unix_ms);
         let release = if settling {
             None
@@ -314,6 +328,9 @@ pub fn plan(units: &BTreeMap<String, UnitRecord>, slots: &[Arc<ShardSlot>], t: &
     }
     rolls.sort_by_key(|(u, _)| u.generation);
     let mut room = t.max_unavailable.saturating_sub(in_flight) as usize;
+    if let Some(hold) = t.hold {
+        room = room.min(hold.saturating_sub(new_version) as usize);
+    }
     for (u, roll) in rolls {
         // A unit with members coming up already rolls its other stale ones too, at no
         // cost in room: it is one unit short either way.
@@ -325,6 +342,10 @@ pub fn plan(units: &BTreeMap<String, UnitRecord>, slots: &[Arc<ShardSlot>], t: &
             room -= 1;
         }
         match roll {
+            // A canary's versions are whole units: the routes split by unit.
+            Roll::Members(_) if t.hold.is_some() && !in_flight => {
+                p.replace.push((u.unit_id.clone(), "its template changed (canary)".to_string()))
+            }
             Roll::Members(stale) => {
                 let waiting: Vec<String> =
                     stale.into_iter().filter(|m| !u.surge.iter().any(|s| &s.member == m)).collect();

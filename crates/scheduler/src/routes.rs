@@ -106,6 +106,7 @@ impl Weights {
                     unit_id: u.unit_id.clone(),
                     member: m.member.clone(),
                     weight,
+                    version: u.template.clone().unwrap_or_default(),
                 });
             }
         }
@@ -263,11 +264,13 @@ mod tests {
             unit_id: "u".into(),
             member: "head".into(),
             weight,
+            ..Default::default()
         };
         let t = v1::RouteTable {
             app: "a".into(),
             version: 7,
             routes: vec![route("n1", 1.0), route("n2", 0.5), route("n1", 0.0)],
+            ..Default::default()
         };
         let c = capacity(&t, |_, _| Some(Resources::new(1000, 1 << 30, 0)), &s);
         assert_eq!((c.app.as_str(), c.version, c.total_weight), ("a", 7, 1.5));

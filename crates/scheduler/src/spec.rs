@@ -3,7 +3,6 @@
 
 use std::collections::BTreeMap;
 
-use flotilla_autoscale::Span;
 use flotilla_core::{MAX_UNITS, MemberShape, UnitShape, is_name};
 use serde::{Deserialize, Serialize};
 
@@ -52,9 +51,11 @@ pub struct UnitTemplate {
 mod artifacts;
 mod disruption;
 mod member;
+pub mod rollout;
 pub use artifacts::{ArtifactSpec, MAX_ARTIFACTS};
 pub use disruption::{Disruption, Switch};
 pub use member::MemberTemplate;
+pub use rollout::{Rollout, Strategy};
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -113,43 +114,6 @@ pub struct Scale {
 
 fn default_drain_timeout_ms() -> u64 {
     2000
-}
-
-/// How `flotilla apply` rolls a changed unit template through the running units. Each
-/// old unit keeps serving until its replacement is Running, then drains.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Rollout {
-    /// Units being replaced at once (replacement not yet Running).
-    #[serde(default = "one")]
-    pub max_unavailable: u32,
-    /// How long a replacement may take to be Running (every member running) before it is
-    /// failed and released and the rollout is marked failed, so a spec that never comes
-    /// up cannot hold the app's rollout slot for good (Kubernetes'
-    /// `progressDeadlineSeconds`, Nomad's `progress_deadline`). Default 5m.
-    #[serde(default = "default_progress_deadline")]
-    pub progress_deadline: Span,
-    /// When a rollout fails, go back to the last spec that ran (Nomad's `auto_revert`).
-    #[serde(default)]
-    pub auto_revert: bool,
-}
-
-fn one() -> u32 {
-    1
-}
-
-fn default_progress_deadline() -> Span {
-    Span::secs(300)
-}
-
-/// Bounds of `rollout.progress_deadline`.
-const MIN_PROGRESS_DEADLINE_SECS: u64 = 1;
-const MAX_PROGRESS_DEADLINE_SECS: u64 = 86_400;
-
-impl Default for Rollout {
-    fn default() -> Self {
-        Rollout { max_unavailable: 1, progress_deadline: default_progress_deadline(), auto_revert: false }
-    }
 }
 
 /// What a unit runs, in parts, so a change to one worker group's template rolls only
@@ -272,6 +236,8 @@ impl AppSpec {
             e.push(format!("name: {:?} must be 1-63 of [a-z0-9-], not starting with '-'", self.name));
         }
         self.validate_members(&mut e);
+        // Listing the members of an invalid template could be huge (a group's count).
+        let members_valid = e.is_empty();
         let s = &self.units;
         if s.max > MAX_UNITS {
             e.push(format!("units.max: {} (at most {MAX_UNITS})", s.max));
@@ -285,17 +251,8 @@ impl AppSpec {
         if s.drain_timeout_ms > 3_600_000 {
             e.push(format!("units.drain_timeout_ms: {} (at most an hour)", s.drain_timeout_ms));
         }
-        if !(1..=MAX_UNITS).contains(&self.rollout.max_unavailable) {
-            e.push(format!("rollout.max_unavailable: {} (1..={MAX_UNITS})", self.rollout.max_unavailable));
-        }
-        let deadline = self.rollout.progress_deadline.as_secs();
-        if !(MIN_PROGRESS_DEADLINE_SECS..=MAX_PROGRESS_DEADLINE_SECS).contains(&deadline) {
-            e.push(format!(
-                "rollout.progress_deadline: {} (at least {MIN_PROGRESS_DEADLINE_SECS}s, at most a day)",
-                self.rollout.progress_deadline
-            ));
-        }
         self.disruption.validate(&mut e);
+        self.rollout.validate(s.max, || !members_valid || self.serves(), &mut e);
         if self.spread.max_units_per_domain == Some(0) {
             e.push("spread.max_units_per_domain: must be at least 1".into());
         }

@@ -198,6 +198,9 @@ pub struct RolloutRecord {
     /// Why it failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// A canary rollout's step (`crate::canary`); absent for a rolling one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canary: Option<crate::canary::CanaryProgress>,
 }
 
 impl RolloutRecord {
@@ -208,6 +211,7 @@ impl RolloutRecord {
             started_unix_ms: now_ms,
             finished_unix_ms: None,
             reason: None,
+            canary: None,
         }
     }
 

@@ -306,3 +306,29 @@ fn updates_keep_statistics_and_count_changes() {
     assert_eq!(b.endpoints().len(), 1);
     assert!(b.update(&[], t) == 1 && b.pick(t, &mut rng).is_none());
 }
+
+#[test]
+fn a_split_sends_its_share_to_the_new_version_whatever_its_latency() {
+    let b = Balancer::new(config());
+    let v = |a: &str, version: &str| (a.to_string(), 1.0, Arc::<str>::from(version));
+    let routes = [v("old-1", "t1"), v("old-2", "t1"), v("old-3", "t1"), v("new-1", "t2")];
+    b.update_versions(&routes, Some(Split { version: "t2".into(), share: 0.1 }), Instant::now());
+    // The new version is 3× slower: still its 10 %, not starved by the old one's median.
+    let counts = drive(&b, 20_000, 4, |addr| {
+        (if addr.starts_with("new") { Duration::from_millis(30) } else { Duration::from_millis(10) }, Outcome::Success)
+    });
+    let new = counts.get("new-1").copied().unwrap_or(0) as f64 / 20_000.0;
+    assert!((0.08..0.12).contains(&new), "new version got {new}");
+    let olds: Vec<usize> = ["old-1", "old-2", "old-3"].iter().map(|a| counts[*a]).collect();
+    assert!(olds.iter().all(|&n| n > 4_000), "the old side shares the rest: {olds:?}");
+    let counted: u64 = b.endpoints().iter().map(|e| e.traffic.counts().requests).sum();
+    assert!(counted > 19_990, "every finished answer is counted per endpoint: {counted}");
+    // Nothing of the new version can take traffic: its side falls back to the other.
+    let routes = [v("old-1", "t1"), ("new-1".to_string(), 0.0, Arc::from("t2"))];
+    b.update_versions(&routes, Some(Split { version: "t2".into(), share: 1.0 }), Instant::now());
+    let counts = drive(&b, 1_000, 1, |_| (Duration::from_millis(1), Outcome::Success));
+    assert_eq!(counts.get("old-1"), Some(&1_000));
+    // Without a split, weights alone decide.
+    b.update_versions(&routes, None, Instant::now());
+    assert!(b.split().is_none());
+}

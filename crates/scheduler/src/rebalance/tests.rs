@@ -234,6 +234,7 @@ fn a_move_joins_the_rollouts_replacements_without_failing_them() {
         progress_deadline_ms: 300_000,
         now_ms,
         halted: false,
+        hold: None,
     };
     let slots = slots([labelled("n1", &[("domain", "d")]), labelled("n2", &[("domain", "d")])], true);
     let mut units = placed(&[("a-1", "d", "n1")]);

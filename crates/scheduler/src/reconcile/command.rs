@@ -26,6 +26,7 @@ impl Scheduler {
                 Command::Plan(_, r) => drop(r.send(Err(e))),
                 Command::Override(_, r) => drop(r.send(Err(e))),
                 Command::Demand(_, _, r) => drop(r.send(Err(e))),
+                Command::Promote(_, r) | Command::Abort(_, r) => drop(r.send(Err(e))),
             }
             return;
         }
@@ -62,6 +63,16 @@ impl Scheduler {
                     tracing::info!(app = %self.spec.name, requests = d.requests.len(), "consumer demand set");
                     self.autoscaler.demand = Some(d.clone());
                 });
+                let _ = reply.send(r);
+            }
+            Command::Promote(req, reply) => {
+                let r = self.promote(req.by);
+                self.publish();
+                let _ = reply.send(r);
+            }
+            Command::Abort(req, reply) => {
+                let r = self.abort(req.by);
+                self.publish();
                 let _ = reply.send(r);
             }
         }
@@ -173,6 +184,11 @@ impl Scheduler {
         } else {
             RolloutRecord::started(&fingerprint, now)
         };
+        // A canary tests a new version; going back (a rollback, a revert) goes at once.
+        let canary = spec.rollout.strategy == crate::spec::Strategy::Canary
+            && stale > 0
+            && matches!(origin.source.as_str(), "api" | "file");
+        let rollout = RolloutRecord { canary: canary.then(Default::default), ..rollout };
         let superseded = self.stored.rollout.as_ref().is_some_and(|r| r.state == RolloutState::InProgress);
         let mut writes =
             vec![Write::Spec(text.clone()), Write::SpecOrigin(origin.clone()), Write::Rollout(rollout.clone())];

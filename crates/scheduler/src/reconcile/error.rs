@@ -35,6 +35,9 @@ pub enum CommandError {
     /// A rollback to the version already in force.
     #[error("app {app}: version {version} is the one in force")]
     AlreadyInForce { app: String, version: u64 },
+    /// `rollout promote|abort` with no canary shifting traffic.
+    #[error("app {0} has no canary rollout in progress")]
+    NoCanary(String),
     #[error("the scheduler stopped")]
     Stopped,
     /// This process is a standby (or lost its lease): the active scheduler takes
@@ -53,7 +56,8 @@ impl ServiceError for CommandError {
             | CommandError::InvalidOverride(_) => ErrorKind::InvalidInput,
             CommandError::NoPreviousSpec(_)
             | CommandError::VersionConflict { .. }
-            | CommandError::AlreadyInForce { .. } => ErrorKind::Conflict,
+            | CommandError::AlreadyInForce { .. }
+            | CommandError::NoCanary(_) => ErrorKind::Conflict,
             CommandError::NoSuchVersion { .. } => ErrorKind::NotFound,
             // A standby (or a scheduler that lost its lease to an etcd outage) takes no
             // change now; the active one does, or this one once it holds the lease.
@@ -73,6 +77,7 @@ impl ServiceError for CommandError {
             CommandError::VersionConflict { .. } => "version_conflict",
             CommandError::NoSuchVersion { .. } => "no_such_version",
             CommandError::AlreadyInForce { .. } => "already_in_force",
+            CommandError::NoCanary(_) => "no_canary",
             CommandError::Store(_) => STORE_UNAVAILABLE,
             CommandError::Stopped => "scheduler_stopped",
             CommandError::NotLeader(_) => "not_leader",

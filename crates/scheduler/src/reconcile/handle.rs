@@ -49,6 +49,8 @@ pub struct AppStatus {
     pub template: String,
     /// The app's last rollout: in progress, complete, or failed and why.
     pub rollout: Option<RolloutRecord>,
+    /// A canary shifting traffic: its step, share and both versions' numbers.
+    pub canary: Option<crate::canary::CanaryStatus>,
     /// Why the store refuses writes now (a full disk), while it does: changes are
     /// refused (`store_unavailable`) and the scheduler retries until it is back.
     pub store_error: Option<String>,
@@ -139,6 +141,11 @@ pub enum Command {
     Rollback(Option<u64>, ChangeRequest, Reply<Applied>),
     /// A consumer's demand (requests, TTL in ms), replacing the last one.
     Demand(Vec<DemandRequest>, u64, Reply<Demand>),
+    /// Ends a canary's traffic shifting: the rest rolls (`flotilla rollout promote`).
+    Promote(ChangeRequest, Reply<RolloutRecord>),
+    /// Fails a canary and reverts the spec (`flotilla rollout abort`); answers with the
+    /// failed rollout.
+    Abort(ChangeRequest, Reply<RolloutRecord>),
 }
 
 /// A handle on a running scheduler, for the control plane and tests.
@@ -152,9 +159,39 @@ pub struct AppHandle {
     pub(super) capacity: tokio::sync::watch::Receiver<Arc<v1::Capacity>>,
     pub(super) decisions: Arc<ArcSwap<Vec<Arc<serde_json::Value>>>>,
     pub(super) rebalance: Arc<ArcSwap<super::rebalance::RebalancePlan>>,
+    pub(super) traffic: Arc<std::sync::Mutex<crate::canary::TrafficBook>>,
 }
 
 impl AppHandle {
+    /// A router's per-version numbers: counted toward the canary step in force, if one
+    /// runs; a bad report is refused with what is wrong.
+    pub fn report_traffic(&self, report: &v1::TrafficReport) -> Result<bool, String> {
+        let outcome = match crate::canary::validate(report) {
+            Err(e) => {
+                metrics::counter!(crate::catalogue::TRAFFIC_REPORTS.name, "outcome" => "invalid").increment(1);
+                return Err(e);
+            }
+            Ok(()) => self.traffic.lock_or_recover().add(report),
+        };
+        let name = if outcome { "counted" } else { "ignored" };
+        metrics::counter!(crate::catalogue::TRAFFIC_REPORTS.name, "outcome" => name).increment(1);
+        Ok(outcome)
+    }
+
+    /// Ends the canary's traffic shifting now: the rest rolls as a rolling update.
+    pub async fn promote(&self, req: ChangeRequest) -> Result<RolloutRecord, CommandError> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.commands.send(Command::Promote(req, tx)).await.map_err(|_| CommandError::Stopped)?;
+        rx.await.map_err(|_| CommandError::Stopped)?
+    }
+
+    /// Fails the canary and reverts to the last spec that ran.
+    pub async fn abort(&self, req: ChangeRequest) -> Result<RolloutRecord, CommandError> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.commands.send(Command::Abort(req, tx)).await.map_err(|_| CommandError::Stopped)?;
+        rx.await.map_err(|_| CommandError::Stopped)?
+    }
+
     /// Sets the desired number of units (within the spec's min and max); the
     /// scheduler persists it and acts on it at once.
     pub async fn scale(&self, units: u32) -> Result<u32, CommandError> {
@@ -241,6 +278,8 @@ pub(super) struct Outputs {
     pub(super) rebalance: Arc<ArcSwap<super::rebalance::RebalancePlan>>,
     /// The routing weights' memory between passes (`crate::routes`).
     pub(super) weights: crate::routes::Weights,
+    /// The routers' numbers over a canary's step in force (shared with the handle).
+    pub(super) traffic: Arc<std::sync::Mutex<crate::canary::TrafficBook>>,
 }
 
 impl Outputs {
@@ -261,7 +300,9 @@ impl Outputs {
         let decisions = Arc::new(ArcSwap::from_pointee(decisions));
         let rebalance =
             Arc::new(ArcSwap::from_pointee(super::rebalance::RebalancePlan { app: app.clone(), ..Default::default() }));
+        let traffic = Arc::new(std::sync::Mutex::new(crate::canary::TrafficBook::default()));
         let handle = AppHandle {
+            traffic: traffic.clone(),
             app,
             status: status.clone(),
             stats: stats.clone(),
@@ -271,7 +312,8 @@ impl Outputs {
             decisions: decisions.clone(),
             rebalance: rebalance.clone(),
         };
-        let outputs = Outputs { status, stats, routes, capacity, decisions, rebalance, weights: Default::default() };
+        let outputs =
+            Outputs { status, stats, routes, capacity, decisions, rebalance, weights: Default::default(), traffic };
         (outputs, handle, rx)
     }
 }

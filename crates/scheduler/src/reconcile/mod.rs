@@ -19,6 +19,7 @@
 //! directly: their results are observed in the next pass.
 
 mod autoscale;
+mod canary;
 mod command;
 mod dry_run;
 mod error;
@@ -159,6 +160,7 @@ impl Scheduler {
             spec_origin: stored.spec_origin.clone(),
             template: spec.template_fingerprint(),
             rollout: stored.rollout.clone(),
+            canary: None,
             store_error: None,
             waiting: None,
             scheduler: crate::leader::Leader::always("local").role(),
@@ -538,10 +540,11 @@ impl Scheduler {
             now_ms(),
         );
         let current = self.out.routes.borrow().clone();
-        if current.routes != routes {
+        let split = self.canary_split();
+        if current.routes != routes || current.split != split {
             let changed = routes.iter().filter(|r| !current.routes.contains(r)).count();
             metrics::counter!(m::ROUTE_WEIGHT_CHANGES.name, "app" => self.spec.name.clone()).increment(changed as u64);
-            let table = v1::RouteTable { app: self.spec.name.clone(), version: current.version + 1, routes };
+            let table = v1::RouteTable { app: self.spec.name.clone(), version: current.version + 1, routes, split };
             // Each route's member as the alternative it runs.
             let resources_of = |unit: &str, member: &str| {
                 let m = self.stored.units.get(unit)?.members.iter().find(|m| m.member == member)?;
@@ -657,7 +660,7 @@ impl Scheduler {
                     .decisions
                     .iter()
                     .rev()
-                    .find(|d| d["kind"] != "rebalance")
+                    .find(|d| !matches!(d["kind"].as_str(), Some("rebalance" | "rollout")))
                     .map(|d| d.as_ref().clone()),
             }),
             spec_toml: self.spec_text.clone(),
@@ -666,6 +669,7 @@ impl Scheduler {
             spec_origin: self.stored.spec_origin.clone(),
             template: self.fingerprints.template.clone(),
             rollout: self.stored.rollout.clone(),
+            canary: self.canary_status(),
             store_error: self.store.failing(),
             waiting: (!self.tracking.started).then(|| self.waiting_for()).flatten(),
             scheduler: self.leader.role(),

@@ -36,6 +36,7 @@ impl Scheduler {
             progress_deadline_ms: self.spec.rollout.progress_deadline.as_ms(),
             now_ms: now,
             halted: self.stored.rollout.as_ref().is_some_and(|r| r.halts(&self.fingerprints.template)),
+            hold: self.canary_hold(),
         };
         let plan = crate::rollout::plan(&self.stored.units, slots, &target);
         for (id, why) in &plan.release {
@@ -99,7 +100,9 @@ impl Scheduler {
             self.surge_members(&id, &members, "its group's template changed", ROLLOUT_WAITS, slots, writes).await;
         }
         self.note_waiting_drains(slots, writes);
-        self.follow_rollout(plan.failed, now, writes);
+        let canary_failed = self.follow_canary(now, writes);
+        let forced = canary_failed.is_some();
+        self.follow_rollout(plan.failed.or(canary_failed), forced, now, writes);
     }
 
     /// Workers of unit `id` on leaving nodes, or of groups whose template changed: each
@@ -385,8 +388,8 @@ impl Scheduler {
 
     /// Moves the rollout record along (failed, or complete once every unit runs the
     /// template), keeps the last spec that ran, and reverts a failed rollout when the
-    /// spec has `auto_revert`.
-    fn follow_rollout(&mut self, failed: Option<String>, now: u64, writes: &mut Vec<Write>) {
+    /// spec has `auto_revert` or `revert` says so (a canary that failed its analysis).
+    pub(super) fn follow_rollout(&mut self, failed: Option<String>, revert: bool, now: u64, writes: &mut Vec<Write>) {
         let settled = crate::rollout::settled(&self.stored.units, &self.fingerprints.template);
         if let Some(next) = self
             .stored
@@ -405,7 +408,7 @@ impl Scheduler {
             self.stored.good_spec = Some(self.spec_text.to_string());
             writes.push(Write::GoodSpec(self.spec_text.to_string()));
         }
-        let Some(why) = failed.filter(|_| self.spec.rollout.auto_revert) else { return };
+        let Some(why) = failed.filter(|_| self.spec.rollout.auto_revert || revert) else { return };
         let good = self.stored.good_spec.clone().or_else(|| self.stored.previous_spec.clone());
         let Some(text) = good.filter(|t| **t != *self.spec_text) else {
             tracing::warn!(app = %self.spec.name, "auto_revert: no other spec ran; staying");

@@ -108,6 +108,7 @@ mod tests {
             progress_deadline_ms: 60_000,
             now_ms: 100_000,
             halted: false,
+            hold: None,
         }
     }
 

@@ -33,6 +33,7 @@ fn plan_(
         progress_deadline_ms: 300_000,
         now_ms: 1_000,
         halted: false,
+        hold: None,
     };
     plan(units, slots, &t)
 }
@@ -162,6 +163,7 @@ fn target(fingerprint: &str, now_ms: u64) -> Target<'_> {
         progress_deadline_ms: 5_000,
         now_ms,
         halted: false,
+        hold: None,
     }
 }
 
@@ -323,6 +325,7 @@ impl World {
             progress_deadline_ms: u64::MAX,
             now_ms: 0,
             halted: false,
+            hold: None,
         };
         let p = plan(&self.units, &[], &target);
         for id in p.release.iter().map(|(id, _)| id).chain(&p.drain) {
@@ -391,4 +394,38 @@ proptest::proptest! {
             proptest::prop_assert_eq!(rolled, says);
         }
     }
+}
+
+#[test]
+fn a_canary_holds_its_old_units_and_rolls_no_more_than_its_step_allows() {
+    let mut units = BTreeMap::from([
+        unit("a-1", 1, UnitState::Running, "n1", "t1"),
+        unit("a-2", 2, UnitState::Running, "n2", "t1"),
+        unit("a-3", 3, UnitState::Running, "n3", "t1"),
+        unit("a-4", 4, UnitState::Running, "n4", "t2"),
+    ]);
+    units.get_mut("a-1").unwrap().replaced_by = Some("a-4".into());
+    let target = |hold| Target {
+        fingerprint: "t2",
+        frame: "",
+        roles: &NO_ROLES,
+        desired: 3,
+        max_unavailable: 3,
+        progress_deadline_ms: 300_000,
+        now_ms: 1_000,
+        halted: false,
+        hold,
+    };
+    let s = slots(&[], &[]);
+    // The first step's one unit runs: its old unit serves on, nothing more rolls.
+    let p = plan(&units, &s, &target(Some(1)));
+    assert_eq!((p.drain.len(), p.replace.len()), (0, 0), "{p:?}");
+    // The next step asks for two: one more, oldest first, its old unit kept too.
+    let p = plan(&units, &s, &target(Some(2)));
+    assert_eq!(p.replace, vec![("a-2".to_string(), "its template changed".to_string())]);
+    assert!(p.drain.is_empty());
+    // Promoted: the held unit drains and the rest roll as a rolling update does.
+    let p = plan(&units, &s, &target(None));
+    assert_eq!(p.drain, vec!["a-1".to_string()]);
+    assert_eq!(p.replace.len(), 2);
 }

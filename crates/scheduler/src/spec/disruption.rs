@@ -87,7 +87,7 @@ impl Disruption {
 }
 
 /// `"90%"` as 0.9: a percentage from 0 to 100.
-fn percent(text: &str) -> Result<f64, String> {
+pub(super) fn percent(text: &str) -> Result<f64, String> {
     let n =
         text.trim().strip_suffix('%').ok_or_else(|| format!("{text:?} is not a percentage (write it like \"90%\")"))?;
     let v: f64 = n.trim().parse().map_err(|_| format!("{text:?} is not a percentage (write it like \"90%\")"))?;
