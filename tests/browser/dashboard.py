@@ -15,6 +15,8 @@ a second `up --autoscale`), opens the page and checks, without ever reloading it
   from the list makes a third version that rolls the old spec out;
 - a token with the operate scope sees scale and roll back but not apply, and a token for
   another app sees neither;
+- a canary applied from the editor shows its step, share and why it waits, is promoted
+  from the page, and a second one is aborted from the page (the spec goes back);
 - a member's live tail shows a line it writes after the tail opened, and its stderr;
 - a drain from the page moves the units off the node;
 - a node under a preemption notice shows `preempting`;
@@ -289,6 +291,34 @@ def main():
             expect(page.get_by_test_id("apply-button")).to_be_hidden()
             use_token(up.token)
             expect(page.get_by_test_id("apply-button")).to_be_visible(timeout=10000)
+
+            # A canary from the editor: the rollout section shows its step, its share and
+            # why it waits (no traffic reaches it here), and is promoted from the page; a
+            # second one is aborted from the page and the spec goes back.
+            canary = ('[rollout]\nstrategy = "canary"\nsteps = ["50%"]\nstep_interval = "1s"\nauto_promote = false\n')
+            spec = up.get("/v1/apps/echo/spec").replace("[rollout]\n", canary, 1)
+            editor.fill(spec.replace('memory = "64Mi"', 'memory = "80Mi"', 1) + "\n[rollout.analysis]\nmin_requests = 1000000\n")
+            page.get_by_test_id("apply-button").click()
+            expect(page.get_by_test_id("rollout-step")).to_contain_text("step 1 of 1", timeout=30000)
+            expect(page.get_by_test_id("rollout-share")).to_contain_text("50 % of requests", timeout=60000)
+            expect(page.get_by_test_id("rollout-waiting")).to_contain_text("min_requests: 0 of 1000000", timeout=30000)
+            expect(page.get_by_test_id("rollout-new")).to_be_visible()
+            expect(page.get_by_test_id("rollout-chart")).to_be_visible()
+            page.screenshot(path=os.path.join(a.out, "app-canary.png"), full_page=True)
+            page.get_by_test_id("promote-button").click()
+            wait_until("the promoted canary completes",
+                       lambda: up.get("/v1/apps/echo")["rollout"]["state"] == "complete", timeout=120)
+            expect(page.get_by_test_id("promote-button")).to_be_hidden(timeout=10000)
+            expect(page.get_by_test_id("rollout-info")).to_contain_text("canary, promoted")
+            editor.fill(up.get("/v1/apps/echo/spec").replace('memory = "80Mi"', 'memory = "88Mi"', 1))
+            page.get_by_test_id("apply-button").click()
+            expect(page.get_by_test_id("abort-button")).to_be_visible(timeout=30000)
+            page.once("dialog", lambda d: d.accept())
+            page.get_by_test_id("abort-button").click()
+            wait_until("the aborted canary's spec reverted",
+                       lambda: up.get("/v1/apps/echo")["spec"]["source"] == "revert", timeout=30)
+            expect(page.get_by_test_id("abort-button")).to_be_hidden(timeout=10000)
+            wait_until("three units of the promoted version run", lambda: len(running_units(up)) == 3, timeout=60)
 
             # A member's live tail: its last lines, then each line it writes next.
             unit = running_units(up)[0]

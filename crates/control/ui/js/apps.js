@@ -6,6 +6,7 @@ import { h, setChildren, num, pill, sum, clock, agoEl, duration, resText, cores 
 import { act, read, toast, mayChangeApp } from './api.js';
 import { SpecEditor } from './spec-editor.js';
 import { VersionsView } from './versions.js';
+import { RolloutView } from './rollout.js';
 import { EventsList } from './events-list.js';
 import { LogTail } from './log-tail.js';
 import { HistoryChart, APP_SERIES } from './history-chart.js';
@@ -57,7 +58,7 @@ export function appsPage() {
       if (!apps.length) { setChildren(body, h('tr', {}, h('td', { colspan: 8, class: 'muted', text: state.loading ? 'loading…' : 'no apps' }))); return; }
       setChildren(body, apps.map((a) => {
         const s = a.summary || {};
-        const last = (a.decisions || [])[0];
+        const last = (a.decisions || []).find((d) => !d.kind); // autoscaling: rebalance and rollout records have a kind
         const href = `#/apps/${encodeURIComponent(a.app)}`;
         return h('tr', { class: 'clickable', 'data-testid': 'app-row', 'data-app': a.app, on: { click: (e) => { if (e.target.tagName !== 'A') location.hash = href; } } },
           h('td', {}, h('a', { href, class: 'strong', text: a.app })),
@@ -113,6 +114,7 @@ export function appPage(name) {
       ui.reloadButton = h('button', { type: 'button', class: 'btn', text: 'Reload', title: 'load the current spec again (drops your edits)', on: { click: () => loadSpec(true) } });
       ui.specState = h('span', { class: 'muted' });
       ui.versions = new VersionsView(name, () => loadSpec(true));
+      ui.rollout = new RolloutView(name);
       ui.events = new EventsList(`app=${encodeURIComponent(name)}`);
       ui.logs = new LogTail(name);
       ui.history = new HistoryChart(`${appPath(name)}/history`, APP_SERIES);
@@ -123,6 +125,8 @@ export function appPage(name) {
           h('section', { class: 'card' }, h('h2', { text: 'Scale' }),
             h('div', { class: 'controls' }, ui.scaleInput, ui.scaleButton, ui.autoButton), ui.scaleHint),
           h('section', { class: 'card' }, h('h2', { text: 'Autoscaling' }), ui.policy)),
+        h('section', { 'data-testid': 'rollout' }, h('div', { class: 'section-head' }, h('h2', { text: 'Rollout' }),
+          h('span', { class: 'muted', text: 'the last rollout; a canary\'s step, share and both versions\' numbers (flotilla rollout status)' })), ui.rollout.el),
         h('section', {}, h('div', { class: 'section-head' }, h('h2', { text: 'History' }),
           h('span', { class: 'muted', text: 'units and serving cores every 10 s, kept for a day; dashed marks are autoscaling decisions' })), ui.history.el),
         h('section', {}, h('div', { class: 'section-head' }, h('h2', { text: 'Capacity since this page opened' }), h('span', { class: 'muted', text: 'serving capacity (route weights × resources), from the live stream' })), ui.chart),
@@ -159,6 +163,7 @@ export function appPage(name) {
       if (appliedAt && ui.appliedAt && appliedAt !== ui.appliedAt) ui.versions.load();
       ui.appliedAt = appliedAt;
       renderScale(a);
+      ui.rollout.update(a.summary);
       renderPolicy(a);
       renderDecisions(a);
       renderUnits(a);
@@ -171,6 +176,7 @@ export function appPage(name) {
       ui.events.stop();
       ui.history.stop();
       ui.logs.stop();
+      ui.rollout.stop();
       if (chart) chart.destroy();
       if (chartResize) chartResize.disconnect();
       chart = null;
@@ -416,8 +422,15 @@ export function reasonText(r) {
 const unitsText = (u) => (u ? `${u.primary ?? 0}${u.secondary ? ` + ${u.secondary} secondary` : ''}` : '–');
 const total = (u) => (u ? (u.primary || 0) + (u.secondary || 0) : 0);
 
-/** One app decision record as an expandable entry of the timeline. */
+/** One app decision record as an expandable entry of the timeline. Rebalance moves and
+ * canary steps share the log (`kind`), with their time as `at` and only an explanation. */
 function decisionView(dec, openSet) {
+  if (dec.kind === 'rebalance' || dec.kind === 'rollout') {
+    return h('details', { class: `decision a-${dec.action}`, 'data-testid': 'decision', 'data-kind': dec.kind },
+      h('summary', {}, h('span', { class: 'mono muted', text: clock(dec.at) }), pill(dec.action),
+        h('span', { class: 'reason', text: dec.kind }), h('span', { class: 'muted ellipsis', text: dec.explanation || '' })),
+      h('div', { class: 'decision-body' }, h('pre', { class: 'explanation', text: dec.explanation || '' })));
+  }
   const key = `${dec.at_ms}:${dec.action}:${total(dec.desired)}`;
   const change = total(dec.desired) - total(dec.current);
   const details = h('details', { class: `decision a-${dec.action}`, 'data-testid': 'decision', open: openSet.has(key),
