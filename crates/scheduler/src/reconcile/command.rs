@@ -214,10 +214,14 @@ impl Scheduler {
         self.stored.spec = Some(text);
         self.stored.spec_origin = Some(origin);
         self.stored.rollout = Some(rollout);
+        let r = &spec.rollout;
         let message = if stale == 0 {
             "no unit's template changed".to_string()
+        } else if canary {
+            let steps = r.steps.join(" → ");
+            format!("{stale} unit(s) will roll as a canary: {} first, then {steps} of the requests", r.canary)
         } else {
-            format!("{stale} unit(s) will roll, {} at a time", spec.rollout.max_unavailable)
+            format!("{stale} unit(s) will roll, {} at a time", r.max_unavailable)
         };
         tracing::info!(app = %spec.name, %fingerprint, version, stale, superseded, "spec applied");
         metrics::counter!(m::SPEC_APPLIED.name, "app" => spec.name.clone()).increment(1);
