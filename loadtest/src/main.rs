@@ -2,6 +2,7 @@
 //! `--json`, the last line of stdout is one compact JSON object.
 
 mod autoscale;
+mod canary;
 mod common;
 mod dashboard;
 mod failover;
@@ -35,6 +36,8 @@ enum Cmd {
     Takeover(takeover::TakeoverArgs),
     /// Tail latency through `flotilla route` with slow backends, against round robin.
     Routing(routing::RoutingArgs),
+    /// Progressive delivery under load: a failing, a slow and a good version rolled out as canaries.
+    Canary(canary::CanaryArgs),
     /// Real agents and an app under churn, with the invariants checked all along.
     Soak(soak::SoakArgs),
     /// Lab hosts (network namespaces, as root) under mixed faults: `lab --soak`.
@@ -58,6 +61,7 @@ async fn main() -> std::process::ExitCode {
         Cmd::Failover(a) => failover::run(a).await,
         Cmd::Takeover(a) => takeover::run(a).await,
         Cmd::Routing(a) => routing::run(a).await,
+        Cmd::Canary(a) => canary::run(a).await,
         Cmd::Soak(a) => soak::run(a).await,
         Cmd::Lab(a) => lab::run(a),
         Cmd::P2p(a) => p2p::run(a),

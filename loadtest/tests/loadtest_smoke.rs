@@ -93,6 +93,32 @@ fn failover_scenario_reports_every_figure() {
 }
 
 #[test]
+fn canary_scenario_rolls_back_the_bad_and_slow_versions_and_promotes_the_good_one() {
+    let v = run(
+        &[
+            "canary",
+            "--rate",
+            "300",
+            "--units",
+            "2",
+            "--agents",
+            "3",
+            "--step-interval-s",
+            "2",
+            "--baseline-s",
+            "5",
+            "--min-requests",
+            "30",
+        ],
+        &["baseline_p99_ms", "good_vs_baseline_p99"],
+    );
+    assert!(v["bad"]["end"].as_str().unwrap().contains("error rate"), "{v}");
+    assert!(v["slow"]["end"].as_str().unwrap().contains("max_p99_ratio"), "{v}");
+    assert_eq!(v["good"]["end"], "promoted", "{v}");
+    assert!(v["bad"]["failed_share"].as_f64().unwrap() > 0.0, "{v}");
+}
+
+#[test]
 fn policies_scenario_reports_every_figure() {
     let out = Command::new(env!("CARGO_BIN_EXE_flotilla-loadtest"))
         .args(["policies", "--apps", "100", "--rounds", "3", "--json"])
