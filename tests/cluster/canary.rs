@@ -15,7 +15,9 @@ use crate::common::{ECHO, running};
 /// The canary settings every test's new spec carries: short steps, few requests.
 const CANARY: &str = "[rollout]\nstrategy = \"canary\"\nsteps = [\"20%\", \"50%\", \"100%\"]\nstep_interval = \"3s\"\n\
                       progress_deadline = \"60s\"\n";
-const ANALYSIS: &str = "[rollout.analysis]\nmax_error_rate = 0.05\nmax_p99_ratio = 2.0\nmin_requests = 30\n";
+/// A p99 ratio of 3: two loops of requests saturate 2 cores, and their scheduling stalls
+/// are tens of milliseconds; the slow version is 30 ms against 1 ms (about 16×).
+const ANALYSIS: &str = "[rollout.analysis]\nmax_error_rate = 0.05\nmax_p99_ratio = 3.0\nmin_requests = 30\n";
 
 /// echo.toml whose head runs `echo-server` with `args`, with the canary settings and `extra`.
 fn version(args: &str, extra: &str) -> String {
@@ -38,7 +40,7 @@ fn status(up: &Up) -> Value {
 /// A cluster with echo's two units running and a route proxy in front of them.
 struct Bench {
     up: Up,
-    _procs: Group,
+    procs: Group,
     proxy: String,
     metrics: String,
 }
@@ -48,34 +50,45 @@ impl Bench {
         let up = Up::start(name, &["--agents", "4", "--shards", "1", "--app", ECHO]);
         wait_for("2 running units", Duration::from_secs(30), || (running(&up).len() == 2).then_some(()));
         let mut procs = Group::new();
-        let log = up.data.join("route.err");
-        let pid = procs.spawn_with_env(
-            &["route", "--app", "echo", "--listen", "127.0.0.1:0", "--print-addrs"],
-            &log,
-            &[("FLOTILLA_ADDR", up.addr.as_str())],
-        );
-        let addrs = procs.addrs(pid);
-        let proxy = addrs["listen"].as_str().unwrap().to_string();
-        let metrics = addrs["metrics"].as_str().unwrap().to_string();
-        wait_for("the proxy follows both endpoints", Duration::from_secs(20), || {
-            metric(&get_text(&metrics, "/metrics")?, "flotilla_route_endpoints", "").filter(|n| *n == 2.0)
-        });
-        Bench { up, _procs: procs, proxy, metrics }
+        let (proxy, metrics) = route(&up, &mut procs, "route.err");
+        Bench { up, procs, proxy, metrics }
     }
 
     /// Requests through the proxy, one after another, until stopped.
     fn load(&self) -> Load {
-        let stop = Arc::new(AtomicBool::new(false));
-        let (flag, proxy) = (stop.clone(), self.proxy.clone());
-        let handle = std::thread::spawn(move || {
-            let (mut ok, mut failed) = (0u64, 0u64);
-            while !flag.load(Ordering::Relaxed) {
-                if request(&proxy, "GET", "/who", "", "").status == 200 { ok += 1 } else { failed += 1 }
-            }
-            (ok, failed)
-        });
-        Load { stop, handle: Some(handle) }
+        load_through(&self.proxy)
     }
+}
+
+/// A `flotilla route --app echo` following the stable endpoints (and any canary's): its
+/// proxy and metrics addresses.
+fn route(up: &Up, procs: &mut Group, log: &str) -> (String, String) {
+    let pid = procs.spawn_with_env(
+        &["route", "--app", "echo", "--listen", "127.0.0.1:0", "--print-addrs"],
+        &up.data.join(log),
+        &[("FLOTILLA_ADDR", up.addr.as_str())],
+    );
+    let addrs = procs.addrs(pid);
+    let proxy = addrs["listen"].as_str().unwrap().to_string();
+    let metrics = addrs["metrics"].as_str().unwrap().to_string();
+    wait_for("the proxy follows the endpoints", Duration::from_secs(20), || {
+        metric(&get_text(&metrics, "/metrics")?, "flotilla_route_endpoints", "").filter(|n| *n >= 2.0)
+    });
+    (proxy, metrics)
+}
+
+/// Requests through `proxy`, one after another, until stopped.
+fn load_through(proxy: &str) -> Load {
+    let stop = Arc::new(AtomicBool::new(false));
+    let (flag, proxy) = (stop.clone(), proxy.to_string());
+    let handle = std::thread::spawn(move || {
+        let (mut ok, mut failed) = (0u64, 0u64);
+        while !flag.load(Ordering::Relaxed) {
+            if request(&proxy, "GET", "/who", "", "").status == 200 { ok += 1 } else { failed += 1 }
+        }
+        (ok, failed)
+    });
+    Load { stop, handle: Some(handle) }
 }
 
 struct Load {
@@ -183,7 +196,7 @@ fn a_failing_and_a_slow_version_are_rolled_back_by_their_own_numbers() {
     let slow_template = shifting(&b.up)["rollout"]["template"].as_str().unwrap().to_string();
     // The failing version's revert first: wait for this one's.
     let reason = reverted(&b.up, &stable, "max_p99_ratio", Duration::from_secs(40));
-    assert!(reason.contains("max_p99_ratio 2"), "{reason}");
+    assert!(reason.contains("max_p99_ratio 3"), "{reason}");
     assert_reverted(&b, &stable, &slow_template);
     let (_, errors) = load.end();
     assert_eq!(errors, 0, "slow, not failing");
@@ -236,10 +249,12 @@ fn a_good_version_is_promoted_through_every_step_without_a_failed_request() {
 #[test]
 fn an_operator_promotes_and_aborts_and_a_canary_without_traffic_waits() {
     let dir = TempDir::new("canary-manual-specs");
-    let b = Bench::start("canary-manual");
+    let mut b = Bench::start("canary-manual");
 
     // No traffic: the step waits for its requests and says so, rather than promoting blind.
-    let one = write(&dir, "one.toml", &version(", \"--delay\", \"0s\"", "auto_promote = false\n"));
+    // Promote and abort are what this test is about: latency does not fail it.
+    let lenient = |text: String| text.replace("max_p99_ratio = 3.0", "max_p99_ratio = 100.0");
+    let one = write(&dir, "one.toml", &lenient(version(", \"--delay\", \"0s\"", "auto_promote = false\n")));
     run_ok(b.up.cli().args(["apply", &one]));
     let why = wait_for("the step waits for requests", Duration::from_secs(40), || {
         status(&b.up)["canary"]["waiting"].as_str().filter(|w| w.contains("min_requests")).map(str::to_string)
@@ -250,11 +265,20 @@ fn an_operator_promotes_and_aborts_and_a_canary_without_traffic_waits() {
     let apps = run_ok(b.up.cli().args(["apps"]));
     assert!(apps.contains("canary of template") && apps.contains("at step 1"), "{apps}");
 
-    // With traffic it passes every step, then waits at the last for a promote.
+    // With traffic through two routers (their numbers add up) it passes every step, then
+    // waits at the last for a promote.
     let load = b.load();
-    wait_for("waits for promote at the last step", Duration::from_secs(60), || {
-        status(&b.up)["canary"]["waiting"].as_str().filter(|w| w.contains("rollout promote")).map(|_| ())
+    let (second, _) = route(&b.up, &mut b.procs, "route-2.err");
+    let load_2 = load_through(&second);
+    wait_for("both routers report", Duration::from_secs(30), || {
+        (status(&b.up)["canary"]["routers"].as_u64() == Some(2)).then_some(())
     });
+    wait_for("waits for promote at the last step", Duration::from_secs(60), || {
+        let s = status(&b.up);
+        assert!(!s["canary"].is_null(), "the canary failed: {}", echo_app(&b.up)["spec"]);
+        s["canary"]["waiting"].as_str().filter(|w| w.contains("rollout promote")).map(|_| ())
+    });
+    eprintln!("{}", run_ok(b.up.cli().args(["decisions", "echo"])));
     let out = run_ok(b.up.cli().args(["rollout", "promote", "echo"]));
     assert!(out.contains("promoted"), "{out}");
     let done = ended(&b.up, Duration::from_secs(60));
@@ -274,6 +298,7 @@ fn an_operator_promotes_and_aborts_and_a_canary_without_traffic_waits() {
     assert_reverted(&b, &promoted, &canary);
     let (_, errors) = load.end();
     assert_eq!(errors, 0);
+    assert_eq!(load_2.end().1, 0);
     // Nothing to promote or abort now.
     let out = b.up.cli().args(["rollout", "abort", "echo"]).output().unwrap();
     assert!(!out.status.success());

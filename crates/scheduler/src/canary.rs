@@ -15,8 +15,8 @@
 //!   above `max_error_rate` fails the step at once. At `step_interval` the p99s are
 //!   compared, each plus [`LATENCY_RESOLUTION`] (jitter between two sub-millisecond
 //!   versions is not a regression); with fewer than `min_requests` the step waits and
-//!   says so. A step whose stable side had no traffic (a 100 % step) is compared with the
-//!   stable p99 of the step before.
+//!   says so. A step whose stable side had fewer than `min_requests` (a 100 % step) is
+//!   compared with the stable p99 of the step before.
 //! - **End.** The last step passed promotes (or waits for `flotilla rollout promote` with
 //!   `auto_promote = false`): held units drain and the rest roll as a rolling update
 //!   does. A failed step, or `flotilla rollout abort`, reverts the spec: the new units
@@ -258,6 +258,13 @@ pub fn numbers(book: &TrafficBook) -> String {
     format!("new: {}; stable: {}", side(&book.canary), side(&book.stable))
 }
 
+/// The stable side's p99 over a step, when it had `min_requests` to have one: a 100 %
+/// step leaves it only the few requests routed before the routers took the new split,
+/// whose p99 says nothing.
+pub fn stable_p99(a: &crate::spec::Analysis, stable: &Window) -> Option<f64> {
+    (stable.requests >= a.min_requests).then(|| stable.p99_ms()).flatten()
+}
+
 /// What the step in force comes to, at `now_ms` (its units run: `step_started_unix_ms`
 /// is set).
 pub fn judge(r: &Rollout, p: &CanaryProgress, book: &TrafficBook, now_ms: u64) -> Verdict {
@@ -287,7 +294,7 @@ pub fn judge(r: &Rollout, p: &CanaryProgress, book: &TrafficBook, now_ms: u64) -
             if book.routers() == 0 { " (no router has reported)" } else { "" }
         )));
     }
-    let stable_p99 = stable.p99_ms().or(p.stable_p99_us.map(|us| us as f64 / 1000.0));
+    let stable_p99 = stable_p99(a, stable).or(p.stable_p99_us.map(|us| us as f64 / 1000.0));
     if let (Some(new), Some(old)) = (canary.p99_ms(), stable_p99) {
         let ratio = (new + LATENCY_RESOLUTION) / (old + LATENCY_RESOLUTION);
         if ratio > a.max_p99_ratio {

@@ -55,7 +55,7 @@ pub mod rollout;
 pub use artifacts::{ArtifactSpec, MAX_ARTIFACTS};
 pub use disruption::{Disruption, Switch};
 pub use member::MemberTemplate;
-pub use rollout::{Rollout, Strategy};
+pub use rollout::{Analysis, Rollout, Strategy};
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

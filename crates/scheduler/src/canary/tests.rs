@@ -92,6 +92,13 @@ fn a_step_without_stable_traffic_is_compared_with_the_step_before() {
     assert_eq!(judge(&r, &p, &all_new, 10_000), Verdict::Promote, "nothing to compare with: errors alone");
     p.stable_p99_us = Some(10_000);
     assert!(matches!(judge(&r, &p, &all_new, 10_000), Verdict::Abort(_)));
+    // A few stable requests routed before the routers took the split say nothing: the
+    // step before's p99 is the reference.
+    let stragglers = book(&[("new", 500, 0, 0.030), ("old", 20, 0, 0.030)]);
+    assert!(matches!(judge(&r, &p, &stragglers, 10_000), Verdict::Abort(_)), "30 ms against the 10 ms before");
+    p.stable_p99_us = Some(30_000);
+    let slow_stragglers = book(&[("new", 500, 0, 0.030), ("old", 20, 0, 0.001)]);
+    assert_eq!(judge(&r, &p, &slow_stragglers, 10_000), Verdict::Promote);
 }
 
 #[test]

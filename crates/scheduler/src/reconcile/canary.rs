@@ -90,7 +90,7 @@ impl Scheduler {
             }
             let verdict = canary::judge(&rollout, &next, &book, now);
             let numbers = canary::numbers(&book);
-            let stable_p99 = book.stable.p99_ms();
+            let stable_p99 = canary::stable_p99(&rollout.analysis, &book.stable);
             match verdict {
                 Verdict::Hold(waiting) => next.waiting = waiting,
                 Verdict::Next => {
