@@ -32,6 +32,11 @@ pub struct RouteArgs {
     /// serves HTTPS.
     #[arg(long, env = "FLOTILLA_CA")]
     pub ca: Option<std::path::PathBuf>,
+    /// A token with the operate scope, for the per-version traffic reports a canary is
+    /// judged on (default: $FLOTILLA_TOKEN, else $FLOTILLA_DATA/api-token; without one,
+    /// an API that checks tokens refuses the reports and a canary waits for them).
+    #[arg(long, env = "FLOTILLA_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
     /// `p2c` (weighted power of two choices on latency and load, the default) or
     /// `round-robin` (for comparison). `peak-ewma`, its name while latency was a peak EWMA,
     /// is still accepted.
@@ -111,6 +116,9 @@ pub async fn run(a: RouteArgs) -> anyhow::Result<()> {
     labels.export_weights(balancer.clone());
     if a.app.is_some() {
         let mut dialer = flotilla_proto::dial::Dialer::network();
+        if let Some(token) = a.token.clone().or_else(|| crate::cli::http::token_from_data().ok()) {
+            dialer = dialer.with_token(&token).map_err(|_| anyhow::anyhow!("--token: not a valid header value"))?;
+        }
         if let Some(ca) = &a.ca {
             dialer = dialer.with_ca(std::fs::read(ca).with_context(|| format!("reading --ca {}", ca.display()))?);
         }

@@ -162,11 +162,13 @@ impl Drop for Proxy {
     }
 }
 
-fn proxy(bin: &Path, addr: &str) -> anyhow::Result<(Proxy, String)> {
+fn proxy(bin: &Path, addr: &str, data: &Path) -> anyhow::Result<(Proxy, String)> {
     use std::io::BufRead;
     let mut child = Command::new(bin)
         .args(["route", "--app", "echo", "--listen", "127.0.0.1:0", "--print-addrs"])
         .env("FLOTILLA_ADDR", addr)
+        // Its traffic reports carry the cluster's API token (DATA/api-token).
+        .env("FLOTILLA_DATA", data)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -285,7 +287,7 @@ pub async fn run(a: CanaryArgs) -> anyhow::Result<()> {
         (api.running().await == a.units as usize).then_some(())
     })
     .await?;
-    let (_proxy, listen) = proxy(&bin, &addr)?;
+    let (_proxy, listen) = proxy(&bin, &addr, &dir)?;
     until("the proxy routing", Duration::from_secs(30), async || {
         tokio::net::TcpStream::connect(&listen).await.ok().map(|_| ())
     })

@@ -50,7 +50,7 @@ impl Bench {
         let up = Up::start(name, &["--agents", "4", "--shards", "1", "--app", ECHO]);
         wait_for("2 running units", Duration::from_secs(30), || (running(&up).len() == 2).then_some(()));
         let mut procs = Group::new();
-        let (proxy, metrics) = route(&up, &mut procs, "route.err");
+        let (proxy, metrics) = route(&up, &mut procs, "route.err", true);
         Bench { up, procs, proxy, metrics }
     }
 
@@ -62,11 +62,14 @@ impl Bench {
 
 /// A `flotilla route --app echo` following the stable endpoints (and any canary's): its
 /// proxy and metrics addresses.
-fn route(up: &Up, procs: &mut Group, log: &str) -> (String, String) {
+fn route(up: &Up, procs: &mut Group, log: &str, token: bool) -> (String, String) {
+    // With the cluster's data dir the router's reports carry its API token; without it
+    // (and no other token) they are refused.
+    let data = if token { up.data.clone() } else { up.data.join("elsewhere") };
     let pid = procs.spawn_with_env(
         &["route", "--app", "echo", "--listen", "127.0.0.1:0", "--print-addrs"],
         &up.data.join(log),
-        &[("FLOTILLA_ADDR", up.addr.as_str())],
+        &[("FLOTILLA_ADDR", up.addr.as_str()), ("FLOTILLA_DATA", data.to_str().unwrap())],
     );
     let addrs = procs.addrs(pid);
     let proxy = addrs["listen"].as_str().unwrap().to_string();
@@ -225,9 +228,9 @@ fn a_good_version_is_promoted_through_every_step_without_a_failed_request() {
         let s = status(&b.up);
         if let Some(step) = s["canary"]["step"].as_u64() {
             steps.insert(step);
-            // The new version has its step's units beside the stable ones.
-            let new = of_template(&b.up, s["rollout"]["template"].as_str()?);
-            assert!(new.len() <= 2, "{new:?}");
+            // The stable units serve on beside the new version's until the promotion.
+            let stable = running(&b.up).iter().filter(|u| u["template"] != s["rollout"]["template"]).count();
+            assert_eq!(stable, 2, "step {step}: {:?}", b.up.units("echo"));
         }
         (s["rollout"]["state"] != "in_progress").then_some(s)
     });
@@ -268,11 +271,20 @@ fn an_operator_promotes_and_aborts_and_a_canary_without_traffic_waits() {
     // With traffic through two routers (their numbers add up) it passes every step, then
     // waits at the last for a promote.
     let load = b.load();
-    let (second, _) = route(&b.up, &mut b.procs, "route-2.err");
+    let (second, _) = route(&b.up, &mut b.procs, "route-2.err", true);
     let load_2 = load_through(&second);
     wait_for("both routers report", Duration::from_secs(30), || {
         (status(&b.up)["canary"]["routers"].as_u64() == Some(2)).then_some(())
     });
+    // A router without a token cannot tell the scheduler anything.
+    let (third, third_metrics) = route(&b.up, &mut b.procs, "route-3.err", false);
+    let load_3 = load_through(&third);
+    wait_for("its reports are refused", Duration::from_secs(30), || {
+        let page = get_text(&third_metrics, "/metrics")?;
+        metric(&page, "flotilla_route_traffic_reports_total", "outcome=\"failed\"").filter(|n| *n >= 1.0)
+    });
+    assert_eq!(load_3.end().1, 0, "it routes all the same");
+    assert!(status(&b.up)["canary"]["routers"].as_u64() <= Some(2), "not counted");
     wait_for("waits for promote at the last step", Duration::from_secs(60), || {
         let s = status(&b.up);
         assert!(!s["canary"].is_null(), "the canary failed: {}", echo_app(&b.up)["spec"]);

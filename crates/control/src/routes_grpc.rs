@@ -61,6 +61,11 @@ impl v1::route_service_server::RouteService for RoutesGrpc {
     /// A router's per-version numbers, for the canary step its scheduler judges.
     #[tracing::instrument(skip_all, fields(app = %request.get_ref().app, router = %request.get_ref().router))]
     async fn report_traffic(&self, request: Request<v1::TrafficReport>) -> Result<Response<v1::TrafficAck>, Status> {
+        // Reports decide a canary's promotion: only a router with the operate scope.
+        let headers = request.metadata().clone().into_headers();
+        let app = request.get_ref().app.clone();
+        crate::auth::authorize(&self.0, &headers, crate::tokens::Scope::Operate, Some(&app))
+            .map_err(|e| flotilla_proto::status::status(&e))?;
         let report = request.into_inner();
         let h = local_app(&self.0, report.app.clone())?;
         h.report_traffic(&report)

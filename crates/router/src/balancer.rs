@@ -49,7 +49,8 @@
 //! of the requests goes to the endpoints of the new version and the rest to the others,
 //! each request's side drawn first, then P2C inside that side (the median is the side's
 //! own: a slow new version is judged on its latency, not starved by the old one's). A side
-//! with nothing that may take traffic leaves the request to the other. Every answer is
+//! with nothing that may take traffic leaves the request to the other (for the new
+//! version's side, counted as its error: `unserved`). Every answer is
 //! also counted per endpoint (`traffic`) for the reports the canary is judged on.
 //!
 //! The balancer is a plain data structure: callers pass the time, so tests are exact.
@@ -284,6 +285,11 @@ pub struct Balancer {
     config: Config,
     endpoints: ArcSwap<Vec<Arc<Endpoint>>>,
     split: ArcSwapOption<Split>,
+    /// Requests drawn for the split's version that none of its endpoints could take (all
+    /// ejected or at weight 0), sent to the other side instead: reported as the version's
+    /// errors, so a version failing badly enough to be ejected is judged on it rather
+    /// than starved of requests.
+    pub unserved: Traffic,
     next: AtomicU32,
     /// The origin of the endpoints' probe clocks.
     epoch: Instant,
@@ -319,6 +325,7 @@ impl Balancer {
             config,
             endpoints: ArcSwap::from_pointee(Vec::new()),
             split: ArcSwapOption::empty(),
+            unserved: Traffic::default(),
             next: AtomicU32::new(0),
             epoch: Instant::now(),
         }
@@ -412,6 +419,9 @@ impl Balancer {
                     Some(side) => all.iter().copied().filter(|e| on_side(e, side)).collect(),
                     None => Vec::new(),
                 };
+                if side == Some(true) && sided.is_empty() {
+                    self.unserved.count(0.0, true);
+                }
                 let live = if sided.is_empty() { all } else { sided };
                 if live.is_empty() {
                     return None;
@@ -422,7 +432,11 @@ impl Balancer {
             Policy::P2c => {
                 let mut seen: Vec<Seen> =
                     eps.iter().map(|e| e.seen(now, self.config.slow_start, split.as_deref())).collect();
-                let side = side.filter(|&side| seen.iter().any(|s| s.split_side == side && s.weight > 0.0));
+                let served = side.filter(|&side| seen.iter().any(|s| s.split_side == side && s.weight > 0.0));
+                if side == Some(true) && served.is_none() {
+                    self.unserved.count(0.0, true);
+                }
+                let side = served;
                 if let Some(side) = side {
                     // The other side's endpoints are not candidates for this request.
                     for s in seen.iter_mut().filter(|s| s.split_side != side) {

@@ -90,15 +90,20 @@ async fn watch_once(
                 tracing::debug!(%app, version = table.version, changed, "route table");
             }
             _ = tick.tick() => {
-                let Some(r) = reporter.collect(balancer) else { continue };
-                // A report that does not arrive loses its interval's numbers, nothing
-                // else: the scheduler judges on what reached it.
-                let sent = tokio::time::timeout(report::INTERVAL, client.report_traffic(r)).await;
-                let outcome = if matches!(sent, Ok(Ok(_))) { "sent" } else { "failed" };
-                if let Ok(Err(e)) = &sent {
-                    tracing::debug!(%app, error = %e, "reporting traffic");
-                }
-                metrics::counter!(m::TRAFFIC_REPORTS.name, "outcome" => outcome).increment(1);
+                // Only while a canary splits the traffic: nothing else reads the numbers.
+                let Some(r) = reporter.collect(balancer).filter(|_| balancer.split().is_some()) else { continue };
+                // Sent beside the stream, so a table is never held up behind a report. One
+                // that does not arrive loses its interval's numbers, nothing else: the
+                // scheduler judges on what reached it.
+                let (mut client, app) = (client.clone(), app.to_string());
+                tokio::spawn(async move {
+                    let sent = tokio::time::timeout(report::INTERVAL, client.report_traffic(r)).await;
+                    let outcome = if matches!(sent, Ok(Ok(_))) { "sent" } else { "failed" };
+                    if let Ok(Err(e)) = &sent {
+                        tracing::debug!(%app, error = %e, "reporting traffic");
+                    }
+                    metrics::counter!(m::TRAFFIC_REPORTS.name, "outcome" => outcome).increment(1);
+                });
             }
         }
     }

@@ -22,12 +22,14 @@ pub struct Reporter {
     router: String,
     app: String,
     last: HashMap<usize, (Weak<Endpoint>, Counts)>,
+    /// The balancer's `unserved` at the last report.
+    unserved: Counts,
 }
 
 impl Reporter {
     pub fn new(app: &str) -> Reporter {
         let router = format!("router-{}-{:08x}", std::process::id(), rand::random::<u32>());
-        Reporter { router, app: app.to_string(), last: HashMap::new() }
+        Reporter { router, app: app.to_string(), last: HashMap::new(), unserved: Counts::default() }
     }
 
     /// What each version answered since the last call; `None` when nothing did.
@@ -47,6 +49,12 @@ impl Reporter {
             next.insert(key, (Arc::downgrade(e), now));
         }
         self.last = next;
+        let unserved = balancer.unserved.counts();
+        let delta = unserved.since(&self.unserved);
+        self.unserved = unserved;
+        if let Some(split) = balancer.split().filter(|_| delta.requests > 0) {
+            by.entry(Arc::from(split.version.as_str())).or_default().add(&delta);
+        }
         if by.is_empty() {
             return None;
         }

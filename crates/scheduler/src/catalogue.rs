@@ -143,7 +143,7 @@ pub const ROLLOUTS_SUPERSEDED: Family = Family::counter(
 );
 pub const ROLLOUTS_REVERTED: Family = Family::counter(
     "flotilla_rollouts_reverted_total",
-    "Failed rollouts reverted to the last spec that ran (rollout.auto_revert).",
+    "Failed rollouts reverted to the last spec that ran (rollout.auto_revert, or a canary that failed).",
     &["app"],
 );
 pub const ROLLOUT_STEP: Family = Family::gauge(

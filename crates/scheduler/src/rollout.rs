@@ -242,8 +242,9 @@ pub fn plan(units: &BTreeMap<String, UnitRecord>, slots: &[Arc<ShardSlot>], t: &
             new_version += 1;
         }
         if progressing(r) {
-            // A canary's old unit serves on beside its replacement until promotion.
-            if !(rolling && t.hold.is_some()) {
+            // A canary's old unit serves on beside its replacement until promotion, unless
+            // its node is leaving.
+            if !(rolling && t.hold.is_some() && unit_leaving(u, slots).is_none()) {
                 p.drain.push(u.unit_id.clone());
             }
             continue;

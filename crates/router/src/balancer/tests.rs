@@ -328,6 +328,8 @@ fn a_split_sends_its_share_to_the_new_version_whatever_its_latency() {
     b.update_versions(&routes, Some(Split { version: "t2".into(), share: 1.0 }), Instant::now());
     let counts = drive(&b, 1_000, 1, |_| (Duration::from_millis(1), Outcome::Success));
     assert_eq!(counts.get("old-1"), Some(&1_000));
+    let unserved = b.unserved.counts();
+    assert_eq!((unserved.requests, unserved.errors), (1_000, 1_000), "counted as the new version's errors");
     // Without a split, weights alone decide.
     b.update_versions(&routes, None, Instant::now());
     assert!(b.split().is_none());

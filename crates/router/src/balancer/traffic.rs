@@ -6,10 +6,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use flotilla_core::latency::{BUCKETS, bucket};
 
-/// Cumulative counts since the endpoint was added.
+/// Cumulative counts since the endpoint was added. The requests are the buckets' sum, not
+/// a counter of their own: a copy taken while answers are counted is then still whole
+/// (a report whose buckets do not add up to its requests is refused).
 #[derive(Debug)]
 pub struct Traffic {
-    requests: AtomicU64,
     errors: AtomicU64,
     latency: [AtomicU64; BUCKETS],
 }
@@ -29,11 +30,13 @@ impl Default for Counts {
 }
 
 impl Counts {
-    /// What was counted between `before` and `self`.
+    /// What was counted between `before` and `self`. (An answer counted in `before`
+    /// whose error was not yet may show its error here: never more errors than requests.)
     pub fn since(&self, before: &Counts) -> Counts {
+        let requests = self.requests.saturating_sub(before.requests);
         Counts {
-            requests: self.requests.saturating_sub(before.requests),
-            errors: self.errors.saturating_sub(before.errors),
+            requests,
+            errors: self.errors.saturating_sub(before.errors).min(requests),
             latency: self.latency.iter().zip(&before.latency).map(|(a, b)| a.saturating_sub(*b)).collect(),
         }
     }
@@ -49,29 +52,24 @@ impl Counts {
 
 impl Default for Traffic {
     fn default() -> Self {
-        Traffic {
-            requests: AtomicU64::new(0),
-            errors: AtomicU64::new(0),
-            latency: std::array::from_fn(|_| AtomicU64::new(0)),
-        }
+        Traffic { errors: AtomicU64::new(0), latency: std::array::from_fn(|_| AtomicU64::new(0)) }
     }
 }
 
 impl Traffic {
     /// One answer (or failure) after `seconds`.
     pub fn count(&self, seconds: f64, failed: bool) {
-        self.requests.fetch_add(1, Ordering::Relaxed);
-        if failed {
-            self.errors.fetch_add(1, Ordering::Relaxed);
-        }
         self.latency[bucket(seconds)].fetch_add(1, Ordering::Relaxed);
+        // After its bucket (release): a copy that sees the error sees its answer too.
+        if failed {
+            self.errors.fetch_add(1, Ordering::Release);
+        }
     }
 
     pub fn counts(&self) -> Counts {
-        Counts {
-            requests: self.requests.load(Ordering::Relaxed),
-            errors: self.errors.load(Ordering::Relaxed),
-            latency: self.latency.iter().map(|c| c.load(Ordering::Relaxed)).collect(),
-        }
+        let errors = self.errors.load(Ordering::Acquire);
+        let latency: Vec<u64> = self.latency.iter().map(|c| c.load(Ordering::Relaxed)).collect();
+        let requests = latency.iter().sum();
+        Counts { requests, errors: errors.min(requests), latency }
     }
 }

@@ -23,20 +23,35 @@ impl Scheduler {
         r.canary.as_ref().filter(|p| canary::shifting(&self.spec.rollout, Some(p)))
     }
 
+    /// A canary of the spec in force that was never promoted, and whether it failed (a
+    /// failed one that could not be reverted still holds: its new units take no traffic
+    /// and its old units do not drain, unjudged).
+    fn unpromoted(&self) -> Option<(&CanaryProgress, bool)> {
+        let r = self.stored.rollout.as_ref().filter(|r| r.template == self.fingerprints.template)?;
+        let p = r.canary.as_ref().filter(|p| !p.promoted)?;
+        match r.state {
+            RolloutState::InProgress => Some((p, false)),
+            RolloutState::Failed => Some((p, true)),
+            RolloutState::Complete => None,
+        }
+    }
+
     /// How many units may have a replacement of the spec's template now (`None`: no
     /// canary holds the rollout).
     pub(super) fn canary_hold(&self) -> Option<u32> {
-        let p = self.canary()?;
-        Some(canary::units_for(&self.spec.rollout, p.step, self.desired()))
+        match self.unpromoted()? {
+            (p, false) => Some(canary::units_for(&self.spec.rollout, p.step, self.desired())),
+            (_, true) => Some(0),
+        }
     }
 
     /// The route table's split between the new version and the others.
     pub(super) fn canary_split(&self) -> Option<v1::VersionSplit> {
-        let p = self.canary()?;
-        Some(v1::VersionSplit {
-            version: self.fingerprints.template.clone(),
-            share: canary::share(&self.spec.rollout, p),
-        })
+        let share = match self.unpromoted()? {
+            (p, false) => canary::share(&self.spec.rollout, p),
+            (_, true) => 0.0,
+        };
+        Some(v1::VersionSplit { version: self.fingerprints.template.clone(), share })
     }
 
     pub(super) fn canary_status(&self) -> Option<canary::CanaryStatus> {
@@ -126,8 +141,12 @@ impl Scheduler {
         let step = if failed.is_some() || next.promoted { 0.0 } else { f64::from(next.step + 1) };
         metrics::gauge!(m::ROLLOUT_STEP.name, "app" => self.spec.name.clone()).set(step);
         metrics::gauge!(m::ROLLOUT_SHARE.name, "app" => self.spec.name.clone()).set(share);
-        if next != p && failed.is_none() {
+        // Why it waits changes with every report: kept in memory, not written each time.
+        let quiet = |c: &CanaryProgress| CanaryProgress { waiting: None, ..c.clone() };
+        if failed.is_none() && quiet(&next) != quiet(&p) {
             self.set_canary(next, writes);
+        } else if let Some(c) = self.stored.rollout.as_mut().and_then(|r| r.canary.as_mut()) {
+            c.waiting = next.waiting;
         }
         failed
     }

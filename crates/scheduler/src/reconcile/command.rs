@@ -189,7 +189,21 @@ impl Scheduler {
             && stale > 0
             && matches!(origin.source.as_str(), "api" | "file");
         let rollout = RolloutRecord { canary: canary.then(Default::default), ..rollout };
-        let superseded = self.stored.rollout.as_ref().is_some_and(|r| r.state == RolloutState::InProgress);
+        // The same template again (another setting changed, or a re-apply) while its canary
+        // shifts traffic: the canary goes on. A new record would say nothing rolls, and
+        // its held units would drain unjudged.
+        let rollout = match &self.stored.rollout {
+            Some(r)
+                if r.state == RolloutState::InProgress
+                    && r.template == fingerprint
+                    && r.canary.as_ref().is_some_and(|p| !p.promoted) =>
+            {
+                r.clone()
+            }
+            _ => rollout,
+        };
+        let superseded =
+            self.stored.rollout.as_ref().is_some_and(|r| r.state == RolloutState::InProgress && *r != rollout);
         let mut writes =
             vec![Write::Spec(text.clone()), Write::SpecOrigin(origin.clone()), Write::Rollout(rollout.clone())];
         writes.extend(previous.clone().map(Write::PreviousSpec));

@@ -414,6 +414,8 @@ impl Scheduler {
         }
         tracing::info!(app = %self.spec.name, old_token = self.token, token, units = stored.units.len(), "active again: reloaded the app from the store");
         self.stored = stored;
+        // Another process may have run the canary's step meanwhile: count it afresh.
+        flotilla_core::LockExt::lock_or_recover(&*self.out.traffic).start(None);
         self.unsaved.clear();
         self.planning.restart();
         self.tracking.restart();

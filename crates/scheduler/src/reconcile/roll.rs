@@ -100,8 +100,11 @@ impl Scheduler {
             self.surge_members(&id, &members, "its group's template changed", ROLLOUT_WAITS, slots, writes).await;
         }
         self.note_waiting_drains(slots, writes);
+        // A canary goes back whatever failed it (its analysis, or a replacement that never
+        // ran): its held old units must not drain beside new ones nobody judged.
+        let forced = plan.failed.is_some() && self.canary_hold().is_some();
         let canary_failed = self.follow_canary(now, writes);
-        let forced = canary_failed.is_some();
+        let forced = forced || canary_failed.is_some();
         self.follow_rollout(plan.failed.or(canary_failed), forced, now, writes);
     }
 

@@ -424,6 +424,13 @@ fn a_canary_holds_its_old_units_and_rolls_no_more_than_its_step_allows() {
     let p = plan(&units, &s, &target(Some(2)));
     assert_eq!(p.replace, vec![("a-2".to_string(), "its template changed".to_string())]);
     assert!(p.drain.is_empty());
+    // A held unit whose node is leaving drains all the same (its node drain must not
+    // wait for the canary's promotion).
+    let p = plan(&units, &slots(&["n1"], &[]), &target(Some(1)));
+    assert_eq!(p.drain, vec!["a-1".to_string()]);
+    // Failed and not reverted (no other spec ran): nothing drains, nothing more rolls.
+    let p = plan(&units, &s, &target(Some(0)));
+    assert_eq!((p.drain.len(), p.replace.len()), (0, 0), "{p:?}");
     // Promoted: the held unit drains and the rest roll as a rolling update does.
     let p = plan(&units, &s, &target(None));
     assert_eq!(p.drain, vec!["a-1".to_string()]);
