@@ -200,15 +200,19 @@ pub async fn routes(a: AppArgs) -> anyhow::Result<()> {
     if a.list.json {
         return print_json(&v);
     }
-    let mut t = Table::new(&["ENDPOINT", "NODE", "UNIT", ">WEIGHT"]);
+    let mut t = Table::new(&["ENDPOINT", "NODE", "UNIT", "VERSION", ">WEIGHT"]);
     for r in v["routes"].as_array().cloned().unwrap_or_default() {
         t.row(vec![
             r["endpoint"].as_str().unwrap_or("-").to_string(),
             r["node_id"].as_str().unwrap_or("-").to_string(),
             r["unit_id"].as_str().unwrap_or("-").to_string(),
+            r["version"].as_str().filter(|v| !v.is_empty()).unwrap_or("-").to_string(),
             format!("{:.2}", r["weight"].as_f64().unwrap_or(0.0)),
         ]);
     }
     t.print();
+    if let (Some(version), Some(share)) = (v["split"]["version"].as_str(), v["split"]["share"].as_f64()) {
+        println!("canary: {:.1}% of requests to version {version}, the rest to the others", share * 100.0);
+    }
     Ok(())
 }

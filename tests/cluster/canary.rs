@@ -290,7 +290,8 @@ fn an_operator_promotes_and_aborts_and_a_canary_without_traffic_waits() {
         assert!(!s["canary"].is_null(), "the canary failed: {}", echo_app(&b.up)["spec"]);
         s["canary"]["waiting"].as_str().filter(|w| w.contains("rollout promote")).map(|_| ())
     });
-    eprintln!("{}", run_ok(b.up.cli().args(["decisions", "echo"])));
+    let routes = run_ok(b.up.cli().args(["routes", "echo"]));
+    assert!(routes.contains("VERSION") && routes.contains("canary: 100.0% of requests to version"), "{routes}");
     let out = run_ok(b.up.cli().args(["rollout", "promote", "echo"]));
     assert!(out.contains("promoted"), "{out}");
     let done = ended(&b.up, Duration::from_secs(60));

@@ -224,6 +224,8 @@ pub struct RouteRow {
     pub unit_id: String,
     pub member: String,
     pub weight: f64,
+    /// The template fingerprint the member's unit runs (`units APP` VERSION).
+    pub version: String,
 }
 
 /// `GET /v1/apps/{app}/routes`: the app's route table as its scheduler published it.
@@ -232,6 +234,15 @@ pub struct RouteTable {
     pub app: String,
     pub version: u64,
     pub routes: Vec<RouteRow>,
+    /// While a canary shifts traffic: the share of requests the routes of its version get
+    /// (the rest go to the others).
+    pub split: Option<VersionSplit>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct VersionSplit {
+    pub version: String,
+    pub share: f64,
 }
 
 /// The answer to a scale: the desired units, or the autoscaling override set or lifted.

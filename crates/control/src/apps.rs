@@ -290,9 +290,11 @@ pub fn route_rows(t: &flotilla_proto::v1::RouteTable) -> Value {
             unit_id: r.unit_id.clone(),
             member: r.member.clone(),
             weight: r.weight,
+            version: r.version.clone(),
         })
         .collect();
-    to_json(&RouteTable { app: t.app.clone(), version: t.version, routes })
+    let split = t.split.as_ref().map(|s| crate::answers::VersionSplit { version: s.version.clone(), share: s.share });
+    to_json(&RouteTable { app: t.app.clone(), version: t.version, routes, split })
 }
 
 #[utoipa::path(get, path = "/v1/apps/{app}/routes", tag = "apps", params(("app" = String, Path)),
