@@ -14,6 +14,52 @@ const FIRST: f64 = 100e-6;
 /// Each bound over the one before.
 const GROWTH: f64 = 1.15;
 
+/// Answers counted over some time: how many, how many failed, and their latencies by
+/// bucket. What a router reports per version and what a canary's step is judged on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Counts {
+    pub requests: u64,
+    pub errors: u64,
+    /// One count per bucket (`BUCKETS` of them).
+    pub latency: Vec<u64>,
+}
+
+impl Default for Counts {
+    fn default() -> Self {
+        Counts { requests: 0, errors: 0, latency: vec![0; BUCKETS] }
+    }
+}
+
+impl Counts {
+    /// What was counted between `before` and `self`. (An answer counted in `before`
+    /// whose error was not yet may show its error here: never more errors than requests.)
+    pub fn since(&self, before: &Counts) -> Counts {
+        let requests = self.requests.saturating_sub(before.requests);
+        Counts {
+            requests,
+            errors: self.errors.saturating_sub(before.errors).min(requests),
+            latency: self.latency.iter().zip(&before.latency).map(|(a, b)| a.saturating_sub(*b)).collect(),
+        }
+    }
+
+    pub fn add(&mut self, other: &Counts) {
+        self.requests = self.requests.saturating_add(other.requests);
+        self.errors = self.errors.saturating_add(other.errors);
+        for (a, b) in self.latency.iter_mut().zip(&other.latency) {
+            *a = a.saturating_add(*b);
+        }
+    }
+
+    pub fn error_rate(&self) -> f64 {
+        if self.requests == 0 { 0.0 } else { self.errors as f64 / self.requests as f64 }
+    }
+
+    /// In milliseconds; `None` with no answer counted.
+    pub fn p99_ms(&self) -> Option<f64> {
+        quantile(&self.latency, 0.99).map(|s| s * 1000.0)
+    }
+}
+
 /// The upper bound of bucket `i`, in seconds.
 pub fn bound(i: usize) -> f64 {
     FIRST * GROWTH.powi(i as i32)

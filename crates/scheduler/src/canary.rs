@@ -24,7 +24,7 @@
 
 use std::collections::BTreeSet;
 
-use flotilla_core::latency::{BUCKETS, quantile};
+use flotilla_core::latency::{BUCKETS, Counts};
 use flotilla_proto::v1;
 use serde::{Deserialize, Serialize};
 
@@ -58,37 +58,7 @@ pub struct CanaryProgress {
 }
 
 /// One side's numbers over the step in force.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Window {
-    pub requests: u64,
-    pub errors: u64,
-    pub latency: Vec<u64>,
-}
-
-impl Default for Window {
-    fn default() -> Self {
-        Window { requests: 0, errors: 0, latency: vec![0; BUCKETS] }
-    }
-}
-
-impl Window {
-    fn add(&mut self, v: &v1::VersionTraffic) {
-        self.requests = self.requests.saturating_add(v.requests);
-        self.errors = self.errors.saturating_add(v.errors);
-        for (a, b) in self.latency.iter_mut().zip(&v.latency) {
-            *a = a.saturating_add(*b);
-        }
-    }
-
-    pub fn error_rate(&self) -> f64 {
-        if self.requests == 0 { 0.0 } else { self.errors as f64 / self.requests as f64 }
-    }
-
-    /// In milliseconds; `None` with no answer counted.
-    pub fn p99_ms(&self) -> Option<f64> {
-        quantile(&self.latency, 0.99).map(|s| s * 1000.0)
-    }
-}
+pub type Window = Counts;
 
 /// What the routers reported over the step in force, by side: the new version (the
 /// template the rollout rolls to) and every other (stable). Reports while no canary step
@@ -143,7 +113,7 @@ impl TrafficBook {
         let Some(canary) = self.version.as_deref() else { return false };
         for v in &r.versions {
             let side = if v.version == canary { &mut self.canary } else { &mut self.stable };
-            side.add(v);
+            side.add(&Counts { requests: v.requests, errors: v.errors, latency: v.latency.clone() });
         }
         if self.routers.len() < MAX_ROUTERS {
             self.routers.insert(r.router.clone());

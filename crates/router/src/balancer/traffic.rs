@@ -4,6 +4,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+pub use flotilla_core::latency::Counts;
 use flotilla_core::latency::{BUCKETS, bucket};
 
 /// Cumulative counts since the endpoint was added. The requests are the buckets' sum, not
@@ -13,41 +14,6 @@ use flotilla_core::latency::{BUCKETS, bucket};
 pub struct Traffic {
     errors: AtomicU64,
     latency: [AtomicU64; BUCKETS],
-}
-
-/// A copy of [`Traffic`] at one moment.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Counts {
-    pub requests: u64,
-    pub errors: u64,
-    pub latency: Vec<u64>,
-}
-
-impl Default for Counts {
-    fn default() -> Self {
-        Counts { requests: 0, errors: 0, latency: vec![0; BUCKETS] }
-    }
-}
-
-impl Counts {
-    /// What was counted between `before` and `self`. (An answer counted in `before`
-    /// whose error was not yet may show its error here: never more errors than requests.)
-    pub fn since(&self, before: &Counts) -> Counts {
-        let requests = self.requests.saturating_sub(before.requests);
-        Counts {
-            requests,
-            errors: self.errors.saturating_sub(before.errors).min(requests),
-            latency: self.latency.iter().zip(&before.latency).map(|(a, b)| a.saturating_sub(*b)).collect(),
-        }
-    }
-
-    pub fn add(&mut self, other: &Counts) {
-        self.requests += other.requests;
-        self.errors += other.errors;
-        for (a, b) in self.latency.iter_mut().zip(&other.latency) {
-            *a += b;
-        }
-    }
 }
 
 impl Default for Traffic {
