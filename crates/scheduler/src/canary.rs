@@ -36,6 +36,8 @@ pub const LATENCY_RESOLUTION: f64 = 1.0;
 /// Most versions one report may carry, and most distinct routers a step remembers.
 pub const MAX_REPORT_VERSIONS: usize = 64;
 const MAX_ROUTERS: usize = 4096;
+/// Most requests one report may count for a version: 2 s at 500 million a second.
+pub const MAX_REPORT_REQUESTS: u64 = 1_000_000_000;
 
 /// Where a canary rollout stands; kept in the rollout record (`store::RolloutRecord`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -85,6 +87,9 @@ pub fn validate(r: &v1::TrafficReport) -> Result<(), String> {
         }
         if v.latency.len() != BUCKETS {
             return Err(format!("versions[{:?}].latency: {} buckets (exactly {BUCKETS})", v.version, v.latency.len()));
+        }
+        if v.requests > MAX_REPORT_REQUESTS {
+            return Err(format!("versions[{:?}]: {} requests (at most {MAX_REPORT_REQUESTS})", v.version, v.requests));
         }
         if v.errors > v.requests {
             return Err(format!("versions[{:?}]: {} errors of {} requests", v.version, v.errors, v.requests));

@@ -122,4 +122,6 @@ fn routers_add_up_and_bad_reports_are_refused() {
     r.versions[0].latency[0] += 1;
     assert!(validate(&r).unwrap_err().contains("do not add up"));
     assert!(validate(&report("", &[])).unwrap_err().contains("router"));
+    r = report("r1", &[("new", MAX_REPORT_REQUESTS + 1, 0, 0.01)]);
+    assert!(validate(&r).unwrap_err().contains("at most"));
 }
