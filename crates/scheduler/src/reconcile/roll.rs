@@ -391,7 +391,7 @@ impl Scheduler {
 
     /// Moves the rollout record along (failed, or complete once every unit runs the
     /// template), keeps the last spec that ran, and reverts a failed rollout when the
-    /// spec has `auto_revert` or `revert` says so (a canary that failed its analysis).
+    /// spec has `auto_revert` or `revert` says so (a canary that failed).
     pub(super) fn follow_rollout(&mut self, failed: Option<String>, revert: bool, now: u64, writes: &mut Vec<Write>) {
         let settled = crate::rollout::settled(&self.stored.units, &self.fingerprints.template);
         if let Some(next) = self
