@@ -50,6 +50,9 @@ pub struct CanaryArgs {
     /// The analysis' `min_requests`.
     #[arg(long, default_value_t = 200)]
     pub min_requests: u64,
+    /// The analysis' `max_p99_ratio`.
+    #[arg(long, default_value_t = 1.5)]
+    pub max_p99_ratio: f64,
     /// Length of the baseline phase, in seconds.
     #[arg(long, default_value_t = 30)]
     pub baseline_s: u64,
@@ -144,10 +147,11 @@ fn spec(a: &CanaryArgs, delay_ms: u64, args: &str, memory: &str) -> String {
          [constraints]\nallow_low_priority = true\n\n[units]\nmin = 1\nmax = {}\ninitial = {}\n\n\
          [routing]\nroles = [\"head\"]\n\n[rollout]\nstrategy = \"canary\"\nsteps = [\"5%\", \"25%\", \"50%\", \"100%\"]\n\
          step_interval = \"{}s\"\nprogress_deadline = \"2m\"\n\n\
-         [rollout.analysis]\nmax_error_rate = 0.05\nmax_p99_ratio = 1.5\nmin_requests = {}\n",
+         [rollout.analysis]\nmax_error_rate = 0.05\nmax_p99_ratio = {}\nmin_requests = {}\n",
         a.units * 2,
         a.units,
         a.step_interval_s,
+        a.max_p99_ratio,
         a.min_requests
     )
 }
@@ -267,6 +271,7 @@ pub async fn run(a: CanaryArgs) -> anyhow::Result<()> {
     anyhow::ensure!((1..=600).contains(&a.step_interval_s), "--step-interval-s must be within 1..=600");
     anyhow::ensure!((5..=3600).contains(&a.baseline_s), "--baseline-s must be within 5..=3600");
     anyhow::ensure!((1..=1_000_000).contains(&a.min_requests), "--min-requests must be within 1..=1000000");
+    anyhow::ensure!(a.max_p99_ratio > 1.0 && a.max_p99_ratio <= 100.0, "--max-p99-ratio must be within (1, 100]");
     let bin = flotilla_bin(a.flotilla.clone())?;
     let dir = std::env::temp_dir().join(format!("flotilla-loadtest-canary-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -276,8 +281,8 @@ pub async fn run(a: CanaryArgs) -> anyhow::Result<()> {
     println!("machine: {}", machine());
     println!(
         "canary: {} units of echo-server (--delay {} ms) on {} agents behind flotilla route, {} req/s open loop; \
-         steps 5%, 25%, 50%, 100% every {} s; max_error_rate 5%, max_p99_ratio 1.5, min_requests {}",
-        a.units, a.delay_ms, a.agents, a.rate, a.step_interval_s, a.min_requests
+         steps 5%, 25%, 50%, 100% every {} s; max_error_rate 5%, max_p99_ratio {}, min_requests {}",
+        a.units, a.delay_ms, a.agents, a.rate, a.step_interval_s, a.max_p99_ratio, a.min_requests
     );
     let up = UpProc::start(&bin, &dir, a.agents, &[], Some(&app))?;
     let addr = up.addr().await?;

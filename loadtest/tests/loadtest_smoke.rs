@@ -109,6 +109,13 @@ fn canary_scenario_rolls_back_the_bad_and_slow_versions_and_promotes_the_good_on
             "5",
             "--min-requests",
             "30",
+            // Small steps see few requests: a 20 ms service against a 60 ms one and a
+            // ratio of 2, so the good version's jitter (a few ms on a busy machine) does
+            // not fail it and the slow one (about 2.7x) does.
+            "--delay-ms",
+            "20",
+            "--max-p99-ratio",
+            "2",
         ],
         &["baseline_p99_ms", "good_vs_baseline_p99"],
     );
