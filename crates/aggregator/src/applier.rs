@@ -170,6 +170,11 @@ impl Applier {
                 {
                     if silence.partitioned(d) {
                         verdict = cut_off(status, since, now, timeouts);
+                    } else if status == NodeStatus::Unknown
+                        && let Some(until) = silence.rejoin_until(d, now)
+                    {
+                        // Its domain was cut off and is heard again: it may be on its way.
+                        verdict = Verdict::Keep { check_at: until };
                     } else if silence.peers_may_follow(
                         d,
                         is_silent(status),
@@ -225,6 +230,7 @@ impl Applier {
     /// later one (`LedgerGrpc::announce` sends its change under the same lock).
     pub fn flush(&mut self, rx: &mut UnboundedReceiver<Change>) {
         let started = std::time::Instant::now();
+        let now = flotilla_core::now_ms();
         let view = self.publisher.load();
         let ledger = self.ledger.clone();
         let mut ledger = ledger.lock_or_recover();
@@ -300,8 +306,11 @@ impl Applier {
                 self.counts[p.status as usize] -= 1;
             }
             self.counts[rec.status as usize] += 1;
-            self.silence
-                .published(prev.map(|p| (p.labels.domain(), p.status)), Some((rec.labels.domain(), rec.status)));
+            self.silence.published(
+                prev.map(|p| (p.labels.domain(), p.status)),
+                Some((rec.labels.domain(), rec.status)),
+                now,
+            );
             upserts.push(Arc::new(rec));
         }
         self.samples.clear();
@@ -314,7 +323,7 @@ impl Applier {
                 && let Some(p) = view.get(&live.node_id)
             {
                 self.counts[p.status as usize] -= 1;
-                self.silence.published(Some((p.labels.domain(), p.status)), None);
+                self.silence.published(Some((p.labels.domain(), p.status)), None, now);
                 ledger.forget_node(&live.node_id);
                 self.ledger_dirty.remove(&live.node_id);
                 removed.push(live.node_id.clone());

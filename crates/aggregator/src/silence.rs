@@ -20,6 +20,14 @@
 //! when their heartbeats fall in phase and come late, which costs a lone dead node
 //! 2.5 s more before it is Dead.
 //!
+//! A partition ends when the link comes back, but its nodes do not all come back at that
+//! moment: an agent whose QUIC connection timed out meanwhile registers again only at its
+//! next try (jittered back-off of up to 15 s). Once most of the domain is heard again the
+//! rest are no partition by the count, yet they were cut off, not dead: a node still
+//! Unknown gets [`REJOIN_MS`] from the heal to register before it is declared Dead
+//! ([`DomainSilence::rejoin_until`]); a node that died during the partition is Dead that
+//! much later.
+//!
 //! Counting costs O(1) per status change: the applier reports each node's published
 //! status change ([`DomainSilence::published`]) and each silence it decides before the
 //! next publish ([`DomainSilence::fell_silent`]), so nodes that fall silent in the same
@@ -39,6 +47,11 @@ pub const MIN_NODES: u32 = 3;
 /// count as cut off; Kubernetes' `--unhealthy-zone-threshold` default.
 pub const DEFAULT_THRESHOLD: f64 = 0.55;
 
+/// How long after its domain was heard again a node still Unknown may take to register:
+/// the agents' longest registration back-off (10 s, jittered by half: `flotilla_agent`'s
+/// loop) and a handshake.
+pub const REJOIN_MS: u64 = 20_000;
+
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 struct Count {
     /// Nodes not Dead.
@@ -53,30 +66,57 @@ pub struct DomainSilence {
     counted: HashMap<String, Count>,
     /// Silences decided since the last publish, by domain.
     pending: HashMap<String, u32>,
+    /// When each domain stopped counting as partitioned (Unix ms), until it is again.
+    healed: HashMap<String, u64>,
 }
 
 impl DomainSilence {
     /// `threshold` above 1 turns the rule off.
     pub fn new(threshold: f64) -> DomainSilence {
-        DomainSilence { threshold, counted: HashMap::new(), pending: HashMap::new() }
+        DomainSilence { threshold, counted: HashMap::new(), pending: HashMap::new(), healed: HashMap::new() }
     }
 
-    /// A node's published status went from `from` to `to` (`None`: not in the view).
-    pub fn published(&mut self, from: Option<(&str, NodeStatus)>, to: Option<(&str, NodeStatus)>) {
-        if let Some((domain, s)) = from.filter(|(_, s)| *s != NodeStatus::Dead)
+    /// A node's published status went from `from` to `to` (`None`: not in the view) at
+    /// `now` (Unix ms).
+    pub fn published(&mut self, from: Option<(&str, NodeStatus)>, to: Option<(&str, NodeStatus)>, now: u64) {
+        let from = from.filter(|(_, s)| *s != NodeStatus::Dead);
+        let to = to.filter(|(_, s)| *s != NodeStatus::Dead);
+        // Whether each domain touched counts as partitioned before and after the change.
+        let before = [from, to].map(|d| d.map(|(domain, _)| (domain, self.partitioned(domain))));
+        if let Some((domain, s)) = from
             && let Some(c) = self.counted.get_mut(domain)
         {
             c.nodes = c.nodes.saturating_sub(1);
             c.silent = c.silent.saturating_sub(u32::from(silent(s)));
             if c.nodes == 0 {
                 self.counted.remove(domain);
+                self.healed.remove(domain);
             }
         }
-        if let Some((domain, s)) = to.filter(|(_, s)| *s != NodeStatus::Dead) {
+        if let Some((domain, s)) = to {
             let c = self.counted.entry(domain.to_string()).or_default();
             c.nodes += 1;
             c.silent += u32::from(silent(s));
         }
+        for (domain, was) in before.into_iter().flatten() {
+            match (was, self.partitioned(domain)) {
+                (true, false) if self.counted.contains_key(domain) => {
+                    self.healed.insert(domain.to_string(), now);
+                }
+                (false, true) => {
+                    self.healed.remove(domain);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Until when a node of `domain` still Unknown waits to register before it may be
+    /// declared Dead: [`REJOIN_MS`] after the domain stopped counting as partitioned, if
+    /// that is after `now`.
+    pub fn rejoin_until(&self, domain: &str, now: u64) -> Option<u64> {
+        let until = self.healed.get(domain)?.saturating_add(REJOIN_MS);
+        (now < until).then_some(until)
     }
 
     /// A node of `domain` was just made Suspect or Unknown, not yet published.
@@ -120,7 +160,7 @@ mod tests {
 
     fn domain(s: &mut DomainSilence, name: &str, statuses: &[NodeStatus]) {
         for st in statuses {
-            s.published(None, Some((name, *st)));
+            s.published(None, Some((name, *st)), 0);
         }
     }
 
@@ -129,11 +169,11 @@ mod tests {
         let mut s = DomainSilence::new(DEFAULT_THRESHOLD);
         domain(&mut s, "a", &[Alive, Alive, Suspect, Suspect]);
         assert!(!s.partitioned("a"), "2 of 4 is below 55 %");
-        s.published(Some(("a", Alive)), Some(("a", Suspect)));
+        s.published(Some(("a", Alive)), Some(("a", Suspect)), 0);
         assert!(s.partitioned("a"), "3 of 4");
         // Heard again: no longer.
-        s.published(Some(("a", Suspect)), Some(("a", Alive)));
-        s.published(Some(("a", Suspect)), Some(("a", Alive)));
+        s.published(Some(("a", Suspect)), Some(("a", Alive)), 0);
+        s.published(Some(("a", Suspect)), Some(("a", Alive)), 0);
         assert!(!s.partitioned("a"));
         assert!(!s.partitioned("nowhere"));
     }
@@ -152,12 +192,12 @@ mod tests {
         let mut s = DomainSilence::new(DEFAULT_THRESHOLD);
         domain(&mut s, "a", &[Alive, Alive, Alive, Suspect]);
         // Two die one by one: the rest are 2 nodes, too few to call a partition.
-        s.published(Some(("a", Suspect)), Some(("a", Dead)));
-        s.published(Some(("a", Alive)), Some(("a", Dead)));
+        s.published(Some(("a", Suspect)), Some(("a", Dead)), 0);
+        s.published(Some(("a", Alive)), Some(("a", Dead)), 0);
         assert!(!s.partitioned("a"));
-        s.published(Some(("a", Dead)), None);
-        s.published(Some(("a", Alive)), None);
-        s.published(Some(("a", Alive)), None);
+        s.published(Some(("a", Dead)), None, 0);
+        s.published(Some(("a", Alive)), None, 0);
+        s.published(Some(("a", Alive)), None, 0);
         assert!(s.counted.is_empty(), "{:?}", s.counted);
     }
 
@@ -181,11 +221,33 @@ mod tests {
             s.peers_may_follow("a", true, HEARTBEAT_INTERVAL_MS),
             "nobody heard for an interval: cut off together?"
         );
-        s.published(Some(("a", Alive)), Some(("a", Suspect)));
+        s.published(Some(("a", Alive)), Some(("a", Suspect)), 0);
         assert!(s.peers_may_follow("a", true, 0), "a peer is silent too");
         domain(&mut s, "pair", &[Suspect, Alive]);
         assert!(!s.peers_may_follow("pair", true, 10_000), "too small to tell a partition");
         assert!(!s.peers_may_follow("nowhere", true, 10_000));
+    }
+
+    #[test]
+    fn a_healed_domains_nodes_still_unknown_wait_to_register_again() {
+        let mut s = DomainSilence::new(DEFAULT_THRESHOLD);
+        domain(&mut s, "a", &[Unknown, Unknown, Unknown]);
+        assert!(s.partitioned("a"));
+        assert_eq!(s.rejoin_until("a", 1_000), None, "partitioned: the cut-off rule applies");
+        // Two register again at 50 s; the third is still away.
+        s.published(Some(("a", Unknown)), Some(("a", Alive)), 50_000);
+        assert!(s.partitioned("a"), "2 of 3 silent");
+        s.published(Some(("a", Unknown)), Some(("a", Alive)), 50_500);
+        assert!(!s.partitioned("a"));
+        assert_eq!(s.rejoin_until("a", 51_000), Some(50_500 + REJOIN_MS));
+        assert_eq!(s.rejoin_until("a", 50_500 + REJOIN_MS), None, "given up after the window");
+        // Cut off again: the window is gone until the next heal.
+        s.published(Some(("a", Alive)), Some(("a", Unknown)), 60_000);
+        assert!(s.partitioned("a"));
+        assert_eq!(s.rejoin_until("a", 60_000), None);
+        // A domain that never was partitioned has no window.
+        domain(&mut s, "b", &[Alive, Alive, Suspect]);
+        assert_eq!(s.rejoin_until("b", 0), None);
     }
 
     #[test]
