@@ -295,7 +295,7 @@ pub async fn run(a: DashboardArgs) -> anyhow::Result<()> {
     let stop = Arc::new(AtomicBool::new(false));
     let sender = {
         let (nodes, stop) = (nodes.clone(), stop.clone());
-        let dests: Vec<_> = shards.iter().map(|s| s.heartbeat).collect();
+        let dests = std::sync::Mutex::new(shards.iter().map(|s| s.heartbeat).collect());
         let flips = a.flips_per_second;
         std::thread::spawn(move || {
             let pending: Pending = Default::default();

@@ -1,6 +1,10 @@
 //! `flotilla-loadtest heartbeats`: simulated agents register over real QUIC with real
 //! shard processes, then send one sealed heartbeat per node per second over real UDP,
-//! one heartbeat per datagram (as real agents send), many nodes sharing a socket.
+//! one heartbeat per datagram (as real agents send), many nodes sharing a socket. Then
+//! the same flows go to bare receivers (`sink`) for as long, to set the shard's figure
+//! beside the kernel's.
+
+mod sink;
 
 use flotilla_core::LockExt;
 use std::collections::HashMap;
@@ -119,13 +123,13 @@ pub async fn run(a: HeartbeatArgs) -> anyhow::Result<()> {
         .map_err(|_| anyhow::anyhow!("the view subscribers got no snapshot within 120 s"))??
         .forget();
     let nodes = Arc::new(nodes);
-    let dests: Vec<SocketAddr> = shards.iter().map(|s| s.heartbeat).collect();
+    let dests = Arc::new(Mutex::new(shards.iter().map(|s| s.heartbeat).collect::<Vec<SocketAddr>>()));
     let stop = Arc::new(AtomicBool::new(false));
     let sent = Arc::new(AtomicU64::new(0));
     let datagram_bytes = Arc::new(AtomicU64::new(0));
     let sender = {
-        let (nodes, stop, sent, pending, db) =
-            (nodes.clone(), stop.clone(), sent.clone(), pending.clone(), datagram_bytes.clone());
+        let (nodes, dests, stop, sent, pending, db) =
+            (nodes.clone(), dests.clone(), stop.clone(), sent.clone(), pending.clone(), datagram_bytes.clone());
         let (flips, sockets) = (a.flips_per_second, a.sockets);
         std::thread::spawn(move || send_loop(&nodes, &dests, sockets, flips, &stop, &sent, &pending, &db))
     };
@@ -166,8 +170,18 @@ pub async fn run(a: HeartbeatArgs) -> anyhow::Result<()> {
     }
     let sent1 = sent.load(Ordering::Relaxed);
     measuring.store(false, Ordering::Relaxed);
+
+    // The same flows to bare receivers, after a second for the switch to settle.
+    let sink = sink::Sink::start(a.shards)?;
+    *dests.lock_or_recover() = sink.addrs.clone();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (sunk0, sink_cpu0, t0) = (sink.received(), sink.cpu_seconds()?, Instant::now());
+    tokio::time::sleep(Duration::from_secs(a.seconds)).await;
+    let (sunk, sink_cpu) = (sink.received() - sunk0, sink.cpu_seconds()? - sink_cpu0);
+    let sink_window = t0.elapsed().as_secs_f64();
     stop.store(true, Ordering::Relaxed);
     let _ = sender.join();
+    drop(sink);
 
     let absorbed = acc1 - acc0;
     let cpu: f64 = cpu1.iter().zip(&cpu0).map(|(b, a)| b - a).sum();
@@ -176,6 +190,8 @@ pub async fn run(a: HeartbeatArgs) -> anyhow::Result<()> {
         / nodes.len().max(1) as f64;
     let versions = (versions1 - versions0).max(1.0);
     let per_dgram = datagram_bytes.load(Ordering::Relaxed) as f64 / sent1.max(1) as f64;
+    let per_cpu = if cpu > 0.0 { absorbed / cpu } else { 0.0 };
+    let sink_per_cpu = if sink_cpu > 0.0 { sunk as f64 / sink_cpu } else { 0.0 };
     let result = serde_json::json!({
         "scenario": "heartbeats",
         "nodes": nodes.len(),
@@ -188,7 +204,10 @@ pub async fn run(a: HeartbeatArgs) -> anyhow::Result<()> {
         "heartbeats_per_second": (absorbed / window).round(),
         "heartbeats_rejected": rejected1 - rejected0,
         "shard_cpu_seconds": (cpu * 100.0).round() / 100.0,
-        "heartbeats_per_shard_cpu_second": if cpu > 0.0 { (absorbed / cpu).round() } else { 0.0 },
+        "heartbeats_per_shard_cpu_second": per_cpu.round(),
+        "kernel_sink_per_second": (sunk as f64 / sink_window).round(),
+        "kernel_sink_per_cpu_second": sink_per_cpu.round(),
+        "ratio_to_kernel": if sink_per_cpu > 0.0 { (per_cpu / sink_per_cpu * 1000.0).round() / 1000.0 } else { 0.0 },
         "view_lag_p50_ms": pct_ms(&lag, 0.5),
         "view_lag_p99_ms": pct_ms(&lag, 0.99),
         "view_lag_samples": lag.len(),
@@ -199,6 +218,13 @@ pub async fn run(a: HeartbeatArgs) -> anyhow::Result<()> {
         "registrations_per_second": (nodes.len() as f64 / reg_secs).round(),
     });
     println!("absorbed {:.0} heartbeats/s using {:.2} shard CPU-seconds over {:.1}s", absorbed / window, cpu, window);
+    println!(
+        "bare receivers on the same flows: {:.0} datagrams/s using {:.2} CPU-seconds ({:.0} per CPU-second; the shard {:.2} of that)",
+        sunk as f64 / sink_window,
+        sink_cpu,
+        sink_per_cpu,
+        if sink_per_cpu > 0.0 { per_cpu / sink_per_cpu } else { 0.0 }
+    );
     println!(
         "view lag p50 {:.1} ms, p99 {:.1} ms ({} samples); shard RSS {:.0} bytes/node; {:.0} bytes allocated per view version",
         pct_ms(&lag, 0.5),
@@ -216,11 +242,12 @@ pub async fn run(a: HeartbeatArgs) -> anyhow::Result<()> {
 }
 
 /// Sends every node's heartbeat once a second, spread over 100 slots of 10 ms, with
-/// sendmmsg in batches; a few nodes a second flip their health class.
+/// sendmmsg in batches, to `dests` (by shard, read once a slot); a few nodes a second
+/// flip their health class.
 #[allow(clippy::too_many_arguments)]
 pub fn send_loop(
     nodes: &[SimNode],
-    dests: &[SocketAddr],
+    dests: &Mutex<Vec<SocketAddr>>,
     n_sockets: usize,
     flips_per_second: usize,
     stop: &AtomicBool,
@@ -251,6 +278,8 @@ pub fn send_loop(
             }
             let mut i = slot;
             let jitter_seed = round as usize;
+            // Where each shard's heartbeats go: the run may switch them to the sinks.
+            let dests = dests.lock_or_recover().clone();
             while i < nodes.len() {
                 let n = &nodes[i];
                 seq[i] += 1;

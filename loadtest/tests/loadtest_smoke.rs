@@ -34,6 +34,8 @@ fn heartbeats_scenario_reports_every_figure() {
             "heartbeats_per_datagram",
             "heartbeats_per_second",
             "heartbeats_per_shard_cpu_second",
+            "kernel_sink_per_cpu_second",
+            "ratio_to_kernel",
             "view_lag_p50_ms",
             "view_lag_p99_ms",
             "shard_rss_bytes_per_node",
@@ -45,6 +47,10 @@ fn heartbeats_scenario_reports_every_figure() {
     assert_eq!(v["heartbeats_rejected"], 0.0, "every simulated heartbeat is valid");
     assert!(v["heartbeats_per_second"].as_f64().unwrap() > 0.0);
     assert!(v["view_lag_samples"].as_u64().unwrap() > 0, "health flips reached the watcher");
+    // 300 heartbeats a second reached the bare receivers too, and cost them some CPU.
+    assert!(v["kernel_sink_per_second"].as_f64().unwrap() > 100.0, "{v}");
+    assert!(v["kernel_sink_per_cpu_second"].as_f64().unwrap() > 0.0, "{v}");
+    assert!(v["ratio_to_kernel"].as_f64().unwrap() > 0.0, "{v}");
 }
 
 #[test]

@@ -164,6 +164,10 @@ impl Applier {
                 let grace = loss_grace_ms(live.loss.load(Ordering::Relaxed));
                 let last_seen = live.last_seen_ms.load(Ordering::Acquire);
                 let mut verdict = evaluate(status, last_seen, since, now, timeouts, grace);
+                if matches!(verdict, Verdict::Keep { .. }) {
+                    // Most due nodes were heard since: no need to look them up in the view.
+                    return (verdict, status, None);
+                }
                 let domain = view.get(&live.node_id).map(|r| r.labels.domain());
                 if matches!(verdict, Verdict::Transition { to: NodeStatus::Dead, .. })
                     && let Some(d) = domain

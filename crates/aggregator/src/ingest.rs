@@ -13,7 +13,7 @@ use flotilla_proto::{convert, v1};
 use prost::Message;
 
 use crate::liveness::record_loss;
-use crate::registry::{Change, Registry};
+use crate::registry::{Change, NodeLive, Registry, SessionsRead};
 use crate::stats::{HeartbeatDrop, ShardStats};
 
 /// The state one ingest loop needs; `handle` is the whole per-datagram logic.
@@ -27,6 +27,8 @@ pub struct Ingest {
     unknown_budget: (u64, u32),
     /// Accepted, not yet added to `stats`.
     accepted: u64,
+    /// The reply buffer of [`Ingest::receive_batch`], kept between batches.
+    reply: Vec<u8>,
 }
 
 /// Derivations of unknown-session keys per second before further ones are dropped.
@@ -41,22 +43,57 @@ impl Ingest {
             scratch: Vec::with_capacity(256),
             unknown_budget: (0, 0),
             accepted: 0,
+            reply: Vec::with_capacity(128),
         }
     }
 
     /// Processes one datagram. On success returns the reply to send, if the agent
     /// must act; every drop is counted with its reason.
     pub fn handle(&mut self, datagram: &[u8], now_ms: u64, reply: &mut Vec<u8>) -> Result<(), HeartbeatDrop> {
-        let r = self.receive(datagram, now_ms, reply);
+        let registry = self.registry.clone();
+        let sessions = registry.read_sessions();
+        let r = self.receive(&sessions, datagram, now_ms, reply);
+        drop(sessions);
         self.flush_counts();
         r
     }
 
-    /// [`Ingest::handle`] without publishing the count of accepted heartbeats: the
-    /// receive loop publishes it once per batch ([`Ingest::flush_counts`]), sparing a
-    /// shared atomic per datagram. Refusals are counted at once (they are rare).
-    fn receive(&mut self, datagram: &[u8], now_ms: u64, reply: &mut Vec<u8>) -> Result<(), HeartbeatDrop> {
-        let r = self.handle_inner(datagram, now_ms, reply);
+    /// Processes a receive call's datagrams under one read of the sessions, having asked
+    /// for every session they name first: each heartbeat's session is a random slot of a
+    /// large table, and its cache miss is what the per-datagram work waits for most
+    /// (BENCHMARKS.md, heartbeats against the kernel). `answer(i, reply)` sends datagram
+    /// `i`'s reply. The count of accepted heartbeats is published once per batch.
+    pub fn receive_batch(&mut self, batch: &Batch<'_>, now_ms: u64, mut answer: impl FnMut(usize, &[u8])) {
+        let registry = self.registry.clone();
+        let sessions = registry.read_sessions();
+        for i in 0..batch.len() {
+            if let Ok(h) = seal::parse_header(batch.datagram(i)) {
+                sessions.prefetch(h.session_id);
+            }
+        }
+        let mut reply = std::mem::take(&mut self.reply);
+        for i in 0..batch.len() {
+            reply.clear();
+            let _ = self.receive(&sessions, batch.datagram(i), now_ms, &mut reply);
+            if !reply.is_empty() {
+                answer(i, &reply);
+            }
+        }
+        self.reply = reply;
+        drop(sessions);
+        self.flush_counts();
+    }
+
+    /// One datagram, counted: accepted ones in `accepted` (published per batch, sparing a
+    /// shared atomic per datagram), refusals at once (they are rare).
+    fn receive(
+        &mut self,
+        sessions: &SessionsRead<'_>,
+        datagram: &[u8],
+        now_ms: u64,
+        reply: &mut Vec<u8>,
+    ) -> Result<(), HeartbeatDrop> {
+        let r = self.handle_inner(sessions, datagram, now_ms, reply);
         match r {
             Ok(_) => self.accepted += 1,
             Err(e) => self.stats.reject(e),
@@ -65,14 +102,20 @@ impl Ingest {
     }
 
     /// Adds the heartbeats accepted since the last call to the shard's counters.
-    pub fn flush_counts(&mut self) {
+    fn flush_counts(&mut self) {
         if self.accepted > 0 {
             self.stats.accept(self.accepted);
             self.accepted = 0;
         }
     }
 
-    fn handle_inner(&mut self, datagram: &[u8], now_ms: u64, reply: &mut Vec<u8>) -> Result<(), HeartbeatDrop> {
+    fn handle_inner(
+        &mut self,
+        sessions: &SessionsRead<'_>,
+        datagram: &[u8],
+        now_ms: u64,
+        reply: &mut Vec<u8>,
+    ) -> Result<(), HeartbeatDrop> {
         if datagram.is_empty() {
             return Err(HeartbeatDrop::Empty);
         }
@@ -80,50 +123,58 @@ impl Ingest {
         if header.magic != MAGIC_HEARTBEAT {
             return Err(HeartbeatDrop::Datagram(DatagramError::BadMagic));
         }
-        let (registry, scratch, hysteresis) = (&self.registry, &mut self.scratch, &self.hysteresis);
-        let held = registry.with_session(header.session_id, |live| {
-            if live.node_id.as_str() != header.node_id || live.incarnation != header.incarnation {
-                return Err(HeartbeatDrop::WrongNode);
-            }
-            let plain = seal::open(&live.key, Direction::ToShard, datagram, &header, scratch)
-                .map_err(HeartbeatDrop::Datagram)?;
-            let body = v1::HeartbeatBody::decode(plain).map_err(|_| HeartbeatDrop::Datagram(DatagramError::BadBody))?;
-            let sample = convert::health(body.health).map_err(|_| HeartbeatDrop::Datagram(DatagramError::BadBody))?;
-            // Only an authenticated datagram may advance the sequence.
-            let prev = live.last_seq.fetch_max(header.seq, Ordering::AcqRel);
-            if prev >= header.seq {
-                return Err(HeartbeatDrop::Replayed);
-            }
-            // Sequence numbers skipped since the last one are heartbeats the network lost.
-            // A healthy link (nothing lost, nothing remembered) costs one load, not a CAS.
-            let lost = if prev == 0 { 0 } else { header.seq - prev - 1 };
-            if lost > 0 || live.loss.load(Ordering::Relaxed) != 0 {
-                let _ = live.loss.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |l| Some(record_loss(l, lost)));
-            }
-            match live.status() {
-                NodeStatus::Dead => {
-                    reply_to(&live.key, &header, v1::HeartbeatAction::Reregister, "declared dead", reply);
-                    return Err(HeartbeatDrop::DeadNode);
-                }
-                status @ (NodeStatus::Suspect | NodeStatus::Unknown) => {
-                    live.heard(now_ms);
-                    if live.transition(status, NodeStatus::Alive, now_ms) {
-                        registry.emit(Change::Dirty(live.session()));
-                    }
-                }
-                NodeStatus::Alive | NodeStatus::Draining => live.heard(now_ms),
-            }
-            let published = live.health_millis.load(Ordering::Acquire);
-            if let Some(new) = hysteresis.update(published, health_score(&sample)) {
-                live.health_millis.store(new, Ordering::Release);
-                registry.emit(Change::Health(live.session(), sample));
-            }
-            Ok(())
-        });
-        match held {
-            Some(r) => r,
+        match sessions.get(header.session_id) {
+            Some(live) => self.heard(live, datagram, &header, now_ms, reply),
             None => self.unknown_session(datagram, &header, now_ms, reply),
         }
+    }
+
+    /// A heartbeat of a session this shard holds.
+    fn heard(
+        &mut self,
+        live: &NodeLive,
+        datagram: &[u8],
+        header: &Header<'_>,
+        now_ms: u64,
+        reply: &mut Vec<u8>,
+    ) -> Result<(), HeartbeatDrop> {
+        if live.node_id.as_str() != header.node_id || live.incarnation != header.incarnation {
+            return Err(HeartbeatDrop::WrongNode);
+        }
+        let plain = seal::open(&live.key, Direction::ToShard, datagram, header, &mut self.scratch)
+            .map_err(HeartbeatDrop::Datagram)?;
+        let body = v1::HeartbeatBody::decode(plain).map_err(|_| HeartbeatDrop::Datagram(DatagramError::BadBody))?;
+        let sample = convert::health(body.health).map_err(|_| HeartbeatDrop::Datagram(DatagramError::BadBody))?;
+        // Only an authenticated datagram may advance the sequence.
+        let prev = live.last_seq.fetch_max(header.seq, Ordering::AcqRel);
+        if prev >= header.seq {
+            return Err(HeartbeatDrop::Replayed);
+        }
+        // Sequence numbers skipped since the last one are heartbeats the network lost.
+        // A healthy link (nothing lost, nothing remembered) costs one load, not a CAS.
+        let lost = if prev == 0 { 0 } else { header.seq - prev - 1 };
+        if lost > 0 || live.loss.load(Ordering::Relaxed) != 0 {
+            let _ = live.loss.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |l| Some(record_loss(l, lost)));
+        }
+        match live.status() {
+            NodeStatus::Dead => {
+                reply_to(&live.key, header, v1::HeartbeatAction::Reregister, "declared dead", reply);
+                return Err(HeartbeatDrop::DeadNode);
+            }
+            status @ (NodeStatus::Suspect | NodeStatus::Unknown) => {
+                live.heard(now_ms);
+                if live.transition(status, NodeStatus::Alive, now_ms) {
+                    self.registry.emit(Change::Dirty(live.session()));
+                }
+            }
+            NodeStatus::Alive | NodeStatus::Draining => live.heard(now_ms),
+        }
+        let published = live.health_millis.load(Ordering::Acquire);
+        if let Some(new) = self.hysteresis.update(published, health_score(&sample)) {
+            live.health_millis.store(new, Ordering::Release);
+            self.registry.emit(Change::Health(live.session(), sample));
+        }
+        Ok(())
     }
 
     /// A session this shard does not hold. If the seal verifies under the key this
@@ -182,7 +233,7 @@ const STOP_POLL: std::time::Duration = std::time::Duration::from_millis(200);
 /// runtime), so an idle shard spends nothing and a busy one one system call per batch.
 pub async fn run(
     socket: std::net::UdpSocket,
-    ingest: Ingest,
+    mut ingest: Ingest,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) -> std::io::Result<()> {
     use std::sync::atomic::AtomicBool;
@@ -193,12 +244,20 @@ pub async fn run(
             self.0.store(true, Ordering::Relaxed);
         }
     }
-    socket.set_nonblocking(false)?;
-    socket.set_read_timeout(Some(STOP_POLL))?;
     let stop = StopOnDrop(Arc::new(AtomicBool::new(false)));
     let flag = stop.0.clone();
-    let thread =
-        std::thread::Builder::new().name("heartbeats".into()).spawn(move || receive_loop(&socket, ingest, &flag))?;
+    let batch_sizes = metrics::histogram!(m::HEARTBEAT_BATCH_DATAGRAMS.name);
+    let thread = std::thread::Builder::new().name("heartbeats".into()).spawn(move || {
+        receive_batches(&socket, &flag, |batch| {
+            ingest.receive_batch(&batch, flotilla_core::now_ms(), |i, reply| {
+                if let Some(to) = batch.sender(i) {
+                    // Best effort: the agent asks again with its next heartbeat.
+                    let _ = socket.send_to(reply, to);
+                }
+            });
+            batch_sizes.record(batch.len() as f64);
+        })
+    })?;
     while !*shutdown.borrow_and_update() {
         if shutdown.changed().await.is_err() {
             break;
@@ -209,18 +268,53 @@ pub async fn run(
     Ok(())
 }
 
-/// The receiving thread: `recvmmsg` into fixed buffers, [`Ingest::handle`] per datagram.
-fn receive_loop(socket: &std::net::UdpSocket, mut ingest: Ingest, stop: &std::sync::atomic::AtomicBool) {
+/// What one receive call took: up to [`BATCH`] datagrams and their senders.
+pub struct Batch<'a> {
+    bufs: &'a [[u8; DATAGRAM_BUFFER]],
+    hdrs: &'a [libc::mmsghdr],
+    addrs: &'a [libc::sockaddr_storage],
+}
+
+impl Batch<'_> {
+    pub fn len(&self) -> usize {
+        self.hdrs.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.hdrs.is_empty()
+    }
+
+    /// Datagram `i` (cut to [`DATAGRAM_BUFFER`] bytes: a longer one is refused anyway).
+    pub fn datagram(&self, i: usize) -> &[u8] {
+        &self.bufs[i][..(self.hdrs[i].msg_len as usize).min(DATAGRAM_BUFFER)]
+    }
+
+    pub fn sender(&self, i: usize) -> Option<SocketAddr> {
+        socket_addr(&self.addrs[i], self.hdrs[i].msg_hdr.msg_namelen)
+    }
+}
+
+/// The heartbeat receive loop without what a heartbeat means: blocking `recvmmsg` calls
+/// into fixed buffers, `each` per non-empty batch, until `stop` is set (looked at every
+/// [`STOP_POLL`]). The shard runs it with [`Ingest`]; `flotilla-loadtest heartbeats` runs
+/// it with nothing, on the same flows, to measure what the kernel's part costs.
+pub fn receive_batches(
+    socket: &std::net::UdpSocket,
+    stop: &std::sync::atomic::AtomicBool,
+    mut each: impl FnMut(Batch<'_>),
+) {
     use std::os::fd::AsRawFd;
+    if let Err(e) = socket.set_nonblocking(false).and_then(|()| socket.set_read_timeout(Some(STOP_POLL))) {
+        tracing::error!(error = %e, "the heartbeat socket cannot block: nothing is received");
+        return;
+    }
     let fd = socket.as_raw_fd();
-    let batch_sizes = metrics::histogram!(m::HEARTBEAT_BATCH_DATAGRAMS.name);
     let mut bufs = vec![[0u8; DATAGRAM_BUFFER]; BATCH];
     // SAFETY: all-zero sockaddr_storage, iovec and mmsghdr values are valid (null
     // pointers, zero lengths); every pointer is set below before the call.
     let mut addrs: Vec<libc::sockaddr_storage> = vec![unsafe { std::mem::zeroed() }; BATCH];
     let mut iovs: Vec<libc::iovec> = vec![unsafe { std::mem::zeroed() }; BATCH];
     let mut hdrs: Vec<libc::mmsghdr> = vec![unsafe { std::mem::zeroed() }; BATCH];
-    let mut reply = Vec::with_capacity(128);
     while !stop.load(Ordering::Relaxed) {
         for i in 0..BATCH {
             iovs[i] = libc::iovec { iov_base: bufs[i].as_mut_ptr().cast(), iov_len: DATAGRAM_BUFFER };
@@ -249,21 +343,10 @@ fn receive_loop(socket: &std::net::UdpSocket, mut ingest: Ingest, stop: &std::sy
             }
             continue;
         }
-        let n = n as usize;
-        let now = flotilla_core::now_ms();
-        for i in 0..n {
-            let len = (hdrs[i].msg_len as usize).min(DATAGRAM_BUFFER);
-            reply.clear();
-            let _ = ingest.receive(&bufs[i][..len], now, &mut reply);
-            if !reply.is_empty()
-                && let Some(to) = socket_addr(&addrs[i], hdrs[i].msg_hdr.msg_namelen)
-            {
-                // Best effort: the agent asks again with its next heartbeat.
-                let _ = socket.send_to(&reply, to);
-            }
+        let n = (n as usize).min(BATCH);
+        if n > 0 {
+            each(Batch { bufs: &bufs[..n], hdrs: &hdrs[..n], addrs: &addrs[..n] });
         }
-        ingest.flush_counts();
-        batch_sizes.record(n as f64);
         if n < BATCH {
             std::thread::sleep(GATHER);
         }

@@ -41,7 +41,7 @@ use tokio::task::JoinSet;
 
 pub use applier::Push;
 pub use auth::{GrpcAuth, GrpcRefusal};
-pub use ingest::Ingest;
+pub use ingest::{Batch, Ingest, receive_batches};
 pub use ledger::{Claim, ClaimKey, ClaimReject, Fenced, Ledger, MAX_FENCED_APPS, NodeFacts};
 pub use liveness::Timeouts;
 pub use persist::{FileState, MemState, ShardState, StateStore};
@@ -160,6 +160,14 @@ impl ShardHandle {
     }
 }
 
+/// The heartbeat socket bound at `addr`, with the shard's receive buffer (8 MiB), for
+/// [`receive_batches`].
+pub fn heartbeat_socket(addr: SocketAddr) -> std::io::Result<UdpSocket> {
+    let sock = UdpSocket::bind(addr)?;
+    grow_receive_buffer(&sock, 8 << 20);
+    Ok(sock)
+}
+
 /// A larger socket buffer absorbs bursts of heartbeats between two receive batches.
 /// Best effort: SO_RCVBUFFORCE works as root, SO_RCVBUF up to the system's limit otherwise.
 fn grow_receive_buffer(sock: &UdpSocket, bytes: i32) {
@@ -187,8 +195,7 @@ fn bind_triple(listen: SocketAddr) -> anyhow::Result<(UdpSocket, UdpSocket, TcpL
         let quic = UdpSocket::bind(addr)?;
         let port = quic.local_addr()?.port();
         let hb_port = port.checked_add(1).ok_or_else(|| std::io::Error::other("port P+1 overflows"))?;
-        let hb = UdpSocket::bind(SocketAddr::new(addr.ip(), hb_port))?;
-        grow_receive_buffer(&hb, 8 << 20);
+        let hb = heartbeat_socket(SocketAddr::new(addr.ip(), hb_port))?;
         let tcp = TcpListener::bind(SocketAddr::new(addr.ip(), port))?;
         Ok((quic, hb, tcp))
     };

@@ -235,6 +235,19 @@ impl Sessions {
     }
 }
 
+/// [`Registry::read_sessions`]: sessions by id, and a prefetch of the ones a batch names.
+pub struct SessionsRead<'a>(std::sync::RwLockReadGuard<'a, Sessions>);
+
+impl SessionsRead<'_> {
+    pub fn get(&self, session_id: u64) -> Option<&NodeLive> {
+        self.0.get(session_id)
+    }
+
+    pub fn prefetch(&self, session_id: u64) {
+        self.0.slab.prefetch(slot_of(session_id));
+    }
+}
+
 pub struct Registry {
     pub shard: usize,
     pub shards: usize,
@@ -334,6 +347,12 @@ impl Registry {
     /// the table's read lock: it must not call back into the registry's writers.
     pub fn with_session<R>(&self, session_id: u64, f: impl FnOnce(&NodeLive) -> R) -> Option<R> {
         self.sessions.read_or_recover().get(session_id).map(f)
+    }
+
+    /// The sessions, read-locked once for a batch of heartbeats; the same rule as
+    /// [`Registry::with_session`]: no call back into the registry's writers while held.
+    pub fn read_sessions(&self) -> SessionsRead<'_> {
+        SessionsRead(self.sessions.read_or_recover())
     }
 
     /// Runs `f` on the node's current session, if it has one (same rule as
