@@ -66,13 +66,19 @@ impl Ingest {
     pub fn receive_batch(&mut self, batch: &Batch<'_>, now_ms: u64, mut answer: impl FnMut(usize, &[u8])) {
         let registry = self.registry.clone();
         let sessions = registry.read_sessions();
-        for i in 0..batch.len() {
+        let mut named = [0u64; BATCH];
+        for (i, named) in named.iter_mut().enumerate().take(batch.len()) {
             if let Ok(h) = seal::parse_header(batch.datagram(i)) {
                 sessions.prefetch(h.session_id);
+                *named = h.session_id;
             }
         }
         let mut reply = std::mem::take(&mut self.reply);
         for i in 0..batch.len() {
+            // Two datagrams ahead, the session is likely in cache: ask for its node id.
+            if let Some(&ahead) = named.get(i + 2).filter(|&&s| s != 0) {
+                sessions.prefetch_node_id(ahead);
+            }
             reply.clear();
             let _ = self.receive(&sessions, batch.datagram(i), now_ms, &mut reply);
             if !reply.is_empty() {
