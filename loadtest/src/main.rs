@@ -17,6 +17,11 @@ mod takeover;
 
 use clap::{Parser, Subcommand};
 
+/// The allocator of the `flotilla` binary: the schedulers, routers and agents this
+/// process hosts are measured as they run in the product.
+#[global_allocator]
+static ALLOC: flotilla_obs::alloc::Metered = flotilla_obs::alloc::Metered;
+
 #[derive(Parser)]
 #[command(name = "flotilla-loadtest", version, about = "Flotilla load tests")]
 struct Cli {
