@@ -34,6 +34,7 @@ fn heartbeats_scenario_reports_every_figure() {
             "heartbeats_per_datagram",
             "heartbeats_per_second",
             "heartbeats_per_shard_cpu_second",
+            "kernel_sink_per_second",
             "kernel_sink_per_cpu_second",
             "ratio_to_kernel",
             "view_lag_p50_ms",

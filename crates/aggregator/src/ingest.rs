@@ -16,7 +16,7 @@ use crate::liveness::record_loss;
 use crate::registry::{Change, NodeLive, Registry, SessionsRead};
 use crate::stats::{HeartbeatDrop, ShardStats};
 
-/// The state one ingest loop needs; `handle` is the whole per-datagram logic.
+/// The state one ingest loop needs; `heard` is the whole per-datagram logic.
 pub struct Ingest {
     registry: Arc<Registry>,
     stats: Arc<ShardStats>,
@@ -68,9 +68,9 @@ impl Ingest {
         let sessions = registry.read_sessions();
         let mut named = [0u64; BATCH];
         for (i, named) in named.iter_mut().enumerate().take(batch.len()) {
-            if let Ok(h) = seal::parse_header(batch.datagram(i)) {
-                sessions.prefetch(h.session_id);
-                *named = h.session_id;
+            if let Some(id) = seal::peek_session_id(batch.datagram(i)) {
+                sessions.prefetch(id);
+                *named = id;
             }
         }
         let mut reply = std::mem::take(&mut self.reply);
@@ -232,7 +232,7 @@ const DATAGRAM_BUFFER: usize = 2048;
 /// heartbeat by at most this much, against seconds of failure detection.
 const GATHER: std::time::Duration = std::time::Duration::from_millis(1);
 /// How often a blocked receive looks at the stop flag.
-const STOP_POLL: std::time::Duration = std::time::Duration::from_millis(200);
+pub(crate) const STOP_POLL: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// Receives heartbeats on `socket` in batches until `shutdown` fires. The receiving is
 /// a thread of its own blocked in `recvmmsg` (no readiness polling through the async
@@ -302,7 +302,7 @@ impl Batch<'_> {
 
 /// The heartbeat receive loop without what a heartbeat means: blocking `recvmmsg` calls
 /// into fixed buffers, `each` per non-empty batch, until `stop` is set (looked at every
-/// [`STOP_POLL`]). The shard runs it with [`Ingest`]; `flotilla-loadtest heartbeats` runs
+/// [`STOP_POLL`] on a socket made by `crate::heartbeat_socket`). The shard runs it with [`Ingest`]; `flotilla-loadtest heartbeats` runs
 /// it with nothing, on the same flows, to measure what the kernel's part costs.
 pub fn receive_batches(
     socket: &std::net::UdpSocket,
@@ -310,10 +310,6 @@ pub fn receive_batches(
     mut each: impl FnMut(Batch<'_>),
 ) {
     use std::os::fd::AsRawFd;
-    if let Err(e) = socket.set_nonblocking(false).and_then(|()| socket.set_read_timeout(Some(STOP_POLL))) {
-        tracing::error!(error = %e, "the heartbeat socket cannot block: nothing is received");
-        return;
-    }
     let fd = socket.as_raw_fd();
     let mut bufs = vec![[0u8; DATAGRAM_BUFFER]; BATCH];
     // SAFETY: all-zero sockaddr_storage, iovec and mmsghdr values are valid (null
@@ -426,6 +422,48 @@ mod tests {
         let d = beat(&live.key, live.session_id, 1, "n1", 6, 0.3);
         ing.handle(&d, 600, &mut reply).unwrap();
         assert!(matches!(rx.try_recv(), Ok(Change::Health(_, _))));
+    }
+
+    /// A batch as the receive loop hands it over, over a real socket: good heartbeats of
+    /// several sessions, a forgery, garbage and one from a forgotten session (answered).
+    #[test]
+    fn a_received_batch_is_handled_datagram_by_datagram_under_one_read() {
+        let (mut ing, reg, stats, _rx) = setup();
+        let nodes: Vec<_> = (0..5).map(|i| reg.register(request(&format!("n{i}"), 1, "a"), 0).unwrap()).collect();
+        let shard = crate::heartbeat_socket(SocketAddr::from(([127, 0, 0, 1], 0))).unwrap();
+        let agent = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let mut sent = 0;
+        for (i, n) in nodes.iter().enumerate() {
+            agent
+                .send_to(&beat(&n.key, n.session_id, 1, &format!("n{i}"), 1, 0.0), shard.local_addr().unwrap())
+                .unwrap();
+            sent += 1;
+        }
+        let forged = beat(&[7u8; 32], nodes[0].session_id, 1, "n0", 2, 0.0);
+        // A session this shard's secret derives but does not hold: asked to register again.
+        let forgotten_key = seal::derive_session_key(b"secret", 999, 1, "gone");
+        for d in [forged, b"garbage".to_vec(), beat(&forgotten_key, 999, 1, "gone", 1, 0.0)] {
+            agent.send_to(&d, shard.local_addr().unwrap()).unwrap();
+            sent += 1;
+        }
+        let (stop, mut seen, mut answered) = (std::sync::atomic::AtomicBool::new(false), 0, Vec::new());
+        receive_batches(&shard, &stop, |batch| {
+            ing.receive_batch(&batch, 1_000, |i, reply| answered.push((i, reply.len())));
+            seen += batch.len();
+            if seen >= sent {
+                stop.store(true, Ordering::Relaxed);
+            }
+        });
+        assert_eq!(seen, sent);
+        assert_eq!(stats.accepted(), 5, "every good heartbeat, published once the batch is done");
+        for n in &nodes {
+            assert_eq!(reg.with_session(n.session_id, |l| l.last_seen_ms.load(Ordering::Relaxed)), Some(1_000));
+        }
+        assert_eq!(stats.rejected(HeartbeatDrop::Datagram(DatagramError::BadSeal)), 1);
+        assert_eq!(stats.rejected(HeartbeatDrop::Datagram(DatagramError::Truncated)), 1);
+        assert_eq!(stats.rejected(HeartbeatDrop::Forgotten), 1);
+        assert_eq!(answered.len(), 1, "only the forgotten session is answered: {answered:?}");
+        assert!(answered[0].1 > 0);
     }
 
     #[test]

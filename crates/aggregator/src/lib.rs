@@ -160,11 +160,13 @@ impl ShardHandle {
     }
 }
 
-/// The heartbeat socket bound at `addr`, with the shard's receive buffer (8 MiB), for
-/// [`receive_batches`].
+/// The heartbeat socket bound at `addr` as [`receive_batches`] reads it: the shard's
+/// receive buffer (8 MiB), blocking reads that wake to look at the stop flag.
 pub fn heartbeat_socket(addr: SocketAddr) -> std::io::Result<UdpSocket> {
     let sock = UdpSocket::bind(addr)?;
     grow_receive_buffer(&sock, 8 << 20);
+    sock.set_nonblocking(false)?;
+    sock.set_read_timeout(Some(ingest::STOP_POLL))?;
     Ok(sock)
 }
 

@@ -49,8 +49,9 @@ pub const DEFAULT_THRESHOLD: f64 = 0.55;
 
 /// How long after its domain was heard again a node still Unknown may take to register:
 /// the agents' longest registration back-off (10 s, jittered by half: `flotilla_agent`'s
-/// loop) and a handshake.
-pub const REJOIN_MS: u64 = 20_000;
+/// loop) and a handshake, with room; the schedulers allow a restarted shard's agents as
+/// long (`flotilla_scheduler::repair::REJOIN_GRACE_MS`).
+pub const REJOIN_MS: u64 = 30_000;
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 struct Count {
@@ -81,8 +82,10 @@ impl DomainSilence {
     pub fn published(&mut self, from: Option<(&str, NodeStatus)>, to: Option<(&str, NodeStatus)>, now: u64) {
         let from = from.filter(|(_, s)| *s != NodeStatus::Dead);
         let to = to.filter(|(_, s)| *s != NodeStatus::Dead);
-        // Whether each domain touched counts as partitioned before and after the change.
-        let before = [from, to].map(|d| d.map(|(domain, _)| (domain, self.partitioned(domain))));
+        // A heal is a silent node heard again that makes its domain no longer count as
+        // partitioned; not a silent node going Dead or leaving, which shrinks the count too.
+        let heard_again = matches!((from, to), (Some((_, f)), Some((_, t))) if silent(f) && !silent(t));
+        let was = to.map(|(domain, _)| self.partitioned_by_count(domain));
         if let Some((domain, s)) = from
             && let Some(c) = self.counted.get_mut(domain)
         {
@@ -97,13 +100,11 @@ impl DomainSilence {
             let c = self.counted.entry(domain.to_string()).or_default();
             c.nodes += 1;
             c.silent += u32::from(silent(s));
-        }
-        for (domain, was) in before.into_iter().flatten() {
-            match (was, self.partitioned(domain)) {
-                (true, false) if self.counted.contains_key(domain) => {
+            match (was, self.partitioned_by_count(domain)) {
+                (Some(true), false) if heard_again => {
                     self.healed.insert(domain.to_string(), now);
                 }
-                (false, true) => {
+                (_, true) => {
                     self.healed.remove(domain);
                 }
                 _ => {}
@@ -147,8 +148,18 @@ impl DomainSilence {
 
     /// Whether `domain` is mostly silent: its silent nodes should go Unknown, not Dead.
     pub fn partitioned(&self, domain: &str) -> bool {
+        self.mostly_silent(domain, self.pending.get(domain).copied().unwrap_or(0))
+    }
+
+    /// [`DomainSilence::partitioned`] by the published statuses alone: while a version is
+    /// being published, the silences pending for it are counted there already.
+    fn partitioned_by_count(&self, domain: &str) -> bool {
+        self.mostly_silent(domain, 0)
+    }
+
+    fn mostly_silent(&self, domain: &str, pending: u32) -> bool {
         let Some(c) = self.counted.get(domain) else { return false };
-        let silent = c.silent + self.pending.get(domain).copied().unwrap_or(0);
+        let silent = c.silent + pending;
         c.nodes >= MIN_NODES && f64::from(silent.min(c.nodes)) >= self.threshold * f64::from(c.nodes)
     }
 }
@@ -248,6 +259,28 @@ mod tests {
         // A domain that never was partitioned has no window.
         domain(&mut s, "b", &[Alive, Alive, Suspect]);
         assert_eq!(s.rejoin_until("b", 0), None);
+        // Nodes of a cut-off domain going Dead after retention are no heal: the rest wait
+        // out their own retention.
+        domain(&mut s, "c", &[Unknown, Unknown, Unknown]);
+        s.published(Some(("c", Unknown)), Some(("c", Dead)), 70_000);
+        assert!(!s.partitioned("c"), "2 nodes left: too few to count");
+        assert_eq!(s.rejoin_until("c", 70_000), None);
+    }
+
+    #[test]
+    fn silences_pending_in_the_version_being_published_do_not_hide_a_heal() {
+        let mut s = DomainSilence::new(DEFAULT_THRESHOLD);
+        domain(&mut s, "a", &[Unknown, Unknown, Unknown, Alive, Alive]);
+        assert!(s.partitioned("a"), "3 of 5");
+        // One tick: a fourth node falls silent (pending), and two silent ones are heard
+        // again; the publish carries all three.
+        s.fell_silent("a");
+        s.published(Some(("a", Alive)), Some(("a", Suspect)), 1_000);
+        s.published(Some(("a", Unknown)), Some(("a", Alive)), 1_000);
+        s.published(Some(("a", Unknown)), Some(("a", Alive)), 1_000);
+        s.flushed();
+        assert!(!s.partitioned("a"), "2 of 5");
+        assert_eq!(s.rejoin_until("a", 1_000), Some(1_000 + REJOIN_MS));
     }
 
     #[test]

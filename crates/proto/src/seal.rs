@@ -125,6 +125,12 @@ pub fn parse_header(buf: &[u8]) -> Result<Header<'_>, DatagramError> {
     Ok(Header { magic, session_id: be(4..12), seq: be(12..20), incarnation: be(20..28), node_id })
 }
 
+/// The session id a datagram's header names, read without checking the rest (a hint, to
+/// prefetch the session before [`parse_header`] checks it all).
+pub fn peek_session_id(buf: &[u8]) -> Option<u64> {
+    Some(u64::from_be_bytes(buf.get(4..12)?.try_into().ok()?))
+}
+
 /// Derives the per-session key from the shard's master secret.
 pub fn derive_session_key(master: &[u8], session_id: u64, incarnation: u64, node_id: &str) -> SessionKey {
     let salt = hkdf::Salt::new(hkdf::HKDF_SHA256, b"flotilla-session-v1");

@@ -34,7 +34,8 @@ impl Sink {
                 })
             })?;
             let mut clock: libc::clockid_t = 0;
-            // SAFETY: the thread is alive (it is joined only in `Drop`); `clock` is a valid out-pointer.
+            // SAFETY: the thread is not joined before `Drop` (its receive loop returns only once
+            // `stop` is set there), so its pthread id is valid; `clock` is a valid out-pointer.
             let r = unsafe { libc::pthread_getcpuclockid(thread.as_pthread_t(), &mut clock) };
             anyhow::ensure!(r == 0, "no CPU clock for the sink thread: {}", std::io::Error::from_raw_os_error(r));
             sink.threads.push((thread, clock));

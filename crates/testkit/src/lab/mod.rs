@@ -241,13 +241,18 @@ impl Lab {
     /// Adds iptables `rules` (each `CHAIN args…`, e.g. `INPUT -s 10.77.0.2 -j DROP`) in
     /// host `host`, in one `iptables-restore`.
     fn add_rules(&self, host: &str, rules: &[String]) {
+        self.change_rules(host, 'A', rules);
+    }
+
+    /// Appends (`op` 'A') or deletes ('D') filter rules in `host`, in one transaction.
+    fn change_rules(&self, host: &str, op: char, rules: &[String]) {
         use std::io::Write;
         if rules.is_empty() {
             return;
         }
         let mut script = String::from("*filter\n");
         for r in rules {
-            script.push_str(&format!("-A {r}\n"));
+            script.push_str(&format!("-{op} {r}\n"));
         }
         script.push_str("COMMIT\n");
         let mut child = Command::new("ip")
@@ -270,9 +275,22 @@ impl Lab {
     /// What hosts `from` send to hosts `to` is dropped (on arrival); the reverse passes.
     pub fn cut(&self, from: &[&str], to: &[&str]) {
         for t in to {
-            let rules: Vec<String> = from.iter().map(|f| format!("INPUT -s {} -j DROP", self.addr(f))).collect();
-            self.add_rules(t, &rules);
+            self.add_rules(t, &self.drops_from(from));
         }
+    }
+
+    /// Undoes [`Lab::partition`] of `a` and `b` alone, leaving every other rule in place
+    /// (where [`Lab::heal`] would open everything for a moment).
+    pub fn reconnect(&self, a: &[&str], b: &[&str]) {
+        for (from, to) in [(a, b), (b, a)] {
+            for t in to {
+                self.change_rules(t, 'D', &self.drops_from(from));
+            }
+        }
+    }
+
+    fn drops_from(&self, from: &[&str]) -> Vec<String> {
+        from.iter().map(|f| format!("INPUT -s {} -j DROP", self.addr(f))).collect()
     }
 
     /// Drops `fraction` of the packets host `host` sends and of those it receives.
