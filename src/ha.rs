@@ -8,6 +8,10 @@
 //! - redb (`--store redb:PATH`): redb locks its file, so a second process waits until
 //!   the first one is gone; each run takes the stored token plus one.
 //!
+//! A process hosting a directory of apps (`--apps-dir`) opens the store once: the redb
+//! file's lock is then the lease of all of them, while on etcd each app campaigns for its
+//! own lease over the one client, so standbys take apps over one by one.
+//!
 //! The first time a process holds the lease it loads the app from the store and starts
 //! its scheduler. When it loses the lease the scheduler stays, acts on nothing (no
 //! commit, release or store write leaves it; see `flotilla_scheduler::Leader`) and keeps
@@ -97,29 +101,53 @@ fn became_active(app: &str, token: u64) {
     metrics::gauge!(m::SCHEDULER_FENCING_TOKEN.name, "app" => app.to_string()).set(token as f64);
 }
 
+/// The store, opened once for every app this process hosts (`--apps-dir`): one redb
+/// file, whose lock is the lease of all of them, or one etcd client over which each app
+/// campaigns for its own lease.
+pub enum Opened {
+    Redb(PathBuf, Arc<dyn Store>),
+    Etcd(Endpoints, Box<flotilla_etcd::Client>),
+}
+
+impl Opened {
+    /// Opens the store, waiting while another process holds the redb file (each app's
+    /// status says so meanwhile).
+    pub async fn open(backend: Backend, leaders: &[Leader]) -> anyhow::Result<Opened> {
+        Ok(match backend {
+            Backend::Redb(path) => {
+                let store = open_redb(&path, leaders).await?;
+                Opened::Redb(path, store)
+            }
+            Backend::Etcd(endpoints) => {
+                let client = flotilla_etcd::connect(&endpoints, flotilla_etcd::REQUEST_TIMEOUT).await?;
+                Opened::Etcd(endpoints, Box::new(client))
+            }
+        })
+    }
+}
+
 /// Campaigns, starts the scheduler the first time, and campaigns again after every
 /// loss; runs until the process ends.
 #[tracing::instrument(skip_all, fields(app = %parts.spec.name, instance = %parts.leader.instance()))]
-pub async fn run(backend: Backend, opts: LeaseOptions, parts: Parts, held: Held) -> anyhow::Result<()> {
+pub async fn run(opened: &Opened, opts: LeaseOptions, parts: Parts, held: Held) -> anyhow::Result<()> {
     let app = parts.spec.name.clone();
     metrics::gauge!(m::SCHEDULER_LEADER.name, "app" => app.clone()).set(0.0);
-    match backend {
-        Backend::Redb(path) => {
-            let store = open_redb(&path, &parts.leader).await?;
+    match opened {
+        Opened::Redb(path, store) => {
             // redb's lock on the file is the lease: held until this process exits.
             let token = store.load(&app)?.fencing_token + 1;
             store.write(&app, &[flotilla_scheduler::Write::FencingToken(token)])?;
             parts.leader.set(Lease::local(&path.display().to_string(), token));
             became_active(&app, token);
             tracing::info!(token, "active (holding the store file's lock)");
-            parts.start(store)
+            parts.start(store.clone())
         }
-        Backend::Etcd(endpoints) => {
+        Opened::Etcd(endpoints, client) => {
+            // A store of its own per app: each fences its writes with its app's lease.
             let store = Arc::new(
-                flotilla_scheduler::EtcdStore::open(&endpoints, &opts.prefix, flotilla_etcd::REQUEST_TIMEOUT)
+                flotilla_scheduler::EtcdStore::open(endpoints, &opts.prefix, flotilla_etcd::REQUEST_TIMEOUT)
                     .with_context(|| format!("opening the store {endpoints}"))?,
             );
-            let client = flotilla_etcd::connect(&endpoints, flotilla_etcd::REQUEST_TIMEOUT).await?;
             let campaign = Campaign {
                 key: flotilla_etcd::scheduler_leader_key(&opts.prefix, &app),
                 value: parts.leader.instance().to_string(),
@@ -130,7 +158,7 @@ pub async fn run(backend: Backend, opts: LeaseOptions, parts: Parts, held: Held)
             loop {
                 let leader = parts.leader.clone();
                 let mut logged = String::new();
-                let leadership = flotilla_etcd::campaign(&client, &campaign, |w| {
+                let leadership = flotilla_etcd::campaign(client, &campaign, |w| {
                     let why = match w {
                         Waiting::Held(h) => format!("{} is active (token {})", h.value, h.token),
                         Waiting::Unreachable(e) => format!("cannot reach etcd: {e}"),
@@ -171,7 +199,7 @@ pub async fn run(backend: Backend, opts: LeaseOptions, parts: Parts, held: Held)
 }
 
 /// Opens the redb file, waiting while another scheduler holds it (redb locks it).
-async fn open_redb(path: &std::path::Path, leader: &Leader) -> anyhow::Result<Arc<dyn Store>> {
+async fn open_redb(path: &std::path::Path, leaders: &[Leader]) -> anyhow::Result<Arc<dyn Store>> {
     let mut logged = false;
     loop {
         match flotilla_scheduler::RedbStore::open(path) {
@@ -181,7 +209,9 @@ async fn open_redb(path: &std::path::Path, leader: &Leader) -> anyhow::Result<Ar
                     tracing::info!(path = %path.display(), "standby: another scheduler has the store open; waiting for it");
                     logged = true;
                 }
-                leader.set_waiting(format!("another scheduler has {} open", path.display()));
+                for leader in leaders {
+                    leader.set_waiting(format!("another scheduler has {} open", path.display()));
+                }
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
             Err(e) => {

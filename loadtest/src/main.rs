@@ -1,6 +1,7 @@
 //! `flotilla-loadtest`: measures Flotilla against the targets of docs/architecture.md §14. With
 //! `--json`, the last line of stdout is one compact JSON object.
 
+mod apps;
 mod autoscale;
 mod canary;
 mod common;
@@ -35,6 +36,8 @@ enum Cmd {
     Heartbeats(heartbeats::HeartbeatArgs),
     /// Optimistic placement by many app schedulers, against a one-lock baseline.
     Schedule(schedule::ScheduleArgs),
+    /// Many apps in one `flotilla scheduler --apps-dir`: idle CPU, memory per app, scale latency.
+    Apps(apps::AppsArgs),
     /// Route removal and replacement times when real agents are killed or drained.
     Failover(failover::FailoverArgs),
     /// Scheduler takeover on etcd: kill -9 the active one, time the standby's first commit.
@@ -63,6 +66,7 @@ async fn main() -> std::process::ExitCode {
     let r = match cli.cmd {
         Cmd::Heartbeats(a) => heartbeats::run(a).await,
         Cmd::Schedule(a) => schedule::run_schedule(a).await,
+        Cmd::Apps(a) => apps::run(a).await,
         Cmd::Failover(a) => failover::run(a).await,
         Cmd::Takeover(a) => takeover::run(a).await,
         Cmd::Routing(a) => routing::run(a).await,

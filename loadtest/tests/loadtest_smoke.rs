@@ -89,6 +89,25 @@ fn schedule_scenario_runs_each_store_asked_for() {
 }
 
 #[test]
+fn apps_scenario_reports_every_figure() {
+    let v = run(
+        &["apps", "--apps", "20", "--units", "2", "--nodes", "100", "--idle-seconds", "2", "--scales", "5"],
+        &[
+            "start_seconds",
+            "idle_cpu_cores",
+            "idle_reconcile_passes_per_second",
+            "memory_bytes_per_app",
+            "scale_to_committed_p50_ms",
+            "scale_to_committed_p99_ms",
+        ],
+    );
+    assert_eq!((v["apps"].as_u64(), v["units"].as_u64(), v["scales"].as_u64()), (Some(20), Some(2), Some(5)), "{v}");
+    // Every app still passes at least once a second while idle (the tick).
+    assert!(v["idle_reconcile_passes_per_second"].as_f64().unwrap() >= 10.0, "{v}");
+    assert!(v["memory_bytes_per_app"].as_u64().unwrap() > 0, "{v}");
+}
+
+#[test]
 fn failover_scenario_reports_every_figure() {
     let v = run(
         &["failover", "--trials", "2"],

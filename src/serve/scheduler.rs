@@ -1,5 +1,6 @@
-//! `flotilla scheduler`: one app's scheduler as its own process, registered with a
-//! control plane when given one.
+//! `flotilla scheduler`: one app's scheduler as its own process (`--app`), or every app
+//! of a directory in one process (`--apps-dir`), registered with a control plane when
+//! given one.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -26,8 +27,14 @@ pub fn load_spec(path: &std::path::Path) -> anyhow::Result<flotilla_scheduler::A
 #[derive(Debug, Args)]
 pub struct SchedulerArgs {
     /// The app spec (TOML).
+    #[arg(long, required_unless_present = "apps_dir", conflicts_with = "apps_dir")]
+    pub app: Option<PathBuf>,
+    /// Hosts every app of this directory (one spec per `*.toml` file) in this process.
+    /// Each app is still its own scheduler, with its own lease, store keys and reconcile
+    /// loop; they share the view, the shard connections, the store and the API, so a
+    /// thousand services need one process, not a thousand. Files are read at start.
     #[arg(long)]
-    pub app: PathBuf,
+    pub apps_dir: Option<PathBuf>,
     /// Shard addresses (`host:port`) in shard-index order.
     #[arg(long, value_delimiter = ',', required = true, value_parser = crate::serve::args::parse_shard_address)]
     pub aggregators: Vec<String>,
@@ -75,14 +82,52 @@ pub struct SchedulerArgs {
     pub shards: ShardClientArgs,
 }
 
-/// `flotilla scheduler`: one app's scheduler as its own process.
+/// The most apps one process hosts: each costs a reconcile loop, a lease and its status.
+pub const MAX_APPS: usize = 10_000;
+
+/// Reads every `*.toml` of `dir` as an app spec (in name order), refusing two files that
+/// name the same app, an empty directory or more than [`MAX_APPS`].
+pub fn load_apps_dir(dir: &std::path::Path) -> anyhow::Result<Vec<flotilla_scheduler::AppSpec>> {
+    let mut paths = Vec::new();
+    for entry in std::fs::read_dir(dir).with_context(|| format!("reading --apps-dir {}", dir.display()))? {
+        let path = entry.with_context(|| format!("reading --apps-dir {}", dir.display()))?.path();
+        if path.extension().is_some_and(|e| e == "toml") && path.is_file() {
+            paths.push(path);
+        }
+    }
+    anyhow::ensure!(!paths.is_empty(), "--apps-dir {}: no app spec (*.toml) in it", dir.display());
+    anyhow::ensure!(
+        paths.len() <= MAX_APPS,
+        "--apps-dir {}: {} specs, more than one process hosts ({MAX_APPS})",
+        dir.display(),
+        paths.len()
+    );
+    paths.sort();
+    let mut named: std::collections::HashMap<String, PathBuf> = std::collections::HashMap::new();
+    let mut specs = Vec::with_capacity(paths.len());
+    for path in paths {
+        let spec = load_spec(&path)?;
+        if let Some(first) = named.insert(spec.name.clone(), path.clone()) {
+            anyhow::bail!("{} and {} both name the app {:?}", first.display(), path.display(), spec.name);
+        }
+        specs.push(spec);
+    }
+    Ok(specs)
+}
+
+/// `flotilla scheduler`: one app's scheduler, or a directory's, as one process.
 pub async fn scheduler(a: SchedulerArgs) -> anyhow::Result<()> {
-    let spec = load_spec(&a.app)?;
+    let specs = match (&a.app, &a.apps_dir) {
+        (Some(path), _) => vec![load_spec(path)?],
+        (None, Some(dir)) => load_apps_dir(dir)?,
+        (None, None) => anyhow::bail!("--app or --apps-dir is needed"),
+    };
     let backend = crate::ha::Backend::parse(&a.store)?;
     flotilla_etcd::check_prefix(&a.store_prefix).context("--store-prefix")?;
     anyhow::ensure!(a.lease_ttl >= Duration::from_secs(1), "--lease-ttl must be at least 1s");
-    let leader =
-        flotilla_scheduler::Leader::standby(&a.instance.clone().unwrap_or_else(flotilla_scheduler::default_instance));
+    let instance = a.instance.clone().unwrap_or_else(flotilla_scheduler::default_instance);
+    // One lease holder per app: each app is taken over on its own.
+    let leaders: Vec<_> = specs.iter().map(|_| flotilla_scheduler::Leader::standby(&instance)).collect();
     let cluster = flotilla_view::ClusterView::new(a.aggregators.len());
     // /readyz: ready once the store is open (above) and a view of every shard arrived.
     let seen = cluster.clone();
@@ -94,7 +139,6 @@ pub async fn scheduler(a: SchedulerArgs) -> anyhow::Result<()> {
     });
     let dialer = a.shards.dialer()?;
     flotilla_control::follow_all(&cluster, &a.aggregators, &dialer);
-    let app = spec.name.clone();
     // Its own API takes mutating calls with the same token it registers with: the flag's,
     // else DATA/api-token's, followed for rotation.
     let token = flotilla_core::SharedToken::new(a.token.clone().or_else(|| crate::cli::http::token_from_data().ok()));
@@ -130,47 +174,70 @@ pub async fn scheduler(a: SchedulerArgs) -> anyhow::Result<()> {
         Some(u) => u.trim_end_matches('/').to_string(),
         None => format!("{}://{}", options.scheme(), listener.local_addr()?),
     };
-    tracing::info!(%app, %url, instance = %leader.instance(), "scheduler API");
-    // The app's scheduler starts once this process holds the app's lease (at once
+    tracing::info!(apps = specs.len(), %url, %instance, "scheduler API");
+    // Each app's scheduler starts once this process holds the app's lease (at once
     // unless another scheduler holds it); the API answers meanwhile.
-    let held = crate::ha::Held::default();
-    let parts = crate::ha::Parts {
-        spec,
-        cluster: state.cluster.clone(),
-        aggregators: a.aggregators.clone(),
-        dialer: state.dialer.clone(),
-        unknown_grace: a.unknown_grace,
-        state: state.clone(),
-        leader: leader.clone(),
-    };
-    let opts = crate::ha::LeaseOptions { prefix: a.store_prefix.clone(), ttl: a.lease_ttl };
-    let (failed_tx, failed) = tokio::sync::oneshot::channel();
-    let campaign = tokio::spawn({
-        let held = held.clone();
+    let (failed_tx, failed) = tokio::sync::mpsc::channel(1);
+    let names: Vec<String> = specs.iter().map(|s| s.name.clone()).collect();
+    let held: Vec<crate::ha::Held> = specs.iter().map(|_| crate::ha::Held::default()).collect();
+    let campaigns = tokio::spawn({
+        let (state, aggregators, prefix) = (state.clone(), a.aggregators.clone(), a.store_prefix.clone());
+        let (leaders, grace, ttl, each) = (leaders.clone(), a.unknown_grace, a.lease_ttl, held.clone());
         async move {
-            if let Err(e) = crate::ha::run(backend, opts, parts, held).await {
-                let _ = failed_tx.send(e);
+            let opened = match crate::ha::Opened::open(backend, &leaders).await {
+                Ok(o) => Arc::new(o),
+                Err(e) => {
+                    let _ = failed_tx.send(e).await;
+                    return;
+                }
+            };
+            let mut tasks = tokio::task::JoinSet::new();
+            for ((spec, leader), held) in specs.into_iter().zip(leaders).zip(each) {
+                let parts = crate::ha::Parts {
+                    spec,
+                    cluster: state.cluster.clone(),
+                    aggregators: aggregators.clone(),
+                    dialer: state.dialer.clone(),
+                    unknown_grace: grace,
+                    state: state.clone(),
+                    leader,
+                };
+                let (opened, opts) = (opened.clone(), crate::ha::LeaseOptions { prefix: prefix.clone(), ttl });
+                tasks.spawn(async move { crate::ha::run(&opened, opts, parts, held).await });
+            }
+            // The first app that cannot start ends the process, as one app alone would.
+            while let Some(done) = tasks.join_next().await {
+                if let Ok(Err(e)) = done {
+                    let _ = failed_tx.send(e).await;
+                    return;
+                }
             }
         }
     });
     if let Some(control) = a.control {
         tokio::spawn(follow_policies(state.clone(), control.clone()));
-        tokio::spawn(register_with_control(state.http.clone(), control, token, app, url, leader));
+        for (app, leader) in names.into_iter().zip(&leaders) {
+            let (http, control, token, url) = (state.http.clone(), control.clone(), token.clone(), url.clone());
+            tokio::spawn(register_with_control(http, control, token, app, url, leader.clone()));
+        }
     }
     let failure = Arc::new(std::sync::Mutex::new(None));
+    let mut failed = failed;
     let served = flotilla_control::serve(listener, state, options, {
         let failure = failure.clone();
         async move {
             tokio::select! {
                 _ = shutdown_signal() => {}
-                Ok(e) = failed => *failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(e),
+                Some(e) = failed.recv() => *failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(e),
             }
         }
     })
     .await;
-    // Give the lease up at once: a standby takes over without waiting for the TTL.
-    campaign.abort();
-    crate::ha::resign(&held).await;
+    // Give the leases up at once: standbys take over without waiting for the TTL.
+    campaigns.abort();
+    for h in &held {
+        crate::ha::resign(h).await;
+    }
     if let Some(e) = failure.lock().unwrap_or_else(|p| p.into_inner()).take() {
         return Err(e);
     }

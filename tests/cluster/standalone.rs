@@ -124,3 +124,72 @@ fn a_scheduler_that_cannot_reach_its_shards_says_so() {
     let logged = std::fs::read_to_string(&log).unwrap();
     assert!(logged.contains("cannot follow the shard's view"), "{logged}");
 }
+
+/// Issue #42 item 3: one process hosts a directory of apps, each its own scheduler
+/// registered with the control plane, scaled on its own; a bad directory is refused
+/// before anything starts.
+#[test]
+fn one_scheduler_process_hosts_a_directory_of_apps() {
+    let up = Up::start("apps-dir", &["--agents", "4", "--shards", "2"]);
+    wait_for("4 alive nodes", Duration::from_secs(20), || (up.nodes().len() == 4).then_some(()));
+    let (_, shards) = http(&up.addr, "GET", "/v1/shards", None, "");
+    let addrs: Vec<String> =
+        shards.as_array().unwrap().iter().map(|s| s["address"].as_str().unwrap().to_string()).collect();
+    let echo = std::fs::read_to_string(ECHO).unwrap();
+    let named = |name: &str| {
+        echo.replacen("name = \"echo\"", &format!("name = \"{name}\""), 1).replacen("initial = 2", "initial = 1", 1)
+    };
+    let refused = |dir: &std::path::Path| {
+        let out = flotilla_testkit::flotilla()
+            .args(["scheduler", "--apps-dir", dir.to_str().unwrap(), "--aggregators", &addrs.join(",")])
+            .args(["--store", &format!("redb:{}", dir.join("s.redb").display())])
+            .env("FLOTILLA_DATA", &up.data)
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        flotilla_testkit::stderr(&out)
+    };
+    let bad = up.data.join("bad-apps");
+    std::fs::create_dir_all(&bad).unwrap();
+    assert!(refused(&bad).contains("no app spec (*.toml)"));
+    std::fs::write(bad.join("one.toml"), named("twin")).unwrap();
+    std::fs::write(bad.join("two.toml"), named("twin")).unwrap();
+    let err = refused(&bad);
+    assert!(err.contains("one.toml") && err.contains("two.toml") && err.contains("\"twin\""), "{err}");
+
+    let dir = up.data.join("apps");
+    std::fs::create_dir_all(&dir).unwrap();
+    let apps = ["echo-a", "echo-b", "echo-c"];
+    for name in apps {
+        std::fs::write(dir.join(format!("{name}.toml")), named(name)).unwrap();
+    }
+    std::fs::write(dir.join("README"), "not a spec").unwrap();
+    let store = format!("redb:{}", up.data.join("apps.redb").display());
+    let mut scheduler = flotilla_testkit::flotilla()
+        .args(["scheduler", "--apps-dir", dir.to_str().unwrap(), "--aggregators", &addrs.join(",")])
+        .args(["--control", &up.addr, "--store", &store])
+        .env("FLOTILLA_DATA", &up.data)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(up.data.join("scheduler.err")).unwrap())
+        .spawn()
+        .unwrap();
+    // Running units of each app, as the control plane shows them.
+    let per_app = |up: &Up| -> std::collections::BTreeMap<&str, usize> {
+        apps.iter().map(|a| (*a, up.units(a).iter().filter(|u| u["state"] == "running").count())).collect()
+    };
+    // Every app registers and runs through the control plane, which keeps no state.
+    wait_for("each app runs its unit", Duration::from_secs(40), || {
+        per_app(&up).values().all(|c| *c == 1).then_some(())
+    });
+    let token = up.token();
+    let (status, body) = http(&up.addr, "PUT", "/v1/apps/echo-b/scale", Some(&token), r#"{"units": 2}"#);
+    assert_eq!(status, 200, "scale is forwarded to the process hosting echo-b: {body}");
+    let n = wait_for("echo-b alone runs 2 units", Duration::from_secs(30), || {
+        let n = per_app(&up);
+        (n["echo-b"] == 2).then_some(n)
+    });
+    assert_eq!((n["echo-a"], n["echo-c"]), (1, 1), "the others are untouched: {n:?}");
+    signal(scheduler.id() as i32, libc::SIGTERM);
+    let exited = wait_for("the scheduler exits", Duration::from_secs(10), || scheduler.try_wait().ok().flatten());
+    assert!(exited.success(), "{exited:?}");
+}

@@ -10,6 +10,11 @@ pub const RECONCILE_SECONDS: Family = Family::histogram(
     &[],
     buckets::SECONDS,
 );
+pub const VIEW_CHANGES_IGNORED: Family = Family::counter(
+    "flotilla_reconcile_view_changes_ignored_total",
+    "View changes an app's scheduler ran no pass for: none touched its members' nodes or the shards' reachability, and no unit waited for room.",
+    &[],
+);
 pub const PLAN_SECONDS: Family = Family::histogram(
     "flotilla_plan_seconds",
     "Time to plan the placement of the queued units of one pass, in seconds.",
@@ -192,6 +197,7 @@ pub const AUTOSCALER_ESTIMATED_UNITS: Family = Family::gauge(
 /// Every family a scheduler exports.
 pub const FAMILIES: &[Family] = &[
     RECONCILE_SECONDS,
+    VIEW_CHANGES_IGNORED,
     PLAN_SECONDS,
     SCHEDULER_COMMIT_SECONDS,
     PLACEMENTS,

@@ -347,6 +347,12 @@ pub trait Store: Send + Sync {
     fn failing(&self) -> Option<String> {
         None
     }
+    /// Whether writing `batch` may block the thread (disk or network I/O). A pass's empty
+    /// batch on a healthy embedded store does not, and is then written without handing
+    /// the worker's other tasks over (see `reconcile::save`).
+    fn write_blocks(&self, _batch: &[Write]) -> bool {
+        true
+    }
 }
 
 fn apply(s: &mut Stored, w: &Write) {
@@ -403,6 +409,10 @@ impl Store for MemStore {
             apply(s, w);
         }
         Ok(())
+    }
+
+    fn write_blocks(&self, _batch: &[Write]) -> bool {
+        false
     }
 }
 

@@ -6,6 +6,7 @@ use flotilla_core::LockExt;
 use flotilla_core::reopen::{Reopening, Unavailable};
 use std::path::Path;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use redb::{Database, ReadableDatabase, TableDefinition};
 
@@ -33,6 +34,9 @@ fn decision_key(app: &str, seq: u64) -> String {
 pub struct RedbStore {
     path: std::path::PathBuf,
     db: Mutex<Reopening<Database>>,
+    /// Whether a write failed since the last reopen: read without the lock, which a
+    /// commit of another app in the process may hold through its fsync.
+    failed: AtomicBool,
 }
 
 /// The first wait before a failed store is reopened, doubling up to [`REOPEN_MAX`]. Not
@@ -68,13 +72,18 @@ impl RedbStore {
     pub fn open(path: &Path) -> Result<Self, StoreError> {
         let db = open_db(path)?;
         metrics::gauge!(m::STORE_HEALTHY.name).set(1.0);
-        Ok(RedbStore { path: path.to_path_buf(), db: Mutex::new(Reopening::new(db, REOPEN_FIRST, REOPEN_MAX)) })
+        Ok(RedbStore {
+            path: path.to_path_buf(),
+            db: Mutex::new(Reopening::new(db, REOPEN_FIRST, REOPEN_MAX)),
+            failed: AtomicBool::new(false),
+        })
     }
 
     /// Notes a failure: the first one of a period is logged, every one counted.
     fn fail(&self, db: &mut Reopening<Database>, op: &'static str, e: &StoreError) {
         metrics::counter!(m::STORE_ERRORS.name, "op" => op).increment(1);
         metrics::gauge!(m::STORE_HEALTHY.name).set(0.0);
+        self.failed.store(true, Ordering::Relaxed);
         if db.fail(e.0.clone()) {
             tracing::warn!(path = %self.path.display(), error = %e.0, "the store failed; reopening it with back-off until it takes writes again");
         }
@@ -87,6 +96,7 @@ impl RedbStore {
                 if let Some(failed_for_ms) = reopened {
                     metrics::counter!(m::STORE_REOPENS.name, "result" => "ok").increment(1);
                     metrics::gauge!(m::STORE_HEALTHY.name).set(1.0);
+                    self.failed.store(false, Ordering::Relaxed);
                     tracing::info!(path = %self.path.display(), failed_for_ms, "the store was reopened and takes writes again");
                 }
                 Ok(d)
@@ -142,7 +152,14 @@ fn prefix_range(app: &str) -> (String, String) {
 
 impl Store for RedbStore {
     fn failing(&self) -> Option<String> {
+        if !self.failed.load(Ordering::Relaxed) {
+            return None;
+        }
         self.db.lock_or_recover().failing().map(str::to_string)
+    }
+
+    fn write_blocks(&self, batch: &[Write]) -> bool {
+        !batch.is_empty() || self.failed.load(Ordering::Relaxed)
     }
 
     fn load(&self, app: &str) -> Result<Stored, StoreError> {
@@ -199,6 +216,10 @@ impl Store for RedbStore {
     }
 
     fn write(&self, app: &str, batch: &[Write]) -> Result<(), StoreError> {
+        if !self.write_blocks(batch) {
+            // Nothing to write and nothing to reopen.
+            return Ok(());
+        }
         let mut db = self.db.lock_or_recover();
         let healthy = self.healthy(&mut db)?;
         if batch.is_empty() {

@@ -17,7 +17,7 @@ use crate::spec::{AppSpec, SpecOrigin};
 use crate::store::{Override, RolloutRecord, UnitRecord};
 
 /// What the API shows about an app.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct AppStatus {
     pub app: String,
     /// Roles whose members receive traffic (the spec's `routing.roles`).
@@ -62,7 +62,7 @@ pub struct AppStatus {
 }
 
 /// What `apps` shows about an autoscaled app.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct AutoscalingStatus {
     /// `basic` or `utilization`; absent while the named policy is unknown.
     pub policy: Option<&'static str>,
@@ -280,6 +280,8 @@ pub(super) struct Outputs {
     pub(super) weights: crate::routes::Weights,
     /// The routers' numbers over a canary's step in force (shared with the handle).
     pub(super) traffic: Arc<std::sync::Mutex<crate::canary::TrafficBook>>,
+    /// The unit counts by state last set on the gauges.
+    pub(super) counts: Option<[i64; crate::lifecycle::UnitState::ALL.len()]>,
 }
 
 impl Outputs {
@@ -312,8 +314,17 @@ impl Outputs {
             decisions: decisions.clone(),
             rebalance: rebalance.clone(),
         };
-        let outputs =
-            Outputs { status, stats, routes, capacity, decisions, rebalance, weights: Default::default(), traffic };
+        let outputs = Outputs {
+            status,
+            stats,
+            routes,
+            capacity,
+            decisions,
+            rebalance,
+            weights: Default::default(),
+            traffic,
+            counts: None,
+        };
         (outputs, handle, rx)
     }
 }

@@ -33,6 +33,7 @@ mod planning;
 mod rebalance;
 mod roll;
 mod scale_in;
+mod watched;
 
 use crate::catalogue as m;
 use std::collections::HashMap;
@@ -258,35 +259,58 @@ impl Scheduler {
         n
     }
 
-    /// Runs until the process stops: a pass on every view change (at most every 50 ms)
-    /// and at least once a second.
+    /// Runs until the process stops: a pass on every view change that concerns the app
+    /// (at most every 50 ms; [`watched`]) and at least once a second.
     pub async fn run(mut self) {
         let mut changes = self.cluster.changes();
         // The same failure pass after pass (a store that stays down) is logged once.
         let mut last_error = String::new();
         loop {
             let started = Instant::now();
-            match self.reconcile().await {
-                Err(e) if format!("{e:#}") != last_error => {
-                    last_error = format!("{e:#}");
-                    tracing::warn!(app = %self.spec.name, error = %last_error, "reconcile failed");
+            // Taken before the pass reads the view: a change during the pass is compared
+            // against what was there before it, so it is never taken as seen.
+            let seen = self.cluster.slots();
+            let mut watched = match self.reconcile().await {
+                Err(e) => {
+                    if format!("{e:#}") != last_error {
+                        last_error = format!("{e:#}");
+                        tracing::warn!(app = %self.spec.name, error = %last_error, "reconcile failed");
+                    } else {
+                        tracing::debug!(app = %self.spec.name, error = %format!("{e:#}"), "reconcile failed again");
+                    }
+                    watched::Watched::everything()
                 }
-                Err(e) => tracing::debug!(app = %self.spec.name, error = %format!("{e:#}"), "reconcile failed again"),
-                Ok(()) => last_error.clear(),
-            }
+                Ok(()) if !self.tracking.started || !self.unsaved.is_empty() => watched::Watched::everything(),
+                Ok(()) => {
+                    last_error.clear();
+                    watched::Watched::of(self.stored.units.values(), &seen)
+                }
+            };
+            drop(seen);
             metrics::histogram!(m::RECONCILE_SECONDS.name).record(started.elapsed().as_secs_f64());
             self.publish_routes();
-            let tick = tokio::time::sleep(Duration::from_secs(1));
-            tokio::select! {
-                _ = tick => {}
-                r = changes.changed() => {
-                    if r.is_err() { return; }
-                    // Routes follow the view at once (a node that stops being Alive gets
-                    // weight 0 in this batch); the reconcile pass may wait a little.
-                    self.publish_routes();
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+            let tick = tokio::time::sleep_until((started + Duration::from_secs(1)).into());
+            tokio::pin!(tick);
+            loop {
+                tokio::select! {
+                    _ = &mut tick => break,
+                    r = changes.changed() => {
+                        if r.is_err() { return; }
+                        if !watched.concerned(&self.cluster) {
+                            metrics::counter!(m::VIEW_CHANGES_IGNORED.name).increment(1);
+                            continue;
+                        }
+                        // Routes follow the view at once (a node that stops being Alive
+                        // gets weight 0 in this batch); the reconcile pass may wait a little.
+                        self.publish_routes();
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        break;
+                    }
+                    Some(cmd) = self.commands.recv() => {
+                        self.command(cmd);
+                        break;
+                    }
                 }
-                Some(cmd) = self.commands.recv() => self.command(cmd),
             }
         }
     }
@@ -635,16 +659,21 @@ impl Scheduler {
         Arc::new(self.stored.versions.values().map(|v| Arc::new(v.clone())).collect())
     }
 
-    /// Publishes the unit counts by state (metrics) and the status the API shows.
-    fn publish(&self) {
+    /// Publishes the unit counts by state (metrics) and the status the API shows, each
+    /// only when it changed: a store into the status cell costs in proportion to the
+    /// threads the process ever ran (`arc_swap`), and an idle app's passes change nothing.
+    fn publish(&mut self) {
         let mut counts = [0i64; UnitState::ALL.len()];
         for u in self.stored.units.values() {
             counts[UnitState::ALL.iter().position(|s| *s == u.state).unwrap_or(0)] += 1;
         }
-        for (s, c) in UnitState::ALL.iter().zip(counts) {
-            metrics::gauge!(m::UNITS.name, "app" => self.spec.name.clone(), "state" => s.as_str()).set(c as f64);
+        if self.out.counts != Some(counts) {
+            for (s, c) in UnitState::ALL.iter().zip(counts) {
+                metrics::gauge!(m::UNITS.name, "app" => self.spec.name.clone(), "state" => s.as_str()).set(c as f64);
+            }
+            self.out.counts = Some(counts);
         }
-        self.out.status.store(Arc::new(AppStatus {
+        let status = AppStatus {
             app: self.spec.name.clone(),
             serving_roles: self.spec.routing.roles.clone(),
             desired_units: self.desired(),
@@ -675,7 +704,10 @@ impl Scheduler {
             store_error: self.store.failing(),
             waiting: (!self.tracking.started).then(|| self.waiting_for()).flatten(),
             scheduler: self.leader.role(),
-        }));
+        };
+        if **self.out.status.load() != status {
+            self.out.status.store(Arc::new(status));
+        }
         let newest = self.autoscaler.decisions.back();
         if !self.out.decisions.load().first().zip(newest).is_some_and(|(a, b)| Arc::ptr_eq(a, b)) && newest.is_some() {
             self.out.decisions.store(Arc::new(self.autoscaler.decisions.iter().rev().cloned().collect()));
@@ -688,6 +720,9 @@ impl Scheduler {
 /// view follower and other apps' schedulers in the process do not wait behind it.
 fn save(store: &dyn Store, app: &str, batch: &[Write]) -> Result<(), crate::store::StoreError> {
     let write = || store.write(app, batch);
+    if !store.write_blocks(batch) {
+        return write();
+    }
     match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
         Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(write),
         _ => write(),

@@ -1,0 +1,269 @@
+//! `flotilla-loadtest apps`: one `flotilla scheduler --apps-dir` process hosting many apps,
+//! against shard processes whose simulated nodes heartbeat every second, a few of them
+//! flipping health class each second so the view keeps changing as a real one does.
+//! Reports what hosting an app costs while nothing happens to it (the process's CPU and
+//! memory per app), and how soon one app's `scale` is committed while the others idle.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::Args;
+use hdrhistogram::Histogram;
+use serde_json::Value;
+
+use crate::common::{Data, ShardProc, flotilla_bin, machine, pct_ms, proc_cpu_seconds, proc_rss_bytes, sum_metric};
+
+#[derive(Debug, Args)]
+pub struct AppsArgs {
+    /// Apps hosted by the one scheduler process.
+    #[arg(long, default_value_t = 1000)]
+    pub apps: usize,
+    /// Units of each app at the start (one member each); a scale doubles one app's.
+    #[arg(long, default_value_t = 10)]
+    pub units: u32,
+    #[arg(long, default_value_t = 2000)]
+    pub nodes: usize,
+    #[arg(long, default_value_t = 16)]
+    pub node_cores: u64,
+    /// CPU of each unit, as in an app spec.
+    #[arg(long, default_value = "100m")]
+    pub unit_cpu: String,
+    #[arg(long, default_value_t = 2)]
+    pub shards: usize,
+    /// Nodes a second whose health class flips (each one a change in the view).
+    #[arg(long, default_value_t = 20)]
+    pub flips: usize,
+    /// How long the idle process is measured.
+    #[arg(long, default_value_t = 20)]
+    pub idle_seconds: u64,
+    /// Scale trials, each on a different app, one at a time.
+    #[arg(long, default_value_t = 50)]
+    pub scales: usize,
+    /// Give up on the start (every app's units committed) after this long.
+    #[arg(long, default_value = "300s", value_parser = flotilla_agent::config::parse_duration)]
+    pub timeout: Duration,
+    #[arg(long)]
+    pub json: bool,
+    #[arg(long)]
+    pub flotilla: Option<PathBuf>,
+}
+
+/// The `flotilla scheduler --apps-dir` process, killed on drop.
+struct Hosting {
+    child: Child,
+    api: String,
+    token: String,
+}
+
+impl Hosting {
+    fn spawn(bin: &Path, data: &Data, dir: &Path, shards: &[ShardProc]) -> anyhow::Result<Hosting> {
+        use std::os::unix::process::CommandExt;
+        let listen = format!("127.0.0.1:{}", std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port());
+        let aggregators = shards.iter().map(|s| s.addr.as_str()).collect::<Vec<_>>().join(",");
+        let token = format!("{:032x}", rand::random::<u128>());
+        let child = Command::new(bin)
+            .args(["scheduler", "--apps-dir"])
+            .arg(dir)
+            .args(["--aggregators", &aggregators, "--listen", &listen])
+            .arg("--store")
+            .arg(format!("redb:{}", data.dir.join("apps.redb").display()))
+            .env("FLOTILLA_DATA", &data.dir)
+            .env("FLOTILLA_TOKEN", &token)
+            .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(data.dir.join("scheduler.err"))?)
+            .process_group(0)
+            .spawn()
+            .context("starting flotilla scheduler --apps-dir")?;
+        Ok(Hosting { child, api: format!("http://{listen}"), token })
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Hosting {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn spec(name: &str, units: u32, cpu: &str) -> String {
+    format!(
+        r#"name = "{name}"
+[unit.head]
+command = "sleep"
+cpu = "{cpu}"
+memory = "16Mi"
+[constraints]
+allow_low_priority = true
+[units]
+min = 0
+max = {max}
+initial = {units}
+"#,
+        max = units * 2
+    )
+}
+
+/// Every app's allocated units, from `GET /v1/apps` (`None` while it does not answer).
+async fn allocated(client: &reqwest::Client, h: &Hosting) -> Option<Vec<u64>> {
+    let rows: Value = client
+        .get(format!("{}/v1/apps", h.api))
+        .timeout(Duration::from_secs(10))
+        .send()
+        .await
+        .ok()?
+        .json()
+        .await
+        .ok()?;
+    Some(rows.as_array()?.iter().map(|r| r["units"]["allocated"].as_u64().unwrap_or(0)).collect())
+}
+
+async fn app_allocated(client: &reqwest::Client, h: &Hosting, app: &str) -> Option<u64> {
+    let url = format!("{}/v1/apps/{app}", h.api);
+    let row: Value = client.get(url).timeout(Duration::from_secs(5)).send().await.ok()?.json().await.ok()?;
+    row["units"]["allocated"].as_u64()
+}
+
+async fn metrics(client: &reqwest::Client, h: &Hosting) -> anyhow::Result<String> {
+    Ok(client.get(format!("{}/metrics", h.api)).timeout(Duration::from_secs(5)).send().await?.text().await?)
+}
+
+pub async fn run(a: AppsArgs) -> anyhow::Result<()> {
+    anyhow::ensure!((1..=10_000).contains(&a.apps), "--apps must be within 1..=10000");
+    anyhow::ensure!((1..=500).contains(&a.units), "--units must be within 1..=500");
+    anyhow::ensure!((1..=2_000_000).contains(&a.nodes), "--nodes must be within 1..=2000000");
+    anyhow::ensure!((1..=4096).contains(&a.node_cores), "--node-cores must be within 1..=4096");
+    anyhow::ensure!((1..=64).contains(&a.shards), "--shards must be within 1..=64");
+    anyhow::ensure!((1..=3600).contains(&a.idle_seconds), "--idle-seconds must be within 1..=3600");
+    anyhow::ensure!(a.scales <= a.apps, "--scales must be at most --apps (one app each)");
+    let bin = flotilla_bin(a.flotilla.clone())?;
+    let data = Data::create("apps")?;
+    println!("machine: {}", machine());
+    // The nodes heartbeat, but registration of many takes a while: nothing goes Suspect.
+    let liveness = ["--suspect-after", "1h", "--dead-after", "2h"].map(String::from);
+    let mut shards = Vec::new();
+    for i in 0..a.shards {
+        shards.push(ShardProc::spawn(&bin, &data.dir, i, a.shards, &liveness)?);
+    }
+    let nodes = crate::common::register_nodes(&shards, &data, a.nodes, a.node_cores * 1000).await?;
+    println!("registered {} nodes of {} cores; {} flip health class each second", nodes.len(), a.node_cores, a.flips);
+    let stop = Arc::new(AtomicBool::new(false));
+    let sender = {
+        let dests = Mutex::new(shards.iter().map(|s| s.heartbeat).collect::<Vec<_>>());
+        let (stop, flips) = (stop.clone(), a.flips);
+        std::thread::spawn(move || {
+            let (sent, bytes) = (AtomicU64::new(0), AtomicU64::new(0));
+            let pending = crate::heartbeats::Pending::default();
+            crate::heartbeats::send_loop(&nodes, &dests, 4, flips, &stop, &sent, &pending, &bytes);
+        })
+    };
+    let r = measure(&a, &bin, &data, &shards).await;
+    stop.store(true, Ordering::Relaxed);
+    let _ = sender.join();
+    r
+}
+
+async fn measure(a: &AppsArgs, bin: &Path, data: &Data, shards: &[ShardProc]) -> anyhow::Result<()> {
+    let dir = data.dir.join("apps");
+    std::fs::create_dir_all(&dir)?;
+    let name = |i: usize| format!("app-{i:05}");
+    for i in 0..a.apps {
+        std::fs::write(dir.join(format!("{}.toml", name(i))), spec(&name(i), a.units, &a.unit_cpu))?;
+    }
+    let client = reqwest::Client::new();
+    let started = Instant::now();
+    let h = Hosting::spawn(bin, data, &dir, shards)?;
+    loop {
+        if let Some(rows) = allocated(&client, &h).await
+            && rows.len() == a.apps
+            && rows.iter().all(|&n| n == u64::from(a.units))
+        {
+            break;
+        }
+        anyhow::ensure!(
+            started.elapsed() < a.timeout,
+            "not every app's units were committed within {:?} (see {})",
+            a.timeout,
+            data.dir.join("scheduler.err").display()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let start_seconds = started.elapsed().as_secs_f64();
+    println!("{} apps of {} units committed {start_seconds:.1}s after the process started", a.apps, a.units);
+
+    // Idle: the apps want nothing; the view keeps changing.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let passes = |t: &str| sum_metric(t, "flotilla_reconcile_seconds_count");
+    let (cpu0, passes0, t0) =
+        (proc_cpu_seconds(h.pid()).unwrap_or(0.0), passes(&metrics(&client, &h).await?), Instant::now());
+    tokio::time::sleep(Duration::from_secs(a.idle_seconds)).await;
+    let (cpu1, passes1, wall) =
+        (proc_cpu_seconds(h.pid()).unwrap_or(0.0), passes(&metrics(&client, &h).await?), t0.elapsed());
+    let idle_cpu_cores = (cpu1 - cpu0) / wall.as_secs_f64();
+    let passes_per_second = (passes1 - passes0) / wall.as_secs_f64();
+    let rss = proc_rss_bytes(h.pid()).unwrap_or(0);
+    println!(
+        "idle: {idle_cpu_cores:.3} cores, {passes_per_second:.0} reconcile passes/s, RSS {:.1} MiB ({:.0} KiB per app)",
+        rss as f64 / (1 << 20) as f64,
+        rss as f64 / a.apps as f64 / 1024.0
+    );
+
+    // One app at a time doubles; the time is to its new units committed.
+    let mut scale_ms = Histogram::<u64>::new(3)?;
+    let target = u64::from(a.units) * 2;
+    for k in 0..a.scales {
+        let app = name(k * a.apps / a.scales.max(1));
+        let t = Instant::now();
+        let r = client
+            .put(format!("{}/v1/apps/{app}/scale", h.api))
+            .bearer_auth(&h.token)
+            .json(&serde_json::json!({ "units": target }))
+            .timeout(Duration::from_secs(10))
+            .send()
+            .await?;
+        anyhow::ensure!(
+            r.status().is_success(),
+            "scaling {app}: {} {}",
+            r.status(),
+            r.text().await.unwrap_or_default()
+        );
+        while app_allocated(&client, &h, &app).await != Some(target) {
+            anyhow::ensure!(t.elapsed() < Duration::from_secs(60), "{app}'s {target} units not committed in 60 s");
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        scale_ms.record(t.elapsed().as_micros() as u64)?;
+    }
+    let round = |x: f64, k: f64| (x * k).round() / k;
+    let result = serde_json::json!({
+        "scenario": "apps",
+        "machine": machine(),
+        "apps": a.apps,
+        "units": a.units,
+        "nodes": a.nodes,
+        "shards": a.shards,
+        "flips_per_second": a.flips,
+        "start_seconds": round(start_seconds, 10.0),
+        "idle_cpu_cores": round(idle_cpu_cores, 1000.0),
+        "idle_reconcile_passes_per_second": passes_per_second.round(),
+        "rss_bytes": rss,
+        "memory_bytes_per_app": rss / a.apps as u64,
+        "scales": scale_ms.len(),
+        "scale_to_committed_p50_ms": round(pct_ms(&scale_ms, 0.5), 10.0),
+        "scale_to_committed_p99_ms": round(pct_ms(&scale_ms, 0.99), 10.0),
+    });
+    if a.json {
+        println!("{}", serde_json::to_string(&result)?);
+    } else {
+        println!("{}", serde_json::to_string_pretty(&result)?);
+    }
+    Ok(())
+}
