@@ -37,8 +37,10 @@ pub struct AppsArgs {
     /// Nodes a second whose health class flips (each one a change in the view).
     #[arg(long, default_value_t = 20)]
     pub flips: usize,
-    /// How long the idle process is measured.
-    #[arg(long, default_value_t = 20)]
+    /// How long the idle process is measured. The window must end within 30 s of the
+    /// shards' start: their simulated nodes run nothing, and after the shards' rejoin
+    /// grace the apps would replace every member as missing (the run then fails).
+    #[arg(long, default_value_t = 15)]
     pub idle_seconds: u64,
     /// Scale trials, each on a different app, one at a time.
     #[arg(long, default_value_t = 50)]
@@ -143,7 +145,7 @@ pub async fn run(a: AppsArgs) -> anyhow::Result<()> {
     anyhow::ensure!((1..=2_000_000).contains(&a.nodes), "--nodes must be within 1..=2000000");
     anyhow::ensure!((1..=4096).contains(&a.node_cores), "--node-cores must be within 1..=4096");
     anyhow::ensure!((1..=64).contains(&a.shards), "--shards must be within 1..=64");
-    anyhow::ensure!((1..=3600).contains(&a.idle_seconds), "--idle-seconds must be within 1..=3600");
+    anyhow::ensure!((1..=20).contains(&a.idle_seconds), "--idle-seconds must be within 1..=20");
     anyhow::ensure!(a.scales <= a.apps, "--scales must be at most --apps (one app each)");
     let bin = flotilla_bin(a.flotilla.clone())?;
     let data = Data::create("apps")?;
@@ -201,13 +203,27 @@ async fn measure(a: &AppsArgs, bin: &Path, data: &Data, shards: &[ShardProc]) ->
     println!("{} apps of {} units committed {start_seconds:.1}s after the process started", a.apps, a.units);
 
     // Idle: the apps want nothing; the view keeps changing.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
     let passes = |t: &str| sum_metric(t, "flotilla_reconcile_seconds_count");
-    let (cpu0, passes0, t0) =
-        (proc_cpu_seconds(h.pid()).unwrap_or(0.0), passes(&metrics(&client, &h).await?), Instant::now());
+    let placed = |t: &str| {
+        let committed: Vec<&str> = t.lines().filter(|l| l.contains("result=\"committed\"")).collect();
+        sum_metric(&committed.join("\n"), "flotilla_placements_total")
+    };
+    let text = metrics(&client, &h).await?;
+    let (cpu0, passes0, placed0, t0) =
+        (proc_cpu_seconds(h.pid()).unwrap_or(0.0), passes(&text), placed(&text), Instant::now());
     tokio::time::sleep(Duration::from_secs(a.idle_seconds)).await;
-    let (cpu1, passes1, wall) =
-        (proc_cpu_seconds(h.pid()).unwrap_or(0.0), passes(&metrics(&client, &h).await?), t0.elapsed());
+    let text = metrics(&client, &h).await?;
+    let (cpu1, passes1, wall) = (proc_cpu_seconds(h.pid()).unwrap_or(0.0), passes(&text), t0.elapsed());
+    // The simulated nodes report no workloads: once the shards' rejoin grace (30 s from
+    // their start) is over, members count as missing and are replaced, and the window
+    // would measure that instead of idling.
+    let idle_placements = placed(&text) - placed0;
+    anyhow::ensure!(
+        idle_placements == 0.0,
+        "{idle_placements} units were placed while the apps should idle (a window ending more than 30 s after \
+         the shards started sees simulated members as missing): use a shorter --idle-seconds"
+    );
     let idle_cpu_cores = (cpu1 - cpu0) / wall.as_secs_f64();
     let passes_per_second = (passes1 - passes0) / wall.as_secs_f64();
     let rss = proc_rss_bytes(h.pid()).unwrap_or(0);
@@ -254,6 +270,8 @@ async fn measure(a: &AppsArgs, bin: &Path, data: &Data, shards: &[ShardProc]) ->
         "start_seconds": round(start_seconds, 10.0),
         "idle_cpu_cores": round(idle_cpu_cores, 1000.0),
         "idle_reconcile_passes_per_second": passes_per_second.round(),
+        "placements_at_start": placed0,
+        "idle_placements": idle_placements,
         "rss_bytes": rss,
         "memory_bytes_per_app": rss / a.apps as u64,
         "scales": scale_ms.len(),

@@ -165,14 +165,17 @@ fn one_scheduler_process_hosts_a_directory_of_apps() {
     }
     std::fs::write(dir.join("README"), "not a spec").unwrap();
     let store = format!("redb:{}", up.data.join("apps.redb").display());
-    let mut scheduler = flotilla_testkit::flotilla()
-        .args(["scheduler", "--apps-dir", dir.to_str().unwrap(), "--aggregators", &addrs.join(",")])
-        .args(["--control", &up.addr, "--store", &store])
-        .env("FLOTILLA_DATA", &up.data)
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(up.data.join("scheduler.err")).unwrap())
-        .spawn()
-        .unwrap();
+    // In a group: killed if the test fails before it stops the scheduler itself.
+    let mut procs = Group::new();
+    let data = up.data.to_str().unwrap();
+    let pid = procs.spawn_with_env(
+        &["scheduler", "--apps-dir", dir.to_str().unwrap(), "--aggregators", &addrs.join(","), "--control", &up.addr]
+            .into_iter()
+            .chain(["--store", &store])
+            .collect::<Vec<_>>(),
+        &up.data.join("scheduler.err"),
+        &[("FLOTILLA_DATA", data)],
+    );
     // Running units of each app, as the control plane shows them.
     let per_app = |up: &Up| -> std::collections::BTreeMap<&str, usize> {
         apps.iter().map(|a| (*a, up.units(a).iter().filter(|u| u["state"] == "running").count())).collect()
@@ -189,7 +192,7 @@ fn one_scheduler_process_hosts_a_directory_of_apps() {
         (n["echo-b"] == 2).then_some(n)
     });
     assert_eq!((n["echo-a"], n["echo-c"]), (1, 1), "the others are untouched: {n:?}");
-    signal(scheduler.id() as i32, libc::SIGTERM);
-    let exited = wait_for("the scheduler exits", Duration::from_secs(10), || scheduler.try_wait().ok().flatten());
+    signal(pid as i32, libc::SIGTERM);
+    let exited = wait_for("the scheduler exits", Duration::from_secs(10), || procs.try_wait(pid));
     assert!(exited.success(), "{exited:?}");
 }
