@@ -32,9 +32,22 @@ pub const API_TOKEN_RELOADED: Family = Family::counter(
 pub const APP_SPECS_REJECTED: Family =
     Family::counter("flotilla_app_specs_rejected_total", "App spec files refused as invalid at startup.", &[]);
 
+pub const APP_START_FAILURES: Family = Family::counter(
+    "flotilla_scheduler_app_start_failures_total",
+    "Apps of a `scheduler --apps-dir` process whose scheduler could not start (tried again with back-off).",
+    &["app"],
+);
+
 /// The families the binary's own server code records (token files, spec loading).
-pub const FAMILIES: &[Family] =
-    &[JOIN_TOKENS, JOIN_TOKENS_RELOADED, GRPC_TOKENS, GRPC_TOKENS_RELOADED, API_TOKEN_RELOADED, APP_SPECS_REJECTED];
+pub const FAMILIES: &[Family] = &[
+    JOIN_TOKENS,
+    JOIN_TOKENS_RELOADED,
+    GRPC_TOKENS,
+    GRPC_TOKENS_RELOADED,
+    API_TOKEN_RELOADED,
+    APP_SPECS_REJECTED,
+    APP_START_FAILURES,
+];
 
 /// Every family any Flotilla process exports, by process. `flotilla up` runs the shards,
 /// schedulers and control plane in one process; agents and routers are processes of

@@ -129,7 +129,7 @@ impl Opened {
 /// Campaigns, starts the scheduler the first time, and campaigns again after every
 /// loss; runs until the process ends.
 #[tracing::instrument(skip_all, fields(app = %parts.spec.name, instance = %parts.leader.instance()))]
-pub async fn run(opened: &Opened, opts: LeaseOptions, parts: Parts, held: Held) -> anyhow::Result<()> {
+pub async fn run(opened: &Opened, opts: &LeaseOptions, parts: &Parts, held: &Held) -> anyhow::Result<()> {
     let app = parts.spec.name.clone();
     metrics::gauge!(m::SCHEDULER_LEADER.name, "app" => app.clone()).set(0.0);
     match opened {
@@ -182,7 +182,7 @@ pub async fn run(opened: &Opened, opts: LeaseOptions, parts: Parts, held: Held) 
                         Err(e) => {
                             // Give the lease up rather than hold it doing nothing.
                             tracing::warn!(error = %format!("{e:#}"), "cannot start the scheduler; resigning and trying again");
-                            resign(&held).await;
+                            resign(held).await;
                             tokio::time::sleep(Duration::from_secs(1)).await;
                             continue;
                         }

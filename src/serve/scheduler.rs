@@ -82,8 +82,14 @@ pub struct SchedulerArgs {
     pub shards: ShardClientArgs,
 }
 
-/// The most apps one process hosts: each costs a reconcile loop, a lease and its status.
+/// The most apps one process hosts: each costs a reconcile loop, a lease and its status
+/// (~0.4 MiB and ~0.15 ms of CPU a second idle, BENCHMARKS.md).
 pub const MAX_APPS: usize = 10_000;
+
+/// The most apps one process registers with a control plane (`--control`): each one
+/// registers every ~5 s and `apps` asks the process once per app, both under the
+/// per-address API rate limit (200/s, bursts of 400).
+pub const MAX_REGISTERED_APPS: usize = 250;
 
 /// Reads every `*.toml` of `dir` as an app spec (in name order), refusing two files that
 /// name the same app, an empty directory or more than [`MAX_APPS`].
@@ -120,8 +126,18 @@ pub async fn scheduler(a: SchedulerArgs) -> anyhow::Result<()> {
     let specs = match (&a.app, &a.apps_dir) {
         (Some(path), _) => vec![load_spec(path)?],
         (None, Some(dir)) => load_apps_dir(dir)?,
+        // clap requires one of the two.
         (None, None) => anyhow::bail!("--app or --apps-dir is needed"),
     };
+    anyhow::ensure!(
+        a.control.is_none() || specs.len() <= MAX_REGISTERED_APPS,
+        "--control with {} apps: one process registers at most {MAX_REGISTERED_APPS} with a control plane \
+         (each re-registers every few seconds under its rate limit); split the directory",
+        specs.len()
+    );
+    // One app alone ends the process when it cannot start, as before; an app of a
+    // directory is tried again without taking the others down.
+    let alone = a.apps_dir.is_none();
     let backend = crate::ha::Backend::parse(&a.store)?;
     flotilla_etcd::check_prefix(&a.store_prefix).context("--store-prefix")?;
     anyhow::ensure!(a.lease_ttl >= Duration::from_secs(1), "--lease-ttl must be at least 1s");
@@ -177,7 +193,7 @@ pub async fn scheduler(a: SchedulerArgs) -> anyhow::Result<()> {
     tracing::info!(apps = specs.len(), %url, %instance, "scheduler API");
     // Each app's scheduler starts once this process holds the app's lease (at once
     // unless another scheduler holds it); the API answers meanwhile.
-    let (failed_tx, failed) = tokio::sync::mpsc::channel(1);
+    let (failed_tx, mut failed) = tokio::sync::mpsc::channel(1);
     let names: Vec<String> = specs.iter().map(|s| s.name.clone()).collect();
     let held: Vec<crate::ha::Held> = specs.iter().map(|_| crate::ha::Held::default()).collect();
     let campaigns = tokio::spawn({
@@ -203,14 +219,31 @@ pub async fn scheduler(a: SchedulerArgs) -> anyhow::Result<()> {
                     leader,
                 };
                 let (opened, opts) = (opened.clone(), crate::ha::LeaseOptions { prefix: prefix.clone(), ttl });
-                tasks.spawn(async move { crate::ha::run(&opened, opts, parts, held).await });
+                tasks.spawn(async move {
+                    let mut wait = Duration::from_secs(1);
+                    loop {
+                        match crate::ha::run(&opened, &opts, &parts, &held).await {
+                            Err(e) if !alone => {
+                                let app = parts.spec.name.clone();
+                                tracing::warn!(%app, error = %format!("{e:#}"), ?wait, "the app's scheduler cannot start; trying again");
+                                metrics::counter!(crate::catalogue::APP_START_FAILURES.name, "app" => app).increment(1);
+                                parts.leader.set_waiting(format!("cannot start: {e:#}"));
+                                tokio::time::sleep(wait).await;
+                                wait = (wait * 2).min(Duration::from_secs(60));
+                            }
+                            done => return done,
+                        }
+                    }
+                });
             }
-            // The first app that cannot start ends the process, as one app alone would.
             while let Some(done) = tasks.join_next().await {
-                if let Ok(Err(e)) = done {
-                    let _ = failed_tx.send(e).await;
-                    return;
-                }
+                let e = match done {
+                    Ok(Ok(())) => continue,
+                    Ok(Err(e)) => e,
+                    Err(e) => anyhow::anyhow!("an app's scheduler task ended: {e}"),
+                };
+                let _ = failed_tx.send(e).await;
+                return;
             }
         }
     });
@@ -222,7 +255,6 @@ pub async fn scheduler(a: SchedulerArgs) -> anyhow::Result<()> {
         }
     }
     let failure = Arc::new(std::sync::Mutex::new(None));
-    let mut failed = failed;
     let served = flotilla_control::serve(listener, state, options, {
         let failure = failure.clone();
         async move {
@@ -233,10 +265,16 @@ pub async fn scheduler(a: SchedulerArgs) -> anyhow::Result<()> {
         }
     })
     .await;
-    // Give the leases up at once: standbys take over without waiting for the TTL.
+    // Give the leases up at once, all together: standbys take over without waiting for
+    // the TTL. The campaigns end first, so none holds a lease taken after this looked.
     campaigns.abort();
-    for h in &held {
-        crate::ha::resign(h).await;
+    let _ = campaigns.await;
+    let mut resigning = tokio::task::JoinSet::new();
+    for h in held {
+        resigning.spawn(async move { crate::ha::resign(&h).await });
+    }
+    if tokio::time::timeout(Duration::from_secs(5), resigning.join_all()).await.is_err() {
+        tracing::warn!("some leases were not given up within 5 s: their standbys wait out the TTL");
     }
     if let Some(e) = failure.lock().unwrap_or_else(|p| p.into_inner()).take() {
         return Err(e);
@@ -253,20 +291,21 @@ async fn register_with_control(
     url: String,
     leader: flotilla_scheduler::Leader,
 ) {
-    // Only the active scheduler registers (at once on taking over, then every 5 s): the
-    // control plane forwards the app's requests to whoever registered last.
-    let mut last: Option<std::time::Instant> = None;
+    // Only the active scheduler registers (at once on taking over, then every 4–6 s,
+    // jittered so the apps of one process do not all call at once): the control plane
+    // forwards the app's requests to whoever registered last.
+    let mut next: Option<std::time::Instant> = None;
     loop {
         if leader.held().is_none() {
-            last = None;
+            next = None;
             tokio::time::sleep(Duration::from_millis(200)).await;
             continue;
         }
-        if last.is_some_and(|t| t.elapsed() < Duration::from_secs(5)) {
+        if next.is_some_and(|t| std::time::Instant::now() < t) {
             tokio::time::sleep(Duration::from_millis(200)).await;
             continue;
         }
-        last = Some(std::time::Instant::now());
+        next = Some(std::time::Instant::now() + Duration::from_millis(rand::random_range(4_000..6_000)));
         let mut req = client
             .post(format!("{}/v1/schedulers", control.trim_end_matches('/')))
             .json(&serde_json::json!({"app": app, "url": url}));
@@ -279,9 +318,9 @@ async fn register_with_control(
                 let status = r.status();
                 let body: serde_json::Value = r.json().await.unwrap_or_default();
                 let why = body.pointer("/error/message").and_then(|m| m.as_str()).unwrap_or("").to_string();
-                tracing::warn!(%status, %why, "the control plane refused the registration");
+                tracing::warn!(%app, %status, %why, "the control plane refused the registration");
             }
-            Err(e) => tracing::warn!(error = %e, "cannot reach the control plane"),
+            Err(e) => tracing::warn!(%app, error = %e, "cannot reach the control plane"),
         }
     }
 }

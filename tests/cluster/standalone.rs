@@ -157,6 +157,21 @@ fn one_scheduler_process_hosts_a_directory_of_apps() {
     let err = refused(&bad);
     assert!(err.contains("one.toml") && err.contains("two.toml") && err.contains("\"twin\""), "{err}");
 
+    // More apps than one process registers with a control plane: refused, saying why.
+    let many = up.data.join("many-apps");
+    std::fs::create_dir_all(&many).unwrap();
+    for i in 0..251 {
+        std::fs::write(many.join(format!("app-{i}.toml")), named(&format!("app-{i}"))).unwrap();
+    }
+    let out = flotilla_testkit::flotilla()
+        .args(["scheduler", "--apps-dir", many.to_str().unwrap(), "--aggregators", &addrs.join(",")])
+        .args(["--control", &up.addr, "--store", &format!("redb:{}", many.join("s.redb").display())])
+        .env("FLOTILLA_DATA", &up.data)
+        .output()
+        .unwrap();
+    let err = flotilla_testkit::stderr(&out);
+    assert!(!out.status.success() && err.contains("at most 250"), "{err}");
+
     let dir = up.data.join("apps");
     std::fs::create_dir_all(&dir).unwrap();
     let apps = ["echo-a", "echo-b", "echo-c"];

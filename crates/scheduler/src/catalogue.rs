@@ -12,7 +12,7 @@ pub const RECONCILE_SECONDS: Family = Family::histogram(
 );
 pub const VIEW_CHANGES_IGNORED: Family = Family::counter(
     "flotilla_reconcile_view_changes_ignored_total",
-    "View changes an app's scheduler ran no pass for: none touched its members' nodes or the shards' reachability, and no unit waited for room.",
+    "View changes an app's scheduler ran no pass for, counted once per app: none touched its members' nodes or the shards' reachability, and no unit waited for room.",
     &[],
 );
 pub const PLAN_SECONDS: Family = Family::histogram(

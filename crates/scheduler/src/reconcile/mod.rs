@@ -15,7 +15,8 @@
 //! The pure deciders are beside this module (`planner`, `repair`, `rollout`, `routes`,
 //! `lifecycle`); [`ledgers`] is the one place that speaks to the shards, [`planning`]
 //! what placing keeps between passes, [`command`] how the control plane's commands are
-//! carried out and [`handle`] what the world sees (and how a pass publishes it). Side effects never drive transitions
+//! carried out and [`handle`] what the world sees (and how a pass publishes it). Side
+//! effects never drive transitions
 //! directly: their results are observed in the next pass.
 
 mod autoscale;
@@ -263,6 +264,7 @@ impl Scheduler {
     /// (at most every 50 ms; [`watched`]) and at least once a second.
     pub async fn run(mut self) {
         let mut changes = self.cluster.changes();
+        let ignored = metrics::counter!(m::VIEW_CHANGES_IGNORED.name);
         // The same failure pass after pass (a store that stays down) is logged once.
         let mut last_error = String::new();
         loop {
@@ -270,26 +272,31 @@ impl Scheduler {
             // Taken before the pass reads the view: a change during the pass is compared
             // against what was there before it, so it is never taken as seen.
             let seen = self.cluster.slots();
-            let mut watched = match self.reconcile().await {
+            match self.reconcile().await {
                 Err(e) => {
-                    if format!("{e:#}") != last_error {
-                        last_error = format!("{e:#}");
-                        tracing::warn!(app = %self.spec.name, error = %last_error, "reconcile failed");
+                    let e = format!("{e:#}");
+                    if e != last_error {
+                        tracing::warn!(app = %self.spec.name, error = %e, "reconcile failed");
+                        last_error = e;
                     } else {
-                        tracing::debug!(app = %self.spec.name, error = %format!("{e:#}"), "reconcile failed again");
+                        tracing::debug!(app = %self.spec.name, error = %e, "reconcile failed again");
                     }
-                    watched::Watched::everything()
                 }
-                Ok(()) if !self.tracking.started || !self.unsaved.is_empty() => watched::Watched::everything(),
-                Ok(()) => {
-                    last_error.clear();
-                    watched::Watched::of(self.stored.units.values(), &seen)
-                }
+                Ok(()) => last_error.clear(),
+            }
+            // A failed pass (a store refusing writes) is tried again by the tick, not by
+            // every view change: the store reopens on its own back-off.
+            let mut watched = if self.tracking.started {
+                watched::Watched::of(self.stored.units.values(), &seen)
+            } else {
+                watched::Watched::everything()
             };
             drop(seen);
             metrics::histogram!(m::RECONCILE_SECONDS.name).record(started.elapsed().as_secs_f64());
             self.publish_routes();
-            let tick = tokio::time::sleep_until((started + Duration::from_secs(1)).into());
+            // A pass that took a second or more still leaves the runtime a breath.
+            let next = (started + Duration::from_secs(1)).max(Instant::now() + Duration::from_millis(50));
+            let tick = tokio::time::sleep_until(next.into());
             tokio::pin!(tick);
             loop {
                 tokio::select! {
@@ -297,7 +304,7 @@ impl Scheduler {
                     r = changes.changed() => {
                         if r.is_err() { return; }
                         if !watched.concerned(&self.cluster) {
-                            metrics::counter!(m::VIEW_CHANGES_IGNORED.name).increment(1);
+                            ignored.increment(1);
                             continue;
                         }
                         // Routes follow the view at once (a node that stops being Alive

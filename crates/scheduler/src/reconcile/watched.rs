@@ -28,7 +28,7 @@ pub(super) struct Watched {
     /// Each shard's view when it was last found to concern the app in nothing: a shard
     /// whose view is the same one since is not looked at again (a change usually comes
     /// from one shard).
-    checked: Vec<Option<Arc<ShardView>>>,
+    checked: Vec<Arc<ShardView>>,
 }
 
 #[derive(Debug)]
@@ -39,7 +39,7 @@ struct Seen {
 }
 
 impl Watched {
-    /// Every change concerns the app (not started yet, the last pass failed).
+    /// Every change concerns the app (it has not adopted from the view yet).
     pub fn everything() -> Watched {
         Watched::default()
     }
@@ -48,10 +48,14 @@ impl Watched {
     pub fn of<'a>(units: impl IntoIterator<Item = &'a UnitRecord>, slots: &[Arc<ShardSlot>]) -> Watched {
         let mut nodes: Vec<Seen> = Vec::new();
         for u in units {
-            if matches!(u.state, UnitState::Queued | UnitState::Placing) {
+            // Room anywhere may let these go on: a unit to place, a member to place again
+            // (a lost worker), a replacement that found no room.
+            let unplaced = u.members.iter().any(|m| m.node_id.is_none()) || u.roll_waits.is_some();
+            if matches!(u.state, UnitState::Queued | UnitState::Placing) || unplaced {
                 return Watched::everything();
             }
-            for m in &u.members {
+            // Replacement workers coming up (make before break) are watched as members.
+            for m in u.members.iter().chain(&u.surge) {
                 let (Some(id), Some(shard)) = (m.node_id.as_deref(), m.shard) else { continue };
                 let Ok(node) = NodeId::new(id) else { continue };
                 let shard = shard as usize;
@@ -65,7 +69,7 @@ impl Watched {
         Watched {
             nodes: Some(nodes),
             connected: slots.iter().map(|s| s.connected).collect(),
-            checked: slots.iter().map(|s| Some(s.view.clone())).collect(),
+            checked: slots.iter().map(|s| s.view.clone()).collect(),
         }
     }
 
@@ -77,12 +81,9 @@ impl Watched {
         if slots.len() != self.connected.len() || slots.iter().zip(&self.connected).any(|(s, c)| s.connected != *c) {
             return true;
         }
-        let same: Vec<bool> = slots
-            .iter()
-            .zip(&self.checked)
-            .map(|(s, checked)| checked.as_ref().is_some_and(|c| Arc::ptr_eq(c, &s.view)))
-            .collect();
-        let changed = nodes.iter().filter(|seen| !same.get(seen.shard).copied().unwrap_or(false)).any(|seen| {
+        let same =
+            |shard: usize| self.checked.get(shard).zip(slots.get(shard)).is_some_and(|(c, s)| Arc::ptr_eq(c, &s.view));
+        let changed = nodes.iter().filter(|seen| !same(seen.shard)).any(|seen| {
             let now = slots.get(seen.shard).and_then(|s| s.view.get(&seen.node));
             match (now, &seen.record) {
                 (Some(a), Some(b)) => !Arc::ptr_eq(a, b),
@@ -91,7 +92,7 @@ impl Watched {
             }
         });
         if !changed {
-            self.checked = slots.iter().map(|s| Some(s.view.clone())).collect();
+            self.checked = slots.iter().map(|s| s.view.clone()).collect();
         }
         changed
     }
@@ -158,6 +159,22 @@ mod tests {
         let mut watched = Watched::of(&[unit("u1", UnitState::Starting, &["late"])], &cluster.slots());
         assert!(!watched.concerned(&cluster));
         install(&cluster, &[record("a", false), record("late", false)], true);
+        assert!(watched.concerned(&cluster));
+        // A member to place again (a lost worker) waits for room too.
+        let mut lost = unit("u1", UnitState::Degraded, &["a", "gone"]);
+        lost.members[1].node_id = None;
+        assert!(Watched::of(&[lost], &cluster.slots()).concerned(&cluster));
+    }
+
+    #[test]
+    fn a_replacement_workers_node_is_watched_as_a_members() {
+        let cluster = ClusterView::new(1);
+        install(&cluster, &[record("a", false), record("b", false)], true);
+        let mut u = unit("u1", UnitState::Running, &["a"]);
+        u.surge = unit("u1", UnitState::Running, &["b"]).members;
+        let mut watched = Watched::of(&[u], &cluster.slots());
+        assert!(!watched.concerned(&cluster));
+        install(&cluster, &[record("a", false), record("b", true)], true);
         assert!(watched.concerned(&cluster));
     }
 }
