@@ -15,9 +15,8 @@
 //! The pure deciders are beside this module (`planner`, `repair`, `rollout`, `routes`,
 //! `lifecycle`); [`ledgers`] is the one place that speaks to the shards, [`planning`]
 //! what placing keeps between passes, [`command`] how the control plane's commands are
-//! carried out and [`handle`] what the world sees (and how a pass publishes it). Side
-//! effects never drive transitions
-//! directly: their results are observed in the next pass.
+//! carried out, [`handle`] what the world sees and [`publish`] how a pass shows it. Side
+//! effects never drive transitions directly: their results are observed in the next pass.
 
 mod autoscale;
 mod canary;
@@ -31,6 +30,7 @@ mod observe;
 mod order;
 mod place;
 mod planning;
+mod publish;
 mod rebalance;
 mod roll;
 mod scale_in;

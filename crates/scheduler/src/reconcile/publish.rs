@@ -1,0 +1,95 @@
+//! How a pass publishes what the world sees ([`super::handle`]): the status the API
+//! shows and the unit gauges, each stored only when it changed.
+
+use std::sync::Arc;
+
+use super::Scheduler;
+use super::handle::{AppStatus, AutoscalingStatus};
+use crate::catalogue as m;
+use crate::lifecycle::UnitState;
+use crate::store::UnitRecord;
+
+impl Scheduler {
+    /// The units as the status shows them: each unit that equals its record in `before`
+    /// (the last status; both in id order) keeps that record's `Arc`, so a pass copies
+    /// only the units it changed.
+    fn shared_units(&self, before: &[Arc<UnitRecord>]) -> Vec<Arc<UnitRecord>> {
+        let mut old = before.iter().peekable();
+        self.stored
+            .units
+            .values()
+            .map(|u| {
+                while old.next_if(|o| o.unit_id < u.unit_id).is_some() {}
+                match old.next_if(|o| o.unit_id == u.unit_id) {
+                    Some(o) if **o == *u => o.clone(),
+                    _ => Arc::new(u.clone()),
+                }
+            })
+            .collect()
+    }
+
+    /// The kept versions as the last status had them, rebuilt only when an apply changed them.
+    fn published_versions(&self) -> Arc<Vec<Arc<crate::store::SpecVersion>>> {
+        let old = self.out.status.load().versions.clone();
+        let newest = self.stored.versions.keys().next_back().copied();
+        if old.len() == self.stored.versions.len() && old.last().map(|v| v.version) == newest {
+            return old;
+        }
+        Arc::new(self.stored.versions.values().map(|v| Arc::new(v.clone())).collect())
+    }
+
+    /// Publishes the unit counts by state (metrics) and the status the API shows, each
+    /// only when it changed: a store into the status cell costs in proportion to the
+    /// threads the process ever ran (`arc_swap`), and an idle app's passes change nothing.
+    pub(super) fn publish(&mut self) {
+        let mut counts = [0i64; UnitState::ALL.len()];
+        for u in self.stored.units.values() {
+            counts[UnitState::ALL.iter().position(|s| *s == u.state).unwrap_or(0)] += 1;
+        }
+        if self.out.counts != Some(counts) {
+            for (s, c) in UnitState::ALL.iter().zip(counts) {
+                metrics::gauge!(m::UNITS.name, "app" => self.spec.name.clone(), "state" => s.as_str()).set(c as f64);
+            }
+            self.out.counts = Some(counts);
+        }
+        let status = AppStatus {
+            app: self.spec.name.clone(),
+            serving_roles: self.spec.routing.roles.clone(),
+            desired_units: self.desired(),
+            min_units: self.spec.units.min,
+            max_units: self.spec.units.max,
+            units: self.shared_units(&self.out.status.load().units),
+            unit_shape: self.unit_shape(),
+            autoscaling: self.spec.is_autoscaled().then(|| AutoscalingStatus {
+                policy: self.autoscaler.policy_algorithm(&self.spec),
+                policy_name: self.spec.autoscaling_policy.clone(),
+                override_bounds: self.stored.override_bounds,
+                demand: self.autoscaler.demand.clone(),
+                last_decision: self
+                    .autoscaler
+                    .decisions
+                    .iter()
+                    .rev()
+                    .find(|d| !matches!(d["kind"].as_str(), Some("rebalance" | "rollout")))
+                    .map(|d| d.as_ref().clone()),
+            }),
+            spec_toml: self.spec_text.clone(),
+            has_previous_spec: self.stored.previous_spec.is_some(),
+            versions: self.published_versions(),
+            spec_origin: self.stored.spec_origin.clone(),
+            template: self.fingerprints.template.clone(),
+            rollout: self.stored.rollout.clone(),
+            canary: self.canary_status(),
+            store_error: self.store.failing(),
+            waiting: (!self.tracking.started).then(|| self.waiting_for()).flatten(),
+            scheduler: self.leader.role(),
+        };
+        if **self.out.status.load() != status {
+            self.out.status.store(Arc::new(status));
+        }
+        let newest = self.autoscaler.decisions.back();
+        if !self.out.decisions.load().first().zip(newest).is_some_and(|(a, b)| Arc::ptr_eq(a, b)) && newest.is_some() {
+            self.out.decisions.store(Arc::new(self.autoscaler.decisions.iter().rev().cloned().collect()));
+        }
+    }
+}
