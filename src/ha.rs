@@ -106,13 +106,14 @@ fn became_active(app: &str, token: u64) {
 /// campaigns for its own lease.
 pub enum Opened {
     Redb(PathBuf, Arc<dyn Store>),
-    Etcd(Endpoints, Box<flotilla_etcd::Client>),
+    /// The client the apps campaign with, and the store connection their stores share.
+    Etcd(Box<flotilla_etcd::Client>, flotilla_scheduler::EtcdStore),
 }
 
 impl Opened {
     /// Opens the store, waiting while another process holds the redb file (each app's
     /// status says so meanwhile).
-    pub async fn open(backend: Backend, leaders: &[Leader]) -> anyhow::Result<Opened> {
+    pub async fn open(backend: Backend, opts: &LeaseOptions, leaders: &[Leader]) -> anyhow::Result<Opened> {
         Ok(match backend {
             Backend::Redb(path) => {
                 let store = open_redb(&path, leaders).await?;
@@ -120,7 +121,10 @@ impl Opened {
             }
             Backend::Etcd(endpoints) => {
                 let client = flotilla_etcd::connect(&endpoints, flotilla_etcd::REQUEST_TIMEOUT).await?;
-                Opened::Etcd(endpoints, Box::new(client))
+                let store =
+                    flotilla_scheduler::EtcdStore::open(&endpoints, &opts.prefix, flotilla_etcd::REQUEST_TIMEOUT)
+                        .with_context(|| format!("opening the store {endpoints}"))?;
+                Opened::Etcd(Box::new(client), store)
             }
         })
     }
@@ -142,12 +146,10 @@ pub async fn run(opened: &Opened, opts: &LeaseOptions, parts: &Parts, held: &Hel
             tracing::info!(token, "active (holding the store file's lock)");
             parts.start(store.clone())
         }
-        Opened::Etcd(endpoints, client) => {
-            // A store of its own per app: each fences its writes with its app's lease.
-            let store = Arc::new(
-                flotilla_scheduler::EtcdStore::open(endpoints, &opts.prefix, flotilla_etcd::REQUEST_TIMEOUT)
-                    .with_context(|| format!("opening the store {endpoints}"))?,
-            );
+        Opened::Etcd(client, shared) => {
+            // A store of its own per app, on the shared connection: each fences its
+            // writes with its app's lease.
+            let store = Arc::new(shared.sharing());
             let campaign = Campaign {
                 key: flotilla_etcd::scheduler_leader_key(&opts.prefix, &app),
                 value: parts.leader.instance().to_string(),

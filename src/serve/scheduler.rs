@@ -200,7 +200,8 @@ pub async fn scheduler(a: SchedulerArgs) -> anyhow::Result<()> {
         let (state, aggregators, prefix) = (state.clone(), a.aggregators.clone(), a.store_prefix.clone());
         let (leaders, grace, ttl, each) = (leaders.clone(), a.unknown_grace, a.lease_ttl, held.clone());
         async move {
-            let opened = match crate::ha::Opened::open(backend, &leaders).await {
+            let opts = crate::ha::LeaseOptions { prefix: prefix.clone(), ttl };
+            let opened = match crate::ha::Opened::open(backend, &opts, &leaders).await {
                 Ok(o) => Arc::new(o),
                 Err(e) => {
                     let _ = failed_tx.send(e).await;

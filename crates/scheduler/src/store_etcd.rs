@@ -70,14 +70,27 @@ enum Job {
     Probe { reply: std::sync::mpsc::SyncSender<Result<(), StoreError>> },
 }
 
-/// The etcd store. Cheap to share (`Arc`); every call is one request to its thread.
+/// The etcd store of one app: its fence, over a connection (a thread and a client)
+/// that the apps of one process share ([`EtcdStore::sharing`]). Every call is one request
+/// to that thread.
 pub struct EtcdStore {
+    conn: Arc<Connection>,
+    fence: Mutex<Option<Lease>>,
+}
+
+/// What the apps of one process share: the etcd thread and what it last said.
+struct Connection {
     prefix: String,
     jobs: tokio::sync::mpsc::UnboundedSender<Job>,
     failing: Arc<Mutex<Option<String>>>,
-    fence: Mutex<Option<Lease>>,
+    /// When etcd last answered a probe: each app's pass probes with an empty write, and
+    /// one answer a second serves all of them.
+    probed: Mutex<Option<std::time::Instant>>,
     timeout: Duration,
 }
+
+/// How long one probe's answer stands for every app of the connection.
+const PROBE_FRESH: Duration = Duration::from_secs(1);
 
 impl EtcdStore {
     /// A store on `endpoints` under `prefix` (see [`flotilla_etcd::check_prefix`]). Does
@@ -97,7 +110,21 @@ impl EtcdStore {
             })
             .map_err(|e| StoreError(format!("starting the etcd store's thread: {e}")))?;
         metrics::gauge!(m::STORE_HEALTHY.name).set(1.0);
-        Ok(EtcdStore { prefix, jobs, failing, fence: Mutex::new(None), timeout })
+        let conn = Connection { prefix, jobs, failing, probed: Mutex::new(None), timeout };
+        Ok(EtcdStore { conn: Arc::new(conn), fence: Mutex::new(None) })
+    }
+
+    /// Another app's store on this one's connection, with a fence of its own: a process
+    /// hosting many apps (`scheduler --apps-dir`) runs one etcd thread and client, not
+    /// one per app.
+    pub fn sharing(&self) -> EtcdStore {
+        EtcdStore { conn: self.conn.clone(), fence: Mutex::new(None) }
+    }
+
+    /// Whether a probe answered within [`PROBE_FRESH`] and nothing failed since.
+    fn probe_fresh(&self) -> bool {
+        self.conn.failing.lock_or_recover().is_none()
+            && self.conn.probed.lock_or_recover().is_some_and(|t| t.elapsed() < PROBE_FRESH)
     }
 
     /// From now on every write requires `lease` to still be this scheduler's: its key's
@@ -108,7 +135,7 @@ impl EtcdStore {
 
     /// `PREFIX/apps/APP/`.
     fn app_prefix(&self, app: &str) -> String {
-        format!("{}/apps/{app}/", self.prefix)
+        format!("{}/apps/{app}/", self.conn.prefix)
     }
 
     fn ask<T>(
@@ -116,10 +143,11 @@ impl EtcdStore {
         job: impl FnOnce(std::sync::mpsc::SyncSender<Result<T, StoreError>>) -> Job,
     ) -> Result<T, StoreError> {
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        self.jobs.send(job(tx)).map_err(|_| StoreError("the etcd store's thread stopped".into()))?;
+        self.conn.jobs.send(job(tx)).map_err(|_| StoreError("the etcd store's thread stopped".into()))?;
         // The thread bounds each request by `timeout`; a load pages, so allow it more.
-        rx.recv_timeout(self.timeout * 4 + Duration::from_secs(1))
-            .map_err(|_| StoreError(format!("etcd did not answer within {:?}", self.timeout * 4)))?
+        let timeout = self.conn.timeout;
+        rx.recv_timeout(timeout * 4 + Duration::from_secs(1))
+            .map_err(|_| StoreError(format!("etcd did not answer within {:?}", timeout * 4)))?
     }
 
     /// The operations of `batch`: one per key, the last write of a key winning (etcd
@@ -445,7 +473,14 @@ impl Store for EtcdStore {
     fn write(&self, app: &str, batch: &[Write]) -> Result<(), StoreError> {
         if batch.is_empty() {
             // Called every second: tells `failing` when etcd comes back (or goes).
-            return self.ask(|reply| Job::Probe { reply });
+            if self.probe_fresh() {
+                return Ok(());
+            }
+            let r = self.ask(|reply| Job::Probe { reply });
+            if r.is_ok() {
+                *self.conn.probed.lock_or_recover() = Some(std::time::Instant::now());
+            }
+            return r;
         }
         let fence = self.fence.lock_or_recover().clone();
         if let Some(l) = &fence
@@ -462,7 +497,11 @@ impl Store for EtcdStore {
     }
 
     fn failing(&self) -> Option<String> {
-        self.failing.lock_or_recover().clone()
+        self.conn.failing.lock_or_recover().clone()
+    }
+
+    fn write_blocks(&self, batch: &[Write]) -> bool {
+        !batch.is_empty() || !self.probe_fresh()
     }
 }
 
@@ -519,9 +558,12 @@ mod tests {
         assert!(refused.0.starts_with(FENCED), "{refused}");
         assert!(!old.lease().is_held(), "a fenced write tells the lease it is lost");
         assert_eq!(s.failing(), None, "etcd is fine; this scheduler is not the active one");
-        let fresh = Arc::new(store(&etcd, "/f"));
+        // The new holder's store shares the connection (as the apps of one process do)
+        // with a fence of its own: it writes, the deposed one still cannot.
+        let fresh = Arc::new(s.sharing());
         fresh.fence(new.lease().clone());
         blocking(&fresh, vec![Write::DesiredUnits(3)]).await.unwrap().unwrap();
+        assert!(blocking(&s, vec![Write::DesiredUnits(9)]).await.unwrap().unwrap_err().0.starts_with(FENCED));
         let l = fresh.clone();
         let got = tokio::task::spawn_blocking(move || l.load("echo")).await.unwrap().unwrap();
         assert_eq!(got.desired_units, Some(3), "the refused write left nothing behind");
@@ -561,13 +603,14 @@ mod tests {
     #[test]
     fn ops_name_each_key_once_last_write_wins_and_meta_goes_first() {
         let (jobs, _rx) = tokio::sync::mpsc::unbounded_channel();
-        let s = EtcdStore {
+        let conn = Connection {
             prefix: "/f".into(),
             jobs,
             failing: Default::default(),
-            fence: Mutex::new(None),
+            probed: Mutex::new(None),
             timeout: Duration::from_secs(1),
         };
+        let s = EtcdStore { conn: Arc::new(conn), fence: Mutex::new(None) };
         let ops = s
             .ops(
                 "a",
