@@ -39,7 +39,7 @@ mod watched;
 use crate::catalogue as m;
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use flotilla_core::now_ms;
 use flotilla_proto::dial::Dialer;
@@ -268,7 +268,9 @@ impl Scheduler {
         // The same failure pass after pass (a store that stays down) is logged once.
         let mut last_error = String::new();
         loop {
-            let started = Instant::now();
+            // The runtime's clock, not the wall's: the tick below is a deadline on it, and
+            // a simulation (`crates/faults`) runs that clock ahead of the wall.
+            let started = tokio::time::Instant::now();
             // Taken before the pass reads the view: a change during the pass is compared
             // against what was there before it, so it is never taken as seen.
             let seen = self.cluster.slots();
@@ -295,8 +297,8 @@ impl Scheduler {
             metrics::histogram!(m::RECONCILE_SECONDS.name).record(started.elapsed().as_secs_f64());
             self.publish_routes();
             // A pass that took a second or more still leaves the runtime a breath.
-            let next = (started + Duration::from_secs(1)).max(Instant::now() + Duration::from_millis(50));
-            let tick = tokio::time::sleep_until(next.into());
+            let next = (started + Duration::from_secs(1)).max(tokio::time::Instant::now() + Duration::from_millis(50));
+            let tick = tokio::time::sleep_until(next);
             tokio::pin!(tick);
             loop {
                 tokio::select! {
