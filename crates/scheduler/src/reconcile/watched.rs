@@ -49,8 +49,10 @@ impl Watched {
         let mut nodes: Vec<Seen> = Vec::new();
         for u in units {
             // Room anywhere may let these go on: a unit to place, a member to place again
-            // (a lost worker), a replacement that found no room.
-            let unplaced = u.members.iter().any(|m| m.node_id.is_none()) || u.roll_waits.is_some();
+            // (a lost worker), a replacement that found no room. An ended unit kept for
+            // the record waits for nothing.
+            let unplaced =
+                u.state.is_active() && (u.members.iter().any(|m| m.node_id.is_none()) || u.roll_waits.is_some());
             if matches!(u.state, UnitState::Queued | UnitState::Placing) || unplaced {
                 return Watched::everything();
             }
@@ -163,7 +165,9 @@ mod tests {
         // A member to place again (a lost worker) waits for room too.
         let mut lost = unit("u1", UnitState::Degraded, &["a", "gone"]);
         lost.members[1].node_id = None;
-        assert!(Watched::of(&[lost], &cluster.slots()).concerned(&cluster));
+        assert!(Watched::of(std::slice::from_ref(&lost), &cluster.slots()).concerned(&cluster));
+        lost.state = UnitState::Failed;
+        assert!(!Watched::of(&[lost], &cluster.slots()).concerned(&cluster), "an ended unit waits for nothing");
     }
 
     #[test]
