@@ -97,24 +97,6 @@ impl Drop for Hosting {
     }
 }
 
-fn spec(name: &str, units: u32, cpu: &str) -> String {
-    format!(
-        r#"name = "{name}"
-[unit.head]
-command = "sleep"
-cpu = "{cpu}"
-memory = "16Mi"
-[constraints]
-allow_low_priority = true
-[units]
-min = 0
-max = {max}
-initial = {units}
-"#,
-        max = units * 2
-    )
-}
-
 /// Every app's allocated units, from `GET /v1/apps` (`None` while it does not answer).
 async fn allocated(client: &reqwest::Client, h: &Hosting) -> Option<Vec<u64>> {
     let rows: Value = client
@@ -179,7 +161,10 @@ async fn measure(a: &AppsArgs, bin: &Path, data: &Data, shards: &[ShardProc]) ->
     std::fs::create_dir_all(&dir)?;
     let name = |i: usize| format!("app-{i:05}");
     for i in 0..a.apps {
-        std::fs::write(dir.join(format!("{}.toml", name(i))), spec(&name(i), a.units, &a.unit_cpu))?;
+        std::fs::write(
+            dir.join(format!("{}.toml", name(i))),
+            crate::common::sleep_app_spec(&name(i), a.units, a.units * 2, &a.unit_cpu),
+        )?;
     }
     let client = reqwest::Client::new();
     let started = Instant::now();

@@ -384,6 +384,25 @@ impl Drop for EtcdProc {
     }
 }
 
+/// The spec of a loadtest app: `units` one-member units of `cpu` that run `sleep`, on
+/// low-priority nodes too, scalable up to `max`.
+pub fn sleep_app_spec(name: &str, units: u32, max: u32, cpu: &str) -> String {
+    format!(
+        r#"name = "{name}"
+[unit.head]
+command = "sleep"
+cpu = "{cpu}"
+memory = "16Mi"
+[constraints]
+allow_low_priority = true
+[units]
+min = 0
+max = {max}
+initial = {units}
+"#
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -103,21 +103,7 @@ struct Run {
 }
 
 fn spec(name: &str, units: u32, cpu: &str) -> anyhow::Result<AppSpec> {
-    Ok(AppSpec::parse(&format!(
-        r#"
-name = "{name}"
-[unit.head]
-command = "sleep"
-cpu = "{cpu}"
-memory = "16Mi"
-[constraints]
-allow_low_priority = true
-[units]
-min = 0
-max = {units}
-initial = {units}
-"#
-    ))?)
+    Ok(AppSpec::parse(&crate::common::sleep_app_spec(name, units, units, cpu))?)
 }
 
 async fn run(
