@@ -189,29 +189,40 @@ pub fn domains_per_shard(shards: usize) -> Vec<Vec<String>> {
     out
 }
 
+/// Simulated nodes and the QUIC connection of each shard they registered over: the shard
+/// pushes their assignments on it, and takes their workload reports only through it.
+pub struct Registered {
+    pub nodes: Vec<SimNode>,
+    /// By shard. Dropping them closes the connections (heartbeats go on regardless).
+    pub links: Vec<Link>,
+}
+
+/// A shard's QUIC connection, with the endpoint that drives it.
+pub type Link = (quinn::Endpoint, flotilla_agent::client::ShardConnection);
+
 /// Registers `n` simulated nodes of `cpu_millis` each over one QUIC connection per shard.
 pub async fn register_nodes(
     shards: &[ShardProc],
     data: &Data,
     n: usize,
     cpu_millis: u64,
-) -> anyhow::Result<Vec<SimNode>> {
+) -> anyhow::Result<Registered> {
     use flotilla_agent::client::{ShardConnection, client_endpoint};
     use flotilla_proto::v1;
     use std::sync::Arc;
     let domains = domains_per_shard(shards.len());
     let mut tasks = tokio::task::JoinSet::new();
+    let mut links = Vec::new();
     const WORKERS: usize = 64;
     for (s, shard) in shards.iter().enumerate() {
         let endpoint = client_endpoint(&data.ca, "127.0.0.1:0".parse()?)?;
         let conn = ShardConnection::connect(&endpoint, shard.addr.parse()?, "127.0.0.1").await?;
+        links.push((endpoint.clone(), conn.clone()));
         let mine: Vec<usize> = (0..n).filter(|i| i % shards.len() == s).collect();
         let mine = Arc::new(mine);
         for w in 0..WORKERS {
             let (conn, mine, token, doms) = (conn.clone(), mine.clone(), data.join_token.clone(), domains[s].clone());
-            let endpoint = endpoint.clone();
             tasks.spawn(async move {
-                let _keep = endpoint;
                 let mut out = Vec::new();
                 for &i in mine.iter().skip(w).step_by(WORKERS) {
                     let id = format!("sim-{i:07}");
@@ -242,7 +253,7 @@ pub async fn register_nodes(
         nodes.extend(r??);
     }
     nodes.sort_by_key(|n| node_index(&n.id));
-    Ok(nodes)
+    Ok(Registered { nodes, links })
 }
 
 /// `flotilla up --shards 2 --restart-agents` with real agents and an app (or none), in its own

@@ -288,7 +288,7 @@ pub async fn run(a: DashboardArgs) -> anyhow::Result<()> {
         shards.push(ShardProc::spawn(&bin, &data.dir, i, a.shards, &liveness)?);
     }
     let started = Instant::now();
-    let nodes = Arc::new(register_nodes(&shards, &data, a.nodes, 8000).await?);
+    let nodes = Arc::new(register_nodes(&shards, &data, a.nodes, 8000).await?.nodes);
     println!("registered {} nodes in {:.1}s", nodes.len(), started.elapsed().as_secs_f64());
 
     // Every node heartbeats once a second from here to the end; some flip health.

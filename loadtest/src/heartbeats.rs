@@ -74,7 +74,7 @@ pub async fn run(a: HeartbeatArgs) -> anyhow::Result<()> {
     }
 
     let started = Instant::now();
-    let nodes = register_nodes(&shards, &data, a.nodes, 8000).await?;
+    let nodes = register_nodes(&shards, &data, a.nodes, 8000).await?.nodes;
     let reg_secs = started.elapsed().as_secs_f64();
     println!("registered {} nodes in {:.1}s ({:.0}/s)", nodes.len(), reg_secs, nodes.len() as f64 / reg_secs);
 

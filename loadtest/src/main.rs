@@ -12,6 +12,7 @@ mod lab;
 mod p2p;
 mod policies;
 mod routing;
+mod runner;
 mod schedule;
 mod soak;
 mod takeover;

@@ -197,7 +197,7 @@ pub async fn run_schedule(a: ScheduleArgs) -> anyhow::Result<()> {
     }
     let t = Instant::now();
     anyhow::ensure!((1..=4096).contains(&a.node_cores), "--node-cores must be within 1..=4096");
-    let nodes = register_nodes(&shards, &data, a.nodes, a.node_cores * 1000).await?;
+    let nodes = register_nodes(&shards, &data, a.nodes, a.node_cores * 1000).await?.nodes;
     println!(
         "registered {} nodes of {} cores in {:.1}s; each placement takes {} CPU",
         nodes.len(),
