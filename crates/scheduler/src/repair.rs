@@ -180,8 +180,7 @@ mod tests {
         let mut s = slots(&[], true);
         assert!(matches!(decide(&u, &s, 0, 60_000, NOW), Repair::FailUnit(_)), "left the view of an old shard");
         let young = ShardView::empty(0, NOW - 1_000);
-        let domains = flotilla_view::Domains::of(&young);
-        s[0] = Arc::new(ShardSlot { view: Arc::new(young), connected: true, domains, updated_unix_ms: 0 });
+        s[0] = Arc::new(ShardSlot::of(Arc::new(young), true));
         assert_eq!(decide(&u, &s, 0, 60_000, NOW), Repair::Wait, "a restarted shard: its agent may be on its way");
         assert!(matches!(decide(&u, &s, 0, 60_000, NOW + REJOIN_GRACE_MS), Repair::FailUnit(_)));
     }

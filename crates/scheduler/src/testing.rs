@@ -20,8 +20,7 @@ pub fn slots(nodes: impl IntoIterator<Item = NodeRecord>, connected: bool) -> Ve
     for r in nodes {
         v.insert(Arc::new(r));
     }
-    let domains = flotilla_view::Domains::of(&v);
-    vec![Arc::new(ShardSlot { view: Arc::new(v), connected, domains, updated_unix_ms: 0 })]
+    vec![Arc::new(ShardSlot::of(Arc::new(v), connected))]
 }
 
 /// A unit of app "a" in domain "d" whose `(member, node)` members run on shard 0; the

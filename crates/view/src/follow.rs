@@ -22,9 +22,19 @@ pub struct ShardSlot {
     pub connected: bool,
     /// The view's node ids by domain.
     pub domains: crate::domains::Domains,
+    /// The nodes each app has workloads on.
+    pub apps: crate::apps::AppNodes,
     /// When the follower stored this slot (Unix ms; 0 before the first store): the
     /// dashboard shows how long ago each shard's view last changed.
     pub updated_unix_ms: u64,
+}
+
+impl ShardSlot {
+    /// `view` with its indexes built.
+    pub fn of(view: Arc<ShardView>, connected: bool) -> ShardSlot {
+        let (domains, apps) = (crate::domains::Domains::of(&view), crate::apps::AppNodes::of(&view));
+        ShardSlot { view, connected, domains, apps, updated_unix_ms: 0 }
+    }
 }
 
 /// The merged view: one slot per shard, in `--aggregators` order. Readers load a
@@ -40,14 +50,7 @@ pub struct ClusterView {
 impl ClusterView {
     pub fn new(shards: usize) -> Arc<Self> {
         let slots = (0..shards)
-            .map(|i| {
-                ArcSwap::from_pointee(ShardSlot {
-                    view: Arc::new(ShardView::empty(i as u32, 0)),
-                    connected: false,
-                    domains: Default::default(),
-                    updated_unix_ms: 0,
-                })
-            })
+            .map(|i| ArcSwap::from_pointee(ShardSlot::of(Arc::new(ShardView::empty(i as u32, 0)), false)))
             .collect();
         Arc::new(ClusterView { slots, changed: watch::channel(0).0, errors: std::sync::Mutex::new(vec![None; shards]) })
     }
@@ -90,8 +93,7 @@ impl ClusterView {
     /// Sets shard `shard`'s view directly, as a follower would on a snapshot: for tests
     /// and tools that hold a view without a shard to follow.
     pub fn install(&self, shard: usize, view: ShardView, connected: bool) {
-        let domains = crate::domains::Domains::of(&view);
-        self.store(shard, ShardSlot { view: Arc::new(view), connected, domains, updated_unix_ms: 0 });
+        self.store(shard, ShardSlot::of(Arc::new(view), connected));
     }
 
     /// Stores `slot` as shard `shard`'s, stamped with the time, and wakes `changes()`.
@@ -143,15 +145,7 @@ pub async fn follow_shard(cluster: Arc<ClusterView>, shard: usize, endpoint: Str
         }
         let cur = cluster.slot(shard);
         if cur.connected {
-            cluster.store(
-                shard,
-                ShardSlot {
-                    view: cur.view.clone(),
-                    connected: false,
-                    domains: cur.domains.clone(),
-                    updated_unix_ms: 0,
-                },
-            );
+            cluster.store(shard, ShardSlot { connected: false, ..(*cur).clone() });
         }
         tokio::time::sleep(backoff.next_wait()).await;
     }
@@ -178,7 +172,7 @@ async fn follow_once(cluster: &ClusterView, shard: usize, endpoint: &str, dialer
     let from = (have.view.version.epoch != 0).then(|| have.view.version.into());
     let mut stream = client.watch_view(v1::WatchViewRequest { from_version: from }).await?.into_inner();
     let mut view = have.view.clone();
-    let mut domains = have.domains.clone();
+    let (mut domains, mut apps) = (have.domains.clone(), have.apps.clone());
     let mut building: Option<ShardView> = None;
     let mut connected = have.connected;
     loop {
@@ -199,12 +193,10 @@ async fn follow_once(cluster: &ClusterView, shard: usize, endpoint: &str, dialer
                 }
                 if chunk.last {
                     view = Arc::new(building.take().unwrap_or_else(|| ShardView::empty(shard as u32, 0)));
-                    domains = crate::domains::Domains::of(&view);
                     connected = true;
-                    cluster.store(
-                        shard,
-                        ShardSlot { view: view.clone(), connected, domains: domains.clone(), updated_unix_ms: 0 },
-                    );
+                    let slot = ShardSlot::of(view.clone(), connected);
+                    (domains, apps) = (slot.domains.clone(), slot.apps.clone());
+                    cluster.store(shard, slot);
                     metrics::counter!(m::SNAPSHOTS_RECEIVED.name).increment(1);
                 }
             }
@@ -216,21 +208,30 @@ async fn follow_once(cluster: &ClusterView, shard: usize, endpoint: &str, dialer
                 }
                 let next = view.apply(&d).ok_or(FollowError::Gap(d.from, view.version))?;
                 domains.apply(&d);
+                apps.apply(&view, &next, &d);
                 view = Arc::new(next);
                 connected = true;
-                cluster.store(
-                    shard,
-                    ShardSlot { view: view.clone(), connected, domains: domains.clone(), updated_unix_ms: 0 },
-                );
+                let slot = ShardSlot {
+                    view: view.clone(),
+                    connected,
+                    domains: domains.clone(),
+                    apps: apps.clone(),
+                    updated_unix_ms: 0,
+                };
+                cluster.store(shard, slot);
             }
             None => {
                 // A keep-alive (no update): we are current.
                 if !connected {
                     connected = true;
-                    cluster.store(
-                        shard,
-                        ShardSlot { view: view.clone(), connected, domains: domains.clone(), updated_unix_ms: 0 },
-                    );
+                    let slot = ShardSlot {
+                        view: view.clone(),
+                        connected,
+                        domains: domains.clone(),
+                        apps: apps.clone(),
+                        updated_unix_ms: 0,
+                    };
+                    cluster.store(shard, slot);
                 }
             }
         }

@@ -8,6 +8,7 @@
 //! [`follow`] is the client side: it keeps a local copy of one shard's view
 //! current over `WatchView`.
 
+mod apps;
 pub mod catalogue;
 mod domains;
 mod follow;
@@ -15,6 +16,7 @@ mod publish;
 mod record;
 mod wire;
 
+pub use apps::AppNodes;
 pub use domains::Domains;
 pub use follow::{ClusterView, ShardSlot, follow_shard};
 pub use publish::{Start, Subscription, ViewPublisher};

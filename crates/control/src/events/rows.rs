@@ -323,7 +323,7 @@ pub(super) fn snapshot_chunks(slots: &[Arc<ShardSlot>]) -> Vec<Frame> {
 mod tests {
     use super::*;
     use flotilla_core::{Labels, Resources};
-    use flotilla_view::{Domains, ShardView};
+    use flotilla_view::ShardView;
 
     fn node(id: &str, domain: &str, health_millis: u16) -> Arc<NodeRecord> {
         let mut r = NodeRecord::blank(NodeId::new(id).unwrap());
@@ -342,8 +342,7 @@ mod tests {
         for n in nodes {
             v.insert(n.clone());
         }
-        let domains = Domains::of(&v);
-        Arc::new(ShardSlot { view: Arc::new(v), connected, domains, updated_unix_ms: 1_000 })
+        Arc::new(ShardSlot { updated_unix_ms: 1_000, ..ShardSlot::of(Arc::new(v), connected) })
     }
 
     /// The ids of the rows and of the removed nodes, each sorted (the view is in hash order).
