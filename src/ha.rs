@@ -54,6 +54,8 @@ pub struct Parts {
     pub cluster: Arc<flotilla_view::ClusterView>,
     pub aggregators: Vec<String>,
     pub dialer: flotilla_proto::dial::Dialer,
+    /// Shared by every app of the process.
+    pub channels: flotilla_scheduler::ShardChannels,
     pub unknown_grace: Duration,
     pub state: Arc<flotilla_control::ControlState>,
     pub leader: Leader,
@@ -69,6 +71,7 @@ impl Parts {
         )?;
         let scheduler = scheduler
             .with_dialer(self.dialer.clone())
+            .with_channels(self.channels.clone())
             .with_unknown_grace(self.unknown_grace)
             .with_policies(self.state.policies.book())
             .with_leader(self.leader.clone());

@@ -280,12 +280,18 @@ pub async fn run(a: UpArgs, log_format: LogFormat) -> anyhow::Result<()> {
     if !a.apps.is_empty() {
         let store: Arc<dyn flotilla_scheduler::Store> =
             Arc::new(flotilla_scheduler::RedbStore::open(&data.dir.join("state.redb"))?);
+        let channels = flotilla_scheduler::ShardChannels::new(addrs.len());
         for path in &a.apps {
             let spec = crate::serve::scheduler::load_spec(path)?;
             let (scheduler, handle) =
                 flotilla_scheduler::Scheduler::new(spec, cluster.clone(), addrs.clone(), store.clone())?;
             state.apps.add_local(handle);
-            schedulers.push(scheduler.with_dialer(dialer.clone()).with_policies(state.policies.book()));
+            schedulers.push(
+                scheduler
+                    .with_dialer(dialer.clone())
+                    .with_channels(channels.clone())
+                    .with_policies(state.policies.book()),
+            );
         }
     }
     let listener = tokio::net::TcpListener::bind(a.listen)

@@ -209,12 +209,14 @@ pub async fn scheduler(a: SchedulerArgs) -> anyhow::Result<()> {
                 }
             };
             let mut tasks = tokio::task::JoinSet::new();
+            let channels = flotilla_scheduler::ShardChannels::new(aggregators.len());
             for ((spec, leader), held) in specs.into_iter().zip(leaders).zip(each) {
                 let parts = crate::ha::Parts {
                     spec,
                     cluster: state.cluster.clone(),
                     aggregators: aggregators.clone(),
                     dialer: state.dialer.clone(),
+                    channels: channels.clone(),
                     unknown_grace: grace,
                     state: state.clone(),
                     leader,

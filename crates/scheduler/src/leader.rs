@@ -26,6 +26,9 @@ struct Inner {
     lease: ArcSwapOption<Lease>,
     /// Why a standby waits (who holds the lease, or why etcd cannot be asked).
     waiting: Mutex<Option<String>>,
+    /// Counts the leases taken, so the scheduler acts on one at once rather than at its
+    /// next tick (which a quiet app spaces out).
+    taken: tokio::sync::watch::Sender<u64>,
 }
 
 /// What `apps` shows about the scheduler serving an app.
@@ -50,6 +53,7 @@ impl Leader {
                 instance: instance.into(),
                 lease: ArcSwapOption::empty(),
                 waiting: Mutex::default(),
+                taken: tokio::sync::watch::Sender::new(0),
             }),
         }
     }
@@ -70,6 +74,12 @@ impl Leader {
     pub fn set(&self, lease: Lease) {
         *self.inner.waiting.lock_or_recover() = None;
         self.inner.lease.store(Some(Arc::new(lease)));
+        self.inner.taken.send_modify(|n| *n += 1);
+    }
+
+    /// Changes each time this process takes a lease.
+    pub fn taken(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.inner.taken.subscribe()
     }
 
     /// Notes why a standby waits.

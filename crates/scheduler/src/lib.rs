@@ -32,7 +32,7 @@ pub use lifecycle::UnitState;
 pub use reconcile::{
     AppHandle, AppStatus, Applied, ApplyPlan, AutoscalingStatus, CannotPlace, ChangeRequest, Command, CommandError,
     Demand, DemandRequest, MAX_DEMAND_COUNT, MAX_DEMAND_ENTRIES, PolicyBook, RebalancePlan, STORE_UNAVAILABLE,
-    Scheduler, Stats,
+    Scheduler, ShardChannels, Stats,
 };
 pub use rollout::counts_toward_desired;
 pub use spec::{AppSpec, SpecOrigin};

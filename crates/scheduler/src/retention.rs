@@ -50,6 +50,11 @@ pub fn expired(units: &BTreeMap<String, UnitRecord>, now: u64) -> Vec<String> {
         .collect()
 }
 
+/// When the oldest ended unit has been kept for [`KEEP_ENDED_MS`] (Unix ms), if any ended.
+pub fn next_expiry(units: &BTreeMap<String, UnitRecord>) -> Option<u64> {
+    units.values().filter_map(|u| u.ended_unix_ms).min().map(|at| at.saturating_add(KEEP_ENDED_MS + 1))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

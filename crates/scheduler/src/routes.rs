@@ -40,32 +40,64 @@ struct Smoothed {
     ewma: f64,
     published: f64,
     at_ms: u64,
+    /// The score last observed: the EWMA moves toward it.
+    score: f64,
+    /// The last table that listed the endpoint (Unix ms): the state of one it no longer
+    /// lists is dropped.
+    listed_ms: u64,
+}
+
+impl Smoothed {
+    /// The EWMA after `dt` ms is `score - gap·e^(-dt/τ)`, with `gap` = score − EWMA now;
+    /// it leaves the band around the factor shown once `|gap|·e^(-dt/τ)` < `|score − shown|
+    /// − BAND`.
+    fn next_change_ms(&self) -> Option<u64> {
+        let reach = (self.score.max(FLOOR) - self.published).abs() - BAND;
+        if reach <= 0.0 {
+            return None;
+        }
+        let gap = (self.score - self.ewma).abs();
+        let dt = if gap <= reach { 0.0 } else { TAU_MS * (gap / reach).ln() };
+        // A millisecond past the crossing, so rounding never leaves the EWMA short of it.
+        Some(self.at_ms.saturating_add(dt.ceil() as u64 + 1))
+    }
 }
 
 /// Per-endpoint smoothing state, kept across tables.
 #[derive(Debug, Default)]
 pub struct Weights {
     smoothed: HashMap<String, Smoothed>,
+    /// When the last table was computed: a factor not computed since (its member gets 0
+    /// now) keeps its state, but no timer.
+    table_ms: u64,
 }
 
 impl Weights {
     /// The health factor of `endpoint` after observing `score` at `now_ms`.
     pub fn health_factor(&mut self, endpoint: &str, score: f64, now_ms: u64) -> f64 {
         let score = if score.is_finite() { score.clamp(0.0, 1.0) } else { 0.0 };
-        let s = self.smoothed.entry(endpoint.to_string()).or_insert(Smoothed {
-            ewma: score,
-            published: score.max(FLOOR),
-            at_ms: now_ms,
-        });
+        let fresh = Smoothed { ewma: score, published: score.max(FLOOR), at_ms: now_ms, score, listed_ms: now_ms };
+        let s = match self.smoothed.get_mut(endpoint) {
+            Some(s) => s,
+            None => self.smoothed.entry(endpoint.to_string()).or_insert(fresh),
+        };
         let dt = now_ms.saturating_sub(s.at_ms) as f64;
         let alpha = 1.0 - (-dt / TAU_MS).exp();
         s.ewma += alpha * (score - s.ewma);
         s.at_ms = now_ms;
+        s.score = score;
         if (s.ewma - s.published).abs() > BAND {
             s.published = s.ewma;
         }
         s.published = s.published.max(FLOOR);
         s.published
+    }
+
+    /// When (Unix ms) a factor shown next moves with no new score: its EWMA, on its way
+    /// to a score outside the band around the factor, leaves the band. The table must be
+    /// computed again then, not only when the view changes; `None` when no factor moves.
+    pub fn next_change_ms(&self) -> Option<u64> {
+        self.smoothed.values().filter(|s| s.at_ms >= self.table_ms).filter_map(Smoothed::next_change_ms).min()
     }
 
     /// Every serving member of the app's units with its weight.
@@ -78,6 +110,7 @@ impl Weights {
         member_performance: &dyn Fn(&MemberRecord) -> Option<f64>,
         now_ms: u64,
     ) -> Vec<v1::Route> {
+        self.table_ms = now_ms;
         let mut routes = Vec::new();
         for u in units {
             let unit_serves = matches!(u.state, UnitState::Running | UnitState::Degraded);
@@ -100,6 +133,9 @@ impl Weights {
                     }
                     _ => 0.0,
                 };
+                if let Some(s) = self.smoothed.get_mut(endpoint.as_str()) {
+                    s.listed_ms = now_ms;
+                }
                 routes.push(v1::Route {
                     endpoint: endpoint.clone(),
                     node_id: node.clone(),
@@ -110,7 +146,7 @@ impl Weights {
                 });
             }
         }
-        self.smoothed.retain(|k, _| routes.iter().any(|r| &r.endpoint == k));
+        self.smoothed.retain(|_, s| s.listed_ms == now_ms);
         routes.sort_by(|a, b| a.endpoint.cmp(&b.endpoint));
         routes
     }
@@ -208,6 +244,37 @@ mod tests {
         assert!(after_3s < 1.0 && after_3s > 0.3, "{after_3s}");
         let much_later = w.health_factor("e", 0.0, 60_000);
         assert_eq!(much_later, FLOOR, "never below the floor");
+    }
+
+    #[test]
+    fn the_next_change_is_when_the_factor_moves() {
+        let mut w = Weights::default();
+        w.health_factor("e", 1.0, 0);
+        assert_eq!(w.next_change_ms(), None);
+        w.health_factor("e", 0.92, 1000);
+        assert_eq!(w.next_change_ms(), None, "jitter inside the band never moves the factor");
+        let mut shown = w.health_factor("e", 0.3, 2000);
+        let mut changes = 0;
+        while let Some(at) = w.next_change_ms() {
+            assert!(at < 60_000, "it settles");
+            // A moment before, the factor holds; at the moment, it moves.
+            let mut early = Weights { smoothed: w.smoothed.clone(), table_ms: 0 };
+            assert_eq!(early.health_factor("e", 0.3, at - 2), shown, "at {at}");
+            let now = w.health_factor("e", 0.3, at);
+            assert!(now < shown, "{now} at {at}");
+            shown = now;
+            changes += 1;
+        }
+        assert!(changes >= 2, "{changes} steps down");
+        assert!((shown - 0.3).abs() <= BAND);
+        let at = w.next_change_ms().unwrap_or(0);
+        assert_eq!(at, 0);
+        w.health_factor("e", 0.0, 40_000);
+        while let Some(at) = w.next_change_ms() {
+            w.health_factor("e", 0.0, at);
+        }
+        assert_eq!(w.health_factor("e", 0.0, 100_000), FLOOR, "at the floor with a score below it, nothing moves");
+        assert_eq!(w.next_change_ms(), None);
     }
 
     #[test]

@@ -141,6 +141,15 @@ impl Autoscaler {
         }
     }
 
+    /// When the policy is next evaluated; `None` while the app follows none.
+    pub(super) fn next_due_ms(&self, spec: &AppSpec) -> Option<u64> {
+        let follows = match &spec.autoscaling_policy {
+            Some(name) => self.book.load().contains_key(name),
+            None => self.own.is_some(),
+        };
+        follows.then_some(self.next_eval_ms)
+    }
+
     /// The name of the algorithm the app follows now (`basic`, `utilization`).
     pub(super) fn policy_algorithm(&self, spec: &AppSpec) -> Option<&'static str> {
         match &spec.autoscaling_policy {

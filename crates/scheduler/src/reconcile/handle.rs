@@ -158,9 +158,14 @@ pub struct AppHandle {
     pub(super) routes: tokio::sync::watch::Receiver<Arc<v1::RouteTable>>,
     pub(super) capacity: tokio::sync::watch::Receiver<Arc<v1::Capacity>>,
     pub(super) decisions: Arc<ArcSwap<Vec<Arc<serde_json::Value>>>>,
-    pub(super) rebalance: Arc<ArcSwap<super::rebalance::RebalancePlan>>,
+    pub(super) rebalance: Rebalance,
     pub(super) traffic: Arc<std::sync::Mutex<crate::canary::TrafficBook>>,
 }
+
+/// The last rebalance plan. Replaced every look (each one carries when it was made) and
+/// read only on request: an `ArcSwap`, whose store pays every reader thread's debts,
+/// cost more here than a lock.
+pub(super) type Rebalance = Arc<std::sync::Mutex<Arc<super::rebalance::RebalancePlan>>>;
 
 impl AppHandle {
     /// A router's per-version numbers: counted toward the canary step in force, if one
@@ -246,7 +251,7 @@ impl AppHandle {
     /// What moving units to better places would do now (`flotilla rebalance APP --plan`),
     /// as the scheduler last looked.
     pub fn rebalance(&self) -> Arc<super::rebalance::RebalancePlan> {
-        self.rebalance.load_full()
+        self.rebalance.lock_or_recover().clone()
     }
 
     /// The app's serving capacity; `changed()` wakes when it changes.
@@ -275,7 +280,7 @@ pub(super) struct Outputs {
     pub(super) routes: tokio::sync::watch::Sender<Arc<v1::RouteTable>>,
     pub(super) capacity: tokio::sync::watch::Sender<Arc<v1::Capacity>>,
     pub(super) decisions: Arc<ArcSwap<Vec<Arc<serde_json::Value>>>>,
-    pub(super) rebalance: Arc<ArcSwap<super::rebalance::RebalancePlan>>,
+    pub(super) rebalance: Rebalance,
     /// The routing weights' memory between passes (`crate::routes`).
     pub(super) weights: crate::routes::Weights,
     /// The routers' numbers over a canary's step in force (shared with the handle).
@@ -300,8 +305,8 @@ impl Outputs {
         let (capacity, capacity_rx) =
             tokio::sync::watch::channel(Arc::new(v1::Capacity { app: app.clone(), ..Default::default() }));
         let decisions = Arc::new(ArcSwap::from_pointee(decisions));
-        let rebalance =
-            Arc::new(ArcSwap::from_pointee(super::rebalance::RebalancePlan { app: app.clone(), ..Default::default() }));
+        let plan = super::rebalance::RebalancePlan { app: app.clone(), ..Default::default() };
+        let rebalance = Arc::new(std::sync::Mutex::new(Arc::new(plan)));
         let traffic = Arc::new(std::sync::Mutex::new(crate::canary::TrafficBook::default()));
         let handle = AppHandle {
             traffic: traffic.clone(),

@@ -2,7 +2,10 @@
 //! the scheduler's one place that builds wire claims and keys.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
+
+use flotilla_core::LockExt;
 
 use flotilla_proto::dial::{Dialer, GrpcChannel};
 use flotilla_proto::status::RemoteError;
@@ -26,13 +29,48 @@ pub enum CommitError {
     Unknown { shard: usize, message: String },
 }
 
-/// The scheduler's connections to every shard, by shard index. A call that fails drops
-/// its shard's channel, so the next one connects afresh.
+type Client = LedgerServiceClient<GrpcChannel>;
+
+/// One connection to each shard's ledger, shared by the schedulers it is given to (the
+/// apps of one `flotilla scheduler --apps-dir` process): a connection keeps itself alive
+/// with a ping a second, and a thousand apps with one each to every shard sent and
+/// answered thousands a second while idle. A call that fails drops the connection it
+/// went over, so the next call, whichever app makes it, connects afresh.
+#[derive(Clone)]
+pub struct ShardChannels {
+    shards: Arc<Vec<SharedChannel>>,
+}
+
+#[derive(Default)]
+struct SharedChannel {
+    state: std::sync::Mutex<ChannelState>,
+    /// Held while connecting: apps that need the shard at once wait for one connection.
+    connecting: tokio::sync::Mutex<()>,
+}
+
+#[derive(Default)]
+struct ChannelState {
+    client: Option<Client>,
+    /// Counts connections, so a failure drops only the one it happened on.
+    generation: u64,
+    /// Which of the shard's addresses (`a|b`) the next connection tries.
+    alternate: usize,
+}
+
+impl ShardChannels {
+    /// Channels to `shards` shards, none connected yet.
+    pub fn new(shards: usize) -> Self {
+        ShardChannels { shards: Arc::new((0..shards).map(|_| SharedChannel::default()).collect()) }
+    }
+}
+
+/// The scheduler's connections to every shard, by shard index ([`ShardChannels`], its
+/// own unless it was given shared ones).
 pub struct Ledgers {
     addrs: Vec<String>,
-    clients: Vec<Option<LedgerServiceClient<GrpcChannel>>>,
-    /// Per shard, which of its addresses (`a|b`) the next connection tries.
-    alternate: Vec<usize>,
+    pub(super) channels: ShardChannels,
+    /// The client in use for each shard, with the generation of its connection.
+    clients: Vec<Option<(Client, u64)>>,
     pub(super) dialer: Dialer,
     /// Carried on every request: the lease's token, so a shard refuses a deposed
     /// scheduler whose request arrives after a newer one's.
@@ -48,7 +86,7 @@ impl Ledgers {
     pub fn new(addrs: Vec<String>) -> Self {
         Ledgers {
             clients: vec![None; addrs.len()],
-            alternate: vec![0; addrs.len()],
+            channels: ShardChannels::new(addrs.len()),
             addrs,
             dialer: Dialer::network(),
             fencing_token: crate::leader::LOCAL_TOKEN,
@@ -76,17 +114,42 @@ impl Ledgers {
         self.addrs.len()
     }
 
-    async fn client(&mut self, shard: usize) -> anyhow::Result<LedgerServiceClient<GrpcChannel>> {
+    async fn client(&mut self, shard: usize) -> anyhow::Result<Client> {
         let entry = self.addrs.get(shard).ok_or_else(|| anyhow::anyhow!("no shard {shard}"))?;
-        if self.clients[shard].is_none() {
+        if let Some((client, _)) = self.clients.get(shard).and_then(Option::as_ref) {
+            return Ok(client.clone());
+        }
+        let shared = self.channels.shards.get(shard).ok_or_else(|| anyhow::anyhow!("no channel for shard {shard}"))?;
+        let _one_connects = shared.connecting.lock().await;
+        let addr = {
+            let mut state = shared.state.lock_or_recover();
+            if let Some(client) = state.client.clone() {
+                self.clients[shard] = Some((client.clone(), state.generation));
+                return Ok(client);
+            }
             // `a|b`: the shard's active process and its standbys; each new connection
             // after a failure tries the next.
-            let addr = flotilla_core::shard_alternate(entry, self.alternate[shard]);
-            self.alternate[shard] += 1;
-            let channel = self.dialer.connect(addr, Some(CONNECT_TIMEOUT)).await?;
-            self.clients[shard] = Some(LedgerServiceClient::new(channel));
+            state.alternate += 1;
+            flotilla_core::shard_alternate(entry, state.alternate - 1)
+        };
+        let client = LedgerServiceClient::new(self.dialer.connect(addr, Some(CONNECT_TIMEOUT)).await?);
+        let mut state = shared.state.lock_or_recover();
+        state.generation += 1;
+        state.client = Some(client.clone());
+        self.clients[shard] = Some((client.clone(), state.generation));
+        Ok(client)
+    }
+
+    /// A call on `shard` failed: its connection is dropped, unless another call already
+    /// replaced it.
+    fn drop_client(&mut self, shard: usize) {
+        let Some((_, generation)) = self.clients.get_mut(shard).and_then(Option::take) else { return };
+        if let Some(shared) = self.channels.shards.get(shard) {
+            let mut state = shared.state.lock_or_recover();
+            if state.generation == generation {
+                state.client = None;
+            }
         }
-        self.clients[shard].clone().ok_or_else(|| anyhow::anyhow!("no client for shard {shard}"))
     }
 
     /// Commits each `(shard, txn_id, claims)` at once and returns each shard's verdicts,
@@ -156,7 +219,7 @@ impl Ledgers {
                 Ok(r)
             }
             Err(status) => {
-                self.clients[shard] = None;
+                self.drop_client(shard);
                 let error = RemoteError::from(status);
                 if error.code == FENCED_CODE {
                     self.fenced(shard);
@@ -176,7 +239,7 @@ impl Ledgers {
         self.check_lease("release").map_err(|e| anyhow::anyhow!("release on shard {shard}: {e}"))?;
         let req = v1::ReleaseRequest { txn_id, fencing_token: self.fencing_token, keys };
         if let Err(status) = self.client(shard).await?.release(req).await {
-            self.clients[shard] = None;
+            self.drop_client(shard);
             let error = RemoteError::from(status);
             if error.code == FENCED_CODE {
                 self.fenced(shard);

@@ -1,5 +1,6 @@
-//! The reconcile loop of one app (docs/architecture.md §6), driven by view changes and
-//! a 1 s tick. A pass runs its steps in order, one file each:
+//! The reconcile loop of one app (docs/architecture.md §6), driven by view changes, commands
+//! and a tick ([`due`]: every second, or a quiet app's timers). A pass runs its steps in
+//! order, one file each:
 //!
 //! 1. sync ([`observe`]): member states from the view, the orphan sweep, adopt on start;
 //!    members held for start order start once their head runs ([`order`]);
@@ -22,6 +23,7 @@ mod autoscale;
 mod canary;
 mod command;
 mod dry_run;
+mod due;
 mod error;
 mod handle;
 mod heal;
@@ -53,6 +55,7 @@ pub use error::{CommandError, STORE_UNAVAILABLE};
 use handle::Outputs;
 pub use handle::{AppHandle, AppStatus, Applied, AutoscalingStatus, ChangeRequest, Command, Stats};
 use ledgers::Ledgers;
+pub use ledgers::ShardChannels;
 use observe::Tracking;
 use order::Held;
 use planning::Planning;
@@ -94,6 +97,12 @@ pub struct Scheduler {
     planning: Planning,
     autoscaler: Autoscaler,
     rebalancing: rebalance::Rebalancing,
+    /// Whether the last pass wrote anything (a pass that changed something is followed by
+    /// another within the tick).
+    wrote: bool,
+    /// Where in each period the app's periodic steps fall ([`due::phase_of`]; taken
+    /// modulo the period).
+    phase_ms: u64,
 }
 
 impl Scheduler {
@@ -168,6 +177,7 @@ impl Scheduler {
             scheduler: crate::leader::Leader::always("local").role(),
         };
         let autoscaler = Autoscaler::new(&spec, &stored.decisions);
+        let phase_ms = due::phase_of(&spec.name);
         let (out, handle, commands) = Outputs::new(status, autoscaler.decisions.iter().rev().cloned().collect());
         let scheduler = Scheduler {
             fingerprints: spec.fingerprints(),
@@ -187,6 +197,8 @@ impl Scheduler {
             planning: Planning::new(rand::SeedableRng::seed_from_u64(rand::random())),
             autoscaler,
             rebalancing: Default::default(),
+            wrote: false,
+            phase_ms,
         };
         Ok((scheduler, handle))
     }
@@ -194,6 +206,13 @@ impl Scheduler {
     /// Reaches the shards through `dialer` (a token, TLS, or a simulated network).
     pub fn with_dialer(mut self, dialer: Dialer) -> Self {
         self.ledgers.dialer = dialer;
+        self
+    }
+
+    /// Talks to the shards over `channels`, shared with the other schedulers given them
+    /// (one process hosting many apps), rather than over connections of its own.
+    pub fn with_channels(mut self, channels: ShardChannels) -> Self {
+        self.ledgers.channels = channels;
         self
     }
 
@@ -261,9 +280,11 @@ impl Scheduler {
     }
 
     /// Runs until the process stops: a pass on every view change that concerns the app
-    /// (at most every 50 ms; [`watched`]) and at least once a second.
+    /// (at most every 50 ms; [`watched`]), on every command and lease taken, and when the
+    /// tick is due ([`due`]).
     pub async fn run(mut self) {
         let mut changes = self.cluster.changes();
+        let mut leases = self.leader.taken();
         let ignored = metrics::counter!(m::VIEW_CHANGES_IGNORED.name);
         // The same failure pass after pass (a store that stays down) is logged once.
         let mut last_error = String::new();
@@ -296,13 +317,25 @@ impl Scheduler {
             drop(seen);
             metrics::histogram!(m::RECONCILE_SECONDS.name).record(started.elapsed().as_secs_f64());
             self.publish_routes();
-            // A pass that took a second or more still leaves the runtime a breath.
-            let next = (started + Duration::from_secs(1)).max(tokio::time::Instant::now() + Duration::from_millis(50));
+            // Counted from the pass's start; a pass that took a second or more still leaves
+            // the runtime a breath.
+            let next = (started + until(self.next_pass_ms(now_ms()))).max(tokio::time::Instant::now() + BREATH);
             let tick = tokio::time::sleep_until(next);
             tokio::pin!(tick);
+            // Weights moving on their own between passes: the table alone is computed.
+            let reweigh_at =
+                |s: &Self| s.out.weights.next_change_ms().map(|at| tokio::time::Instant::now() + until(at).max(BREATH));
+            let mut reweigh = reweigh_at(&self);
+            let reweighing = tokio::time::sleep_until(reweigh.unwrap_or(next));
+            tokio::pin!(reweighing);
             loop {
                 tokio::select! {
                     _ = &mut tick => break,
+                    _ = &mut reweighing, if reweigh.is_some_and(|at| at < next) => {
+                        self.publish_routes();
+                        reweigh = reweigh_at(&self);
+                        reweighing.as_mut().reset(reweigh.unwrap_or(next));
+                    }
                     r = changes.changed() => {
                         if r.is_err() { return; }
                         if !watched.concerned(&self.cluster) {
@@ -312,13 +345,14 @@ impl Scheduler {
                         // Routes follow the view at once (a node that stops being Alive
                         // gets weight 0 in this batch); the reconcile pass may wait a little.
                         self.publish_routes();
-                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        tokio::time::sleep(BREATH).await;
                         break;
                     }
                     Some(cmd) = self.commands.recv() => {
                         self.command(cmd);
                         break;
                     }
+                    Ok(()) = leases.changed() => break,
                 }
             }
         }
@@ -382,7 +416,9 @@ impl Scheduler {
         self.tracking.observe(&mut self.stored.units, &slots, now_ms(), &mut writes);
         tokio::task::yield_now().await;
         self.held.start_waiting(&self.spec, &self.stored.units, &mut self.ledgers).await;
-        self.tracking.sweep_orphans(&self.spec.name, &self.stored.units, &mut self.ledgers, &slots).await;
+        self.tracking
+            .sweep_orphans(&self.spec.name, &self.stored.units, &mut self.ledgers, &slots, self.phase_ms)
+            .await;
         self.heal(&slots, &mut writes).await;
         tokio::task::yield_now().await;
         self.autoscaler.step(&self.spec, &mut self.stored, now_ms(), &mut writes);
@@ -405,6 +441,7 @@ impl Scheduler {
         self.queue_missing(&mut writes);
         self.place_queued(&mut writes).await;
         self.retire(&mut writes);
+        self.wrote = !writes.is_empty();
 
         // An empty batch too: a failing store reopens from here.
         if let Err(e) = save(&*self.store, &self.spec.name, &writes) {
@@ -639,6 +676,14 @@ impl Scheduler {
         self.stored.versions.insert(1, v);
         Ok(())
     }
+}
+
+/// The least time between two passes, and between a view change and its pass.
+const BREATH: Duration = Duration::from_millis(50);
+
+/// From now until `at_ms` (Unix ms) on the runtime's clock.
+fn until(at_ms: u64) -> Duration {
+    Duration::from_millis(at_ms.saturating_sub(now_ms()))
 }
 
 /// Writes `batch` to the store. A write blocks (an fsync, an etcd round trip): on a

@@ -31,7 +31,7 @@ fn take_reported_ports(m: &mut MemberRecord, w: &v1::WorkloadStatus) -> bool {
     changed
 }
 
-/// How often the view is swept for members no unit accounts for (it reads every node).
+/// How often the view is swept for members no unit accounts for.
 const SWEEP_EVERY_MS: u64 = 5_000;
 
 /// What the sync step remembers between passes: since when members have been missing
@@ -47,6 +47,8 @@ pub(super) struct Tracking {
     pub(super) unknown_since: HashMap<String, u64>,
     /// How long Unknown members are waited for before they count as lost.
     pub(super) unknown_grace_ms: u64,
+    /// Members of placed units whose node did not report them in the last pass.
+    unreported: usize,
 }
 
 impl Default for Tracking {
@@ -57,6 +59,7 @@ impl Default for Tracking {
             absent_since: HashMap::new(),
             unknown_since: HashMap::new(),
             unknown_grace_ms: 60_000,
+            unreported: 0,
         }
     }
 }
@@ -65,6 +68,17 @@ impl Tracking {
     /// Forgets what this run saw, as a restart would (the scheduler took the lease again).
     pub(super) fn restart(&mut self) {
         *self = Tracking { unknown_grace_ms: self.unknown_grace_ms, ..Tracking::default() };
+    }
+
+    /// When the next orphan sweep is due (Unix ms).
+    pub(super) fn next_sweep_ms(&self) -> u64 {
+        self.next_sweep_ms
+    }
+
+    /// Every placed member was reported by its node in the last pass, and no grace
+    /// (missing, unknown) is counting.
+    pub(super) fn settled(&self) -> bool {
+        self.unreported == 0 && self.absent_since.is_empty() && self.unknown_since.is_empty()
     }
 
     /// Moves `units` along with what their members' agents report: Allocated → Starting
@@ -77,6 +91,7 @@ impl Tracking {
         writes: &mut Vec<Write>,
     ) {
         let mut absent = HashMap::new();
+        self.unreported = 0;
         for unit in units.values_mut() {
             if !matches!(
                 unit.state,
@@ -120,6 +135,7 @@ impl Tracking {
                     changed |= take_reported_ports(m, w);
                 }
                 any_reported |= status.is_some();
+                self.unreported += usize::from(status.is_none());
                 all_running &= state.as_deref() == Some("running");
                 if m.state != state || m.address != address {
                     m.state = state;
@@ -171,15 +187,17 @@ impl Tracking {
         units: &BTreeMap<String, UnitRecord>,
         ledgers: &mut Ledgers,
         slots: &[Arc<ShardSlot>],
+        phase_ms: u64,
     ) {
         let now = now_ms();
         if now < self.next_sweep_ms {
             return;
         }
-        self.next_sweep_ms = now + SWEEP_EVERY_MS;
+        self.next_sweep_ms = super::due::next_beat(now, SWEEP_EVERY_MS, phase_ms);
         let mut orphans: BTreeMap<usize, Vec<v1::ClaimKey>> = BTreeMap::new();
         for (shard, slot) in slots.iter().enumerate().filter(|(_, s)| s.connected) {
-            for rec in slot.view.nodes.values() {
+            // The nodes the app has workloads on, not every node (`flotilla_view::AppNodes`).
+            for rec in slot.apps.get(app).filter_map(|id| slot.view.get(id)) {
                 for w in rec.workloads.iter().filter(|w| w.app == app) {
                     let owned = units.get(&w.unit).is_some_and(|u| {
                         u.state != UnitState::Terminated

@@ -92,6 +92,11 @@ impl Planning {
     }
 
     /// What is committed but not shown yet, by node.
+    /// Nothing committed is still to show in the view.
+    pub(super) fn settled(&self) -> bool {
+        self.pending.is_empty()
+    }
+
     pub(super) fn pending_by_node(&self) -> NodeMap<Resources> {
         let mut by_node: NodeMap<Resources> = NodeMap::default();
         for p in &self.pending {

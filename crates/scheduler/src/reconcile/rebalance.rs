@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use flotilla_core::now_ms;
+use flotilla_core::{LockExt, now_ms};
 use flotilla_view::{NodeRecord, ShardSlot};
 use serde::Serialize;
 
@@ -85,13 +85,19 @@ pub(super) struct Rebalancing {
     next_ms: u64,
 }
 
+impl Rebalancing {
+    pub(super) fn next_ms(&self) -> u64 {
+        self.next_ms
+    }
+}
+
 impl Scheduler {
     pub(super) fn rebalance(&mut self, slots: &[Arc<ShardSlot>], writes: &mut Vec<Write>) {
         let now = now_ms();
         if now < self.rebalancing.next_ms {
             return;
         }
-        self.rebalancing.next_ms = now + EVERY_MS;
+        self.rebalancing.next_ms = super::due::next_beat(now, EVERY_MS, self.phase_ms);
         let (mut plan, room) = self.rebalance_plan(slots, now);
         let on = self.spec.disruption.rebalance == Switch::On;
         let room = if on && plan.waiting.is_none() { room } else { 0 };
@@ -99,7 +105,7 @@ impl Scheduler {
             mv.started = true;
             self.start_move(mv, now, writes);
         }
-        self.out.rebalance.store(Arc::new(plan));
+        *self.out.rebalance.lock_or_recover() = Arc::new(plan);
     }
 
     fn budget(&self, now: u64) -> Budget<'_> {

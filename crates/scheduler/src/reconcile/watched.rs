@@ -6,9 +6,9 @@
 //! For an app with no unit waiting for room, what a pass decides from the view comes
 //! from the records of the nodes its members are on (their health, cordons and drains,
 //! what their agents report) and from which shards are connected. A change to anything
-//! else (room freed on another node, an orphan left on one) is seen by the pass the 1 s
-//! tick runs, as are all timers; a queued unit makes every change concern the app, since
-//! any node may now have room for it.
+//! else (room freed on another node, an orphan left on one) is seen by the pass the tick
+//! runs ([`super::due`]), as are all timers; a queued unit makes every change concern the
+//! app, since any node may now have room for it.
 
 use std::sync::Arc;
 
