@@ -126,8 +126,9 @@ impl Weights {
                 let serving = unit_serves && m.state.as_deref() == Some("running");
                 let weight = match record {
                     Some(r) if serving && r.status == NodeStatus::Alive && r.incarnation.0 == m.incarnation => {
-                        let perf = member_performance(m).unwrap_or_else(|| {
-                            performance.estimate(r.labels.get("gpu_model"), r.capacity.cpu_millis / 1000)
+                        let perf = member_performance(m).unwrap_or_else(|| match performance.is_empty() {
+                            true => 1.0,
+                            false => performance.estimate(r.labels.get("gpu_model"), r.capacity.cpu_millis / 1000),
                         });
                         perf * self.health_factor(endpoint, f64::from(r.health_score()), now_ms)
                     }

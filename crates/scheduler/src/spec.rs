@@ -190,6 +190,11 @@ pub struct Performance {
 }
 
 impl Performance {
+    /// No estimate by node: every node counts 1.
+    pub fn is_empty(&self) -> bool {
+        self.gpu_model.is_empty() && self.cores.is_empty()
+    }
+
     pub fn estimate(&self, gpu_model: Option<&str>, cores: u64) -> f64 {
         if let Some(p) = gpu_model.and_then(|m| self.gpu_model.get(m)) {
             return *p;
@@ -428,6 +433,15 @@ impl AppSpec {
         m
     }
 
+    /// The template of the members of `role`: `head`, `worker` or a group's name.
+    pub fn template_for(&self, role: &str) -> Option<&MemberTemplate> {
+        match role {
+            "head" => Some(&self.unit.head),
+            "worker" if self.unit.worker.is_some() => self.unit.worker.as_ref(),
+            group => self.unit.groups.get(group),
+        }
+    }
+
     /// The group (role) of a member from its name alone: `head`, or `GROUP` of
     /// `GROUP-i` (the inverse of [`AppSpec::members`]' naming, without a look-up).
     pub fn group_of(member: &str) -> &str {
@@ -463,6 +477,23 @@ mod tests {
     use flotilla_core::quantity::{cpu_millis, memory_bytes};
 
     const ECHO: &str = include_str!("../../../examples/echo.toml");
+
+    #[test]
+    fn every_member_finds_its_template_by_role() {
+        for text in [
+            ECHO,
+            "name = \"g\"\n[unit.head]\ncommand = \"x\"\ncpu = \"1\"\nmemory = \"1Gi\"\n\
+             [unit.groups.worker]\ncommand = \"y\"\ncpu = \"2\"\nmemory = \"1Gi\"\ncount = 2\n\
+             [unit.groups.gpu]\ncommand = \"z\"\ncpu = \"3\"\nmemory = \"1Gi\"\ncount = 1\n\
+             [units]\nmin = 1\nmax = 2\ninitial = 1\n",
+        ] {
+            let s = AppSpec::parse(text).unwrap();
+            for (member, role, t) in s.members() {
+                assert!(std::ptr::eq(s.template_for(role).unwrap(), t), "{member} of {role}");
+            }
+        }
+        assert!(AppSpec::parse(ECHO).unwrap().template_for("nothing").is_none());
+    }
 
     #[test]
     fn the_echo_example_is_valid() {

@@ -5,12 +5,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use flotilla_core::Backoff;
+use flotilla_core::{Backoff, NodeId};
 use flotilla_proto::dial::Dialer;
 use flotilla_proto::v1::{self, view_service_client::ViewServiceClient, view_update::Update};
 use imbl::OrdMap;
 use tokio::sync::watch;
 
+use crate::interest::Changed;
 use crate::record::{ShardView, Version};
 use crate::wire::{WireError, delta_from_wire, record_from_wire};
 
@@ -42,6 +43,8 @@ impl ShardSlot {
 pub struct ClusterView {
     slots: Vec<ArcSwap<ShardSlot>>,
     changed: watch::Sender<u64>,
+    /// Readers woken only by changes of their nodes ([`crate::Interest`]).
+    interests: Arc<std::sync::Mutex<crate::interest::Registry>>,
     /// Why each shard's stream last failed, until it delivers again: for status pages,
     /// never read on the placement path.
     errors: std::sync::Mutex<Vec<Option<String>>>,
@@ -52,7 +55,12 @@ impl ClusterView {
         let slots = (0..shards)
             .map(|i| ArcSwap::from_pointee(ShardSlot::of(Arc::new(ShardView::empty(i as u32, 0)), false)))
             .collect();
-        Arc::new(ClusterView { slots, changed: watch::channel(0).0, errors: std::sync::Mutex::new(vec![None; shards]) })
+        Arc::new(ClusterView {
+            slots,
+            changed: watch::channel(0).0,
+            interests: Default::default(),
+            errors: std::sync::Mutex::new(vec![None; shards]),
+        })
     }
 
     /// The shards not connected now, each with why its stream last failed (when it did).
@@ -90,17 +98,24 @@ impl ClusterView {
         self.changed.subscribe()
     }
 
+    /// A reader woken by every change until it names the nodes it depends on.
+    pub fn interest(&self) -> crate::Interest {
+        crate::Interest::new(self.interests.clone())
+    }
+
     /// Sets shard `shard`'s view directly, as a follower would on a snapshot: for tests
     /// and tools that hold a view without a shard to follow.
     pub fn install(&self, shard: usize, view: ShardView, connected: bool) {
-        self.store(shard, ShardSlot::of(Arc::new(view), connected));
+        self.store(shard, ShardSlot::of(Arc::new(view), connected), Changed::All);
     }
 
-    /// Stores `slot` as shard `shard`'s, stamped with the time, and wakes `changes()`.
-    fn store(&self, shard: usize, mut slot: ShardSlot) {
+    /// Stores `slot` as shard `shard`'s, stamped with the time, and wakes `changes()` and
+    /// the readers of what changed.
+    fn store(&self, shard: usize, mut slot: ShardSlot, changed: Changed<'_>) {
         slot.updated_unix_ms = flotilla_core::now_ms();
         self.slots[shard].store(Arc::new(slot));
         self.changed.send_modify(|v| *v += 1);
+        flotilla_core::LockExt::lock_or_recover(&*self.interests).wake(changed);
     }
 }
 
@@ -145,7 +160,7 @@ pub async fn follow_shard(cluster: Arc<ClusterView>, shard: usize, endpoint: Str
         }
         let cur = cluster.slot(shard);
         if cur.connected {
-            cluster.store(shard, ShardSlot { connected: false, ..(*cur).clone() });
+            cluster.store(shard, ShardSlot { connected: false, ..(*cur).clone() }, Changed::All);
         }
         tokio::time::sleep(backoff.next_wait()).await;
     }
@@ -196,7 +211,7 @@ async fn follow_once(cluster: &ClusterView, shard: usize, endpoint: &str, dialer
                     connected = true;
                     let slot = ShardSlot::of(view.clone(), connected);
                     (domains, apps) = (slot.domains.clone(), slot.apps.clone());
-                    cluster.store(shard, slot);
+                    cluster.store(shard, slot, Changed::All);
                     metrics::counter!(m::SNAPSHOTS_RECEIVED.name).increment(1);
                 }
             }
@@ -218,7 +233,8 @@ async fn follow_once(cluster: &ClusterView, shard: usize, endpoint: &str, dialer
                     apps: apps.clone(),
                     updated_unix_ms: 0,
                 };
-                cluster.store(shard, slot);
+                let touched: Vec<&NodeId> = d.upserts.iter().map(|r| &r.node_id).chain(&d.removed).collect();
+                cluster.store(shard, slot, Changed::Nodes(shard as u32, &touched));
             }
             None => {
                 // A keep-alive (no update): we are current.
@@ -231,7 +247,7 @@ async fn follow_once(cluster: &ClusterView, shard: usize, endpoint: &str, dialer
                         apps: apps.clone(),
                         updated_unix_ms: 0,
                     };
-                    cluster.store(shard, slot);
+                    cluster.store(shard, slot, Changed::All);
                 }
             }
         }

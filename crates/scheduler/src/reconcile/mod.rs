@@ -100,6 +100,9 @@ pub struct Scheduler {
     /// Whether the last pass wrote anything (a pass that changed something is followed by
     /// another within the tick).
     wrote: bool,
+    /// Whether the last pass published the routes (it does before acting): unless it
+    /// then changed a unit, they stand.
+    routed: bool,
     /// Where in each period the app's periodic steps fall ([`due::phase_of`]; taken
     /// modulo the period).
     phase_ms: u64,
@@ -198,6 +201,7 @@ impl Scheduler {
             autoscaler,
             rebalancing: Default::default(),
             wrote: false,
+            routed: false,
             phase_ms,
         };
         Ok((scheduler, handle))
@@ -283,7 +287,8 @@ impl Scheduler {
     /// (at most every 50 ms; [`watched`]), on every command and lease taken, and when the
     /// tick is due ([`due`]).
     pub async fn run(mut self) {
-        let mut changes = self.cluster.changes();
+        // Wakes the loop for changes of the nodes the last pass depended on ([`watched`]).
+        let mut interest = self.cluster.interest();
         let mut leases = self.leader.taken();
         let ignored = metrics::counter!(m::VIEW_CHANGES_IGNORED.name);
         // The same failure pass after pass (a store that stays down) is logged once.
@@ -315,8 +320,11 @@ impl Scheduler {
                 watched::Watched::everything()
             };
             drop(seen);
+            watched.register(&mut interest);
             metrics::histogram!(m::RECONCILE_SECONDS.name).record(started.elapsed().as_secs_f64());
-            self.publish_routes();
+            if !self.routed || self.wrote {
+                self.publish_routes();
+            }
             // Counted from the pass's start; a pass that took a second or more still leaves
             // the runtime a breath.
             let next = (started + until(self.next_pass_ms(now_ms()))).max(tokio::time::Instant::now() + BREATH);
@@ -336,8 +344,7 @@ impl Scheduler {
                         reweigh = reweigh_at(&self);
                         reweighing.as_mut().reset(reweigh.unwrap_or(next));
                     }
-                    r = changes.changed() => {
-                        if r.is_err() { return; }
+                    () = interest.changed() => {
                         if !watched.concerned(&self.cluster) {
                             ignored.increment(1);
                             continue;
@@ -361,6 +368,7 @@ impl Scheduler {
     /// One pass of the loop.
     #[tracing::instrument(skip_all, fields(app = %self.spec.name))]
     pub async fn reconcile(&mut self) -> anyhow::Result<()> {
+        (self.wrote, self.routed) = (false, false);
         match self.leader.held() {
             None => return self.passive(),
             Some(l) if l.token() != self.token => self.resume(l.token())?,
@@ -405,6 +413,7 @@ impl Scheduler {
         // Routes first: members of nodes that stopped being Alive leave the table before
         // this pass releases or stops anything.
         self.publish_routes();
+        self.routed = true;
         self.planning.shown(&slots);
 
         // Workers coming up to replace one (make before break) that ran as of the last
@@ -597,12 +606,9 @@ impl Scheduler {
     pub fn publish_routes(&mut self) {
         let slots = self.cluster.slots();
         let units: Vec<&UnitRecord> = self.stored.units.values().collect();
-        let templates = self.spec.members();
         // A member's own estimate (its alternative's `performance`) before the node's.
-        let member_performance = |m: &crate::store::MemberRecord| {
-            let (_, _, t) = templates.iter().find(|(n, _, _)| *n == m.member)?;
-            t.alternative(m.alternative).performance
-        };
+        let member_performance =
+            |m: &crate::store::MemberRecord| self.spec.template_for(&m.role)?.alternative(m.alternative).performance;
         let routes = self.out.weights.table(
             &units,
             &self.spec.routing.roles,
@@ -620,8 +626,7 @@ impl Scheduler {
             // Each route's member as the alternative it runs.
             let resources_of = |unit: &str, member: &str| {
                 let m = self.stored.units.get(unit)?.members.iter().find(|m| m.member == member)?;
-                let (_, _, t) = templates.iter().find(|(n, _, _)| *n == member)?;
-                Some(t.alternative(m.alternative).resources())
+                Some(self.spec.template_for(&m.role)?.alternative(m.alternative).resources())
             };
             let capacity = crate::routes::capacity(&table, resources_of, &slots);
             let old = self.out.capacity.borrow().clone();

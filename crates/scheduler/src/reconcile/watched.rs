@@ -75,6 +75,15 @@ impl Watched {
         }
     }
 
+    /// Registers with `interest` what the app depends on, so only changes of its nodes
+    /// (and of connectivity) wake it.
+    pub fn register(&self, interest: &mut flotilla_view::Interest) {
+        match &self.nodes {
+            Some(nodes) => interest.watch(nodes.iter().map(|seen| (seen.shard, &seen.node))),
+            None => interest.everything(),
+        }
+    }
+
     /// Whether the view as it is now differs from what the last pass saw in anything the
     /// app depends on.
     pub fn concerned(&mut self, cluster: &ClusterView) -> bool {
