@@ -12,8 +12,13 @@ pub const RECONCILE_SECONDS: Family = Family::histogram(
 );
 pub const VIEW_CHANGES_IGNORED: Family = Family::counter(
     "flotilla_reconcile_view_changes_ignored_total",
-    "View changes an app's scheduler ran no pass for, counted once per app: none touched its members' nodes or the shards' reachability, and no unit waited for room.",
+    "Wake-ups of an app's scheduler by a view change it ran no pass for: the change did not alter its members' nodes' records or the shards' reachability, and no unit waited for room.",
     &[],
+);
+pub const RECONCILE_PASSES: Family = Family::counter(
+    "flotilla_reconcile_passes_total",
+    "Reconcile passes by what started them: `start`, `view` (a change that concerns the app), `command`, `lease` (one taken), `tick` (every second while anything is in flight) or `timer` (a quiet app's orphan sweep, rebalance look, autoscaler or retention).",
+    &["cause"],
 );
 pub const PLAN_SECONDS: Family = Family::histogram(
     "flotilla_plan_seconds",
@@ -198,6 +203,7 @@ pub const AUTOSCALER_ESTIMATED_UNITS: Family = Family::gauge(
 pub const FAMILIES: &[Family] = &[
     RECONCILE_SECONDS,
     VIEW_CHANGES_IGNORED,
+    RECONCILE_PASSES,
     PLAN_SECONDS,
     SCHEDULER_COMMIT_SECONDS,
     PLACEMENTS,

@@ -45,9 +45,25 @@ struct Smoothed {
     /// The last table that listed the endpoint (Unix ms): the state of one it no longer
     /// lists is dropped.
     listed_ms: u64,
+    /// The endpoint's performance in that table: its weight is this × the factor.
+    perf: f64,
 }
 
 impl Smoothed {
+    /// Observes `score` (in 0..=1) at `now_ms`; the factor shown after.
+    fn observe(&mut self, score: f64, now_ms: u64) -> f64 {
+        let dt = now_ms.saturating_sub(self.at_ms) as f64;
+        let alpha = 1.0 - (-dt / TAU_MS).exp();
+        self.ewma += alpha * (score - self.ewma);
+        self.at_ms = now_ms;
+        self.score = score;
+        if (self.ewma - self.published).abs() > BAND {
+            self.published = self.ewma;
+        }
+        self.published = self.published.max(FLOOR);
+        self.published
+    }
+
     /// The EWMA after `dt` ms is `score - gap·e^(-dt/τ)`, with `gap` = score − EWMA now;
     /// it leaves the band around the factor shown once `|gap|·e^(-dt/τ)` < `|score − shown|
     /// − BAND`.
@@ -64,7 +80,7 @@ impl Smoothed {
 }
 
 /// Per-endpoint smoothing state, kept across tables.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct Weights {
     smoothed: HashMap<String, Smoothed>,
     /// When the last table was computed: a factor not computed since (its member gets 0
@@ -76,21 +92,33 @@ impl Weights {
     /// The health factor of `endpoint` after observing `score` at `now_ms`.
     pub fn health_factor(&mut self, endpoint: &str, score: f64, now_ms: u64) -> f64 {
         let score = if score.is_finite() { score.clamp(0.0, 1.0) } else { 0.0 };
-        let fresh = Smoothed { ewma: score, published: score.max(FLOOR), at_ms: now_ms, score, listed_ms: now_ms };
-        let s = match self.smoothed.get_mut(endpoint) {
-            Some(s) => s,
-            None => self.smoothed.entry(endpoint.to_string()).or_insert(fresh),
-        };
-        let dt = now_ms.saturating_sub(s.at_ms) as f64;
-        let alpha = 1.0 - (-dt / TAU_MS).exp();
-        s.ewma += alpha * (score - s.ewma);
-        s.at_ms = now_ms;
-        s.score = score;
-        if (s.ewma - s.published).abs() > BAND {
-            s.published = s.ewma;
+        if let Some(s) = self.smoothed.get_mut(endpoint) {
+            return s.observe(score, now_ms);
         }
-        s.published = s.published.max(FLOOR);
-        s.published
+        let fresh =
+            Smoothed { ewma: score, published: score.max(FLOOR), at_ms: now_ms, score, listed_ms: now_ms, perf: 1.0 };
+        self.smoothed.insert(endpoint.to_string(), fresh);
+        fresh.published
+    }
+
+    /// Moves the weights of `routes` (the last table, or one reweighed since) whose factor
+    /// drifted by `now_ms`, as computing the table again would while the view and the
+    /// units stay as they were; whether any moved. A change of either computes the whole
+    /// table ([`Weights::table`]), which this never replaces.
+    pub fn reweigh(&mut self, routes: &mut [v1::Route], now_ms: u64) -> bool {
+        let mut moved = false;
+        for r in routes.iter_mut().filter(|r| r.weight > 0.0) {
+            let Some(s) = self.smoothed.get_mut(r.endpoint.as_str()).filter(|s| s.at_ms >= self.table_ms) else {
+                continue;
+            };
+            let before = s.published;
+            let factor = s.observe(s.score, now_ms);
+            if factor != before {
+                r.weight = s.perf * factor;
+                moved = true;
+            }
+        }
+        moved
     }
 
     /// When (Unix ms) a factor shown next moves with no new score: its EWMA, on its way
@@ -130,7 +158,11 @@ impl Weights {
                             true => 1.0,
                             false => performance.estimate(r.labels.get("gpu_model"), r.capacity.cpu_millis / 1000),
                         });
-                        perf * self.health_factor(endpoint, f64::from(r.health_score()), now_ms)
+                        let factor = self.health_factor(endpoint, f64::from(r.health_score()), now_ms);
+                        if let Some(s) = self.smoothed.get_mut(endpoint.as_str()) {
+                            s.perf = perf;
+                        }
+                        perf * factor
                     }
                     _ => 0.0,
                 };
@@ -245,6 +277,35 @@ mod tests {
         assert!(after_3s < 1.0 && after_3s > 0.3, "{after_3s}");
         let much_later = w.health_factor("e", 0.0, 60_000);
         assert_eq!(much_later, FLOOR, "never below the floor");
+    }
+
+    #[test]
+    fn reweighing_moves_the_weights_as_a_new_table_would() {
+        let perf = Performance { cores: [("8".to_string(), 2.0)].into_iter().collect(), ..Default::default() };
+        let units = [unit("u1", UnitState::Running, "n1", "running"), unit("u2", UnitState::Running, "n2", "running")];
+        let refs: Vec<&UnitRecord> = units.iter().collect();
+        let table = |w: &mut Weights, s: &[Arc<ShardSlot>], now: u64| {
+            w.table(&refs, &["head".into()], s, &perf, &|_| None, now)
+        };
+        let mut w = Weights::default();
+        table(&mut w, &slots(&[("n1", NodeStatus::Alive, 1000, None), ("n2", NodeStatus::Alive, 1000, None)]), 0);
+        // n1's score drops: the view changed, so the whole table is computed.
+        let s = slots(&[("n1", NodeStatus::Alive, 300, None), ("n2", NodeStatus::Alive, 1000, None)]);
+        let mut routes = table(&mut w, &s, 1000);
+        let mut steps = 0;
+        while let Some(at) = w.next_change_ms() {
+            let mut again = w.clone();
+            let fresh = table(&mut again, &s, at);
+            assert!(w.reweigh(&mut routes, at), "a factor moves at {at}");
+            assert_eq!(routes, fresh, "at {at}");
+            steps += 1;
+            assert!(steps < 20);
+        }
+        assert!(steps >= 2, "{steps}");
+        let weight = |node: &str| routes.iter().find(|r| r.node_id == node).map_or(0.0, |r| r.weight);
+        assert!((weight("n1") / 2.0 - 0.3).abs() <= BAND, "n1's weight came within the band of 2 × its score");
+        assert_eq!(weight("n2"), 2.0);
+        assert!(!w.reweigh(&mut routes, 120_000), "settled: nothing moves");
     }
 
     #[test]

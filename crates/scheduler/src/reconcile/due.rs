@@ -12,8 +12,8 @@
 //! every grace (missing, unknown, drain, start order) counts in whole seconds.
 //!
 //! Route weights that move on their own (a health factor's EWMA on its way to a new
-//! score) have a timer of their own, which computes the route table alone
-//! ([`crate::routes::Weights::next_change_ms`]).
+//! score) have a timer of their own, which moves them in the last route table
+//! ([`crate::routes::Weights::next_change_ms`], [`crate::routes::Weights::reweigh`]).
 
 use crate::lifecycle::UnitState;
 use crate::store::{RolloutState, UnitRecord};
@@ -56,11 +56,12 @@ fn settled(u: &UnitRecord) -> bool {
 }
 
 impl Scheduler {
-    /// When (Unix ms) the next pass is due, after a pass that ended at `now`.
-    pub(super) fn next_pass_ms(&self, now: u64) -> u64 {
+    /// When (Unix ms) the next pass is due after a pass that ended at `now`, and why:
+    /// `tick` or, for a quiet app, `timer`.
+    pub(super) fn next_pass(&self, now: u64) -> (u64, &'static str) {
         let busy = now + TICK_MS;
         if !self.quiet() {
-            return busy;
+            return (busy, "tick");
         }
         let timers = [
             Some(self.tracking.next_sweep_ms()),
@@ -68,7 +69,7 @@ impl Scheduler {
             self.autoscaler.next_due_ms(&self.spec),
             crate::retention::next_expiry(&self.stored.units),
         ];
-        timers.into_iter().flatten().min().map_or(busy, |t| t.max(busy))
+        (timers.into_iter().flatten().min().map_or(busy, |t| t.max(busy)), "timer")
     }
 
     /// Whether nothing would change from one pass to the next with the same view (see

@@ -293,7 +293,9 @@ impl Scheduler {
         let ignored = metrics::counter!(m::VIEW_CHANGES_IGNORED.name);
         // The same failure pass after pass (a store that stays down) is logged once.
         let mut last_error = String::new();
+        let mut cause = "start";
         loop {
+            metrics::counter!(m::RECONCILE_PASSES.name, "cause" => cause).increment(1);
             // The runtime's clock, not the wall's: the tick below is a deadline on it, and
             // a simulation (`crates/faults`) runs that clock ahead of the wall.
             let started = tokio::time::Instant::now();
@@ -327,7 +329,8 @@ impl Scheduler {
             }
             // Counted from the pass's start; a pass that took a second or more still leaves
             // the runtime a breath.
-            let next = (started + until(self.next_pass_ms(now_ms()))).max(tokio::time::Instant::now() + BREATH);
+            let (due, paced) = self.next_pass(now_ms());
+            let next = (started + until(due)).max(tokio::time::Instant::now() + BREATH);
             let tick = tokio::time::sleep_until(next);
             tokio::pin!(tick);
             // Weights moving on their own between passes: the table alone is computed.
@@ -336,11 +339,11 @@ impl Scheduler {
             let mut reweigh = reweigh_at(&self);
             let reweighing = tokio::time::sleep_until(reweigh.unwrap_or(next));
             tokio::pin!(reweighing);
-            loop {
+            cause = loop {
                 tokio::select! {
-                    _ = &mut tick => break,
+                    _ = &mut tick => break paced,
                     _ = &mut reweighing, if reweigh.is_some_and(|at| at < next) => {
-                        self.publish_routes();
+                        self.reweigh_routes();
                         reweigh = reweigh_at(&self);
                         reweighing.as_mut().reset(reweigh.unwrap_or(next));
                     }
@@ -353,15 +356,15 @@ impl Scheduler {
                         // gets weight 0 in this batch); the reconcile pass may wait a little.
                         self.publish_routes();
                         tokio::time::sleep(BREATH).await;
-                        break;
+                        break "view";
                     }
                     Some(cmd) = self.commands.recv() => {
                         self.command(cmd);
-                        break;
+                        break "command";
                     }
-                    Ok(()) = leases.changed() => break,
+                    Ok(()) = leases.changed() => break "lease",
                 }
-            }
+            };
         }
     }
 
@@ -620,23 +623,38 @@ impl Scheduler {
         let current = self.out.routes.borrow().clone();
         let split = self.canary_split();
         if current.routes != routes || current.split != split {
-            let changed = routes.iter().filter(|r| !current.routes.contains(r)).count();
-            metrics::counter!(m::ROUTE_WEIGHT_CHANGES.name, "app" => self.spec.name.clone()).increment(changed as u64);
-            let table = v1::RouteTable { app: self.spec.name.clone(), version: current.version + 1, routes, split };
-            // Each route's member as the alternative it runs.
-            let resources_of = |unit: &str, member: &str| {
-                let m = self.stored.units.get(unit)?.members.iter().find(|m| m.member == member)?;
-                Some(self.spec.template_for(&m.role)?.alternative(m.alternative).resources())
-            };
-            let capacity = crate::routes::capacity(&table, resources_of, &slots);
-            let old = self.out.capacity.borrow().clone();
-            if (old.total_weight, &old.by_priority) != (capacity.total_weight, &capacity.by_priority) {
-                metrics::gauge!(m::APP_CAPACITY_WEIGHT.name, "app" => self.spec.name.clone())
-                    .set(capacity.total_weight);
-                self.out.capacity.send_replace(Arc::new(capacity));
-            }
-            self.out.routes.send_replace(Arc::new(table));
+            self.publish_table(&current, routes, split);
         }
+    }
+
+    /// Moves the route weights that drifted since the last table (`routes::Weights::reweigh`)
+    /// without computing the table again: nothing else changed, or a pass or a view change
+    /// would have computed it.
+    fn reweigh_routes(&mut self) {
+        let current = self.out.routes.borrow().clone();
+        let mut routes = current.routes.clone();
+        if self.out.weights.reweigh(&mut routes, now_ms()) {
+            self.publish_table(&current, routes, current.split.clone());
+        }
+    }
+
+    /// Publishes `routes` as the table after `current`, with the capacity they give.
+    fn publish_table(&mut self, current: &v1::RouteTable, routes: Vec<v1::Route>, split: Option<v1::VersionSplit>) {
+        let changed = routes.iter().filter(|r| !current.routes.contains(r)).count();
+        metrics::counter!(m::ROUTE_WEIGHT_CHANGES.name, "app" => self.spec.name.clone()).increment(changed as u64);
+        let table = v1::RouteTable { app: self.spec.name.clone(), version: current.version + 1, routes, split };
+        // Each route's member as the alternative it runs.
+        let resources_of = |unit: &str, member: &str| {
+            let m = self.stored.units.get(unit)?.members.iter().find(|m| m.member == member)?;
+            Some(self.spec.template_for(&m.role)?.alternative(m.alternative).resources())
+        };
+        let capacity = crate::routes::capacity(&table, resources_of, &self.cluster.slots());
+        let old = self.out.capacity.borrow().clone();
+        if (old.total_weight, &old.by_priority) != (capacity.total_weight, &capacity.by_priority) {
+            metrics::gauge!(m::APP_CAPACITY_WEIGHT.name, "app" => self.spec.name.clone()).set(capacity.total_weight);
+            self.out.capacity.send_replace(Arc::new(capacity));
+        }
+        self.out.routes.send_replace(Arc::new(table));
     }
 
     /// What a unit asks of the node pool now: the spec's shape, and the app's units in

@@ -9,6 +9,10 @@
 //! else (room freed on another node, an orphan left on one) is seen by the pass the tick
 //! runs ([`super::due`]), as are all timers; a queued unit makes every change concern the
 //! app, since any node may now have room for it.
+//!
+//! The nodes are registered with the view ([`flotilla_view::Interest`]), so a change of
+//! another node does not even wake the app's loop; the comparison here settles whether a
+//! wake-up (a change of one of its nodes, a snapshot, connectivity) concerns it.
 
 use std::sync::Arc;
 
