@@ -45,7 +45,6 @@ use std::time::Duration;
 
 use flotilla_core::now_ms;
 use flotilla_proto::dial::Dialer;
-use flotilla_proto::v1;
 use flotilla_view::ClusterView;
 
 use autoscale::Autoscaler;
@@ -603,58 +602,6 @@ impl Scheduler {
             return None;
         }
         Some(generations)
-    }
-
-    /// Recomputes the route table and publishes it under a new version if it changed.
-    pub fn publish_routes(&mut self) {
-        let slots = self.cluster.slots();
-        let units: Vec<&UnitRecord> = self.stored.units.values().collect();
-        // A member's own estimate (its alternative's `performance`) before the node's.
-        let member_performance =
-            |m: &crate::store::MemberRecord| self.spec.template_for(&m.role)?.alternative(m.alternative).performance;
-        let routes = self.out.weights.table(
-            &units,
-            &self.spec.routing.roles,
-            &slots,
-            &self.spec.routing.performance,
-            &member_performance,
-            now_ms(),
-        );
-        let current = self.out.routes.borrow().clone();
-        let split = self.canary_split();
-        if current.routes != routes || current.split != split {
-            self.publish_table(&current, routes, split);
-        }
-    }
-
-    /// Moves the route weights that drifted since the last table (`routes::Weights::reweigh`)
-    /// without computing the table again: nothing else changed, or a pass or a view change
-    /// would have computed it.
-    fn reweigh_routes(&mut self) {
-        let current = self.out.routes.borrow().clone();
-        let mut routes = current.routes.clone();
-        if self.out.weights.reweigh(&mut routes, now_ms()) {
-            self.publish_table(&current, routes, current.split.clone());
-        }
-    }
-
-    /// Publishes `routes` as the table after `current`, with the capacity they give.
-    fn publish_table(&mut self, current: &v1::RouteTable, routes: Vec<v1::Route>, split: Option<v1::VersionSplit>) {
-        let changed = routes.iter().filter(|r| !current.routes.contains(r)).count();
-        metrics::counter!(m::ROUTE_WEIGHT_CHANGES.name, "app" => self.spec.name.clone()).increment(changed as u64);
-        let table = v1::RouteTable { app: self.spec.name.clone(), version: current.version + 1, routes, split };
-        // Each route's member as the alternative it runs.
-        let resources_of = |unit: &str, member: &str| {
-            let m = self.stored.units.get(unit)?.members.iter().find(|m| m.member == member)?;
-            Some(self.spec.template_for(&m.role)?.alternative(m.alternative).resources())
-        };
-        let capacity = crate::routes::capacity(&table, resources_of, &self.cluster.slots());
-        let old = self.out.capacity.borrow().clone();
-        if (old.total_weight, &old.by_priority) != (capacity.total_weight, &capacity.by_priority) {
-            metrics::gauge!(m::APP_CAPACITY_WEIGHT.name, "app" => self.spec.name.clone()).set(capacity.total_weight);
-            self.out.capacity.send_replace(Arc::new(capacity));
-        }
-        self.out.routes.send_replace(Arc::new(table));
     }
 
     /// What a unit asks of the node pool now: the spec's shape, and the app's units in
