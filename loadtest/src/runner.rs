@@ -81,7 +81,7 @@ fn running(node: &str, a: &v1::Assignment) -> v1::WorkloadStatus {
         member: a.member.clone(),
         generation: a.generation,
         state: v1::WorkloadState::Running as i32,
-        address: format!("{node}.sim:{}", 10_000 + a.generation % 50_000),
+        address: format!("{}.{node}.sim:{}", a.member, 10_000 + a.generation % 50_000),
         ..Default::default()
     }
 }

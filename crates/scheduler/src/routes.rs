@@ -68,8 +68,9 @@ impl Smoothed {
     /// it leaves the band around the factor shown once `|gap|·e^(-dt/τ)` < `|score − shown|
     /// − BAND`.
     fn next_change_ms(&self) -> Option<u64> {
-        let reach = (self.score.max(FLOOR) - self.published).abs() - BAND;
-        if reach <= 0.0 {
+        // The EWMA heads for the score itself; the floor applies to what is shown after.
+        let reach = (self.score - self.published).abs() - BAND;
+        if reach <= 1e-9 {
             return None;
         }
         let gap = (self.score - self.ewma).abs();
@@ -107,13 +108,15 @@ impl Weights {
     /// table ([`Weights::table`]), which this never replaces.
     pub fn reweigh(&mut self, routes: &mut [v1::Route], now_ms: u64) -> bool {
         let mut moved = false;
-        for r in routes.iter_mut().filter(|r| r.weight > 0.0) {
+        for r in routes.iter_mut() {
             let Some(s) = self.smoothed.get_mut(r.endpoint.as_str()).filter(|s| s.at_ms >= self.table_ms) else {
                 continue;
             };
+            // Observed whatever the weight (a performance of 0 gives 0), so every timer
+            // `next_change_ms` names is used up here.
             let before = s.published;
             let factor = s.observe(s.score, now_ms);
-            if factor != before {
+            if factor != before && r.weight > 0.0 {
                 r.weight = s.perf * factor;
                 moved = true;
             }
@@ -306,6 +309,22 @@ mod tests {
         assert!((weight("n1") / 2.0 - 0.3).abs() <= BAND, "n1's weight came within the band of 2 × its score");
         assert_eq!(weight("n2"), 2.0);
         assert!(!w.reweigh(&mut routes, 120_000), "settled: nothing moves");
+    }
+
+    #[test]
+    fn a_factor_above_the_floor_still_falls_to_it_when_the_score_is_below() {
+        let s = Smoothed { ewma: 0.18, published: 0.18, at_ms: 0, score: 0.0, listed_ms: 0, perf: 1.0 };
+        let at = s.next_change_ms().expect("0.18 has to fall to the floor");
+        let (mut before, mut after) = (s, s);
+        assert_eq!(before.observe(0.0, at - 2), 0.18);
+        assert_eq!(after.observe(0.0, at), FLOOR);
+        assert_eq!(after.next_change_ms(), None);
+        // A performance of 0 gives a weight of 0, but its timer is used up all the same.
+        let mut w = Weights::default();
+        w.smoothed.insert("e".into(), s);
+        let mut routes = vec![v1::Route { endpoint: "e".into(), weight: 0.0, ..Default::default() }];
+        assert!(!w.reweigh(&mut routes, at), "a weight of 0 stays 0");
+        assert_eq!(w.next_change_ms(), None);
     }
 
     #[test]

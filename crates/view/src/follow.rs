@@ -9,7 +9,6 @@ use flotilla_core::{Backoff, NodeId};
 use flotilla_proto::dial::Dialer;
 use flotilla_proto::v1::{self, view_service_client::ViewServiceClient, view_update::Update};
 use imbl::OrdMap;
-use tokio::sync::watch;
 
 use crate::interest::Changed;
 use crate::record::{ShardView, Version};
@@ -42,7 +41,6 @@ impl ShardSlot {
 /// slot without locking; one follower task per shard writes it.
 pub struct ClusterView {
     slots: Vec<ArcSwap<ShardSlot>>,
-    changed: watch::Sender<u64>,
     /// Readers woken only by changes of their nodes ([`crate::Interest`]).
     interests: Arc<std::sync::Mutex<crate::interest::Registry>>,
     /// Why each shard's stream last failed, until it delivers again: for status pages,
@@ -57,7 +55,6 @@ impl ClusterView {
             .collect();
         Arc::new(ClusterView {
             slots,
-            changed: watch::channel(0).0,
             interests: Default::default(),
             errors: std::sync::Mutex::new(vec![None; shards]),
         })
@@ -93,11 +90,6 @@ impl ClusterView {
         self.slots.iter().map(|s| s.load_full()).collect()
     }
 
-    /// A receiver that changes whenever any shard's view does.
-    pub fn changes(&self) -> watch::Receiver<u64> {
-        self.changed.subscribe()
-    }
-
     /// A reader woken by every change until it names the nodes it depends on.
     pub fn interest(&self) -> crate::Interest {
         crate::Interest::new(self.interests.clone())
@@ -109,12 +101,11 @@ impl ClusterView {
         self.store(shard, ShardSlot::of(Arc::new(view), connected), Changed::All);
     }
 
-    /// Stores `slot` as shard `shard`'s, stamped with the time, and wakes `changes()` and
-    /// the readers of what changed.
+    /// Stores `slot` as shard `shard`'s, stamped with the time, and wakes the readers of
+    /// what changed.
     fn store(&self, shard: usize, mut slot: ShardSlot, changed: Changed<'_>) {
         slot.updated_unix_ms = flotilla_core::now_ms();
         self.slots[shard].store(Arc::new(slot));
-        self.changed.send_modify(|v| *v += 1);
         flotilla_core::LockExt::lock_or_recover(&*self.interests).wake(changed);
     }
 }
@@ -225,7 +216,8 @@ async fn follow_once(cluster: &ClusterView, shard: usize, endpoint: &str, dialer
                 domains.apply(&d);
                 apps.apply(&view, &next, &d);
                 view = Arc::new(next);
-                connected = true;
+                // A stream that resumed with a delta: connectivity changed too.
+                let reconnected = !std::mem::replace(&mut connected, true);
                 let slot = ShardSlot {
                     view: view.clone(),
                     connected,
@@ -234,7 +226,8 @@ async fn follow_once(cluster: &ClusterView, shard: usize, endpoint: &str, dialer
                     updated_unix_ms: 0,
                 };
                 let touched: Vec<&NodeId> = d.upserts.iter().map(|r| &r.node_id).chain(&d.removed).collect();
-                cluster.store(shard, slot, Changed::Nodes(shard as u32, &touched));
+                let changed = if reconnected { Changed::All } else { Changed::Nodes(shard as u32, &touched) };
+                cluster.store(shard, slot, changed);
             }
             None => {
                 // A keep-alive (no update): we are current.

@@ -1,7 +1,7 @@
 //! Who is woken by which change of the view. A reader that depends on a few nodes (an
 //! app's scheduler, on the nodes its members are on) registers them, and a delta wakes
 //! only the readers registered for a node it touches; a snapshot or a change of which
-//! shards are connected wakes every reader. With one `changes()` channel for all, a
+//! shards are connected wakes every reader. With one channel that woke every reader, a
 //! process hosting a thousand apps woke each of them for every delta of every shard
 //! (some fifteen thousand wake-ups a second) to find the change was not theirs
 //! (BENCHMARKS.md, "A thousand apps in one scheduler process").

@@ -56,10 +56,10 @@ fn settled(u: &UnitRecord) -> bool {
 }
 
 impl Scheduler {
-    /// When (Unix ms) the next pass is due after a pass that ended at `now`, and why:
-    /// `tick` or, for a quiet app, `timer`.
-    pub(super) fn next_pass(&self, now: u64) -> (u64, &'static str) {
-        let busy = now + TICK_MS;
+    /// When (Unix ms) the next pass is due after one that started at `started_ms`, and
+    /// why: `tick` or, for a quiet app, `timer`.
+    pub(super) fn next_pass(&self, started_ms: u64) -> (u64, &'static str) {
+        let busy = started_ms + TICK_MS;
         if !self.quiet() {
             return (busy, "tick");
         }

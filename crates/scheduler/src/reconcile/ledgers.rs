@@ -34,8 +34,8 @@ type Client = LedgerServiceClient<GrpcChannel>;
 /// One connection to each shard's ledger, shared by the schedulers it is given to (the
 /// apps of one `flotilla scheduler --apps-dir` process): a connection keeps itself alive
 /// with a ping a second, and a thousand apps with one each to every shard sent and
-/// answered thousands a second while idle. A call that fails drops the connection it
-/// went over, so the next call, whichever app makes it, connects afresh.
+/// answered thousands a second while idle. A call whose connection failed drops it, so the
+/// next call, whichever app makes it, connects afresh.
 #[derive(Clone)]
 pub struct ShardChannels {
     shards: Arc<Vec<SharedChannel>>,
@@ -55,6 +55,10 @@ struct ChannelState {
     generation: u64,
     /// Which of the shard's addresses (`a|b`) the next connection tries.
     alternate: usize,
+    /// Connection attempts made, and why the last one failed: apps that waited for an
+    /// attempt that failed take its error rather than each trying (and waiting) in turn.
+    attempts: u64,
+    error: Option<String>,
 }
 
 impl ShardChannels {
@@ -116,10 +120,20 @@ impl Ledgers {
 
     async fn client(&mut self, shard: usize) -> anyhow::Result<Client> {
         let entry = self.addrs.get(shard).ok_or_else(|| anyhow::anyhow!("no shard {shard}"))?;
-        if let Some((client, _)) = self.clients.get(shard).and_then(Option::as_ref) {
-            return Ok(client.clone());
-        }
         let shared = self.channels.shards.get(shard).ok_or_else(|| anyhow::anyhow!("no channel for shard {shard}"))?;
+        let seen = {
+            // The connection in use, or a newer one another app made since.
+            let state = shared.state.lock_or_recover();
+            if let Some(client) = state.client.clone() {
+                let mine = self.clients.get(shard).and_then(Option::as_ref);
+                if let Some((mine, _)) = mine.filter(|(_, g)| *g == state.generation) {
+                    return Ok(mine.clone());
+                }
+                self.clients[shard] = Some((client.clone(), state.generation));
+                return Ok(client);
+            }
+            state.attempts
+        };
         let _one_connects = shared.connecting.lock().await;
         let addr = {
             let mut state = shared.state.lock_or_recover();
@@ -127,22 +141,42 @@ impl Ledgers {
                 self.clients[shard] = Some((client.clone(), state.generation));
                 return Ok(client);
             }
+            if state.attempts > seen {
+                let why = state.error.as_deref().unwrap_or("no connection");
+                anyhow::bail!("connecting to shard {shard}: {why}");
+            }
             // `a|b`: the shard's active process and its standbys; each new connection
             // after a failure tries the next.
             state.alternate += 1;
             flotilla_core::shard_alternate(entry, state.alternate - 1)
         };
-        let client = LedgerServiceClient::new(self.dialer.connect(addr, Some(CONNECT_TIMEOUT)).await?);
+        let connected = self.dialer.connect(addr, Some(CONNECT_TIMEOUT)).await;
         let mut state = shared.state.lock_or_recover();
+        state.attempts += 1;
+        let client = match connected {
+            Ok(channel) => LedgerServiceClient::new(channel),
+            Err(e) => {
+                state.error = Some(format!("{addr}: {e}"));
+                return Err(e.into());
+            }
+        };
         state.generation += 1;
         state.client = Some(client.clone());
         self.clients[shard] = Some((client.clone(), state.generation));
         Ok(client)
     }
 
-    /// A call on `shard` failed: its connection is dropped, unless another call already
-    /// replaced it.
-    fn drop_client(&mut self, shard: usize) {
+    /// A call on `shard` failed with `status`: if its connection failed (not the shard's
+    /// answer), the connection is dropped, unless another call already replaced it.
+    fn drop_client(&mut self, shard: usize, status: &tonic::Status) {
+        use tonic::Code;
+        let connection_failed = matches!(
+            status.code(),
+            Code::Unavailable | Code::Unknown | Code::Cancelled | Code::DeadlineExceeded | Code::Internal
+        );
+        if !connection_failed {
+            return;
+        }
         let Some((_, generation)) = self.clients.get_mut(shard).and_then(Option::take) else { return };
         if let Some(shared) = self.channels.shards.get(shard) {
             let mut state = shared.state.lock_or_recover();
@@ -219,7 +253,7 @@ impl Ledgers {
                 Ok(r)
             }
             Err(status) => {
-                self.drop_client(shard);
+                self.drop_client(shard, &status);
                 let error = RemoteError::from(status);
                 if error.code == FENCED_CODE {
                     self.fenced(shard);
@@ -239,7 +273,7 @@ impl Ledgers {
         self.check_lease("release").map_err(|e| anyhow::anyhow!("release on shard {shard}: {e}"))?;
         let req = v1::ReleaseRequest { txn_id, fencing_token: self.fencing_token, keys };
         if let Err(status) = self.client(shard).await?.release(req).await {
-            self.drop_client(shard);
+            self.drop_client(shard, &status);
             let error = RemoteError::from(status);
             if error.code == FENCED_CODE {
                 self.fenced(shard);

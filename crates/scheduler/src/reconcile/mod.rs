@@ -99,9 +99,6 @@ pub struct Scheduler {
     /// Whether the last pass wrote anything (a pass that changed something is followed by
     /// another within the tick).
     wrote: bool,
-    /// Whether the last pass published the routes (it does before acting): unless it
-    /// then changed a unit, they stand.
-    routed: bool,
     /// Where in each period the app's periodic steps fall ([`due::phase_of`]; taken
     /// modulo the period).
     phase_ms: u64,
@@ -200,7 +197,6 @@ impl Scheduler {
             autoscaler,
             rebalancing: Default::default(),
             wrote: false,
-            routed: false,
             phase_ms,
         };
         Ok((scheduler, handle))
@@ -297,7 +293,7 @@ impl Scheduler {
             metrics::counter!(m::RECONCILE_PASSES.name, "cause" => cause).increment(1);
             // The runtime's clock, not the wall's: the tick below is a deadline on it, and
             // a simulation (`crates/faults`) runs that clock ahead of the wall.
-            let started = tokio::time::Instant::now();
+            let (started, started_ms) = (tokio::time::Instant::now(), now_ms());
             // Taken before the pass reads the view: a change during the pass is compared
             // against what was there before it, so it is never taken as seen.
             let seen = self.cluster.slots();
@@ -323,13 +319,12 @@ impl Scheduler {
             drop(seen);
             watched.register(&mut interest);
             metrics::histogram!(m::RECONCILE_SECONDS.name).record(started.elapsed().as_secs_f64());
-            if !self.routed || self.wrote {
-                self.publish_routes();
-            }
+            self.publish_routes();
             // Counted from the pass's start; a pass that took a second or more still leaves
             // the runtime a breath.
-            let (due, paced) = self.next_pass(now_ms());
-            let next = (started + until(due)).max(tokio::time::Instant::now() + BREATH);
+            let (due, paced) = self.next_pass(started_ms);
+            let next = (started + Duration::from_millis(due.saturating_sub(started_ms)))
+                .max(tokio::time::Instant::now() + BREATH);
             let tick = tokio::time::sleep_until(next);
             tokio::pin!(tick);
             // Weights moving on their own between passes: the table alone is computed.
@@ -370,7 +365,7 @@ impl Scheduler {
     /// One pass of the loop.
     #[tracing::instrument(skip_all, fields(app = %self.spec.name))]
     pub async fn reconcile(&mut self) -> anyhow::Result<()> {
-        (self.wrote, self.routed) = (false, false);
+        self.wrote = false;
         match self.leader.held() {
             None => return self.passive(),
             Some(l) if l.token() != self.token => self.resume(l.token())?,
@@ -415,7 +410,6 @@ impl Scheduler {
         // Routes first: members of nodes that stopped being Alive leave the table before
         // this pass releases or stops anything.
         self.publish_routes();
-        self.routed = true;
         self.planning.shown(&slots);
 
         // Workers coming up to replace one (make before break) that ran as of the last
@@ -452,7 +446,7 @@ impl Scheduler {
         self.queue_missing(&mut writes);
         self.place_queued(&mut writes).await;
         self.retire(&mut writes);
-        self.wrote = !writes.is_empty();
+        self.wrote |= !writes.is_empty();
 
         // An empty batch too: a failing store reopens from here.
         if let Err(e) = save(&*self.store, &self.spec.name, &writes) {

@@ -155,6 +155,7 @@ impl Scheduler {
             }
         }
         let batch = std::mem::take(writes);
+        self.wrote = true;
         // Not written: the pass keeps the batch (it is retried with the pass's other writes).
         save(&*self.store, &self.spec.name, &batch).inspect_err(|_| *writes = batch)
     }

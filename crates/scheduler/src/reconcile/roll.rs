@@ -425,6 +425,7 @@ impl Scheduler {
             }
         };
         // The pass's writes so far go first, so the revert's land after them.
+        self.wrote = true;
         if let Err(e) = save(&*self.store, &self.spec.name, &std::mem::take(writes)) {
             tracing::warn!(app = %self.spec.name, error = %e, "auto_revert: cannot record the pass; will retry");
             return;

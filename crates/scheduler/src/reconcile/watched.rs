@@ -60,6 +60,11 @@ impl Watched {
             if matches!(u.state, UnitState::Queued | UnitState::Placing) || unplaced {
                 return Watched::everything();
             }
+            // An ended unit kept for the record runs nowhere: its nodes' changes are not
+            // the app's.
+            if u.state == UnitState::Terminated {
+                continue;
+            }
             // Replacement workers coming up (make before break) are watched as members.
             for m in u.members.iter().chain(&u.surge) {
                 let (Some(id), Some(shard)) = (m.node_id.as_deref(), m.shard) else { continue };
@@ -181,6 +186,19 @@ mod tests {
         assert!(Watched::of(std::slice::from_ref(&lost), &cluster.slots()).concerned(&cluster));
         lost.state = UnitState::Failed;
         assert!(!Watched::of(&[lost], &cluster.slots()).concerned(&cluster), "an ended unit waits for nothing");
+    }
+
+    #[test]
+    fn the_nodes_of_an_ended_unit_are_not_watched() {
+        let cluster = ClusterView::new(1);
+        let a = record("a", false);
+        install(&cluster, &[a.clone(), record("b", false)], true);
+        let units = [unit("u1", UnitState::Running, &["a"]), unit("u0", UnitState::Terminated, &["b"])];
+        let mut watched = Watched::of(&units, &cluster.slots());
+        install(&cluster, &[a, record("b", true)], true);
+        assert!(!watched.concerned(&cluster), "u0 ended: b is not the app's");
+        install(&cluster, &[record("a", true), record("b", true)], true);
+        assert!(watched.concerned(&cluster));
     }
 
     #[test]
