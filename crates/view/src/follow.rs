@@ -171,6 +171,16 @@ enum FollowError {
     Gap(Version, Version),
 }
 
+/// The slot of `view` with the indexes the follower keeps beside it.
+fn kept(
+    view: &Arc<ShardView>,
+    connected: bool,
+    domains: &crate::domains::Domains,
+    apps: &crate::apps::AppNodes,
+) -> ShardSlot {
+    ShardSlot { view: view.clone(), connected, domains: domains.clone(), apps: apps.clone(), updated_unix_ms: 0 }
+}
+
 async fn follow_once(cluster: &ClusterView, shard: usize, endpoint: &str, dialer: &Dialer) -> Result<(), FollowError> {
     let channel = dialer.connect(endpoint, None).await?;
     let mut client = ViewServiceClient::new(channel).max_decoding_message_size(flotilla_proto::MAX_GRPC_MESSAGE);
@@ -218,13 +228,7 @@ async fn follow_once(cluster: &ClusterView, shard: usize, endpoint: &str, dialer
                 view = Arc::new(next);
                 // A stream that resumed with a delta: connectivity changed too.
                 let reconnected = !std::mem::replace(&mut connected, true);
-                let slot = ShardSlot {
-                    view: view.clone(),
-                    connected,
-                    domains: domains.clone(),
-                    apps: apps.clone(),
-                    updated_unix_ms: 0,
-                };
+                let slot = kept(&view, connected, &domains, &apps);
                 let touched: Vec<&NodeId> = d.upserts.iter().map(|r| &r.node_id).chain(&d.removed).collect();
                 let changed = if reconnected { Changed::All } else { Changed::Nodes(shard as u32, &touched) };
                 cluster.store(shard, slot, changed);
@@ -233,14 +237,7 @@ async fn follow_once(cluster: &ClusterView, shard: usize, endpoint: &str, dialer
                 // A keep-alive (no update): we are current.
                 if !connected {
                     connected = true;
-                    let slot = ShardSlot {
-                        view: view.clone(),
-                        connected,
-                        domains: domains.clone(),
-                        apps: apps.clone(),
-                        updated_unix_ms: 0,
-                    };
-                    cluster.store(shard, slot, Changed::All);
+                    cluster.store(shard, kept(&view, connected, &domains, &apps), Changed::All);
                 }
             }
         }
