@@ -327,7 +327,7 @@ impl Scheduler {
                 .max(tokio::time::Instant::now() + BREATH);
             let tick = tokio::time::sleep_until(next);
             tokio::pin!(tick);
-            // Weights moving on their own between passes: the table alone is computed.
+            // Weights drifting on their own between passes move in the last table.
             let reweigh_at =
                 |s: &Self| s.out.weights.next_change_ms().map(|at| tokio::time::Instant::now() + until(at).max(BREATH));
             let mut reweigh = reweigh_at(&self);
