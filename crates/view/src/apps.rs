@@ -67,15 +67,6 @@ impl AppNodes {
     pub fn get(&self, app: &str) -> impl Iterator<Item = &NodeId> {
         self.nodes.get(app).into_iter().flatten()
     }
-
-    /// How many apps have workloads on the shard's nodes.
-    pub fn len(&self) -> usize {
-        self.nodes.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.nodes.is_empty()
-    }
 }
 
 #[cfg(test)]
@@ -105,7 +96,7 @@ mod tests {
         let mut index = AppNodes::of(&view);
         assert_eq!(nodes_of(&index, "web"), ["n1", "n2"]);
         assert_eq!(nodes_of(&index, "batch"), ["n1"]);
-        assert_eq!(index.len(), 2);
+        assert_eq!(index.nodes.len(), 2);
 
         let steps = [
             // web leaves n1, batch comes to n3, n2 leaves the view.
@@ -133,7 +124,7 @@ mod tests {
             for app in ["web", "batch"] {
                 assert_eq!(nodes_of(&index, app), nodes_of(&rebuilt, app), "{app} after delta {seq}");
             }
-            assert_eq!(index.len(), rebuilt.len(), "after delta {seq}");
+            assert_eq!(index.nodes.len(), rebuilt.nodes.len(), "after delta {seq}");
         }
         assert_eq!(nodes_of(&index, "web"), ["n3"]);
         assert!(nodes_of(&index, "batch").is_empty());
