@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use flotilla_core::{MemberOption, MemberShape, Resources};
+
 use serde_json::{Value, json};
 
 use crate::config::PoolConfig;
@@ -15,13 +16,21 @@ use crate::pack::{
 use crate::policy::{PolicyState, Sizing, size};
 use crate::shape::{ResourceNames, Shape};
 
+mod prune;
+use prune::{has_room, least_demand};
+
 fn shape(r: &Resources, names: &mut ResourceNames) -> Shape {
     // Every resource vector here was validated as a node capacity or a spec member.
     Shape::from_resources(r, names).unwrap_or_default()
 }
 
-/// The packing problem of one pass.
-pub fn problem(cfg: &PoolConfig, obs: &Observation) -> Problem {
+/// The packing problem of one pass. With `prune`, running nodes that can matter only
+/// by their number are left out ([`Problem::inert`]): at 100,000 nodes most are busy
+/// and full, and packing each of them every pass was most of its cost. Pruning never
+/// changes the plan: such a node takes no demand, is never idle and, when no type is
+/// over its max ([`Problem::over_a_max`]; `decide` asks again without pruning), is
+/// never picked to terminate. Without a floor only: the floor counts whole capacities.
+pub fn problem(cfg: &PoolConfig, obs: &Observation, prune: bool) -> Problem {
     let mut names = ResourceNames::default();
     // A node without a domain label is in the default domain, as the schedulers see it.
     let with_domain = |l: &Labels| {
@@ -33,22 +42,39 @@ pub fn problem(cfg: &PoolConfig, obs: &Observation) -> Problem {
     for t in &mut node_types {
         t.labels = with_domain(&t.labels);
     }
-    let by_id: HashMap<&str, &PoolInstance> = obs.instances.iter().map(|i| (i.id.as_str(), i)).collect();
+    let by_id: foldhash::HashMap<&str, &PoolInstance> = obs.instances.iter().map(|i| (i.id.as_str(), i)).collect();
     let mut nodes = Vec::new();
+    let mut inert: BTreeMap<String, u32> = BTreeMap::new();
+    let least = if prune && obs.floor.resource_requests.is_empty() { Some(least_demand(obs.apps)) } else { None };
     let mut seen = std::collections::HashSet::new();
     for n in obs.nodes {
         let inst = by_id.get(n.node_id.as_str());
         if n.status == "dead" || inst.is_some_and(|i| i.phase == Phase::Leaving) {
             continue;
         }
-        seen.insert(n.node_id.as_str());
-        let total = shape(&n.capacity, &mut names);
+        if inst.is_some() {
+            seen.insert(n.node_id.as_str());
+        }
         // A node that is not plainly alive and schedulable holds its place (it still
         // counts against its type's max) but takes no demand and is never idle. A warm
         // pool's node is cordoned on purpose: it takes demand (held: which claims it;
         // claimed: until its uncordon shows).
         let warm = inst.is_some_and(|i| i.warm);
         let usable = n.status == "alive" && (!n.cordoned || warm) && !n.drain_requested;
+        if let Some(least) = &least
+            && !(usable && least.as_ref().is_some_and(|l| has_room(n, l)))
+        {
+            // Only a pool's node is ever terminated for idleness.
+            match inst {
+                None => continue,
+                Some(i) if i.phase == Phase::Running && !(usable && obs.idle.idle_ms(&n.node_id, obs.now_ms) > 0) => {
+                    *inert.entry(i.node_type.clone()).or_default() += 1;
+                    continue;
+                }
+                Some(_) => {}
+            }
+        }
+        let total = shape(&n.capacity, &mut names);
         let available = if usable {
             let mut a = total.clone();
             a.sub_times(&shape(&n.allocated, &mut names), 1);
@@ -177,6 +203,7 @@ pub fn problem(cfg: &PoolConfig, obs: &Observation) -> Problem {
         per_node,
         per_domain,
         floor,
+        inert,
     }
 }
 
@@ -240,18 +267,25 @@ pub fn record(cfg: &PoolConfig, obs: &Observation, p: &Problem, plan: &Plan, dec
 /// sizes are left out of packing (never launched for demand, never idle-terminated) and
 /// grown or shrunk to what the policy wants.
 pub fn decide(cfg: &PoolConfig, obs: &Observation, policy: &mut PolicyState) -> (Plan, Value) {
-    let mut p = problem(cfg, obs);
-    let sizing = cfg.policy.as_ref().and_then(|pp| size(cfg, pp, policy, obs));
+    let start = std::time::Instant::now();
     // A type the policy sizes, or that cannot be had now (`Observation::unavailable`),
     // launches nothing for demand: it keeps what it has.
     let sized = |t: &str| cfg.policy.as_ref().is_some_and(|pp| pp.types().any(|s| s == t));
-    for t in p.node_types.iter_mut().filter(|t| sized(&t.name) || obs.unavailable.contains_key(&t.name)) {
-        t.max = live_of(obs, &t.name).min(t.max as usize) as u32;
-        if sized(&t.name) {
-            t.idle_timeout_ms = None;
+    let problem_of = |prune: bool| {
+        let mut p = problem(cfg, obs, prune);
+        for t in p.node_types.iter_mut().filter(|t| sized(&t.name) || obs.unavailable.contains_key(&t.name)) {
+            t.max = live_of(obs, &t.name).min(t.max as usize) as u32;
+            if sized(&t.name) {
+                t.idle_timeout_ms = None;
+            }
         }
+        p
+    };
+    let mut p = problem_of(true);
+    if !p.inert.is_empty() && p.over_a_max() {
+        p = problem_of(false);
     }
-    let start = std::time::Instant::now();
+    let sizing = cfg.policy.as_ref().and_then(|pp| size(cfg, pp, policy, obs));
     let mut plan = pack::plan(&p);
     if let Some(s) = &sizing {
         apply_sizing(obs, s, &mut plan);

@@ -73,6 +73,11 @@ impl Classes {
         }
     }
 
+    /// State `id`'s nodes, first in rank first.
+    pub fn members(&self, id: usize) -> impl Iterator<Item = &(i64, usize)> {
+        self.members.get(id).into_iter().flatten()
+    }
+
     /// Each state's nodes, first in rank first.
     pub fn iter(&self) -> impl Iterator<Item = (usize, &BTreeSet<(i64, usize)>)> {
         self.members.iter().enumerate()

@@ -121,11 +121,10 @@ struct Context<'p> {
     rank: Vec<i64>,
     front: i64,
     back: i64,
-    /// Live nodes that are running (not launched by this pass or still launching): the
-    /// ones Ray moves back when they could take none of a placement's requests.
-    running: Vec<usize>,
     /// New nodes each type may still launch (its max less what it has).
     type_room: Vec<u32>,
+    /// Each type's nodes left out of the problem ([`Problem::inert`]).
+    inert: Vec<u32>,
     type_labels: Vec<Arc<Labels>>,
     /// Every type has a cost: cost-aware scoring for new nodes.
     costed: bool,
@@ -140,7 +139,8 @@ struct Outcome {
     new: Vec<SimNode>,
     /// Counts left unplaced, by group.
     left: Vec<u64>,
-    /// Running nodes that could take none of the requests (they go to the back).
+    /// The states whose running nodes could take none of the requests (they go to the
+    /// back); ids of [`Context::classes`] as it was when the outcome was made.
     exhausted: Vec<usize>,
 }
 
@@ -181,7 +181,6 @@ impl<'p> Context<'p> {
     /// Ray's order: the nodes launched for the types' `min` first, then the others.
     fn index(&mut self) {
         self.classes = Classes::default();
-        self.live = 0;
         let (mins, others): (Vec<usize>, Vec<usize>) =
             (0..self.nodes.len()).partition(|i| matches!(self.nodes[*i].origin, Origin::New(_)));
         self.rank = vec![0; self.nodes.len()];
@@ -190,17 +189,13 @@ impl<'p> Context<'p> {
             self.back = r as i64;
         }
         self.front = 0;
+        self.live = self.inert.iter().map(|n| *n as usize).sum();
         for (i, n) in self.nodes.iter().enumerate() {
             if n.terminate {
                 continue;
             }
             self.classes.insert(i, self.rank[i], n);
             self.live += 1;
-            if let Origin::Existing(e) = n.origin
-                && !self.p.nodes[e].pending
-            {
-                self.running.push(i);
-            }
         }
     }
 
@@ -241,11 +236,14 @@ impl<'p> Context<'p> {
     /// [`Context::commit`] applies the outcome.
     fn try_schedule(&self, groups: &[Group], counts: &[u64], source: Source) -> Outcome {
         let mut pending = Pending::new(groups, counts);
+        // A state's nodes have the same free resources: one look per state.
         let exhausted: Vec<usize> = self
-            .running
+            .classes
             .iter()
-            .copied()
-            .filter(|i| !self.nodes[*i].terminate && pending.next_fit(0, self.nodes[*i].free_of(source)).is_none())
+            .filter(|(_, members)| {
+                members.first().is_some_and(|(_, i)| pending.next_fit(0, self.nodes[*i].free_of(source)).is_none())
+            })
+            .map(|(id, _)| id)
             .collect();
         let mut filled = Vec::new();
         // Per state, the last node this call filled: the next candidate of the state is
@@ -294,6 +292,17 @@ impl<'p> Context<'p> {
     /// does (see [`Context::rank`]). A gang's tags only matter while its own bundles are
     /// placed, so they are dropped here (keeping twin nodes twins).
     fn commit(&mut self, o: Outcome) {
+        // Before anything moves: the class ids are the ones `try_schedule` saw.
+        let mut exhausted: Vec<usize> = Vec::new();
+        for id in &o.exhausted {
+            for (_, i) in self.classes.members(*id) {
+                if let Origin::Existing(e) = self.nodes[*i].origin
+                    && !self.p.nodes[e].pending
+                {
+                    exhausted.push(*i);
+                }
+            }
+        }
         let k = o.filled.len() as i64;
         for (j, (i, mut n)) in o.filled.into_iter().enumerate() {
             self.classes.remove(i, self.rank[i], &self.nodes[i]);
@@ -303,7 +312,6 @@ impl<'p> Context<'p> {
             self.nodes[i] = n;
         }
         self.front -= k;
-        let mut exhausted = o.exhausted;
         exhausted.sort_by_key(|i| self.rank[*i]);
         for i in exhausted {
             self.classes.remove(i, self.rank[i], &self.nodes[i]);
@@ -366,8 +374,8 @@ pub fn plan(p: &Problem) -> Plan {
         rank: Vec::new(),
         front: 0,
         back: 0,
-        running: Vec::new(),
         type_room: vec![0; p.node_types.len()],
+        inert: p.node_types.iter().map(|t| p.inert.get(&t.name).copied().unwrap_or(0)).collect(),
         type_labels,
         costed: !p.node_types.is_empty() && p.node_types.iter().all(|t| t.cost.is_some()),
     };
@@ -388,8 +396,9 @@ pub fn plan(p: &Problem) -> Plan {
     let mut out = Plan::default();
 
     // 1. min per type, then max per type and globally.
-    let count_of =
-        |ctx: &Context, t: usize| ctx.nodes.iter().filter(|n| !n.terminate && n.node_type == Some(t)).count();
+    let count_of = |ctx: &Context, t: usize| {
+        ctx.inert[t] as usize + ctx.nodes.iter().filter(|n| !n.terminate && n.node_type == Some(t)).count()
+    };
     for (t, ty) in p.node_types.iter().enumerate() {
         let have = count_of(&ctx, t) as u32;
         for _ in have..ty.min {
@@ -407,7 +416,7 @@ pub fn plan(p: &Problem) -> Plan {
     for (t, ty) in p.node_types.iter().enumerate() {
         let mut of_type: Vec<usize> =
             (0..ctx.nodes.len()).filter(|i| !ctx.nodes[*i].terminate && ctx.nodes[*i].node_type == Some(t)).collect();
-        let extra = of_type.len().saturating_sub(ty.max as usize);
+        let extra = (of_type.len() + ctx.inert[t] as usize).saturating_sub(ty.max as usize).min(of_type.len());
         if extra > 0 {
             termination_order(&ctx, &mut of_type);
             for i in of_type.into_iter().take(extra) {
@@ -420,7 +429,8 @@ pub fn plan(p: &Problem) -> Plan {
     if let Some(max) = p.max_nodes {
         let mut managed: Vec<usize> =
             (0..ctx.nodes.len()).filter(|i| !ctx.nodes[*i].terminate && ctx.nodes[*i].node_type.is_some()).collect();
-        let live = ctx.nodes.iter().filter(|n| !n.terminate).count();
+        let live =
+            ctx.nodes.iter().filter(|n| !n.terminate).count() + ctx.inert.iter().map(|n| *n as usize).sum::<usize>();
         let extra = live.saturating_sub(max as usize).min(managed.len());
         if extra > 0 {
             termination_order(&ctx, &mut managed);
@@ -519,7 +529,9 @@ pub fn plan(p: &Problem) -> Plan {
     }
 
     // 5. idle termination.
-    let mut order: Vec<usize> = (0..ctx.nodes.len()).collect();
+    // Only a pool's nodes are terminated (at 100,000 nodes, sorting the others was a
+    // sixth of a pass).
+    let mut order: Vec<usize> = (0..ctx.nodes.len()).filter(|i| ctx.nodes[*i].node_type.is_some()).collect();
     termination_order(&ctx, &mut order);
     let mut remaining: Vec<usize> = (0..p.node_types.len()).map(|t| count_of(&ctx, t)).collect();
     for i in order {

@@ -199,6 +199,28 @@ pub struct Problem {
     pub per_domain: Vec<Limit>,
     /// Capacity the pool must hold whatever the demand (`request_resources`).
     pub floor: Vec<Request>,
+    /// Running nodes of each type left out of `nodes` because they can matter to a pass
+    /// only by their number: busy, and with no room for the least of the demand. They
+    /// count against their type's `min`, `max` and `max_nodes`; they are never picked to
+    /// be terminated, so a problem with a type over its max must list them all
+    /// (`crate::reconciler::problem` does).
+    pub inert: BTreeMap<String, u32>,
+}
+
+impl Problem {
+    /// Whether a type has more nodes than its `max`, or the pool more than
+    /// `max_nodes`: then step 1 of [`crate::pack::plan`] picks nodes to terminate, and
+    /// needs every one of them listed.
+    pub fn over_a_max(&self) -> bool {
+        let mut of_type: BTreeMap<&str, u64> = self.inert.iter().map(|(t, n)| (t.as_str(), u64::from(*n))).collect();
+        for t in self.nodes.iter().filter_map(|n| n.node_type.as_deref()) {
+            *of_type.entry(t).or_default() += 1;
+        }
+        let over_type =
+            self.node_types.iter().any(|t| of_type.get(t.name.as_str()).copied().unwrap_or(0) > u64::from(t.max));
+        let all = self.nodes.len() as u64 + self.inert.values().map(|n| u64::from(*n)).sum::<u64>();
+        over_type || self.max_nodes.is_some_and(|m| all > u64::from(m))
+    }
 }
 
 /// Why a node is terminated.
