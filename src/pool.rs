@@ -10,13 +10,14 @@ use anyhow::Context;
 use clap::{Args, Subcommand};
 use flotilla_obs::LogFormat;
 use flotilla_pool::autoscaler::Autoscaler;
-use flotilla_pool::cluster::HttpCluster;
+use flotilla_pool::cluster::{HttpCluster, ViewCluster};
 use flotilla_pool::config::{PoolConfig, ProviderConfig};
 use flotilla_pool::demand::DemandFile;
 use flotilla_pool::provider::InstanceProvider;
 use flotilla_pool::provider::exec::{ExecConfig, ExecProvider};
 use flotilla_pool::provider::local::{LocalConfig, LocalProvider};
 use flotilla_pool::store::{PoolStore, StoreError};
+use flotilla_view::ClusterView;
 use serde_json::Value;
 
 use crate::cli::http::ListArgs;
@@ -259,11 +260,13 @@ async fn open_store(pool: &str, path: &Path, wait: Duration) -> anyhow::Result<P
     }
 }
 
-/// A pool autoscaler for `cfg`, resuming from `DATA/pool/NAME.redb`.
+/// A pool autoscaler for `cfg`, resuming from `DATA/pool/NAME.redb`: nodes read from
+/// `view`, the rest asked of the control plane.
 pub async fn autoscaler(
     cfg: PoolConfig,
     data: &Path,
     provider: Arc<dyn InstanceProvider>,
+    view: Arc<ClusterView>,
     control: &str,
     http: reqwest::Client,
     token: Option<String>,
@@ -271,7 +274,7 @@ pub async fn autoscaler(
     let dir = data.join("pool");
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let store = open_store(&cfg.name, &dir.join(format!("{}.redb", cfg.name)), STORE_WAIT).await?;
-    let cluster = Arc::new(HttpCluster::new(http, control, token));
+    let cluster = Arc::new(ViewCluster::new(view, HttpCluster::new(http, control, token)));
     Ok(Autoscaler::new(cfg, provider, cluster, store)?)
 }
 
@@ -290,6 +293,10 @@ pub struct AutoscalerArgs {
     /// PEM file with the CA that signed an HTTPS control plane's certificate.
     #[arg(long, env = "FLOTILLA_CA")]
     pub ca: Option<PathBuf>,
+    /// How it follows the shards' view, where it reads the nodes (the token file
+    /// defaults to DATA/grpc-token when it exists).
+    #[command(flatten)]
+    pub shards: crate::serve::args::ShardClientArgs,
 }
 
 /// `flotilla autoscaler`: the pool autoscaler as its own process. Its local agents
@@ -323,7 +330,13 @@ pub async fn run_standalone(a: AutoscalerArgs, log_format: LogFormat) -> anyhow:
         control_plane: control.clone(),
     };
     let provider = provider(&cfg, &a.data, &join, false)?;
-    let scaler = autoscaler(cfg, &a.data, provider, &a.control, http, token).await?;
+    let mut shards = a.shards.clone();
+    if shards.grpc_token_file.is_none() {
+        shards.grpc_token_file = Some(a.data.join("grpc-token")).filter(|f| f.exists());
+    }
+    let view = ClusterView::new(aggregators.len());
+    flotilla_control::follow_all(&view, &aggregators, &shards.dialer()?);
+    let scaler = autoscaler(cfg, &a.data, provider, view, &a.control, http, token).await?;
     println!("pool autoscaler running against {}", a.control);
     scaler.run(crate::serve::shutdown_signal()).await;
     Ok(())

@@ -328,6 +328,7 @@ pub async fn run(a: UpArgs, log_format: LogFormat) -> anyhow::Result<()> {
                 cfg,
                 &data.dir,
                 provider.clone(),
+                cluster.clone(),
                 &url,
                 a.http.client()?,
                 Some(data.api_token.clone()),

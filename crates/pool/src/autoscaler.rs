@@ -187,12 +187,14 @@ impl Autoscaler {
         let nodes = self.cluster.nodes().await?;
         let apps = self.cluster.apps().await?;
         self.idle.update(&nodes, now);
+        // Only the pool's own nodes are looked up by instance.
         let seen: HashMap<String, NodeSeen> = nodes
             .iter()
+            .filter(|n| self.instances.get(&n.node_id).is_some())
             .map(|n| {
                 let s = NodeSeen {
-                    alive: n.status == "alive",
-                    dead: n.status == "dead",
+                    alive: n.status == flotilla_core::NodeStatus::Alive,
+                    dead: n.status == flotilla_core::NodeStatus::Dead,
                     draining: n.drain_requested,
                     allocated_nothing: n.allocated.is_zero(),
                 };

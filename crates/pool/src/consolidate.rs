@@ -63,7 +63,7 @@ pub fn plan(cfg: &PoolConfig, obs: &Observation, skip: &BTreeSet<String>) -> Opt
     let mut names = ResourceNames::default();
     let by_id: HashMap<&str, &PoolInstance> = obs.instances.iter().map(|i| (i.id.as_str(), i)).collect();
     let sized = |t: &str| cfg.policy.as_ref().is_some_and(|p| p.types().any(|s| s == t));
-    let usable = |n: &NodeRow| n.status == "alive" && !n.cordoned && !n.drain_requested;
+    let usable = |n: &NodeRow| n.status == flotilla_core::NodeStatus::Alive && !n.cordoned && !n.drain_requested;
     // What counts toward a type's `min`: instances not on their way out.
     let mut live: HashMap<&str, u32> = HashMap::new();
     for i in obs.instances.iter().filter(|i| i.phase != Phase::Leaving) {
@@ -250,7 +250,7 @@ fn replace(
 
 /// A node's failure domain, as the schedulers see it.
 fn domain(n: &NodeRow) -> &str {
-    n.labels.get("domain").map_or(flotilla_core::DEFAULT_DOMAIN, String::as_str)
+    n.labels.get("domain").unwrap_or(flotilla_core::DEFAULT_DOMAIN)
 }
 
 fn shape(r: &flotilla_core::Resources, names: &mut ResourceNames) -> Shape {

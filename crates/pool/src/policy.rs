@@ -157,10 +157,12 @@ mod tests {
     fn row(id: &str, cpu: u64) -> NodeRow {
         NodeRow {
             node_id: id.into(),
-            status: "alive".into(),
-            labels: [("priority".to_string(), "high".to_string())].into(),
-            capacity: Resources::new(2000, 4 << 30, 0),
-            allocated: Resources::new(cpu, 0, 0),
+            status: flotilla_core::NodeStatus::Alive,
+            labels: std::sync::Arc::new(
+                flotilla_core::Labels::from_map([("priority".to_string(), "high".to_string())].into()).unwrap(),
+            ),
+            capacity: std::sync::Arc::new(Resources::new(2000, 4 << 30, 0)),
+            allocated: Resources::new(cpu, 0, 0).into(),
             cordoned: false,
             drain_requested: false,
             workloads: 0,

@@ -49,7 +49,7 @@ pub fn problem(cfg: &PoolConfig, obs: &Observation, prune: bool) -> Problem {
     let mut seen = std::collections::HashSet::new();
     for n in obs.nodes {
         let inst = by_id.get(n.node_id.as_str());
-        if n.status == "dead" || inst.is_some_and(|i| i.phase == Phase::Leaving) {
+        if n.status == flotilla_core::NodeStatus::Dead || inst.is_some_and(|i| i.phase == Phase::Leaving) {
             continue;
         }
         if inst.is_some() {
@@ -60,7 +60,7 @@ pub fn problem(cfg: &PoolConfig, obs: &Observation, prune: bool) -> Problem {
         // pool's node is cordoned on purpose: it takes demand (held: which claims it;
         // claimed: until its uncordon shows).
         let warm = inst.is_some_and(|i| i.warm);
-        let usable = n.status == "alive" && (!n.cordoned || warm) && !n.drain_requested;
+        let usable = n.status == flotilla_core::NodeStatus::Alive && (!n.cordoned || warm) && !n.drain_requested;
         if let Some(least) = &least
             && !(usable && least.as_ref().is_some_and(|l| has_room(n, l)))
         {
@@ -87,7 +87,7 @@ pub fn problem(cfg: &PoolConfig, obs: &Observation, prune: bool) -> Problem {
             node_type: inst.map(|i| i.node_type.clone()),
             total,
             available,
-            labels: with_domain(&n.labels),
+            labels: with_domain(n.labels.as_map()),
             idle_ms: if usable { obs.idle.idle_ms(&n.node_id, obs.now_ms) } else { 0 },
             pending: false,
         });
@@ -373,10 +373,13 @@ mod tests {
     fn row(id: &str, labels: &[(&str, &str)], allocated_cpu: u64) -> NodeRow {
         NodeRow {
             node_id: id.into(),
-            status: "alive".into(),
-            labels: labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
-            capacity: Resources::new(1000, 1 << 30, 0),
-            allocated: Resources::new(allocated_cpu, 0, 0),
+            status: flotilla_core::NodeStatus::Alive,
+            labels: std::sync::Arc::new(
+                flotilla_core::Labels::from_map(labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect())
+                    .unwrap(),
+            ),
+            capacity: std::sync::Arc::new(Resources::new(1000, 1 << 30, 0)),
+            allocated: Resources::new(allocated_cpu, 0, 0).into(),
             cordoned: false,
             drain_requested: false,
             workloads: 0,
@@ -493,7 +496,7 @@ mod tests {
         let pool = "[node_types.big]\ncpu = 4\nmemory = \"4Gi\"\nlabels = { domain = \"domain-a\" }\nmax = 8\n";
         let cfg = PoolConfig::parse(pool).unwrap();
         let mut big = row("pool-big-1", &[("domain", "domain-a")], 800);
-        big.capacity = Resources::new(4000, 4 << 30, 0);
+        big.capacity = Resources::new(4000, 4 << 30, 0).into();
         let nodes = vec![big];
         let mut app = echo(3, 0);
         app.unit_shape.max_units_per_node = Some(1);
@@ -587,7 +590,7 @@ mod tests {
 
         // The a100 type at its max, its node fully used: the next unit takes an l4.
         let mut a100 = row("pool-a100-1", &[("domain", "domain-a"), ("gpu_model", "a100")], 8000);
-        a100.capacity = Resources::new(8000, 32 << 30, 1);
+        a100.capacity = Resources::new(8000, 32 << 30, 1).into();
         a100.allocated = a100.capacity.clone();
         let nodes = [a100];
         let (plan, record) = decide_on(&cfg, &nodes, "a100", &[hetero(1, &[&["a100"], &["l4"]])]);

@@ -100,10 +100,10 @@ impl Cluster for FakeCluster {
             .keys()
             .map(|id| NodeRow {
                 node_id: id.clone(),
-                status: "alive".into(),
-                labels: BTreeMap::new(),
-                capacity: Resources::new(2000, 4 << 30, 0),
-                allocated: Resources::new(held.get(id).map_or(0, |h| h.0), 0, 0),
+                status: flotilla_core::NodeStatus::Alive,
+                labels: Default::default(),
+                capacity: Arc::new(Resources::new(2000, 4 << 30, 0)),
+                allocated: Arc::new(Resources::new(held.get(id).map_or(0, |h| h.0), 0, 0)),
                 cordoned: drains.contains(id) || warm.contains(id),
                 drain_requested: drains.contains(id),
                 workloads: held.get(id).map_or(0, |h| h.1),

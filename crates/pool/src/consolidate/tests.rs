@@ -26,10 +26,10 @@ const POOL: &str = r#"
 fn node(id: &str, capacity_cpu: u64, members: usize, cpu: u64) -> NodeRow {
     NodeRow {
         node_id: id.into(),
-        status: "alive".into(),
+        status: flotilla_core::NodeStatus::Alive,
         labels: Default::default(),
-        capacity: Resources::new(capacity_cpu, (capacity_cpu / 500) << 30, 0),
-        allocated: Resources::new(cpu * members as u64, (members as u64) << 28, 0),
+        capacity: std::sync::Arc::new(Resources::new(capacity_cpu, (capacity_cpu / 500) << 30, 0)),
+        allocated: Resources::new(cpu * members as u64, (members as u64) << 28, 0).into(),
         cordoned: false,
         drain_requested: false,
         workloads: members,
@@ -84,8 +84,8 @@ fn a_fragmented_pool_empties_one_node_at_a_time_down_to_its_min() {
         let to =
             nodes.iter().filter(|n| n.node_id != gone).max_by_key(|n| n.allocated.cpu_millis).unwrap().node_id.clone();
         let n = nodes.iter_mut().find(|n| n.node_id == to).unwrap();
-        n.allocated.cpu_millis += 500;
-        n.allocated.memory_bytes += 1 << 28;
+        std::sync::Arc::make_mut(&mut n.allocated).cpu_millis += 500;
+        std::sync::Arc::make_mut(&mut n.allocated).memory_bytes += 1 << 28;
         n.workloads += 1;
         nodes.retain(|n| n.node_id != gone);
         instances.retain(|i| i.id != gone);
@@ -153,7 +153,7 @@ fn cordoned_warm_and_idle_nodes_are_no_room_but_a_kept_empty_node_is() {
     assert_eq!(plan_for(&cfg, &cordoned, &instances, &[]), None);
     // Nor is a node in another domain (a unit keeps its domain).
     let mut apart = nodes.clone();
-    apart[2].labels.insert("domain".into(), "b".into());
+    std::sync::Arc::make_mut(&mut apart[2].labels).insert("domain", "b").unwrap();
     assert_eq!(plan_for(&cfg, &apart, &instances, &[]), None);
     // An empty node of a type with a min is kept: s1's member goes to it.
     let kept = vec![node("k1", 8000, 0, 0), node("s1", 2000, 1, 500)];

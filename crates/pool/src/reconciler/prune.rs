@@ -53,7 +53,7 @@ mod tests {
     use crate::config::PoolConfig;
     use crate::model::{AppRow, Constraints, IdleClock, NodeRow, Observation, Phase, PoolInstance, Queued};
     use crate::pack::{Plan, plan};
-    use flotilla_core::{MemberShape, Resources, UnitShape};
+    use flotilla_core::{MemberShape, NodeStatus, Resources, UnitShape};
     use proptest::prelude::*;
 
     const POOL: &str = r#"
@@ -104,10 +104,10 @@ mod tests {
                 }
                 nodes.push(NodeRow {
                     node_id: id,
-                    status: if alive { "alive" } else { "suspect" }.into(),
-                    labels: [("domain".to_string(), domain.to_string())].into(),
-                    capacity: Resources::new(cap, 4 << 30, 0),
-                    allocated: Resources::new((held * cap / 4).min(cap), 0, 0),
+                    status: if alive { NodeStatus::Alive } else { NodeStatus::Suspect },
+                    labels: std::sync::Arc::new(flotilla_core::Labels::from_map([("domain".to_string(), domain.to_string())].into()).unwrap()),
+                    capacity: std::sync::Arc::new(Resources::new(cap, 4 << 30, 0)),
+                    allocated: Resources::new((held * cap / 4).min(cap), 0, 0).into(),
                     cordoned,
                     drain_requested: false,
                     workloads: 0,

@@ -362,10 +362,11 @@ impl Cluster for SimCluster {
                 let t = self.cfg.node_type(&i.node_type)?;
                 Some(NodeRow {
                     node_id: id.clone(),
-                    status: "alive".into(),
-                    labels: t.labels.clone(),
-                    capacity: t.resources.clone(),
-                    allocated: allocated.get(id.as_str()).cloned().unwrap_or_default(),
+                    status: flotilla_core::NodeStatus::Alive,
+                    // The pool file's labels were checked as labels when it was read.
+                    labels: std::sync::Arc::new(flotilla_core::Labels::from_map(t.labels.clone()).unwrap_or_default()),
+                    capacity: std::sync::Arc::new(t.resources.clone()),
+                    allocated: std::sync::Arc::new(allocated.get(id.as_str()).cloned().unwrap_or_default()),
                     cordoned: i.cordoned || i.drain_requested,
                     drain_requested: i.drain_requested,
                     workloads: workloads.get(id.as_str()).copied().unwrap_or(0),
