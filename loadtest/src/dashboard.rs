@@ -54,10 +54,19 @@ pub struct DashboardArgs {
     pub flotilla: Option<PathBuf>,
 }
 
+/// Stops a heartbeat sender whatever happens after it started.
+pub(crate) struct StopOnDrop(pub(crate) Arc<AtomicBool>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 /// A child in its own process group: SIGTERM, then SIGKILL to the whole group, on drop.
 /// Descendants that made groups of their own (Chromium does) are remembered whenever
 /// [`GroupProc::watch`] runs and at drop (from /proc), and killed too.
-struct GroupProc {
+pub(crate) struct GroupProc {
     child: Child,
     /// (pid, start time) of every descendant seen, so a reused pid is never hit.
     seen: Vec<(u32, u64)>,
@@ -68,7 +77,7 @@ impl GroupProc {
         GroupProc { child, seen: Vec::new() }
     }
 
-    fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.child.id()
     }
 
@@ -144,7 +153,7 @@ fn descendants_of(root: u32) -> Vec<(u32, u64)> {
 }
 
 /// `flotilla control --print-addrs` following the shards; its address.
-fn spawn_control(bin: &Path, data: &Data, shards: &[ShardProc]) -> anyhow::Result<(GroupProc, String)> {
+pub(crate) fn spawn_control(bin: &Path, data: &Data, shards: &[ShardProc]) -> anyhow::Result<(GroupProc, String)> {
     use std::os::unix::process::CommandExt;
     let aggregators: Vec<&str> = shards.iter().map(|s| s.addr.as_str()).collect();
     let mut child = Command::new(bin)
@@ -303,13 +312,6 @@ pub async fn run(a: DashboardArgs) -> anyhow::Result<()> {
             send_loop(&nodes, &dests, 16, flips, &stop, &sent, &pending, &bytes)
         })
     };
-    // Stops the sender whatever happens below.
-    struct StopOnDrop(Arc<AtomicBool>);
-    impl Drop for StopOnDrop {
-        fn drop(&mut self) {
-            self.0.store(true, std::sync::atomic::Ordering::Relaxed);
-        }
-    }
     let _stop = StopOnDrop(stop.clone());
 
     let (control, addr) = spawn_control(&bin, &data, &shards)?;

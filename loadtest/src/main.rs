@@ -11,6 +11,7 @@ mod heartbeats;
 mod lab;
 mod p2p;
 mod policies;
+mod pool;
 mod routing;
 mod runner;
 mod schedule;
@@ -59,6 +60,8 @@ enum Cmd {
     Autoscale(autoscale::AutoscaleArgs),
     /// The dashboard at many nodes: first paint, live update latency, browser memory.
     Dashboard(dashboard::DashboardArgs),
+    /// The pool autoscaler's pass at many nodes: nodes over HTTP against from the view.
+    Pool(pool::PoolArgs),
 }
 
 #[tokio::main]
@@ -78,6 +81,7 @@ async fn main() -> std::process::ExitCode {
         Cmd::Policies(a) => policies::run(a),
         Cmd::Autoscale(a) => autoscale::run(a),
         Cmd::Dashboard(a) => dashboard::run(a).await,
+        Cmd::Pool(a) => pool::run(a).await,
     };
     match r {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -186,11 +186,12 @@ impl Autoscaler {
             .map_err(|_| PassError::ListTimeout(LIST_TIMEOUT))??;
         let nodes = self.cluster.nodes().await?;
         let apps = self.cluster.apps().await?;
-        self.idle.update(&nodes, now);
-        // Only the pool's own nodes are looked up by instance.
-        let seen: HashMap<String, NodeSeen> = nodes
+        // The pool's own nodes: all it tracks by instance (at 100,000 nodes most are not
+        // its own, and a pass that copied each of their ids cost more than the packing).
+        let own: Vec<&NodeRow> = nodes.iter().filter(|n| self.instances.get(&n.node_id).is_some()).collect();
+        self.idle.update(own.iter().copied(), now);
+        let seen: HashMap<String, NodeSeen> = own
             .iter()
-            .filter(|n| self.instances.get(&n.node_id).is_some())
             .map(|n| {
                 let s = NodeSeen {
                     alive: n.status == flotilla_core::NodeStatus::Alive,
@@ -267,7 +268,7 @@ impl Autoscaler {
             metrics::counter!(m::LAUNCHES.name, "pool" => self.cfg.name.clone(), "node_type" => node_type.clone())
                 .increment(ids.len() as u64);
         }
-        let warm = self.warm_pools(&nodes, &plan, &unavailable, now).await;
+        let warm = self.warm_pools(&own, &plan, &unavailable, now).await;
         let mut record = record;
         if !warm.claim.is_empty() || !warm.replenish.is_empty() {
             let mut why: Vec<String> =
@@ -276,7 +277,7 @@ impl Autoscaler {
             explain(&mut record, &why);
             record["warm"] = json!({"claimed": warm.claim, "launched": warm.replenish});
         }
-        let saw = Seen { nodes: &nodes, apps: &apps, instances: &pool_instances, unavailable: &unavailable };
+        let saw = Seen { nodes: &nodes, own: &own, apps: &apps, instances: &pool_instances, unavailable: &unavailable };
         let step = self.consolidation(&saw, &plan, now, &mut changes).await;
         explain(&mut record, &step.why);
         if let Some(c) = step.record {
@@ -495,12 +496,12 @@ impl Autoscaler {
     /// claimed ones the view shows uncordoned, and queues warm replacements.
     async fn warm_pools(
         &mut self,
-        nodes: &[NodeRow],
+        own: &[&NodeRow],
         plan: &crate::pack::Plan,
         unavailable: &BTreeMap<String, String>,
         now: u64,
     ) -> crate::warm::WarmPlan {
-        let cordoned: HashMap<&str, bool> = nodes.iter().map(|n| (n.node_id.as_str(), n.cordoned)).collect();
+        let cordoned: HashMap<&str, bool> = own.iter().map(|n| (n.node_id.as_str(), n.cordoned)).collect();
         let all: Vec<&crate::instance::Instance> = self.instances.iter().collect();
         let wp = crate::warm::plan(&self.cfg, &all, &cordoned, &plan.demand_on, unavailable);
         for id in &wp.claim {
@@ -621,6 +622,8 @@ impl Autoscaler {
 /// What the pass saw, as the consolidation step reads it.
 struct Seen<'a> {
     nodes: &'a [NodeRow],
+    /// Of those, the pool's own.
+    own: &'a [&'a NodeRow],
     apps: &'a [AppRow],
     instances: &'a [PoolInstance],
     unavailable: &'a BTreeMap<String, String>,

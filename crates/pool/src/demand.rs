@@ -315,7 +315,7 @@ impl DemandFile {
             per_node: Vec::new(),
             per_domain: Vec::new(),
             floor,
-            inert: BTreeMap::new(),
+            inert: Default::default(),
         };
         Ok(DemandFile { problem })
     }

@@ -111,7 +111,8 @@ pub struct PoolInstance {
     pub warm: bool,
 }
 
-/// Since when each node has held nothing; a node is idle from when it is first seen
+/// Since when each of the pool's nodes has held nothing (no other node is ever
+/// terminated for idleness); a node is idle from when it is first seen
 /// alive, schedulable and with nothing allocated. A cordoned node (a warm pool's, held
 /// on purpose; an operator's) is not idle: uncordoned, its clock starts then, so a warm
 /// node just claimed is not terminated before the units it was claimed for land.
@@ -119,8 +120,8 @@ pub struct PoolInstance {
 pub struct IdleClock(HashMap<String, u64>);
 
 impl IdleClock {
-    pub fn update(&mut self, nodes: &[NodeRow], now_ms: u64) {
-        let mut next = HashMap::with_capacity(nodes.len());
+    pub fn update<'n>(&mut self, nodes: impl IntoIterator<Item = &'n NodeRow>, now_ms: u64) {
+        let mut next = HashMap::with_capacity(self.0.len());
         for n in nodes {
             if n.status == NodeStatus::Alive && !n.cordoned && n.allocated.is_zero() {
                 next.insert(n.node_id.clone(), self.0.get(&n.node_id).copied().unwrap_or(now_ms));

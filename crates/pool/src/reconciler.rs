@@ -17,19 +17,19 @@ use crate::policy::{PolicyState, Sizing, size};
 use crate::shape::{ResourceNames, Shape};
 
 mod prune;
-use prune::{has_room, least_demand};
+use prune::Pruner;
 
 fn shape(r: &Resources, names: &mut ResourceNames) -> Shape {
     // Every resource vector here was validated as a node capacity or a spec member.
     Shape::from_resources(r, names).unwrap_or_default()
 }
 
-/// The packing problem of one pass. With `prune`, running nodes that can matter only
-/// by their number are left out ([`Problem::inert`]): at 100,000 nodes most are busy
-/// and full, and packing each of them every pass was most of its cost. Pruning never
-/// changes the plan: such a node takes no demand, is never idle and, when no type is
-/// over its max ([`Problem::over_a_max`]; `decide` asks again without pruning), is
-/// never picked to terminate. Without a floor only: the floor counts whole capacities.
+/// The packing problem of one pass. With `prune`, nodes that can matter only by their
+/// number are left out ([`Problem::inert`], [`prune::Pruner`]): at 100,000 nodes,
+/// packing each of them every pass was most of its cost. Pruning never changes the
+/// plan: such a node takes no demand, is never idle and, when no type is over its max
+/// ([`Problem::over_a_max`]; `decide` asks again without pruning), is never picked to
+/// terminate. Without a floor only: the floor counts whole capacities.
 pub fn problem(cfg: &PoolConfig, obs: &Observation, prune: bool) -> Problem {
     let mut names = ResourceNames::default();
     // A node without a domain label is in the default domain, as the schedulers see it.
@@ -44,8 +44,8 @@ pub fn problem(cfg: &PoolConfig, obs: &Observation, prune: bool) -> Problem {
     }
     let by_id: foldhash::HashMap<&str, &PoolInstance> = obs.instances.iter().map(|i| (i.id.as_str(), i)).collect();
     let mut nodes = Vec::new();
-    let mut inert: BTreeMap<String, u32> = BTreeMap::new();
-    let least = if prune && obs.floor.resource_requests.is_empty() { Some(least_demand(obs.apps)) } else { None };
+    let mut inert = crate::pack::Inert::default();
+    let mut pruner = if prune { Pruner::of(obs) } else { None };
     let mut seen = std::collections::HashSet::new();
     for n in obs.nodes {
         let inst = by_id.get(n.node_id.as_str());
@@ -61,18 +61,11 @@ pub fn problem(cfg: &PoolConfig, obs: &Observation, prune: bool) -> Problem {
         // claimed: until its uncordon shows).
         let warm = inst.is_some_and(|i| i.warm);
         let usable = n.status == flotilla_core::NodeStatus::Alive && (!n.cordoned || warm) && !n.drain_requested;
-        if let Some(least) = &least
-            && !(usable && least.as_ref().is_some_and(|l| has_room(n, l)))
+        let idle = obs.idle.idle_ms(&n.node_id, obs.now_ms) > 0;
+        if let Some(p) = &mut pruner
+            && p.leaves_out(n, inst.copied(), usable, idle, &mut inert)
         {
-            // Only a pool's node is ever terminated for idleness.
-            match inst {
-                None => continue,
-                Some(i) if i.phase == Phase::Running && !(usable && obs.idle.idle_ms(&n.node_id, obs.now_ms) > 0) => {
-                    *inert.entry(i.node_type.clone()).or_default() += 1;
-                    continue;
-                }
-                Some(_) => {}
-            }
+            continue;
         }
         let total = shape(&n.capacity, &mut names);
         let available = if usable {
@@ -282,7 +275,7 @@ pub fn decide(cfg: &PoolConfig, obs: &Observation, policy: &mut PolicyState) -> 
         p
     };
     let mut p = problem_of(true);
-    if !p.inert.is_empty() && p.over_a_max() {
+    if p.inert.total() > 0 && p.over_a_max() {
         p = problem_of(false);
     }
     let sizing = cfg.policy.as_ref().and_then(|pp| size(cfg, pp, policy, obs));

@@ -29,7 +29,7 @@ impl Autoscaler {
     ) -> Step {
         let mut step = Step::default();
         let settings = self.cfg.consolidation;
-        let rows: HashMap<&str, &NodeRow> = seen.nodes.iter().map(|n| (n.node_id.as_str(), n)).collect();
+        let rows: HashMap<&str, &NodeRow> = seen.own.iter().map(|n| (n.node_id.as_str(), *n)).collect();
         let busy = !plan.launch.is_empty() || !plan.terminate.is_empty();
         if busy || seen.apps.iter().any(|a| a.queued.primary + a.queued.secondary > 0) {
             self.still_since_ms = now;

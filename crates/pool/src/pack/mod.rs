@@ -37,8 +37,8 @@ use classes::Classes;
 use node::{Origin, SimNode};
 use pending::Pending;
 pub use problem::{
-    Bundle, Cause, Gang, Infeasible, Labels, Limit, MAX_REASONS, Node, NodeType, Plan, Problem, Request, Selector,
-    Strategy, Termination,
+    Bundle, Cause, Gang, Inert, Infeasible, Labels, Limit, MAX_REASONS, Node, NodeType, Plan, Problem, Request,
+    Selector, Strategy, Termination,
 };
 use problem::{Cap, Group, Item, Source};
 
@@ -125,6 +125,8 @@ struct Context<'p> {
     type_room: Vec<u32>,
     /// Each type's nodes left out of the problem ([`Problem::inert`]).
     inert: Vec<u32>,
+    /// All the nodes left out.
+    inert_total: usize,
     type_labels: Vec<Arc<Labels>>,
     /// Every type has a cost: cost-aware scoring for new nodes.
     costed: bool,
@@ -189,7 +191,7 @@ impl<'p> Context<'p> {
             self.back = r as i64;
         }
         self.front = 0;
-        self.live = self.inert.iter().map(|n| *n as usize).sum();
+        self.live = self.inert_total;
         for (i, n) in self.nodes.iter().enumerate() {
             if n.terminate {
                 continue;
@@ -375,7 +377,8 @@ pub fn plan(p: &Problem) -> Plan {
         front: 0,
         back: 0,
         type_room: vec![0; p.node_types.len()],
-        inert: p.node_types.iter().map(|t| p.inert.get(&t.name).copied().unwrap_or(0)).collect(),
+        inert: p.node_types.iter().map(|t| p.inert.by_type.get(&t.name).copied().unwrap_or(0)).collect(),
+        inert_total: p.inert.total() as usize,
         type_labels,
         costed: !p.node_types.is_empty() && p.node_types.iter().all(|t| t.cost.is_some()),
     };
@@ -429,8 +432,7 @@ pub fn plan(p: &Problem) -> Plan {
     if let Some(max) = p.max_nodes {
         let mut managed: Vec<usize> =
             (0..ctx.nodes.len()).filter(|i| !ctx.nodes[*i].terminate && ctx.nodes[*i].node_type.is_some()).collect();
-        let live =
-            ctx.nodes.iter().filter(|n| !n.terminate).count() + ctx.inert.iter().map(|n| *n as usize).sum::<usize>();
+        let live = ctx.nodes.iter().filter(|n| !n.terminate).count() + ctx.inert_total;
         let extra = live.saturating_sub(max as usize).min(managed.len());
         if extra > 0 {
             termination_order(&ctx, &mut managed);

@@ -199,12 +199,27 @@ pub struct Problem {
     pub per_domain: Vec<Limit>,
     /// Capacity the pool must hold whatever the demand (`request_resources`).
     pub floor: Vec<Request>,
-    /// Running nodes of each type left out of `nodes` because they can matter to a pass
-    /// only by their number: busy, and with no room for the least of the demand. They
-    /// count against their type's `min`, `max` and `max_nodes`; they are never picked to
-    /// be terminated, so a problem with a type over its max must list them all
-    /// (`crate::reconciler::problem` does).
-    pub inert: BTreeMap<String, u32>,
+    /// Nodes left out of `nodes` because they can matter to the plan only by their
+    /// number (`crate::reconciler::problem`).
+    pub inert: Inert,
+}
+
+/// Nodes a problem leaves out, counted. They are never picked to be terminated, so a
+/// problem with a type over its max must list them all ([`Problem::over_a_max`]).
+#[derive(Debug, Clone, Default)]
+pub struct Inert {
+    /// The pool's running nodes, by type: busy, with no room for the least of the
+    /// demand. They count against their type's `min` and `max`, and `max_nodes`.
+    pub by_type: BTreeMap<String, u32>,
+    /// Other nodes (not the pool's): with no room for the demand, or twins of nodes
+    /// listed that the demand cannot all reach. They count against `max_nodes` only.
+    pub others: u32,
+}
+
+impl Inert {
+    pub fn total(&self) -> u64 {
+        self.by_type.values().map(|n| u64::from(*n)).sum::<u64>() + u64::from(self.others)
+    }
 }
 
 impl Problem {
@@ -212,13 +227,14 @@ impl Problem {
     /// `max_nodes`: then step 1 of [`crate::pack::plan`] picks nodes to terminate, and
     /// needs every one of them listed.
     pub fn over_a_max(&self) -> bool {
-        let mut of_type: BTreeMap<&str, u64> = self.inert.iter().map(|(t, n)| (t.as_str(), u64::from(*n))).collect();
+        let mut of_type: BTreeMap<&str, u64> =
+            self.inert.by_type.iter().map(|(t, n)| (t.as_str(), u64::from(*n))).collect();
         for t in self.nodes.iter().filter_map(|n| n.node_type.as_deref()) {
             *of_type.entry(t).or_default() += 1;
         }
         let over_type =
             self.node_types.iter().any(|t| of_type.get(t.name.as_str()).copied().unwrap_or(0) > u64::from(t.max));
-        let all = self.nodes.len() as u64 + self.inert.values().map(|n| u64::from(*n)).sum::<u64>();
+        let all = self.nodes.len() as u64 + self.inert.total();
         over_type || self.max_nodes.is_some_and(|m| all > u64::from(m))
     }
 }

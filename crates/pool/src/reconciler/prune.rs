@@ -1,14 +1,86 @@
 //! Which nodes a pass can leave out of its packing problem (see
-//! [`super::problem`]): those that can take none of the demand.
+//! [`super::problem`]): those that can take none of the demand, and twins of nodes
+//! kept beyond what the demand could fill.
 
-use flotilla_core::Resources;
+use std::collections::BTreeSet;
 
-use crate::model::{AppRow, NodeRow};
+use flotilla_core::{Labels, Resources};
+
+use crate::model::{AppRow, NodeRow, Observation, Phase, PoolInstance};
+use crate::pack::Inert;
+
+/// Decides node by node what a pass leaves out, and counts it.
+pub(super) struct Pruner<'o> {
+    /// The least any waiting member asks for; None when nothing waits.
+    least: Option<Resources>,
+    /// The most nodes a pass can fill: one per member of every waiting unit (a fill
+    /// places at least one). Nodes alike (labels, capacity, holdings) are filled in
+    /// their order, so twins past this many are never reached.
+    most_filled: u64,
+    twins: foldhash::HashMap<(&'o Labels, &'o Resources, &'o Resources), u64>,
+    /// Nodes holding units of an app with a per-node limit: not twins of any other.
+    limited: BTreeSet<&'o str>,
+}
+
+impl<'o> Pruner<'o> {
+    /// None when the pass must list every node: a floor counts whole capacities.
+    pub fn of(obs: &Observation<'o>) -> Option<Self> {
+        if !obs.floor.resource_requests.is_empty() {
+            return None;
+        }
+        let waiting = obs.apps.iter().filter(|a| a.queued.primary + a.queued.secondary > 0);
+        let most_filled = waiting
+            .clone()
+            .map(|a| u64::from(a.queued.primary + a.queued.secondary) * a.unit_shape.members.len() as u64)
+            .sum();
+        let limited = waiting
+            .filter(|a| a.unit_shape.max_units_per_node.is_some())
+            .flat_map(|a| a.unit_shape.units_per_node.keys().map(String::as_str))
+            .collect();
+        Some(Pruner { least: least_demand(obs.apps), most_filled, twins: Default::default(), limited })
+    }
+
+    /// Whether the pass leaves `n` out (counted in `inert` if so). `inst` is its pool
+    /// instance, `usable` whether it may take demand, `idle` whether it holds nothing.
+    pub fn leaves_out(
+        &mut self,
+        n: &'o NodeRow,
+        inst: Option<&PoolInstance>,
+        usable: bool,
+        idle: bool,
+        inert: &mut Inert,
+    ) -> bool {
+        let room = usable && self.least.as_ref().is_some_and(|l| has_room(n, l));
+        match inst {
+            // Another's node matters only for the demand it can take (it is never
+            // terminated), and its twins past what the demand can fill not even that.
+            None if !room || self.twin_past_reach(n) => {
+                inert.others += 1;
+                true
+            }
+            // The pool's own, busy and full, only for its number.
+            Some(i) if i.phase == Phase::Running && !room && !(usable && idle) => {
+                *inert.by_type.entry(i.node_type.clone()).or_default() += 1;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn twin_past_reach(&mut self, n: &'o NodeRow) -> bool {
+        if self.limited.contains(n.node_id.as_str()) {
+            return false;
+        }
+        let seen = self.twins.entry((&*n.labels, &*n.capacity, &*n.allocated)).or_default();
+        *seen += 1;
+        *seen > self.most_filled
+    }
+}
 
 /// The least of each resource any queued unit's member may ask for (componentwise over
 /// every option of every member), or None when nothing waits: a node without room for
 /// it can take nothing this pass.
-pub(super) fn least_demand(apps: &[AppRow]) -> Option<Resources> {
+fn least_demand(apps: &[AppRow]) -> Option<Resources> {
     let mut least: Option<Resources> = None;
     let asks = apps
         .iter()
@@ -36,7 +108,7 @@ pub(super) fn least_demand(apps: &[AppRow]) -> Option<Resources> {
 }
 
 /// Whether `n` has room for `least` beside what it holds.
-pub(super) fn has_room(n: &NodeRow, least: &Resources) -> bool {
+fn has_room(n: &NodeRow, least: &Resources) -> bool {
     let (c, a) = (&n.capacity, &n.allocated);
     c.cpu_millis.saturating_sub(a.cpu_millis) >= least.cpu_millis
         && c.memory_bytes.saturating_sub(a.memory_bytes) >= least.memory_bytes
@@ -77,6 +149,55 @@ mod tests {
         format!("{:?} {:?} {:?} {:?} {:?}", p.launch, p.terminate, p.infeasible, p.needed, p.demand_on)
     }
 
+    /// A thousand empty nodes alike and one unit of two members waiting: two of them can
+    /// be filled, so two are packed; the others count against `max_nodes` only.
+    #[test]
+    fn twins_past_what_the_demand_can_fill_are_counted_not_packed() {
+        let cfg = PoolConfig::parse(&format!("max_nodes = 1001\n{POOL}")).unwrap();
+        let labels = std::sync::Arc::new(
+            flotilla_core::Labels::from_map([("domain".into(), "domain-a".into())].into()).unwrap(),
+        );
+        let (capacity, allocated) =
+            (std::sync::Arc::new(Resources::new(2000, 4 << 30, 0)), std::sync::Arc::new(Resources::default()));
+        let nodes: Vec<NodeRow> = (0..1000)
+            .map(|i| NodeRow {
+                node_id: format!("n-{i:04}"),
+                status: NodeStatus::Alive,
+                labels: labels.clone(),
+                capacity: capacity.clone(),
+                allocated: allocated.clone(),
+                cordoned: false,
+                drain_requested: false,
+                workloads: 0,
+            })
+            .collect();
+        let m = Resources::new(1000, 64 << 20, 0);
+        let apps = [AppRow {
+            app: "echo".into(),
+            queued: Queued { primary: 1, secondary: 0 },
+            unit_shape: UnitShape {
+                members: vec![MemberShape::plain("head", m.clone()), MemberShape::plain("worker", m)],
+                ..Default::default()
+            },
+        }];
+        let obs = Observation {
+            nodes: &nodes,
+            apps: &apps,
+            instances: &[],
+            floor: &Constraints::default(),
+            idle: &IdleClock::default(),
+            unavailable: &Default::default(),
+            now_ms: 0,
+        };
+        let pruned = problem(&cfg, &obs, true);
+        assert_eq!(pruned.nodes.iter().map(|n| n.id.as_str()).collect::<Vec<_>>(), ["n-0000", "n-0001"]);
+        assert_eq!(pruned.inert.others, 998);
+        let whole = problem(&cfg, &obs, false);
+        assert_eq!(decided(&plan(&pruned)), decided(&plan(&whole)));
+        // The one launch for small-a's min still fits under max_nodes with every node counted.
+        assert_eq!(plan(&pruned).launch.get("small-a"), Some(&1));
+    }
+
     proptest! {
         /// Leaving out the nodes that can take nothing changes no decision: launches,
         /// terminations (idle, max), what cannot be placed and where demand went.
@@ -84,12 +205,16 @@ mod tests {
         fn pruning_never_changes_the_plan(
             // Each node: its pool type (a, b) or none, quarters of its CPU held,
             // cordoned, alive.
-            specs in proptest::collection::vec((proptest::option::of(any::<bool>()), 0u64..5, any::<bool>(), any::<bool>()), 0..24),
+            specs in proptest::collection::vec((proptest::option::of(any::<bool>()), 0u64..5, any::<bool>(), any::<bool>()), 0..40),
             queued in 0u32..4,
             spread in any::<bool>(),
             member_cpu in 1u64..5,
+            max_nodes in proptest::option::of(4u32..40),
+            // One unit per node, and every third node already holds one.
+            per_node_limit in any::<bool>(),
         ) {
-            let cfg = PoolConfig::parse(POOL).unwrap();
+            let max_nodes = max_nodes.map(|m| format!("max_nodes = {m}\n")).unwrap_or_default();
+            let cfg = PoolConfig::parse(&format!("{max_nodes}{POOL}")).unwrap();
             let mut nodes = Vec::new();
             let mut instances = Vec::new();
             for (i, (pool, held, cordoned, alive)) in specs.iter().copied().enumerate() {
@@ -122,6 +247,12 @@ mod tests {
                 unit_shape: UnitShape {
                     members: vec![MemberShape::plain("head", m.clone()), MemberShape::plain("worker", m)],
                     spread_members: spread,
+                    max_units_per_node: per_node_limit.then_some(1),
+                    units_per_node: if per_node_limit {
+                        nodes.iter().step_by(3).map(|n: &NodeRow| (n.node_id.clone(), 1)).collect()
+                    } else {
+                        Default::default()
+                    },
                     ..Default::default()
                 },
             }];
@@ -135,7 +266,7 @@ mod tests {
                 now_ms: 20_000,
             };
             let pruned = problem(&cfg, &obs, true);
-            prop_assume!(pruned.inert.is_empty() || !pruned.over_a_max());
+            prop_assume!(pruned.inert.total() == 0 || !pruned.over_a_max());
             let whole = problem(&cfg, &obs, false);
             prop_assert!(pruned.nodes.len() <= whole.nodes.len());
             prop_assert_eq!(decided(&plan(&pruned)), decided(&plan(&whole)));
