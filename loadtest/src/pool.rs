@@ -11,7 +11,8 @@
 //! thread's CPU time; the control plane's CPU during the pass, less what it spends when
 //! no pass runs, is reported beside it. The apps are this side's: `--queued` units of
 //! two 1-CPU members wait (every node has room for them: the packing's worst case); the
-//! provider lists no instances, so every node is one the pool does not manage.
+//! provider lists no instances, so every node is one the pool does not manage. Each
+//! mode's first decision is reported: both see the same cluster, so they decide alike.
 //!
 //! Everything started is stopped by pid / process group at the end, pass or fail.
 
@@ -131,7 +132,8 @@ struct Measured {
     control_ms: f64,
 }
 
-/// `passes` passes of an autoscaler over `cluster`, each on this thread.
+/// `passes` passes of an autoscaler over `cluster`, each on this thread, and what the
+/// first of them decided.
 fn measure(
     cluster: Box<dyn Cluster>,
     apps: Vec<AppRow>,
@@ -139,7 +141,7 @@ fn measure(
     passes: usize,
     control_pid: u32,
     control_idle_rate: f64,
-) -> anyhow::Result<Vec<Measured>> {
+) -> anyhow::Result<(Vec<Measured>, Value)> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let cfg = PoolConfig::parse(POOL).map_err(|e| anyhow!("the loadtest's pool: {e}"))?;
     let cluster = Arc::new(WithApps { inner: cluster, apps });
@@ -147,6 +149,9 @@ fn measure(
     let mut out = Vec::with_capacity(passes);
     // One pass unmeasured: the first builds what later ones reuse (connections).
     rt.block_on(scaler.pass()).context("the first pass")?;
+    let first = &scaler.report()["decisions"][0];
+    let placed_on = first["packing"]["placed_on_existing"].as_array().map_or(0, Vec::len);
+    let decided = json!({"launch": first["launch"], "infeasible": first["infeasible"], "placed_on_nodes": placed_on});
     for _ in 0..passes {
         let control0 = proc_cpu_seconds(control_pid).unwrap_or(0.0);
         let (cpu0, t0) = (thread_cpu(), Instant::now());
@@ -155,7 +160,7 @@ fn measure(
         let control = proc_cpu_seconds(control_pid).unwrap_or(0.0) - control0 - control_idle_rate * wall;
         out.push(Measured { cpu_ms: cpu * 1e3, wall_ms: wall * 1e3, control_ms: control.max(0.0) * 1e3 });
     }
-    Ok(out)
+    Ok((out, decided))
 }
 
 fn summary(m: &[Measured]) -> Value {
@@ -276,8 +281,10 @@ pub async fn run(a: PoolArgs) -> anyhow::Result<()> {
         };
         let store = PoolStore::open("loadtest", data.dir.join(format!("pool-{mode}.redb")))?;
         let apps = apps.clone();
-        let m = tokio::task::spawn_blocking(move || measure(cluster, apps, store, passes, pid, idle_rate)).await??;
-        let s = summary(&m);
+        let (m, decided) =
+            tokio::task::spawn_blocking(move || measure(cluster, apps, store, passes, pid, idle_rate)).await??;
+        let mut s = summary(&m);
+        s["first_decision"] = decided;
         println!(
             "{mode}: pass CPU p50 {} ms (max {}), control plane CPU per pass {} ms, wall p50 {} ms",
             s["pass_cpu_ms"]["p50"], s["pass_cpu_ms"]["max"], s["control_cpu_ms_mean"], s["pass_wall_ms"]["p50"]

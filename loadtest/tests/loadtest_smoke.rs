@@ -218,6 +218,21 @@ fn dashboard_scenario_without_a_browser_reports_the_server_figures() {
     assert!(v.get("first_paint_seconds").is_none(), "no browser, no browser figures");
 }
 
+/// The pool autoscaler reading the nodes from its view decides as it did reading
+/// `GET /v1/nodes`, and both modes are measured.
+#[test]
+fn pool_scenario_decides_alike_from_the_view_and_over_http() {
+    let v = run(&["pool", "--nodes", "300", "--shards", "2", "--passes", "2", "--queued", "3"], &["nodes", "passes"]);
+    let (http, view) = (&v["modes"]["http"], &v["modes"]["view"]);
+    for m in [http, view] {
+        assert!(m["pass_cpu_ms"]["p50"].as_f64().unwrap() > 0.0, "{m}");
+    }
+    assert_eq!(http["first_decision"], view["first_decision"], "{v}");
+    // Three units of two 1-CPU members on 8-CPU nodes: nothing to launch, all placed.
+    assert_eq!(view["first_decision"]["launch"], serde_json::json!({}), "{v}");
+    assert!(view["first_decision"]["placed_on_nodes"].as_u64().unwrap() >= 1, "{v}");
+}
+
 /// The packing makes Ray 2.60's decisions, run side by side on the same demand: the same
 /// nodes of each type for distinct shapes and for gangs (500 of them, where ties between
 /// nodes in different states are broken by Ray's node order). Ray comes from PyPI

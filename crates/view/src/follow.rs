@@ -123,9 +123,10 @@ pub async fn follow_shard(cluster: Arc<ClusterView>, shard: usize, endpoint: Str
     // Failures since the shard last delivered, and when one was last logged: the first
     // of a streak is a warning, the rest one line every 30 s.
     let (mut failures, mut logged) = (0u64, None::<std::time::Instant>);
+    let mut interner = crate::interner::Interner::default();
     loop {
         let endpoint = flotilla_core::shard_alternate(&endpoint, alternate);
-        let result = follow_once(&cluster, shard, endpoint, &dialer).await;
+        let result = follow_once(&cluster, shard, endpoint, &dialer, &mut interner).await;
         if cluster.slot(shard).connected {
             // It delivered (and then the stream ended): a new streak starts from here.
             if failures > 0 {
@@ -181,7 +182,13 @@ fn kept(
     ShardSlot { view: view.clone(), connected, domains: domains.clone(), apps: apps.clone(), updated_unix_ms: 0 }
 }
 
-async fn follow_once(cluster: &ClusterView, shard: usize, endpoint: &str, dialer: &Dialer) -> Result<(), FollowError> {
+async fn follow_once(
+    cluster: &ClusterView,
+    shard: usize,
+    endpoint: &str,
+    dialer: &Dialer,
+    interner: &mut crate::interner::Interner,
+) -> Result<(), FollowError> {
     let channel = dialer.connect(endpoint, None).await?;
     let mut client = ViewServiceClient::new(channel).max_decoding_message_size(flotilla_proto::MAX_GRPC_MESSAGE);
     let have = cluster.slot(shard);
@@ -204,7 +211,8 @@ async fn follow_once(cluster: &ClusterView, shard: usize, endpoint: &str, dialer
                     nodes: OrdMap::new(),
                 });
                 for r in chunk.nodes {
-                    let r = record_from_wire(r)?;
+                    let mut r = record_from_wire(r)?;
+                    interner.record(&mut r);
                     b.insert(Arc::new(r));
                 }
                 if chunk.last {
@@ -217,7 +225,10 @@ async fn follow_once(cluster: &ClusterView, shard: usize, endpoint: &str, dialer
                 }
             }
             Some(Update::Delta(d)) => {
-                let d = delta_from_wire(d)?;
+                let mut d = delta_from_wire(d)?;
+                for r in d.upserts.iter_mut().filter_map(Arc::get_mut) {
+                    interner.record(r);
+                }
                 if d.published_unix_ms > 0 {
                     let age = flotilla_core::now_ms().saturating_sub(d.published_unix_ms);
                     metrics::histogram!(m::VIEW_LAG.name, "shard" => shard.to_string()).record(age as f64 / 1000.0);

@@ -6,13 +6,15 @@
 //! O(changes · log n). A ring of recent [`Delta`]s lets a subscriber resume from a
 //! version it already has; one that fell behind the ring gets a snapshot.
 //! [`follow`] is the client side: it keeps a local copy of one shard's view
-//! current over `WatchView`.
+//! current over `WatchView`, its records' equal labels and capacities shared
+//! (`interner`).
 
 mod apps;
 pub mod catalogue;
 mod domains;
 mod follow;
 mod interest;
+mod interner;
 mod publish;
 mod record;
 mod wire;
