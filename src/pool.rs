@@ -297,6 +297,9 @@ pub struct AutoscalerArgs {
     /// defaults to DATA/grpc-token when it exists).
     #[command(flatten)]
     pub shards: crate::serve::args::ShardClientArgs,
+    /// Serve /metrics (and /healthz, /readyz) here.
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub metrics: std::net::SocketAddr,
 }
 
 /// `flotilla autoscaler`: the pool autoscaler as its own process. Its local agents
@@ -336,8 +339,22 @@ pub async fn run_standalone(a: AutoscalerArgs, log_format: LogFormat) -> anyhow:
     }
     let view = ClusterView::new(aggregators.len());
     flotilla_control::follow_all(&view, &aggregators, &shards.dialer()?);
+    // /readyz: ready once a view of every shard arrived (a pass waits for it).
+    let seen = view.clone();
+    flotilla_obs::health::readiness().check("view", move || {
+        match seen.slots().iter().position(|s| s.updated_unix_ms == 0) {
+            Some(shard) => Err(format!("no view of shard {shard} yet")),
+            None => Ok(()),
+        }
+    });
+    let metrics = flotilla_obs::serve_metrics(a.metrics).await?;
+    // The first pass waits for the view (a while, not for ever: a pass without it says why).
+    let waited = tokio::time::Instant::now();
+    while view.slots().iter().any(|s| s.updated_unix_ms == 0) && waited.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let scaler = autoscaler(cfg, &a.data, provider, view, &a.control, http, token).await?;
-    println!("pool autoscaler running against {}", a.control);
+    println!("pool autoscaler running against {}; /metrics on {metrics}", a.control);
     scaler.run(crate::serve::shutdown_signal()).await;
     Ok(())
 }

@@ -258,8 +258,17 @@ fn a_pool_autoscaler_killed_mid_launch_restarts_without_leaking_or_doubling_inst
     // Gone (and so its lock on the pool store released) before the second one starts.
     wait_for("the first autoscaler gone", Duration::from_secs(10), || g.try_wait(first));
 
-    let _second = g.spawn(&args, &dir.join("autoscaler-2.log"));
+    let log = dir.join("autoscaler-2.log");
+    let _second = g.spawn(&args, &log);
     wait_for("three running units", Duration::from_secs(120), || (running_units(&up) == 3).then_some(()));
+    // It serves its metrics like every process, its passes reading nodes from its view.
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    let metrics = text.split("serving /metrics local=").nth(1).and_then(|r| r.split_whitespace().next());
+    let metrics = metrics.unwrap_or_else(|| panic!("no metrics address in its log: {text}"));
+    let page = flotilla_testkit::metrics_page(metrics);
+    let ok = flotilla_testkit::metric(&page, "flotilla_pool_passes_total", "outcome=\"ok\"").unwrap_or(0.0);
+    assert!(ok >= 1.0, "passes: {page}");
+    assert!(flotilla_testkit::metric(&page, "flotilla_pool_packed_nodes", "kind=\"packed\"").is_some(), "{page}");
     // Let a few more passes run: nothing more may be launched.
     std::thread::sleep(Duration::from_secs(4));
     let p = pool(&up).expect("the pool reports");

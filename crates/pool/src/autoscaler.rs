@@ -260,6 +260,10 @@ impl Autoscaler {
         let (plan, record) = reconciler::decide(&self.cfg, &obs, &mut self.policy);
         metrics::histogram!(m::DECISION_SECONDS.name, "pool" => self.cfg.name.clone())
             .record(record["decision_seconds"].as_f64().unwrap_or(0.0));
+        for kind in ["packed", "left_out"] {
+            let n = record["packing"][format!("nodes_{kind}")].as_u64().unwrap_or(0);
+            metrics::gauge!(m::PACKED_NODES.name, "pool" => self.cfg.name.clone(), "kind" => kind).set(n as f64);
+        }
 
         for (node_type, n) in &plan.launch {
             let why = plan.launch_reasons.get(node_type).map(|r| r.join(", ")).unwrap_or_default();

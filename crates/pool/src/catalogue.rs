@@ -21,6 +21,12 @@ pub const DECISION_SECONDS: Family = Family::histogram(
     &["pool"],
     buckets::SECONDS,
 );
+pub const PACKED_NODES: Family = Family::gauge(
+    "flotilla_pool_packed_nodes",
+    "Nodes the last pass weighed: `packed` one by one, or `left_out` and counted (busy or full, or twins of \
+     packed ones past what the demand can fill: they matter to the plan only by their number).",
+    &["pool", "kind"],
+);
 pub const LAUNCHES: Family = Family::counter(
     "flotilla_pool_launches_total",
     "Instances queued for launch, by node type.",
@@ -101,6 +107,7 @@ pub const FAMILIES: &[Family] = &[
     PASSES,
     PASS_SECONDS,
     DECISION_SECONDS,
+    PACKED_NODES,
     LAUNCHES,
     LAUNCH_FAILURES,
     TYPE_UNAVAILABLE,

@@ -285,6 +285,8 @@ pub fn decide(cfg: &PoolConfig, obs: &Observation, policy: &mut PolicyState) -> 
     }
     let secs = start.elapsed().as_secs_f64();
     let mut rec = record(cfg, obs, &p, &plan, secs);
+    rec["packing"]["nodes_packed"] = json!(p.nodes.len());
+    rec["packing"]["nodes_left_out"] = json!(p.inert.total());
     if let Some(s) = &sizing {
         rec["policy"] = serde_json::to_value(&s.decision).unwrap_or(Value::Null);
         rec["policy_desired"] = json!(s.desired);
