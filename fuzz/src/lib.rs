@@ -594,7 +594,7 @@ pub fn pool(data: &[u8]) {
             unavailable: &Default::default(),
             now_ms: 0,
         };
-        reconciler::problem(cfg, &obs)
+        reconciler::problem(cfg, &obs, true)
     };
     match selector % 4 {
         0 => {
