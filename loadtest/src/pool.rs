@@ -4,14 +4,19 @@
 //! runs the real `flotilla_pool::autoscaler::Autoscaler` twice over the same cluster:
 //!
 //! - `http`: nodes from `GET /v1/nodes`, as every pass read them before (the control
-//!   plane builds the whole list, this side parses it);
+//!   plane builds the whole list, this side parses it), with today's decision (a
+//!   `before` figure needs the old build: BENCHMARKS.md);
 //! - `view`: nodes from a view this process follows (`ViewCluster`), as it runs now.
 //!
 //! Each pass runs on a thread of its own (a current-thread runtime), so its CPU is that
 //! thread's CPU time; the control plane's CPU during the pass, less what it spends when
-//! no pass runs, is reported beside it. The apps are this side's: `--queued` units of
-//! two 1-CPU members wait (every node has room for them: the packing's worst case); the
-//! provider lists no instances, so every node is one the pool does not manage. Each
+//! no pass runs, is reported beside it; the view follower's own CPU (on other threads,
+//! per second rather than per pass) is not, and is about the control plane's idle rate,
+//! which also follows the shards. The apps are this side's: `--queued` units of two 1-CPU
+//! members wait. Every node has room for them and all are alike, so the twins rule
+//! (`flotilla_pool::reconciler`) leaves out all but a few from the view, where rows share
+//! their labels and capacity, and none over HTTP, where none share: nodes that differ
+//! more cost more. The provider lists no instances, so no node is the pool's own. Each
 //! mode's first decision is reported: both see the same cluster, so they decide alike.
 //!
 //! Everything started is stopped by pid / process group at the end, pass or fail.

@@ -188,7 +188,12 @@ impl Autoscaler {
         let apps = self.cluster.apps().await?;
         // The pool's own nodes: all it tracks by instance (at 100,000 nodes most are not
         // its own, and a pass that copied each of their ids cost more than the packing).
-        let own: Vec<&NodeRow> = nodes.iter().filter(|n| self.instances.get(&n.node_id).is_some()).collect();
+        // (Listed by the provider too: `observe` adopts those below.)
+        let listed: std::collections::HashSet<&str> = cloud.iter().map(|c| c.id.as_str()).collect();
+        let own: Vec<&NodeRow> = nodes
+            .iter()
+            .filter(|n| self.instances.get(&n.node_id).is_some() || listed.contains(n.node_id.as_str()))
+            .collect();
         self.idle.update(own.iter().copied(), now);
         let seen: HashMap<String, NodeSeen> = own
             .iter()

@@ -5,7 +5,6 @@
 use std::collections::{BTreeMap, HashMap};
 
 use flotilla_core::{MemberOption, MemberShape, Resources};
-
 use serde_json::{Value, json};
 
 use crate::config::PoolConfig;
@@ -27,7 +26,9 @@ fn shape(r: &Resources, names: &mut ResourceNames) -> Shape {
 /// The packing problem of one pass. With `prune`, nodes that can matter only by their
 /// number are left out ([`Problem::inert`], [`prune::Pruner`]): at 100,000 nodes,
 /// packing each of them every pass was most of its cost. Pruning never changes the
-/// plan: such a node takes no demand, is never idle and, when no type is over its max
+/// plan: such a node takes no demand (or, a twin, is never reached), is never idle, its
+/// labels still name domains and its resources' names keep their order, and when no
+/// type is over its max
 /// ([`Problem::over_a_max`]; `decide` asks again without pruning), is never picked to
 /// terminate. Without a floor only: the floor counts whole capacities.
 pub fn problem(cfg: &PoolConfig, obs: &Observation, prune: bool) -> Problem {
@@ -65,6 +66,9 @@ pub fn problem(cfg: &PoolConfig, obs: &Observation, prune: bool) -> Problem {
         if let Some(p) = &mut pruner
             && p.leaves_out(n, inst.copied(), usable, idle, &mut inert)
         {
+            if p.first_capacity(&n.capacity) {
+                shape(&n.capacity, &mut names);
+            }
             continue;
         }
         let total = shape(&n.capacity, &mut names);
@@ -196,7 +200,7 @@ pub fn problem(cfg: &PoolConfig, obs: &Observation, prune: bool) -> Problem {
         per_node,
         per_domain,
         floor,
-        inert,
+        inert: crate::pack::Inert { labels: inert.labels.iter().map(with_domain).collect(), ..inert },
     }
 }
 

@@ -7,8 +7,8 @@ use super::problem::{Bundle, Gang, Item, NodeType, Problem, Selector, Source, St
 use super::{Context, Outcome, cap_of, group};
 use crate::shape::Shape;
 
-/// Every value each gang's `same` label takes, on the nodes and node types: where a
-/// gang may go. Nodes a pass launches carry their type's labels, so this is computed
+/// Every value each gang's `same` label takes, on the nodes (those left out too) and node
+/// types: where a gang may go. Nodes a pass launches carry their type's labels, so this is computed
 /// once per pass rather than from the nodes for every gang.
 pub(super) struct Domains<'p>(BTreeMap<&'p str, Vec<&'p str>>);
 
@@ -19,7 +19,8 @@ impl<'p> Domains<'p> {
             if out.contains_key(key) {
                 continue;
             }
-            let labels = p.nodes.iter().map(|n| &n.labels).chain(p.node_types.iter().map(|t| &t.labels));
+            let listed = p.nodes.iter().map(|n| &n.labels).chain(&p.inert.labels);
+            let labels = listed.chain(p.node_types.iter().map(|t| &t.labels));
             let mut values: Vec<&str> = labels.filter_map(|l| l.get(key)).map(String::as_str).collect();
             values.sort_unstable();
             values.dedup();

@@ -208,12 +208,16 @@ pub struct Problem {
 /// problem with a type over its max must list them all ([`Problem::over_a_max`]).
 #[derive(Debug, Clone, Default)]
 pub struct Inert {
-    /// The pool's running nodes, by type: busy, with no room for the least of the
-    /// demand. They count against their type's `min` and `max`, and `max_nodes`.
+    /// The pool's running nodes, by type, that take no demand (no room for the least
+    /// of it, or not usable) and are not idle. They count against their type's `min` and
+    /// `max`, and `max_nodes`.
     pub by_type: BTreeMap<String, u32>,
     /// Other nodes (not the pool's): with no room for the demand, or twins of nodes
     /// listed that the demand cannot all reach. They count against `max_nodes` only.
     pub others: u32,
+    /// Their label sets, each once: a gang's `same` label may take their values too
+    /// (`gang::Domains`), as it would with them listed.
+    pub labels: BTreeSet<Labels>,
 }
 
 impl Inert {

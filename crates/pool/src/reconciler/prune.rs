@@ -25,6 +25,10 @@ pub(super) struct Pruner<'o> {
     twins: foldhash::HashMap<(*const Labels, *const Resources, &'o Resources), u64>,
     /// Nodes holding units of an app with a per-node limit: not twins of any other.
     limited: BTreeSet<&'o str>,
+    /// The label sets and capacities of the nodes left out, by pointer (shared ones are
+    /// looked at once).
+    seen_labels: foldhash::HashSet<*const Labels>,
+    seen_capacities: foldhash::HashSet<*const Resources>,
 }
 
 impl<'o> Pruner<'o> {
@@ -42,12 +46,42 @@ impl<'o> Pruner<'o> {
             .filter(|a| a.unit_shape.max_units_per_node.is_some())
             .flat_map(|a| a.unit_shape.units_per_node.keys().map(String::as_str))
             .collect();
-        Some(Pruner { least: least_demand(obs.apps), most_filled, twins: Default::default(), limited })
+        Some(Pruner {
+            least: least_demand(obs.apps),
+            most_filled,
+            twins: Default::default(),
+            limited,
+            seen_labels: Default::default(),
+            seen_capacities: Default::default(),
+        })
     }
 
-    /// Whether the pass leaves `n` out (counted in `inert` if so). `inst` is its pool
-    /// instance, `usable` whether it may take demand, `idle` whether it holds nothing.
+    /// Whether the pass leaves `n` out (counted in `inert` if so, its labels kept there
+    /// once). `inst` is its pool instance, `usable` whether it may take demand, `idle`
+    /// whether it holds nothing.
     pub fn leaves_out(
+        &mut self,
+        n: &'o NodeRow,
+        inst: Option<&PoolInstance>,
+        usable: bool,
+        idle: bool,
+        inert: &mut Inert,
+    ) -> bool {
+        let out = self.decide(n, inst, usable, idle, inert);
+        if out && self.seen_labels.insert(Arc::as_ptr(&n.labels)) && !inert.labels.contains(n.labels.as_map()) {
+            inert.labels.insert(n.labels.as_map().clone());
+        }
+        out
+    }
+
+    /// Whether `capacity`, of a node left out, is met for the first time: an unpruned
+    /// pass would meet its resources' names there, and their order breaks ties between
+    /// requests, so the caller names them then.
+    pub fn first_capacity(&mut self, capacity: &Arc<Resources>) -> bool {
+        self.seen_capacities.insert(Arc::as_ptr(capacity))
+    }
+
+    fn decide(
         &mut self,
         n: &'o NodeRow,
         inst: Option<&PoolInstance>,
@@ -140,13 +174,13 @@ mod tests {
         memory = "1Gi"
         labels = { domain = "domain-a" }
         min = 1
-        max = 6
+        max = 16
         idle_timeout = "10s"
         [node_types.small-b]
         cpu = 2
         memory = "2Gi"
         labels = { domain = "domain-b" }
-        max = 6
+        max = 16
         idle_timeout = "10s"
     "#;
 
@@ -215,9 +249,11 @@ mod tests {
             queued in 0u32..4,
             spread in any::<bool>(),
             member_cpu in 1u64..5,
-            max_nodes in proptest::option::of(4u32..40),
+            max_nodes in proptest::option::of(16u32..80),
             // One unit per node, and every third node already holds one.
             per_node_limit in any::<bool>(),
+            // One unit per domain, and domain-a holds one already.
+            per_domain_limit in any::<bool>(),
         ) {
             let max_nodes = max_nodes.map(|m| format!("max_nodes = {m}\n")).unwrap_or_default();
             let cfg = PoolConfig::parse(&format!("{max_nodes}{POOL}")).unwrap();
@@ -225,13 +261,14 @@ mod tests {
             let mut instances = Vec::new();
             // Shared, as the view's follower shares them: twins are found by pointer.
             let labels_of = |d: &str| std::sync::Arc::new(flotilla_core::Labels::from_map([("domain".to_string(), d.to_string())].into()).unwrap());
-            let (in_a, in_b) = (labels_of("domain-a"), labels_of("domain-b"));
+            let (in_a, in_b, in_c) = (labels_of("domain-a"), labels_of("domain-b"), labels_of("domain-c"));
             let (one_cpu, two_cpu) = (std::sync::Arc::new(Resources::new(1000, 4 << 30, 0)), std::sync::Arc::new(Resources::new(2000, 4 << 30, 0)));
             for (i, (pool, held, cordoned, alive)) in specs.iter().copied().enumerate() {
                 let (id, cap, domain) = match pool {
                     Some(false) => (format!("a-{i}"), 1000, "domain-a"),
                     Some(true) => (format!("b-{i}"), 2000, "domain-b"),
-                    None => (format!("n-{i}"), 2000, if i % 2 == 0 { "domain-a" } else { "domain-b" }),
+                    // domain-c has no pool type: only such nodes name it.
+                    None => (format!("n-{i}"), 2000, ["domain-a", "domain-b", "domain-c"][i % 3]),
                 };
                 if let Some(b) = pool {
                     let node_type = if b { "small-b" } else { "small-a" };
@@ -240,7 +277,7 @@ mod tests {
                 nodes.push(NodeRow {
                     node_id: id,
                     status: if alive { NodeStatus::Alive } else { NodeStatus::Suspect },
-                    labels: if domain == "domain-a" { in_a.clone() } else { in_b.clone() },
+                    labels: match domain { "domain-a" => in_a.clone(), "domain-b" => in_b.clone(), _ => in_c.clone() },
                     capacity: if cap == 1000 { one_cpu.clone() } else { two_cpu.clone() },
                     allocated: Resources::new((held * cap / 4).min(cap), 0, 0).into(),
                     cordoned,
@@ -258,12 +295,13 @@ mod tests {
                     members: vec![MemberShape::plain("head", m.clone()), MemberShape::plain("worker", m)],
                     spread_members: spread,
                     max_units_per_node: per_node_limit.then_some(1),
+                    max_units_per_domain: per_domain_limit.then_some(1),
+                    units_per_domain: if per_domain_limit { [("domain-a".to_string(), 1)].into() } else { Default::default() },
                     units_per_node: if per_node_limit {
                         nodes.iter().step_by(3).map(|n: &NodeRow| (n.node_id.clone(), 1)).collect()
                     } else {
                         Default::default()
                     },
-                    ..Default::default()
                 },
             }];
             let obs = Observation {
