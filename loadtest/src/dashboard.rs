@@ -12,16 +12,14 @@
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow};
 use clap::Args;
 use serde_json::{Value, json};
 
-use crate::common::{Data, ShardProc, flotilla_bin, machine, proc_cpu_seconds, proc_rss_bytes, register_nodes};
-use crate::heartbeats::{Pending, send_loop};
+use crate::common::{Data, ShardProc, flotilla_bin, machine, proc_cpu_seconds, proc_rss_bytes};
+use crate::heartbeats::Heartbeating;
 
 #[derive(Debug, Args)]
 pub struct DashboardArgs {
@@ -52,15 +50,6 @@ pub struct DashboardArgs {
     /// The `flotilla` binary (default: next to this one).
     #[arg(long)]
     pub flotilla: Option<PathBuf>,
-}
-
-/// Stops a heartbeat sender whatever happens after it started.
-pub(crate) struct StopOnDrop(pub(crate) Arc<AtomicBool>);
-
-impl Drop for StopOnDrop {
-    fn drop(&mut self) {
-        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
-    }
 }
 
 /// A child in its own process group: SIGTERM, then SIGKILL to the whole group, on drop.
@@ -289,34 +278,14 @@ pub async fn run(a: DashboardArgs) -> anyhow::Result<()> {
     anyhow::ensure!(a.shards >= 1 && a.shards <= 64, "--shards must be within 1..=64");
     anyhow::ensure!(a.seconds >= 1 && a.seconds <= 3600, "--seconds must be within 1..=3600");
     let bin = flotilla_bin(a.flotilla.clone())?;
-    let data = Data::create("dash")?;
     println!("machine: {}", machine());
-    let liveness = ["--suspect-after", "60s", "--dead-after", "90s"].map(String::from);
-    let mut shards = Vec::new();
-    for i in 0..a.shards {
-        shards.push(ShardProc::spawn(&bin, &data.dir, i, a.shards, &liveness)?);
-    }
-    let started = Instant::now();
-    let nodes = Arc::new(register_nodes(&shards, &data, a.nodes, 8000).await?.nodes);
-    println!("registered {} nodes in {:.1}s", nodes.len(), started.elapsed().as_secs_f64());
-
     // Every node heartbeats once a second from here to the end; some flip health.
-    let stop = Arc::new(AtomicBool::new(false));
-    let sender = {
-        let (nodes, stop) = (nodes.clone(), stop.clone());
-        let dests = std::sync::Mutex::new(shards.iter().map(|s| s.heartbeat).collect());
-        let flips = a.flips_per_second;
-        std::thread::spawn(move || {
-            let pending: Pending = Default::default();
-            let (sent, bytes) = (AtomicU64::new(0), AtomicU64::new(0));
-            send_loop(&nodes, &dests, 16, flips, &stop, &sent, &pending, &bytes)
-        })
-    };
-    let _stop = StopOnDrop(stop.clone());
+    let mut cluster = Heartbeating::start(&bin, "dash", a.nodes, a.shards, a.flips_per_second).await?;
+    let (data, shards, nodes) = (&cluster.data, &cluster.shards, cluster.nodes);
 
-    let (control, addr) = spawn_control(&bin, &data, &shards)?;
+    let (control, addr) = spawn_control(&bin, data, shards)?;
     let rss_empty = proc_rss_bytes(control.pid()).unwrap_or(0);
-    let snap = wait_for_all(&addr, nodes.len(), Duration::from_secs(120)).await?;
+    let snap = wait_for_all(&addr, nodes, Duration::from_secs(120)).await?;
     println!(
         "control at {addr}: snapshot of {} nodes, {} bytes in {} nodes messages, first byte {:.0} ms, whole {:.0} ms",
         snap.nodes_total,
@@ -327,7 +296,7 @@ pub async fn run(a: DashboardArgs) -> anyhow::Result<()> {
     );
     // A second read: the node chunks of an unchanged view may be cached; a flip since
     // the first read rebuilds them, so this is the usual case for a browser.
-    let snap2 = wait_for_all(&addr, nodes.len(), Duration::from_secs(30)).await?;
+    let snap2 = wait_for_all(&addr, nodes, Duration::from_secs(30)).await?;
 
     let cpu0 = proc_cpu_seconds(control.pid()).unwrap_or(0.0);
     let t0 = Instant::now();
@@ -340,15 +309,14 @@ pub async fn run(a: DashboardArgs) -> anyhow::Result<()> {
     let window = t0.elapsed().as_secs_f64();
     let cpu = proc_cpu_seconds(control.pid()).unwrap_or(0.0) - cpu0;
     let rss = proc_rss_bytes(control.pid()).unwrap_or(0);
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let _ = sender.join();
+    cluster.stop();
     drop(control);
-    drop(shards);
+    drop(cluster);
 
     let mb = |b: u64| (b as f64 / (1 << 20) as f64 * 10.0).round() / 10.0;
     let mut result = json!({
         "scenario": "dashboard",
-        "nodes": nodes.len(),
+        "nodes": nodes,
         "shards": a.shards,
         "seconds": a.seconds,
         "flips_per_second": a.flips_per_second,
@@ -363,8 +331,8 @@ pub async fn run(a: DashboardArgs) -> anyhow::Result<()> {
         "control_window_seconds": (window * 10.0).round() / 10.0,
     });
     if let Some(b) = &browser {
-        if b["nodes_shown"].as_u64().unwrap_or(0) < nodes.len() as u64 {
-            eprintln!("warning: the page showed {} of {} nodes at its first paint", b["nodes_shown"], nodes.len());
+        if b["nodes_shown"].as_u64().unwrap_or(0) < nodes as u64 {
+            eprintln!("warning: the page showed {} of {} nodes at its first paint", b["nodes_shown"], nodes);
         }
         if b["page_errors"].as_u64().unwrap_or(0) > 0 {
             eprintln!("warning: the page threw {} errors (see above)", b["page_errors"]);

@@ -372,3 +372,62 @@ fn sendmmsg_all(socket: &std::net::UdpSocket, msgs: &[(Vec<u8>, SocketAddr)]) ->
     }
     done
 }
+
+/// Shard processes with simulated nodes registered and heartbeating once a second (some
+/// flipping health class, so the view moves) until dropped: the cluster the `dashboard`
+/// and `pool` scenarios measure against. Liveness is patient (suspect after 60 s) so a
+/// loaded machine does not lose nodes meanwhile.
+pub struct Heartbeating {
+    /// Dropped first (the sender stopped before), then the data dir.
+    pub shards: Vec<ShardProc>,
+    pub data: Data,
+    pub nodes: usize,
+    stop: Arc<AtomicBool>,
+    sender: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Heartbeating {
+    /// `nodes` nodes of 8 CPU on `shards` shards of `bin`, `flips` a second flipping.
+    pub async fn start(
+        bin: &std::path::Path,
+        tag: &str,
+        nodes: usize,
+        shards: usize,
+        flips: usize,
+    ) -> anyhow::Result<Self> {
+        let data = Data::create(tag)?;
+        let liveness = ["--suspect-after", "60s", "--dead-after", "90s"].map(String::from);
+        let mut procs = Vec::new();
+        for i in 0..shards {
+            procs.push(ShardProc::spawn(bin, &data.dir, i, shards, &liveness)?);
+        }
+        let started = Instant::now();
+        let sims = Arc::new(register_nodes(&procs, &data, nodes, 8000).await?.nodes);
+        println!("registered {} nodes in {:.1}s", sims.len(), started.elapsed().as_secs_f64());
+        let stop = Arc::new(AtomicBool::new(false));
+        let sender = {
+            let (sims, stop) = (sims.clone(), stop.clone());
+            let dests = Mutex::new(procs.iter().map(|s| s.heartbeat).collect());
+            std::thread::spawn(move || {
+                let pending: Pending = Default::default();
+                let (sent, bytes) = (AtomicU64::new(0), AtomicU64::new(0));
+                send_loop(&sims, &dests, 16, flips, &stop, &sent, &pending, &bytes)
+            })
+        };
+        Ok(Heartbeating { shards: procs, data, nodes: sims.len(), stop, sender: Some(sender) })
+    }
+
+    /// Stops the heartbeats (the shards stay up until dropped).
+    pub fn stop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(s) = self.sender.take() {
+            let _ = s.join();
+        }
+    }
+}
+
+impl Drop for Heartbeating {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

@@ -22,7 +22,6 @@
 //! Everything started is stopped by pid / process group at the end, pass or fail.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow};
@@ -36,8 +35,8 @@ use flotilla_pool::provider::{BoxFuture, CloudInstance, InstanceProvider, Launch
 use flotilla_pool::store::PoolStore;
 use serde_json::{Value, json};
 
-use crate::common::{Data, ShardProc, flotilla_bin, machine, proc_cpu_seconds, register_nodes};
-use crate::heartbeats::{Pending, send_loop};
+use crate::common::{flotilla_bin, machine, proc_cpu_seconds};
+use crate::heartbeats::Heartbeating;
 
 #[derive(Debug, Args)]
 pub struct PoolArgs {
@@ -204,31 +203,11 @@ pub async fn run(a: PoolArgs) -> anyhow::Result<()> {
     anyhow::ensure!(a.passes >= 1 && a.passes <= 1000, "--passes must be within 1..=1000");
     anyhow::ensure!(a.queued <= 100_000, "--queued must be at most 100000");
     let bin = flotilla_bin(a.flotilla.clone())?;
-    let data = Data::create("pool")?;
     println!("machine: {}", machine());
-    let liveness = ["--suspect-after", "60s", "--dead-after", "90s"].map(String::from);
-    let mut shards = Vec::new();
-    for i in 0..a.shards {
-        shards.push(ShardProc::spawn(&bin, &data.dir, i, a.shards, &liveness)?);
-    }
-    let started = Instant::now();
-    let nodes = Arc::new(register_nodes(&shards, &data, a.nodes, 8000).await?.nodes);
-    println!("registered {} nodes in {:.1}s", nodes.len(), started.elapsed().as_secs_f64());
+    let sim = Heartbeating::start(&bin, "pool", a.nodes, a.shards, a.flips_per_second).await?;
+    let (data, shards) = (&sim.data, &sim.shards);
 
-    let stop = Arc::new(AtomicBool::new(false));
-    let _sender = {
-        let (nodes, stop) = (nodes.clone(), stop.clone());
-        let dests = std::sync::Mutex::new(shards.iter().map(|s| s.heartbeat).collect());
-        let flips = a.flips_per_second;
-        std::thread::spawn(move || {
-            let pending: Pending = Default::default();
-            let (sent, bytes) = (AtomicU64::new(0), AtomicU64::new(0));
-            send_loop(&nodes, &dests, 16, flips, &stop, &sent, &pending, &bytes)
-        })
-    };
-    let _stop = crate::dashboard::StopOnDrop(stop.clone());
-
-    let (control, addr) = crate::dashboard::spawn_control(&bin, &data, &shards)?;
+    let (control, addr) = crate::dashboard::spawn_control(&bin, data, shards)?;
     let base = format!("http://{addr}");
     let http = reqwest::Client::builder().timeout(Duration::from_secs(60)).build()?;
     let total = {
