@@ -62,9 +62,9 @@ pub fn problem(cfg: &PoolConfig, obs: &Observation, prune: bool) -> Problem {
         // claimed: until its uncordon shows).
         let warm = inst.is_some_and(|i| i.warm);
         let usable = n.status == flotilla_core::NodeStatus::Alive && (!n.cordoned || warm) && !n.drain_requested;
-        let idle = obs.idle.idle_ms(&n.node_id, obs.now_ms) > 0;
+        let idle_ms = obs.idle.idle_ms(&n.node_id, obs.now_ms);
         if let Some(p) = &mut pruner
-            && p.leaves_out(n, inst.copied(), usable, idle, &mut inert)
+            && p.leaves_out(n, inst.copied(), usable, idle_ms > 0, &mut inert)
         {
             if p.first_capacity(&n.capacity) {
                 shape(&n.capacity, &mut names);
@@ -85,7 +85,7 @@ pub fn problem(cfg: &PoolConfig, obs: &Observation, prune: bool) -> Problem {
             total,
             available,
             labels: with_domain(n.labels.as_map()),
-            idle_ms: if usable { obs.idle.idle_ms(&n.node_id, obs.now_ms) } else { 0 },
+            idle_ms: if usable { idle_ms } else { 0 },
             pending: false,
         });
     }

@@ -67,7 +67,21 @@ impl<'o> Pruner<'o> {
         idle: bool,
         inert: &mut Inert,
     ) -> bool {
-        let out = self.decide(n, inst, usable, idle, inert);
+        let room = usable && self.least.as_ref().is_some_and(|l| has_room(n, l));
+        let out = match inst {
+            // Another's node matters only for the demand it can take (it is never
+            // terminated), and its twins past what the demand can fill not even that.
+            None if !room || self.twin_past_reach(n) => {
+                inert.others += 1;
+                true
+            }
+            // The pool's own, running, taking no demand and not idle: only for its number.
+            Some(i) if i.phase == Phase::Running && !room && !(usable && idle) => {
+                *inert.by_type.entry(i.node_type.clone()).or_default() += 1;
+                true
+            }
+            _ => false,
+        };
         if out && self.seen_labels.insert(Arc::as_ptr(&n.labels)) && !inert.labels.contains(n.labels.as_map()) {
             inert.labels.insert(n.labels.as_map().clone());
         }
@@ -79,31 +93,6 @@ impl<'o> Pruner<'o> {
     /// requests, so the caller names them then.
     pub fn first_capacity(&mut self, capacity: &Arc<Resources>) -> bool {
         self.seen_capacities.insert(Arc::as_ptr(capacity))
-    }
-
-    fn decide(
-        &mut self,
-        n: &'o NodeRow,
-        inst: Option<&PoolInstance>,
-        usable: bool,
-        idle: bool,
-        inert: &mut Inert,
-    ) -> bool {
-        let room = usable && self.least.as_ref().is_some_and(|l| has_room(n, l));
-        match inst {
-            // Another's node matters only for the demand it can take (it is never
-            // terminated), and its twins past what the demand can fill not even that.
-            None if !room || self.twin_past_reach(n) => {
-                inert.others += 1;
-                true
-            }
-            // The pool's own, busy and full, only for its number.
-            Some(i) if i.phase == Phase::Running && !room && !(usable && idle) => {
-                *inert.by_type.entry(i.node_type.clone()).or_default() += 1;
-                true
-            }
-            _ => false,
-        }
     }
 
     fn twin_past_reach(&mut self, n: &'o NodeRow) -> bool {
