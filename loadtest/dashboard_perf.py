@@ -8,8 +8,10 @@ It opens #/federation and measures, from the page's timing hook (window.__flotil
 crates/control/ui/js/store.js; performance.now() milliseconds from navigation start):
 
 - first meaningful paint: navigation start to the end of the first frame drawn after
-  the snapshot (the node count shown, the heatmap drawn), split into the snapshot's
-  arrival, its parsing and applying, and that render;
+  the snapshot (the node count shown, the heatmap drawn), split into the page's modules
+  loaded (they take the stream over), the snapshot's arrival (boot.js opened the stream
+  before the modules; what comes early waits for them), its parsing and applying, and
+  that render;
 - live updates: for each message after that, its listener running to the end of the
   animation-frame render that applied it (p50 / p99 / max); each render's duration
   and the interval between animation frames while the stream runs;
@@ -126,7 +128,7 @@ def main():
               const p = window.__flotilla;
               const nav = performance.getEntriesByType('navigation')[0];
               const c = document.querySelector('[data-testid="heatmap"]');
-              return {begin: p.snapshotBeginAt, end: p.snapshotEndAt, done: p.snapshotDoneAt,
+              return {taken: p.takenAt, begin: p.snapshotBeginAt, end: p.snapshotEndAt, done: p.snapshotDoneAt,
                       firstRender: p.snapshotRenderMs,
                       renders: p.renders.length, applied: p.applied.length,
                       htmlDone: nav ? nav.responseEnd : null,
@@ -169,6 +171,7 @@ def main():
         "nodes_shown_at_end": final_count,
         "first_paint_seconds": round(first["done"] / 1000, 3),
         "first_paint_html_ms": r1(first["htmlDone"] or 0),
+        "first_paint_modules_ms": r1(first["taken"] or 0),
         "first_paint_snapshot_begin_ms": r1(first["begin"]),
         "first_paint_snapshot_applied_ms": r1(first["end"]),
         "first_paint_render_ms": r1(first["firstRender"]),

@@ -98,4 +98,26 @@ mod tests {
         assert_eq!(content_type("vendor/LICENSE-uPlot"), "text/plain; charset=utf-8");
         assert_eq!(content_type("a.b/LICENSE"), "text/plain; charset=utf-8");
     }
+
+    /// The page opens its stream before it asks for anything else (boot.js, before the
+    /// styles), and boot.js preloads every module: one it left out would be fetched only
+    /// when its importer is parsed, a round trip later.
+    #[test]
+    fn the_page_opens_its_stream_first_and_preloads_every_module() {
+        let index = std::str::from_utf8(embedded("index.html").unwrap()).unwrap();
+        let at = |s: &str| index.find(s).unwrap_or_else(|| panic!("{s} in index.html"));
+        assert!(at(r#"<script src="/ui/boot.js">"#) < at(r#"<link rel="stylesheet""#));
+        assert_eq!(index.matches("<script").count(), 1, "boot.js loads the other scripts");
+        let boot = std::str::from_utf8(embedded("boot.js").unwrap()).unwrap();
+        let listed = boot.split("const modules = [").nth(1).and_then(|s| s.split("];").next()).unwrap();
+        let listed: Vec<&str> = listed.split(',').map(|m| m.trim().trim_matches('\'')).collect();
+        let mut modules: Vec<&str> = files::FILES
+            .iter()
+            .filter_map(|(p, _)| p.strip_prefix("js/").and_then(|m| m.strip_suffix(".js")))
+            .collect();
+        let mut listed = listed;
+        listed.sort_unstable();
+        modules.sort_unstable();
+        assert_eq!(listed, modules, "boot.js preloads every module under js/, and nothing else");
+    }
 }

@@ -255,6 +255,36 @@ async fn read_events(
     }
 }
 
+/// A `nodes` message's columns as one row per node: `[id, status, shard, domain,
+/// priority, health, cpu_cap, cpu_alloc, mem_cap, mem_alloc, gpu_cap, gpu_alloc, flags,
+/// incarnation]`, strings and capacities looked up as the page does.
+fn rows_of(msg: &Value) -> Vec<Value> {
+    let col = |k: &str| msg[k].as_array().unwrap_or_else(|| panic!("column {k} in {msg}")).clone();
+    let (strings, capacities) = (col("strings"), col("capacities"));
+    let text = |k: &str, i: usize| strings[msg[k][i].as_u64().unwrap() as usize].clone();
+    (0..col("id").len())
+        .map(|i| {
+            let cap = &capacities[msg["capacity"][i].as_u64().unwrap() as usize];
+            json!([
+                msg["id"][i],
+                text("status", i),
+                msg["shard"][i],
+                text("domain", i),
+                text("priority", i),
+                msg["health"][i],
+                cap[0],
+                msg["cpu_alloc"][i],
+                cap[1],
+                msg["mem_alloc"][i],
+                cap[2],
+                msg["gpu_alloc"][i],
+                msg["flags"][i],
+                msg["incarnation"][i]
+            ])
+        })
+        .collect()
+}
+
 #[tokio::test]
 async fn the_event_stream_sends_a_snapshot_then_what_changed() {
     let (addr, cluster, _stop) = start().await;
@@ -264,11 +294,12 @@ async fn the_event_stream_sends_a_snapshot_then_what_changed() {
     let mut buf = String::new();
     let snap = read_events(&mut resp, &mut buf, |e, _| e == "snapshot_end").await;
     assert_eq!(snap[0], ("snapshot_begin".to_string(), json!({"nodes_total": 5})));
-    let rows: Vec<&Value> =
-        snap.iter().filter(|(e, _)| e == "nodes").flat_map(|(_, d)| d["rows"].as_array().unwrap()).collect();
+    let rows: Vec<Value> = snap.iter().filter(|(e, _)| e == "nodes").flat_map(|(_, d)| rows_of(d)).collect();
     assert_eq!(rows.len(), 5);
+    let ids: Vec<&str> = rows.iter().map(|r| r[0].as_str().unwrap()).collect();
+    assert_eq!(ids, ["n1", "n2", "n3", "n4", "n5"], "a snapshot is by id");
     let n2 = rows.iter().find(|r| r[0] == "n2").unwrap();
-    assert_eq!(**n2, json!(["n2", "alive", 0, "a", "low", 1.0, 4000, 0, 8u64 << 30, 0, 0, 0, false, false, 1, false]));
+    assert_eq!(*n2, json!(["n2", "alive", 0, "a", "low", 1.0, 4000, 0, 8u64 << 30, 0, 0, 0, 0, 1]));
     let fed = &snap.iter().find(|(e, _)| e == "federation").expect("a federation summary").1;
     assert_eq!(fed["domains"][0]["nodes"], json!({"alive": 3}));
     assert_eq!(fed["shards"][1]["address"], "s1:1");
@@ -284,9 +315,12 @@ async fn the_event_stream_sends_a_snapshot_then_what_changed() {
     let after = read_events(&mut resp, &mut buf, |e, _| e == "nodes").await;
     let (_, nodes) = after.last().unwrap();
     assert_eq!(nodes["removed"], json!(["n1"]));
-    let rows = nodes["rows"].as_array().unwrap();
+    let rows = rows_of(nodes);
     assert_eq!(rows.len(), 1, "{nodes}");
-    assert_eq!((rows[0][0].as_str(), rows[0][12].as_bool()), (Some("n3"), Some(true)));
+    assert_eq!(
+        (rows[0][0].as_str(), rows[0][12].as_u64()),
+        (Some("n3"), Some(u64::from(flotilla_control::events::CORDONED)))
+    );
 
     let metrics = reqwest::get(format!("http://{addr}/metrics")).await.unwrap().text().await.unwrap();
     assert!(flotilla_testkit::metric(&metrics, "flotilla_events_snapshots_total", "").unwrap_or(0.0) >= 1.0);

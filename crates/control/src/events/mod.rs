@@ -34,13 +34,15 @@ use tokio::sync::{broadcast, mpsc};
 
 use crate::{ControlError, ControlState};
 
+mod columns;
+mod federation;
 mod rows;
 
-pub use rows::{
-    DECISIONS_SHOWN, DomainSummary, Frame, NodeChanges, Res, SNAPSHOT_CHUNK, UnitsByDomain, compact_row, federation,
-    frame, node_changes, priority_of, status_of,
-};
-use rows::{count_local, count_remote, fetch_app, local_app, node_frames, snapshot_chunks, unreachable_app};
+pub use columns::{CORDONED, DRAIN_REQUESTED, PREEMPTING, SNAPSHOT_CHUNK};
+use columns::{node_frames, snapshot_chunks};
+pub use federation::{Counts, DomainSummary, Res, UnitsByDomain};
+pub use rows::{DECISIONS_SHOWN, Frame, NodeChanges, frame, node_changes, priority_of, status_of};
+use rows::{count_local, count_remote, fetch_app, local_app, unreachable_app};
 
 /// Shortest time between two ticks of the hub.
 pub const TICK: Duration = Duration::from_millis(250);
@@ -106,6 +108,8 @@ struct AppSeen {
 struct Published {
     slots: Vec<Arc<ShardSlot>>,
     federation: Option<(Frame, Instant)>,
+    /// The federation summary's totals, as of `slots`.
+    counts: Counts,
     apps: BTreeMap<String, AppSeen>,
     pools: BTreeMap<String, (u64, Frame)>,
     /// The node chunks of a snapshot of `slots`, once a subscriber built them.
@@ -201,6 +205,7 @@ impl Hub {
                     self.send("nodes", f);
                 }
             }
+            p.counts.update(&slots);
             p.slots = slots.clone();
             p.snapshot_nodes = None;
         }
@@ -260,7 +265,7 @@ impl Hub {
                     *units.entry(k.clone()).or_default() += n;
                 }
             }
-            let v = federation(&p.slots, &self.control.shards, &units, flotilla_core::now_ms());
+            let v = p.counts.summary(&self.control.shards, &units, flotilla_core::now_ms());
             let f = frame("federation", &v);
             if p.federation.as_ref().is_none_or(|(old, _)| *old != f) {
                 self.send("federation", f.clone());

@@ -1,8 +1,7 @@
-//! What the event stream says, as pure builders: the SSE frame, the compact node row,
-//! which nodes changed between two states of the cluster, the federation summary and
-//! each app's message. The hub (`mod.rs`) decides when to send them.
+//! What the event stream says, as pure builders: the SSE frame, which nodes changed
+//! between two states of the cluster and each app's message (the `nodes` message is
+//! `columns.rs`, the `federation` message `federation.rs`). The hub (`mod.rs`) decides when to send them.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -11,11 +10,10 @@ use flotilla_view::{NodeRecord, ShardSlot};
 use serde::Serialize;
 use serde_json::{Value, json};
 
+use super::federation::UnitsByDomain;
 use crate::ControlError;
 use crate::apps::{route_rows, unit_rows};
 
-/// Most rows in one `nodes` message.
-pub const SNAPSHOT_CHUNK: usize = 5_000;
 /// Decisions an `app` message carries (newest first).
 pub const DECISIONS_SHOWN: usize = 20;
 
@@ -34,35 +32,6 @@ pub fn frame(event: &'static str, data: &impl Serialize) -> Frame {
     }
     out.extend_from_slice(b"\n\n");
     Bytes::from(out)
-}
-
-/// The compact node row of the stream: `[node_id, status, shard, domain, priority,
-/// health_score, cpu_cap_millis, cpu_alloc_millis, mem_cap_bytes, mem_alloc_bytes,
-/// gpu_cap, gpu_alloc, cordoned, drain_requested, incarnation, preempting]`; preempting
-/// is the cloud's preemption notice (the node goes soon; its units are being replaced).
-#[allow(clippy::type_complexity)]
-pub fn compact_row(
-    r: &NodeRecord,
-    connected: bool,
-) -> (&str, &'static str, u32, &str, &str, f32, u64, u64, u64, u64, u32, u32, bool, bool, u64, bool) {
-    (
-        r.node_id.as_str(),
-        status_of(r, connected).as_str(),
-        r.shard,
-        r.labels.domain(),
-        priority_of(r),
-        r.health_score(),
-        r.capacity.cpu_millis,
-        r.allocated.cpu_millis,
-        r.capacity.memory_bytes,
-        r.allocated.memory_bytes,
-        r.capacity.gpu,
-        r.allocated.gpu,
-        r.cordoned,
-        r.drain_requested,
-        r.incarnation.0,
-        r.health.preemption_notice(),
-    )
 }
 
 /// A node whose shard cannot be heard is Unknown (as in `GET /v1/nodes`).
@@ -129,97 +98,6 @@ pub fn node_changes(prev: &[Arc<ShardSlot>], cur: &[Arc<ShardSlot>]) -> NodeChan
     out
 }
 
-/// `{"cpu_millis","memory_bytes","gpu"}`, summed.
-#[derive(Debug, Default, Clone, Copy, Serialize, PartialEq)]
-pub struct Res {
-    pub cpu_millis: u64,
-    pub memory_bytes: u64,
-    pub gpu: u64,
-}
-
-impl Res {
-    fn add(&mut self, r: &flotilla_core::Resources) {
-        self.cpu_millis = self.cpu_millis.saturating_add(r.cpu_millis);
-        self.memory_bytes = self.memory_bytes.saturating_add(r.memory_bytes);
-        self.gpu = self.gpu.saturating_add(u64::from(r.gpu));
-    }
-}
-
-/// One failure domain on one shard, as the federation summary shows it.
-#[derive(Debug, Default, Serialize, PartialEq)]
-pub struct DomainSummary {
-    pub domain: String,
-    pub shard: u32,
-    /// Node counts by status.
-    pub nodes: BTreeMap<&'static str, u64>,
-    /// Node counts by `priority` label (`high` and `low` always present).
-    pub priority: BTreeMap<String, u64>,
-    /// Node counts by health score: 0–0.1, 0.1–0.2, … 0.9–1.0 (1.0 in the last).
-    pub health: [u64; 10],
-    /// Live units of every app placed in the domain (on this shard).
-    pub units: u64,
-    /// Of every node in the view, whatever its status.
-    pub capacity: Res,
-    pub allocated: Res,
-}
-
-/// Live units by (domain, shard of their first member, when known).
-pub type UnitsByDomain = BTreeMap<(String, Option<u32>), u64>;
-
-/// The `federation` message: every (domain, shard) and every shard, from the slots
-/// (`now_ms` ages the shards' views). Units whose shard is unknown count in their
-/// domain's lowest shard.
-pub fn federation(slots: &[Arc<ShardSlot>], addresses: &[String], units: &UnitsByDomain, now_ms: u64) -> Value {
-    let mut domains: BTreeMap<(String, u32), DomainSummary> = BTreeMap::new();
-    for slot in slots {
-        for r in slot.view.nodes.values() {
-            let d = domains.entry((r.labels.domain().to_string(), slot.view.shard)).or_insert_with(|| DomainSummary {
-                domain: r.labels.domain().to_string(),
-                shard: slot.view.shard,
-                priority: [("high".to_string(), 0), ("low".to_string(), 0)].into(),
-                ..Default::default()
-            });
-            *d.nodes.entry(status_of(r, slot.connected).as_str()).or_default() += 1;
-            *d.priority.entry(priority_of(r).to_string()).or_default() += 1;
-            let bucket = ((r.health_score() * 10.0) as usize).min(9);
-            d.health[bucket] += 1;
-            d.capacity.add(&r.capacity);
-            d.allocated.add(&r.allocated);
-        }
-    }
-    let mut lowest: BTreeMap<&str, u32> = BTreeMap::new();
-    for (d, s) in domains.keys() {
-        lowest.entry(d.as_str()).or_insert(*s);
-    }
-    let mut placed: BTreeMap<(String, u32), u64> = BTreeMap::new();
-    for ((d, s), n) in units {
-        let shard = s.or_else(|| lowest.get(d.as_str()).copied());
-        if let Some(shard) = shard {
-            *placed.entry((d.clone(), shard)).or_default() += n;
-        }
-    }
-    for (k, d) in domains.iter_mut() {
-        d.units = placed.get(k).copied().unwrap_or(0);
-    }
-    let shards: Vec<Value> = slots
-        .iter()
-        .enumerate()
-        .map(|(i, s)| {
-            let ago = (s.updated_unix_ms > 0).then(|| now_ms.saturating_sub(s.updated_unix_ms));
-            json!({
-                "shard": i,
-                "address": addresses.get(i),
-                "connected": s.connected,
-                "epoch": s.view.version.epoch,
-                "seq": s.view.version.seq,
-                "nodes": s.view.len(),
-                "updated_ms_ago": ago,
-            })
-        })
-        .collect();
-    json!({"domains": domains.into_values().collect::<Vec<_>>(), "shards": shards})
-}
-
 /// The `app` message of an in-process scheduler's app, from what `key` holds.
 pub(super) fn local_app(
     app: &str,
@@ -280,43 +158,6 @@ pub(super) async fn fetch_app(http: &reqwest::Client, app: &str, url: &str) -> R
 pub(super) fn unreachable_app(app: &str, url: &str, e: &ControlError) -> Value {
     json!({"app": app, "summary": crate::forward::unreachable_row(app, url, e), "units": [],
            "routes": {"app": app, "routes": []}, "decisions": [], "capacity": null})
-}
-
-/// `nodes` messages of at most [`SNAPSHOT_CHUNK`] rows; the removed ids go in the last.
-pub(super) fn node_frames(rows: &[(Arc<NodeRecord>, bool)], removed: Vec<&str>) -> Vec<Frame> {
-    if rows.is_empty() && removed.is_empty() {
-        return Vec::new();
-    }
-    let chunks: Vec<&[(Arc<NodeRecord>, bool)]> =
-        if rows.is_empty() { vec![&[]] } else { rows.chunks(SNAPSHOT_CHUNK).collect() };
-    let last = chunks.len() - 1;
-    let empty: Vec<&str> = Vec::new();
-    chunks
-        .into_iter()
-        .enumerate()
-        .map(|(i, c)| {
-            // Serialised straight from the rows, with no serde_json::Value in between (at
-            // 100,000 nodes the snapshot's first byte went from ~400 to ~100 ms); keys in
-            // the order json! wrote them.
-            #[derive(Serialize)]
-            struct Nodes<'a, R> {
-                removed: &'a [&'a str],
-                rows: Vec<R>,
-            }
-            let rows: Vec<_> = c.iter().map(|(r, connected)| compact_row(r, *connected)).collect();
-            frame("nodes", &Nodes { removed: if i == last { &removed } else { &empty }, rows })
-        })
-        .collect()
-}
-
-/// Every node of `slots` as `nodes` messages.
-pub(super) fn snapshot_chunks(slots: &[Arc<ShardSlot>]) -> Vec<Frame> {
-    let rows: Vec<(Arc<NodeRecord>, bool)> =
-        slots.iter().flat_map(|s| s.view.nodes.values().map(|r| (r.clone(), s.connected))).collect();
-    if rows.is_empty() {
-        return Vec::new();
-    }
-    node_frames(&rows, Vec::new())
 }
 
 #[cfg(test)]
@@ -388,76 +229,8 @@ mod tests {
     }
 
     #[test]
-    fn the_federation_summary_counts_by_domain_status_priority_and_health() {
-        let mut low = node("l", "x", 950).as_ref().clone();
-        let mut l = low.labels.as_ref().clone();
-        l.insert("priority", "low").unwrap();
-        low.labels = Arc::new(l);
-        low.status = NodeStatus::Suspect;
-        let slots = [
-            slot(0, 3, &[node("a", "x", 1000), node("b", "x", 50), Arc::new(low)], true),
-            slot(1, 7, &[node("c", "y", 500)], false),
-        ];
-        let units = UnitsByDomain::from([(("x".into(), Some(0)), 2), (("y".into(), None), 1)]);
-        let v = federation(&slots, &["s0:1".into(), "s1:1".into()], &units, 3_500);
-        let x = &v["domains"][0];
-        assert_eq!((x["domain"].as_str(), x["shard"].as_u64()), (Some("x"), Some(0)));
-        assert_eq!(x["nodes"], json!({"alive": 2, "suspect": 1}));
-        assert_eq!(x["priority"], json!({"high": 2, "low": 1}));
-        assert_eq!(x["health"], json!([1, 0, 0, 0, 0, 0, 0, 0, 0, 2]));
-        assert_eq!(x["units"], 2);
-        assert_eq!(x["capacity"], json!({"cpu_millis": 12000, "memory_bytes": 3u64 * (8 << 30), "gpu": 3}));
-        assert_eq!(x["allocated"]["cpu_millis"], 3000);
-        // A shard that cannot be heard: its nodes are Unknown; units of unknown shard
-        // land in the domain's lowest shard.
-        let y = &v["domains"][1];
-        assert_eq!((y["nodes"].clone(), y["units"].clone()), (json!({"unknown": 1}), json!(1)));
-        assert_eq!(y["health"][5], 1);
-        assert_eq!(
-            v["shards"][1],
-            json!({"shard": 1, "address": "s1:1", "connected": false, "epoch": 1, "seq": 7, "nodes": 1,
-                   "updated_ms_ago": 2500})
-        );
-    }
-
-    #[test]
-    fn frames_are_sse_and_rows_compact() {
+    fn frames_are_sse() {
         let f = frame("ping", &json!({}));
         assert_eq!(&f[..], b"event: ping\ndata: {}\n\n");
-        let n = node("a", "x", 1000);
-        let row = serde_json::to_value(compact_row(&n, true)).unwrap();
-        assert_eq!(
-            row,
-            json!([
-                "a",
-                "alive",
-                0,
-                "x",
-                "high",
-                1.0,
-                4000,
-                1000,
-                8u64 << 30,
-                1u64 << 30,
-                1,
-                0,
-                false,
-                false,
-                1,
-                false
-            ])
-        );
-        // A node its cloud gave notice is `preempting` (issue #34 item 6), alive still.
-        let mut noticed = node("b", "x", 1000);
-        Arc::make_mut(&mut noticed).health =
-            flotilla_core::HealthSample { preemption_notice: true, ..Default::default() }.into();
-        let row = serde_json::to_value(compact_row(&noticed, true)).unwrap();
-        assert_eq!((&row[1], &row[15]), (&json!("alive"), &json!(true)));
-        let rows: Vec<_> = (0..SNAPSHOT_CHUNK + 1).map(|i| (node(&format!("n{i}"), "x", 1000), true)).collect();
-        let frames = node_frames(&rows, vec!["gone"]);
-        assert_eq!(frames.len(), 2);
-        let last = std::str::from_utf8(&frames[1]).unwrap();
-        assert!(last.contains("\"removed\":[\"gone\"]"), "{last}");
-        assert!(std::str::from_utf8(&frames[0]).unwrap().contains("\"removed\":[]"));
     }
 }

@@ -30,7 +30,7 @@ export function federationPage() {
     },
     update(d) {
       if (d.all || d.federation || d.nodeSet) { renderSummary(summaryEl); renderCards(cardsEl); renderShards(shardsEl); }
-      if (!state.loading) heatmap.render(d.all ? null : d.nodes, d.all || d.nodeSet);
+      if (!state.loading) heatmap.render(d.all ? null : d.nodes, d.all || d.nodeSet, d.all);
     },
   };
 }

@@ -27,7 +27,7 @@ export class Heatmap {
     this.el = h('div', { class: 'heatmap' }, this.canvas, this.labels, this.tip);
     this.ctx = this.canvas.getContext('2d', { alpha: false });
     this.order = [];           // slot → node id
-    this.slot = new Map();     // node id → slot
+    this.slot = null;          // node id → slot, built on first use (slotOf)
     this.groups = [];          // [{domain, start, count, y (device px, first cell row), rows}]
     this.width = 0;
     this.needsLayout = true;
@@ -37,23 +37,27 @@ export class Heatmap {
       const id = this.nodeAt(e);
       if (id !== null) this.onOpen(id);
     });
-    // Relayout when the available width changes (window resize, sidebar, zoom).
+    // Relayout when the available width changes (window resize, sidebar, zoom); while a
+    // snapshot streams in, its end lays out anyway.
     this.resizer = new ResizeObserver(() => {
       const w = this.el.clientWidth;
-      if (w && Math.abs(w - this.width) > 1) { this.needsLayout = true; this.render(null); }
+      if (w && Math.abs(w - this.width) > 1) { this.needsLayout = true; if (!state.loading) this.render(null, false, true); }
     });
     this.resizer.observe(this.el);
   }
 
-  /** Renders: a full layout when nodes came or went, else only the cells in `changed`. */
-  render(changed, nodeSetChanged) {
+  /**
+   * Renders: a full layout when nodes came or went, else only the cells in `changed`.
+   * `now` lays out at once (a new snapshot, the page shown, a new width).
+   */
+  render(changed, nodeSetChanged, now) {
     if (nodeSetChanged) this.needsLayout = true;
     if (!this.el.isConnected) return;
     if (this.needsLayout) {
       // Nodes joining one by one must not relayout 100,000 cells every frame: at most
       // once a second; meanwhile changed cells that already have a place are repainted.
       const wait = 1000 - (performance.now() - (this.laidOutAt || 0));
-      if (wait <= 0 || !this.order.length) {
+      if (now || wait <= 0 || !this.order.length) {
         clearTimeout(this.layoutTimer); this.layoutTimer = null;
         this.layout(); this.paintAll(); this.laidOutAt = performance.now();
         return;
@@ -78,7 +82,7 @@ export class Heatmap {
     }
     const domains = [...byDomain.keys()].sort();
     this.order = [];
-    this.slot = new Map();
+    this.slot = null;
     const wDev = Math.floor(this.width * dpr);
     const maxH = Math.max(260, Math.round(window.innerHeight * 0.55));
     // The largest cell size whose layout fits the height budget.
@@ -99,7 +103,7 @@ export class Heatmap {
     for (const d of domains) {
       const ids = byDomain.get(d).sort();
       const start = this.order.length;
-      for (const id of ids) { this.slot.set(id, this.order.length); this.order.push(id); }
+      for (const id of ids) this.order.push(id);
       const rows = Math.ceil(ids.length / cols);
       this.groups.push({ domain: d, start, count: ids.length, y: y + labelH, rows });
       y += labelH + rows * cell + groupGap;
@@ -134,16 +138,24 @@ export class Heatmap {
 
   paintAll() {
     this.buf.fill(this.bg);
-    for (let i = 0; i < this.order.length; i++) this.paintCell(i);
+    const { cols, cell } = this;
+    for (const g of this.groups) {
+      for (let k = 0, x = 0, y = g.y; k < g.count; k++) {
+        this.paintAt(g.start + k, x, y);
+        x += cell;
+        if (x >= cols * cell) { x = 0; y += cell; }
+      }
+    }
     this.ctx.putImageData(this.image, 0, 0);
   }
 
   paintSome(ids) {
     let x0 = Infinity, y0 = Infinity, x1 = -1, y1 = -1;
     for (const id of ids) {
-      const i = this.slot.get(id);
+      const i = this.slotOf(id);
       if (i === undefined) continue;
-      const [x, y] = this.paintCell(i);
+      const [x, y] = this.cellXY(i);
+      this.paintAt(i, x, y);
       if (x < x0) x0 = x; if (y < y0) y0 = y;
       if (x > x1) x1 = x; if (y > y1) y1 = y;
     }
@@ -160,12 +172,22 @@ export class Heatmap {
     return [(k % this.cols) * this.cell, g.y + Math.floor(k / this.cols) * this.cell];
   }
 
-  paintCell(i) {
-    const [x, y] = this.cellXY(i);
+  /** The slot of a node, or undefined. The index is built when a change first needs it,
+   * not on the way to the first paint (100,000 entries). */
+  slotOf(id) {
+    if (!this.slot) {
+      this.slot = new Map();
+      for (let i = 0; i < this.order.length; i++) this.slot.set(this.order[i], i);
+    }
+    return this.slot.get(id);
+  }
+
+  /** Paints slot i's cell, whose top-left corner is (x, y). */
+  paintAt(i, x, y) {
     const row = state.nodes.get(this.order[i]);
     const s = this.cell - this.gap; // drawn size
     const W = this.canvas.width, buf = this.buf;
-    if (!row) { this.fill(x, y, s, this.bg); return [x, y]; }
+    if (!row) { this.fill(x, y, s, this.bg); return; }
     const status = row[N.STATUS];
     const score = Math.round(Math.max(0, Math.min(1, Number(row[N.HEALTH]) || 0)) * 100);
     let base = HEALTH[score];
@@ -173,7 +195,7 @@ export class Heatmap {
     else if (status === 'left') base = this.leftFill;
     else if (status === 'unknown') base = this.unknownFill;
     this.fill(x, y, s, base);
-    if (s < 3) return [x, y];
+    if (s < 3) return;
     const set = (px, py, c) => { buf[(y + py) * W + x + px] = c; };
     if (status === 'dead') {
       // A cross: dead is unmistakable even among red (unhealthy) cells.
@@ -189,12 +211,12 @@ export class Heatmap {
       const d = Math.max(1, Math.round(s / 3)), o = Math.floor((s - d) / 2);
       for (let a = 0; a < d; a++) for (let b = 0; b < d; b++) set(o + a, o + b, this.ink);
     }
-    return [x, y];
   }
 
   fill(x, y, s, c) {
     const W = this.canvas.width, buf = this.buf;
-    for (let py = 0; py < s; py++) { const o = (y + py) * W + x; buf.fill(c, o, o + s); }
+    // At 100,000 nodes a cell is 2 device px: a plain loop beats a fill() call per line.
+    for (let py = 0, o = y * W + x; py < s; py++, o += W) for (let px = 0; px < s; px++) buf[o + px] = c;
   }
 
   /** The node under the mouse, or null. */

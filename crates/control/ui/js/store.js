@@ -4,7 +4,7 @@
 // Every event marks what it changed in `dirty`; one requestAnimationFrame callback hands the
 // accumulated dirt to the current page, so a burst of events costs one render.
 
-// Indexes into the compact node row of the `nodes` event.
+// Indexes into a node's row, as applyNodes builds it from a `nodes` message's columns.
 export const N = Object.freeze({
   ID: 0, STATUS: 1, SHARD: 2, DOMAIN: 3, PRIORITY: 4, HEALTH: 5,
   CPU_CAP: 6, CPU_ALLOC: 7, MEM_CAP: 8, MEM_ALLOC: 9, GPU_CAP: 10, GPU_ALLOC: 11,
@@ -68,8 +68,10 @@ let renderer = () => {};
 
 // Timing hook, read by loadtest/dashboard_perf.py (never by the page). performance.now()
 // milliseconds, i.e. from navigation start:
-//   snapshotBeginAt / snapshotEndAt: the first snapshot's snapshot_begin / snapshot_end arrived
-//     (snapshotEndAt is after every row of it was parsed and applied);
+//   takenAt: store.js took the stream over from boot.js (the modules are loaded);
+//   snapshotBeginAt / snapshotEndAt: the first snapshot's snapshot_begin arrived (maybe
+//     before takenAt: boot.js queues what comes early) / snapshot_end was applied (after
+//     every row of it was parsed and applied);
 //   snapshotDoneAt: the end of the first frame rendered after that snapshot (the node count
 //     shown, the heatmap drawn), snapshotRenderMs that frame's render;
 //   applied: [arrived, drawn] per message after snapshotDoneAt (pings aside): when its
@@ -77,7 +79,7 @@ let renderer = () => {};
 //   renders: how long each render took.
 // Bounded: at most PERF_KEEP entries per list, then it stops recording.
 const PERF_KEEP = 50_000;
-const perf = { snapshotBeginAt: null, snapshotEndAt: null, snapshotDoneAt: null, snapshotRenderMs: null, applied: [], renders: [] };
+const perf = { takenAt: null, snapshotBeginAt: null, snapshotEndAt: null, snapshotDoneAt: null, snapshotRenderMs: null, applied: [], renders: [] };
 window.__flotilla = perf;
 let arrivals = [];
 
@@ -135,14 +137,23 @@ function recordHealth(id, score, now, prev) {
   if (hist.v.length > HEALTH_KEEP * 2) { hist.t.splice(0, HEALTH_KEEP); hist.v.splice(0, HEALTH_KEEP); }
 }
 
+// A `nodes` message carries its nodes as columns (crates/control/src/events/columns.rs
+// says what each holds): at 100,000 nodes that is 40 % of the bytes of a row per node,
+// and parsing it makes 16 arrays, not 100,000. Each node becomes the row the pages read.
 function applyNodes(msg) {
   const now = Date.now();
-  const rows = msg.rows || [];
+  const ids = msg.id || [];
+  const S = msg.strings || [], caps = msg.capacities || [];
+  const { status, shard, domain, priority, health, capacity, cpu_alloc: cpuAlloc, mem_alloc: memAlloc, gpu_alloc: gpuAlloc, flags, incarnation } = msg;
   // A snapshot's end redraws everything (dirty.all): its rows need no dirt of their own,
   // and only nodes that already have a history record into it.
   const loading = state.loading;
-  for (const row of rows) {
-    const id = row[N.ID];
+  for (let i = 0; i < ids.length; i++) {
+    const id = ids[i];
+    const cap = caps[capacity[i]] || [0, 0, 0];
+    const f = flags[i];
+    const row = [id, S[status[i]], shard[i], S[domain[i]], S[priority[i]], health[i], cap[0], cpuAlloc[i],
+      cap[1], memAlloc[i], cap[2], gpuAlloc[i], (f & 1) !== 0, (f & 2) !== 0, incarnation[i], (f & 4) !== 0];
     const prev = state.nodes.get(id);
     if (!prev) dirty.nodeSet = true;
     state.nodes.set(id, row);
@@ -232,34 +243,57 @@ function setConn(c) {
   queueFrame();
 }
 
-/** Opens the stream. EventSource reconnects by itself; we only step in when it gives up. */
+/** Takes over the stream boot.js opened, or opens one (reconnecting). EventSource
+ * reconnects by itself; we only step in when it gives up. */
 export function connect() {
+  const boot = window.flotillaStream;
+  if (boot && !source) {
+    source = boot.source;
+    watch(source);
+    perf.takenAt = performance.now();
+    boot.take(receive);
+    // It may have given up before we were here to see it.
+    if (source.readyState === EventSource.CLOSED) source.onerror();
+    return;
+  }
   if (source) source.close();
   source = new EventSource('/v1/events');
+  watch(source);
+  for (const name of EVENTS) source.addEventListener(name, (ev) => receive(name, ev.data, performance.now()));
+}
+
+/** The events the stream sends, as boot.js lists them (it opened the stream first). */
+const EVENTS = window.flotillaStream?.names || Object.keys(handlers);
+for (const name of Object.keys(handlers)) {
+  if (!EVENTS.includes(name)) console.error(`boot.js does not listen for "${name}" events`);
+}
+
+function watch(s) {
   lastMessage = Date.now();
-  source.onopen = () => { retryDelay = 1000; lastMessage = Date.now(); };
-  source.onerror = () => {
+  s.onopen = () => { retryDelay = 1000; lastMessage = Date.now(); };
+  s.onerror = () => {
     setConn('reconnecting');
     // CLOSED means the browser will not retry (e.g. the answer was not an event stream).
-    if (source.readyState === EventSource.CLOSED) {
+    if (s.readyState === EventSource.CLOSED) {
       setTimeout(connect, retryDelay);
       retryDelay = Math.min(retryDelay * 2, 15000);
     }
   };
-  for (const [name, fn] of Object.entries(handlers)) {
-    source.addEventListener(name, (ev) => {
-      const arrived = performance.now();
-      lastMessage = Date.now();
-      let msg;
-      try { msg = ev.data ? JSON.parse(ev.data) : {}; } catch (e) { console.warn('bad event', name, e); return; }
-      try { fn(msg); } catch (e) { console.error('applying', name, 'failed', e); }
-      if (name === 'snapshot_begin' && perf.snapshotBeginAt === null) perf.snapshotBeginAt = arrived;
-      if (name === 'snapshot_end' && perf.snapshotEndAt === null) perf.snapshotEndAt = performance.now();
-      if (perf.snapshotDoneAt !== null && name !== 'ping') arrivals.push(arrived);
-      if (state.loading) progress(state.nodes.size, state.nodesTotal);
-      queueFrame();
-    });
-  }
+}
+
+/** One message of the stream: `arrived` is when its listener ran (performance.now()). */
+function receive(name, data, arrived) {
+  const fn = handlers[name];
+  if (!fn) return;
+  lastMessage = Date.now();
+  let msg;
+  try { msg = data ? JSON.parse(data) : {}; } catch (e) { console.warn('bad event', name, e); return; }
+  try { fn(msg); } catch (e) { console.error('applying', name, 'failed', e); }
+  if (name === 'snapshot_begin' && perf.snapshotBeginAt === null) perf.snapshotBeginAt = arrived;
+  if (name === 'snapshot_end' && perf.snapshotEndAt === null) perf.snapshotEndAt = performance.now();
+  if (perf.snapshotDoneAt !== null && name !== 'ping') arrivals.push(arrived);
+  if (state.loading) progress(state.nodes.size, state.nodesTotal);
+  queueFrame();
 }
 
 // The server pings every 15 s; silence for much longer means a half-open connection that
