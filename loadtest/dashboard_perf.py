@@ -7,8 +7,12 @@ control plane, then runs this against it:
 It opens #/federation and measures, from the page's timing hook (window.__flotilla, see
 crates/control/ui/js/store.js; performance.now() milliseconds from navigation start):
 
-- first meaningful paint: navigation start to the end of the first frame drawn after
-  the snapshot (the node count shown, the heatmap drawn), split into the page's modules
+- first meaningful paint: navigation start to the node count shown and the heatmap drawn
+  with every node: the later of the end of the first frame drawn after the snapshot and
+  the heatmap's first layout whose domain labels add up to every node (a
+  MutationObserver; before 2026-12-06 a resize during the snapshot could lay the
+  heatmap out half-full and put the full layout off by up to a second, which the first
+  frame alone did not show). Split into the page's modules
   loaded (they take the stream over), the snapshot's arrival (boot.js opened the stream
   before the modules; what comes early waits for them), its parsing and applying, and
   that render;
@@ -121,14 +125,31 @@ def main():
                 m = {x["name"]: x["value"] for x in cdp.send("Performance.getMetrics")["metrics"]}
                 return m.get("JSHeapUsedSize", 0) / 2**20, m.get("JSHeapTotalSize", 0) / 2**20
 
+            # When the heatmap is first laid out with every node: its domain labels ("NAME
+            # 20,000 nodes") add up to them. The page's own hook marks the first frame after
+            # the snapshot, which is the same moment only if that frame lays the heatmap out.
+            page.add_init_script("""(() => {
+              window.__heatmapFullAt = null;
+              const want = %d;
+              new MutationObserver((_, obs) => {
+                let n = 0;
+                for (const el of document.querySelectorAll('.heatmap-label')) {
+                  const m = /([\\d,]+) nodes/.exec(el.textContent);
+                  if (m) n += Number(m[1].replace(/,/g, ''));
+                }
+                if (n >= want) { window.__heatmapFullAt = performance.now(); obs.disconnect(); }
+              }).observe(document, { childList: true, subtree: true, characterData: true });
+            })()""" % a.nodes)
             page.goto(a.url.rstrip("/") + "/#/federation", wait_until="commit", timeout=60_000)
-            page.wait_for_function("() => window.__flotilla && window.__flotilla.snapshotDoneAt !== null",
-                                   timeout=180_000, polling=100)
+            page.wait_for_function("() => window.__flotilla && window.__flotilla.snapshotDoneAt !== null"
+                                   " && window.__heatmapFullAt !== null", timeout=180_000, polling=100)
             first = page.evaluate("""() => {
               const p = window.__flotilla;
               const nav = performance.getEntriesByType('navigation')[0];
               const c = document.querySelector('[data-testid="heatmap"]');
-              return {taken: p.takenAt, begin: p.snapshotBeginAt, end: p.snapshotEndAt, done: p.snapshotDoneAt,
+              return {taken: p.takenAt, begin: p.snapshotBeginAt, end: p.snapshotEndAt,
+                      done: Math.max(p.snapshotDoneAt, window.__heatmapFullAt), frameDone: p.snapshotDoneAt,
+                      heatmapFull: window.__heatmapFullAt,
                       firstRender: p.snapshotRenderMs,
                       renders: p.renders.length, applied: p.applied.length,
                       htmlDone: nav ? nav.responseEnd : null,
@@ -175,6 +196,8 @@ def main():
         "first_paint_snapshot_begin_ms": r1(first["begin"]),
         "first_paint_snapshot_applied_ms": r1(first["end"]),
         "first_paint_render_ms": r1(first["firstRender"]),
+        "first_paint_first_frame_ms": r1(first["frameDone"]),
+        "first_paint_heatmap_full_ms": r1(first["heatmapFull"]),
         "heatmap_canvas_px": first["canvas"],
         "update_messages": len(lat),
         "update_apply_p50_ms": r1(pct(lat, 0.5)),

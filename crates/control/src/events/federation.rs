@@ -14,7 +14,7 @@ use flotilla_view::{NodeRecord, ShardSlot};
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use super::rows::{priority_of, status_of};
+use super::rows::{UnitsByDomain, priority_of, status_of};
 
 /// `{"cpu_millis","memory_bytes","gpu"}`, summed.
 #[derive(Debug, Default, Clone, Copy, Serialize, PartialEq)]
@@ -99,9 +99,6 @@ impl DomainSummary {
         self.allocated.add(&r.allocated, sign);
     }
 }
-
-/// Live units by (domain, shard of their first member, when known).
-pub type UnitsByDomain = BTreeMap<(String, Option<u32>), u64>;
 
 /// The totals of every shard as of the slots last given to [`Counts::update`].
 #[derive(Debug, Default)]

@@ -40,8 +40,8 @@ mod rows;
 
 pub use columns::{CORDONED, DRAIN_REQUESTED, PREEMPTING, SNAPSHOT_CHUNK};
 use columns::{node_frames, snapshot_chunks};
-pub use federation::{Counts, DomainSummary, Res, UnitsByDomain};
-pub use rows::{DECISIONS_SHOWN, Frame, NodeChanges, frame, node_changes, priority_of, status_of};
+pub use federation::{Counts, DomainSummary, Res};
+pub use rows::{DECISIONS_SHOWN, Frame, NodeChanges, UnitsByDomain, frame, node_changes, priority_of, status_of};
 use rows::{count_local, count_remote, fetch_app, local_app, unreachable_app};
 
 /// Shortest time between two ticks of the hub.

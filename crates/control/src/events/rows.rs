@@ -1,6 +1,7 @@
 //! What the event stream says, as pure builders: the SSE frame, which nodes changed
-//! between two states of the cluster and each app's message (the `nodes` message is
-//! `columns.rs`, the `federation` message `federation.rs`). The hub (`mod.rs`) decides when to send them.
+//! between two states of the cluster, the units each app has by domain, and each app's
+//! message (the `nodes` message is `columns.rs`, the `federation` message
+//! `federation.rs`). The hub (`mod.rs`) decides when to send them.
 
 use std::sync::Arc;
 
@@ -10,7 +11,6 @@ use flotilla_view::{NodeRecord, ShardSlot};
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use super::federation::UnitsByDomain;
 use crate::ControlError;
 use crate::apps::{route_rows, unit_rows};
 
@@ -115,6 +115,9 @@ pub(super) fn local_app(
         "capacity": crate::capacity_row(capacity),
     })
 }
+
+/// Live units by (domain, shard of their first member, when known).
+pub type UnitsByDomain = std::collections::BTreeMap<(String, Option<u32>), u64>;
 
 /// Live units of an app's status by domain and shard.
 pub(super) fn count_local(status: &flotilla_scheduler::AppStatus, into: &mut UnitsByDomain) {
