@@ -174,6 +174,8 @@ struct Snapshot {
     nodes_total: u64,
     bytes: u64,
     nodes_messages: u64,
+    /// Nodes in the `nodes` messages (each message's `id` column).
+    nodes_sent: u64,
     first_byte: Duration,
     whole: Duration,
 }
@@ -186,6 +188,7 @@ async fn read_snapshot(client: &reqwest::Client, addr: &str) -> anyhow::Result<S
     let (mut bytes, mut buf) = (0u64, Vec::<u8>::new());
     let mut nodes_total = None;
     let mut nodes_messages = 0;
+    let mut nodes_sent = 0;
     while let Some(chunk) = resp.chunk().await? {
         first_byte.get_or_insert_with(|| t0.elapsed());
         bytes += chunk.len() as u64;
@@ -195,18 +198,22 @@ async fn read_snapshot(client: &reqwest::Client, addr: &str) -> anyhow::Result<S
             let msg: Vec<u8> = buf.drain(..end + 2).collect();
             let text = String::from_utf8_lossy(&msg);
             let event = text.lines().find_map(|l| l.strip_prefix("event: ")).unwrap_or("");
+            let data = || -> Value {
+                let data = text.lines().find_map(|l| l.strip_prefix("data: ")).unwrap_or("{}");
+                serde_json::from_str(data).unwrap_or(Value::Null)
+            };
             match event {
-                "snapshot_begin" => {
-                    let data = text.lines().find_map(|l| l.strip_prefix("data: ")).unwrap_or("{}");
-                    let v: Value = serde_json::from_str(data).unwrap_or(Value::Null);
-                    nodes_total = v["nodes_total"].as_u64();
+                "snapshot_begin" => nodes_total = data()["nodes_total"].as_u64(),
+                "nodes" => {
+                    nodes_messages += 1;
+                    nodes_sent += data()["id"].as_array().map_or(0, |ids| ids.len() as u64);
                 }
-                "nodes" => nodes_messages += 1,
                 "snapshot_end" => {
                     return Ok(Snapshot {
                         nodes_total: nodes_total.unwrap_or(0),
                         bytes,
                         nodes_messages,
+                        nodes_sent,
                         first_byte: first_byte.unwrap_or_default(),
                         whole: t0.elapsed(),
                     });
@@ -322,6 +329,7 @@ pub async fn run(a: DashboardArgs) -> anyhow::Result<()> {
         "flips_per_second": a.flips_per_second,
         "snapshot_bytes": snap.bytes,
         "snapshot_nodes_messages": snap.nodes_messages,
+        "snapshot_nodes": snap.nodes_sent,
         "snapshot_server_first_byte_ms": (snap.first_byte.as_secs_f64() * 1e4).round() / 10.0,
         "snapshot_server_whole_ms": (snap.whole.as_secs_f64() * 1e4).round() / 10.0,
         "snapshot_server_whole_again_ms": (snap2.whole.as_secs_f64() * 1e4).round() / 10.0,

@@ -211,10 +211,18 @@ fn autoscale_scenario_reports_every_figure() {
 fn dashboard_scenario_without_a_browser_reports_the_server_figures() {
     let v = run(
         &["dashboard", "--nodes", "200", "--shards", "2", "--seconds", "2", "--no-browser"],
-        &["nodes", "snapshot_bytes", "snapshot_nodes_messages", "control_rss_mb", "control_cpu_seconds"],
+        &[
+            "nodes",
+            "snapshot_bytes",
+            "snapshot_nodes",
+            "snapshot_nodes_messages",
+            "control_rss_mb",
+            "control_cpu_seconds",
+        ],
     );
     assert_eq!(v["nodes"], 200);
-    assert!(v["snapshot_bytes"].as_u64().unwrap() > 200 * 50, "every node is a row of the snapshot");
+    assert_eq!(v["snapshot_nodes"], 200, "every node is in the snapshot");
+    assert!(v["snapshot_bytes"].as_u64().unwrap() > 200 * 13, "each node's id at least");
     assert!(v.get("first_paint_seconds").is_none(), "no browser, no browser figures");
 }
 
