@@ -166,19 +166,14 @@ pub(super) fn snapshot_chunks(slots: &[Arc<ShardSlot>]) -> Vec<Frame> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use flotilla_core::{Labels, NodeId, Resources};
+    use flotilla_core::Resources;
     use flotilla_view::ShardView;
     use serde_json::json;
 
     fn node(id: &str, domain: &str, cpu: u64) -> Arc<NodeRecord> {
-        let mut r = NodeRecord::blank(NodeId::new(id).unwrap());
-        let mut l = Labels::new();
-        l.insert("domain", domain).unwrap();
-        r.labels = Arc::new(l);
-        r.health_millis = 500;
-        r.capacity = Resources::new(cpu, 8 << 30, 1).into();
-        r.allocated = Resources::new(1000, 1 << 30, 0).into();
-        Arc::new(r)
+        let mut r = crate::events::fixtures::node(id, domain, 500);
+        Arc::make_mut(&mut r).capacity = Resources::new(cpu, 8 << 30, 1).into();
+        r
     }
 
     #[test]

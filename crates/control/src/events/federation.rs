@@ -220,29 +220,10 @@ impl Counts {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use flotilla_core::{Labels, NodeId, NodeStatus, Resources};
+    use crate::events::fixtures::{node, slot};
+    use flotilla_core::{NodeId, NodeStatus, Resources};
     use flotilla_view::ShardView;
     use proptest::prelude::*;
-
-    fn node(id: &str, domain: &str, health_millis: u16) -> Arc<NodeRecord> {
-        let mut r = NodeRecord::blank(NodeId::new(id).unwrap());
-        let mut l = Labels::new();
-        l.insert("domain", domain).unwrap();
-        r.labels = Arc::new(l);
-        r.health_millis = health_millis;
-        r.capacity = Resources::new(4000, 8 << 30, 1).into();
-        r.allocated = Resources::new(1000, 1 << 30, 0).into();
-        Arc::new(r)
-    }
-
-    fn slot(shard: u32, seq: u64, nodes: &[Arc<NodeRecord>], connected: bool) -> Arc<ShardSlot> {
-        let mut v = ShardView::empty(shard, 1);
-        v.version.seq = seq;
-        for n in nodes {
-            v.insert(n.clone());
-        }
-        Arc::new(ShardSlot { updated_unix_ms: 1_000, ..ShardSlot::of(Arc::new(v), connected) })
-    }
 
     fn summary(slots: &[Arc<ShardSlot>], units: &UnitsByDomain, now_ms: u64) -> Value {
         let mut c = Counts::default();

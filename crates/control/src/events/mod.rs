@@ -474,6 +474,37 @@ pub(crate) async fn events(State(hub): State<Arc<Hub>>, req: axum::extract::Requ
         .into_response())
 }
 
+/// Node records and shard slots for the builders' tests.
+#[cfg(test)]
+mod fixtures {
+    use std::sync::Arc;
+
+    use flotilla_core::{Labels, NodeId, Resources};
+    use flotilla_view::{NodeRecord, ShardSlot, ShardView};
+
+    /// A node of `domain` with 4 cores, 8 GiB and a GPU, one core and 1 GiB allocated.
+    pub fn node(id: &str, domain: &str, health_millis: u16) -> Arc<NodeRecord> {
+        let mut r = NodeRecord::blank(NodeId::new(id).unwrap());
+        let mut l = Labels::new();
+        l.insert("domain", domain).unwrap();
+        r.labels = Arc::new(l);
+        r.health_millis = health_millis;
+        r.capacity = Resources::new(4000, 8 << 30, 1).into();
+        r.allocated = Resources::new(1000, 1 << 30, 0).into();
+        Arc::new(r)
+    }
+
+    /// Shard `shard`'s view at `seq` with `nodes`, last heard at 1,000 ms.
+    pub fn slot(shard: u32, seq: u64, nodes: &[Arc<NodeRecord>], connected: bool) -> Arc<ShardSlot> {
+        let mut v = ShardView::empty(shard, 1);
+        v.version.seq = seq;
+        for n in nodes {
+            v.insert(n.clone());
+        }
+        Arc::new(ShardSlot { updated_unix_ms: 1_000, ..ShardSlot::of(Arc::new(v), connected) })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -166,28 +166,7 @@ pub(super) fn unreachable_app(app: &str, url: &str, e: &ControlError) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use flotilla_core::{Labels, Resources};
-    use flotilla_view::ShardView;
-
-    fn node(id: &str, domain: &str, health_millis: u16) -> Arc<NodeRecord> {
-        let mut r = NodeRecord::blank(NodeId::new(id).unwrap());
-        let mut l = Labels::new();
-        l.insert("domain", domain).unwrap();
-        r.labels = Arc::new(l);
-        r.health_millis = health_millis;
-        r.capacity = Resources::new(4000, 8 << 30, 1).into();
-        r.allocated = Resources::new(1000, 1 << 30, 0).into();
-        Arc::new(r)
-    }
-
-    fn slot(shard: u32, seq: u64, nodes: &[Arc<NodeRecord>], connected: bool) -> Arc<ShardSlot> {
-        let mut v = ShardView::empty(shard, 1);
-        v.version.seq = seq;
-        for n in nodes {
-            v.insert(n.clone());
-        }
-        Arc::new(ShardSlot { updated_unix_ms: 1_000, ..ShardSlot::of(Arc::new(v), connected) })
-    }
+    use crate::events::fixtures::{node, slot};
 
     /// The ids of the rows and of the removed nodes, each sorted (the view is in hash order).
     fn ids(c: &NodeChanges) -> (Vec<&str>, Vec<&str>) {
