@@ -10,6 +10,11 @@ pub const RECONCILE_SECONDS: Family = Family::histogram(
     &[],
     buckets::SECONDS,
 );
+pub const VIEW_CHANGES_ROUTES_ONLY: Family = Family::counter(
+    "flotilla_reconcile_view_changes_routes_only_total",
+    "Wake-ups of an app's scheduler by a change of its members' nodes that only the route table reads (a health score): the table is computed again, and no pass runs.",
+    &[],
+);
 pub const VIEW_CHANGES_IGNORED: Family = Family::counter(
     "flotilla_reconcile_view_changes_ignored_total",
     "Wake-ups of an app's scheduler by a view change it ran no pass for: the change did not alter its members' nodes' records or the shards' reachability, and no unit waited for room.",
@@ -17,7 +22,7 @@ pub const VIEW_CHANGES_IGNORED: Family = Family::counter(
 );
 pub const RECONCILE_PASSES: Family = Family::counter(
     "flotilla_reconcile_passes_total",
-    "Reconcile passes by what started them: `start`, `view` (a change that concerns the app), `command`, `lease` (one taken), `tick` (every second while anything is in flight) or `timer` (a quiet app's orphan sweep, rebalance look, autoscaler or retention).",
+    "Reconcile passes by what started them: `start`, `view` (a change that concerns the app), `command`, `lease` (one taken), `tick` (every second while anything is in flight) or `timer` (a quiet app's orphan sweep, rebalance look, autoscaler or retention; unless one of its nodes changed, such a pass runs only those steps and what they start).",
     &["cause"],
 );
 pub const PLAN_SECONDS: Family = Family::histogram(
@@ -203,6 +208,7 @@ pub const AUTOSCALER_ESTIMATED_UNITS: Family = Family::gauge(
 pub const FAMILIES: &[Family] = &[
     RECONCILE_SECONDS,
     VIEW_CHANGES_IGNORED,
+    VIEW_CHANGES_ROUTES_ONLY,
     RECONCILE_PASSES,
     PLAN_SECONDS,
     SCHEDULER_COMMIT_SECONDS,

@@ -47,6 +47,8 @@ struct Smoothed {
     listed_ms: u64,
     /// The endpoint's performance in that table: its weight is this × the factor.
     perf: f64,
+    /// Whether its node is labelled `priority=low` in that table.
+    low: bool,
 }
 
 impl Smoothed {
@@ -83,32 +85,42 @@ impl Smoothed {
 /// Per-endpoint smoothing state, kept across tables.
 #[derive(Debug, Default, Clone)]
 pub struct Weights {
-    smoothed: HashMap<String, Smoothed>,
+    smoothed: HashMap<String, Smoothed, foldhash::fast::RandomState>,
     /// When the last table was computed: a factor not computed since (its member gets 0
     /// now) keeps its state, but no timer.
     table_ms: u64,
 }
 
 impl Weights {
-    /// The health factor of `endpoint` after observing `score` at `now_ms`.
-    pub fn health_factor(&mut self, endpoint: &str, score: f64, now_ms: u64) -> f64 {
+    /// `endpoint`'s state after observing `score` at `now_ms`: its health factor is
+    /// `published`.
+    fn observe(&mut self, endpoint: &str, score: f64, now_ms: u64) -> &mut Smoothed {
         let score = if score.is_finite() { score.clamp(0.0, 1.0) } else { 0.0 };
-        if let Some(s) = self.smoothed.get_mut(endpoint) {
-            return s.observe(score, now_ms);
+        // Looked up, then inserted only when new: an entry would copy the key every time.
+        if self.smoothed.contains_key(endpoint) {
+            let s = self.smoothed.get_mut(endpoint).unwrap_or_else(|| unreachable!("just found"));
+            s.observe(score, now_ms);
+            return s;
         }
-        let fresh =
-            Smoothed { ewma: score, published: score.max(FLOOR), at_ms: now_ms, score, listed_ms: now_ms, perf: 1.0 };
-        self.smoothed.insert(endpoint.to_string(), fresh);
-        fresh.published
+        let fresh = Smoothed {
+            ewma: score,
+            published: score.max(FLOOR),
+            at_ms: now_ms,
+            score,
+            listed_ms: now_ms,
+            perf: 1.0,
+            low: false,
+        };
+        self.smoothed.entry(endpoint.to_string()).or_insert(fresh)
     }
 
-    /// Moves the weights of `routes` (the last table, or one reweighed since) whose factor
-    /// drifted by `now_ms`, as computing the table again would while the view and the
-    /// units stay as they were; whether any moved. A change of either computes the whole
-    /// table ([`Weights::table`]), which this never replaces.
-    pub fn reweigh(&mut self, routes: &mut [v1::Route], now_ms: u64) -> bool {
-        let mut moved = false;
-        for r in routes.iter_mut() {
+    /// `routes` (the last table, or one reweighed since) with the weights whose factor
+    /// drifted by `now_ms` moved, as computing the table again would while the view and
+    /// the units stay as they were; `None` when none moved. A change of either computes
+    /// the whole table ([`Weights::table`]), which this never replaces.
+    pub fn reweigh(&mut self, routes: &[v1::Route], now_ms: u64) -> Option<Vec<v1::Route>> {
+        let mut moved: Vec<(usize, f64)> = Vec::new();
+        for (i, r) in routes.iter().enumerate() {
             let Some(s) = self.smoothed.get_mut(r.endpoint.as_str()).filter(|s| s.at_ms >= self.table_ms) else {
                 continue;
             };
@@ -117,11 +129,17 @@ impl Weights {
             let before = s.published;
             let factor = s.observe(s.score, now_ms);
             if factor != before && r.weight > 0.0 {
-                r.weight = s.perf * factor;
-                moved = true;
+                moved.push((i, s.perf * factor));
             }
         }
-        moved
+        if moved.is_empty() {
+            return None;
+        }
+        let mut routes = routes.to_vec();
+        for (i, weight) in moved {
+            routes[i].weight = weight;
+        }
+        Some(routes)
     }
 
     /// When (Unix ms) a factor shown next moves with no new score: its EWMA, on its way
@@ -129,6 +147,12 @@ impl Weights {
     /// computed again then, not only when the view changes; `None` when no factor moves.
     pub fn next_change_ms(&self) -> Option<u64> {
         self.smoothed.values().filter(|s| s.at_ms >= self.table_ms).filter_map(Smoothed::next_change_ms).min()
+    }
+
+    /// Whether the last table found `endpoint`'s node labelled `priority=low` (`false`
+    /// for an endpoint it gave no weight).
+    pub fn low_priority(&self, endpoint: &str) -> bool {
+        self.smoothed.get(endpoint).is_some_and(|s| s.low)
     }
 
     /// Every serving member of the app's units with its weight.
@@ -161,17 +185,19 @@ impl Weights {
                             true => 1.0,
                             false => performance.estimate(r.labels.get("gpu_model"), r.capacity.cpu_millis / 1000),
                         });
-                        let factor = self.health_factor(endpoint, f64::from(r.health_score()), now_ms);
-                        if let Some(s) = self.smoothed.get_mut(endpoint.as_str()) {
-                            s.perf = perf;
-                        }
-                        perf * factor
+                        let s = self.observe(endpoint, f64::from(r.health_score()), now_ms);
+                        s.perf = perf;
+                        s.low = r.labels.get("priority") == Some("low");
+                        s.listed_ms = now_ms;
+                        perf * s.published
                     }
-                    _ => 0.0,
+                    _ => {
+                        if let Some(s) = self.smoothed.get_mut(endpoint.as_str()) {
+                            s.listed_ms = now_ms;
+                        }
+                        0.0
+                    }
                 };
-                if let Some(s) = self.smoothed.get_mut(endpoint.as_str()) {
-                    s.listed_ms = now_ms;
-                }
                 routes.push(v1::Route {
                     endpoint: endpoint.clone(),
                     node_id: node.clone(),
@@ -189,20 +215,18 @@ impl Weights {
 }
 
 /// The app's serving capacity: route weights summed by the priority of each member's
-/// node (`high` unless labelled `priority=low`), with each member's resources scaled by its
-/// weight. A consumer that paces itself by it slows down as low-priority capacity is
-/// taken back, and speeds up as units come.
+/// node (`high` unless `low_priority`, [`Weights::low_priority`] from the table's own
+/// look-ups), with each member's resources scaled by its weight. A consumer that paces
+/// itself by it slows down as low-priority capacity is taken back, and speeds up as units
+/// come.
 pub fn capacity(
     table: &v1::RouteTable,
     resources_of: impl Fn(&str, &str) -> Option<flotilla_core::Resources>,
-    slots: &[Arc<ShardSlot>],
+    low_priority: impl Fn(&v1::Route) -> bool,
 ) -> v1::Capacity {
     let mut by: [(f64, [f64; 3]); 2] = Default::default();
     for r in table.routes.iter().filter(|r| r.weight > 0.0) {
-        let low = NodeId::new(&r.node_id).ok().is_some_and(|id| {
-            slots.iter().find_map(|s| s.view.get(&id)).is_some_and(|n| n.labels.get("priority") == Some("low"))
-        });
-        let (weight, res) = &mut by[usize::from(low)];
+        let (weight, res) = &mut by[usize::from(low_priority(r))];
         *weight += r.weight;
         if let Some(m) = resources_of(&r.unit_id, &r.member) {
             for (acc, v) in res.iter_mut().zip([m.cpu_millis as f64, m.memory_bytes as f64, f64::from(m.gpu)]) {
@@ -264,21 +288,21 @@ mod tests {
     #[test]
     fn jitter_inside_the_band_never_changes_a_weight() {
         let mut w = Weights::default();
-        assert_eq!(w.health_factor("e", 0.8, 0), 0.8);
+        assert_eq!(w.observe("e", 0.8, 0).published, 0.8);
         for (i, s) in [0.85, 0.75, 0.88, 0.72, 0.8, 0.89, 0.71].iter().enumerate() {
-            assert_eq!(w.health_factor("e", *s, 1000 * (i as u64 + 1)), 0.8, "sample {s}");
+            assert_eq!(w.observe("e", *s, 1000 * (i as u64 + 1)).published, 0.8, "sample {s}");
         }
     }
 
     #[test]
     fn a_lasting_drop_moves_the_weight_smoothly_down_to_the_floor() {
         let mut w = Weights::default();
-        w.health_factor("e", 1.0, 0);
-        let blip = w.health_factor("e", 0.3, 300);
+        w.observe("e", 1.0, 0);
+        let blip = w.observe("e", 0.3, 300).published;
         assert_eq!(blip, 1.0, "a blip of a bad score stays inside the band");
-        let after_3s = w.health_factor("e", 0.3, 3000);
+        let after_3s = w.observe("e", 0.3, 3000).published;
         assert!(after_3s < 1.0 && after_3s > 0.3, "{after_3s}");
-        let much_later = w.health_factor("e", 0.0, 60_000);
+        let much_later = w.observe("e", 0.0, 60_000).published;
         assert_eq!(much_later, FLOOR, "never below the floor");
     }
 
@@ -299,7 +323,7 @@ mod tests {
         while let Some(at) = w.next_change_ms() {
             let mut again = w.clone();
             let fresh = table(&mut again, &s, at);
-            assert!(w.reweigh(&mut routes, at), "a factor moves at {at}");
+            routes = w.reweigh(&routes, at).unwrap_or_else(|| panic!("a factor moves at {at}"));
             assert_eq!(routes, fresh, "at {at}");
             steps += 1;
             assert!(steps < 20);
@@ -308,12 +332,12 @@ mod tests {
         let weight = |node: &str| routes.iter().find(|r| r.node_id == node).map_or(0.0, |r| r.weight);
         assert!((weight("n1") / 2.0 - 0.3).abs() <= BAND, "n1's weight came within the band of 2 × its score");
         assert_eq!(weight("n2"), 2.0);
-        assert!(!w.reweigh(&mut routes, 120_000), "settled: nothing moves");
+        assert_eq!(w.reweigh(&routes, 120_000), None, "settled: nothing moves");
     }
 
     #[test]
     fn a_factor_above_the_floor_still_falls_to_it_when_the_score_is_below() {
-        let s = Smoothed { ewma: 0.18, published: 0.18, at_ms: 0, score: 0.0, listed_ms: 0, perf: 1.0 };
+        let s = Smoothed { ewma: 0.18, published: 0.18, at_ms: 0, score: 0.0, listed_ms: 0, perf: 1.0, low: false };
         let at = s.next_change_ms().expect("0.18 has to fall to the floor");
         let (mut before, mut after) = (s, s);
         assert_eq!(before.observe(0.0, at - 2), 0.18);
@@ -322,26 +346,26 @@ mod tests {
         // A performance of 0 gives a weight of 0, but its timer is used up all the same.
         let mut w = Weights::default();
         w.smoothed.insert("e".into(), s);
-        let mut routes = vec![v1::Route { endpoint: "e".into(), weight: 0.0, ..Default::default() }];
-        assert!(!w.reweigh(&mut routes, at), "a weight of 0 stays 0");
+        let routes = vec![v1::Route { endpoint: "e".into(), weight: 0.0, ..Default::default() }];
+        assert_eq!(w.reweigh(&routes, at), None, "a weight of 0 stays 0");
         assert_eq!(w.next_change_ms(), None);
     }
 
     #[test]
     fn the_next_change_is_when_the_factor_moves() {
         let mut w = Weights::default();
-        w.health_factor("e", 1.0, 0);
+        w.observe("e", 1.0, 0);
         assert_eq!(w.next_change_ms(), None);
-        w.health_factor("e", 0.92, 1000);
+        w.observe("e", 0.92, 1000);
         assert_eq!(w.next_change_ms(), None, "jitter inside the band never moves the factor");
-        let mut shown = w.health_factor("e", 0.3, 2000);
+        let mut shown = w.observe("e", 0.3, 2000).published;
         let mut changes = 0;
         while let Some(at) = w.next_change_ms() {
             assert!(at < 60_000, "it settles");
             // A moment before, the factor holds; at the moment, it moves.
             let mut early = Weights { smoothed: w.smoothed.clone(), table_ms: 0 };
-            assert_eq!(early.health_factor("e", 0.3, at - 2), shown, "at {at}");
-            let now = w.health_factor("e", 0.3, at);
+            assert_eq!(early.observe("e", 0.3, at - 2).published, shown, "at {at}");
+            let now = w.observe("e", 0.3, at).published;
             assert!(now < shown, "{now} at {at}");
             shown = now;
             changes += 1;
@@ -350,11 +374,11 @@ mod tests {
         assert!((shown - 0.3).abs() <= BAND);
         let at = w.next_change_ms().unwrap_or(0);
         assert_eq!(at, 0);
-        w.health_factor("e", 0.0, 40_000);
+        w.observe("e", 0.0, 40_000);
         while let Some(at) = w.next_change_ms() {
-            w.health_factor("e", 0.0, at);
+            w.observe("e", 0.0, at);
         }
-        assert_eq!(w.health_factor("e", 0.0, 100_000), FLOOR, "at the floor with a score below it, nothing moves");
+        assert_eq!(w.observe("e", 0.0, 100_000).published, FLOOR, "at the floor with a score below it, nothing moves");
         assert_eq!(w.next_change_ms(), None);
     }
 
@@ -406,6 +430,11 @@ mod tests {
         labels.insert("priority", "low").unwrap();
         let n2 = NodeRecord { labels: Arc::new(labels), ..crate::testing::node("n2") };
         let s = crate::testing::slots([crate::testing::node("n1"), n2], true);
+        let units = [unit("u1", UnitState::Running, "n1", "running"), unit("u2", UnitState::Running, "n2", "running")];
+        let mut w = Weights::default();
+        let routes = w.table(&[&units[0], &units[1]], &["head".into()], &s, &Performance::default(), &|_| None, 0);
+        assert_eq!(routes.iter().map(|r| r.weight).collect::<Vec<_>>(), [1.0, 1.0]);
+        assert!(!w.low_priority(&routes[0].endpoint) && w.low_priority(&routes[1].endpoint), "{routes:?}");
         let route = |node: &str, weight| v1::Route {
             endpoint: format!("{node}:1"),
             node_id: node.into(),
@@ -420,7 +449,7 @@ mod tests {
             routes: vec![route("n1", 1.0), route("n2", 0.5), route("n1", 0.0)],
             ..Default::default()
         };
-        let c = capacity(&t, |_, _| Some(Resources::new(1000, 1 << 30, 0)), &s);
+        let c = capacity(&t, |_, _| Some(Resources::new(1000, 1 << 30, 0)), |r| r.node_id == "n2");
         assert_eq!((c.app.as_str(), c.version, c.total_weight), ("a", 7, 1.5));
         let [high, low] = [&c.by_priority[0], &c.by_priority[1]];
         assert_eq!((high.priority.as_str(), high.weight), ("high", 1.0));

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use crate::lifecycle::UnitState;
 use crate::spec::SpecOrigin;
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MemberRecord {
     pub member: String,
     pub role: String,
@@ -89,7 +89,7 @@ pub struct Usage {
     pub memory_bytes: u64,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UnitRecord {
     pub unit_id: String,
     pub app: String,

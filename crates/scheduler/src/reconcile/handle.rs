@@ -287,6 +287,10 @@ pub(super) struct Outputs {
     pub(super) traffic: Arc<std::sync::Mutex<crate::canary::TrafficBook>>,
     /// The unit counts by state last set on the gauges.
     pub(super) counts: Option<[i64; crate::lifecycle::UnitState::ALL.len()]>,
+    /// The app's route metrics, looked up once: a table is published on every weight
+    /// that moves, hundreds a second in a process hosting many apps.
+    pub(super) weight_changes: metrics::Counter,
+    pub(super) capacity_weight: metrics::Gauge,
 }
 
 impl Outputs {
@@ -305,6 +309,8 @@ impl Outputs {
         let (capacity, capacity_rx) =
             tokio::sync::watch::channel(Arc::new(v1::Capacity { app: app.clone(), ..Default::default() }));
         let decisions = Arc::new(ArcSwap::from_pointee(decisions));
+        let weight_changes = metrics::counter!(crate::catalogue::ROUTE_WEIGHT_CHANGES.name, "app" => app.clone());
+        let capacity_weight = metrics::gauge!(crate::catalogue::APP_CAPACITY_WEIGHT.name, "app" => app.clone());
         let plan = super::rebalance::RebalancePlan { app: app.clone(), ..Default::default() };
         let rebalance = Arc::new(std::sync::Mutex::new(Arc::new(plan)));
         let traffic = Arc::new(std::sync::Mutex::new(crate::canary::TrafficBook::default()));
@@ -329,6 +335,8 @@ impl Outputs {
             weights: Default::default(),
             traffic,
             counts: None,
+            weight_changes,
+            capacity_weight,
         };
         (outputs, handle, rx)
     }

@@ -13,6 +13,9 @@
 //!    ended units show their members stopped, and the oldest leave ([`crate::retention`]);
 //! 7. persist every write of the pass at once, and publish status and routes.
 //!
+//! A quiet app's timer runs only the timers' steps (sweep, autoscaler, rebalance look,
+//! retention) and what they start (scale in, queue, place): [`Steps::Timers`].
+//!
 //! The pure deciders are beside this module (`planner`, `repair`, `rollout`, `routes`,
 //! `lifecycle`); [`ledgers`] is the one place that speaks to the shards, [`planning`]
 //! what placing keeps between passes, [`command`] how the control plane's commands are
@@ -35,6 +38,7 @@ mod planning;
 mod publish;
 mod rebalance;
 mod roll;
+mod run;
 mod scale_in;
 mod watched;
 
@@ -59,6 +63,7 @@ use observe::Tracking;
 use order::Held;
 use planning::Planning;
 pub use rebalance::RebalancePlan;
+use run::Steps;
 
 use crate::lifecycle::UnitState;
 use crate::spec::AppSpec;
@@ -278,99 +283,25 @@ impl Scheduler {
         n
     }
 
-    /// Runs until the process stops: a pass on every view change that concerns the app
-    /// (at most every 50 ms; [`watched`]), on every command and lease taken, and when the
-    /// tick is due ([`due`]).
-    pub async fn run(mut self) {
-        // Wakes the loop for changes of the nodes the last pass depended on ([`watched`]).
-        let mut interest = self.cluster.interest();
-        let mut leases = self.leader.taken();
-        let ignored = metrics::counter!(m::VIEW_CHANGES_IGNORED.name);
-        // The same failure pass after pass (a store that stays down) is logged once.
-        let mut last_error = String::new();
-        let mut cause = "start";
-        loop {
-            metrics::counter!(m::RECONCILE_PASSES.name, "cause" => cause).increment(1);
-            // The runtime's clock, not the wall's: the tick below is a deadline on it, and
-            // a simulation (`crates/faults`) runs that clock ahead of the wall.
-            let (started, started_ms) = (tokio::time::Instant::now(), now_ms());
-            // Taken before the pass reads the view: a change during the pass is compared
-            // against what was there before it, so it is never taken as seen.
-            let seen = self.cluster.slots();
-            match self.reconcile().await {
-                Err(e) => {
-                    let e = format!("{e:#}");
-                    if e != last_error {
-                        tracing::warn!(app = %self.spec.name, error = %e, "reconcile failed");
-                        last_error = e;
-                    } else {
-                        tracing::debug!(app = %self.spec.name, error = %e, "reconcile failed again");
-                    }
-                }
-                Ok(()) => last_error.clear(),
-            }
-            // A failed pass (a store refusing writes) is tried again by the tick, not by
-            // every view change: the store reopens on its own back-off.
-            let mut watched = if self.tracking.started {
-                watched::Watched::of(self.stored.units.values(), &seen)
-            } else {
-                watched::Watched::everything()
-            };
-            drop(seen);
-            watched.register(&mut interest);
-            metrics::histogram!(m::RECONCILE_SECONDS.name).record(started.elapsed().as_secs_f64());
-            self.publish_routes();
-            // Counted from the pass's start; a pass that took a second or more still leaves
-            // the runtime a breath.
-            let (due, paced) = self.next_pass(started_ms);
-            let next = (started + Duration::from_millis(due.saturating_sub(started_ms)))
-                .max(tokio::time::Instant::now() + BREATH);
-            let tick = tokio::time::sleep_until(next);
-            tokio::pin!(tick);
-            // Weights drifting on their own between passes move in the last table.
-            let reweigh_at =
-                |s: &Self| s.out.weights.next_change_ms().map(|at| tokio::time::Instant::now() + until(at).max(BREATH));
-            let mut reweigh = reweigh_at(&self);
-            let reweighing = tokio::time::sleep_until(reweigh.unwrap_or(next));
-            tokio::pin!(reweighing);
-            cause = loop {
-                tokio::select! {
-                    _ = &mut tick => break paced,
-                    _ = &mut reweighing, if reweigh.is_some_and(|at| at < next) => {
-                        self.reweigh_routes();
-                        reweigh = reweigh_at(&self);
-                        reweighing.as_mut().reset(reweigh.unwrap_or(next));
-                    }
-                    () = interest.changed() => {
-                        if !watched.concerned(&self.cluster) {
-                            ignored.increment(1);
-                            continue;
-                        }
-                        // Routes follow the view at once (a node that stops being Alive
-                        // gets weight 0 in this batch); the reconcile pass may wait a little.
-                        self.publish_routes();
-                        tokio::time::sleep(BREATH).await;
-                        break "view";
-                    }
-                    Some(cmd) = self.commands.recv() => {
-                        self.command(cmd);
-                        break "command";
-                    }
-                    Ok(()) = leases.changed() => break "lease",
-                }
-            };
-        }
+    /// One pass of the loop, every step.
+    pub async fn reconcile(&mut self) -> anyhow::Result<()> {
+        self.pass(Steps::All).await
     }
 
-    /// One pass of the loop.
-    #[tracing::instrument(skip_all, fields(app = %self.spec.name))]
-    pub async fn reconcile(&mut self) -> anyhow::Result<()> {
+    /// One pass of the loop: `steps` says which.
+    #[tracing::instrument(skip_all, fields(app = %self.spec.name, ?steps))]
+    async fn pass(&mut self, steps: Steps) -> anyhow::Result<()> {
         self.wrote = false;
-        match self.leader.held() {
+        let steps = match self.leader.held() {
             None => return self.passive(),
-            Some(l) if l.token() != self.token => self.resume(l.token())?,
-            Some(_) => {}
-        }
+            Some(l) if l.token() != self.token => {
+                self.resume(l.token())?;
+                Steps::All
+            }
+            Some(_) if !self.tracking.started || !self.unsaved.is_empty() => Steps::All,
+            Some(_) => steps,
+        };
+        let all = steps != Steps::Timers;
         if !self.unsaved.is_empty() {
             // The store refused the last pass: nothing more happens until it is written.
             if let Err(e) = save(&*self.store, &self.spec.name, &self.unsaved) {
@@ -409,23 +340,29 @@ impl Scheduler {
         }
         // Routes first: members of nodes that stopped being Alive leave the table before
         // this pass releases or stops anything.
-        self.publish_routes();
+        if steps == Steps::All {
+            self.publish_routes();
+        }
         self.planning.shown(&slots);
 
-        // Workers coming up to replace one (make before break) that ran as of the last
-        // pass take their member's place, and only then is the old one released; they
-        // were shown running (API, `units`) for at least that one pass.
-        self.swap_surge(&mut writes).await;
-        // Each walk over every unit below takes milliseconds in a large app: the runtime
-        // gets a turn between them (see `place::PLAN_CHUNK`).
-        self.tracking.observe(&mut self.stored.units, &slots, now_ms(), &mut writes);
-        tokio::task::yield_now().await;
-        self.held.start_waiting(&self.spec, &self.stored.units, &mut self.ledgers).await;
+        if all {
+            // Workers coming up to replace one (make before break) that ran as of the
+            // last pass take their member's place, and only then is the old one
+            // released; they were shown running (API, `units`) for at least that one pass.
+            self.swap_surge(&mut writes).await;
+            // Each walk over every unit below takes milliseconds in a large app: the
+            // runtime gets a turn between them (see `place::PLAN_CHUNK`).
+            self.tracking.observe(&mut self.stored.units, &slots, now_ms(), &mut writes);
+            tokio::task::yield_now().await;
+            self.held.start_waiting(&self.spec, &self.stored.units, &mut self.ledgers).await;
+        }
         self.tracking
             .sweep_orphans(&self.spec.name, &self.stored.units, &mut self.ledgers, &slots, self.phase_ms)
             .await;
-        self.heal(&slots, &mut writes).await;
-        tokio::task::yield_now().await;
+        if all {
+            self.heal(&slots, &mut writes).await;
+            tokio::task::yield_now().await;
+        }
         self.autoscaler.step(&self.spec, &mut self.stored, now_ms(), &mut writes);
         let desired = self.desired_groups();
         let drain_ms = self.autoscaler.drain_ms;
@@ -439,7 +376,9 @@ impl Scheduler {
             &mut writes,
         )
         .await;
-        self.roll(&slots, &mut writes).await;
+        if all {
+            self.roll(&slots, &mut writes).await;
+        }
         self.rebalance(&slots, &mut writes);
         tokio::task::yield_now().await;
 
@@ -454,7 +393,7 @@ impl Scheduler {
             self.publish();
             return Err(e.into());
         }
-        self.publish();
+        self.publish_with(!all && !self.wrote);
         Ok(())
     }
 
@@ -640,14 +579,6 @@ impl Scheduler {
         self.stored.versions.insert(1, v);
         Ok(())
     }
-}
-
-/// The least time between two passes, and between a view change and its pass.
-const BREATH: Duration = Duration::from_millis(50);
-
-/// From now until `at_ms` (Unix ms) on the runtime's clock.
-fn until(at_ms: u64) -> Duration {
-    Duration::from_millis(at_ms.saturating_sub(now_ms()))
 }
 
 /// Writes `batch` to the store. A write blocks (an fsync, an etcd round trip): on a

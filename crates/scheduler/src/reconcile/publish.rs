@@ -46,6 +46,12 @@ impl Scheduler {
     /// only when it changed: a store into the status cell costs in proportion to the
     /// threads the process ever ran (`arc_swap`), and an idle app's passes change nothing.
     pub(super) fn publish(&mut self) {
+        self.publish_with(false);
+    }
+
+    /// As [`Scheduler::publish`]; `units_as_shown`: the units are as the last status
+    /// shows them (a timers' pass that wrote nothing), so they are not compared again.
+    pub(super) fn publish_with(&mut self, units_as_shown: bool) {
         let mut counts = [0i64; UnitState::ALL.len()];
         for u in self.stored.units.values() {
             counts[UnitState::ALL.iter().position(|s| *s == u.state).unwrap_or(0)] += 1;
@@ -62,7 +68,10 @@ impl Scheduler {
             desired_units: self.desired(),
             min_units: self.spec.units.min,
             max_units: self.spec.units.max,
-            units: self.shared_units(&self.out.status.load().units),
+            units: match units_as_shown {
+                true => self.out.status.load().units.clone(),
+                false => self.shared_units(&self.out.status.load().units),
+            },
             unit_shape: self.unit_shape(),
             autoscaling: self.spec.is_autoscaled().then(|| AutoscalingStatus {
                 policy: self.autoscaler.policy_algorithm(&self.spec),
@@ -124,8 +133,7 @@ impl Scheduler {
     /// would have computed it.
     pub(super) fn reweigh_routes(&mut self) {
         let current = self.out.routes.borrow().clone();
-        let mut routes = current.routes.clone();
-        if self.out.weights.reweigh(&mut routes, now_ms()) {
+        if let Some(routes) = self.out.weights.reweigh(&current.routes, now_ms()) {
             self.publish_table(&current, routes, current.split.clone());
         }
     }
@@ -133,17 +141,17 @@ impl Scheduler {
     /// Publishes `routes` as the table after `current`, with the capacity they give.
     fn publish_table(&mut self, current: &v1::RouteTable, routes: Vec<v1::Route>, split: Option<v1::VersionSplit>) {
         let changed = routes.iter().filter(|r| !current.routes.contains(r)).count();
-        metrics::counter!(m::ROUTE_WEIGHT_CHANGES.name, "app" => self.spec.name.clone()).increment(changed as u64);
+        self.out.weight_changes.increment(changed as u64);
         let table = v1::RouteTable { app: self.spec.name.clone(), version: current.version + 1, routes, split };
         // Each route's member as the alternative it runs.
         let resources_of = |unit: &str, member: &str| {
             let m = self.stored.units.get(unit)?.members.iter().find(|m| m.member == member)?;
             Some(self.spec.template_for(&m.role)?.alternative(m.alternative).resources())
         };
-        let capacity = crate::routes::capacity(&table, resources_of, &self.cluster.slots());
+        let capacity = crate::routes::capacity(&table, resources_of, |r| self.out.weights.low_priority(&r.endpoint));
         let old = self.out.capacity.borrow().clone();
         if (old.total_weight, &old.by_priority) != (capacity.total_weight, &capacity.by_priority) {
-            metrics::gauge!(m::APP_CAPACITY_WEIGHT.name, "app" => self.spec.name.clone()).set(capacity.total_weight);
+            self.out.capacity_weight.set(capacity.total_weight);
             self.out.capacity.send_replace(Arc::new(capacity));
         }
         self.out.routes.send_replace(Arc::new(table));

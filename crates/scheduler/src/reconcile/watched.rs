@@ -93,29 +93,53 @@ impl Watched {
         }
     }
 
-    /// Whether the view as it is now differs from what the last pass saw in anything the
-    /// app depends on.
-    pub fn concerned(&mut self, cluster: &ClusterView) -> bool {
-        let Some(nodes) = &self.nodes else { return true };
+    /// How the view as it is now differs from what the last pass saw in what the app
+    /// depends on. A node whose health score alone moved is taken as seen: only the route
+    /// table reads it at once.
+    pub fn concern(&mut self, cluster: &ClusterView) -> Concern {
+        let Some(nodes) = &mut self.nodes else { return Concern::Pass };
         let slots = cluster.slots();
         if slots.len() != self.connected.len() || slots.iter().zip(&self.connected).any(|(s, c)| s.connected != *c) {
-            return true;
+            return Concern::Pass;
         }
+        let checked = &self.checked;
         let same =
-            |shard: usize| self.checked.get(shard).zip(slots.get(shard)).is_some_and(|(c, s)| Arc::ptr_eq(c, &s.view));
-        let changed = nodes.iter().filter(|seen| !same(seen.shard)).any(|seen| {
+            |shard: usize| checked.get(shard).zip(slots.get(shard)).is_some_and(|(c, s)| Arc::ptr_eq(c, &s.view));
+        let mut concern = Concern::Nothing;
+        for seen in nodes.iter_mut().filter(|seen| !same(seen.shard)) {
             let now = slots.get(seen.shard).and_then(|s| s.view.get(&seen.node));
             match (now, &seen.record) {
-                (Some(a), Some(b)) => !Arc::ptr_eq(a, b),
-                (None, None) => false,
-                _ => true,
+                (Some(a), Some(b)) if Arc::ptr_eq(a, b) => {}
+                (None, None) => {}
+                (Some(a), Some(b)) if health_only(b, a) => {
+                    seen.record = Some(a.clone());
+                    concern = Concern::Routes;
+                }
+                _ => return Concern::Pass,
             }
-        });
-        if !changed {
-            self.checked = slots.iter().map(|s| s.view.clone()).collect();
         }
-        changed
+        self.checked = slots.iter().map(|s| s.view.clone()).collect();
+        concern
     }
+}
+
+/// What a change of the view means to an app ([`Watched::concern`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Concern {
+    Nothing,
+    /// Only the route table reads what changed.
+    Routes,
+    /// A pass decides on it.
+    Pass,
+}
+
+/// Whether `new` differs from `old` in the health score alone. The route table weighs
+/// members by it at once; the steps of a pass that read it (the rebalance look, choosing
+/// whom to scale in) read the view when they run, not on its changes. A preemption
+/// notice is more than a score: `roll` replaces the node's members.
+fn health_only(old: &NodeRecord, new: &NodeRecord) -> bool {
+    old.health.preemption_notice() == new.health.preemption_notice()
+        && NodeRecord { health_millis: old.health_millis, health: old.health, ..new.clone() } == *old
 }
 
 #[cfg(test)]
@@ -151,21 +175,21 @@ mod tests {
         install(&cluster, &[a.clone(), b.clone(), other.clone()], true);
         let units = [unit("u1", UnitState::Running, &["a", "b"]), unit("u2", UnitState::Allocated, &["a"])];
         let mut watched = Watched::of(&units, &cluster.slots());
-        assert!(!watched.concerned(&cluster), "nothing changed");
+        assert_eq!(watched.concern(&cluster), Concern::Nothing, "nothing changed");
 
         // Another node's record changes: not the app's concern.
         install(&cluster, &[a.clone(), b.clone(), record("other", true)], true);
-        assert!(!watched.concerned(&cluster));
+        assert_eq!(watched.concern(&cluster), Concern::Nothing);
         // A member's node is cordoned, leaves the view, or its shard goes unreachable.
         install(&cluster, &[a.clone(), record("b", true), other.clone()], true);
-        assert!(watched.concerned(&cluster));
+        assert_eq!(watched.concern(&cluster), Concern::Pass);
         install(&cluster, &[a.clone(), other.clone()], true);
-        assert!(watched.concerned(&cluster));
+        assert_eq!(watched.concern(&cluster), Concern::Pass);
         install(&cluster, &[a.clone(), b.clone(), other.clone()], false);
-        assert!(watched.concerned(&cluster));
+        assert_eq!(watched.concern(&cluster), Concern::Pass);
         // Back as it was: no concern again.
         install(&cluster, &[a, b, other], true);
-        assert!(!watched.concerned(&cluster));
+        assert_eq!(watched.concern(&cluster), Concern::Nothing);
     }
 
     #[test]
@@ -173,19 +197,23 @@ mod tests {
         let cluster = ClusterView::new(1);
         install(&cluster, &[record("a", false)], true);
         let units = [unit("u1", UnitState::Running, &["a"]), unit("u2", UnitState::Queued, &[])];
-        assert!(Watched::of(&units, &cluster.slots()).concerned(&cluster));
-        assert!(Watched::everything().concerned(&cluster));
+        assert_eq!(Watched::of(&units, &cluster.slots()).concern(&cluster), Concern::Pass);
+        assert_eq!(Watched::everything().concern(&cluster), Concern::Pass);
         // A node the app waits for that is not in the view yet counts when it appears.
         let mut watched = Watched::of(&[unit("u1", UnitState::Starting, &["late"])], &cluster.slots());
-        assert!(!watched.concerned(&cluster));
+        assert_eq!(watched.concern(&cluster), Concern::Nothing);
         install(&cluster, &[record("a", false), record("late", false)], true);
-        assert!(watched.concerned(&cluster));
+        assert_eq!(watched.concern(&cluster), Concern::Pass);
         // A member to place again (a lost worker) waits for room too.
         let mut lost = unit("u1", UnitState::Degraded, &["a", "gone"]);
         lost.members[1].node_id = None;
-        assert!(Watched::of(std::slice::from_ref(&lost), &cluster.slots()).concerned(&cluster));
+        assert_eq!(Watched::of(std::slice::from_ref(&lost), &cluster.slots()).concern(&cluster), Concern::Pass);
         lost.state = UnitState::Failed;
-        assert!(!Watched::of(&[lost], &cluster.slots()).concerned(&cluster), "an ended unit waits for nothing");
+        assert_eq!(
+            Watched::of(&[lost], &cluster.slots()).concern(&cluster),
+            Concern::Nothing,
+            "an ended unit waits for nothing"
+        );
     }
 
     #[test]
@@ -196,9 +224,9 @@ mod tests {
         let units = [unit("u1", UnitState::Running, &["a"]), unit("u0", UnitState::Terminated, &["b"])];
         let mut watched = Watched::of(&units, &cluster.slots());
         install(&cluster, &[a, record("b", true)], true);
-        assert!(!watched.concerned(&cluster), "u0 ended: b is not the app's");
+        assert_eq!(watched.concern(&cluster), Concern::Nothing, "u0 ended: b is not the app's");
         install(&cluster, &[record("a", true), record("b", true)], true);
-        assert!(watched.concerned(&cluster));
+        assert_eq!(watched.concern(&cluster), Concern::Pass);
     }
 
     #[test]
@@ -208,8 +236,37 @@ mod tests {
         let mut u = unit("u1", UnitState::Running, &["a"]);
         u.surge = unit("u1", UnitState::Running, &["b"]).members;
         let mut watched = Watched::of(&[u], &cluster.slots());
-        assert!(!watched.concerned(&cluster));
+        assert_eq!(watched.concern(&cluster), Concern::Nothing);
         install(&cluster, &[record("a", false), record("b", true)], true);
-        assert!(watched.concerned(&cluster));
+        assert_eq!(watched.concern(&cluster), Concern::Pass);
+    }
+
+    #[test]
+    fn a_members_health_score_alone_concerns_only_the_routes() {
+        let cluster = ClusterView::new(1);
+        let a = record("a", false);
+        install(&cluster, std::slice::from_ref(&a), true);
+        let mut watched = Watched::of(&[unit("u1", UnitState::Running, &["a"])], &cluster.slots());
+        let with = |f: &dyn Fn(&mut NodeRecord)| {
+            let mut r = (*a).clone();
+            f(&mut r);
+            Arc::new(r)
+        };
+        let sample =
+            |notice| flotilla_core::HealthSample { cpu_steal: 0.4, preemption_notice: notice, ..Default::default() };
+        let poorer = with(&|r| {
+            r.health_millis = 400;
+            r.health = sample(false).into();
+        });
+        install(&cluster, std::slice::from_ref(&poorer), true);
+        assert_eq!(watched.concern(&cluster), Concern::Routes);
+        // Taken as seen: the same record again is nothing.
+        install(&cluster, &[poorer], true);
+        assert_eq!(watched.concern(&cluster), Concern::Nothing);
+        // A preemption notice has the members replaced; so does any other field.
+        install(&cluster, &[with(&|r| r.health = sample(true).into())], true);
+        assert_eq!(watched.concern(&cluster), Concern::Pass);
+        install(&cluster, &[with(&|r| r.incarnation.0 += 1)], true);
+        assert_eq!(watched.concern(&cluster), Concern::Pass);
     }
 }
