@@ -288,19 +288,15 @@ impl Scheduler {
         self.pass(Steps::All).await
     }
 
-    /// One pass of the loop: `steps` says which.
+    /// One pass of the loop: `steps` says which ([`Scheduler::can_run`] first).
     #[tracing::instrument(skip_all, fields(app = %self.spec.name, ?steps))]
     async fn pass(&mut self, steps: Steps) -> anyhow::Result<()> {
         self.wrote = false;
-        let steps = match self.leader.held() {
+        match self.leader.held() {
             None => return self.passive(),
-            Some(l) if l.token() != self.token => {
-                self.resume(l.token())?;
-                Steps::All
-            }
-            Some(_) if !self.tracking.started || !self.unsaved.is_empty() => Steps::All,
-            Some(_) => steps,
-        };
+            Some(l) if l.token() != self.token => self.resume(l.token())?,
+            Some(_) => {}
+        }
         let all = steps != Steps::Timers;
         if !self.unsaved.is_empty() {
             // The store refused the last pass: nothing more happens until it is written.

@@ -32,6 +32,7 @@ impl Scheduler {
             // against what was there before it, so it is never taken as seen.
             let seen = self.cluster.slots();
             let (cause, steps) = trigger;
+            let steps = self.can_run(steps);
             metrics::counter!(m::RECONCILE_PASSES.name, "cause" => cause).increment(1);
             match self.pass(steps).await {
                 Err(e) => {
@@ -126,6 +127,17 @@ impl Scheduler {
                     Ok(()) = leases.changed() => break ("lease", Steps::All),
                 }
             };
+        }
+    }
+
+    /// `steps`, or every step when only the whole pass is right: no lease, another one
+    /// than the state was loaded under (it reloads), not started yet, or writes the store
+    /// refused.
+    pub(super) fn can_run(&self, steps: Steps) -> Steps {
+        let same_lease = self.leader.held().is_some_and(|l| l.token() == self.token);
+        match same_lease && self.tracking.started && self.unsaved.is_empty() {
+            true => steps,
+            false => Steps::All,
         }
     }
 }
