@@ -63,7 +63,6 @@ use observe::Tracking;
 use order::Held;
 use planning::Planning;
 pub use rebalance::RebalancePlan;
-use run::Steps;
 
 use crate::lifecycle::UnitState;
 use crate::spec::AppSpec;
@@ -575,6 +574,20 @@ impl Scheduler {
         self.stored.versions.insert(1, v);
         Ok(())
     }
+}
+
+/// Which steps a pass runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Steps {
+    All,
+    /// Every step but the route table first: a change of the app's nodes woke the loop,
+    /// which published the table then, and none changed during the breath since.
+    Woken,
+    /// A quiet app ([`due`]) whose nodes did not change since the last pass: what the
+    /// view and the units drive (sync, heal, roll, the route table) would find what the
+    /// last pass found, so only the timers' steps run (the orphan sweep, the autoscaler,
+    /// the rebalance look, retention) with what they start (scale in, queue and place).
+    Timers,
 }
 
 /// Writes `batch` to the store. A write blocks (an fsync, an etcd round trip): on a

@@ -7,7 +7,7 @@ use flotilla_core::now_ms;
 use futures_util::FutureExt;
 
 use super::watched::{self, Concern};
-use super::{Scheduler, m};
+use super::{Scheduler, Steps, m};
 
 impl Scheduler {
     /// Runs until the process stops: a pass on every view change that concerns the app
@@ -140,20 +140,6 @@ impl Scheduler {
             false => Steps::All,
         }
     }
-}
-
-/// Which steps a pass runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Steps {
-    All,
-    /// Every step but the route table first: a change of the app's nodes woke the loop,
-    /// which published the table then, and none changed during the breath since.
-    Woken,
-    /// A quiet app ([`super::due`]) whose nodes did not change since the last pass: what the
-    /// view and the units drive (sync, heal, roll, the route table) would find what the
-    /// last pass found, so only the timers' steps run (the orphan sweep, the autoscaler,
-    /// the rebalance look, retention) with what they start (scale in, queue and place).
-    Timers,
 }
 
 /// The least time between two passes, and between a view change and its pass.
