@@ -85,10 +85,15 @@ impl Scheduler {
                         // step. Every change since the last look woke `interest` (one
                         // permit, kept until taken), so without one nothing changed.
                         let woken = interest.changed().now_or_never().is_some();
-                        match if woken { watched.concern(&self.cluster) } else { Concern::Nothing } {
-                            Concern::Pass => break ("view", Steps::All),
-                            Concern::Routes => self.publish_routes(),
-                            Concern::Nothing => {}
+                        if woken {
+                            match watched.concern(&self.cluster) {
+                                Concern::Pass => break ("view", Steps::All),
+                                Concern::Routes => {
+                                    routes_only.increment(1);
+                                    self.publish_routes();
+                                }
+                                Concern::Nothing => ignored.increment(1),
+                            }
                         }
                         break ("timer", Steps::Timers);
                     }
