@@ -17,7 +17,9 @@ use clap::Args;
 use hdrhistogram::Histogram;
 use serde_json::Value;
 
-use crate::common::{Data, ShardProc, flotilla_bin, machine, pct_ms, proc_cpu_seconds, proc_rss_bytes, sum_metric};
+use crate::common::{
+    Data, ShardProc, flotilla_bin, machine, pct_ms, proc_cpu_seconds, proc_rss_bytes, proc_threads, sum_metric,
+};
 
 #[derive(Debug, Args)]
 pub struct AppsArgs {
@@ -229,8 +231,10 @@ async fn measure(
     let idle_cpu_cores = (cpu1 - cpu0) / wall.as_secs_f64();
     let passes_per_second = (passes1 - passes0) / wall.as_secs_f64();
     let rss = proc_rss_bytes(h.pid()).unwrap_or(0);
+    // Every thread the process ever ran costs each `ArcSwap` store (the start's writers).
+    let threads = proc_threads(h.pid()).unwrap_or(0);
     println!(
-        "idle: {idle_cpu_cores:.3} cores, {passes_per_second:.0} reconcile passes/s, RSS {:.1} MiB ({:.0} KiB per app)",
+        "idle: {idle_cpu_cores:.3} cores, {passes_per_second:.0} reconcile passes/s, {threads} threads, RSS {:.1} MiB ({:.0} KiB per app)",
         rss as f64 / (1 << 20) as f64,
         rss as f64 / a.apps as f64 / 1024.0
     );
@@ -275,6 +279,7 @@ async fn measure(
         "placements_at_start": placed0,
         "idle_placements": idle_placements,
         "rss_bytes": rss,
+        "threads": threads,
         "memory_bytes_per_app": rss / a.apps as u64,
         "scales": scale_ms.len(),
         "scale_to_committed_p50_ms": round(pct_ms(&scale_ms, 0.5), 10.0),

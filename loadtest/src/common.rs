@@ -139,9 +139,18 @@ pub fn proc_cpu_seconds(pid: u32) -> Option<f64> {
 }
 
 pub fn proc_rss_bytes(pid: u32) -> Option<u64> {
+    Some(proc_status(pid, "VmRSS:")? * 1024)
+}
+
+/// The threads the process runs now.
+pub fn proc_threads(pid: u32) -> Option<u64> {
+    proc_status(pid, "Threads:")
+}
+
+/// The number after `field` in `/proc/PID/status`.
+fn proc_status(pid: u32, field: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let kib: u64 = status.lines().find(|l| l.starts_with("VmRSS:"))?.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
+    status.lines().find(|l| l.starts_with(field))?.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// Percentile in milliseconds from a histogram of microseconds.

@@ -20,6 +20,7 @@
 //! sees it first, so `flotilla-router` applies it on top of this weight, which it takes as
 //! its prior.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -28,7 +29,7 @@ use flotilla_proto::v1;
 use flotilla_view::ShardSlot;
 
 use crate::lifecycle::UnitState;
-use crate::spec::Performance;
+use crate::spec::{MemberTemplate, Performance};
 use crate::store::{MemberRecord, UnitRecord};
 
 pub const TAU_MS: f64 = 5_000.0;
@@ -49,6 +50,10 @@ struct Smoothed {
     perf: f64,
     /// Whether its node is labelled `priority=low` in that table.
     low: bool,
+    /// What its member holds (CPU millis, memory bytes, GPUs), from its template in
+    /// that table: the capacity of every reweighed table reads it here, hundreds of
+    /// times a second in a process hosting many apps.
+    resources: [f64; 3],
 }
 
 impl Smoothed {
@@ -110,6 +115,7 @@ impl Weights {
             listed_ms: now_ms,
             perf: 1.0,
             low: false,
+            resources: [0.0; 3],
         };
         self.smoothed.entry(endpoint.to_string()).or_insert(fresh)
     }
@@ -149,20 +155,15 @@ impl Weights {
         self.smoothed.values().filter(|s| s.at_ms >= self.table_ms).filter_map(Smoothed::next_change_ms).min()
     }
 
-    /// Whether the last table found `endpoint`'s node labelled `priority=low` (`false`
-    /// for an endpoint it gave no weight).
-    pub fn low_priority(&self, endpoint: &str) -> bool {
-        self.smoothed.get(endpoint).is_some_and(|s| s.low)
-    }
-
-    /// Every serving member of the app's units with its weight.
-    pub fn table(
+    /// Every serving member of the app's units with its weight. `template`: the member's
+    /// template as it runs (its alternative), whose `performance` comes before the node's.
+    pub fn table<'t>(
         &mut self,
         units: &[&UnitRecord],
         serving_roles: &[String],
         slots: &[Arc<ShardSlot>],
         performance: &Performance,
-        member_performance: &dyn Fn(&MemberRecord) -> Option<f64>,
+        template: &dyn Fn(&MemberRecord) -> Option<Cow<'t, MemberTemplate>>,
         now_ms: u64,
     ) -> Vec<v1::Route> {
         self.table_ms = now_ms;
@@ -181,13 +182,20 @@ impl Weights {
                 let serving = unit_serves && m.state.as_deref() == Some("running");
                 let weight = match record {
                     Some(r) if serving && r.status == NodeStatus::Alive && r.incarnation.0 == m.incarnation => {
-                        let perf = member_performance(m).unwrap_or_else(|| match performance.is_empty() {
-                            true => 1.0,
-                            false => performance.estimate(r.labels.get("gpu_model"), r.capacity.cpu_millis / 1000),
+                        let template = template(m);
+                        let perf = template.as_ref().and_then(|t| t.performance).unwrap_or_else(|| {
+                            match performance.is_empty() {
+                                true => 1.0,
+                                false => performance.estimate(r.labels.get("gpu_model"), r.capacity.cpu_millis / 1000),
+                            }
                         });
                         let s = self.observe(endpoint, f64::from(r.health_score()), now_ms);
                         s.perf = perf;
                         s.low = r.labels.get("priority") == Some("low");
+                        s.resources = template.map_or([0.0; 3], |t| {
+                            let r = t.resources();
+                            [r.cpu_millis as f64, r.memory_bytes as f64, f64::from(r.gpu)]
+                        });
                         s.listed_ms = now_ms;
                         perf * s.published
                     }
@@ -215,23 +223,19 @@ impl Weights {
 }
 
 /// The app's serving capacity: route weights summed by the priority of each member's
-/// node (`high` unless `low_priority`, [`Weights::low_priority`] from the table's own
-/// look-ups), with each member's resources scaled by its weight. A consumer that paces
-/// itself by it slows down as low-priority capacity is taken back, and speeds up as units
-/// come.
-pub fn capacity(
-    table: &v1::RouteTable,
-    resources_of: impl Fn(&str, &str) -> Option<flotilla_core::Resources>,
-    low_priority: impl Fn(&v1::Route) -> bool,
-) -> v1::Capacity {
+/// node (`high` unless labelled `priority=low`), with each member's resources scaled by
+/// its weight; both as `weights` found them computing the table (or the one `table`
+/// reweighs). A consumer that paces itself by it slows down as low-priority capacity is
+/// taken back, and speeds up as units come.
+pub fn capacity(table: &v1::RouteTable, weights: &Weights) -> v1::Capacity {
     let mut by: [(f64, [f64; 3]); 2] = Default::default();
     for r in table.routes.iter().filter(|r| r.weight > 0.0) {
-        let (weight, res) = &mut by[usize::from(low_priority(r))];
+        let (low, resources) =
+            weights.smoothed.get(r.endpoint.as_str()).map_or((false, [0.0; 3]), |s| (s.low, s.resources));
+        let (weight, res) = &mut by[usize::from(low)];
         *weight += r.weight;
-        if let Some(m) = resources_of(&r.unit_id, &r.member) {
-            for (acc, v) in res.iter_mut().zip([m.cpu_millis as f64, m.memory_bytes as f64, f64::from(m.gpu)]) {
-                *acc += r.weight * v;
-            }
+        for (acc, v) in res.iter_mut().zip(resources) {
+            *acc += r.weight * v;
         }
     }
     let by_priority = ["high", "low"]
@@ -337,7 +341,16 @@ mod tests {
 
     #[test]
     fn a_factor_above_the_floor_still_falls_to_it_when_the_score_is_below() {
-        let s = Smoothed { ewma: 0.18, published: 0.18, at_ms: 0, score: 0.0, listed_ms: 0, perf: 1.0, low: false };
+        let s = Smoothed {
+            ewma: 0.18,
+            published: 0.18,
+            at_ms: 0,
+            score: 0.0,
+            listed_ms: 0,
+            perf: 1.0,
+            low: false,
+            resources: [0.0; 3],
+        };
         let at = s.next_change_ms().expect("0.18 has to fall to the floor");
         let (mut before, mut after) = (s, s);
         assert_eq!(before.observe(0.0, at - 2), 0.18);
@@ -429,31 +442,32 @@ mod tests {
         let mut labels = Labels::new();
         labels.insert("priority", "low").unwrap();
         let n2 = NodeRecord { labels: Arc::new(labels), ..crate::testing::node("n2") };
-        let s = crate::testing::slots([crate::testing::node("n1"), n2], true);
-        let units = [unit("u1", UnitState::Running, "n1", "running"), unit("u2", UnitState::Running, "n2", "running")];
+        let s = crate::testing::slots([crate::testing::node("n1"), n2, crate::testing::node("n3")], true);
+        let units = ["n1", "n2", "n3"].map(|n| unit(&format!("u-{n}"), UnitState::Running, n, "running"));
+        let spec = r#"
+            name = "a"
+            units = { min = 1, max = 3, initial = 3 }
+            [unit.head]
+            command = "serve"
+            cpu = "1"
+            memory = "1Gi"
+        "#;
+        let template = crate::spec::AppSpec::parse(spec).unwrap().unit.head;
         let mut w = Weights::default();
-        let routes = w.table(&[&units[0], &units[1]], &["head".into()], &s, &Performance::default(), &|_| None, 0);
-        assert_eq!(routes.iter().map(|r| r.weight).collect::<Vec<_>>(), [1.0, 1.0]);
-        assert!(!w.low_priority(&routes[0].endpoint) && w.low_priority(&routes[1].endpoint), "{routes:?}");
-        let route = |node: &str, weight| v1::Route {
-            endpoint: format!("{node}:1"),
-            node_id: node.into(),
-            unit_id: "u".into(),
-            member: "head".into(),
-            weight,
-            ..Default::default()
-        };
-        let t = v1::RouteTable {
-            app: "a".into(),
-            version: 7,
-            routes: vec![route("n1", 1.0), route("n2", 0.5), route("n1", 0.0)],
-            ..Default::default()
-        };
-        let c = capacity(&t, |_, _| Some(Resources::new(1000, 1 << 30, 0)), |r| r.node_id == "n2");
+        let refs: Vec<&UnitRecord> = units.iter().collect();
+        let routes =
+            w.table(&refs, &["head".into()], &s, &Performance::default(), &|_| Some(Cow::Borrowed(&template)), 0);
+        assert_eq!(routes.iter().map(|r| r.weight).collect::<Vec<_>>(), [1.0, 1.0, 1.0]);
+        // As a reweigh might leave it: n2's weight halved, n3's member out.
+        let mut t = v1::RouteTable { app: "a".into(), version: 7, routes, ..Default::default() };
+        t.routes[1].weight = 0.5;
+        t.routes[2].weight = 0.0;
+        let c = capacity(&t, &w);
         assert_eq!((c.app.as_str(), c.version, c.total_weight), ("a", 7, 1.5));
         let [high, low] = [&c.by_priority[0], &c.by_priority[1]];
         assert_eq!((high.priority.as_str(), high.weight), ("high", 1.0));
         assert_eq!((low.priority.as_str(), low.weight), ("low", 0.5));
+        assert_eq!(high.resources.as_ref().map(|r| (r.cpu_millis, r.memory_bytes)), Some((1000, 1 << 30)));
         assert_eq!(low.resources.as_ref().map(|r| (r.cpu_millis, r.memory_bytes)), Some((500, 1 << 29)));
     }
 }

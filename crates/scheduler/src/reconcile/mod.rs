@@ -39,6 +39,7 @@ mod publish;
 mod rebalance;
 mod roll;
 mod run;
+mod save;
 mod scale_in;
 mod watched;
 
@@ -63,6 +64,7 @@ use observe::Tracking;
 use order::Held;
 use planning::Planning;
 pub use rebalance::RebalancePlan;
+use save::save;
 
 use crate::lifecycle::UnitState;
 use crate::spec::AppSpec;
@@ -588,18 +590,4 @@ enum Steps {
     /// last pass found, so only the timers' steps run (the orphan sweep, the autoscaler,
     /// the rebalance look, retention) with what they start (scale in, queue and place).
     Timers,
-}
-
-/// Writes `batch` to the store. A write blocks (an fsync, an etcd round trip): on a
-/// multi-threaded runtime the worker first hands its other tasks over, so the API, the
-/// view follower and other apps' schedulers in the process do not wait behind it.
-fn save(store: &dyn Store, app: &str, batch: &[Write]) -> Result<(), crate::store::StoreError> {
-    let write = || store.write(app, batch);
-    if !store.write_blocks(batch) {
-        return write();
-    }
-    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
-        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(write),
-        _ => write(),
-    }
 }

@@ -110,15 +110,14 @@ impl Scheduler {
     pub fn publish_routes(&mut self) {
         let slots = self.cluster.slots();
         let units: Vec<&UnitRecord> = self.stored.units.values().collect();
-        // A member's own estimate (its alternative's `performance`) before the node's.
-        let member_performance =
-            |m: &crate::store::MemberRecord| self.spec.template_for(&m.role)?.alternative(m.alternative).performance;
+        let template =
+            |m: &crate::store::MemberRecord| Some(self.spec.template_for(&m.role)?.alternative(m.alternative));
         let routes = self.out.weights.table(
             &units,
             &self.spec.routing.roles,
             &slots,
             &self.spec.routing.performance,
-            &member_performance,
+            &template,
             now_ms(),
         );
         let current = self.out.routes.borrow().clone();
@@ -143,12 +142,7 @@ impl Scheduler {
         let changed = routes.iter().filter(|r| !current.routes.contains(r)).count();
         self.out.weight_changes.increment(changed as u64);
         let table = v1::RouteTable { app: self.spec.name.clone(), version: current.version + 1, routes, split };
-        // Each route's member as the alternative it runs.
-        let resources_of = |unit: &str, member: &str| {
-            let m = self.stored.units.get(unit)?.members.iter().find(|m| m.member == member)?;
-            Some(self.spec.template_for(&m.role)?.alternative(m.alternative).resources())
-        };
-        let capacity = crate::routes::capacity(&table, resources_of, |r| self.out.weights.low_priority(&r.endpoint));
+        let capacity = crate::routes::capacity(&table, &self.out.weights);
         let old = self.out.capacity.borrow().clone();
         if (old.total_weight, &old.by_priority) != (capacity.total_weight, &capacity.by_priority) {
             self.out.capacity_weight.set(capacity.total_weight);
