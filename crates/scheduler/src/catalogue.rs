@@ -88,6 +88,11 @@ pub const ORPHANS_RELEASED: Family = Family::counter(
     "Claims on the shards that no unit accounts for, released by the scheduler.",
     &["app"],
 );
+pub const ORPHAN_SWEEPS: Family = Family::counter(
+    "flotilla_orphan_sweeps_total",
+    "Orphan sweeps due, by whether the app's nodes were `read`, or the sweep was `unchanged`: since the last one that found nothing, neither which workloads of the app the shards' nodes run nor any unit changed.",
+    &["result"],
+);
 pub const STORE_WRITES: Family =
     Family::counter("flotilla_store_writes_total", "Transactions written to the scheduler's durable store.", &[]);
 pub const STORE_ERRORS: Family = Family::counter(
@@ -223,6 +228,7 @@ pub const FAMILIES: &[Family] = &[
     UNITS_FAILED,
     REPLACEMENTS_RATE_LIMITED,
     ORPHANS_RELEASED,
+    ORPHAN_SWEEPS,
     STORE_WRITES,
     STORE_ERRORS,
     STORE_REOPENS,

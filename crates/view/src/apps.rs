@@ -3,8 +3,14 @@
 //! nodes rather than every node of the view. Read through every node, that sweep was
 //! the largest cost of a thousand settled apps in one process (BENCHMARKS.md, "A
 //! thousand apps in one scheduler process"), and it grows with the cluster.
+//!
+//! Each app's entry carries a stamp that changes whenever which workloads of the app the
+//! shard's nodes run changes (a node, a unit, a member or a generation), not when only
+//! what their agents report about them does: a sweep that found nothing can tell that
+//! it would find nothing again without reading a node.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use flotilla_core::NodeId;
 use imbl::{OrdMap, OrdSet};
@@ -13,15 +19,40 @@ use crate::record::{Delta, NodeRecord, ShardView};
 
 #[derive(Debug, Clone, Default)]
 pub struct AppNodes {
-    nodes: OrdMap<Arc<str>, OrdSet<NodeId>>,
+    nodes: OrdMap<Arc<str>, Ran>,
 }
 
-/// The apps `record` has workloads of, each once.
-fn apps_of(record: Option<&Arc<NodeRecord>>) -> Vec<&str> {
-    let mut apps: Vec<&str> = record.map_or(Vec::new(), |r| r.workloads.iter().map(|w| w.app.as_str()).collect());
-    apps.sort_unstable();
-    apps.dedup();
-    apps
+/// Where one app's workloads run on the shard.
+#[derive(Debug, Clone)]
+struct Ran {
+    nodes: OrdSet<NodeId>,
+    stamp: u64,
+}
+
+/// Stamps are drawn from one counter for the whole process, so an index rebuilt from a
+/// snapshot never repeats a stamp the one it replaces gave.
+fn next_stamp() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// A workload as the index tells them apart: `(app, unit, member, generation)`.
+type Workload<'a> = (&'a str, &'a str, &'a str, u64);
+
+/// The workloads `record` runs, sorted (so by app first).
+fn ran_on(record: Option<&Arc<NodeRecord>>) -> Vec<Workload<'_>> {
+    let mut ran: Vec<_> = record.map_or(Vec::new(), |r| {
+        r.workloads.iter().map(|w| (w.app.as_str(), w.unit.as_str(), w.member.as_str(), w.generation)).collect()
+    });
+    ran.sort_unstable();
+    ran
+}
+
+/// `app`'s workloads among `ran` (sorted, so they are contiguous).
+fn of_app<'r, 'a>(ran: &'r [Workload<'a>], app: &str) -> &'r [Workload<'a>] {
+    let start = ran.partition_point(|w| w.0 < app);
+    let len = ran[start..].partition_point(|w| w.0 == app);
+    &ran[start..start + len]
 }
 
 impl AppNodes {
@@ -29,7 +60,10 @@ impl AppNodes {
     pub fn of(view: &ShardView) -> Self {
         let mut out = AppNodes::default();
         for r in view.nodes.values() {
-            for app in apps_of(Some(r)) {
+            let mut apps: Vec<&str> = r.workloads.iter().map(|w| w.app.as_str()).collect();
+            apps.sort_unstable();
+            apps.dedup();
+            for app in apps {
                 out.add(app, &r.node_id);
             }
         }
@@ -40,32 +74,57 @@ impl AppNodes {
     pub fn apply(&mut self, before: &ShardView, after: &ShardView, delta: &Delta) {
         let touched = delta.upserts.iter().map(|r| &r.node_id).chain(&delta.removed);
         for id in touched {
-            let (was, is) = (apps_of(before.get(id)), apps_of(after.get(id)));
-            for app in was.iter().filter(|a| is.binary_search(a).is_err()) {
-                self.remove(app, id);
+            let (was, is) = (ran_on(before.get(id)), ran_on(after.get(id)));
+            // Most upserts are heartbeats' health and usage: the same workloads.
+            if was == is {
+                continue;
             }
-            for app in is.iter().filter(|a| was.binary_search(a).is_err()) {
-                self.add(app, id);
+            let mut apps: Vec<&str> = was.iter().chain(&is).map(|w| w.0).collect();
+            apps.sort_unstable();
+            apps.dedup();
+            for app in apps {
+                let (was, is) = (of_app(&was, app), of_app(&is, app));
+                match (was.is_empty(), is.is_empty()) {
+                    (false, true) => self.remove(app, id),
+                    (true, false) => self.add(app, id),
+                    _ if was != is => self.touch(app),
+                    _ => {}
+                }
             }
         }
     }
 
     fn add(&mut self, app: &str, id: &NodeId) {
         let key: Arc<str> = self.nodes.get_key_value(app).map_or_else(|| app.into(), |(k, _)| k.clone());
-        self.nodes.entry(key).or_default().insert(id.clone());
+        let ran = self.nodes.entry(key).or_insert_with(|| Ran { nodes: OrdSet::new(), stamp: 0 });
+        ran.nodes.insert(id.clone());
+        ran.stamp = next_stamp();
     }
 
     fn remove(&mut self, app: &str, id: &NodeId) {
-        let Some(set) = self.nodes.get_mut(app) else { return };
-        set.remove(id);
-        if set.is_empty() {
+        let Some(ran) = self.nodes.get_mut(app) else { return };
+        ran.nodes.remove(id);
+        ran.stamp = next_stamp();
+        if ran.nodes.is_empty() {
             self.nodes.remove(app);
+        }
+    }
+
+    fn touch(&mut self, app: &str) {
+        if let Some(ran) = self.nodes.get_mut(app) {
+            ran.stamp = next_stamp();
         }
     }
 
     /// The nodes with workloads of `app`.
     pub fn get(&self, app: &str) -> impl Iterator<Item = &NodeId> {
-        self.nodes.get(app).into_iter().flatten()
+        self.nodes.get(app).into_iter().flat_map(|ran| ran.nodes.iter())
+    }
+
+    /// A stamp of which workloads of `app` the shard's nodes run (`None` while none):
+    /// equal stamps, in this process, mean the same workloads on the same nodes.
+    pub fn stamp(&self, app: &str) -> Option<u64> {
+        self.nodes.get(app).map(|ran| ran.stamp)
     }
 }
 
@@ -128,5 +187,68 @@ mod tests {
         }
         assert_eq!(nodes_of(&index, "web"), ["n3"]);
         assert!(nodes_of(&index, "batch").is_empty());
+    }
+
+    #[test]
+    fn an_apps_stamp_moves_with_which_workloads_run_not_with_their_reports() {
+        let wl = |app: &str, unit: &str, generation: u64, state: v1::WorkloadState| v1::WorkloadStatus {
+            app: app.into(),
+            unit: unit.into(),
+            member: "head".into(),
+            generation,
+            state: state as i32,
+            ..Default::default()
+        };
+        let node = |id: &str, workloads: Vec<v1::WorkloadStatus>| {
+            Arc::new(NodeRecord {
+                workloads: Arc::new(workloads),
+                ..NodeRecord::blank(NodeId::new(id).expect("an id"))
+            })
+        };
+        let starting = v1::WorkloadState::Starting;
+        let running = v1::WorkloadState::Running;
+        let mut view = ShardView::empty(0, 1);
+        view.insert(node("n1", vec![wl("web", "w1", 1, starting), wl("batch", "b1", 1, running)]));
+        view.insert(node("n2", vec![wl("web", "w2", 1, running)]));
+        let mut index = AppNodes::of(&view);
+        let stamps = |index: &AppNodes| (index.stamp("web"), index.stamp("batch"));
+        let mut seq = 0;
+        let mut step = |index: &mut AppNodes, upserts: Vec<Arc<NodeRecord>>, removed: &[&str]| {
+            seq += 1;
+            let delta = Delta {
+                shard: 0,
+                from: view.version,
+                to: Version { epoch: 1, seq },
+                upserts,
+                removed: removed.iter().map(|id| NodeId::new(id).expect("an id")).collect(),
+                published_unix_ms: 0,
+            };
+            let next = view.apply(&delta).expect("in order");
+            index.apply(&view, &next, &delta);
+            view = next;
+        };
+        let first = stamps(&index);
+        assert!(first.0.is_some() && first.1.is_some() && first.0 != first.1, "{first:?}");
+        assert_eq!(index.stamp("api"), None, "an app that runs nowhere");
+
+        // w1 reported running, and n2's health moves: the same workloads.
+        step(&mut index, vec![node("n1", vec![wl("web", "w1", 1, running), wl("batch", "b1", 1, running)])], &[]);
+        step(&mut index, vec![node("n2", vec![wl("web", "w2", 1, running)])], &[]);
+        assert_eq!(stamps(&index), first, "reports and health alone");
+
+        // w1 placed again under a new generation: web's stamp moves, batch's stays.
+        step(&mut index, vec![node("n1", vec![wl("web", "w1", 2, starting), wl("batch", "b1", 1, running)])], &[]);
+        let second = stamps(&index);
+        assert!(second.0 != first.0 && second.1 == first.1, "{first:?} then {second:?}");
+
+        // n2 leaves the view: web runs on fewer nodes.
+        step(&mut index, vec![], &["n2"]);
+        let third = stamps(&index);
+        assert!(third.0 != second.0 && third.1 == second.1, "{second:?} then {third:?}");
+        assert_eq!(nodes_of(&index, "web"), ["n1"]);
+
+        // A snapshot rebuilds the index: no stamp it gives repeats an earlier one.
+        let rebuilt = stamps(&AppNodes::of(&view));
+        assert!(rebuilt.0 != third.0 && rebuilt.1 != third.1, "{third:?} then {rebuilt:?}");
     }
 }

@@ -292,6 +292,22 @@ impl Scheduler {
     /// One pass of the loop: `steps` says which ([`Scheduler::can_run`] first).
     #[tracing::instrument(skip_all, fields(app = %self.spec.name, ?steps))]
     async fn pass(&mut self, steps: Steps) -> anyhow::Result<()> {
+        // The orphan sweep may skip reading the nodes only while no unit changed since
+        // it last found nothing: only timers' passes that wrote nothing came since. Any
+        // other pass may change units (some steps write at once, not with the pass),
+        // and follows what may have (a command, a view change).
+        let timers = steps == Steps::Timers;
+        if !timers {
+            self.tracking.forget_sweep();
+        }
+        let result = self.steps(steps).await;
+        if !timers || self.wrote || result.is_err() {
+            self.tracking.forget_sweep();
+        }
+        result
+    }
+
+    async fn steps(&mut self, steps: Steps) -> anyhow::Result<()> {
         self.wrote = false;
         match self.leader.held() {
             None => return self.passive(),

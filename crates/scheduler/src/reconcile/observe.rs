@@ -41,6 +41,11 @@ pub(super) struct Tracking {
     pub(super) started: bool,
     /// When the next orphan sweep is due (Unix ms).
     next_sweep_ms: u64,
+    /// Each shard's stamp of the app's workloads (`flotilla_view::AppNodes::stamp`; `None`
+    /// while unheard) when a sweep last found nothing, until a unit may have changed
+    /// ([`Tracking::forget_sweep`]): a sweep due with the same stamps would find nothing
+    /// again.
+    swept: Option<Vec<Option<u64>>>,
     /// Since when each (unit, member) has been absent from the live node it is placed on.
     absent_since: HashMap<(String, String), u64>,
     /// Since when each unit has had members whose shard cannot be heard (see `heal`).
@@ -56,6 +61,7 @@ impl Default for Tracking {
         Tracking {
             started: false,
             next_sweep_ms: 0,
+            swept: None,
             absent_since: HashMap::new(),
             unknown_since: HashMap::new(),
             unknown_grace_ms: 60_000,
@@ -177,6 +183,11 @@ impl Tracking {
         self.absent_since = absent;
     }
 
+    /// The units may have changed since the last sweep: the next one reads the nodes.
+    pub(super) fn forget_sweep(&mut self) {
+        self.swept = None;
+    }
+
     /// Releases what agents run for this app that no unit record accounts for: a commit
     /// that timed out but landed, or a member a restarted shard took back from its agent
     /// after it had been released. Runs every `SWEEP_EVERY_MS`, between two passes'
@@ -194,6 +205,12 @@ impl Tracking {
             return;
         }
         self.next_sweep_ms = super::due::next_beat(now, SWEEP_EVERY_MS, phase_ms);
+        let stamps: Vec<Option<u64>> = slots.iter().map(|s| s.connected.then(|| s.apps.stamp(app)).flatten()).collect();
+        if self.swept.as_ref() == Some(&stamps) {
+            metrics::counter!(m::ORPHAN_SWEEPS.name, "result" => "unchanged").increment(1);
+            return;
+        }
+        metrics::counter!(m::ORPHAN_SWEEPS.name, "result" => "read").increment(1);
         let mut orphans: BTreeMap<usize, Vec<v1::ClaimKey>> = BTreeMap::new();
         for (shard, slot) in slots.iter().enumerate().filter(|(_, s)| s.connected) {
             // The nodes the app has workloads on, not every node (`flotilla_view::AppNodes`).
@@ -214,6 +231,7 @@ impl Tracking {
                 }
             }
         }
+        self.swept = orphans.is_empty().then_some(stamps);
         for (shard, keys) in orphans {
             tracing::warn!(shard, orphans = keys.len(), "releasing members no unit accounts for");
             metrics::counter!(m::ORPHANS_RELEASED.name, "app" => app.to_string()).increment(keys.len() as u64);
@@ -272,4 +290,54 @@ fn reported(unit: &str, m: &MemberRecord, generation: u64, slots: &[Arc<ShardSlo
     let slot = slots.get(m.shard? as usize)?;
     let rec = slot.view.get(&NodeId::new(n).ok()?)?;
     rec.workloads.iter().find(|w| w.unit == unit && w.member == m.member && w.generation == generation).cloned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{node, slots, unit};
+    use flotilla_view::NodeRecord;
+
+    /// A view whose node n1 runs unit a-1's head (generation 1), indexed afresh.
+    fn view() -> Vec<Arc<ShardSlot>> {
+        let head = v1::WorkloadStatus {
+            app: "a".into(),
+            unit: "a-1".into(),
+            member: "head".into(),
+            generation: 1,
+            ..Default::default()
+        };
+        slots([NodeRecord { workloads: Arc::new(vec![head]), ..node("n1") }], true)
+    }
+
+    #[tokio::test]
+    async fn a_sweep_reads_the_nodes_again_once_their_workloads_or_the_units_may_have_changed() {
+        let running = BTreeMap::from([("a-1".to_string(), unit("a-1", 1, UnitState::Running, &[("head", "n1")]))]);
+        let mut ended = running.clone();
+        if let Some(u) = ended.get_mut("a-1") {
+            u.state = UnitState::Terminated;
+        }
+        // Nothing listens there: releasing an orphan fails, and the sweep is due again at once.
+        let mut ledgers = Ledgers::new(vec!["127.0.0.1:1".into()]);
+        let (first, mut t) = (view(), Tracking::default());
+        let mut sweep = async |t: &mut Tracking, units: &BTreeMap<String, UnitRecord>, view: &[Arc<ShardSlot>]| {
+            t.next_sweep_ms = 0;
+            t.sweep_orphans("a", units, &mut ledgers, view, 0).await;
+            t.next_sweep_ms > now_ms()
+        };
+
+        assert!(
+            sweep(&mut t, &running, &first).await && t.swept.is_some(),
+            "the head is the unit's: nothing to release"
+        );
+        // The same workloads: the nodes are not read, so the unit that ended is not seen
+        // either. That is why a pass that may change units forgets the sweep.
+        assert!(sweep(&mut t, &ended, &first).await && t.swept.is_some(), "not read");
+        t.forget_sweep();
+        assert!(!sweep(&mut t, &ended, &first).await, "read: the ended unit's head is released (and fails)");
+        assert!(t.swept.is_none(), "a sweep that found orphans is not remembered");
+        assert!(sweep(&mut t, &running, &first).await && t.swept.is_some());
+        // A new view of the same workloads (a snapshot) is read: stamps never repeat.
+        assert!(!sweep(&mut t, &ended, &view()).await, "read");
+    }
 }
