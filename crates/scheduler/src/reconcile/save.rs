@@ -8,7 +8,7 @@ use crate::store::{Store, StoreError, Write};
 /// its readers' debts (`arc_swap`'s hybrid strategy): the view follower stores on every
 /// delta. A thousand apps starting at once handed off about 500 writers, whose walks
 /// then cost a thousand idle apps more CPU than their route tables
-/// (BENCHMARKS.md, "Timer passes and health-only changes").
+/// (BENCHMARKS.md, "Reweighed capacity, bounded hand-offs, unchanged sweeps").
 const HANDOFFS: usize = 8;
 
 static HANDED_OFF: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
