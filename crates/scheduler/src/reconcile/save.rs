@@ -33,11 +33,13 @@ pub(super) fn save(store: &dyn Store, app: &str, batch: &[Write]) -> Result<(), 
             HANDED_OFF.fetch_sub(1, Ordering::AcqRel);
         }
     }
-    let _handed_off = HandedOff;
-    match HANDED_OFF.fetch_add(1, Ordering::AcqRel) < HANDOFFS {
-        true => tokio::task::block_in_place(write),
-        false => write(),
+    let handed_off = HandedOff;
+    if HANDED_OFF.fetch_add(1, Ordering::AcqRel) < HANDOFFS {
+        return tokio::task::block_in_place(write);
     }
+    // Only hand-offs count: this writer keeps its worker.
+    drop(handed_off);
+    write()
 }
 
 #[cfg(test)]
