@@ -76,6 +76,11 @@ pub const EVENTS_MESSAGES: Family = Family::counter(
 );
 pub const EVENTS_SNAPSHOTS: Family =
     Family::counter("flotilla_events_snapshots_total", "Full snapshots sent on event streams.", &[]);
+pub const EVENTS_SNAPSHOT_BUILDS: Family = Family::counter(
+    "flotilla_events_snapshot_builds_total",
+    "Snapshots whose node chunks were built afresh; the others resent the last build's with the changes since.",
+    &[],
+);
 pub const EVENTS_LAGGED: Family = Family::counter(
     "flotilla_events_lagged_total",
     "Event stream subscribers that fell behind and were sent a new snapshot.",
@@ -147,6 +152,7 @@ pub const FAMILIES: &[Family] = &[
     EVENTS_SUBSCRIBERS,
     EVENTS_MESSAGES,
     EVENTS_SNAPSHOTS,
+    EVENTS_SNAPSHOT_BUILDS,
     EVENTS_LAGGED,
     EVENTS_STALLED,
     EVENTS_TICK_SECONDS,
