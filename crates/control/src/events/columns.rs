@@ -3,8 +3,8 @@
 //! it than anything else on its first paint. As columns, with the repeated strings
 //! (status, domain, priority) and the capacities (a pool's nodes share a few) sent once
 //! per message and referred to by index, it is about 40 % of that, and `JSON.parse`
-//! makes 16 arrays instead of 100,000. The page (`ui/js/store.js`, `applyNodes`) turns
-//! the columns back into the rows its pages index with `N`.
+//! makes 16 arrays instead of 100,000. The page (`ui/js/store.js`, `applyNodes`) keeps
+//! them as columns too (`ui/js/node-table.js`), with the strings and capacities resolved.
 //!
 //! Every column holds one entry per node, in the same order:
 //!

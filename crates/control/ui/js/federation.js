@@ -43,7 +43,8 @@ function renderSummary(el) {
   if (state.federation.domains.length) {
     for (const d of state.federation.domains) for (const [s, n] of Object.entries(d.nodes || {})) counts[s] = (counts[s] || 0) + n;
   } else {
-    for (const row of state.nodes.values()) counts[row[N.STATUS]] = (counts[row[N.STATUS]] || 0) + 1;
+    const status = state.nodes.cols[N.STATUS];
+    for (const slot of state.nodes.slots.values()) counts[status[slot]] = (counts[status[slot]] || 0) + 1;
   }
   const shards = state.federation.shards;
   const connected = shards.filter((s) => s.connected).length;

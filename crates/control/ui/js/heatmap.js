@@ -4,6 +4,7 @@
 //     full paint is a tight loop, not 100,000 canvas calls;
 //   - a `nodes` delta repaints only the changed cells and puts back only their bounding box;
 //   - hover and click compute the cell from the mouse position (no per-node DOM);
+//   - cells are laid out and painted by the node table's slots, from its columns;
 //   - the layout is in device pixels so cells stay crisp at any devicePixelRatio.
 
 import { state, N } from './store.js';
@@ -26,8 +27,10 @@ export class Heatmap {
     this.tip = h('div', { class: 'heatmap-tip', hidden: true });
     this.el = h('div', { class: 'heatmap' }, this.canvas, this.labels, this.tip);
     this.ctx = this.canvas.getContext('2d', { alpha: false });
-    this.order = [];           // slot → node id
-    this.slot = null;          // node id → slot, built on first use (slotOf)
+    this.order = [];           // cell → the node table's slot
+    this.cellOf = null;        // the table's slot → cell (Int32Array, -1: none), built on first use
+    this.table = null;         // the node table and its epoch the cells were laid out from
+    this.epoch = -1;
     this.groups = [];          // [{domain, start, count, y (device px, first cell row), rows}]
     this.width = 0;
     this.needsLayout = true;
@@ -53,6 +56,8 @@ export class Heatmap {
   render(changed, nodeSetChanged, now) {
     if (nodeSetChanged) this.needsLayout = true;
     if (!this.el.isConnected) return;
+    // Cells refer to slots: a new table, or slots moved by a compaction, cannot wait.
+    if (this.table !== state.nodes || this.epoch !== state.nodes.epoch) { this.needsLayout = true; now = true; }
     if (this.needsLayout) {
       // Nodes joining one by one must not relayout 100,000 cells every frame: at most
       // once a second; meanwhile changed cells that already have a place are repainted.
@@ -72,17 +77,20 @@ export class Heatmap {
     const dpr = window.devicePixelRatio || 1;
     this.dpr = dpr;
     this.width = this.el.clientWidth || 800;
-    // Slots: domains in name order, nodes by id within each (stable, so a node keeps its place).
+    // Cells: domains in name order, nodes by id within each (stable, so a node keeps its place).
+    const t = state.nodes, ids = t.cols[N.ID], domainOf = t.cols[N.DOMAIN];
+    this.table = t; this.epoch = t.epoch;
     const byDomain = new Map();
-    for (const [id, row] of state.nodes) {
-      const d = row[N.DOMAIN] || 'default';
+    for (let s = 0; s < t.end; s++) {
+      if (ids[s] === undefined) continue;
+      const d = domainOf[s] || 'default';
       let list = byDomain.get(d);
       if (!list) byDomain.set(d, (list = []));
-      list.push(id);
+      list.push(s);
     }
     const domains = [...byDomain.keys()].sort();
     this.order = [];
-    this.slot = null;
+    this.cellOf = null;
     const wDev = Math.floor(this.width * dpr);
     const maxH = Math.max(260, Math.round(window.innerHeight * 0.55));
     // The largest cell size whose layout fits the height budget.
@@ -101,11 +109,11 @@ export class Heatmap {
     let y = 0;
     this.groups = [];
     for (const d of domains) {
-      const ids = byDomain.get(d).sort();
+      const slots = inIdOrder(byDomain.get(d), ids);
       const start = this.order.length;
-      for (const id of ids) this.order.push(id);
-      const rows = Math.ceil(ids.length / cols);
-      this.groups.push({ domain: d, start, count: ids.length, y: y + labelH, rows });
+      for (const s of slots) this.order.push(s);
+      const rows = Math.ceil(slots.length / cols);
+      this.groups.push({ domain: d, start, count: slots.length, y: y + labelH, rows });
       y += labelH + rows * cell + groupGap;
     }
     const hDev = Math.max(Math.round(40 * dpr), y);
@@ -152,8 +160,8 @@ export class Heatmap {
   paintSome(ids) {
     let x0 = Infinity, y0 = Infinity, x1 = -1, y1 = -1;
     for (const id of ids) {
-      const i = this.slotOf(id);
-      if (i === undefined) continue;
+      const i = this.cellFor(id);
+      if (i < 0) continue;
       const [x, y] = this.cellXY(i);
       this.paintAt(i, x, y);
       if (x < x0) x0 = x; if (y < y0) y0 = y;
@@ -172,24 +180,28 @@ export class Heatmap {
     return [(k % this.cols) * this.cell, g.y + Math.floor(k / this.cols) * this.cell];
   }
 
-  /** The slot of a node, or undefined. The index is built when a change first needs it,
-   * not on the way to the first paint (100,000 entries). */
-  slotOf(id) {
-    if (!this.slot) {
-      this.slot = new Map();
-      for (let i = 0; i < this.order.length; i++) this.slot.set(this.order[i], i);
+  /** The cell of a node, or -1. The index is built when a change first needs it, not on
+   * the way to the first paint. */
+  cellFor(id) {
+    const slot = this.table.slotOf(id);
+    if (!this.cellOf) {
+      this.cellOf = new Int32Array(this.table.end).fill(-1);
+      for (let i = 0; i < this.order.length; i++) this.cellOf[this.order[i]] = i;
     }
-    return this.slot.get(id);
+    return slot === undefined || slot >= this.cellOf.length ? -1 : this.cellOf[slot];
   }
 
-  /** Paints slot i's cell, whose top-left corner is (x, y). */
+  /** The node id in cell i. */
+  idAt(i) { return this.table.cols[N.ID][this.order[i]]; }
+
+  /** Paints cell i, whose top-left corner is (x, y). */
   paintAt(i, x, y) {
-    const row = state.nodes.get(this.order[i]);
+    const c = this.table.cols, slot = this.order[i];
     const s = this.cell - this.gap; // drawn size
     const W = this.canvas.width, buf = this.buf;
-    if (!row) { this.fill(x, y, s, this.bg); return; }
-    const status = row[N.STATUS];
-    const score = Math.round(Math.max(0, Math.min(1, Number(row[N.HEALTH]) || 0)) * 100);
+    if (c[N.ID][slot] === undefined) { this.fill(x, y, s, this.bg); return; }
+    const status = c[N.STATUS][slot];
+    const score = Math.round(Math.max(0, Math.min(1, Number(c[N.HEALTH][slot]) || 0)) * 100);
     let base = HEALTH[score];
     if (status === 'dead') base = this.deadFill;
     else if (status === 'left') base = this.leftFill;
@@ -203,10 +215,10 @@ export class Heatmap {
     } else if (status === 'suspect') {
       // An outline around the health colour.
       for (let k = 0; k < s; k++) { set(k, 0, this.ink); set(k, s - 1, this.ink); set(0, k, this.ink); set(s - 1, k, this.ink); }
-    } else if (status === 'draining' || row[N.DRAIN]) {
+    } else if (status === 'draining' || c[N.DRAIN][slot]) {
       // A diagonal stripe.
       for (let k = 0; k < s; k++) { set(s - 1 - k, k, this.ink); if (s >= 6 && k + 1 < s) set(s - 2 - k < 0 ? 0 : s - 2 - k, k, this.ink); }
-    } else if (row[N.CORDONED]) {
+    } else if (c[N.CORDONED][slot]) {
       // A dot in the middle.
       const d = Math.max(1, Math.round(s / 3)), o = Math.floor((s - d) / 2);
       for (let a = 0; a < d; a++) for (let b = 0; b < d; b++) set(o + a, o + b, this.ink);
@@ -229,7 +241,7 @@ export class Heatmap {
       const col = Math.floor(x / this.cell), r = Math.floor((y - g.y) / this.cell);
       if (col < 0 || col >= this.cols) return null;
       const k = r * this.cols + col;
-      return k < g.count ? this.order[g.start + k] : null;
+      return k < g.count ? (this.idAt(g.start + k) ?? null) : null;
     }
     return null;
   }
@@ -254,6 +266,24 @@ export class Heatmap {
     this.tip.style.left = `${Math.max(0, tx)}px`;
     this.tip.style.top = `${Math.max(0, ty)}px`;
   }
+}
+
+/**
+ * `slots` by their node's id. A snapshot comes in id order and nodes that joined since
+ * take the slots after it, so the slots are a sorted run and a short tail: sort the tail
+ * and merge, rather than comparing 100,000 ids through a callback.
+ */
+function inIdOrder(slots, ids) {
+  let k = 1;
+  while (k < slots.length && ids[slots[k - 1]] < ids[slots[k]]) k += 1;
+  if (k >= slots.length) return slots;
+  const tail = slots.slice(k).sort((a, b) => (ids[a] < ids[b] ? -1 : ids[a] > ids[b] ? 1 : 0));
+  const out = new Array(slots.length);
+  let i = 0, j = 0, o = 0;
+  while (i < k && j < tail.length) out[o++] = ids[slots[i]] < ids[tail[j]] ? slots[i++] : tail[j++];
+  while (i < k) out[o++] = slots[i++];
+  while (j < tail.length) out[o++] = tail[j++];
+  return out;
 }
 
 /** The legend under the heatmap (HTML: colours and marks). */

@@ -11,17 +11,18 @@ const ROW_H = 26;      // px, fixed so the visible range is arithmetic
 const OVERSCAN = 8;    // rows drawn above and below the viewport
 const STATUSES = ['alive', 'suspect', 'draining', 'dead', 'unknown', 'left'];
 
+// `get` reads a column's sort key from the node table's columns `c` at slot `s`.
 const COLUMNS = [
-  { key: 'id', label: 'node', cls: 'c-id', get: (r) => r[N.ID] },
-  { key: 'status', label: 'status', cls: 'c-status', get: (r) => r[N.STATUS] },
-  { key: 'domain', label: 'domain', cls: 'c-domain', get: (r) => r[N.DOMAIN] },
-  { key: 'priority', label: 'priority', cls: 'c-prio', get: (r) => r[N.PRIORITY] },
-  { key: 'shard', label: 'shard', cls: 'c-shard r', get: (r) => r[N.SHARD] },
-  { key: 'health', label: 'health', cls: 'c-health r', get: (r) => Number(r[N.HEALTH]) || 0 },
-  { key: 'cpu', label: 'CPU alloc / cap', cls: 'c-cpu r', get: (r) => (r[N.CPU_CAP] ? r[N.CPU_ALLOC] / r[N.CPU_CAP] : 0) },
-  { key: 'mem', label: 'memory alloc / cap', cls: 'c-mem r', get: (r) => (r[N.MEM_CAP] ? r[N.MEM_ALLOC] / r[N.MEM_CAP] : 0) },
-  { key: 'gpu', label: 'GPU', cls: 'c-gpu r', get: (r) => r[N.GPU_CAP] || 0 },
-  { key: 'flags', label: 'flags', cls: 'c-flags', get: (r) => (r[N.PREEMPTING] ? 4 : 0) + (r[N.CORDONED] ? 2 : 0) + (r[N.DRAIN] ? 1 : 0) },
+  { key: 'id', label: 'node', cls: 'c-id', get: (c, s) => c[N.ID][s] },
+  { key: 'status', label: 'status', cls: 'c-status', get: (c, s) => c[N.STATUS][s] },
+  { key: 'domain', label: 'domain', cls: 'c-domain', get: (c, s) => c[N.DOMAIN][s] },
+  { key: 'priority', label: 'priority', cls: 'c-prio', get: (c, s) => c[N.PRIORITY][s] },
+  { key: 'shard', label: 'shard', cls: 'c-shard r', get: (c, s) => c[N.SHARD][s] },
+  { key: 'health', label: 'health', cls: 'c-health r', get: (c, s) => Number(c[N.HEALTH][s]) || 0 },
+  { key: 'cpu', label: 'CPU alloc / cap', cls: 'c-cpu r', get: (c, s) => (c[N.CPU_CAP][s] ? c[N.CPU_ALLOC][s] / c[N.CPU_CAP][s] : 0) },
+  { key: 'mem', label: 'memory alloc / cap', cls: 'c-mem r', get: (c, s) => (c[N.MEM_CAP][s] ? c[N.MEM_ALLOC][s] / c[N.MEM_CAP][s] : 0) },
+  { key: 'gpu', label: 'GPU', cls: 'c-gpu r', get: (c, s) => c[N.GPU_CAP][s] || 0 },
+  { key: 'flags', label: 'flags', cls: 'c-flags', get: (c, s) => (c[N.PREEMPTING][s] ? 4 : 0) + (c[N.CORDONED][s] ? 2 : 0) + (c[N.DRAIN][s] ? 1 : 0) },
 ];
 
 const cmp = (a, b) => (a < b ? -1 : a > b ? 1 : 0);
@@ -29,7 +30,7 @@ const cmp = (a, b) => (a < b ? -1 : a > b ? 1 : 0);
 // Every node id in id order, rebuilt only when nodes come or go (sorting 100,000 strings
 // costs more than a frame, so it is not redone for value changes).
 let idOrder = [];
-let idOrderFor = null; // the Map and size it was built from
+let idOrderFor = null; // the node table and size it was built from
 function byIdOrder() {
   if (idOrderFor !== state.nodes || idOrder.length !== state.nodes.size) {
     idOrder = [...state.nodes.keys()].sort(cmp);
@@ -155,27 +156,28 @@ export function nodesPage(query) {
     const lm = /^([^=]+)=(.*)$/.exec(filters.label || '');
     const localLabel = lm && (lm[1] === 'domain' || lm[1] === 'priority') ? lm : null;
     const text = filters.text.toLowerCase();
+    const t = state.nodes, c = t.cols;
     const out = [];
     for (const id of byIdOrder()) {
-      const r = state.nodes.get(id);
-      if (!r) continue;
-      if (filters.domain && r[N.DOMAIN] !== filters.domain) continue;
-      if (filters.status && r[N.STATUS] !== filters.status) continue;
-      if (filters.priority && r[N.PRIORITY] !== filters.priority) continue;
-      if (localLabel && r[localLabel[1] === 'domain' ? N.DOMAIN : N.PRIORITY] !== localLabel[2]) continue;
+      const s = t.slotOf(id);
+      if (s === undefined) continue;
+      if (filters.domain && c[N.DOMAIN][s] !== filters.domain) continue;
+      if (filters.status && c[N.STATUS][s] !== filters.status) continue;
+      if (filters.priority && c[N.PRIORITY][s] !== filters.priority) continue;
+      if (localLabel && c[localLabel[1] === 'domain' ? N.DOMAIN : N.PRIORITY][s] !== localLabel[2]) continue;
       if (!localLabel && filters.label && labelMatch && !labelMatch.has(id)) continue;
       if (!localLabel && filters.label && !labelMatch) continue; // still loading
       if (text && !id.toLowerCase().includes(text)) continue;
-      out.push(r);
+      out.push(s);
     }
     if (sortKey === 'id') {
-      // Rows were visited in id order already (byIdOrder): no sort needed.
-      ids = out.map((r) => r[N.ID]);
+      // Nodes were visited in id order already (byIdOrder): no sort needed.
+      ids = out.map((s) => c[N.ID][s]);
       if (sortDir < 0) ids.reverse();
     } else {
-      const col = COLUMNS.find((c) => c.key === sortKey) || COLUMNS[0];
+      const col = COLUMNS.find((k) => k.key === sortKey) || COLUMNS[0];
       // Decorate-sort: read each key once; the id breaks ties so the order is stable.
-      const keyed = out.map((r) => [col.get(r), r[N.ID]]);
+      const keyed = out.map((s) => [col.get(c, s), c[N.ID][s]]);
       keyed.sort((a, b) => sortDir * cmp(a[0], b[0]) || cmp(a[1], b[1]));
       ids = keyed.map((k) => k[1]);
     }
@@ -189,7 +191,7 @@ export function nodesPage(query) {
 
   function renderDomainOptions() {
     const domains = new Set(state.federation.domains.map((d) => d.domain));
-    if (!domains.size) for (const r of state.nodes.values()) domains.add(r[N.DOMAIN]);
+    if (!domains.size) for (const s of state.nodes.slots.values()) domains.add(state.nodes.cols[N.DOMAIN][s]);
     if (filters.domain) domains.add(filters.domain);
     const list = [...domains].sort();
     const key = list.join('\n');

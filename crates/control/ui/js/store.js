@@ -4,12 +4,9 @@
 // Every event marks what it changed in `dirty`; one requestAnimationFrame callback hands the
 // accumulated dirt to the current page, so a burst of events costs one render.
 
-// Indexes into a node's row, as applyNodes builds it from a `nodes` message's columns.
-export const N = Object.freeze({
-  ID: 0, STATUS: 1, SHARD: 2, DOMAIN: 3, PRIORITY: 4, HEALTH: 5,
-  CPU_CAP: 6, CPU_ALLOC: 7, MEM_CAP: 8, MEM_ALLOC: 9, GPU_CAP: 10, GPU_ALLOC: 11,
-  CORDONED: 12, DRAIN: 13, INCARNATION: 14, PREEMPTING: 15,
-});
+import { NodeTable, N } from './node-table.js';
+
+export { N };
 
 /** How many health samples each node keeps for its sparkline, and capacity points per app. */
 const HEALTH_KEEP = 240;
@@ -19,13 +16,13 @@ const CAPACITY_KEEP = 5000;
 export function healthHistoryOf(id) {
   const hist = state.healthHistory.get(id);
   if (hist) return hist;
-  const row = state.nodes.get(id);
-  return row ? { t: [state.snapshotAt], v: [row[N.HEALTH]] } : null;
+  const s = state.nodes.slotOf(id);
+  return s === undefined ? null : { t: [state.snapshotAt], v: [state.nodes.cols[N.HEALTH][s]] };
 }
 
 export const state = {
-  /** node id → compact row (array, see N). */
-  nodes: new Map(),
+  /** Every node's fields, as columns (see node-table.js). */
+  nodes: new NodeTable(),
   nodesTotal: 0,
   /** {domains: [...], shards: [...]} as the last `federation` event sent it. */
   federation: { domains: [], shards: [] },
@@ -111,7 +108,7 @@ function queueFrame() {
 // ---- applying events -------------------------------------------------------------------
 
 function resetForSnapshot(total) {
-  state.nodes = new Map();
+  state.nodes = new NodeTable();
   state.nodesTotal = total || 0;
   state.federation = { domains: [], shards: [] };
   state.apps = new Map();
@@ -123,12 +120,13 @@ function resetForSnapshot(total) {
 }
 
 // A node's health history starts at its first change after a snapshot, seeded with the
-// value the snapshot showed (`prev`): a snapshot of 100,000 nodes must not build 100,000
-// histories. See healthHistoryOf for a node that has not changed yet.
+// score the snapshot showed (`prev`, undefined for a node new since): a snapshot of
+// 100,000 nodes must not build 100,000 histories. See healthHistoryOf for a node that has
+// not changed yet.
 function recordHealth(id, score, now, prev) {
   let hist = state.healthHistory.get(id);
   if (!hist) {
-    hist = prev ? { t: [state.snapshotAt], v: [prev[N.HEALTH]] } : { t: [], v: [] };
+    hist = prev !== undefined ? { t: [state.snapshotAt], v: [prev] } : { t: [], v: [] };
     state.healthHistory.set(id, hist);
   }
   const n = hist.v.length;
@@ -138,36 +136,44 @@ function recordHealth(id, score, now, prev) {
 }
 
 // A `nodes` message carries its nodes as columns (crates/control/src/events/columns.rs
-// says what each holds): at 100,000 nodes that is 40 % of the bytes of a row per node,
-// and parsing it makes 16 arrays, not 100,000. Each node becomes the row the pages read.
+// says what each holds), and the table keeps them as columns: applying it is a store per
+// node and field, with the strings and capacities the message sends once looked up.
 function applyNodes(msg) {
   const now = Date.now();
+  const t = state.nodes;
   const ids = msg.id || [];
   const S = msg.strings || [], caps = msg.capacities || [];
   const { status, shard, domain, priority, health, capacity, cpu_alloc: cpuAlloc, mem_alloc: memAlloc, gpu_alloc: gpuAlloc, flags, incarnation } = msg;
-  // A snapshot's end redraws everything (dirty.all): its rows need no dirt of their own,
+  const c = t.cols;
+  // A snapshot's end redraws everything (dirty.all): its nodes need no dirt of their own,
   // and only nodes that already have a history record into it.
   const loading = state.loading;
   for (let i = 0; i < ids.length; i++) {
     const id = ids[i];
+    let s = t.slotOf(id);
+    const prev = s === undefined ? undefined : c[N.HEALTH][s];
+    if (s === undefined) { s = t.add(id); dirty.nodeSet = true; }
     const cap = caps[capacity[i]] || [0, 0, 0];
     const f = flags[i];
-    const row = [id, S[status[i]], shard[i], S[domain[i]], S[priority[i]], health[i], cap[0], cpuAlloc[i],
-      cap[1], memAlloc[i], cap[2], gpuAlloc[i], (f & 1) !== 0, (f & 2) !== 0, incarnation[i], (f & 4) !== 0];
-    const prev = state.nodes.get(id);
-    if (!prev) dirty.nodeSet = true;
-    state.nodes.set(id, row);
+    c[N.STATUS][s] = S[status[i]]; c[N.SHARD][s] = shard[i]; c[N.DOMAIN][s] = S[domain[i]];
+    c[N.PRIORITY][s] = S[priority[i]]; c[N.HEALTH][s] = health[i];
+    c[N.CPU_CAP][s] = cap[0]; c[N.CPU_ALLOC][s] = cpuAlloc[i]; c[N.MEM_CAP][s] = cap[1]; c[N.MEM_ALLOC][s] = memAlloc[i];
+    c[N.GPU_CAP][s] = cap[2]; c[N.GPU_ALLOC][s] = gpuAlloc[i];
+    c[N.CORDONED][s] = (f & 1) !== 0; c[N.DRAIN][s] = (f & 2) !== 0; c[N.PREEMPTING][s] = (f & 4) !== 0;
+    c[N.INCARNATION][s] = incarnation[i];
     if (loading) {
-      if (state.healthHistory.has(id)) recordHealth(id, row[N.HEALTH], now);
+      if (state.healthHistory.has(id)) recordHealth(id, health[i], now);
       continue;
     }
     dirty.nodes.add(id);
-    recordHealth(id, row[N.HEALTH], now, prev);
+    recordHealth(id, health[i], now, prev);
   }
   for (const id of msg.removed || []) {
-    if (state.nodes.delete(id)) { dirty.nodeSet = true; dirty.nodes.add(id); }
+    if (t.delete(id)) { dirty.nodeSet = true; dirty.nodes.add(id); }
   }
-  if (!state.loading) state.nodesTotal = state.nodes.size;
+  // Slots move: everything laid out by slot is laid out again (nodeSet).
+  if (t.sparse()) { t.compact(); dirty.nodeSet = true; }
+  if (!state.loading) state.nodesTotal = t.size;
 }
 
 function capacityTotals(cap) {
