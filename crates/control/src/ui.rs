@@ -99,25 +99,62 @@ mod tests {
         assert_eq!(content_type("a.b/LICENSE"), "text/plain; charset=utf-8");
     }
 
+    /// The modules `file` imports statically (`import … from './….js'`), as paths under `ui/`.
+    fn static_imports(file: &str) -> Vec<String> {
+        let text = std::str::from_utf8(embedded(file).unwrap()).unwrap();
+        let dir = file.rsplit_once('/').map_or("", |(d, _)| d);
+        text.lines()
+            .filter(|l| l.starts_with("import ") || l.starts_with("export "))
+            .filter_map(|l| l.split(" from '").nth(1)?.split('\'').next())
+            .map(|m| {
+                let m = m.trim_start_matches("./");
+                if dir.is_empty() { m.to_owned() } else { format!("{dir}/{m}") }
+            })
+            .collect()
+    }
+
+    /// `modules` and every module they import statically, directly or not.
+    fn with_imports(mut modules: Vec<String>) -> Vec<String> {
+        let mut i = 0;
+        while i < modules.len() {
+            assert!(embedded(&modules[i]).is_some(), "{} is imported but not under ui/", modules[i]);
+            for m in static_imports(&modules[i]) {
+                if !modules.contains(&m) {
+                    modules.push(m);
+                }
+            }
+            i += 1;
+        }
+        modules
+    }
+
     /// The page opens its stream before it asks for anything else (boot.js, before the
-    /// styles), and boot.js preloads every module: one it left out would be fetched only
-    /// when its importer is parsed, a round trip later.
+    /// styles), and boot.js preloads exactly the modules app.js imports, directly or not:
+    /// one it left out would be fetched only when its importer is parsed, a round trip
+    /// later; one app.js does not import (another page's, imported when shown) would
+    /// hold the first paint back.
     #[test]
-    fn the_page_opens_its_stream_first_and_preloads_every_module() {
+    fn the_page_opens_its_stream_first_and_preloads_the_first_pages_modules() {
         let index = std::str::from_utf8(embedded("index.html").unwrap()).unwrap();
         let at = |s: &str| index.find(s).unwrap_or_else(|| panic!("{s} in index.html"));
         assert!(at(r#"<script src="/ui/boot.js">"#) < at(r#"<link rel="stylesheet""#));
         assert_eq!(index.matches("<script").count(), 1, "boot.js loads the other scripts");
         let boot = std::str::from_utf8(embedded("boot.js").unwrap()).unwrap();
         let listed = boot.split("const modules = [").nth(1).and_then(|s| s.split("];").next()).unwrap();
-        let listed: Vec<&str> = listed.split(',').map(|m| m.trim().trim_matches('\'')).collect();
-        let mut modules: Vec<&str> = files::FILES
-            .iter()
-            .filter_map(|(p, _)| p.strip_prefix("js/").and_then(|m| m.strip_suffix(".js")))
-            .collect();
-        let mut listed = listed;
+        let mut listed: Vec<String> =
+            listed.split(',').map(|m| format!("js/{}.js", m.trim().trim_matches('\''))).collect();
+        let app = std::str::from_utf8(embedded("app.js").unwrap()).unwrap();
+        let mut reached = with_imports(static_imports("app.js"));
         listed.sort_unstable();
-        modules.sort_unstable();
-        assert_eq!(listed, modules, "boot.js preloads every module under js/, and nothing else");
+        reached.sort_unstable();
+        assert_eq!(listed, reached, "boot.js preloads what app.js imports, and nothing else");
+        // Every other module is imported by a page app.js imports when it is shown.
+        let pages: Vec<String> =
+            app.split("import('./").skip(1).filter_map(|s| s.split('\'').next()).map(str::to_owned).collect();
+        assert!(!pages.is_empty(), "app.js imports the other pages when shown");
+        let all = with_imports(pages.into_iter().chain(reached).collect());
+        for (path, _) in files::FILES.iter().filter(|(p, _)| p.starts_with("js/")) {
+            assert!(all.iter().any(|m| m == path), "{path}: neither preloaded nor imported by a page");
+        }
     }
 }

@@ -1,36 +1,52 @@
 // Flotilla dashboard: entry point. Routes (#/federation, #/apps, #/apps/NAME, #/nodes,
 // #/nodes/ID, #/pools), the top bar, and the frame loop that hands the stream's changes to
 // the page on screen. Plain ES2020 modules, no build step; see js/ for the pieces.
+//
+// Only the federation page's modules are imported here (boot.js preloads exactly these):
+// the other pages' are imported when first shown, and fetched ahead once the first
+// snapshot is drawn, so the first paint does not wait for code it does not run.
 
 import { state, connect, onFrame, onProgress, markAll } from './js/store.js';
 import { askToken, getToken, onTokenChange, refreshGrant, setToken, toast } from './js/api.js';
 import { federationPage } from './js/federation.js';
-import { appsPage, appPage } from './js/apps.js';
-import { nodesPage, nodePage } from './js/nodes.js';
-import { poolsPage } from './js/pools.js';
 import { num } from './js/util.js';
 
 const main = document.getElementById('main');
 let page = null;
 
-/** The page for the current hash: [nav key, page object]. */
+/** The other pages' modules. */
+const load = {
+  apps: () => import('./js/apps.js'),
+  nodes: () => import('./js/nodes.js'),
+  pools: () => import('./js/pools.js'),
+};
+
+/** The page for the current hash: [nav key, its module (a promise) or null, (module) => page object]. */
 function route() {
   const raw = location.hash.replace(/^#\/?/, '');
   const [pathPart, queryPart] = raw.split('?');
   const parts = pathPart.split('/').filter(Boolean).map((p) => { try { return decodeURIComponent(p); } catch { return p; } });
   const query = new URLSearchParams(queryPart || '');
+  const rest = parts.slice(1).join('/');
   switch (parts[0]) {
-    case 'apps': return ['apps', parts[1] ? appPage(parts.slice(1).join('/')) : appsPage()];
-    case 'nodes': return ['nodes', parts[1] ? nodePage(parts.slice(1).join('/')) : nodesPage(query)];
-    case 'pools': return ['pools', poolsPage()];
-    default: return ['federation', federationPage()];
+    case 'apps': return ['apps', load.apps(), (m) => (rest ? m.appPage(rest) : m.appsPage())];
+    case 'nodes': return ['nodes', load.nodes(), (m) => (rest ? m.nodePage(rest) : m.nodesPage(query))];
+    case 'pools': return ['pools', load.pools(), (m) => m.poolsPage()];
+    default: return ['federation', null, () => federationPage()];
   }
 }
 
-function navigate() {
+let navigations = 0;
+async function navigate() {
+  const n = ++navigations;
+  const [key, module, make] = route();
+  let mod = null;
+  if (module) {
+    try { mod = await module; } catch (e) { console.error('loading the page failed', e); toast('Could not load the page: reload to try again', 'error'); return; }
+    if (n !== navigations) return; // navigated again meanwhile
+  }
   if (page && page.unmount) page.unmount();
-  const [key, next] = route();
-  page = next;
+  page = make(mod);
   for (const a of document.querySelectorAll('.nav a')) {
     a.classList.toggle('active', a.dataset.page === key);
     if (a.dataset.page === key) a.setAttribute('aria-current', 'page'); else a.removeAttribute('aria-current');
@@ -53,7 +69,12 @@ onFrame((dirty) => {
   if (state.loading) return;
   document.getElementById('loading').hidden = true;
   if (page) page.update(dirty);
+  if (!fetchedAhead) {
+    fetchedAhead = true;
+    setTimeout(() => { for (const f of Object.values(load)) f().catch(() => {}); }, 0);
+  }
 });
+let fetchedAhead = false;
 
 onProgress((loaded, total) => {
   const el = document.getElementById('loading');

@@ -3,7 +3,7 @@
 // At 100,000 nodes the control plane takes a while to build the snapshot, and the
 // browser a while to fetch and compile the modules: asking for the stream first lets the
 // two overlap. Asking first matters: over HTTP/1.1 a browser opens six connections to a
-// host, and a stream asked for after the page's 17 scripts and styles waits behind them.
+// host, and a stream asked for after the page's scripts and styles waits behind them.
 // So the scripts are not in index.html, where the browser's preload scanner would ask for
 // them before this runs; they are added here, every module at once (modulepreload) rather
 // than level by level as app.js's imports are found.
@@ -14,9 +14,9 @@
 (() => {
   /** Every event the stream sends; store.js checks that it handles no other. */
   const names = ['snapshot_begin', 'nodes', 'snapshot_end', 'federation', 'app', 'app_removed', 'pool', 'ping'];
-  /** Every module app.js imports, directly or not (a test holds this to js/). */
-  const modules = ['store', 'util', 'api', 'federation', 'heatmap', 'apps', 'nodes', 'pools', 'events-list',
-    'history-chart', 'log-tail', 'rollout', 'spec-editor', 'versions'];
+  /** Every module app.js imports, directly or not (a test holds this to app.js's imports);
+   * the other pages' modules are imported when needed (see app.js). */
+  const modules = ['store', 'node-table', 'util', 'api', 'federation', 'heatmap'];
 
   const queue = [];
   let sink = null;
@@ -43,11 +43,9 @@
   setTimeout(() => {
     const add = (tag, attrs) => document.head.appendChild(Object.assign(document.createElement(tag), attrs));
     for (const m of ['app', ...modules.map((m) => `js/${m}`)]) add('link', { rel: 'modulepreload', href: `/ui/${m}.js` });
-    // The charts' library, then app.js: `async: false` runs them in that order, each as
-    // soon as it is here. The modules find the page's elements as they run, so app.js
-    // goes in once the body is parsed.
-    add('script', { src: '/ui/vendor/uPlot.iife.min.js', async: false });
-    const start = () => add('script', { type: 'module', src: '/ui/app.js', async: false });
+    // The modules find the page's elements as they run, so app.js goes in once the body
+    // is parsed. (The charts' library is loaded by the first chart: util.js.)
+    const start = () => add('script', { type: 'module', src: '/ui/app.js' });
     if (document.readyState === 'loading') document.addEventListener('DOMContentLoaded', start, { once: true });
     else start();
   }, 0);

@@ -2,7 +2,7 @@
 // capacity over time, and the scale / apply / rollback controls).
 
 import { state } from './store.js';
-import { h, setChildren, num, pill, sum, clock, agoEl, duration, resText, cores } from './util.js';
+import { h, setChildren, num, pill, sum, clock, agoEl, duration, resText, cores, chartLibrary, chartNote } from './util.js';
 import { act, read, toast, mayChangeApp } from './api.js';
 import { SpecEditor } from './spec-editor.js';
 import { VersionsView } from './versions.js';
@@ -328,7 +328,8 @@ export function appPage(name) {
 
   function renderChart() {
     const hist = state.capacityHistory.get(name);
-    if (typeof window.uPlot !== 'function') { setChildren(ui.chart, h('p', { class: 'muted', text: 'chart library missing' })); return; }
+    const lib = chartLibrary(renderChart);
+    if (lib !== 'ready') { setChildren(ui.chart, chartNote(lib)); return; }
     const data = chartData(hist);
     if (!chart) {
       if (!ui.chart.isConnected) return;

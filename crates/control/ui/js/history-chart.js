@@ -4,7 +4,7 @@
 // plane across restarts; autoscaling decisions are marks on it, and the cursor near one
 // shows its explanation. Asked again every 10 s while the page is open.
 
-import { h, setChildren, clock, num } from './util.js';
+import { h, setChildren, clock, num, chartLibrary, chartNote } from './util.js';
 import { readJson } from './api.js';
 
 const WINDOWS = ['1h', '6h', '24h'];
@@ -82,7 +82,8 @@ export class HistoryChart {
   }
 
   draw(data, lines, from, to) {
-    if (typeof window.uPlot !== 'function') { setChildren(this.plot, h('p', { class: 'muted', text: 'chart library missing' })); return; }
+    const lib = chartLibrary(() => this.draw(data, lines, from, to));
+    if (lib !== 'ready') { setChildren(this.plot, chartNote(lib)); return; }
     if (this.chart) { this.chart.setData(data, false); this.chart.setScale('x', { min: from, max: to }); return; }
     if (!this.plot.isConnected) return;
     const cs = getComputedStyle(document.body);

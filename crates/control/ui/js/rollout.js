@@ -3,7 +3,7 @@
 // the step (a chart since the page opened), and the promote and abort buttons
 // (`POST …/rollout/promote|abort`, scope deploy).
 
-import { h, setChildren, num, pill } from './util.js';
+import { h, setChildren, num, pill, chartLibrary, chartNote } from './util.js';
 import { act } from './api.js';
 
 const POINTS = 600;
@@ -65,7 +65,9 @@ export class RolloutView {
   }
 
   draw() {
-    if (typeof window.uPlot !== 'function' || !this.plot.isConnected) return;
+    if (!this.plot.isConnected) return;
+    const lib = chartLibrary(() => this.draw());
+    if (lib !== 'ready') { setChildren(this.plot, chartNote(lib)); return; }
     if (!this.chart) {
       this.plot.replaceChildren();
       const cs = getComputedStyle(document.body);

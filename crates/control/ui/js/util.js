@@ -47,15 +47,21 @@ export function setChildren(el, ...children) {
 const GiB = 1024 ** 3;
 const MiB = 1024 ** 2;
 
-/** "1.5" with at most `digits` decimals, trailing zeros dropped, thousands grouped. */
-// Intl.NumberFormat is costly to build: one per precision, reused (the nodes table formats
-// hundreds of numbers per scrolled frame).
-const formats = new Map();
+/** "1,234.5" with at most `digits` decimals, trailing zeros dropped, thousands grouped.
+ * Not Intl.NumberFormat: building its first one loads ICU's data, 10-20 ms on the way to
+ * the first paint. */
 export function num(x, digits = 1) {
-  if (x === null || x === undefined || Number.isNaN(Number(x))) return '–';
-  let f = formats.get(digits);
-  if (!f) formats.set(digits, (f = new Intl.NumberFormat('en-US', { maximumFractionDigits: digits })));
-  return f.format(Number(x));
+  if (x === null || x === undefined) return '–';
+  const v = Number(x);
+  if (Number.isNaN(v)) return '–';
+  if (!Number.isFinite(v)) return v > 0 ? '∞' : '-∞';
+  const fixed = Math.abs(v).toFixed(digits);
+  if (fixed.includes('e')) return String(v); // 1e21 and up
+  const [whole, frac = ''] = fixed.split('.');
+  const decimals = frac.replace(/0+$/, '');
+  const grouped = whole.replace(/\B(?=(\d{3})+$)/g, ',');
+  const sign = v < 0 && (whole !== '0' || decimals) ? '-' : '';
+  return `${sign}${grouped}${decimals ? '.' + decimals : ''}`;
 }
 
 /** Cores from millicores: fewer decimals as the number grows (2,035 cores, 6.25 cores). */
@@ -148,4 +154,27 @@ export function throttle(fn, ms) {
     if (now - last >= ms) run();
     else if (!timer) timer = setTimeout(run, ms - (now - last));
   };
+}
+
+// uPlot, the charts' library (window.uPlot), is loaded when a chart first needs it: the
+// federation page has none, and running it before the page's modules held their first
+// paint back.
+let chartLoad = null;
+
+/**
+ * 'ready' when uPlot is here; else 'loading' (then `redraw` runs once it is) or 'missing'
+ * (it failed to load). A chart shows `chartNote(state)` until it is ready.
+ */
+export function chartLibrary(redraw) {
+  if (typeof window.uPlot === 'function') return 'ready';
+  chartLoad ||= new Promise((resolve) => {
+    document.head.append(h('script', { src: '/ui/vendor/uPlot.iife.min.js', on: { load: () => resolve(true), error: () => resolve(false) } }));
+  });
+  chartLoad.then((ok) => { if (ok) redraw(); else chartLoad.failed = true; });
+  return chartLoad.failed ? 'missing' : 'loading';
+}
+
+/** What a chart shows while its library loads, or if it could not. */
+export function chartNote(state) {
+  return h('p', { class: 'muted', text: state === 'missing' ? 'chart library missing' : 'loading the chart…' });
 }
