@@ -50,6 +50,11 @@ pub struct DashboardArgs {
     /// The `flotilla` binary (default: next to this one).
     #[arg(long)]
     pub flotilla: Option<PathBuf>,
+    /// The browser opens a second control plane, started after the server-side reads
+    /// and following every shard, that has never built a snapshot: the first dashboard
+    /// after a start (or after more than a chunk of changes) waits for the build.
+    #[arg(long)]
+    pub cold: bool,
 }
 
 /// A child in its own process group: SIGTERM, then SIGKILL to the whole group, on drop.
@@ -225,6 +230,27 @@ async fn read_snapshot(client: &reqwest::Client, addr: &str) -> anyhow::Result<S
     Err(anyhow!("the events stream ended before snapshot_end"))
 }
 
+/// Waits (bounded) until the control plane follows every node, without asking for the
+/// stream (whose snapshot it would build).
+async fn wait_for_view(addr: &str, nodes: usize, within: Duration) -> anyhow::Result<()> {
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(10)).build()?;
+    let deadline = Instant::now() + within;
+    loop {
+        let shown: usize = match client.get(format!("http://{addr}/v1/shards")).send().await {
+            Ok(r) => r
+                .json::<Vec<Value>>()
+                .await
+                .map_or(0, |rows| rows.iter().filter_map(|r| r["nodes"].as_u64()).sum::<u64>() as usize),
+            Err(_) => 0,
+        };
+        if shown >= nodes {
+            return Ok(());
+        }
+        anyhow::ensure!(Instant::now() < deadline, "the second control plane shows {shown} of {nodes} nodes");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// Waits (bounded) until the control plane's snapshot holds every node; returns that read.
 async fn wait_for_all(addr: &str, nodes: usize, within: Duration) -> anyhow::Result<Snapshot> {
     let client = reqwest::Client::builder().timeout(Duration::from_secs(60)).build()?;
@@ -301,22 +327,31 @@ pub async fn run(a: DashboardArgs) -> anyhow::Result<()> {
         snap.first_byte.as_secs_f64() * 1e3,
         snap.whole.as_secs_f64() * 1e3
     );
-    // A second read: the node chunks of an unchanged view may be cached; a flip since
-    // the first read rebuilds them, so this is the usual case for a browser.
+    // A second read: the first read's node chunks and the changes since (the usual case
+    // for a browser, unless --cold).
     let snap2 = wait_for_all(&addr, nodes, Duration::from_secs(30)).await?;
+    let fresh = if a.cold {
+        let (c, fresh_addr) = spawn_control(&bin, data, shards)?;
+        wait_for_view(&fresh_addr, nodes, Duration::from_secs(120)).await?;
+        Some((c, fresh_addr))
+    } else {
+        None
+    };
+    let (watched, page_addr) = fresh.as_ref().map_or((&control, addr.as_str()), |(c, a)| (c, a.as_str()));
 
-    let cpu0 = proc_cpu_seconds(control.pid()).unwrap_or(0.0);
+    let cpu0 = proc_cpu_seconds(watched.pid()).unwrap_or(0.0);
     let t0 = Instant::now();
     let browser = if a.no_browser {
         tokio::time::sleep(Duration::from_secs(a.seconds)).await;
         None
     } else {
-        Some(run_browser(&a, &addr).await?)
+        Some(run_browser(&a, page_addr).await?)
     };
     let window = t0.elapsed().as_secs_f64();
-    let cpu = proc_cpu_seconds(control.pid()).unwrap_or(0.0) - cpu0;
-    let rss = proc_rss_bytes(control.pid()).unwrap_or(0);
+    let cpu = proc_cpu_seconds(watched.pid()).unwrap_or(0.0) - cpu0;
+    let rss = proc_rss_bytes(watched.pid()).unwrap_or(0);
     cluster.stop();
+    drop(fresh);
     drop(control);
     drop(cluster);
 
@@ -327,6 +362,7 @@ pub async fn run(a: DashboardArgs) -> anyhow::Result<()> {
         "shards": a.shards,
         "seconds": a.seconds,
         "flips_per_second": a.flips_per_second,
+        "cold": a.cold,
         "snapshot_bytes": snap.bytes,
         "snapshot_nodes_messages": snap.nodes_messages,
         "snapshot_nodes": snap.nodes_sent,

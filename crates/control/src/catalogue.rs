@@ -78,7 +78,7 @@ pub const EVENTS_SNAPSHOTS: Family =
     Family::counter("flotilla_events_snapshots_total", "Full snapshots sent on event streams.", &[]);
 pub const EVENTS_SNAPSHOT_BUILDS: Family = Family::counter(
     "flotilla_events_snapshot_builds_total",
-    "Snapshots whose node chunks were built afresh; the others resent the last build's with the changes since.",
+    "Snapshot node chunks built afresh, for a subscriber or ahead of one; other snapshots resend the last build's with the changes since.",
     &[],
 );
 pub const EVENTS_LAGGED: Family = Family::counter(

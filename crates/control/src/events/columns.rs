@@ -148,19 +148,25 @@ pub(super) fn node_frames(rows: &[(Arc<NodeRecord>, bool)], removed: Vec<&str>) 
         .collect()
 }
 
-/// Every node of `slots` as `nodes` messages, by id: the page lays its heatmap out by
-/// id within each domain, and sorting rows that come in order costs it one pass. The ids
-/// are sorted as slices beside the rows, so a comparison does not go through two
-/// pointers to reach their bytes.
-pub(super) fn snapshot_chunks(slots: &[Arc<ShardSlot>]) -> Vec<Frame> {
+/// Every node of `slots` as `nodes` messages, by id, each handed to `each` as soon as it
+/// is built (the page applies the first while the rest are built); all of them, or None
+/// once `each` says stop. By id: the page lays its heatmap out by id within each domain,
+/// and ids that come in order cost it one pass. The ids are sorted as slices beside the
+/// rows, so a comparison does not go through two pointers to reach their bytes.
+pub(super) fn snapshot_chunks(slots: &[Arc<ShardSlot>], mut each: impl FnMut(&Frame) -> bool) -> Option<Vec<Frame>> {
     let mut keyed: Vec<(&str, &Arc<NodeRecord>, bool)> =
         slots.iter().flat_map(|s| s.view.nodes.values().map(|r| (r.node_id.as_str(), r, s.connected))).collect();
-    if keyed.is_empty() {
-        return Vec::new();
-    }
     keyed.sort_unstable_by_key(|k| k.0);
     let rows: Vec<(Arc<NodeRecord>, bool)> = keyed.into_iter().map(|(_, r, c)| (r.clone(), c)).collect();
-    node_frames(&rows, Vec::new())
+    let mut out = Vec::with_capacity(rows.len().div_ceil(SNAPSHOT_CHUNK));
+    for chunk in rows.chunks(SNAPSHOT_CHUNK) {
+        let f = frame("nodes", &NodeColumns::of(chunk, Vec::new()));
+        if !each(&f) {
+            return None;
+        }
+        out.push(f);
+    }
+    Some(out)
 }
 
 #[cfg(test)]
@@ -215,7 +221,7 @@ mod tests {
             v.insert(node(&format!("n{i:05}"), "x", 4000));
         }
         let slot = Arc::new(ShardSlot::of(Arc::new(v), true));
-        let frames = snapshot_chunks(&[slot]);
+        let frames = snapshot_chunks(&[slot], |_| true).unwrap();
         assert_eq!(frames.len(), 2);
         let data = |f: &Frame| -> serde_json::Value {
             let s = std::str::from_utf8(f).unwrap();

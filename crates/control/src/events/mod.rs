@@ -162,8 +162,9 @@ impl Drop for Admitted {
 }
 
 impl Hub {
+    /// The hub; inside a runtime it also keeps a snapshot build ready ([`keep_built`]).
     pub fn new(control: Arc<ControlState>) -> Arc<Hub> {
-        Arc::new(Hub {
+        let hub = Arc::new(Hub {
             control,
             published: Mutex::new(Published::default()),
             tx: broadcast::channel(BROADCAST_CAPACITY).0,
@@ -172,7 +173,11 @@ impl Hub {
             started: AtomicBool::new(false),
             remote: Mutex::new(BTreeMap::new()),
             fetching: AtomicBool::new(false),
-        })
+        });
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(keep_built(Arc::downgrade(&hub)));
+        }
+        hub
     }
 
     fn admit(self: &Arc<Self>, peer: Option<std::net::IpAddr>) -> Result<Admitted, ControlError> {
@@ -298,8 +303,10 @@ impl Hub {
         }
     }
 
-    /// Subscribes, and returns the snapshot that the broadcast continues from.
-    async fn snapshot(self: &Arc<Self>) -> (broadcast::Receiver<Frame>, Vec<Frame>) {
+    /// Subscribes: the snapshot that the broadcast continues from comes on the second
+    /// receiver, each frame as soon as it is built (the page applies the first node
+    /// chunks while the rest are built), and the receiver closes after `snapshot_end`.
+    async fn snapshot(self: &Arc<Self>) -> (broadcast::Receiver<Frame>, mpsc::Receiver<Frame>) {
         let (rx, slots, cached, rest) = {
             let mut p = self.published.lock_or_recover();
             self.tick_locked(&mut p);
@@ -312,27 +319,27 @@ impl Hub {
             count("pool", p.pools.len());
             (rx, p.slots.clone(), p.snapshot_nodes.clone(), rest)
         };
-        // Up to 100,000 rows: off the async workers.
-        let s = slots.clone();
-        let (nodes, built) = match tokio::task::spawn_blocking(move || snapshot_nodes(cached, &s)).await {
-            Ok(n) => n,
-            Err(_) => snapshot_nodes(None, &slots),
-        };
-        if let Some(b) = built {
-            let mut p = self.published.lock_or_recover();
-            p.snapshot_nodes = Some(b);
-        }
-        let total: usize = slots.iter().map(|s| s.view.len()).sum();
-        let mut out = Vec::with_capacity(nodes.len() + rest.len() + 2);
-        count("nodes", nodes.len());
-        out.push(frame("snapshot_begin", &json!({"nodes_total": total})));
-        out.extend(nodes);
-        out.extend(rest);
-        out.push(frame("snapshot_end", &json!({})));
-        count("snapshot_begin", 1);
-        count("snapshot_end", 1);
-        metrics::counter!(m::EVENTS_SNAPSHOTS.name).increment(1);
-        (rx, out)
+        let (tx, frames) = mpsc::channel(SNAPSHOT_AHEAD);
+        let hub = Arc::clone(self);
+        // Up to 100,000 rows: off the async workers. A subscriber that goes stops it.
+        tokio::task::spawn_blocking(move || {
+            let mut send = |f: Frame| tx.blocking_send(f).is_ok();
+            let total: usize = slots.iter().map(|s| s.view.len()).sum();
+            if !send(frame("snapshot_begin", &json!({"nodes_total": total}))) {
+                return;
+            }
+            let Some((sent, built)) = snapshot_nodes(cached, &slots, &mut send) else { return };
+            if let Some(b) = built {
+                hub.published.lock_or_recover().snapshot_nodes = Some(b);
+            }
+            if rest.into_iter().all(&mut send) && send(frame("snapshot_end", &json!({}))) {
+                count("snapshot_begin", 1);
+                count("nodes", sent);
+                count("snapshot_end", 1);
+                metrics::counter!(m::EVENTS_SNAPSHOTS.name).increment(1);
+            }
+        });
+        (rx, frames)
     }
 
     /// Fetches every standalone scheduler's app (one fetch round at a time).
@@ -407,24 +414,65 @@ async fn run(hub: Weak<Hub>) {
 /// as one chunk holds.
 const CATCH_UP_MOST: usize = columns::SNAPSHOT_CHUNK;
 
-/// The node chunks of a snapshot of `slots`: `cached`'s and the changes since when those
-/// are few, else built anew (and returned to be kept).
-fn snapshot_nodes(cached: Option<Built>, slots: &[Arc<ShardSlot>]) -> (Vec<Frame>, Option<Built>) {
+/// How often [`keep_built`] looks.
+const KEEP_BUILT_EVERY: Duration = Duration::from_secs(5);
+
+/// Builds a snapshot's node chunks in the background when there are none or the changes
+/// since outgrow half of [`CATCH_UP_MOST`], so that a dashboard opened at any time gets
+/// a resend and a short catch-up rather than waiting for a build. At 100,000 nodes a
+/// build is ~40 ms of CPU, at most one every [`KEEP_BUILT_EVERY`] (under 1 % of a core),
+/// and only as often as that many nodes change.
+async fn keep_built(hub: Weak<Hub>) {
+    let mut every = tokio::time::interval(KEEP_BUILT_EVERY);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        let Some(h) = hub.upgrade() else { return };
+        let slots = h.control.cluster.slots();
+        let cached = h.published.lock_or_recover().snapshot_nodes.clone();
+        drop(h);
+        let hub = hub.clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            let stale = match &cached {
+                None => slots.iter().any(|s| !s.view.is_empty()),
+                Some(b) => {
+                    let c = node_changes(&b.slots, &slots);
+                    c.rows.len() + c.removed.len() > CATCH_UP_MOST / 2
+                }
+            };
+            if let (true, Some(h)) = (stale, hub.upgrade()) {
+                metrics::counter!(m::EVENTS_SNAPSHOT_BUILDS.name).increment(1);
+                if let Some(frames) = snapshot_chunks(&slots, |_| true) {
+                    h.published.lock_or_recover().snapshot_nodes = Some(Built { slots, frames: Arc::new(frames) });
+                }
+            }
+        })
+        .await;
+    }
+}
+
+/// Snapshot frames built ahead of what the subscriber's queue took.
+const SNAPSHOT_AHEAD: usize = 4;
+
+/// Sends the node chunks of a snapshot of `slots`: `cached`'s and the changes since when
+/// those are few, else built anew, each as it is built. How many it sent, and what it
+/// built (to be kept); None when `send` refused one (the subscriber went).
+fn snapshot_nodes(
+    cached: Option<Built>,
+    slots: &[Arc<ShardSlot>],
+    send: &mut impl FnMut(Frame) -> bool,
+) -> Option<(usize, Option<Built>)> {
     if let Some(b) = cached {
         let c = node_changes(&b.slots, slots);
         if c.rows.len() + c.removed.len() <= CATCH_UP_MOST {
-            let mut frames: Vec<Frame> = b.frames.iter().cloned().collect();
-            frames.extend(node_frames(&c.rows, c.removed.iter().map(NodeId::as_str).collect()));
-            return (frames, None);
+            let changes = node_frames(&c.rows, c.removed.iter().map(NodeId::as_str).collect());
+            let sent = b.frames.len() + changes.len();
+            return b.frames.iter().cloned().chain(changes).all(send).then_some((sent, None));
         }
     }
-    let b = build(slots);
-    (b.frames.iter().cloned().collect(), Some(b))
-}
-
-fn build(slots: &[Arc<ShardSlot>]) -> Built {
     metrics::counter!(m::EVENTS_SNAPSHOT_BUILDS.name).increment(1);
-    Built { slots: slots.to_vec(), frames: Arc::new(snapshot_chunks(slots)) }
+    let frames = snapshot_chunks(slots, |f| send(f.clone()))?;
+    Some((frames.len(), Some(Built { slots: slots.to_vec(), frames: Arc::new(frames) })))
 }
 
 /// One browser's stream: its snapshot, then the broadcast, pings in between; a fresh
@@ -432,11 +480,17 @@ fn build(slots: &[Arc<ShardSlot>]) -> Built {
 async fn feed(hub: Arc<Hub>, out: mpsc::Sender<Result<Frame, Infallible>>, _admitted: Admitted) {
     let ping = frame("ping", &json!({}));
     'snapshot: loop {
-        let (mut rx, snapshot) = hub.snapshot().await;
-        for f in snapshot {
+        let (mut rx, mut snapshot) = hub.snapshot().await;
+        let mut ended = false;
+        while let Some(f) = snapshot.recv().await {
+            ended = f.starts_with(b"event: snapshot_end");
             if !deliver(&out, f, STALL).await {
                 return;
             }
+        }
+        if !ended {
+            // Its builder failed: end the stream, and the browser reconnects.
+            return;
         }
         let mut pings = tokio::time::interval_at(tokio::time::Instant::now() + PING, PING);
         loop {
@@ -553,6 +607,18 @@ mod tests {
         }
     }
 
+    /// `snapshot_nodes` with a subscriber that takes everything.
+    fn nodes_of(cached: Option<Built>, slots: &[Arc<ShardSlot>]) -> (Vec<Frame>, Option<Built>) {
+        let mut frames = Vec::new();
+        let (sent, built) = snapshot_nodes(cached, slots, &mut |f| {
+            frames.push(f);
+            true
+        })
+        .expect("taken");
+        assert_eq!(sent, frames.len());
+        (frames, built)
+    }
+
     /// Issue #42 item 4: a snapshot resends the last build's chunks with the changes
     /// since, which the page applies to the same nodes a fresh build shows; past
     /// [`CATCH_UP_MOST`] changes it builds anew.
@@ -560,14 +626,14 @@ mod tests {
     fn a_snapshot_is_the_last_build_and_the_changes_since_while_they_are_few() {
         use fixtures::{node, slot};
         let first = [node("a", "x", 500), node("b", "x", 500), node("c", "y", 500)];
-        let (frames, built) = snapshot_nodes(None, &[slot(0, 1, &first, true)]);
+        let (frames, built) = nodes_of(None, &[slot(0, 1, &first, true)]);
         let built = built.expect("nothing to resend: built");
         assert_eq!(frames.len(), 1);
 
         // b changed, c left, d joined.
         let now = [node("a", "x", 500), node("b", "x", 900), node("d", "y", 500)];
         let slots = [slot(0, 2, &now, true)];
-        let (frames, again) = snapshot_nodes(Some(built.clone()), &slots);
+        let (frames, again) = nodes_of(Some(built.clone()), &slots);
         assert!(again.is_none(), "a few changes: the last build resent");
         assert_eq!(frames.len(), 2, "its chunk, then the changes");
         assert_eq!(frames[0], built.frames[0]);
@@ -575,17 +641,28 @@ mod tests {
         apply(&frames, &mut caught_up);
         caught_up.retain(|_, h| h.is_some());
         let mut fresh = BTreeMap::new();
-        apply(&snapshot_nodes(None, &slots).0, &mut fresh);
+        apply(&nodes_of(None, &slots).0, &mut fresh);
         assert_eq!(caught_up, fresh);
         assert_eq!(fresh.keys().collect::<Vec<_>>(), ["a", "b", "d"]);
 
         // More changes than one chunk holds: built anew.
         let many: Vec<_> = (0..=CATCH_UP_MOST).map(|i| node(&format!("n{i:05}"), "x", 500)).collect();
-        let (frames, again) = snapshot_nodes(Some(built), &[slot(0, 3, &many, true)]);
-        assert!(again.is_some(), "{} changes: built anew", many.len() + 3);
+        let many = [slot(0, 3, &many, true)];
+        let (frames, again) = nodes_of(Some(built.clone()), &many);
+        assert!(again.is_some(), "{} changes: built anew", CATCH_UP_MOST + 4);
+        assert_eq!(frames.len(), 2, "two chunks");
         let mut rebuilt = BTreeMap::new();
         apply(&frames, &mut rebuilt);
-        assert_eq!(rebuilt.len(), many.len());
+        assert_eq!(rebuilt.len(), CATCH_UP_MOST + 1);
+
+        // A subscriber that goes after the first chunk stops the build: nothing is kept.
+        let mut taken = 0;
+        let stopped = snapshot_nodes(Some(built), &many, &mut |_| {
+            taken += 1;
+            taken < 2
+        });
+        assert!(stopped.is_none());
+        assert_eq!(taken, 2, "the second chunk was refused, and nothing built after it");
     }
 
     /// Issue #35 item 2: a subscriber that reads nothing is dropped once its queue has
