@@ -34,10 +34,17 @@ fn main() -> std::io::Result<()> {
     let mut code = String::from(
         "/// The dashboard's files: path under `ui/`, contents.\npub static FILES: &[(&str, &[u8])] = &[\n",
     );
+    // FNV-1a over every path and its bytes: a page that sees another value after its
+    // stream reconnects was loaded from another build, and reloads.
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     for (rel, path) in &files {
         code.push_str(&format!("    ({rel:?}, include_bytes!({:?})),\n", path.display().to_string()));
+        for b in rel.bytes().chain(std::iter::once(0)).chain(std::fs::read(path)?) {
+            hash = (hash ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
     }
     code.push_str("];\n");
+    code.push_str(&format!("/// Names this build's dashboard files.\npub const BUILD: &str = \"{hash:016x}\";\n"));
     let out = PathBuf::from(std::env::var("OUT_DIR").map_err(std::io::Error::other)?);
     std::fs::write(out.join("ui_files.rs"), code)
 }

@@ -21,7 +21,7 @@ a second `up --autoscale`), opens the page and checks, without ever reloading it
 - a drain from the page moves the units off the node;
 - a node under a preemption notice shows `preempting`;
 - the pools page shows a pool's instances and its history chart, and after a control-plane restart on the same
-  address the page reconnects by itself.
+  address the page reconnects by itself; a stream of another build of the page makes it reload itself.
 
 A screenshot of each page goes to --out. Every process started is ended by its process
 group, pass or fail. Playwright's own browser download is never used: Chromium is
@@ -399,6 +399,7 @@ def main():
 
             # The control plane restarts (same address, same data dir): the page says so,
             # reconnects by itself and shows the new cluster, without a reload.
+            page.evaluate("window.__sameTab = true")
             data = pool_up.data
             pool_up.stop()
             ups.remove(pool_up)
@@ -407,6 +408,19 @@ def main():
             ups.append(pool_up)
             expect(page.get_by_test_id("conn-status")).to_have_text("live", timeout=30000)
             expect(page.locator("[data-testid=instance-row][data-state=running]").first).to_be_visible(timeout=60000)
+            assert page.evaluate("window.__sameTab === true"), "the page reloaded across a restart of its own build"
+
+            # Behind the stream now is another build of the page (an upgrade): when the
+            # stream reconnects, the page loads itself again.
+            other = ('event: snapshot_begin\ndata: {"nodes_total":0,"ui":"another-build"}\n\n'
+                     'event: snapshot_end\ndata: {}\n\n')
+            page.route("**/v1/events", lambda route: route.fulfill(
+                status=200, headers={"content-type": "text/event-stream"}, body=other))
+            with page.expect_event("load", timeout=30000):
+                pool_up.stop()
+                ups.remove(pool_up)
+            assert page.evaluate("window.__sameTab === undefined"), "a page of another build stays"
+            results["reloads_for_another_build"] = True
             browser.close()
     finally:
         for u in ups:

@@ -22,6 +22,11 @@ pub fn routes() -> Router<Arc<ControlState>> {
     Router::new().route("/", get(index)).route("/ui/{*path}", get(file))
 }
 
+/// Names this build's dashboard files (a hash of them): `snapshot_begin` carries it, and
+/// a page loaded from another build reloads itself. Its pages' modules are imported when
+/// first shown, so after an upgrade an old page would otherwise import new modules.
+pub const BUILD: &str = files::BUILD;
+
 /// The embedded file at `path` (relative to `ui/`).
 pub fn embedded(path: &str) -> Option<&'static [u8]> {
     files::FILES.iter().find(|(p, _)| *p == path).map(|(_, b)| *b)

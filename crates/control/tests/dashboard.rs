@@ -293,7 +293,7 @@ async fn the_event_stream_sends_a_snapshot_then_what_changed() {
     assert_eq!(header(&resp, "content-type"), "text/event-stream");
     let mut buf = String::new();
     let snap = read_events(&mut resp, &mut buf, |e, _| e == "snapshot_end").await;
-    assert_eq!(snap[0], ("snapshot_begin".to_string(), json!({"nodes_total": 5})));
+    assert_eq!(snap[0], ("snapshot_begin".to_string(), json!({"nodes_total": 5, "ui": flotilla_control::ui::BUILD})));
     let rows: Vec<Value> = snap.iter().filter(|(e, _)| e == "nodes").flat_map(|(_, d)| rows_of(d)).collect();
     assert_eq!(rows.len(), 5);
     let ids: Vec<&str> = rows.iter().map(|r| r[0].as_str().unwrap()).collect();

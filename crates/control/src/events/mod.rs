@@ -325,7 +325,7 @@ impl Hub {
         tokio::task::spawn_blocking(move || {
             let mut send = |f: Frame| tx.blocking_send(f).is_ok();
             let total: usize = slots.iter().map(|s| s.view.len()).sum();
-            if !send(frame("snapshot_begin", &json!({"nodes_total": total}))) {
+            if !send(frame("snapshot_begin", &json!({"nodes_total": total, "ui": crate::ui::BUILD}))) {
                 return;
             }
             let Some((sent, built)) = snapshot_nodes(cached, &slots, &mut send) else { return };

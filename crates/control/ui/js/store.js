@@ -209,8 +209,18 @@ function applyApp(msg) {
   if (msg.capacity) recordCapacity(msg.app, msg.capacity);
 }
 
+/** The `ui` build of the first snapshot: the build this page was loaded from. */
+let loadedFrom = null;
+
 const handlers = {
-  snapshot_begin(msg) { resetForSnapshot(msg.nodes_total); },
+  snapshot_begin(msg) {
+    // The control plane serves another build of the page than this one was loaded from
+    // (an upgrade, and the stream reconnected): its stream and the modules still to be
+    // imported may not fit this page's. Load the page again.
+    if (msg.ui && loadedFrom && msg.ui !== loadedFrom) { location.reload(); return; }
+    loadedFrom ||= msg.ui;
+    resetForSnapshot(msg.nodes_total);
+  },
   nodes: applyNodes,
   snapshot_end() {
     state.loading = false;
