@@ -160,18 +160,20 @@ export function throttle(fn, ms) {
 // federation page has none, and running it before the page's modules held their first
 // paint back.
 let chartLoad = null;
+let chartMissing = false;
 
 /**
- * 'ready' when uPlot is here; else 'loading' (then `redraw` runs once it is) or 'missing'
- * (it failed to load). A chart shows `chartNote(state)` until it is ready.
+ * 'ready' when uPlot is here; 'loading' (then `redraw` runs once the load ends, either
+ * way) or 'missing' (it failed to load). A chart shows `chartNote(state)` until ready.
  */
 export function chartLibrary(redraw) {
   if (typeof window.uPlot === 'function') return 'ready';
+  if (chartMissing) return 'missing';
   chartLoad ||= new Promise((resolve) => {
     document.head.append(h('script', { src: '/ui/vendor/uPlot.iife.min.js', on: { load: () => resolve(true), error: () => resolve(false) } }));
-  });
-  chartLoad.then((ok) => { if (ok) redraw(); else chartLoad.failed = true; });
-  return chartLoad.failed ? 'missing' : 'loading';
+  }).then((ok) => { chartMissing = !ok; });
+  chartLoad.then(() => redraw());
+  return 'loading';
 }
 
 /** What a chart shows while its library loads, or if it could not. */
