@@ -440,11 +440,10 @@ async fn keep_built(hub: Weak<Hub>) {
                     c.rows.len() + c.removed.len() > CATCH_UP_MOST / 2
                 }
             };
-            if let (true, Some(h)) = (stale, hub.upgrade()) {
-                metrics::counter!(m::EVENTS_SNAPSHOT_BUILDS.name).increment(1);
-                if let Some(frames) = snapshot_chunks(&slots, |_| true) {
-                    h.published.lock_or_recover().snapshot_nodes = Some(Built { slots, frames: Arc::new(frames) });
-                }
+            if let (true, Some(h)) = (stale, hub.upgrade())
+                && let Some(b) = build(&slots, |_| true)
+            {
+                h.published.lock_or_recover().snapshot_nodes = Some(b);
             }
         })
         .await;
@@ -470,9 +469,16 @@ fn snapshot_nodes(
             return b.frames.iter().cloned().chain(changes).all(send).then_some((sent, None));
         }
     }
+    let b = build(slots, |f| send(f.clone()))?;
+    Some((b.frames.len(), Some(b)))
+}
+
+/// Builds the node chunks of `slots`, handing each to `each` as it is made; None once
+/// `each` says stop.
+fn build(slots: &[Arc<ShardSlot>], each: impl FnMut(&Frame) -> bool) -> Option<Built> {
     metrics::counter!(m::EVENTS_SNAPSHOT_BUILDS.name).increment(1);
-    let frames = snapshot_chunks(slots, |f| send(f.clone()))?;
-    Some((frames.len(), Some(Built { slots: slots.to_vec(), frames: Arc::new(frames) })))
+    let frames = snapshot_chunks(slots, each)?;
+    Some(Built { slots: slots.to_vec(), frames: Arc::new(frames) })
 }
 
 /// One browser's stream: its snapshot, then the broadcast, pings in between; a fresh
