@@ -4,7 +4,9 @@
 //! run what they are assigned ([`crate::runner`]), so the apps settle with every unit
 //! Running. Reports what hosting an app costs while nothing happens to it (the process's
 //! CPU and memory per app), and how soon one app's `scale` is committed while the others
-//! idle.
+//! idle. With `--control`, the process registers its apps with a real `flotilla control`,
+//! and what listing them there costs is measured too (`GET /v1/apps`, which the pool
+//! autoscaler reads every pass).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -50,6 +52,10 @@ pub struct AppsArgs {
     /// Give up on the start (every app's units committed) after this long.
     #[arg(long, default_value = "300s", value_parser = flotilla_agent::config::parse_duration)]
     pub timeout: Duration,
+    /// Register the apps with a `flotilla control` following the shards, and time this
+    /// many `GET /v1/apps` there once every app is listed.
+    #[arg(long, default_value_t = 0)]
+    pub control_lists: usize,
     #[arg(long)]
     pub json: bool,
     #[arg(long)]
@@ -64,15 +70,24 @@ struct Hosting {
 }
 
 impl Hosting {
-    fn spawn(bin: &Path, data: &Data, dir: &Path, shards: &[ShardProc]) -> anyhow::Result<Hosting> {
+    /// Registered with the control plane at `control`, when given.
+    fn spawn(
+        bin: &Path,
+        data: &Data,
+        dir: &Path,
+        shards: &[ShardProc],
+        control: Option<&str>,
+    ) -> anyhow::Result<Hosting> {
         use std::os::unix::process::CommandExt;
         let listen = format!("127.0.0.1:{}", std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port());
         let aggregators = shards.iter().map(|s| s.addr.as_str()).collect::<Vec<_>>().join(",");
-        let token = format!("{:032x}", rand::random::<u128>());
+        // The data dir's API token, which the control plane is started with too.
+        let token = std::fs::read_to_string(data.dir.join("api-token"))?.trim().to_string();
         let child = Command::new(bin)
             .args(["scheduler", "--apps-dir"])
             .arg(dir)
             .args(["--aggregators", &aggregators, "--listen", &listen])
+            .args(control.map(|c| ["--control", c]).into_iter().flatten())
             .arg("--store")
             .arg(format!("redb:{}", data.dir.join("apps.redb").display()))
             .env("FLOTILLA_DATA", &data.dir)
@@ -188,8 +203,13 @@ async fn measure(
         )?;
     }
     let client = reqwest::Client::new();
+    let control = match a.control_lists {
+        0 => None,
+        _ => Some(crate::dashboard::spawn_control(bin, data, shards)?),
+    };
+    let control_url = control.as_ref().map(|(_, addr)| format!("http://{addr}"));
     let started = Instant::now();
-    let h = Hosting::spawn(bin, data, &dir, shards)?;
+    let h = Hosting::spawn(bin, data, &dir, shards, control_url.as_deref())?;
     // The most threads seen while the apps start: every thread the process ever ran
     // stays on the list each `ArcSwap` store walks, though idle ones exit after 10 s.
     let mut threads = 0;
@@ -267,7 +287,13 @@ async fn measure(
         scale_ms.record(t.elapsed().as_micros() as u64)?;
     }
     let round = |x: f64, k: f64| (x * k).round() / k;
-    let result = serde_json::json!({
+    let listing = match (&control, &control_url) {
+        (Some((proc, _)), Some(url)) => {
+            Some(measure_lists(&client, url, a.apps, a.control_lists, [proc.pid(), h.pid()]).await?)
+        }
+        _ => None,
+    };
+    let mut result = serde_json::json!({
         "scenario": "apps",
         "machine": machine(),
         "apps": a.apps,
@@ -290,10 +316,68 @@ async fn measure(
         "workload_reports": ran.reports.load(Ordering::Relaxed),
         "failed_workload_reports": ran.failed_reports.load(Ordering::Relaxed),
     });
+    if let Some(l) = listing {
+        result["control_list_apps"] = l;
+    }
     if a.json {
         println!("{}", serde_json::to_string(&result)?);
     } else {
         println!("{}", serde_json::to_string_pretty(&result)?);
     }
     Ok(())
+}
+
+/// Waits until the control plane at `url` lists all `apps` reachable (each registered),
+/// then times `lists` sequential `GET /v1/apps` there: the wall time of each, and the
+/// CPU of `pids` (the control plane and the scheduler process) per list, less what they
+/// spend in the same time without being asked.
+async fn measure_lists(
+    client: &reqwest::Client,
+    url: &str,
+    apps: usize,
+    lists: usize,
+    pids: [u32; 2],
+) -> anyhow::Result<Value> {
+    let list = async || -> Option<Vec<Value>> {
+        let r = client.get(format!("{url}/v1/apps")).timeout(Duration::from_secs(30)).send().await.ok()?;
+        r.json::<Vec<Value>>().await.ok()
+    };
+    let t = Instant::now();
+    let registered = loop {
+        let rows = list().await.unwrap_or_default();
+        let reachable = rows.iter().filter(|r| r["unreachable"].is_null()).count();
+        if reachable == apps {
+            break t.elapsed();
+        }
+        anyhow::ensure!(t.elapsed() < Duration::from_secs(120), "the control plane lists {reachable} of {apps} apps");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let cpu = || pids.iter().map(|p| proc_cpu_seconds(*p).unwrap_or(0.0)).sum::<f64>();
+    let (c0, t0) = (cpu(), Instant::now());
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let idle_rate = (cpu() - c0) / t0.elapsed().as_secs_f64();
+    let mut wall_ms = Histogram::<u64>::new(3)?;
+    let (c0, t0) = (cpu(), Instant::now());
+    for _ in 0..lists {
+        let t = Instant::now();
+        let rows = list().await.unwrap_or_default();
+        anyhow::ensure!(rows.len() == apps, "a listing of {} rows, not {apps}", rows.len());
+        wall_ms.record(t.elapsed().as_micros() as u64)?;
+    }
+    let busy = (cpu() - c0 - idle_rate * t0.elapsed().as_secs_f64()).max(0.0);
+    let cpu_ms = busy * 1e3 / lists as f64;
+    println!(
+        "control plane: every app listed {:.1}s after all ran; GET /v1/apps p50 {:.1} ms, p99 {:.1} ms, {cpu_ms:.1} ms of CPU each",
+        registered.as_secs_f64(),
+        pct_ms(&wall_ms, 0.5),
+        pct_ms(&wall_ms, 0.99)
+    );
+    let round = |x: f64| (x * 10.0).round() / 10.0;
+    Ok(serde_json::json!({
+        "listed_after_seconds": round(registered.as_secs_f64()),
+        "lists": lists,
+        "wall_p50_ms": round(pct_ms(&wall_ms, 0.5)),
+        "wall_p99_ms": round(pct_ms(&wall_ms, 0.99)),
+        "cpu_ms_per_list": round(cpu_ms),
+    }))
 }

@@ -105,6 +105,8 @@ fn apps_scenario_reports_every_figure() {
             "2",
             "--scales",
             "5",
+            "--control-lists",
+            "3",
         ],
         &[
             "start_seconds",
@@ -123,6 +125,10 @@ fn apps_scenario_reports_every_figure() {
     let passes = v["idle_reconcile_passes_per_second"].as_f64().unwrap();
     assert!(passes < 20.0, "fewer than one pass per app a second: {v}");
     assert!(v["memory_bytes_per_app"].as_u64().unwrap() > 0, "{v}");
+    // Registered with a control plane, which lists all 20 (the run fails otherwise).
+    let listed = &v["control_list_apps"];
+    assert_eq!(listed["lists"], 3, "{v}");
+    assert!(listed["wall_p50_ms"].as_f64().unwrap() > 0.0, "{v}");
 }
 
 #[test]

@@ -86,11 +86,6 @@ pub struct SchedulerArgs {
 /// (~0.4 MiB and ~0.15 ms of CPU a second idle, BENCHMARKS.md).
 pub const MAX_APPS: usize = 10_000;
 
-/// The most apps one process registers with a control plane (`--control`): each one
-/// registers every ~5 s and `apps` asks the process once per app, both under the
-/// per-address API rate limit (200/s, bursts of 400).
-pub const MAX_REGISTERED_APPS: usize = 250;
-
 /// Reads every `*.toml` of `dir` as an app spec (in name order), refusing two files that
 /// name the same app, an empty directory or more than [`MAX_APPS`].
 pub fn load_apps_dir(dir: &std::path::Path) -> anyhow::Result<Vec<flotilla_scheduler::AppSpec>> {
@@ -129,12 +124,6 @@ pub async fn scheduler(a: SchedulerArgs) -> anyhow::Result<()> {
         // clap requires one of the two.
         (None, None) => anyhow::bail!("--app or --apps-dir is needed"),
     };
-    anyhow::ensure!(
-        a.control.is_none() || specs.len() <= MAX_REGISTERED_APPS,
-        "--control with {} apps: one process registers at most {MAX_REGISTERED_APPS} with a control plane \
-         (each re-registers every few seconds under its rate limit); split the directory",
-        specs.len()
-    );
     // One app alone ends the process when it cannot start, as before; an app of a
     // directory is tried again without taking the others down.
     let alone = a.apps_dir.is_none();
@@ -252,10 +241,8 @@ pub async fn scheduler(a: SchedulerArgs) -> anyhow::Result<()> {
     });
     if let Some(control) = a.control {
         tokio::spawn(follow_policies(state.clone(), control.clone()));
-        for (app, leader) in names.into_iter().zip(&leaders) {
-            let (http, control, token, url) = (state.http.clone(), control.clone(), token.clone(), url.clone());
-            tokio::spawn(register_with_control(http, control, token, app, url, leader.clone()));
-        }
+        let led = names.into_iter().zip(leaders.iter().cloned()).collect();
+        tokio::spawn(register_with_control(state.http.clone(), control.clone(), token.clone(), led, url.clone()));
     }
     let failure = Arc::new(std::sync::Mutex::new(None));
     let served = flotilla_control::serve(listener, state, options, {
@@ -285,46 +272,55 @@ pub async fn scheduler(a: SchedulerArgs) -> anyhow::Result<()> {
     served
 }
 
-/// Registers (and keeps re-registering, as soft state) with the control plane.
+/// Registers the apps this process leads (and keeps re-registering them, as soft state)
+/// with the control plane, all in one call: at once when it takes an app over, then
+/// every 4–6 s (jittered, so processes do not call in step). The control plane forwards
+/// an app's requests to whoever registered it last, so only the active scheduler does.
 async fn register_with_control(
     client: reqwest::Client,
     control: String,
     token: flotilla_core::SharedToken,
-    app: String,
+    apps: Vec<(String, flotilla_scheduler::Leader)>,
     url: String,
-    leader: flotilla_scheduler::Leader,
 ) {
-    // Only the active scheduler registers (at once on taking over, then every 4–6 s,
-    // jittered so the apps of one process do not all call at once): the control plane
-    // forwards the app's requests to whoever registered last.
-    let mut next: Option<std::time::Instant> = None;
+    // Which apps the last registration named, by their place in `apps`.
+    let mut registered = vec![false; apps.len()];
+    let mut next = std::time::Instant::now();
     loop {
-        if leader.held().is_none() {
-            next = None;
+        let held: Vec<bool> = apps.iter().map(|(_, l)| l.held().is_some()).collect();
+        // An app lost and taken back is registered at once again.
+        registered.iter_mut().zip(&held).for_each(|(r, h)| *r &= *h);
+        let taken_over = held.iter().zip(&registered).any(|(h, r)| *h && !*r);
+        if !taken_over && (std::time::Instant::now() < next || !held.contains(&true)) {
             tokio::time::sleep(Duration::from_millis(200)).await;
             continue;
         }
-        if next.is_some_and(|t| std::time::Instant::now() < t) {
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            continue;
-        }
-        next = Some(std::time::Instant::now() + Duration::from_millis(rand::random_range(4_000..6_000)));
+        let led: Vec<&str> = apps.iter().zip(&held).filter(|(_, h)| **h).map(|((a, _), _)| a.as_str()).collect();
+        next = std::time::Instant::now() + Duration::from_millis(rand::random_range(4_000..6_000));
         let mut req = client
             .post(format!("{}/v1/schedulers", control.trim_end_matches('/')))
-            .json(&serde_json::json!({"app": app, "url": url}));
+            .json(&serde_json::json!({"apps": led, "url": url}))
+            .timeout(Duration::from_secs(10));
         if let Some(t) = token.get() {
             req = req.bearer_auth(t);
         }
         match req.send().await {
-            Ok(r) if r.status().is_success() => {}
+            Ok(r) if r.status().is_success() => {
+                let body: serde_json::Value = r.json().await.unwrap_or_default();
+                for refused in body["refused"].as_array().into_iter().flatten() {
+                    let why = refused.pointer("/error/message").and_then(|m| m.as_str()).unwrap_or("");
+                    tracing::warn!(app = %refused["app"], %why, "the control plane refused the registration");
+                }
+            }
             Ok(r) => {
                 let status = r.status();
                 let body: serde_json::Value = r.json().await.unwrap_or_default();
                 let why = body.pointer("/error/message").and_then(|m| m.as_str()).unwrap_or("").to_string();
-                tracing::warn!(%app, %status, %why, "the control plane refused the registration");
+                tracing::warn!(apps = led.len(), %status, %why, "the control plane refused the registration");
             }
-            Err(e) => tracing::warn!(%app, error = %e, "cannot reach the control plane"),
+            Err(e) => tracing::warn!(apps = led.len(), error = %e, "cannot reach the control plane"),
         }
+        registered = held;
     }
 }
 

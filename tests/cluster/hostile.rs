@@ -177,7 +177,7 @@ fn hostile_requests_get_json_refusals_and_every_refusal_is_counted() {
     // and then goes away is listed as unreachable.
     let r = register("ghost", &format!("http://127.0.0.1:{}", free_port()));
     assert_eq!((r.status, r.json["error"]["code"].as_str()), (422, Some("not_a_scheduler")), "{:?}", r.json);
-    let ghost = flotilla_testkit::answer_then_vanish(r#"{"app": "ghost", "scheduler": {"instance": "a"}}"#, 1);
+    let ghost = flotilla_testkit::answer_then_vanish(r#"[{"app": "ghost", "scheduler": {"instance": "a"}}]"#, 1);
     assert_eq!(register("ghost", &ghost).status, 204);
     let t = Instant::now();
     let r = request(&addr, "GET", "/v1/apps", "", "");

@@ -147,6 +147,19 @@ pub struct AppSummary {
     pub store: StoreHealth,
 }
 
+/// The answer to a registration of several apps (`POST /v1/schedulers` with `apps`).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RegistrationAnswer {
+    pub registered: usize,
+    pub refused: Vec<RefusedApp>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RefusedApp {
+    pub app: String,
+    pub error: ErrorDetail,
+}
+
 /// A row of `GET /v1/apps` for an app whose standalone scheduler did not answer.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct UnreachableApp {

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::HeaderMap;
 use axum::http::header::CONTENT_TYPE;
 use axum::response::{IntoResponse, Response};
@@ -21,7 +21,7 @@ use crate::answers::{
     AppSummary, MemberRow, Queued, RouteRow, RouteTable, ScaleAnswer, SpecInForce, StoreHealth, UnitRow, to_json,
 };
 use crate::auth::authorize;
-use crate::forward::{forward, remote, remote_summary, unreachable};
+use crate::forward::{forward, remote, remote_summaries, unreachable};
 use crate::replicas::REMOTE_TTL;
 use crate::tokens::Scope;
 use crate::{ControlError, ControlState};
@@ -203,41 +203,62 @@ pub fn unit_rows(s: &AppStatus) -> Value {
     to_json(&rows)
 }
 
-/// How long `GET /v1/apps` waits for a standalone scheduler before it lists its app as
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ListQuery {
+    #[serde(default)]
+    full: bool,
+}
+
+/// How long `GET /v1/apps` waits for a standalone scheduler before it lists its apps as
 /// unreachable (they are asked at once, so this bounds the whole answer).
 const LIST_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// `GET /v1/apps`: every app, its standalone schedulers asked concurrently; one that
-/// does not answer within [`LIST_TIMEOUT`] is listed unreachable, never failing the rest.
-#[utoipa::path(get, path = "/v1/apps", tag = "apps", responses((status = 200, body = [crate::answers::AppListRow])))]
-pub(crate) async fn list_apps(State(s): State<Arc<ControlState>>) -> Json<Value> {
-    let rows: Vec<_> = s
-        .apps
-        .endpoints()
+/// `GET /v1/apps`: every app, in name order. Each standalone scheduler process is asked
+/// once for all the apps registered at its URL (one process may host thousands), all
+/// processes concurrently; one that does not answer within [`LIST_TIMEOUT`] has its
+/// apps listed unreachable, never failing the rest.
+///
+/// `?full=true` lists only the apps this process runs, each as the dashboard's `app`
+/// message (summary, units, routes, decisions, capacity): what a control plane's event
+/// stream reads of a scheduler process in one request instead of five per app.
+#[utoipa::path(get, path = "/v1/apps", tag = "apps", params(("full" = Option<bool>, Query, description = "only this process's apps, each as the event stream's `app` message")),
+    responses((status = 200, body = [crate::answers::AppListRow])))]
+pub(crate) async fn list_apps(State(s): State<Arc<ControlState>>, Query(q): Query<ListQuery>) -> Json<Value> {
+    metrics::counter!(m::API_REQUESTS.name, "route" => "/v1/apps").increment(1);
+    if q.full {
+        let full = s.apps.locals().iter().map(crate::events::local_app_of).collect();
+        return Json(Value::Array(full));
+    }
+    let mut rows: BTreeMap<String, Value> = BTreeMap::new();
+    let mut by_url: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (app, e) in s.apps.endpoints() {
+        match e {
+            Ok(h) => {
+                rows.insert(app, summary(&h.status()));
+            }
+            Err(url) => by_url.entry(url).or_default().push(app),
+        }
+    }
+    let asks: Vec<_> = by_url
         .into_iter()
-        .map(|(app, e)| match e {
-            Ok(h) => Ok(summary(&h.status())),
-            Err(url) => {
-                let http = s.http.clone();
-                let fetch = async move { remote_summary(&http, &app, &url, LIST_TIMEOUT).await };
-                // The request's hop and forward budget go with each spawned ask.
-                let fetch = match crate::limits::HOP.try_with(Arc::clone) {
-                    Ok(hop) => tokio::spawn(crate::limits::HOP.scope(hop, fetch)),
-                    Err(_) => tokio::spawn(fetch),
-                };
-                Err(fetch)
+        .map(|(url, apps)| {
+            let http = s.http.clone();
+            let ask = async move {
+                let summaries = remote_summaries(&http, &url, &apps, LIST_TIMEOUT).await;
+                apps.into_iter().zip(summaries).collect::<Vec<_>>()
+            };
+            // The request's hop and forward budget go with each spawned ask.
+            match crate::limits::HOP.try_with(Arc::clone) {
+                Ok(hop) => tokio::spawn(crate::limits::HOP.scope(hop, ask)),
+                Err(_) => tokio::spawn(ask),
             }
         })
         .collect();
-    let mut out = Vec::with_capacity(rows.len());
-    for r in rows {
-        out.push(match r {
-            Ok(v) => v,
-            Err(fetch) => fetch.await.unwrap_or(Value::Null),
-        });
+    for ask in asks {
+        rows.extend(ask.await.unwrap_or_default());
     }
-    out.retain(|v| !v.is_null());
-    Json(Value::Array(out))
+    Json(Value::Array(rows.into_values().collect()))
 }
 
 /// The app's summary; `scheduler_url` names the standalone scheduler serving it (watch its
@@ -248,6 +269,7 @@ pub(crate) async fn get_app(
     State(s): State<Arc<ControlState>>,
     Path(app): Path<String>,
 ) -> Result<Json<Value>, ControlError> {
+    metrics::counter!(m::API_REQUESTS.name, "route" => "/v1/apps/{app}").increment(1);
     match s.apps.get(&app) {
         Some(Ok(h)) => Ok(Json(summary(&h.status()))),
         Some(Err(url)) => {

@@ -99,20 +99,52 @@ pub(crate) fn unreachable_row(app: &str, url: &str, e: &ControlError) -> Value {
     })
 }
 
-/// A standalone scheduler's summary of `app`, or its unreachable row.
-pub(crate) async fn remote_summary(http: &reqwest::Client, app: &str, url: &str, timeout: Duration) -> Value {
-    match remote_within(http, url, &format!("/v1/apps/{app}"), timeout).await {
-        Ok(mut v) => {
-            if v.get("scheduler_url").is_none_or(Value::is_null) {
-                v["scheduler_url"] = json!(url);
-            }
-            v
-        }
+/// The summaries of `apps` from the standalone scheduler process at `url`, in `apps`'
+/// order: one `GET url/v1/apps` for all of them, since one process hosts up to
+/// thousands (`--apps-dir`). An app it does not list, or every app when it does not
+/// answer, gets its unreachable row.
+pub(crate) async fn remote_summaries(
+    http: &reqwest::Client,
+    url: &str,
+    apps: &[String],
+    timeout: Duration,
+) -> Vec<Value> {
+    match remote_within(http, url, "/v1/apps", timeout).await {
+        Ok(listing) => pick_rows(listing, url, apps),
         Err(e) => {
-            tracing::debug!(app, url, error = %e, "a standalone scheduler did not answer");
-            unreachable_row(app, url, &e)
+            tracing::debug!(url, apps = apps.len(), error = %e, "a standalone scheduler did not answer");
+            apps.iter().map(|app| unreachable_row(app, url, &e)).collect()
         }
     }
+}
+
+/// The rows of `apps` out of a scheduler process's `GET /v1/apps` answer, each naming
+/// `url` as its scheduler; an app missing from it is unreachable (it moved, or the
+/// process no longer hosts it).
+pub(crate) fn pick_rows(listing: Value, url: &str, apps: &[String]) -> Vec<Value> {
+    let mut by_app: std::collections::HashMap<String, Value> = match listing {
+        Value::Array(rows) => {
+            rows.into_iter().filter_map(|row| Some((row.get("app")?.as_str()?.to_string(), row))).collect()
+        }
+        _ => Default::default(),
+    };
+    apps.iter()
+        .map(|app| match by_app.remove(app) {
+            Some(mut v) => {
+                if v.get("scheduler_url").is_none_or(Value::is_null) {
+                    v["scheduler_url"] = json!(url);
+                }
+                v
+            }
+            None => unreachable_row(app, url, &crate::ControlError::NoSuchApp(app.clone())),
+        })
+        .collect()
+}
+
+/// Whether a `GET /v1/apps` row is an app's scheduler answering for it (it names the
+/// app and the instance serving it), as a registration needs.
+pub(crate) fn answers_as_scheduler(row: &Value, app: &str) -> bool {
+    row["app"].as_str() == Some(app) && row["scheduler"]["instance"].is_string() && row.get("unreachable").is_none()
 }
 
 /// Sends a mutating call on to a standalone scheduler with the caller's token, and

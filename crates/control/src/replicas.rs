@@ -154,6 +154,35 @@ impl Replicas {
         result.map(drop).map_err(|e| ControlError::SharedStoreUnavailable(e.to_string()))
     }
 
+    /// Keeps the registrations of `apps` at `url` in etcd under one lease of
+    /// [`REMOTE_TTL`], in transactions of at most `MAX_TXN_OPS` puts (etcd refuses more
+    /// than 128 by default): a process leading thousands of apps re-registers them all
+    /// every few seconds.
+    #[tracing::instrument(name = "replica_put_schedulers", skip_all, fields(apps = apps.len()))]
+    pub(crate) async fn put_schedulers(&self, apps: &[String], url: &str) -> Result<(), ControlError> {
+        use flotilla_etcd::etcd_client::{Txn, TxnOp};
+        let mut c = self.client.clone();
+        let put = async {
+            let lease = c.lease_grant(REMOTE_TTL.as_secs() as i64, None).await?.id();
+            for chunk in apps.chunks(flotilla_scheduler::MAX_TXN_OPS) {
+                let ops: Vec<TxnOp> = chunk
+                    .iter()
+                    .map(|app| {
+                        let (key, _, _) = Shared::Scheduler { app, url }.entry();
+                        TxnOp::put(format!("{}{key}", self.root), url, Some(PutOptions::new().with_lease(lease)))
+                    })
+                    .collect();
+                c.txn(Txn::new().and_then(ops)).await?;
+            }
+            Ok::<_, flotilla_etcd::etcd_client::Error>(())
+        };
+        let result = within(REQUEST_TIMEOUT, "a shared put", put).await;
+        let label = if result.is_ok() { "ok" } else { "error" };
+        metrics::counter!(m::REPLICA_WRITES.name, "kind" => "scheduler", "result" => label)
+            .increment(apps.len() as u64);
+        result.map_err(|e| ControlError::SharedStoreUnavailable(e.to_string()))
+    }
+
     /// One listing of etcd's copy.
     async fn list(&self) -> Result<Mirror, flotilla_etcd::EtcdError> {
         let mut c = self.client.clone();

@@ -2,24 +2,29 @@
 //! scheduler --control URL`). The control plane will call that URL on every request for
 //! the app, so what it accepts is narrow: a plain http(s) base, never a link-local or
 //! cloud metadata address, within `--scheduler-networks` when given (names resolved and
-//! every address checked), and answering as the scheduler of that app before it is
-//! used (a control plane's own URL does not: it answers `forward_loop` or `no_such_app`).
+//! every address checked), and listing itself as the scheduler of that app before it is
+//! used (a control plane's own URL does not: it lists the app unreachable, `forward_loop`,
+//! or not at all). One process registers every app it leads in one call.
 
 use flotilla_core::RwLockExt;
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::Router;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::Value;
 
+use crate::answers::{ErrorDetail, RefusedApp, RegistrationAnswer};
 use crate::apps::AppEndpoint;
 use crate::auth::authorize;
 use crate::catalogue as m;
+use crate::forward::answers_as_scheduler;
 use crate::{ControlError, ControlState};
+use flotilla_core::ServiceError;
 
 /// How long the URL has to answer the registration's check.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(3);
@@ -68,58 +73,143 @@ impl SchedulerNetworks {
     }
 }
 
+/// The most apps one registration names: as many as one scheduler process hosts.
+pub const MAX_REGISTERED_APPS: usize = 10_000;
+
+/// `{"app", "url"}` for one app, or `{"apps": [...], "url"}` for every app a process
+/// leads, in one call (`flotilla scheduler --apps-dir` re-registers them all every 5 s).
 #[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct Registration {
-    app: String,
+    #[serde(default)]
+    app: Option<String>,
+    #[serde(default)]
+    apps: Vec<String>,
     url: String,
 }
 
+impl Registration {
+    /// The apps it names (checked as app names, without repeats), and whether it is the
+    /// one-app form (answered 204, or with the app's refusal as the error).
+    fn apps(&mut self) -> Result<(Vec<String>, bool), String> {
+        let one = match (self.app.take(), self.apps.is_empty()) {
+            (Some(app), true) => {
+                self.apps.push(app);
+                true
+            }
+            (None, false) => false,
+            (Some(_), false) => return Err("give \"app\" or \"apps\", not both".into()),
+            (None, true) => return Err("no app: give \"app\" or a non-empty \"apps\"".into()),
+        };
+        if self.apps.len() > MAX_REGISTERED_APPS {
+            return Err(format!("{} apps, more than {MAX_REGISTERED_APPS} in one registration", self.apps.len()));
+        }
+        if let Some(bad) = self.apps.iter().find(|a| !flotilla_core::is_name(a)) {
+            return Err(format!(
+                "app {bad:?}: 1..=63 of a-z, 0-9 and '-', not starting with '-' (as an app spec's name)"
+            ));
+        }
+        let mut apps = std::mem::take(&mut self.apps);
+        apps.sort_unstable();
+        apps.dedup();
+        Ok((apps, one))
+    }
+}
+
 #[utoipa::path(post, path = "/v1/schedulers", tag = "apps", security(("bearer" = [])), request_body = Registration,
-    responses((status = 204, description = "registered (scope admin); a standalone scheduler registers again every 5 s"), (status = 400, body = crate::answers::ErrorBody), (status = 401, body = crate::answers::ErrorBody), (status = 403, description = "the token lacks the scope, or is for other apps", body = crate::answers::ErrorBody),
-              (status = 409, description = "the app runs in this process", body = crate::answers::ErrorBody), (status = 422, description = "`not_a_scheduler`: the URL does not answer as the app's scheduler", body = crate::answers::ErrorBody)))]
+    responses((status = 204, description = "the one app (`app`) registered (scope admin); a standalone scheduler registers again every 5 s"),
+              (status = 200, description = "`apps`: how many registered, and each refused app with its error (`conflict`: it runs in this process; `not_a_scheduler`: the URL does not list it as its scheduler)", body = crate::answers::RegistrationAnswer),
+              (status = 400, body = crate::answers::ErrorBody), (status = 401, body = crate::answers::ErrorBody), (status = 403, description = "the token lacks the scope, or is for other apps", body = crate::answers::ErrorBody),
+              (status = 409, description = "`app` runs in this process", body = crate::answers::ErrorBody), (status = 422, description = "`not_a_scheduler`: the URL does not answer as `app`'s scheduler", body = crate::answers::ErrorBody)))]
 #[tracing::instrument(name = "register_scheduler", skip_all)]
 pub(crate) async fn register_scheduler(
     State(s): State<Arc<ControlState>>,
     headers: HeaderMap,
     body: Result<crate::body::JsonBody<Registration>, crate::body::BodyRejection>,
-) -> Result<StatusCode, ControlError> {
+) -> Result<Response, ControlError> {
     authorize(&s, &headers, crate::tokens::Scope::Admin, None)?;
-    let crate::body::JsonBody(r) = body?;
-    if !flotilla_core::is_name(&r.app) {
-        return Err(ControlError::BadRequest(format!(
-            "app {:?}: 1..=63 of a-z, 0-9 and '-', not starting with '-' (as an app spec's name)",
-            r.app
-        )));
-    }
+    let crate::body::JsonBody(mut r) = body?;
+    let (apps, one) = r.apps().map_err(ControlError::BadRequest)?;
     let url = scheduler_url(&r.url).map_err(|why| ControlError::BadRequest(format!("url {:?}: {why}", r.url)))?;
-    let known = match s.apps.0.read_or_recover().get(&r.app) {
-        Some(AppEndpoint::Local(_)) => return Err(ControlError::AppRunsHere(r.app)),
-        Some(AppEndpoint::Remote { url: u, .. }) => *u == url,
-        None => false,
-    };
-    // A scheduler re-registers every few seconds: only a new URL is checked.
-    if !known {
-        let outcome = check(&s, &r.app, &url, &headers).await;
-        let result = if outcome.is_ok() { "accepted" } else { "refused" };
-        metrics::counter!(m::SCHEDULER_REGISTRATIONS.name, "result" => result).increment(1);
-        outcome.map_err(|why| {
-            tracing::warn!(app = %r.app, %url, %why, "refused a scheduler registration");
-            ControlError::NotAScheduler { app: r.app.clone(), url: url.clone(), why }
-        })?;
+    let mut refused: Vec<(String, ControlError)> = Vec::new();
+    let (mut accepted, mut new) = (Vec::new(), Vec::new());
+    {
+        let g = s.apps.0.read_or_recover();
+        for app in apps {
+            match g.get(&app) {
+                Some(AppEndpoint::Local(_)) => refused.push((app.clone(), ControlError::AppRunsHere(app))),
+                // A scheduler re-registers every few seconds: only a new URL is checked.
+                Some(AppEndpoint::Remote { url: u, .. }) if *u == url => accepted.push(app),
+                _ => new.push(app),
+            }
+        }
     }
-    if let Some(replicas) = &s.replicas {
-        replicas.put(crate::replicas::Shared::Scheduler { app: &r.app, url: &url }).await?;
+    if !new.is_empty() {
+        let verdicts = check(&s, &new, &url, &headers).await;
+        for (app, verdict) in new.into_iter().zip(verdicts) {
+            let result = if verdict.is_ok() { "accepted" } else { "refused" };
+            metrics::counter!(m::SCHEDULER_REGISTRATIONS.name, "result" => result).increment(1);
+            match verdict {
+                Ok(()) => accepted.push(app),
+                Err(why) => {
+                    tracing::warn!(%app, %url, %why, "refused a scheduler registration");
+                    refused.push((app.clone(), ControlError::NotAScheduler { app, url: url.clone(), why }));
+                }
+            }
+        }
     }
-    s.apps.0.write_or_recover().insert(r.app, AppEndpoint::Remote { url, seen: Instant::now() });
-    Ok(StatusCode::NO_CONTENT)
+    if let Some(replicas) = &s.replicas
+        && !accepted.is_empty()
+    {
+        replicas.put_schedulers(&accepted, &url).await?;
+    }
+    {
+        let mut g = s.apps.0.write_or_recover();
+        let seen = Instant::now();
+        for app in &accepted {
+            g.insert(app.clone(), AppEndpoint::Remote { url: url.clone(), seen });
+        }
+    }
+    if one {
+        return match refused.pop() {
+            Some((_, e)) => Err(e),
+            None => Ok(StatusCode::NO_CONTENT.into_response()),
+        };
+    }
+    let refused = refused
+        .into_iter()
+        .map(|(app, e)| RefusedApp { app, error: ErrorDetail { code: e.code().to_string(), message: e.to_string() } })
+        .collect();
+    Ok(Json(crate::answers::to_json(&RegistrationAnswer { registered: accepted.len(), refused })).into_response())
 }
 
-/// Every address of `url`'s host is allowed, and `GET url/v1/apps/{app}` answers as that
-/// app's scheduler (its summary, naming the app and its scheduler instance). Called with
-/// the registering caller's token and the hop header, so a control plane's own URL cannot
-/// forward it on.
-async fn check(s: &ControlState, app: &str, url: &str, headers: &HeaderMap) -> Result<(), String> {
+/// Whether each of `apps` may be served from `url`: every address of `url`'s host is
+/// allowed, and one `GET url/v1/apps` lists the app as its scheduler (its summary,
+/// naming the app and its scheduler instance). Called with the registering caller's
+/// token and the hop header, so a control plane's own URL cannot forward it on (it
+/// lists such an app unreachable, `forward_loop`, or not at all).
+async fn check(s: &ControlState, apps: &[String], url: &str, headers: &HeaderMap) -> Vec<Result<(), String>> {
+    match listing(s, url, headers).await {
+        Ok(rows) => {
+            let by_app: std::collections::HashMap<&str, &Value> =
+                rows.iter().filter_map(|r| Some((r["app"].as_str()?, r))).collect();
+            apps.iter()
+                .map(|app| match by_app.get(app.as_str()).copied() {
+                    Some(row) if answers_as_scheduler(row, app) => Ok(()),
+                    Some(row) => {
+                        let code = row.pointer("/error/code").and_then(Value::as_str).unwrap_or("no scheduler summary");
+                        Err(format!("GET /v1/apps lists it without its scheduler ({code})"))
+                    }
+                    None => Err("GET /v1/apps does not list it (no_such_app)".to_string()),
+                })
+                .collect()
+        }
+        Err(why) => apps.iter().map(|_| Err(why.clone())).collect(),
+    }
+}
+
+/// The rows of `GET url/v1/apps`, once the URL's addresses are found allowed.
+async fn listing(s: &ControlState, url: &str, headers: &HeaderMap) -> Result<Vec<Value>, String> {
     let u = reqwest::Url::parse(url).map_err(|e| e.to_string())?;
     let host = u.host_str().unwrap_or_default().trim_start_matches('[').trim_end_matches(']');
     let port = u.port_or_known_default().unwrap_or(80);
@@ -137,23 +227,23 @@ async fn check(s: &ControlState, app: &str, url: &str, headers: &HeaderMap) -> R
     }
     let mut req = s
         .http
-        .get(format!("{}/v1/apps/{app}", url.trim_end_matches('/')))
+        .get(format!("{}/v1/apps", url.trim_end_matches('/')))
         .header(crate::limits::HOP_HEADER, "1")
         .timeout(HANDSHAKE_TIMEOUT);
     if let Some(v) = headers.get(axum::http::header::AUTHORIZATION) {
         req = req.header(axum::http::header::AUTHORIZATION, v.clone());
     }
-    let resp = req.send().await.map_err(|e| format!("GET /v1/apps/{app} failed: {e}"))?;
+    let resp = req.send().await.map_err(|e| format!("GET /v1/apps failed: {e}"))?;
     let status = resp.status();
     let v: Value = resp.json().await.unwrap_or(Value::Null);
     if !status.is_success() {
         let code = v.pointer("/error/code").and_then(Value::as_str).unwrap_or("no JSON error");
-        return Err(format!("GET /v1/apps/{app} answered {status} ({code})"));
+        return Err(format!("GET /v1/apps answered {status} ({code})"));
     }
-    if v["app"].as_str() != Some(app) || !v["scheduler"]["instance"].is_string() {
-        return Err(format!("GET /v1/apps/{app} did not answer with that app's scheduler summary"));
+    match v {
+        Value::Array(rows) => Ok(rows),
+        _ => Err("GET /v1/apps did not answer with a list of apps".to_string()),
     }
-    Ok(())
 }
 
 /// A standalone scheduler's base URL as the control plane will use it: http or https,

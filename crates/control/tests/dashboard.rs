@@ -327,6 +327,117 @@ async fn the_event_stream_sends_a_snapshot_then_what_changed() {
     assert!(flotilla_testkit::metric(&metrics, "flotilla_events_subscribers", "").unwrap_or(0.0) >= 1.0);
 }
 
+/// A process hosting many apps registers them in one call, and `GET /v1/apps` asks it
+/// once for all of them: the fake scheduler below answers two requests in all (the
+/// registration's check and one listing), then is gone.
+#[tokio::test]
+async fn a_process_registers_its_apps_in_one_call_and_is_asked_once_for_them() {
+    let (addr, _c, _stop) = start().await;
+    let http = reqwest::Client::new();
+    let register =
+        |body: Value| http.post(format!("http://{addr}/v1/schedulers")).bearer_auth("secret").json(&body).send();
+    let listed = r#"[{"app": "svc-a", "scheduler": {"instance": "p"}, "desired_units": 3},
+                     {"app": "svc-b", "scheduler": {"instance": "p"}, "desired_units": 4},
+                     {"app": "svc-d", "unreachable": true, "error": {"code": "forward_loop"}}]"#;
+    let process = flotilla_testkit::answer_then_vanish(listed, 2);
+    let r = register(json!({"apps": ["svc-a", "svc-b", "svc-c", "svc-d", "echo", "svc-a"], "url": process})).await;
+    let r = r.unwrap();
+    assert_eq!(r.status(), 200);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["registered"], 2, "{body}");
+    let refused: Vec<(&str, &str)> = body["refused"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["app"].as_str().unwrap(), r["error"]["code"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        refused,
+        [("echo", "conflict"), ("svc-c", "not_a_scheduler"), ("svc-d", "not_a_scheduler")],
+        "echo runs here; svc-c is not listed; svc-d is listed without its scheduler: {body}"
+    );
+    assert!(body["refused"][2]["error"]["message"].as_str().unwrap().contains("forward_loop"), "{body}");
+
+    let rows: Vec<Value> = http.get(format!("http://{addr}/v1/apps")).send().await.unwrap().json().await.unwrap();
+    let by_app: Vec<(&str, Option<u64>, &str)> = rows
+        .iter()
+        .map(|a| (a["app"].as_str().unwrap(), a["desired_units"].as_u64(), a["scheduler_url"].as_str().unwrap_or("")))
+        .collect();
+    assert_eq!(
+        by_app,
+        [("echo", Some(0), ""), ("svc-a", Some(3), process.as_str()), ("svc-b", Some(4), process.as_str())]
+    );
+    // Registered again (the process does so every few seconds): not checked again.
+    let r = register(json!({"apps": ["svc-a", "svc-b"], "url": process})).await.unwrap();
+    assert_eq!(r.json::<Value>().await.unwrap(), json!({"registered": 2, "refused": []}));
+    // Gone now: both its apps are listed unreachable, from one failed ask.
+    let rows: Vec<Value> = http.get(format!("http://{addr}/v1/apps")).send().await.unwrap().json().await.unwrap();
+    assert!(rows[1..].iter().all(|a| a["unreachable"] == true && a["scheduler_url"] == process.as_str()), "{rows:?}");
+
+    for (bad, why) in [
+        (json!({"app": "x", "apps": ["y"], "url": process}), "not both"),
+        (json!({"apps": [], "url": process}), "no app"),
+        (json!({"apps": ["ok", "Not-a-name"], "url": process}), "Not-a-name"),
+        (json!({"apps": vec!["a"; 10_001], "url": process}), "more than 10000"),
+    ] {
+        let r = register(bad).await.unwrap();
+        assert_eq!(r.status(), 400);
+        let body: Value = r.json().await.unwrap();
+        assert!(body["error"]["message"].as_str().unwrap().contains(why), "{why}: {body}");
+    }
+}
+
+/// The dashboard's stream reads a scheduler process's apps in one request: the fake
+/// process answers two in all (the registration's check and one `?full=true` listing),
+/// and both its apps are streamed whole from that one answer. A control plane lists
+/// only its own apps that way.
+#[tokio::test]
+async fn the_stream_reads_a_process_apps_in_one_request() {
+    let (addr, _c, _stop) = start().await;
+    let http = reqwest::Client::new();
+    let row = |app: &str, units: u32| {
+        json!({"app": app, "scheduler": {"instance": "p"},
+               "summary": {"app": app, "desired_units": units, "scheduler": {"instance": "p"}},
+               "units": [{"unit_id": format!("{app}-1"), "state": "running", "domain": "a"}],
+               "routes": {"app": app, "routes": []}, "decisions": [], "capacity": null})
+    };
+    let process = flotilla_testkit::answer_then_vanish(&json!([row("svc-a", 3), row("svc-b", 4)]).to_string(), 2);
+    let r = http
+        .post(format!("http://{addr}/v1/schedulers"))
+        .bearer_auth("secret")
+        .json(&json!({"apps": ["svc-a", "svc-b"], "url": process}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.json::<Value>().await.unwrap(), json!({"registered": 2, "refused": []}));
+
+    let mut resp = reqwest::get(format!("http://{addr}/v1/events")).await.unwrap();
+    let mut buf = String::new();
+    let mut apps = std::collections::BTreeMap::new();
+    read_events(&mut resp, &mut buf, |e, d| {
+        if e == "app" && d["app"] != "echo" {
+            apps.insert(d["app"].as_str().unwrap().to_string(), d.clone());
+        }
+        apps.len() == 2
+    })
+    .await;
+    for (app, units) in [("svc-a", 3), ("svc-b", 4)] {
+        let v = &apps[app];
+        assert_eq!(v["summary"]["desired_units"], units, "{v}");
+        assert_eq!(v["summary"]["scheduler_url"], process.as_str(), "{v}");
+        assert_eq!(v["units"][0]["unit_id"], format!("{app}-1"), "{v}");
+    }
+
+    let full: Vec<Value> =
+        http.get(format!("http://{addr}/v1/apps?full=true")).send().await.unwrap().json().await.unwrap();
+    assert_eq!(full.len(), 1, "only the apps this process runs: {full:?}");
+    assert_eq!(full[0]["app"], "echo");
+    for key in ["summary", "units", "routes", "decisions", "capacity"] {
+        assert!(full[0].get(key).is_some(), "{key}: {}", full[0]);
+    }
+    assert_eq!(http.get(format!("http://{addr}/v1/apps?ful=true")).send().await.unwrap().status(), 400);
+}
+
 #[tokio::test]
 async fn an_unreachable_standalone_scheduler_is_listed_and_streamed_as_unreachable() {
     let (addr, _c, _stop) = start().await;
@@ -345,10 +456,10 @@ async fn an_unreachable_standalone_scheduler_is_listed_and_streamed_as_unreachab
     assert_eq!(r.status(), 422);
     let body: Value = r.json().await.unwrap();
     assert_eq!(body["error"]["code"], "not_a_scheduler", "{body}");
-    let wrong_app = flotilla_testkit::answer_then_vanish(r#"{"app": "other", "scheduler": {"instance": "a"}}"#, 1);
+    let wrong_app = flotilla_testkit::answer_then_vanish(r#"[{"app": "other", "scheduler": {"instance": "a"}}]"#, 1);
     assert_eq!(register("ghost", &wrong_app).await.unwrap().status(), 422);
     // One that answers, then goes away.
-    let ghost = flotilla_testkit::answer_then_vanish(r#"{"app": "ghost", "scheduler": {"instance": "a"}}"#, 1);
+    let ghost = flotilla_testkit::answer_then_vanish(r#"[{"app": "ghost", "scheduler": {"instance": "a"}}]"#, 1);
     assert_eq!(register("ghost", &ghost).await.unwrap().status(), 204);
     // Re-registering the same URL is not checked again (it no longer answers).
     assert_eq!(register("ghost", &ghost).await.unwrap().status(), 204);
@@ -433,7 +544,7 @@ async fn a_scheduler_registered_with_the_control_planes_own_url_makes_no_loop() 
     let body: Value = r.json().await.unwrap();
     assert!(body["error"]["message"].as_str().unwrap().contains("no_such_app"), "{body}");
     // Registered once as a scheduler that answers, zzz cannot move to the own URL either.
-    let real = flotilla_testkit::answer_then_vanish(r#"{"app": "zzz", "scheduler": {"instance": "a"}}"#, 1);
+    let real = flotilla_testkit::answer_then_vanish(r#"[{"app": "zzz", "scheduler": {"instance": "a"}}]"#, 1);
     assert_eq!(register("zzz", &real).await.unwrap().status(), 204);
     let r = register("zzz", &own).await.unwrap();
     assert_eq!(r.status(), 422);

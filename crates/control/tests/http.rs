@@ -317,7 +317,7 @@ async fn a_host_name_nobody_allowed_reads_nothing_without_the_token() {
 #[tokio::test]
 async fn forwarded_requests_are_limited_per_peer() {
     let (addr, _stop) = start(HttpOptions { rate_limit: 8, ..Default::default() }).await;
-    let ghost = flotilla_testkit::answer_then_vanish(r#"{"app": "ghost", "scheduler": {"instance": "a"}}"#, 1);
+    let ghost = flotilla_testkit::answer_then_vanish(r#"[{"app": "ghost", "scheduler": {"instance": "a"}}]"#, 1);
     let body = format!(r#"{{"app": "ghost", "url": "{ghost}"}}"#);
     let register = format!(
         "POST /v1/schedulers HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer secret\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",

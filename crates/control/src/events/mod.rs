@@ -41,8 +41,9 @@ mod rows;
 pub use columns::{CORDONED, DRAIN_REQUESTED, PREEMPTING, SNAPSHOT_CHUNK};
 use columns::{node_frames, snapshot_chunks};
 pub use federation::{Counts, DomainSummary, Res};
+pub use rows::local_app_of;
 pub use rows::{DECISIONS_SHOWN, Frame, NodeChanges, UnitsByDomain, frame, node_changes, priority_of, status_of};
-use rows::{count_local, count_remote, fetch_app, local_app, unreachable_app};
+use rows::{count_local, count_remote, fetch_apps, local_app};
 
 /// Shortest time between two ticks of the hub.
 pub const TICK: Duration = Duration::from_millis(250);
@@ -342,11 +343,16 @@ impl Hub {
         (rx, frames)
     }
 
-    /// Fetches every standalone scheduler's app (one fetch round at a time).
+    /// Fetches every standalone scheduler's apps (one fetch round at a time): one
+    /// request per scheduler process for all the apps registered at its URL.
     fn fetch_remote(self: &Arc<Self>) {
-        let remotes: Vec<(String, String)> =
-            self.control.apps.endpoints().into_iter().filter_map(|(n, e)| e.err().map(|u| (n, u))).collect();
-        if remotes.is_empty() {
+        let mut by_url: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for (app, e) in self.control.apps.endpoints() {
+            if let Err(url) = e {
+                by_url.entry(url).or_default().push(app);
+            }
+        }
+        if by_url.is_empty() {
             self.remote.lock_or_recover().clear();
             return;
         }
@@ -355,33 +361,25 @@ impl Hub {
         }
         let hub = self.clone();
         tokio::spawn(async move {
-            // Every scheduler at once: one that does not answer delays no other.
-            let fetches: Vec<_> = remotes
+            // Every process at once: one that does not answer delays no other.
+            let fetches: Vec<_> = by_url
                 .into_iter()
-                .map(|(app, url)| {
+                .map(|(url, apps)| {
                     let http = hub.control.http.clone();
-                    let name = app.clone();
-                    (app, tokio::spawn(async move { fetch_app(&http, &name, &url).await.map_err(|e| (url, e)) }))
+                    tokio::spawn(async move { fetch_apps(&http, &url, apps).await })
                 })
                 .collect();
             let mut fetched = BTreeMap::new();
-            for (app, fetch) in fetches {
-                let v = match fetch.await {
-                    Ok(Ok(v)) => v,
-                    // Shown as unreachable (with the error), not dropped or left stale.
-                    Ok(Err((url, e))) => {
-                        tracing::debug!(app, error = %e, "fetching a standalone scheduler's app for the stream");
-                        unreachable_app(&app, &url, &e)
-                    }
-                    Err(_) => continue,
-                };
-                // Unchanged: keep the old Arc, so the tick sees no change.
-                let old = hub.remote.lock_or_recover().get(&app).cloned();
-                let v = match old {
-                    Some(o) if *o == v => o,
-                    _ => Arc::new(v),
-                };
-                fetched.insert(app, v);
+            for fetch in fetches {
+                for (app, v) in fetch.await.unwrap_or_default() {
+                    // Unchanged: keep the old Arc, so the tick sees no change.
+                    let old = hub.remote.lock_or_recover().get(&app).cloned();
+                    let v = match old {
+                        Some(o) if *o == v => o,
+                        _ => Arc::new(v),
+                    };
+                    fetched.insert(app, v);
+                }
             }
             *hub.remote.lock_or_recover() = fetched;
             hub.fetching.store(false, Ordering::SeqCst);

@@ -116,6 +116,13 @@ pub(super) fn local_app(
     })
 }
 
+/// The `app` message of an in-process scheduler's app, as it is now.
+pub fn local_app_of(h: &flotilla_scheduler::AppHandle) -> Value {
+    let routes = h.routes().borrow().clone();
+    let capacity = h.capacity().borrow().clone();
+    local_app(&h.app, &h.status(), &h.decisions(), &routes, &capacity)
+}
+
 /// Live units by (domain, shard of their first member, when known).
 pub type UnitsByDomain = std::collections::BTreeMap<(String, Option<u32>), u64>;
 
@@ -139,8 +146,47 @@ pub(super) fn count_remote(units: &Value, into: &mut UnitsByDomain) {
     }
 }
 
-/// The five reads of an app from its standalone scheduler, as one `app` payload.
-pub(super) async fn fetch_app(http: &reqwest::Client, app: &str, url: &str) -> Result<Value, ControlError> {
+/// The `app` messages of `apps` from the scheduler process at `url`: one `GET
+/// /v1/apps?full=true` for all of them. A process that lists no `summary` (one from
+/// before that query) is asked app by app, five calls each; an app it does not list, or
+/// every app when it does not answer, is unreachable.
+pub(super) async fn fetch_apps(http: &reqwest::Client, url: &str, apps: Vec<String>) -> Vec<(String, Value)> {
+    let listing = match crate::forward::remote(http, url, "/v1/apps?full=true").await {
+        Ok(Value::Array(rows)) => rows,
+        Ok(_) => Vec::new(),
+        Err(e) => {
+            tracing::debug!(url, error = %e, "fetching a standalone scheduler's apps for the stream");
+            return apps.into_iter().map(|app| (app.clone(), unreachable_app(&app, url, &e))).collect();
+        }
+    };
+    if listing.iter().any(|r| r.get("summary").is_none()) {
+        let mut out = Vec::with_capacity(apps.len());
+        for app in apps {
+            let v = fetch_app(http, &app, url).await.unwrap_or_else(|e| unreachable_app(&app, url, &e));
+            out.push((app, v));
+        }
+        return out;
+    }
+    let mut by_app: std::collections::HashMap<String, Value> =
+        listing.into_iter().filter_map(|r| Some((r.get("app")?.as_str()?.to_string(), r))).collect();
+    apps.into_iter()
+        .map(|app| {
+            let v = match by_app.remove(&app) {
+                Some(mut v) => {
+                    if v["summary"].get("scheduler_url").is_none_or(Value::is_null) {
+                        v["summary"]["scheduler_url"] = json!(url);
+                    }
+                    v
+                }
+                None => unreachable_app(&app, url, &ControlError::NoSuchApp(app.clone())),
+            };
+            (app, v)
+        })
+        .collect()
+}
+
+/// One app's `app` message from a scheduler that lists no full rows, five calls.
+async fn fetch_app(http: &reqwest::Client, app: &str, url: &str) -> Result<Value, ControlError> {
     let get = |path: &'static str| {
         let path = format!("/v1/apps/{app}{path}");
         async move { crate::forward::remote(http, url, &path).await }
@@ -158,7 +204,7 @@ pub(super) async fn fetch_app(http: &reqwest::Client, app: &str, url: &str) -> R
 
 /// The `app` payload of an app whose standalone scheduler did not answer: its summary is
 /// the unreachable row of `GET /v1/apps`, and it has no units, routes or decisions.
-pub(super) fn unreachable_app(app: &str, url: &str, e: &ControlError) -> Value {
+fn unreachable_app(app: &str, url: &str, e: &ControlError) -> Value {
     json!({"app": app, "summary": crate::forward::unreachable_row(app, url, e), "units": [],
            "routes": {"app": app, "routes": []}, "decisions": [], "capacity": null})
 }
