@@ -328,9 +328,10 @@ async fn measure(
 }
 
 /// Waits until the control plane at `url` lists all `apps` reachable (each registered),
-/// then times `lists` sequential `GET /v1/apps` there: the wall time of each, and the
-/// CPU of `pids` (the control plane and the scheduler process) per list, less what they
-/// spend in the same time without being asked.
+/// then times `lists` sequential `GET /v1/apps` there in each view (`summary`, and
+/// `demand`, the pool autoscaler's): the wall time of each, and the CPU of `pids` (the
+/// control plane and the scheduler process) per list, less what they spend in the same
+/// time without being asked.
 async fn measure_lists(
     client: &reqwest::Client,
     url: &str,
@@ -338,13 +339,13 @@ async fn measure_lists(
     lists: usize,
     pids: [u32; 2],
 ) -> anyhow::Result<Value> {
-    let list = async || -> Option<Vec<Value>> {
-        let r = client.get(format!("{url}/v1/apps")).timeout(Duration::from_secs(30)).send().await.ok()?;
+    let list = async |query: &str| -> Option<Vec<Value>> {
+        let r = client.get(format!("{url}/v1/apps{query}")).timeout(Duration::from_secs(30)).send().await.ok()?;
         r.json::<Vec<Value>>().await.ok()
     };
     let t = Instant::now();
     let registered = loop {
-        let rows = list().await.unwrap_or_default();
+        let rows = list("").await.unwrap_or_default();
         let reachable = rows.iter().filter(|r| r["unreachable"].is_null()).count();
         if reachable == apps {
             break t.elapsed();
@@ -356,28 +357,32 @@ async fn measure_lists(
     let (c0, t0) = (cpu(), Instant::now());
     tokio::time::sleep(Duration::from_secs(3)).await;
     let idle_rate = (cpu() - c0) / t0.elapsed().as_secs_f64();
-    let mut wall_ms = Histogram::<u64>::new(3)?;
-    let (c0, t0) = (cpu(), Instant::now());
-    for _ in 0..lists {
-        let t = Instant::now();
-        let rows = list().await.unwrap_or_default();
-        anyhow::ensure!(rows.len() == apps, "a listing of {} rows, not {apps}", rows.len());
-        wall_ms.record(t.elapsed().as_micros() as u64)?;
-    }
-    let busy = (cpu() - c0 - idle_rate * t0.elapsed().as_secs_f64()).max(0.0);
-    let cpu_ms = busy * 1e3 / lists as f64;
-    println!(
-        "control plane: every app listed {:.1}s after all ran; GET /v1/apps p50 {:.1} ms, p99 {:.1} ms, {cpu_ms:.1} ms of CPU each",
-        registered.as_secs_f64(),
-        pct_ms(&wall_ms, 0.5),
-        pct_ms(&wall_ms, 0.99)
-    );
     let round = |x: f64| (x * 10.0).round() / 10.0;
-    Ok(serde_json::json!({
+    let mut out = serde_json::json!({
         "listed_after_seconds": round(registered.as_secs_f64()),
         "lists": lists,
-        "wall_p50_ms": round(pct_ms(&wall_ms, 0.5)),
-        "wall_p99_ms": round(pct_ms(&wall_ms, 0.99)),
-        "cpu_ms_per_list": round(cpu_ms),
-    }))
+    });
+    for (view, query) in [("summary", ""), ("demand", "?view=demand")] {
+        let mut wall_ms = Histogram::<u64>::new(3)?;
+        let (c0, t0) = (cpu(), Instant::now());
+        for _ in 0..lists {
+            let t = Instant::now();
+            let rows = list(query).await.unwrap_or_default();
+            anyhow::ensure!(rows.len() == apps, "a {view} listing of {} rows, not {apps}", rows.len());
+            wall_ms.record(t.elapsed().as_micros() as u64)?;
+        }
+        let busy = (cpu() - c0 - idle_rate * t0.elapsed().as_secs_f64()).max(0.0);
+        let cpu_ms = busy * 1e3 / lists as f64;
+        println!(
+            "control plane, GET /v1/apps{query}: p50 {:.1} ms, p99 {:.1} ms, {cpu_ms:.1} ms of CPU each",
+            pct_ms(&wall_ms, 0.5),
+            pct_ms(&wall_ms, 0.99)
+        );
+        out[view] = serde_json::json!({
+            "wall_p50_ms": round(pct_ms(&wall_ms, 0.5)),
+            "wall_p99_ms": round(pct_ms(&wall_ms, 0.99)),
+            "cpu_ms_per_list": round(cpu_ms),
+        });
+    }
+    Ok(out)
 }

@@ -99,17 +99,18 @@ pub(crate) fn unreachable_row(app: &str, url: &str, e: &ControlError) -> Value {
     })
 }
 
-/// The summaries of `apps` from the standalone scheduler process at `url`, in `apps`'
-/// order: one `GET url/v1/apps` for all of them, since one process hosts up to
-/// thousands (`--apps-dir`). An app it does not list, or every app when it does not
-/// answer, gets its unreachable row.
+/// The rows of `apps` from the standalone scheduler process at `url`, in `apps`' order:
+/// one `GET url{list}` (`/v1/apps` in some view) for all of them, since one process
+/// hosts up to thousands (`--apps-dir`). An app it does not list, or every app when it
+/// does not answer, gets its unreachable row.
 pub(crate) async fn remote_summaries(
     http: &reqwest::Client,
     url: &str,
+    list: &str,
     apps: &[String],
     timeout: Duration,
 ) -> Vec<Value> {
-    match remote_within(http, url, "/v1/apps", timeout).await {
+    match remote_within(http, url, list, timeout).await {
         Ok(listing) => pick_rows(listing, url, apps),
         Err(e) => {
             tracing::debug!(url, apps = apps.len(), error = %e, "a standalone scheduler did not answer");

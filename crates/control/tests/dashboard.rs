@@ -388,7 +388,7 @@ async fn a_process_registers_its_apps_in_one_call_and_is_asked_once_for_them() {
 }
 
 /// The dashboard's stream reads a scheduler process's apps in one request: the fake
-/// process answers two in all (the registration's check and one `?full=true` listing),
+/// process answers two in all (the registration's check and one `?view=full` listing),
 /// and both its apps are streamed whole from that one answer. A control plane lists
 /// only its own apps that way.
 #[tokio::test]
@@ -429,13 +429,20 @@ async fn the_stream_reads_a_process_apps_in_one_request() {
     }
 
     let full: Vec<Value> =
-        http.get(format!("http://{addr}/v1/apps?full=true")).send().await.unwrap().json().await.unwrap();
+        http.get(format!("http://{addr}/v1/apps?view=full")).send().await.unwrap().json().await.unwrap();
     assert_eq!(full.len(), 1, "only the apps this process runs: {full:?}");
     assert_eq!(full[0]["app"], "echo");
     for key in ["summary", "units", "routes", "decisions", "capacity"] {
         assert!(full[0].get(key).is_some(), "{key}: {}", full[0]);
     }
-    assert_eq!(http.get(format!("http://{addr}/v1/apps?ful=true")).send().await.unwrap().status(), 400);
+    let demand: Vec<Value> =
+        http.get(format!("http://{addr}/v1/apps?view=demand")).send().await.unwrap().json().await.unwrap();
+    let echo = &demand[0];
+    assert_eq!((echo["app"].as_str(), echo["queued"]["primary"].as_u64()), (Some("echo"), Some(0)), "{echo}");
+    assert!(echo["unit_shape"].is_object() && echo.get("spec").is_none(), "{echo}");
+    for bad in ["view=everything", "full=true"] {
+        assert_eq!(http.get(format!("http://{addr}/v1/apps?{bad}")).send().await.unwrap().status(), 400, "{bad}");
+    }
 }
 
 #[tokio::test]

@@ -192,7 +192,7 @@ impl Autoscaler {
         let listed: std::collections::HashSet<&str> = cloud.iter().map(|c| c.id.as_str()).collect();
         let own: Vec<&NodeRow> = nodes
             .iter()
-            .filter(|n| self.instances.get(&n.node_id).is_some() || listed.contains(n.node_id.as_str()))
+            .filter(|n| self.instances.get(n.node_id.as_str()).is_some() || listed.contains(n.node_id.as_str()))
             .collect();
         self.idle.update(own.iter().copied(), now);
         let seen: HashMap<String, NodeSeen> = own
@@ -204,7 +204,7 @@ impl Autoscaler {
                     draining: n.drain_requested,
                     allocated_nothing: n.allocated.is_zero(),
                 };
-                (n.node_id.clone(), s)
+                (n.node_id.to_string(), s)
             })
             .collect();
         let t = self.cfg.timeouts;

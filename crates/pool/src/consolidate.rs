@@ -98,7 +98,7 @@ pub fn plan(cfg: &PoolConfig, obs: &Observation, skip: &BTreeSet<String>) -> Opt
         }
         let Some(i) = inst.filter(|i| i.phase == Phase::Running && !i.warm) else { continue };
         let Some(t) = cfg.node_type(&i.node_type) else { continue };
-        if n.allocated.is_zero() || sized(&t.name) || skip.contains(&n.node_id) {
+        if n.allocated.is_zero() || sized(&t.name) || skip.contains(n.node_id.as_str()) {
             continue;
         }
         let members = n.workloads.max(1);
@@ -125,9 +125,11 @@ pub fn plan(cfg: &PoolConfig, obs: &Observation, skip: &BTreeSet<String>) -> Opt
         // A unit stays in its domain (rebalance weighs the domain before `spare`).
         let others = || room.iter().filter(|(id, d, _)| *id != c.row.node_id.as_str() && *d == domain(c.row));
         let mut free: Vec<Shape> = others().map(|(_, _, f)| f.clone()).collect();
-        if limits.room_for(&c.row.node_id, others().map(|(id, _, _)| *id)) && fits(&c.share, c.members, &mut free) {
+        if limits.room_for(c.row.node_id.as_str(), others().map(|(id, _, _)| *id))
+            && fits(&c.share, c.members, &mut free)
+        {
             return Some(Consolidation {
-                nodes: vec![c.row.node_id.clone()],
+                nodes: vec![c.row.node_id.to_string()],
                 launch: None,
                 saving_per_hour: c.cost,
                 members: c.members,
@@ -211,12 +213,12 @@ fn replace(
                     break;
                 }
                 let mut trial = free.clone();
-                taken.push(c.row.node_id.clone());
+                taken.push(c.row.node_id.to_string());
                 let apart = !limits.fit_on_one(&taken);
                 taken.pop();
                 if !apart && fits(&c.share, c.members, &mut trial) {
                     free = trial;
-                    taken.push(c.row.node_id.clone());
+                    taken.push(c.row.node_id.to_string());
                     members += c.members;
                     cost += c.cost;
                     spare -= 1;

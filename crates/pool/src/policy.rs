@@ -156,7 +156,7 @@ mod tests {
 
     fn row(id: &str, cpu: u64) -> NodeRow {
         NodeRow {
-            node_id: id.into(),
+            node_id: flotilla_core::NodeId::new(id).unwrap(),
             status: flotilla_core::NodeStatus::Alive,
             labels: std::sync::Arc::new(
                 flotilla_core::Labels::from_map([("priority".to_string(), "high".to_string())].into()).unwrap(),

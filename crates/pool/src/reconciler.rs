@@ -62,7 +62,7 @@ pub fn problem(cfg: &PoolConfig, obs: &Observation, prune: bool) -> Problem {
         // claimed: until its uncordon shows).
         let warm = inst.is_some_and(|i| i.warm);
         let usable = n.status == flotilla_core::NodeStatus::Alive && (!n.cordoned || warm) && !n.drain_requested;
-        let idle_ms = obs.idle.idle_ms(&n.node_id, obs.now_ms);
+        let idle_ms = obs.idle.idle_ms(n.node_id.as_str(), obs.now_ms);
         if let Some(p) = &mut pruner
             && p.leaves_out(n, inst.copied(), usable, idle_ms > 0, &mut inert)
         {
@@ -80,7 +80,7 @@ pub fn problem(cfg: &PoolConfig, obs: &Observation, prune: bool) -> Problem {
             Shape::default()
         };
         nodes.push(Node {
-            id: n.node_id.clone(),
+            id: n.node_id.to_string(),
             node_type: inst.map(|i| i.node_type.clone()),
             total,
             available,
@@ -371,7 +371,7 @@ mod tests {
 
     fn row(id: &str, labels: &[(&str, &str)], allocated_cpu: u64) -> NodeRow {
         NodeRow {
-            node_id: id.into(),
+            node_id: flotilla_core::NodeId::new(id).unwrap(),
             status: flotilla_core::NodeStatus::Alive,
             labels: std::sync::Arc::new(
                 flotilla_core::Labels::from_map(labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect())
@@ -453,7 +453,7 @@ mod tests {
 
     /// One pass over these nodes (each a running instance of `node_type`) and apps.
     fn decide_on(cfg: &PoolConfig, nodes: &[NodeRow], node_type: &str, apps: &[AppRow]) -> (Plan, Value) {
-        let instances: Vec<PoolInstance> = nodes.iter().map(|n| running(&n.node_id, node_type)).collect();
+        let instances: Vec<PoolInstance> = nodes.iter().map(|n| running(n.node_id.as_str(), node_type)).collect();
         let obs = Observation {
             nodes,
             apps,

@@ -147,11 +147,11 @@ pub(super) fn count_remote(units: &Value, into: &mut UnitsByDomain) {
 }
 
 /// The `app` messages of `apps` from the scheduler process at `url`: one `GET
-/// /v1/apps?full=true` for all of them. A process that lists no `summary` (one from
+/// /v1/apps?view=full` for all of them. A process that lists no `summary` (one from
 /// before that query) is asked app by app, five calls each; an app it does not list, or
 /// every app when it does not answer, is unreachable.
 pub(super) async fn fetch_apps(http: &reqwest::Client, url: &str, apps: Vec<String>) -> Vec<(String, Value)> {
-    let listing = match crate::forward::remote(http, url, "/v1/apps?full=true").await {
+    let listing = match crate::forward::remote(http, url, "/v1/apps?view=full").await {
         Ok(Value::Array(rows)) => rows,
         Ok(_) => Vec::new(),
         Err(e) => {

@@ -99,7 +99,7 @@ impl Cluster for FakeCluster {
             .unwrap()
             .keys()
             .map(|id| NodeRow {
-                node_id: id.clone(),
+                node_id: flotilla_core::NodeId::new(id).unwrap(),
                 status: flotilla_core::NodeStatus::Alive,
                 labels: Default::default(),
                 capacity: Arc::new(Resources::new(2000, 4 << 30, 0)),

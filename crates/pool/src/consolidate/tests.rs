@@ -25,7 +25,7 @@ const POOL: &str = r#"
 /// A running node of `node_type` holding `members` members of `cpu` millicores each.
 fn node(id: &str, capacity_cpu: u64, members: usize, cpu: u64) -> NodeRow {
     NodeRow {
-        node_id: id.into(),
+        node_id: flotilla_core::NodeId::new(id).unwrap(),
         status: flotilla_core::NodeStatus::Alive,
         labels: Default::default(),
         capacity: std::sync::Arc::new(Resources::new(capacity_cpu, (capacity_cpu / 500) << 30, 0)),
@@ -81,13 +81,18 @@ fn a_fragmented_pool_empties_one_node_at_a_time_down_to_its_min() {
         assert!(c.explanation.contains("saves 0.100/h"), "{}", c.explanation);
         // Its member moves to the fullest node that takes it, and it goes.
         let gone = c.nodes[0].clone();
-        let to =
-            nodes.iter().filter(|n| n.node_id != gone).max_by_key(|n| n.allocated.cpu_millis).unwrap().node_id.clone();
+        let to = nodes
+            .iter()
+            .filter(|n| n.node_id.as_str() != gone)
+            .max_by_key(|n| n.allocated.cpu_millis)
+            .unwrap()
+            .node_id
+            .clone();
         let n = nodes.iter_mut().find(|n| n.node_id == to).unwrap();
         std::sync::Arc::make_mut(&mut n.allocated).cpu_millis += 500;
         std::sync::Arc::make_mut(&mut n.allocated).memory_bytes += 1 << 28;
         n.workloads += 1;
-        nodes.retain(|n| n.node_id != gone);
+        nodes.retain(|n| n.node_id.as_str() != gone);
         instances.retain(|i| i.id != gone);
         emptied.push(gone);
         assert!(emptied.len() < 4, "never below min: {emptied:?}");

@@ -190,7 +190,7 @@ mod tests {
             (std::sync::Arc::new(Resources::new(2000, 4 << 30, 0)), std::sync::Arc::new(Resources::default()));
         let nodes: Vec<NodeRow> = (0..1000)
             .map(|i| NodeRow {
-                node_id: format!("n-{i:04}"),
+                node_id: flotilla_core::NodeId::new(&format!("n-{i:04}")).unwrap(),
                 status: NodeStatus::Alive,
                 labels: labels.clone(),
                 capacity: capacity.clone(),
@@ -264,7 +264,7 @@ mod tests {
                     instances.push(PoolInstance { id: id.clone(), node_type: node_type.into(), phase: Phase::Running, warm: false });
                 }
                 nodes.push(NodeRow {
-                    node_id: id,
+                    node_id: flotilla_core::NodeId::new(&id).unwrap(),
                     status: if alive { NodeStatus::Alive } else { NodeStatus::Suspect },
                     labels: match domain { "domain-a" => in_a.clone(), "domain-b" => in_b.clone(), _ => in_c.clone() },
                     capacity: if cap == 1000 { one_cpu.clone() } else { two_cpu.clone() },
@@ -287,7 +287,7 @@ mod tests {
                     max_units_per_domain: per_domain_limit.then_some(1),
                     units_per_domain: if per_domain_limit { [("domain-a".to_string(), 1)].into() } else { Default::default() },
                     units_per_node: if per_node_limit {
-                        nodes.iter().step_by(3).map(|n: &NodeRow| (n.node_id.clone(), 1)).collect()
+                        nodes.iter().step_by(3).map(|n: &NodeRow| (n.node_id.to_string(), 1)).collect()
                     } else {
                         Default::default()
                     },

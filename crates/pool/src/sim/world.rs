@@ -361,7 +361,8 @@ impl Cluster for SimCluster {
             .filter_map(|(id, i)| {
                 let t = self.cfg.node_type(&i.node_type)?;
                 Some(NodeRow {
-                    node_id: id.clone(),
+                    // The sim names its instances as valid node ids.
+                    node_id: flotilla_core::NodeId::new(id).ok()?,
                     status: flotilla_core::NodeStatus::Alive,
                     // The pool file's labels were checked as labels when it was read.
                     labels: std::sync::Arc::new(flotilla_core::Labels::from_map(t.labels.clone()).unwrap_or_default()),
