@@ -180,12 +180,36 @@ pub fn soak(minutes: f64, seed: u64, mut log: impl FnMut(&str)) -> SoakReport {
             let why = e.downcast_ref::<String>().cloned().unwrap_or_else(|| "did not settle".into());
             report.violations.push(format!("after the last heal: {why}"));
             report.converged_seconds = f64::NAN;
+            schedulers_say(&fed, &mut log);
         }
     }
     let seen = watch.stop();
     report.samples = seen.checks;
     report.violations.extend(seen.violations);
     report
+}
+
+/// What each scheduler says of the app when the federation does not settle: its role and
+/// lease, whether it waits (and why), its store's health, and its units' members with
+/// their nodes and states: which scheduler is stuck, and on what, is in the log.
+fn schedulers_say(fed: &Fed, log: &mut impl FnMut(&str)) {
+    for (host, addr) in &fed.schedulers {
+        let get = |path: &str| fed.lab.inside("probe", || crate::http(addr, "GET", path, Some(&fed.token), "")).1;
+        let app = get("/v1/apps/echo");
+        log(&format!(
+            "scheduler on {host}: scheduler {} waiting {} store {}",
+            app["scheduler"], app["waiting"], app["store"]
+        ));
+        for u in get("/v1/apps/echo/units").as_array().into_iter().flatten() {
+            let members: Vec<String> = u["members"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|m| format!("{} on {} {}", m["member"], m["node_id"], m["state"]))
+                .collect();
+            log(&format!("  {} {}: {}", u["unit_id"], u["state"], members.join(", ")));
+        }
+    }
 }
 
 /// Removes every fault, starts killed agents (and shard processes that stopped, having
