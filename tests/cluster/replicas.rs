@@ -60,6 +60,21 @@ fn two_control_replicas_on_etcd_give_the_same_answers() {
     let (_, app) = http(&a, "GET", "/v1/apps/echo", None, "");
     assert_eq!(app["desired_units"], 3, "{app}");
 
+    // A process registering 150 apps in one call through A (two etcd transactions): B
+    // lists every one, asking the process once (gone by then: all listed unreachable).
+    let names: Vec<String> = (0..150).map(|i| format!("bulk-{i:03}")).collect();
+    let listing: Vec<serde_json::Value> =
+        names.iter().map(|n| serde_json::json!({"app": n, "scheduler": {"instance": "p"}})).collect();
+    let process = flotilla_testkit::answer_then_vanish(&serde_json::Value::from(listing).to_string(), 1);
+    let body = serde_json::json!({"apps": names, "url": process}).to_string();
+    let (status, answer) = http(&a, "POST", "/v1/schedulers", Some(&token), &body);
+    assert_eq!((status, answer["registered"].as_u64()), (200, Some(150)), "{answer}");
+    wait_for("B lists the 150 apps registered through A", Duration::from_secs(10), || {
+        let (_, rows) = http(&b, "GET", "/v1/apps", None, "");
+        let bulk = rows.as_array()?.iter().filter(|r| r["scheduler_url"] == process.as_str()).count();
+        (bulk == 150).then_some(())
+    });
+
     // A policy applied through B, a pool floor and a node type's bounds set through A: both show them.
     let (status, body) = http(&b, "PUT", "/v1/policies/shared", Some(&token), POLICY);
     assert_eq!(status, 200, "{body}");
