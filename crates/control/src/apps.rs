@@ -21,7 +21,7 @@ use crate::answers::{
     AppSummary, MemberRow, Queued, RouteRow, RouteTable, ScaleAnswer, SpecInForce, StoreHealth, UnitRow, to_json,
 };
 use crate::auth::authorize;
-use crate::forward::{forward, remote, remote_summaries, unreachable};
+use crate::forward::{forward, remote, remote_rows, unreachable};
 use crate::replicas::REMOTE_TTL;
 use crate::tokens::Scope;
 use crate::{ControlError, ControlState};
@@ -281,8 +281,8 @@ pub(crate) async fn list_apps(State(s): State<Arc<ControlState>>, Query(q): Quer
         .map(|(url, apps)| {
             let http = s.http.clone();
             let ask = async move {
-                let summaries = remote_summaries(&http, &url, q.view.path(), &apps, LIST_TIMEOUT).await;
-                apps.into_iter().zip(summaries).collect::<Vec<_>>()
+                let rows = remote_rows(&http, &url, q.view.path(), &apps, LIST_TIMEOUT).await;
+                apps.into_iter().zip(rows).collect::<Vec<_>>()
             };
             // The request's hop and forward budget go with each spawned ask.
             match crate::limits::HOP.try_with(Arc::clone) {

@@ -103,7 +103,7 @@ pub(crate) fn unreachable_row(app: &str, url: &str, e: &ControlError) -> Value {
 /// one `GET url{list}` (`/v1/apps` in some view) for all of them, since one process
 /// hosts up to thousands (`--apps-dir`). An app it does not list, or every app when it
 /// does not answer, gets its unreachable row.
-pub(crate) async fn remote_summaries(
+pub(crate) async fn remote_rows(
     http: &reqwest::Client,
     url: &str,
     list: &str,
@@ -122,15 +122,15 @@ pub(crate) async fn remote_summaries(
 /// The rows of `apps` out of a scheduler process's `GET /v1/apps` answer, each naming
 /// `url` as its scheduler; an app missing from it is unreachable (it moved, or the
 /// process no longer hosts it).
-pub(crate) fn pick_rows(listing: Value, url: &str, apps: &[String]) -> Vec<Value> {
-    let mut by_app: std::collections::HashMap<String, Value> = match listing {
-        Value::Array(rows) => {
-            rows.into_iter().filter_map(|row| Some((row.get("app")?.as_str()?.to_string(), row))).collect()
-        }
-        _ => Default::default(),
+fn pick_rows(listing: Value, url: &str, apps: &[String]) -> Vec<Value> {
+    let rows = match listing {
+        Value::Array(rows) => rows,
+        _ => Vec::new(),
     };
-    apps.iter()
-        .map(|app| match by_app.remove(app) {
+    by_app(rows, apps)
+        .into_iter()
+        .zip(apps)
+        .map(|(row, app)| match row {
             Some(mut v) => {
                 if v.get("scheduler_url").is_none_or(Value::is_null) {
                     v["scheduler_url"] = json!(url);
@@ -140,6 +140,14 @@ pub(crate) fn pick_rows(listing: Value, url: &str, apps: &[String]) -> Vec<Value
             None => unreachable_row(app, url, &crate::ControlError::NoSuchApp(app.clone())),
         })
         .collect()
+}
+
+/// The row of each of `apps` in a listing (by its `app`), in `apps`' order; `None` for
+/// one it does not list.
+pub(crate) fn by_app(rows: Vec<Value>, apps: &[String]) -> Vec<Option<Value>> {
+    let mut by_app: std::collections::HashMap<String, Value> =
+        rows.into_iter().filter_map(|row| Some((row.get("app")?.as_str()?.to_string(), row))).collect();
+    apps.iter().map(|app| by_app.remove(app)).collect()
 }
 
 /// Whether a `GET /v1/apps` row is an app's scheduler answering for it (it names the

@@ -22,7 +22,7 @@ use crate::answers::{ErrorDetail, RefusedApp, RegistrationAnswer};
 use crate::apps::AppEndpoint;
 use crate::auth::authorize;
 use crate::catalogue as m;
-use crate::forward::answers_as_scheduler;
+use crate::forward::{answers_as_scheduler, by_app};
 use crate::{ControlError, ControlState};
 use flotilla_core::ServiceError;
 
@@ -190,20 +190,18 @@ pub(crate) async fn register_scheduler(
 /// lists such an app unreachable, `forward_loop`, or not at all).
 async fn check(s: &ControlState, apps: &[String], url: &str, headers: &HeaderMap) -> Vec<Result<(), String>> {
     match listing(s, url, headers).await {
-        Ok(rows) => {
-            let by_app: std::collections::HashMap<&str, &Value> =
-                rows.iter().filter_map(|r| Some((r["app"].as_str()?, r))).collect();
-            apps.iter()
-                .map(|app| match by_app.get(app.as_str()).copied() {
-                    Some(row) if answers_as_scheduler(row, app) => Ok(()),
-                    Some(row) => {
-                        let code = row.pointer("/error/code").and_then(Value::as_str).unwrap_or("no scheduler summary");
-                        Err(format!("GET /v1/apps lists it without its scheduler ({code})"))
-                    }
-                    None => Err("GET /v1/apps does not list it (no_such_app)".to_string()),
-                })
-                .collect()
-        }
+        Ok(rows) => by_app(rows, apps)
+            .into_iter()
+            .zip(apps)
+            .map(|(row, app)| match row {
+                Some(row) if answers_as_scheduler(&row, app) => Ok(()),
+                Some(row) => {
+                    let code = row.pointer("/error/code").and_then(Value::as_str).unwrap_or("no scheduler summary");
+                    Err(format!("GET /v1/apps lists it without its scheduler ({code})"))
+                }
+                None => Err("GET /v1/apps does not list it (no_such_app)".to_string()),
+            })
+            .collect(),
         Err(why) => apps.iter().map(|_| Err(why.clone())).collect(),
     }
 }

@@ -167,11 +167,11 @@ pub(super) async fn fetch_apps(http: &reqwest::Client, url: &str, apps: Vec<Stri
         }
         return out;
     }
-    let mut by_app: std::collections::HashMap<String, Value> =
-        listing.into_iter().filter_map(|r| Some((r.get("app")?.as_str()?.to_string(), r))).collect();
+    let rows = crate::forward::by_app(listing, &apps);
     apps.into_iter()
-        .map(|app| {
-            let v = match by_app.remove(&app) {
+        .zip(rows)
+        .map(|(app, row)| {
+            let v = match row {
                 Some(mut v) => {
                     if v["summary"].get("scheduler_url").is_none_or(Value::is_null) {
                         v["summary"]["scheduler_url"] = json!(url);
