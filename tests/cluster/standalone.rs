@@ -205,6 +205,16 @@ fn one_scheduler_process_hosts_a_directory_of_apps() {
     assert_eq!(listed, apps.map(|a| (a, url.as_str())), "{rows}");
     assert!(served("/v1/apps") > lists, "the process was asked for its list");
     assert_eq!(served("/v1/apps/{app}"), each, "and not app by app");
+    // The pool autoscaler's view: each app's demand and unit shape, asked in that view.
+    let (_, demand) = http(&up.addr, "GET", "/v1/apps?view=demand", None, "");
+    let rows = demand.as_array().unwrap();
+    assert_eq!(rows.iter().map(|r| r["app"].as_str().unwrap()).collect::<Vec<_>>(), apps, "{demand}");
+    for r in rows {
+        assert_eq!(r["queued"]["primary"], 0, "{r}");
+        assert!(r["unit_shape"]["members"].as_array().is_some_and(|m| !m.is_empty()), "{r}");
+        assert!(r.get("spec").is_none() && r.get("unreachable").is_none(), "only the demand: {r}");
+    }
+    assert_eq!(served("/v1/apps/{app}"), each);
     let token = up.token();
     let (status, body) = http(&up.addr, "PUT", "/v1/apps/echo-b/scale", Some(&token), r#"{"units": 2}"#);
     assert_eq!(status, 200, "scale is forwarded to the process hosting echo-b: {body}");
