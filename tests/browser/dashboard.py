@@ -111,15 +111,16 @@ def free_port():
         return s.getsockname()[1]
 
 
-def answer_then_vanish(summary):
+def answer_then_vanish(listing):
     """A standalone scheduler that answers the control plane's registration check (one
-    connection, `summary` as JSON) and then is gone: its app is listed unreachable."""
+    connection, its `GET /v1/apps` listing as JSON) and then is gone: its app is listed
+    unreachable."""
     import socket
     import threading
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(1)
-    body = json.dumps(summary).encode()
+    body = json.dumps(listing).encode()
 
     def serve():
         with listener:
@@ -192,7 +193,7 @@ def main():
 
             # A standalone scheduler that does not answer: its app is listed as unreachable
             # (with the error as the pill's title), and echo is listed as before.
-            ghost = answer_then_vanish({"app": "ghost", "scheduler": {"instance": "a"}})
+            ghost = answer_then_vanish([{"app": "ghost", "scheduler": {"instance": "a"}}])
             req = urllib.request.Request(
                 up.url + "/v1/schedulers", method="POST",
                 data=json.dumps({"app": "ghost", "url": ghost}).encode(),
