@@ -95,9 +95,13 @@ fn run_block(b: &Block) {
         std::os::unix::fs::symlink(&up.data, cwd.path().join(".flotilla")).unwrap();
         // The nodes come up, and an app's units run: the block's first lines look at them.
         let wait = std::time::Duration::from_secs(60);
+        // Every agent `up` starts (4 unless `--agents` says; with `--autoscale` the pool
+        // starts them, so at least one): a block's lines may name any of them.
+        let agents = b.up.windows(2).find(|w| w[0] == "--agents").and_then(|w| w[1].parse().ok());
+        let agents = agents.unwrap_or(if b.up.iter().any(|a| a == "--autoscale") { 1 } else { 4 });
         flotilla_testkit::wait_for("every agent alive", wait, || {
             let nodes = up.nodes();
-            (!nodes.is_empty() && nodes.iter().all(|n| n["status"] == "alive")).then_some(())
+            (nodes.len() >= agents.max(1) && nodes.iter().all(|n| n["status"] == "alive")).then_some(())
         });
         // (Or fetching: an artifact the block's own lines push.)
         let fetching = |u: &serde_json::Value| {
