@@ -49,7 +49,7 @@ pub struct Report {
 
 /// Pauses the scheduler now (the caller crashes it): remembers what it knew.
 pub fn depose(w: &mut World, until: Duration) {
-    let units = w.store.load("sim").map(|s| s.units.into_values().collect()).unwrap_or_default();
+    let units = w.store.load("sim").map(|s| s.units.values().cloned().collect()).unwrap_or_default();
     w.deposed = Some(Pending { token: u64::from(w.scheduler_starts), units, fired: [false; SHARDS], until });
 }
 

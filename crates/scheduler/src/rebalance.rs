@@ -25,7 +25,7 @@
 //! `[disruption]` budget bounds what moves: at most `max_moving` in flight, nothing
 //! while fewer than `min_available` run, nothing placed within `quiet_period`.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use flotilla_core::NodeId;
@@ -36,7 +36,7 @@ use serde::Serialize;
 use crate::lifecycle::UnitState;
 use crate::planner::NodeMap;
 use crate::rollout::progressing;
-use crate::store::UnitRecord;
+use crate::store::{UnitRecord, Units};
 
 /// A node scoring below this health is sub-healthy: routing sends it little, and a
 /// unit there is better elsewhere.
@@ -179,12 +179,7 @@ pub fn fit_at(
 /// The units some place could score better for, worst first, and the budget left.
 /// Counts only: the fewest units in any domain with nodes, and on any node (0 while a
 /// node holds none of the app's units).
-pub fn candidates(
-    units: &BTreeMap<String, UnitRecord>,
-    slots: &[Arc<ShardSlot>],
-    counts: &Counts<'_>,
-    b: &Budget<'_>,
-) -> Found {
+pub fn candidates(units: &Units, slots: &[Arc<ShardSlot>], counts: &Counts<'_>, b: &Budget<'_>) -> Found {
     let mut found = Found::default();
     let active = || units.values().filter(|u| u.state.is_active());
     let moving = units.values().filter(|u| u.replaced_by.is_some() && u.state.is_active()).count()

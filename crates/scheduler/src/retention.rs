@@ -3,10 +3,8 @@
 //! its members show that they stopped, not the last state their agents reported while
 //! they ran; the newest few are kept, the rest leave the store. Pure.
 
-use std::collections::BTreeMap;
-
 use crate::lifecycle::UnitState;
-use crate::store::UnitRecord;
+use crate::store::Units;
 
 /// Ended units kept per app, newest first.
 pub const KEEP_ENDED: usize = 10;
@@ -19,9 +17,9 @@ pub const STOPPED: &str = "stopped";
 /// Marks the units that ended since the last pass: when, and their members stopped (no
 /// address, no usage; a member that failed or exited keeps that, its last real state).
 /// A placement note no longer applies. The ids it changed.
-pub fn mark_ended(units: &mut BTreeMap<String, UnitRecord>, now: u64) -> Vec<String> {
+pub fn mark_ended(units: &mut Units, now: u64) -> Vec<String> {
     let mut changed = Vec::new();
-    for u in units.values_mut().filter(|u| u.state == UnitState::Terminated && u.ended_unix_ms.is_none()) {
+    for u in units.matching_mut(|u| u.state == UnitState::Terminated && u.ended_unix_ms.is_none()) {
         u.ended_unix_ms = Some(now);
         u.placement_note = None;
         for m in u.members.iter_mut().chain(&mut u.surge) {
@@ -38,7 +36,7 @@ pub fn mark_ended(units: &mut BTreeMap<String, UnitRecord>, now: u64) -> Vec<Str
 
 /// The ended units to remove: all but the newest [`KEEP_ENDED`], and any that ended
 /// more than [`KEEP_ENDED_MS`] ago.
-pub fn expired(units: &BTreeMap<String, UnitRecord>, now: u64) -> Vec<String> {
+pub fn expired(units: &Units, now: u64) -> Vec<String> {
     let mut ended: Vec<(u64, &str)> =
         units.values().filter_map(|u| Some((u.ended_unix_ms?, u.unit_id.as_str()))).collect();
     ended.sort_by(|a, b| b.cmp(a));
@@ -51,7 +49,7 @@ pub fn expired(units: &BTreeMap<String, UnitRecord>, now: u64) -> Vec<String> {
 }
 
 /// When the oldest ended unit has been kept for [`KEEP_ENDED_MS`] (Unix ms), if any ended.
-pub fn next_expiry(units: &BTreeMap<String, UnitRecord>) -> Option<u64> {
+pub fn next_expiry(units: &Units) -> Option<u64> {
     units.values().filter_map(|u| u.ended_unix_ms).min().map(|at| at.saturating_add(KEEP_ENDED_MS + 1))
 }
 
@@ -66,7 +64,7 @@ mod tests {
         ended.members[1].state = Some("failed".into());
         ended.placement_note = Some("shares a node".into());
         let running = unit("a-2", 2, UnitState::Running, &[("head", "n1")]);
-        let mut units = BTreeMap::from([("a-1".to_string(), ended), ("a-2".to_string(), running.clone())]);
+        let mut units = Units::from_iter([("a-1".to_string(), ended), ("a-2".to_string(), running.clone())]);
         assert_eq!(mark_ended(&mut units, 5_000), ["a-1"]);
         let u = &units["a-1"];
         assert_eq!(u.ended_unix_ms, Some(5_000));
@@ -81,13 +79,13 @@ mod tests {
 
     #[test]
     fn the_newest_ended_units_are_kept_for_an_hour() {
-        let mut units = BTreeMap::new();
+        let mut units = Units::default();
         for g in 1..=14u64 {
             let mut u = unit(&format!("a-{g}"), g, UnitState::Terminated, &[("head", "n1")]);
             u.ended_unix_ms = Some(g * 1_000);
-            units.insert(u.unit_id.clone(), u);
+            units.insert(u);
         }
-        units.insert("a-15".into(), unit("a-15", 15, UnitState::Running, &[("head", "n1")]));
+        units.insert(unit("a-15", 15, UnitState::Running, &[("head", "n1")]));
         let mut gone = expired(&units, 20_000);
         gone.sort();
         assert_eq!(gone, ["a-1", "a-2", "a-3", "a-4"], "the oldest past the newest ten");

@@ -29,7 +29,7 @@ use flotilla_core::NodeId;
 use flotilla_view::ShardSlot;
 
 use crate::lifecycle::UnitState;
-use crate::store::UnitRecord;
+use crate::store::{UnitRecord, Units};
 
 mod members;
 pub use members::Roll;
@@ -95,7 +95,7 @@ pub fn progressing(u: &UnitRecord) -> bool {
 /// Is every unit on `fingerprint` and running: nothing replaced or coming up, every
 /// placed unit that counts of this template and progressing, and at least one of them?
 /// An in-progress rollout is then complete, and the spec is one that ran.
-pub fn settled(units: &BTreeMap<String, UnitRecord>, fingerprint: &str) -> bool {
+pub fn settled(units: &Units, fingerprint: &str) -> bool {
     let mut any = false;
     for u in units.values().filter(|u| u.state.is_active()) {
         if u.replaced_by.is_some() {
@@ -172,7 +172,7 @@ fn not_progressing(r: &UnitRecord) -> String {
 /// The units `victims` of a scale-in were coming up to replace. A unit and its
 /// replacement count as one unit (the replacement counts, the old unit does not), so
 /// scaling one in removes both: the old unit would otherwise count again, and roll again.
-pub fn replaced_by(units: &BTreeMap<String, UnitRecord>, victims: &[String]) -> Vec<String> {
+pub fn replaced_by(units: &Units, victims: &[String]) -> Vec<String> {
     units
         .values()
         .filter(|u| u.state.is_active() && u.replaced_by.as_ref().is_some_and(|r| victims.contains(r)))
@@ -189,12 +189,12 @@ pub fn replaced_by(units: &BTreeMap<String, UnitRecord>, victims: &[String]) -> 
 /// and never roll. When the app is above its desired size, scale-in goes first and may
 /// remove some of these units (a unit and its replacement together: [`replaced_by`])
 /// instead: fewer roll, never more.
-pub fn will_roll(units: &BTreeMap<String, UnitRecord>, fingerprint: &str) -> usize {
+pub fn will_roll(units: &Units, fingerprint: &str) -> usize {
     rolling(units, fingerprint).len()
 }
 
 /// The units [`will_roll`] counts, oldest first: the order they roll in.
-pub fn rolling<'a>(units: &'a BTreeMap<String, UnitRecord>, fingerprint: &str) -> Vec<&'a UnitRecord> {
+pub fn rolling<'a>(units: &'a Units, fingerprint: &str) -> Vec<&'a UnitRecord> {
     let stale = |u: &UnitRecord| u.template.as_deref().is_some_and(|t| t != fingerprint);
     let placed = |u: &UnitRecord| {
         matches!(u.state, UnitState::Allocated | UnitState::Starting | UnitState::Running | UnitState::Degraded)
@@ -216,7 +216,7 @@ pub fn rolling<'a>(units: &'a BTreeMap<String, UnitRecord>, fingerprint: &str) -
     rolls
 }
 
-pub fn plan(units: &BTreeMap<String, UnitRecord>, slots: &[Arc<ShardSlot>], t: &Target) -> RolloutPlan {
+pub fn plan(units: &Units, slots: &[Arc<ShardSlot>], t: &Target) -> RolloutPlan {
     let mut p = RolloutPlan::default();
     let mut in_flight = 0u32;
     // Units with a replacement of the spec's template (a canary's new version).

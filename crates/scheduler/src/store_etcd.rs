@@ -260,7 +260,7 @@ fn load_key(s: &mut Stored, rest: &str, value: &str) -> Result<(), StoreError> {
         }
     } else if rest.starts_with("units/") {
         let u: UnitRecord = serde_json::from_str(value).map_err(|e| bad(&e))?;
-        s.units.insert(u.unit_id.clone(), u);
+        s.units.insert(u);
     } else if rest.starts_with("intents/") {
         let i: Intent = serde_json::from_str(value).map_err(|e| bad(&e))?;
         s.intents.insert(i.txn_id.clone(), i);

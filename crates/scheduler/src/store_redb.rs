@@ -191,7 +191,7 @@ impl Store for RedbStore {
         for row in units.range(lo.as_str()..hi.as_str()).map_err(err)? {
             let (_, v) = row.map_err(err)?;
             let u: UnitRecord = serde_json::from_str(v.value()).map_err(err)?;
-            s.units.insert(u.unit_id.clone(), u);
+            s.units.insert(u);
         }
         let intents = r.open_table(INTENTS).map_err(err)?;
         for row in intents.range(lo.as_str()..hi.as_str()).map_err(err)? {

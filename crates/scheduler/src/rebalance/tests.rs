@@ -14,7 +14,7 @@ fn labelled(id: &str, pairs: &[(&str, &str)]) -> NodeRecord {
 }
 
 /// Units `(id, domain, node)` of one member each, Running, placed an hour ago.
-fn placed(spec: &[(&str, &str, &str)]) -> BTreeMap<String, UnitRecord> {
+fn placed(spec: &[(&str, &str, &str)]) -> Units {
     spec.iter()
         .map(|(id, d, n)| {
             let u = UnitRecord { domain: Some(d.to_string()), ..unit(id, 1, UnitState::Running, &[("head", n)]) };
@@ -23,7 +23,7 @@ fn placed(spec: &[(&str, &str, &str)]) -> BTreeMap<String, UnitRecord> {
         .collect()
 }
 
-fn counted(units: &BTreeMap<String, UnitRecord>) -> (HashMap<String, u32>, NodeMap<u32>) {
+fn counted(units: &Units) -> (HashMap<String, u32>, NodeMap<u32>) {
     let (mut d, mut n) = (HashMap::new(), NodeMap::default());
     for u in units.values().filter(|u| u.state.is_active()) {
         *d.entry(u.domain.clone().unwrap_or_default()).or_default() += 1;
@@ -243,7 +243,7 @@ fn a_move_joins_the_rollouts_replacements_without_failing_them() {
     old.replaced_by = Some("a-2".into());
     old.moving = Some("2 other units on its node, 0 on another".into());
     let new = UnitRecord { template: Some("t1".into()), ..unit("a-2", 2, UnitState::Starting, &[("head", "n2")]) };
-    units.insert("a-2".into(), new);
+    units.insert(new);
     assert_eq!(plan(&units, &slots, &target("t1", 1_000)).release, vec![], "a move is no needless replacement");
     let late = plan(&units, &slots, &target("t1", 400_000));
     assert!(late.release[0].1.starts_with("move abandoned"), "{late:?}");

@@ -15,7 +15,7 @@ use super::error::CommandError;
 use crate::lifecycle::UnitState;
 use crate::rollout::counts_toward_desired;
 use crate::spec::AppSpec;
-use crate::store::{DECISIONS_KEPT, Stored, UnitRecord, Write};
+use crate::store::{DECISIONS_KEPT, Stored, UnitRecord, Units, Write};
 use flotilla_autoscale::{Action, GroupUnits, Load, MemberUsage, Policy, Res, Signals, State, evaluate};
 
 /// Named autoscaling policies by name. The embedded control plane and its schedulers
@@ -256,21 +256,22 @@ impl Autoscaler {
 
 /// Units draining because of a scale-down go back to serving (their members never
 /// stopped): Dataproc cancels a scale-down the estimate no longer wants.
-fn cancel_scale_down(units: &mut BTreeMap<String, UnitRecord>, writes: &mut Vec<Write>) {
-    for u in units.values_mut() {
-        if u.state == UnitState::Draining && u.replaced_by.is_none() && u.state.can_become(UnitState::Running) {
-            tracing::info!(unit = %u.unit_id, "scale-down cancelled: the unit serves again");
-            u.state = UnitState::Running;
-            u.draining_since_unix_ms = None;
-            u.drain_timeout_ms = None;
-            writes.push(Write::Unit(u.clone()));
-        }
+fn cancel_scale_down(units: &mut Units, writes: &mut Vec<Write>) {
+    let draining = |u: &UnitRecord| {
+        u.state == UnitState::Draining && u.replaced_by.is_none() && u.state.can_become(UnitState::Running)
+    };
+    for u in units.matching_mut(draining) {
+        tracing::info!(unit = %u.unit_id, "scale-down cancelled: the unit serves again");
+        u.state = UnitState::Running;
+        u.draining_since_unix_ms = None;
+        u.drain_timeout_ms = None;
+        writes.push(Write::Unit(u.clone()));
     }
 }
 
 /// The app's signals from its unit records (which `observe` keeps current) and the
 /// consumer demand.
-fn gather(spec: &AppSpec, units: &BTreeMap<String, UnitRecord>, demand: Option<&Demand>) -> Gathered {
+fn gather(spec: &AppSpec, units: &Units, demand: Option<&Demand>) -> Gathered {
     let mut primary = GroupUnits::default();
     let mut secondary = GroupUnits::default();
     for u in units.values() {

@@ -333,7 +333,7 @@ impl Scheduler {
                 // The units the app wants exist meanwhile, queued with the reason.
                 self.queue_missing(&mut writes);
                 let why = self.waiting_for();
-                for u in self.stored.units.values_mut().filter(|u| u.state == UnitState::Queued) {
+                for u in self.stored.units.matching_mut(|u| u.state == UnitState::Queued && u.unplaced_reason != why) {
                     u.unplaced_reason.clone_from(&why);
                 }
                 if let Err(e) = save(&*self.store, &self.spec.name, &writes) {
@@ -347,7 +347,7 @@ impl Scheduler {
             observe::adopt(&self.spec, &mut self.stored.units, &mut self.ledgers, &mut writes).await;
             self.tracking.started = true;
             // Why they waited is over; this pass's planning says why any still wait.
-            for u in self.stored.units.values_mut().filter(|u| u.state == UnitState::Queued) {
+            for u in self.stored.units.matching_mut(|u| u.state == UnitState::Queued && u.unplaced_reason.is_some()) {
                 u.unplaced_reason = None;
             }
         }
@@ -528,7 +528,7 @@ impl Scheduler {
         writes.push(Write::Unit(unit.clone()));
         writes.push(Write::NextGeneration(self.stored.next_generation));
         let id = unit.unit_id.clone();
-        self.stored.units.insert(id.clone(), unit);
+        self.stored.units.insert(unit);
         id
     }
 

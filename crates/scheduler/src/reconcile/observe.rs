@@ -14,21 +14,35 @@ use super::ledgers::{Ledgers, claim_key, workload_state};
 use crate::lifecycle::UnitState;
 use crate::repair::{MISSING, MISSING_AFTER_MS, runs_nowhere};
 use crate::spec::AppSpec;
-use crate::store::{MemberRecord, NamedPorts, UnitRecord, Usage, Write};
+use crate::store::{MemberRecord, NamedPorts, UnitRecord, Units, Usage, Write};
 
-/// Takes a member's named ports and message as its agent reports them (ports outside
-/// `u16` are dropped: no agent assigns them); whether the record changed.
-fn take_reported_ports(m: &mut MemberRecord, w: &v1::WorkloadStatus) -> bool {
+/// A member's named ports and message as its agent reports them (ports outside `u16` are
+/// dropped: no agent assigns them).
+fn reported_ports(w: &v1::WorkloadStatus) -> (NamedPorts, Option<String>) {
     let port = |p: u32| u16::try_from(p).ok();
     let ports = NamedPorts {
         named: w.ports.iter().filter_map(|(k, p)| Some((k.clone(), port(*p)?))).collect(),
         ranges: w.port_ranges.iter().filter_map(|(k, r)| Some((k.clone(), (port(r.first)?, port(r.last)?)))).collect(),
     };
-    let message = (!w.message.is_empty()).then(|| w.message.clone());
-    let changed = m.ports != ports || m.message != message;
-    m.ports = ports;
-    m.message = message;
-    changed
+    (ports, (!w.message.is_empty()).then(|| w.message.clone()))
+}
+
+/// Takes a member's named ports and message as its agent reports them.
+fn take_reported_ports(m: &mut MemberRecord, w: &v1::WorkloadStatus) {
+    (m.ports, m.message) = reported_ports(w);
+}
+
+/// Whether what the agent reports of a member's ports or message differs from its record.
+fn ports_differ(m: &MemberRecord, w: &v1::WorkloadStatus) -> bool {
+    let message = (!w.message.is_empty()).then_some(w.message.as_str());
+    // The common case, nothing named, without building the maps.
+    if m.message.as_deref() != message {
+        return true;
+    }
+    if w.ports.is_empty() && w.port_ranges.is_empty() {
+        return !m.ports.named.is_empty() || !m.ports.ranges.is_empty();
+    }
+    reported_ports(w).0 != m.ports
 }
 
 /// How often the view is swept for members no unit accounts for.
@@ -88,33 +102,29 @@ impl Tracking {
     }
 
     /// Moves `units` along with what their members' agents report: Allocated → Starting
-    /// once a member started, Starting → Running once every member is ready.
-    pub(super) fn observe(
-        &mut self,
-        units: &mut BTreeMap<String, UnitRecord>,
-        slots: &[Arc<ShardSlot>],
-        now: u64,
-        writes: &mut Vec<Write>,
-    ) {
+    /// once a member started, Starting → Running once every member is ready. A unit is
+    /// copied only when something it shows changed (`Units`: the last status shares it).
+    pub(super) fn observe(&mut self, units: &mut Units, slots: &[Arc<ShardSlot>], now: u64, writes: &mut Vec<Write>) {
         let mut absent = HashMap::new();
         self.unreported = 0;
-        for unit in units.values_mut() {
+        let mut updated = Vec::new();
+        for unit in units.values() {
             if !matches!(
                 unit.state,
                 UnitState::Allocated | UnitState::Starting | UnitState::Running | UnitState::Degraded
             ) {
                 continue;
             }
+            // The unit as this pass changes it, copied at its first change.
+            let mut copy: Option<UnitRecord> = None;
             let mut changed = false;
             let mut all_running = !unit.members.is_empty();
             let mut any_reported = false;
-            for m in &mut unit.members {
+            for (i, m) in unit.members.iter().enumerate() {
                 let generation = m.key_generation(unit.generation);
                 let status = reported(&unit.unit_id, m, generation, slots);
-                let (state, address) = match &status {
-                    Some(w) => {
-                        (Some(workload_state(w).to_string()), (!w.address.is_empty()).then(|| w.address.clone()))
-                    }
+                let (state, address) = match status {
+                    Some(w) => (Some(workload_state(w)), (!w.address.is_empty()).then_some(w.address.as_str())),
                     // A live node that does not run the member although it should: after
                     // the grace the member is missing (a shard that restarted before the
                     // agent took the push forgot it), and repair replaces it.
@@ -122,45 +132,51 @@ impl Tracking {
                         let key = (unit.unit_id.clone(), m.member.clone());
                         let since = self.absent_since.get(&key).copied().unwrap_or(now);
                         absent.insert(key, since);
-                        let state = if now.saturating_sub(since) >= MISSING_AFTER_MS {
-                            Some(MISSING.to_string())
-                        } else {
-                            m.state.clone()
+                        let state = match now.saturating_sub(since) >= MISSING_AFTER_MS {
+                            true => Some(MISSING),
+                            false => m.state.as_deref(),
                         };
-                        (state, m.address.clone())
+                        (state, m.address.as_deref())
                     }
-                    None => (m.state.clone(), m.address.clone()),
+                    None => (m.state.as_deref(), m.address.as_deref()),
                 };
                 let usage = status
-                    .as_ref()
                     .and_then(|w| w.usage)
                     .map(|u| Usage { cpu_millis: u.cpu_millis, memory_bytes: u.memory_bytes });
-                // Usage changes all the time: it is kept, not a reason to write the record.
-                m.usage = usage;
-                if let Some(w) = &status {
-                    changed |= take_reported_ports(m, w);
-                }
                 any_reported |= status.is_some();
                 self.unreported += usize::from(status.is_none());
-                all_running &= state.as_deref() == Some("running");
-                if m.state != state || m.address != address {
-                    m.state = state;
-                    m.address = address;
-                    changed = true;
+                all_running &= state == Some("running");
+                let moved = m.state.as_deref() != state || m.address.as_deref() != address;
+                let ports = status.filter(|w| ports_differ(m, w));
+                // Usage changes all the time: it is kept, not a reason to write the record.
+                if moved || ports.is_some() || m.usage != usage {
+                    let m = &mut copy.get_or_insert_with(|| unit.clone()).members[i];
+                    m.usage = usage;
+                    if let Some(w) = ports {
+                        take_reported_ports(m, w);
+                    }
+                    m.state = state.map(str::to_string);
+                    m.address = address.map(str::to_string);
+                    changed |= moved || ports.is_some();
                 }
             }
             // Members coming up to replace one (make before break): their state as
             // reported; they take their member's place in `roll` once running.
-            for m in &mut unit.surge {
+            for (i, m) in unit.surge.iter().enumerate() {
                 let status = reported(&unit.unit_id, m, m.key_generation(unit.generation), slots);
-                let state = status.as_ref().map(|w| workload_state(w).to_string()).or_else(|| m.state.clone());
-                let address = status.as_ref().filter(|w| !w.address.is_empty()).map(|w| w.address.clone());
-                if let Some(w) = &status {
-                    changed |= take_reported_ports(m, w);
-                }
-                if m.state != state || (address.is_some() && m.address != address) {
-                    m.state = state;
-                    m.address = address.or_else(|| m.address.clone());
+                let state = status.map(workload_state).or(m.state.as_deref());
+                let address = status.filter(|w| !w.address.is_empty()).map(|w| w.address.as_str());
+                let ports = status.filter(|w| ports_differ(m, w));
+                let moved = m.state.as_deref() != state || (address.is_some() && m.address.as_deref() != address);
+                if moved || ports.is_some() {
+                    let m = &mut copy.get_or_insert_with(|| unit.clone()).surge[i];
+                    if let Some(w) = ports {
+                        take_reported_ports(m, w);
+                    }
+                    m.state = state.map(str::to_string);
+                    if let Some(a) = address {
+                        m.address = Some(a.to_string());
+                    }
                     changed = true;
                 }
             }
@@ -173,12 +189,18 @@ impl Tracking {
                 && let Ok(to) = unit.state.to(to)
             {
                 tracing::info!(unit = %unit.unit_id, from = unit.state.as_str(), to = to.as_str(), "unit state");
-                unit.state = to;
+                copy.get_or_insert_with(|| unit.clone()).state = to;
                 changed = true;
             }
-            if changed {
-                writes.push(Write::Unit(unit.clone()));
+            if let Some(u) = copy {
+                updated.push((u, changed));
             }
+        }
+        for (u, changed) in updated {
+            if changed {
+                writes.push(Write::Unit(u.clone()));
+            }
+            units.insert(u);
         }
         self.absent_since = absent;
     }
@@ -195,7 +217,7 @@ impl Tracking {
     pub(super) async fn sweep_orphans(
         &mut self,
         app: &str,
-        units: &BTreeMap<String, UnitRecord>,
+        units: &Units,
         ledgers: &mut Ledgers,
         slots: &[Arc<ShardSlot>],
         phase_ms: u64,
@@ -249,12 +271,7 @@ impl Tracking {
 /// It is never placed again under the same keys, which could run a member twice: it
 /// ends, a replacement with a new id is queued, and what it holds is released, now
 /// (best effort) and by the orphan sweep after.
-pub(super) async fn adopt(
-    spec: &AppSpec,
-    units: &mut BTreeMap<String, UnitRecord>,
-    ledgers: &mut Ledgers,
-    writes: &mut Vec<Write>,
-) {
+pub(super) async fn adopt(spec: &AppSpec, units: &mut Units, ledgers: &mut Ledgers, writes: &mut Vec<Write>) {
     let unsure: Vec<UnitRecord> = units.values().filter(|u| u.state == UnitState::Placing).cloned().collect();
     if unsure.is_empty() {
         return;
@@ -285,11 +302,16 @@ pub(super) async fn adopt(
 }
 
 /// What the agent of member `m`'s node reports about it (under `generation`), if it does.
-fn reported(unit: &str, m: &MemberRecord, generation: u64, slots: &[Arc<ShardSlot>]) -> Option<v1::WorkloadStatus> {
+fn reported<'a>(
+    unit: &str,
+    m: &MemberRecord,
+    generation: u64,
+    slots: &'a [Arc<ShardSlot>],
+) -> Option<&'a v1::WorkloadStatus> {
     let n = m.node_id.as_deref()?;
     let slot = slots.get(m.shard? as usize)?;
     let rec = slot.view.get(&NodeId::new(n).ok()?)?;
-    rec.workloads.iter().find(|w| w.unit == unit && w.member == m.member && w.generation == generation).cloned()
+    rec.workloads.iter().find(|w| w.unit == unit && w.member == m.member && w.generation == generation)
 }
 
 #[cfg(test)]
@@ -312,7 +334,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_sweep_reads_the_nodes_again_once_their_workloads_or_the_units_may_have_changed() {
-        let running = BTreeMap::from([("a-1".to_string(), unit("a-1", 1, UnitState::Running, &[("head", "n1")]))]);
+        let running = Units::from_iter([("a-1".to_string(), unit("a-1", 1, UnitState::Running, &[("head", "n1")]))]);
         let mut ended = running.clone();
         if let Some(u) = ended.get_mut("a-1") {
             u.state = UnitState::Terminated;
@@ -320,7 +342,7 @@ mod tests {
         // Nothing listens there: releasing an orphan fails, and the sweep is due again at once.
         let mut ledgers = Ledgers::new(vec!["127.0.0.1:1".into()]);
         let (first, mut t) = (view(), Tracking::default());
-        let mut sweep = async |t: &mut Tracking, units: &BTreeMap<String, UnitRecord>, view: &[Arc<ShardSlot>]| {
+        let mut sweep = async |t: &mut Tracking, units: &Units, view: &[Arc<ShardSlot>]| {
             t.next_sweep_ms = 0;
             t.sweep_orphans("a", units, &mut ledgers, view, 0).await;
             t.next_sweep_ms > now_ms()
@@ -339,5 +361,58 @@ mod tests {
         assert!(sweep(&mut t, &running, &first).await && t.swept.is_some());
         // A new view of the same workloads (a snapshot) is read: stamps never repeat.
         assert!(!sweep(&mut t, &ended, &view()).await, "read");
+    }
+
+    /// A pass copies only the units whose records it changes: the rest stay shared with
+    /// the last status (`Units`), so publishing them is a pointer compare.
+    #[test]
+    fn observing_copies_only_the_units_it_changes() {
+        let status = |state: i32, cpu: u64| v1::WorkloadStatus {
+            app: "a".into(),
+            unit: "a-1".into(),
+            member: "head".into(),
+            generation: 1,
+            state,
+            address: "n1:80".into(),
+            usage: Some(v1::WorkloadUsage { cpu_millis: cpu, memory_bytes: 1 }),
+            ..Default::default()
+        };
+        let view = |w: v1::WorkloadStatus| {
+            let other = v1::WorkloadStatus { unit: "a-2".into(), ..status(v1::WorkloadState::Running as i32, 0) };
+            slots(
+                [
+                    NodeRecord { workloads: Arc::new(vec![w]), ..node("n1") },
+                    NodeRecord { workloads: Arc::new(vec![other.clone()]), ..node("n2") },
+                ],
+                true,
+            )
+        };
+        let mut units = Units::from_iter([
+            unit("a-1", 1, UnitState::Running, &[("head", "n1")]),
+            unit("a-2", 2, UnitState::Running, &[("head", "n2")]),
+        ]);
+        let shown = |units: &Units| units.shared().cloned().collect::<Vec<_>>();
+        let (mut t, mut writes) = (Tracking::default(), Vec::new());
+        let running = v1::WorkloadState::Running as i32;
+        t.observe(&mut units, &view(status(running, 5)), 0, &mut writes);
+        let before = shown(&units);
+
+        t.observe(&mut units, &view(status(running, 5)), 0, &mut writes);
+        let same = shown(&units);
+        assert!(before.iter().zip(&same).all(|(a, b)| Arc::ptr_eq(a, b)), "nothing changed: nothing copied");
+
+        // Usage is shown, not written; only the unit it belongs to is copied.
+        let n = writes.len();
+        t.observe(&mut units, &view(status(running, 7)), 0, &mut writes);
+        let after = shown(&units);
+        assert!(!Arc::ptr_eq(&before[0], &after[0]) && Arc::ptr_eq(&before[1], &after[1]));
+        assert_eq!(after[0].members[0].usage.map(|u| u.cpu_millis), Some(7));
+        assert_eq!(writes.len(), n, "usage alone is not a write");
+
+        // A state the agent reports is a write, and the unit moves.
+        t.observe(&mut units, &view(status(v1::WorkloadState::Failed as i32, 7)), 0, &mut writes);
+        assert_eq!(units["a-1"].members[0].state.as_deref(), Some("failed"));
+        assert!(matches!(writes.last(), Some(Write::Unit(u)) if u.unit_id == "a-1"));
+        assert_eq!(writes.len(), n + 1);
     }
 }

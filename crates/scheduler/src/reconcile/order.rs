@@ -14,7 +14,7 @@ use flotilla_proto::v1;
 use super::ledgers::{Ledgers, claim_key, workload};
 use crate::lifecycle::UnitState;
 use crate::spec::AppSpec;
-use crate::store::{MemberRecord, UnitRecord};
+use crate::store::{MemberRecord, UnitRecord, Units};
 
 /// How long a release is given to show in the view before it is sent again.
 const RESEND_AFTER_MS: u64 = 3_000;
@@ -109,12 +109,7 @@ impl Held {
     /// Starts the held members of `units` whose head is running (see the module doc).
     /// What the shard refuses (the node restarted) is left to repair; an unknown outcome
     /// is sent again, harmlessly (the same key and workload change nothing twice).
-    pub(super) async fn start_waiting(
-        &mut self,
-        spec: &AppSpec,
-        units: &BTreeMap<String, UnitRecord>,
-        ledgers: &mut Ledgers,
-    ) {
+    pub(super) async fn start_waiting(&mut self, spec: &AppSpec, units: &Units, ledgers: &mut Ledgers) {
         let now = now_ms();
         let due: Vec<Release> = releases(spec, units.values())
             .into_iter()

@@ -121,7 +121,7 @@ impl Scheduler {
             let plan = place_unit(&input, requests, classes, rng);
             metrics::histogram!(m::PLAN_SECONDS.name).record(started.elapsed().as_secs_f64());
             Stats::record(&self.out.stats.decision_us, started.elapsed());
-            let Some(unit) = self.stored.units.get_mut(id) else { continue };
+            let Some(unit) = self.stored.units.get(id) else { continue };
             match plan {
                 Err(why) => {
                     // A pass that only hit the class cache examined nothing new: keep the
@@ -130,14 +130,18 @@ impl Scheduler {
                         let reason = why.to_string();
                         if unit.unplaced_reason.as_deref() != Some(reason.as_str()) {
                             tracing::info!(unit = %id, %reason, "unit cannot be placed yet");
+                            if let Some(u) = self.stored.units.get_mut(id) {
+                                u.unplaced_reason = Some(reason);
+                            }
                         }
-                        unit.unplaced_reason = Some(reason);
                     }
                     still.push(id.clone());
                 }
                 Ok(p) => {
                     super::planning::hold(&p, requests, &mut pending, &mut per_node, &mut per_domain);
-                    unit.state = UnitState::Placing;
+                    if let Some(unit) = self.stored.units.get_mut(id) {
+                        unit.state = UnitState::Placing;
+                    }
                     by_shard.entry(p.shard).or_default().push((id.clone(), p));
                 }
             }

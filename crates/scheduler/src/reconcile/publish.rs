@@ -14,24 +14,6 @@ use crate::lifecycle::UnitState;
 use crate::store::UnitRecord;
 
 impl Scheduler {
-    /// The units as the status shows them: each unit that equals its record in `before`
-    /// (the last status; both in id order) keeps that record's `Arc`, so a pass copies
-    /// only the units it changed.
-    fn shared_units(&self, before: &[Arc<UnitRecord>]) -> Vec<Arc<UnitRecord>> {
-        let mut old = before.iter().peekable();
-        self.stored
-            .units
-            .values()
-            .map(|u| {
-                while old.next_if(|o| o.unit_id < u.unit_id).is_some() {}
-                match old.next_if(|o| o.unit_id == u.unit_id) {
-                    Some(o) if **o == *u => o.clone(),
-                    _ => Arc::new(u.clone()),
-                }
-            })
-            .collect()
-    }
-
     /// The kept versions as the last status had them, rebuilt only when an apply changed them.
     fn published_versions(&self) -> Arc<Vec<Arc<crate::store::SpecVersion>>> {
         let old = self.out.status.load().versions.clone();
@@ -70,7 +52,7 @@ impl Scheduler {
             max_units: self.spec.units.max,
             units: match units_as_shown {
                 true => self.out.status.load().units.clone(),
-                false => self.shared_units(&self.out.status.load().units),
+                false => self.stored.units.shared().cloned().collect(),
             },
             unit_shape: self.unit_shape(),
             autoscaling: self.spec.is_autoscaled().then(|| AutoscalingStatus {

@@ -139,8 +139,10 @@ impl Scheduler {
             Err(e) => {
                 let note = format!("{waits} {} cannot move ({why}): {e}", members.join(", "));
                 if waits == ROLLOUT_WAITS
-                    && let Some(u) = self.stored.units.get_mut(id)
-                    && u.roll_waits.as_ref().is_none_or(|(t, _)| *t != self.fingerprints.template)
+                    && let Some(u) = self
+                        .stored
+                        .units
+                        .get_mut_if(id, |u| u.roll_waits.as_ref().is_none_or(|(t, _)| *t != self.fingerprints.template))
                 {
                     u.roll_waits = Some((self.fingerprints.template.clone(), now_ms()));
                     writes.push(Write::Unit(u.clone()));
@@ -349,9 +351,7 @@ impl Scheduler {
     }
 
     fn set_note(&mut self, id: &str, note: String, writes: &mut Vec<Write>) {
-        if let Some(u) = self.stored.units.get_mut(id)
-            && u.placement_note.as_deref() != Some(note.as_str())
-        {
+        if let Some(u) = self.stored.units.get_mut_if(id, |u| u.placement_note.as_deref() != Some(note.as_str())) {
             tracing::info!(unit = %id, %note, "unit");
             u.placement_note = Some(note);
             writes.push(Write::Unit(u.clone()));

@@ -2,7 +2,6 @@
 //! drain (out of the routes at once); their members are released after the drain
 //! timeout, and the unit ends Terminated once no agent runs them.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use flotilla_core::{NodeId, now_ms};
@@ -12,7 +11,7 @@ use super::ledgers::Ledgers;
 use crate::lifecycle::UnitState;
 use crate::rollout::counts_toward_desired;
 use crate::spec::AppSpec;
-use crate::store::{UnitRecord, Write};
+use crate::store::{UnitRecord, Units, Write};
 
 /// How long a Stopping unit waits for its agents to report its members gone, after the
 /// drain timeout, before it ends all the same.
@@ -23,7 +22,7 @@ const STOP_WAIT_MS: u64 = 15_000;
 /// units along: released past their drain timeout, ended once no agent runs them.
 pub(super) async fn scale_in(
     spec: &AppSpec,
-    units: &mut BTreeMap<String, UnitRecord>,
+    units: &mut Units,
     desired: [u32; 2],
     victim_drain_ms: Option<u64>,
     ledgers: &mut Ledgers,
@@ -50,12 +49,13 @@ pub(super) async fn scale_in(
         }
     }
     // Stopping → Terminated once no agent reports its members any more.
-    for u in units.values_mut().filter(|u| u.state == UnitState::Stopping) {
+    let stopped = |u: &UnitRecord| {
         let waited = u.draining_since_unix_ms.is_some_and(|t| now >= t + drain_ms(u) + STOP_WAIT_MS);
-        if waited || !still_runs(u, slots) {
-            u.state = UnitState::Terminated;
-            writes.push(Write::Unit(u.clone()));
-        }
+        u.state == UnitState::Stopping && (waited || !still_runs(u, slots))
+    };
+    for u in units.matching_mut(stopped) {
+        u.state = UnitState::Terminated;
+        writes.push(Write::Unit(u.clone()));
     }
 }
 
@@ -63,7 +63,7 @@ pub(super) async fn scale_in(
 /// placed ones `crate::repair::scale_in_order` picks, for `drain_ms` when given, and the
 /// units those were coming up to replace (`crate::rollout::replaced_by`).
 fn choose_victims(
-    units: &mut BTreeMap<String, UnitRecord>,
+    units: &mut Units,
     secondary: bool,
     desired: usize,
     drain_ms: Option<u64>,

@@ -181,7 +181,7 @@ mod tests {
         let mut a = unit(&[("gpu-0", "gpu", "g1")]);
         let mut b = UnitRecord { unit_id: "a-2".into(), generation: 2, ..a.clone() };
         let units = |a: &UnitRecord, b: &UnitRecord| {
-            BTreeMap::from([("a-1".to_string(), a.clone()), ("a-2".to_string(), b.clone())])
+            crate::store::Units::from_iter([("a-1".to_string(), a.clone()), ("a-2".to_string(), b.clone())])
         };
         let p = super::super::plan(&units(&a, &b), &slots, &t);
         assert_eq!(p.roll_members, vec![("a-1".to_string(), vec!["gpu-0".to_string()])]);

@@ -18,7 +18,7 @@ static NO_ROLES: BTreeMap<String, String> = BTreeMap::new();
 
 /// A plan with no deadline in sight and nothing halted.
 fn plan_(
-    units: &BTreeMap<String, UnitRecord>,
+    units: &Units,
     slots: &[Arc<ShardSlot>],
     fingerprint: &str,
     desired: u32,
@@ -48,13 +48,13 @@ fn unit(id: &str, generation: u64, state: UnitState, node: &str, template: &str)
 
 #[test]
 fn nothing_to_do_when_nodes_stay_and_templates_match() {
-    let units = BTreeMap::from([unit("a-1", 1, UnitState::Running, "n1", "t1")]);
+    let units = Units::from_iter([unit("a-1", 1, UnitState::Running, "n1", "t1")]);
     assert_eq!(plan_(&units, &slots(&[], &[]), "t1", 1, 1), RolloutPlan::default());
 }
 
 #[test]
 fn units_on_leaving_nodes_are_all_replaced_at_once() {
-    let units = BTreeMap::from([
+    let units = Units::from_iter([
         unit("a-1", 1, UnitState::Running, "n1", "t1"),
         unit("a-2", 2, UnitState::Running, "n2", "t1"),
         unit("a-3", 3, UnitState::Starting, "n3", "t1"),
@@ -73,7 +73,7 @@ fn units_on_leaving_nodes_are_all_replaced_at_once() {
 fn a_worker_on_a_leaving_node_is_replaced_alone_and_a_head_replaces_the_unit() {
     let worker_leaves = crate::testing::unit("a-1", 1, UnitState::Running, &[("head", "n1"), ("worker-0", "n2")]);
     let head_leaves = crate::testing::unit("a-2", 2, UnitState::Running, &[("head", "n2"), ("worker-0", "n3")]);
-    let units = BTreeMap::from([("a-1".to_string(), worker_leaves.clone()), ("a-2".to_string(), head_leaves)]);
+    let units = Units::from_iter([("a-1".to_string(), worker_leaves.clone()), ("a-2".to_string(), head_leaves)]);
     let p = plan_(&units, &slots(&["n2"], &[]), "t1", 2, 1);
     assert_eq!(p.replace, vec![("a-2".to_string(), "its node is being drained".to_string())]);
     assert_eq!(
@@ -97,7 +97,7 @@ fn a_worker_on_a_leaving_node_is_replaced_alone_and_a_head_replaces_the_unit() {
 
 #[test]
 fn a_changed_template_rolls_max_unavailable_at_a_time_oldest_first() {
-    let mut units = BTreeMap::from([
+    let mut units = Units::from_iter([
         unit("a-3", 3, UnitState::Running, "n3", "old"),
         unit("a-1", 1, UnitState::Running, "n1", "old"),
         unit("a-2", 2, UnitState::Running, "n2", "old"),
@@ -108,7 +108,7 @@ fn a_changed_template_rolls_max_unavailable_at_a_time_oldest_first() {
 
     // a-1's replacement is still starting: nothing more rolls.
     units.get_mut("a-1").unwrap().replaced_by = Some("a-4".into());
-    units.extend([unit("a-4", 4, UnitState::Starting, "n4", "new")]);
+    units.insert(unit("a-4", 4, UnitState::Starting, "n4", "new").1);
     assert_eq!(plan_(&units, &s, "new", 3, 1), RolloutPlan::default());
 
     // Once it runs, a-1 drains and the next one rolls.
@@ -120,7 +120,7 @@ fn a_changed_template_rolls_max_unavailable_at_a_time_oldest_first() {
 
 #[test]
 fn a_lost_replacement_puts_the_old_unit_back() {
-    let mut units = BTreeMap::from([
+    let mut units = Units::from_iter([
         unit("a-1", 1, UnitState::Running, "n1", "t1"),
         unit("a-2", 2, UnitState::Terminated, "n2", "t1"),
     ]);
@@ -132,7 +132,7 @@ fn a_lost_replacement_puts_the_old_unit_back() {
 
 #[test]
 fn nothing_starts_while_scale_in_is_due() {
-    let units = BTreeMap::from([
+    let units = Units::from_iter([
         unit("a-1", 1, UnitState::Running, "n1", "t1"),
         unit("a-2", 2, UnitState::Running, "n2", "t1"),
     ]);
@@ -140,8 +140,8 @@ fn nothing_starts_while_scale_in_is_due() {
 }
 
 /// echo-1 and echo-2 run template "old"; "new" is applied and echo-1 gets echo-3.
-fn rolling() -> BTreeMap<String, UnitRecord> {
-    let mut units = BTreeMap::from([
+fn rolling() -> Units {
+    let mut units = Units::from_iter([
         unit("a-1", 1, UnitState::Running, "n1", "old"),
         unit("a-2", 2, UnitState::Running, "n2", "old"),
         unit("a-3", 3, UnitState::Starting, "n3", "new"),
@@ -237,14 +237,14 @@ fn settled_means_every_unit_runs_the_template() {
     assert!(!settled(&units, "new"));
     units.get_mut("a-2").unwrap().members[0].state = Some("failed".into());
     assert!(!settled(&units, "old"), "a member is not running");
-    assert!(!settled(&BTreeMap::new(), "old"), "no unit ran it");
+    assert!(!settled(&Units::default(), "old"), "no unit ran it");
 }
 
 #[test]
 fn will_roll_counts_the_replacements_of_a_finished_rollout_once() {
     // The reported case: 72Mi rolled a-1 and a-2 to a-3 and a-4, which run; the old
     // units ended but still name their replacements. 88Mi rolls a-3 and a-4.
-    let mut units = BTreeMap::from([
+    let mut units = Units::from_iter([
         unit("a-1", 1, UnitState::Terminated, "n1", "t0"),
         unit("a-2", 2, UnitState::Terminated, "n2", "t0"),
         unit("a-3", 3, UnitState::Running, "n3", "t72"),
@@ -261,7 +261,7 @@ fn will_roll_counts_the_replacements_of_a_finished_rollout_once() {
 /// plan is carried out (replacements start; drained and released units end), and new
 /// units of the template in force fill the desired count.
 struct World {
-    units: BTreeMap<String, UnitRecord>,
+    units: Units,
     next: u64,
     fingerprint: String,
     previous: Option<String>,
@@ -274,7 +274,7 @@ struct World {
 impl World {
     fn new(desired: u32, max_unavailable: u32) -> World {
         let mut w = World {
-            units: BTreeMap::new(),
+            units: Units::default(),
             next: 1,
             fingerprint: "t0".into(),
             previous: None,
@@ -289,7 +289,7 @@ impl World {
     fn start(&mut self) -> String {
         let (id, u) = unit(&format!("a-{}", self.next), self.next, UnitState::Starting, "n1", &self.fingerprint);
         self.next += 1;
-        self.units.insert(id.clone(), u);
+        self.units.insert(u);
         id
     }
 
@@ -307,7 +307,7 @@ impl World {
     }
 
     fn step(&mut self) {
-        for u in self.units.values_mut().filter(|u| u.state == UnitState::Starting) {
+        for u in self.units.matching_mut(|u| u.state == UnitState::Starting) {
             u.state = UnitState::Running;
         }
         let counted: Vec<&UnitRecord> = self.units.values().filter(|u| counts_toward_desired(u)).collect();
@@ -398,7 +398,7 @@ proptest::proptest! {
 
 #[test]
 fn a_canary_holds_its_old_units_and_rolls_no_more_than_its_step_allows() {
-    let mut units = BTreeMap::from([
+    let mut units = Units::from_iter([
         unit("a-1", 1, UnitState::Running, "n1", "t1"),
         unit("a-2", 2, UnitState::Running, "n2", "t1"),
         unit("a-3", 3, UnitState::Running, "n3", "t1"),
