@@ -25,6 +25,7 @@ mod store_etcd;
 mod store_redb;
 #[cfg(test)]
 mod testing;
+mod units;
 
 pub use canary::{CanaryProgress, CanaryStatus, SideStatus};
 pub use leader::{LOCAL_TOKEN, Leader, Role, default_instance};

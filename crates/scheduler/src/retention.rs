@@ -4,7 +4,7 @@
 //! they ran; the newest few are kept, the rest leave the store. Pure.
 
 use crate::lifecycle::UnitState;
-use crate::store::Units;
+use crate::store::{UnitRecord, Units};
 
 /// Ended units kept per app, newest first.
 pub const KEEP_ENDED: usize = 10;
@@ -19,7 +19,8 @@ pub const STOPPED: &str = "stopped";
 /// A placement note no longer applies. The ids it changed.
 pub fn mark_ended(units: &mut Units, now: u64) -> Vec<String> {
     let mut changed = Vec::new();
-    for u in units.matching_mut(|u| u.state == UnitState::Terminated && u.ended_unix_ms.is_none()) {
+    let ended = |u: &UnitRecord| u.state == UnitState::Terminated && u.ended_unix_ms.is_none();
+    units.update_matching(ended, |u| {
         u.ended_unix_ms = Some(now);
         u.placement_note = None;
         for m in u.members.iter_mut().chain(&mut u.surge) {
@@ -30,7 +31,7 @@ pub fn mark_ended(units: &mut Units, now: u64) -> Vec<String> {
             m.usage = None;
         }
         changed.push(u.unit_id.clone());
-    }
+    });
     changed
 }
 

@@ -5,12 +5,13 @@
 
 use flotilla_core::LockExt;
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
 
 use crate::lifecycle::UnitState;
 use crate::spec::SpecOrigin;
+pub use crate::units::Units;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MemberRecord {
@@ -157,99 +158,6 @@ impl UnitRecord {
     /// alone).
     pub fn generation_of(&self, member: &str) -> u64 {
         self.members.iter().find(|m| m.member == member).map_or(self.generation, |m| m.key_generation(self.generation))
-    }
-}
-
-/// The app's units by id. Each record sits behind an `Arc` shared with the last published
-/// status: publishing a pass copies pointers, not records, and a record is copied only
-/// when a step changes it ([`Units::get_mut`], [`Units::matching_mut`]), so whether a
-/// unit changed since the last status is a pointer compare.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Units(BTreeMap<String, Arc<UnitRecord>>);
-
-impl Units {
-    pub fn get(&self, id: &str) -> Option<&UnitRecord> {
-        self.0.get(id).map(|u| &**u)
-    }
-
-    /// The unit to change; copied first if the last status still shows it.
-    pub fn get_mut(&mut self, id: &str) -> Option<&mut UnitRecord> {
-        self.0.get_mut(id).map(Arc::make_mut)
-    }
-
-    /// The unit to change if `pick` chooses it; copied only then.
-    pub fn get_mut_if(&mut self, id: &str, pick: impl FnOnce(&UnitRecord) -> bool) -> Option<&mut UnitRecord> {
-        self.0.get_mut(id).filter(|u| pick(u)).map(Arc::make_mut)
-    }
-
-    /// The units `pick` chooses, to change; only those are copied (a plain `values_mut`
-    /// would copy every unit the last status shows).
-    pub fn matching_mut(&mut self, mut pick: impl FnMut(&UnitRecord) -> bool) -> impl Iterator<Item = &mut UnitRecord> {
-        self.0.values_mut().filter(move |u| pick(u)).map(Arc::make_mut)
-    }
-
-    pub fn insert(&mut self, unit: UnitRecord) {
-        self.0.insert(unit.unit_id.clone(), Arc::new(unit));
-    }
-
-    pub fn remove(&mut self, id: &str) -> Option<UnitRecord> {
-        self.0.remove(id).map(Arc::unwrap_or_clone)
-    }
-
-    pub fn contains_key(&self, id: &str) -> bool {
-        self.0.contains_key(id)
-    }
-
-    pub fn len(&self) -> usize {
-        self.0.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-
-    pub fn keys(&self) -> impl DoubleEndedIterator<Item = &String> + Clone {
-        self.0.keys()
-    }
-
-    /// In id order.
-    pub fn values(&self) -> impl DoubleEndedIterator<Item = &UnitRecord> + Clone {
-        self.0.values().map(|u| &**u)
-    }
-
-    /// The records as shared, in id order: what a status shows.
-    pub fn shared(&self) -> impl Iterator<Item = &Arc<UnitRecord>> {
-        self.0.values()
-    }
-}
-
-impl FromIterator<UnitRecord> for Units {
-    fn from_iter<I: IntoIterator<Item = UnitRecord>>(units: I) -> Self {
-        Units(units.into_iter().map(|u| (u.unit_id.clone(), Arc::new(u))).collect())
-    }
-}
-
-/// Tests build units as maps by id, as the stores do.
-#[cfg(test)]
-impl FromIterator<(String, UnitRecord)> for Units {
-    fn from_iter<I: IntoIterator<Item = (String, UnitRecord)>>(units: I) -> Self {
-        Units(units.into_iter().map(|(id, u)| (id, Arc::new(u))).collect())
-    }
-}
-
-#[cfg(test)]
-impl From<BTreeMap<String, UnitRecord>> for Units {
-    fn from(units: BTreeMap<String, UnitRecord>) -> Self {
-        units.into_iter().collect()
-    }
-}
-
-#[cfg(test)]
-impl std::ops::Index<&str> for Units {
-    type Output = UnitRecord;
-
-    fn index(&self, id: &str) -> &UnitRecord {
-        &self.0[id]
     }
 }
 

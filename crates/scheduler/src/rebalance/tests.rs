@@ -238,10 +238,11 @@ fn a_move_joins_the_rollouts_replacements_without_failing_them() {
     };
     let slots = slots([labelled("n1", &[("domain", "d")]), labelled("n2", &[("domain", "d")])], true);
     let mut units = placed(&[("a-1", "d", "n1")]);
-    let old = units.get_mut("a-1").unwrap();
-    old.template = Some("t1".into());
-    old.replaced_by = Some("a-2".into());
-    old.moving = Some("2 other units on its node, 0 on another".into());
+    if let Some(mut old) = units.get_mut("a-1") {
+        old.template = Some("t1".into());
+        old.replaced_by = Some("a-2".into());
+        old.moving = Some("2 other units on its node, 0 on another".into());
+    }
     let new = UnitRecord { template: Some("t1".into()), ..unit("a-2", 2, UnitState::Starting, &[("head", "n2")]) };
     units.insert(new);
     assert_eq!(plan(&units, &slots, &target("t1", 1_000)).release, vec![], "a move is no needless replacement");

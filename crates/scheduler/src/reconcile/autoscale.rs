@@ -260,13 +260,13 @@ fn cancel_scale_down(units: &mut Units, writes: &mut Vec<Write>) {
     let draining = |u: &UnitRecord| {
         u.state == UnitState::Draining && u.replaced_by.is_none() && u.state.can_become(UnitState::Running)
     };
-    for u in units.matching_mut(draining) {
+    units.update_matching(draining, |u| {
         tracing::info!(unit = %u.unit_id, "scale-down cancelled: the unit serves again");
         u.state = UnitState::Running;
         u.draining_since_unix_ms = None;
         u.drain_timeout_ms = None;
         writes.push(Write::Unit(u.clone()));
-    }
+    });
 }
 
 /// The app's signals from its unit records (which `observe` keeps current) and the

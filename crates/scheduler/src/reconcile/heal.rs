@@ -78,7 +78,7 @@ impl Scheduler {
             self.stored.units.values().filter(|u| u.state == UnitState::Failed).cloned().collect();
         for u in failed {
             if self.ledgers.release_unit(&u, &[]).await.is_ok()
-                && let Some(u) = self.stored.units.get_mut(&u.unit_id)
+                && let Some(mut u) = self.stored.units.get_mut(&u.unit_id)
             {
                 u.state = UnitState::Terminated;
                 writes.push(Write::Unit(u.clone()));
@@ -93,7 +93,7 @@ impl Scheduler {
         metrics::counter!(m::UNITS_FAILED.name, "app" => self.spec.name.clone()).increment(1);
         // Write ahead: a scheduler that dies after the release must find the unit Failed
         // (and retry the release), never Running with nothing held.
-        let Some(u) = self.stored.units.get_mut(id) else { return };
+        let Some(mut u) = self.stored.units.get_mut(id) else { return };
         let unit = u.clone();
         if u.state.can_become(UnitState::Failed) {
             u.state = UnitState::Failed;
@@ -105,10 +105,11 @@ impl Scheduler {
             writes.push(Write::Unit(u.clone()));
             return;
         }
+        drop(u);
         // Failed units whose release does not go through are retried by `heal`.
         if let Err(e) = self.ledgers.release_unit(&unit, &[]).await {
             tracing::warn!(unit = %id, error = %e, "releasing a failed unit; will retry");
-        } else if let Some(u) = self.stored.units.get_mut(id) {
+        } else if let Some(mut u) = self.stored.units.get_mut(id) {
             u.state = UnitState::Terminated;
             writes.push(Write::Unit(u.clone()));
         }
@@ -126,7 +127,7 @@ impl Scheduler {
         tracing::warn!(unit = %id, ?members, "workers lost; replacing them in the unit's domain");
         // Write ahead, as for a failed unit: once the workers are forgotten in the store,
         // whatever the release leaves behind is an orphan the sweep releases.
-        let Some(u) = self.stored.units.get_mut(id) else { return };
+        let Some(mut u) = self.stored.units.get_mut(id) else { return };
         let unit = u.clone();
         if u.state != UnitState::Degraded && u.state.can_become(UnitState::Degraded) {
             u.state = UnitState::Degraded;
@@ -143,6 +144,7 @@ impl Scheduler {
             writes.push(Write::Unit(u.clone()));
             return;
         }
+        drop(u);
         if let Err(e) = self.ledgers.release_unit(&unit, members).await {
             tracing::warn!(unit = %id, error = %e, "releasing lost workers; the orphan sweep retries");
         }
@@ -168,7 +170,7 @@ impl Scheduler {
         let p = match self.plan_members(&unit, &missing, 0, slots) {
             Ok(p) => p,
             Err(why) => {
-                if let Some(u) = self.stored.units.get_mut(id) {
+                if let Some(mut u) = self.stored.units.get_mut(id) {
                     u.unplaced_reason = Some(format!("replacement: {why}"));
                 }
                 return;
@@ -187,7 +189,7 @@ impl Scheduler {
         );
         let txn_id = self.ledgers.txn_id(&format!("{id}-replace"));
         let Ok(resp) = self.ledgers.commit(p.shard, txn_id, claims).await else { return };
-        let Some(u) = self.stored.units.get_mut(id) else { return };
+        let Some(mut u) = self.stored.units.get_mut(id) else { return };
         if !resp.results.iter().all(|r| r.accepted) {
             u.unplaced_reason = Some("replacement commit rejected; retrying".into());
             return;

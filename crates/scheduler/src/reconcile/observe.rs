@@ -289,7 +289,7 @@ pub(super) async fn adopt(spec: &AppSpec, units: &mut Units, ledgers: &mut Ledge
         }
     }
     for u in unsure {
-        if let Some(rec) = units.get_mut(&u.unit_id) {
+        if let Some(mut rec) = units.get_mut(&u.unit_id) {
             if let Ok(to) = rec.state.to(UnitState::Terminated) {
                 rec.state = to;
             }
@@ -336,7 +336,7 @@ mod tests {
     async fn a_sweep_reads_the_nodes_again_once_their_workloads_or_the_units_may_have_changed() {
         let running = Units::from_iter([("a-1".to_string(), unit("a-1", 1, UnitState::Running, &[("head", "n1")]))]);
         let mut ended = running.clone();
-        if let Some(u) = ended.get_mut("a-1") {
+        if let Some(mut u) = ended.get_mut("a-1") {
             u.state = UnitState::Terminated;
         }
         // Nothing listens there: releasing an orphan fails, and the sweep is due again at once.

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use flotilla_core::{NodeId, now_ms};
+use flotilla_core::now_ms;
 use flotilla_proto::v1;
 use flotilla_view::Version;
 
@@ -35,7 +35,7 @@ impl Scheduler {
         if let Err(e) = self.write_ahead(&by_shard, writes) {
             tracing::warn!(error = %e, "cannot record the units being placed; committing nothing");
             for (id, _) in by_shard.into_values().flatten() {
-                if let Some(u) = self.stored.units.get_mut(&id) {
+                if let Some(mut u) = self.stored.units.get_mut(&id) {
                     u.state = UnitState::Queued;
                 }
                 still.push(id);
@@ -64,7 +64,7 @@ impl Scheduler {
                 Err(e @ CommitError::Refused { .. }) => {
                     tracing::warn!(error = %e, "commit failed; will retry");
                     for (id, _) in units {
-                        if let Some(unit) = self.stored.units.get_mut(&id) {
+                        if let Some(mut unit) = self.stored.units.get_mut(&id) {
                             unit.state = UnitState::Queued;
                             unit.unplaced_reason = Some(e.to_string());
                         }
@@ -130,7 +130,7 @@ impl Scheduler {
                         let reason = why.to_string();
                         if unit.unplaced_reason.as_deref() != Some(reason.as_str()) {
                             tracing::info!(unit = %id, %reason, "unit cannot be placed yet");
-                            if let Some(u) = self.stored.units.get_mut(id) {
+                            if let Some(mut u) = self.stored.units.get_mut(id) {
                                 u.unplaced_reason = Some(reason);
                             }
                         }
@@ -139,7 +139,7 @@ impl Scheduler {
                 }
                 Ok(p) => {
                     super::planning::hold(&p, requests, &mut pending, &mut per_node, &mut per_domain);
-                    if let Some(unit) = self.stored.units.get_mut(id) {
+                    if let Some(mut unit) = self.stored.units.get_mut(id) {
                         unit.state = UnitState::Placing;
                     }
                     by_shard.entry(p.shard).or_default().push((id.clone(), p));
@@ -194,7 +194,7 @@ impl Scheduler {
                     None => Some(format!("{}: no answer", m.member)),
                 })
                 .collect();
-            let Some(unit) = self.stored.units.get_mut(&id) else { continue };
+            let Some(mut unit) = self.stored.units.get_mut(&id) else { continue };
             if !rejected.is_empty() {
                 metrics::counter!(m::PLACEMENTS.name, "result" => "conflict").increment(1);
                 unit.state = UnitState::Queued;
@@ -249,7 +249,7 @@ impl Scheduler {
     ) {
         tracing::warn!(error = %e, "commit outcome unknown: failing its units");
         for (id, p) in units {
-            if let Some(unit) = self.stored.units.get_mut(&id) {
+            if let Some(mut unit) = self.stored.units.get_mut(&id) {
                 metrics::counter!(m::PLACEMENTS.name, "result" => "unknown").increment(1);
                 unit.state = UnitState::Failed;
                 unit.domain = Some(p.domain.clone());
@@ -270,24 +270,11 @@ impl Scheduler {
     /// of its members, or a member coming up to replace one, is placed), leaving out
     /// unit `except`: for node spread.
     pub(super) fn units_per_node(&self, except: Option<&str>) -> NodeMap<u32> {
-        let mut m: NodeMap<u32> = NodeMap::default();
-        for u in self.stored.units.values().filter(|u| u.state.is_active() && Some(u.unit_id.as_str()) != except) {
-            let nodes = || u.members.iter().chain(&u.surge).filter_map(|m| m.node_id.as_deref());
-            for (i, n) in nodes().enumerate() {
-                if nodes().take(i).any(|earlier| earlier == n) {
-                    continue;
-                }
-                match m.get_mut(n) {
-                    Some(count) => *count += 1,
-                    None => {
-                        if let Ok(id) = NodeId::new(n) {
-                            m.insert(id, 1);
-                        }
-                    }
-                }
-            }
+        let counts = self.stored.units.counts();
+        match except.and_then(|id| self.stored.units.get(id)) {
+            Some(u) => counts.without(u).per_node,
+            None => counts.per_node.clone(),
         }
-        m
     }
 
     /// `input` with the app's spread: the maxima, the node preference and `spread.members`.
@@ -304,16 +291,6 @@ impl Scheduler {
 
     /// Active units of the app in each domain, for the spread limit.
     pub(super) fn units_per_domain(&self) -> HashMap<String, u32> {
-        let mut m: HashMap<String, u32> = HashMap::new();
-        for u in self.stored.units.values().filter(|u| u.state.is_active()) {
-            let Some(d) = &u.domain else { continue };
-            match m.get_mut(d) {
-                Some(count) => *count += 1,
-                None => {
-                    m.insert(d.clone(), 1);
-                }
-            }
-        }
-        m
+        self.stored.units.counts().per_domain.clone()
     }
 }

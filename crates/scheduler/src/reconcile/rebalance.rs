@@ -183,7 +183,7 @@ impl Scheduler {
     fn start_move(&mut self, mv: &Move, now: u64, writes: &mut Vec<Write>) {
         let Some(secondary) = self.stored.units.get(&mv.unit).map(|u| u.secondary) else { return };
         let new = self.queue_unit(secondary, writes);
-        let Some(u) = self.stored.units.get_mut(&mv.unit) else { return };
+        let Some(mut u) = self.stored.units.get_mut(&mv.unit) else { return };
         u.replaced_by = Some(new.clone());
         u.moving = Some(mv.why.clone());
         u.moved_unix_ms = Some(now);

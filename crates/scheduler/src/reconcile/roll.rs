@@ -43,7 +43,7 @@ impl Scheduler {
             self.release_replacement(id, why, slots, writes).await;
         }
         for id in &plan.drain {
-            if let Some(u) = self.stored.units.get_mut(id)
+            if let Some(mut u) = self.stored.units.get_mut(id)
                 && let Ok(to) = u.state.to(UnitState::Draining)
             {
                 tracing::info!(unit = %id, replacement = ?u.replaced_by, "replacement running: draining the old unit");
@@ -53,7 +53,7 @@ impl Scheduler {
             }
         }
         for id in &plan.orphaned {
-            if let Some(u) = self.stored.units.get_mut(id) {
+            if let Some(mut u) = self.stored.units.get_mut(id) {
                 tracing::warn!(unit = %id, replacement = ?u.replaced_by, "the replacement is gone; the unit stays");
                 u.replaced_by = None;
                 u.moving = None;
@@ -63,7 +63,7 @@ impl Scheduler {
         for (id, why) in plan.replace {
             let secondary = self.stored.units.get(&id).is_some_and(|u| u.secondary);
             let new = self.queue_unit(secondary, writes);
-            if let Some(u) = self.stored.units.get_mut(&id) {
+            if let Some(mut u) = self.stored.units.get_mut(&id) {
                 tracing::info!(unit = %id, replacement = %new, %why, "replacing the unit, make before break");
                 metrics::counter!(m::UNITS_REPLACED.name, "app" => self.spec.name.clone(), "why" => why).increment(1);
                 u.replaced_by = Some(new);
@@ -81,7 +81,7 @@ impl Scheduler {
             .await;
         }
         for id in &plan.adopt {
-            if let Some(u) = self.stored.units.get_mut(id) {
+            if let Some(mut u) = self.stored.units.get_mut(id) {
                 tracing::info!(unit = %id, "every member runs the spec's templates: the unit is rolled");
                 u.template = Some(self.fingerprints.template.clone());
                 u.roll_waits = None;
@@ -139,7 +139,7 @@ impl Scheduler {
             Err(e) => {
                 let note = format!("{waits} {} cannot move ({why}): {e}", members.join(", "));
                 if waits == ROLLOUT_WAITS
-                    && let Some(u) = self
+                    && let Some(mut u) = self
                         .stored
                         .units
                         .get_mut_if(id, |u| u.roll_waits.as_ref().is_none_or(|(t, _)| *t != self.fingerprints.template))
@@ -180,7 +180,7 @@ impl Scheduler {
         }
         super::planning::count_placed(&self.spec, &p);
         let records = super::ledgers::member_records(&self.spec, &self.fingerprints.roles, &p, p.shard);
-        let Some(u) = self.stored.units.get_mut(id) else { return };
+        let Some(mut u) = self.stored.units.get_mut(id) else { return };
         let mut moves = Vec::new();
         for mut r in records {
             let from = u.members.iter().find(|m| m.member == r.member).and_then(|m| m.node_id.clone());
@@ -249,7 +249,7 @@ impl Scheduler {
     /// Takes `members` out of unit `id`'s surge and releases them, the unit written
     /// first (a release that fails leaves an orphan the sweep releases), with `note`.
     async fn release_surge(&mut self, id: &str, members: &[String], note: String, writes: &mut Vec<Write>) {
-        let Some(u) = self.stored.units.get_mut(id) else { return };
+        let Some(mut u) = self.stored.units.get_mut(id) else { return };
         let dropped: Vec<_> = u.surge.iter().filter(|m| members.contains(&m.member)).cloned().collect();
         if dropped.is_empty() {
             return;
@@ -279,7 +279,7 @@ impl Scheduler {
             .filter(|(_, r)| !r.is_empty())
             .collect();
         for (id, members) in ready {
-            let Some(u) = self.stored.units.get_mut(&id) else { continue };
+            let Some(mut u) = self.stored.units.get_mut(&id) else { continue };
             let old = u.clone();
             let mut moved = Vec::new();
             for name in &members {
@@ -341,7 +341,7 @@ impl Scheduler {
             match note {
                 Some(n) => self.set_note(&id, n, writes),
                 None => {
-                    if let Some(u) = self.stored.units.get_mut(&id) {
+                    if let Some(mut u) = self.stored.units.get_mut(&id) {
                         u.placement_note = None;
                         writes.push(Write::Unit(u.clone()));
                     }
@@ -351,7 +351,7 @@ impl Scheduler {
     }
 
     fn set_note(&mut self, id: &str, note: String, writes: &mut Vec<Write>) {
-        if let Some(u) = self.stored.units.get_mut_if(id, |u| u.placement_note.as_deref() != Some(note.as_str())) {
+        if let Some(mut u) = self.stored.units.get_mut_if(id, |u| u.placement_note.as_deref() != Some(note.as_str())) {
             tracing::info!(unit = %id, %note, "unit");
             u.placement_note = Some(note);
             writes.push(Write::Unit(u.clone()));
@@ -362,8 +362,8 @@ impl Scheduler {
     /// progress deadline): it ends, with why, and what it holds is released (members
     /// stopped). A release that does not go through leaves it Failed, retried by `heal`.
     async fn release_replacement(&mut self, id: &str, why: &str, slots: &[Arc<ShardSlot>], writes: &mut Vec<Write>) {
-        let Some(u) = self.stored.units.get_mut(id) else { return };
-        let why = with_agent_messages(why, u, slots);
+        let Some(mut u) = self.stored.units.get_mut(id) else { return };
+        let why = with_agent_messages(why, &u, slots);
         tracing::warn!(unit = %id, %why, "releasing a replacement");
         u.unplaced_reason = Some(why);
         if u.state == UnitState::Queued {
@@ -381,9 +381,10 @@ impl Scheduler {
             tracing::warn!(unit = %id, error = %e, "cannot record the release; will retry");
             return;
         }
+        drop(u);
         if let Err(e) = self.ledgers.release_unit(&unit, &[]).await {
             tracing::warn!(unit = %id, error = %e, "releasing a replacement; will retry");
-        } else if let Some(u) = self.stored.units.get_mut(id) {
+        } else if let Some(mut u) = self.stored.units.get_mut(id) {
             u.state = UnitState::Terminated;
             writes.push(Write::Unit(u.clone()));
         }

@@ -42,7 +42,7 @@ pub(super) async fn scale_in(
         .collect();
     for u in due {
         if ledgers.release_unit(&u, &[]).await.is_ok()
-            && let Some(u) = units.get_mut(&u.unit_id)
+            && let Some(mut u) = units.get_mut(&u.unit_id)
         {
             u.state = UnitState::Stopping;
             writes.push(Write::Unit(u.clone()));
@@ -53,10 +53,10 @@ pub(super) async fn scale_in(
         let waited = u.draining_since_unix_ms.is_some_and(|t| now >= t + drain_ms(u) + STOP_WAIT_MS);
         u.state == UnitState::Stopping && (waited || !still_runs(u, slots))
     };
-    for u in units.matching_mut(stopped) {
+    units.update_matching(stopped, |u| {
         u.state = UnitState::Terminated;
         writes.push(Write::Unit(u.clone()));
-    }
+    });
 }
 
 /// Past the `desired` count of a group: ends its queued units and starts draining the
@@ -84,13 +84,13 @@ fn choose_victims(
     let victims = crate::repair::scale_in_order(&placed, excess, slots);
     let pairs = crate::rollout::replaced_by(units, &[queued.as_slice(), victims.as_slice()].concat());
     for id in queued {
-        if let Some(u) = units.get_mut(&id) {
+        if let Some(mut u) = units.get_mut(&id) {
             u.state = UnitState::Terminated;
             writes.push(Write::Unit(u.clone()));
         }
     }
     for id in victims.into_iter().chain(pairs) {
-        if let Some(u) = units.get_mut(&id)
+        if let Some(mut u) = units.get_mut(&id)
             && let Ok(to) = u.state.to(UnitState::Draining)
         {
             tracing::info!(unit = %id, "scale-in: draining");

@@ -147,9 +147,10 @@ fn rolling() -> Units {
         unit("a-3", 3, UnitState::Starting, "n3", "new"),
     ]);
     units.get_mut("a-1").unwrap().replaced_by = Some("a-3".into());
-    let r = units.get_mut("a-3").unwrap();
-    r.created_unix_ms = 10_000;
-    r.members[0].state = Some("failed".into());
+    if let Some(mut r) = units.get_mut("a-3") {
+        r.created_unix_ms = 10_000;
+        r.members[0].state = Some("failed".into());
+    }
     units
 }
 
@@ -307,9 +308,7 @@ impl World {
     }
 
     fn step(&mut self) {
-        for u in self.units.matching_mut(|u| u.state == UnitState::Starting) {
-            u.state = UnitState::Running;
-        }
+        self.units.update_matching(|u| u.state == UnitState::Starting, |u| u.state = UnitState::Running);
         let counted: Vec<&UnitRecord> = self.units.values().filter(|u| counts_toward_desired(u)).collect();
         let excess = counted.len().saturating_sub(self.desired as usize);
         let victims = crate::repair::scale_in_order(&counted, excess, &[]);
