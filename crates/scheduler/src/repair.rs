@@ -11,7 +11,7 @@
 use std::sync::Arc;
 
 use flotilla_core::{NodeId, NodeStatus};
-use flotilla_view::ShardSlot;
+use flotilla_view::{NodeRecord, ShardSlot};
 
 use crate::lifecycle::UnitState;
 use crate::store::{MemberRecord, UnitRecord};
@@ -38,15 +38,32 @@ pub const MISSING: &str = "missing";
 /// How long a member may be absent from its live node's workloads before it is missing.
 pub const MISSING_AFTER_MS: u64 = 10_000;
 
+/// Member `m`'s shard and its node's record in that shard's view (`None` when the view
+/// lacks the node); `None` when the member is not placed or its shard is not known.
+pub fn node_of<'a>(
+    m: &MemberRecord,
+    slots: &'a [Arc<ShardSlot>],
+) -> Option<(&'a ShardSlot, Option<&'a Arc<NodeRecord>>)> {
+    let (Some(node), Some(shard)) = (m.node_id.as_deref(), m.shard) else { return None };
+    let slot = slots.get(shard as usize)?;
+    Some((slot, NodeId::new(node).ok().and_then(|id| slot.view.get(&id))))
+}
+
 /// True when member `m` of unit `unit` (at `generation`) is placed on a node that is
 /// Alive in a settled, reachable view and whose agent does not report the member.
-pub fn runs_nowhere(unit: &str, generation: u64, m: &MemberRecord, slots: &[Arc<ShardSlot>], now_ms: u64) -> bool {
-    let (Some(node), Some(shard)) = (m.node_id.as_deref(), m.shard) else { return false };
-    let Some(slot) = slots.get(shard as usize).filter(|s| s.connected) else { return false };
+/// `node`: the member's ([`node_of`]), looked up once by the caller.
+pub fn runs_nowhere(
+    unit: &str,
+    generation: u64,
+    m: &MemberRecord,
+    node: Option<(&ShardSlot, Option<&Arc<NodeRecord>>)>,
+    now_ms: u64,
+) -> bool {
+    let Some((slot, rec)) = node.filter(|(slot, _)| slot.connected) else { return false };
     if now_ms.saturating_sub(slot.view.version.epoch) < REJOIN_GRACE_MS {
         return false;
     }
-    NodeId::new(node).ok().and_then(|id| slot.view.get(&id).cloned()).is_some_and(|rec| {
+    rec.is_some_and(|rec| {
         rec.status == NodeStatus::Alive
             && rec.incarnation.0 == m.incarnation
             && !rec.workloads.iter().any(|w| w.unit == unit && w.member == m.member && w.generation == generation)
@@ -90,21 +107,21 @@ pub enum Repair {
     Wait,
 }
 
-/// `unknown_for_ms`: how long this unit has had Unknown members (0 if none so far).
-pub fn decide(
-    unit: &UnitRecord,
-    slots: &[Arc<ShardSlot>],
-    unknown_for_ms: u64,
-    unknown_grace_ms: u64,
-    now_ms: u64,
-) -> Repair {
+/// Each member's health, in member order: what [`decide`] judges.
+pub fn health_of(unit: &UnitRecord, slots: &[Arc<ShardSlot>], now_ms: u64) -> Vec<MemberHealth> {
+    unit.members.iter().map(|m| member_health(m, slots, now_ms)).collect()
+}
+
+/// `health`: each member's ([`health_of`]); `unknown_for_ms`: how long this unit has had
+/// Unknown members (0 if none so far).
+pub fn decide(unit: &UnitRecord, health: &[MemberHealth], unknown_for_ms: u64, unknown_grace_ms: u64) -> Repair {
     if !matches!(unit.state, UnitState::Allocated | UnitState::Starting | UnitState::Running | UnitState::Degraded) {
         return Repair::Nothing;
     }
     let mut lost_workers = Vec::new();
     let mut unknown = false;
-    for m in &unit.members {
-        let h = match member_health(m, slots, now_ms) {
+    for (m, h) in unit.members.iter().zip(health) {
+        let h = match *h {
             MemberHealth::Unknown if unknown_for_ms >= unknown_grace_ms => {
                 MemberHealth::Lost("its shard stayed unknown past the grace")
             }
@@ -171,6 +188,10 @@ mod tests {
         crate::testing::slots(records, connected)
     }
 
+    fn decided(u: &UnitRecord, s: &[Arc<ShardSlot>], unknown_for_ms: u64, grace_ms: u64, now: u64) -> Repair {
+        decide(u, &health_of(u, s, now), unknown_for_ms, grace_ms)
+    }
+
     /// Long after the test shards' epoch (1).
     const NOW: u64 = 1_000_000_000;
 
@@ -178,11 +199,11 @@ mod tests {
     fn a_missing_node_is_unknown_while_its_shard_is_young_then_lost() {
         let u = unit("u", 1, UnitState::Running, &[("head", "gone")]);
         let mut s = slots(&[], true);
-        assert!(matches!(decide(&u, &s, 0, 60_000, NOW), Repair::FailUnit(_)), "left the view of an old shard");
+        assert!(matches!(decided(&u, &s, 0, 60_000, NOW), Repair::FailUnit(_)), "left the view of an old shard");
         let young = ShardView::empty(0, NOW - 1_000);
         s[0] = Arc::new(ShardSlot::of(Arc::new(young), true));
-        assert_eq!(decide(&u, &s, 0, 60_000, NOW), Repair::Wait, "a restarted shard: its agent may be on its way");
-        assert!(matches!(decide(&u, &s, 0, 60_000, NOW + REJOIN_GRACE_MS), Repair::FailUnit(_)));
+        assert_eq!(decided(&u, &s, 0, 60_000, NOW), Repair::Wait, "a restarted shard: its agent may be on its way");
+        assert!(matches!(decided(&u, &s, 0, 60_000, NOW + REJOIN_GRACE_MS), Repair::FailUnit(_)));
     }
 
     #[test]
@@ -202,25 +223,31 @@ mod tests {
                 true,
             )
         };
-        assert!(!runs_nowhere("u", 3, head, &with(vec![running.clone()], NodeStatus::Alive), NOW));
+        assert!(!runs_nowhere("u", 3, head, node_of(head, &with(vec![running.clone()], NodeStatus::Alive)), NOW));
         let stale = v1::WorkloadStatus { generation: 2, ..running };
-        assert!(runs_nowhere("u", 3, head, &with(vec![stale], NodeStatus::Alive), NOW), "another generation is not it");
-        assert!(runs_nowhere("u", 3, head, &with(vec![], NodeStatus::Alive), NOW));
-        assert!(!runs_nowhere("u", 3, head, &with(vec![], NodeStatus::Suspect), NOW), "liveness decides there");
         assert!(
-            !runs_nowhere("u", 3, head, &with(vec![], NodeStatus::Alive), 1 + REJOIN_GRACE_MS - 1),
+            runs_nowhere("u", 3, head, node_of(head, &with(vec![stale], NodeStatus::Alive)), NOW),
+            "another generation is not it"
+        );
+        assert!(runs_nowhere("u", 3, head, node_of(head, &with(vec![], NodeStatus::Alive)), NOW));
+        assert!(
+            !runs_nowhere("u", 3, head, node_of(head, &with(vec![], NodeStatus::Suspect)), NOW),
+            "liveness decides there"
+        );
+        assert!(
+            !runs_nowhere("u", 3, head, node_of(head, &with(vec![], NodeStatus::Alive)), 1 + REJOIN_GRACE_MS - 1),
             "a young shard"
         );
         let mut gone = u.clone();
         gone.members[0].state = Some(MISSING.into());
-        assert!(matches!(decide(&gone, &with(vec![], NodeStatus::Alive), 0, 60_000, NOW), Repair::FailUnit(_)));
+        assert!(matches!(decided(&gone, &with(vec![], NodeStatus::Alive), 0, 60_000, NOW), Repair::FailUnit(_)));
     }
 
     #[test]
     fn a_lost_head_fails_the_unit_a_lost_worker_only_itself() {
         let u = unit("u", 1, UnitState::Running, &[("head", "n1"), ("worker-0", "n2"), ("worker-1", "n3")]);
         let s = slots(&[("n1", NodeStatus::Dead, 1, 1000), ("n2", NodeStatus::Alive, 1, 1000)], true);
-        assert!(matches!(decide(&u, &s, 0, 60_000, NOW), Repair::FailUnit(_)));
+        assert!(matches!(decided(&u, &s, 0, 60_000, NOW), Repair::FailUnit(_)));
         let s = slots(
             &[
                 ("n1", NodeStatus::Alive, 1, 1000),
@@ -230,7 +257,7 @@ mod tests {
             true,
         );
         assert_eq!(
-            decide(&u, &s, 0, 60_000, NOW),
+            decided(&u, &s, 0, 60_000, NOW),
             Repair::ReplaceWorkers(vec!["worker-0".into(), "worker-1".into()]),
             "draining, and restarted"
         );
@@ -242,17 +269,17 @@ mod tests {
             ],
             true,
         );
-        assert_eq!(decide(&u, &s, 0, 60_000, NOW), Repair::Nothing, "suspect is not lost");
+        assert_eq!(decided(&u, &s, 0, 60_000, NOW), Repair::Nothing, "suspect is not lost");
     }
 
     #[test]
     fn unknown_is_not_dead_until_the_grace_expires() {
         let u = unit("u", 1, UnitState::Running, &[("head", "n1")]);
         let s = slots(&[("n1", NodeStatus::Alive, 1, 1000)], false);
-        assert_eq!(decide(&u, &s, 5_000, 60_000, NOW), Repair::Wait);
-        assert!(matches!(decide(&u, &s, 60_000, 60_000, NOW), Repair::FailUnit(_)));
+        assert_eq!(decided(&u, &s, 5_000, 60_000, NOW), Repair::Wait);
+        assert!(matches!(decided(&u, &s, 60_000, 60_000, NOW), Repair::FailUnit(_)));
         let s = slots(&[("n1", NodeStatus::Unknown, 1, 1000)], true);
-        assert_eq!(decide(&u, &s, 0, 60_000, NOW), Repair::Wait);
+        assert_eq!(decided(&u, &s, 0, 60_000, NOW), Repair::Wait);
     }
 
     #[test]

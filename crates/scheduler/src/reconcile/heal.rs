@@ -12,7 +12,7 @@ use super::ledgers::claims;
 use super::{Scheduler, save};
 use crate::lifecycle::UnitState;
 use crate::planner::{MemberRequest, Placement, PlanInput, Unplaced, place_unit};
-use crate::repair::{MemberHealth, Repair, decide, member_health};
+use crate::repair::{MemberHealth, Repair, decide, health_of};
 use crate::store::{UnitRecord, Write};
 
 impl Scheduler {
@@ -30,14 +30,15 @@ impl Scheduler {
                 continue;
             }
             placed += 1;
-            let unknown = u.members.iter().any(|m| member_health(m, slots, now) == MemberHealth::Unknown);
+            let health = health_of(u, slots, now);
+            let unknown = health.contains(&MemberHealth::Unknown);
             let since = if unknown {
                 *self.tracking.unknown_since.entry(u.unit_id.clone()).or_insert(now)
             } else {
                 self.tracking.unknown_since.remove(&u.unit_id);
                 now
             };
-            match decide(u, slots, now.saturating_sub(since), self.tracking.unknown_grace_ms, now) {
+            match decide(u, &health, now.saturating_sub(since), self.tracking.unknown_grace_ms) {
                 Repair::Nothing | Repair::Wait => {}
                 r => decisions.push((u.unit_id.clone(), r)),
             }

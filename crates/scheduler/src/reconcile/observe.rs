@@ -6,13 +6,13 @@ use crate::catalogue as m;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use flotilla_core::{NodeId, now_ms};
+use flotilla_core::now_ms;
 use flotilla_proto::v1;
-use flotilla_view::ShardSlot;
+use flotilla_view::{NodeRecord, ShardSlot};
 
 use super::ledgers::{Ledgers, claim_key, workload_state};
 use crate::lifecycle::UnitState;
-use crate::repair::{MISSING, MISSING_AFTER_MS, runs_nowhere};
+use crate::repair::{MISSING, MISSING_AFTER_MS, node_of, runs_nowhere};
 use crate::spec::AppSpec;
 use crate::store::{MemberRecord, NamedPorts, UnitRecord, Units, Usage, Write};
 
@@ -122,13 +122,14 @@ impl Tracking {
             let mut any_reported = false;
             for (i, m) in unit.members.iter().enumerate() {
                 let generation = m.key_generation(unit.generation);
-                let status = reported(&unit.unit_id, m, generation, slots);
+                let node = node_of(m, slots);
+                let status = reported(&unit.unit_id, m, generation, node);
                 let (state, address) = match status {
                     Some(w) => (Some(workload_state(w)), (!w.address.is_empty()).then_some(w.address.as_str())),
                     // A live node that does not run the member although it should: after
                     // the grace the member is missing (a shard that restarted before the
                     // agent took the push forgot it), and repair replaces it.
-                    None if runs_nowhere(&unit.unit_id, generation, m, slots, now) => {
+                    None if runs_nowhere(&unit.unit_id, generation, m, node, now) => {
                         let key = (unit.unit_id.clone(), m.member.clone());
                         let since = self.absent_since.get(&key).copied().unwrap_or(now);
                         absent.insert(key, since);
@@ -163,7 +164,7 @@ impl Tracking {
             // Members coming up to replace one (make before break): their state as
             // reported; they take their member's place in `roll` once running.
             for (i, m) in unit.surge.iter().enumerate() {
-                let status = reported(&unit.unit_id, m, m.key_generation(unit.generation), slots);
+                let status = reported(&unit.unit_id, m, m.key_generation(unit.generation), node_of(m, slots));
                 let state = status.map(workload_state).or(m.state.as_deref());
                 let address = status.filter(|w| !w.address.is_empty()).map(|w| w.address.as_str());
                 let ports = status.filter(|w| ports_differ(m, w));
@@ -301,16 +302,15 @@ pub(super) async fn adopt(spec: &AppSpec, units: &mut Units, ledgers: &mut Ledge
     tracing::info!(units = keys.len(), "replacing the units a previous run was placing");
 }
 
-/// What the agent of member `m`'s node reports about it (under `generation`), if it does.
+/// What the agent of member `m`'s node (`node`: [`node_of`]) reports about it (under
+/// `generation`), if it does.
 fn reported<'a>(
     unit: &str,
     m: &MemberRecord,
     generation: u64,
-    slots: &'a [Arc<ShardSlot>],
+    node: Option<(&ShardSlot, Option<&'a Arc<NodeRecord>>)>,
 ) -> Option<&'a v1::WorkloadStatus> {
-    let n = m.node_id.as_deref()?;
-    let slot = slots.get(m.shard? as usize)?;
-    let rec = slot.view.get(&NodeId::new(n).ok()?)?;
+    let rec = node?.1?;
     rec.workloads.iter().find(|w| w.unit == unit && w.member == m.member && w.generation == generation)
 }
 
