@@ -21,6 +21,7 @@ pub fn mark_ended(units: &mut Units, now: u64) -> Vec<String> {
     let mut changed = Vec::new();
     let ended = |u: &UnitRecord| u.state == UnitState::Terminated && u.ended_unix_ms.is_none();
     units.update_matching(ended, |u| {
+        let u: &mut UnitRecord = u;
         u.ended_unix_ms = Some(now);
         u.placement_note = None;
         for m in u.members.iter_mut().chain(&mut u.surge) {

@@ -5,7 +5,7 @@
 
 use flotilla_core::LockExt;
 use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
@@ -319,7 +319,8 @@ pub enum Write {
     /// `DECISIONS_KEPT` older is dropped.
     Decision(u64, String),
     NextGeneration(u64),
-    Unit(UnitRecord),
+    /// Shared with the scheduler's own record (`Units`): writing a unit copies nothing.
+    Unit(Arc<UnitRecord>),
     DeleteUnit(String),
     Intent(Intent),
     DeleteIntent(String),
@@ -482,8 +483,8 @@ pub(crate) mod tests {
                 Write::PreviousSpec("name = \"old\"".into()),
                 Write::DesiredUnits(3),
                 Write::NextGeneration(7),
-                Write::Unit(unit("echo-1")),
-                Write::Unit(unit("echo-2")),
+                Write::Unit(unit("echo-1").into()),
+                Write::Unit(unit("echo-2").into()),
                 Write::Intent(Intent {
                     txn_id: "t1".into(),
                     unit_id: "echo-1".into(),
@@ -493,7 +494,7 @@ pub(crate) mod tests {
             ],
         )
         .unwrap();
-        s.write("echoes", &[Write::Unit(unit("other"))]).unwrap();
+        s.write("echoes", &[Write::Unit(unit("other").into())]).unwrap();
         s.write("echo", &[Write::DeleteUnit("echo-2".into()), Write::DeleteIntent("t1".into())]).unwrap();
         let got = s.load("echo").unwrap();
         assert_eq!(got.spec.as_deref(), Some("name = \"echo\""));

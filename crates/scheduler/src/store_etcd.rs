@@ -524,7 +524,7 @@ mod tests {
         assert_eq!(store(&etcd, "/other").load("echo").unwrap(), Stored::default());
         // A batch past etcd's 128 operations per transaction: split, and all of it lands.
         let s = store(&etcd, "/big");
-        let batch: Vec<Write> = (0..450).map(|i| Write::Unit(unit(&format!("echo-{i}")))).collect();
+        let batch: Vec<Write> = (0..450).map(|i| Write::Unit(unit(&format!("echo-{i}")).into())).collect();
         s.write("echo", &batch).unwrap();
         assert_eq!(s.load("echo").unwrap().units.len(), 450, "every page of the load is read");
         assert_eq!(s.failing(), None);

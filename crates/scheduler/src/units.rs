@@ -86,8 +86,16 @@ where
 
 /// A unit being changed; counted again when dropped.
 pub struct UnitMut<'a> {
-    unit: &'a mut UnitRecord,
+    unit: &'a mut Arc<UnitRecord>,
     counts: &'a mut Counts,
+}
+
+impl UnitMut<'_> {
+    /// The record as changed so far, shared (a write of it copies nothing; a change
+    /// after this copies the record first, so the write keeps what it was given).
+    pub fn shared(&self) -> Arc<UnitRecord> {
+        self.unit.clone()
+    }
 }
 
 impl Deref for UnitMut<'_> {
@@ -100,7 +108,7 @@ impl Deref for UnitMut<'_> {
 
 impl DerefMut for UnitMut<'_> {
     fn deref_mut(&mut self) -> &mut UnitRecord {
-        self.unit
+        Arc::make_mut(self.unit)
     }
 }
 
@@ -115,6 +123,11 @@ impl Units {
         self.by_id.get(id).map(|u| &**u)
     }
 
+    /// The unit as shared: a write of it copies nothing.
+    pub fn get_shared(&self, id: &str) -> Option<&Arc<UnitRecord>> {
+        self.by_id.get(id)
+    }
+
     /// The unit to change; copied first if the last status still shows it.
     pub fn get_mut(&mut self, id: &str) -> Option<UnitMut<'_>> {
         self.get_mut_if(id, |_| true)
@@ -124,27 +137,22 @@ impl Units {
     pub fn get_mut_if(&mut self, id: &str, pick: impl FnOnce(&UnitRecord) -> bool) -> Option<UnitMut<'_>> {
         let u = self.by_id.get_mut(id).filter(|u| pick(u))?;
         self.counts.count(u, false);
-        Some(UnitMut { unit: Arc::make_mut(u), counts: &mut self.counts })
+        Some(UnitMut { unit: u, counts: &mut self.counts })
     }
 
     /// Changes each unit `pick` chooses with `change`; only those are copied (changing
     /// every unit would copy every unit the last status shows).
-    pub fn update_matching(
-        &mut self,
-        mut pick: impl FnMut(&UnitRecord) -> bool,
-        mut change: impl FnMut(&mut UnitRecord),
-    ) {
+    pub fn update_matching(&mut self, mut pick: impl FnMut(&UnitRecord) -> bool, mut change: impl FnMut(&mut UnitMut)) {
         for u in self.by_id.values_mut().filter(|u| pick(u)) {
             self.counts.count(u, false);
-            let u = Arc::make_mut(u);
-            change(u);
-            self.counts.count(u, true);
+            change(&mut UnitMut { unit: u, counts: &mut self.counts });
         }
     }
 
-    pub fn insert(&mut self, unit: UnitRecord) {
+    pub fn insert(&mut self, unit: impl Into<Arc<UnitRecord>>) {
+        let unit = unit.into();
         self.counts.count(&unit, true);
-        if let Some(old) = self.by_id.insert(unit.unit_id.clone(), Arc::new(unit)) {
+        if let Some(old) = self.by_id.insert(unit.unit_id.clone(), unit) {
             self.counts.count(&old, false);
         }
     }

@@ -147,7 +147,7 @@ async fn a_restarted_scheduler_adopts_its_units_and_cleans_up_half_commits() {
     lost.generation = 9;
     lost.state = UnitState::Placing;
     lost.members.clear();
-    store.write("echo", &[Write::Unit(lost), Write::DesiredUnits(3), Write::NextGeneration(10)]).unwrap();
+    store.write("echo", &[Write::Unit(lost.into()), Write::DesiredUnits(3), Write::NextGeneration(10)]).unwrap();
     let orphan = |member: &str| v1::Claim {
         key: Some(v1::ClaimKey { app: "echo".into(), unit: "echo-9".into(), member: member.into(), generation: 9 }),
         node_id: "n3".into(),

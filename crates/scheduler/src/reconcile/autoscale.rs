@@ -265,7 +265,7 @@ fn cancel_scale_down(units: &mut Units, writes: &mut Vec<Write>) {
         u.state = UnitState::Running;
         u.draining_since_unix_ms = None;
         u.drain_timeout_ms = None;
-        writes.push(Write::Unit(u.clone()));
+        writes.push(Write::Unit(u.shared()));
     });
 }
 

@@ -70,7 +70,7 @@ impl Scheduler {
             .collect();
         for id in waiting {
             self.place_missing(&id, slots).await;
-            if let Some(u) = self.stored.units.get(&id) {
+            if let Some(u) = self.stored.units.get_shared(&id) {
                 writes.push(Write::Unit(u.clone()));
             }
         }
@@ -82,7 +82,7 @@ impl Scheduler {
                 && let Some(mut u) = self.stored.units.get_mut(&u.unit_id)
             {
                 u.state = UnitState::Terminated;
-                writes.push(Write::Unit(u.clone()));
+                writes.push(Write::Unit(u.shared()));
             }
         }
     }
@@ -100,10 +100,10 @@ impl Scheduler {
             u.state = UnitState::Failed;
         }
         u.unplaced_reason = Some(why);
-        if let Err(e) = save(&*self.store, &self.spec.name, &[Write::Unit(u.clone())]) {
+        if let Err(e) = save(&*self.store, &self.spec.name, &[Write::Unit(u.shared())]) {
             tracing::warn!(unit = %id, error = %e, "cannot record the failure; will retry");
             // Kept with the pass's writes, so it is written once the store is back.
-            writes.push(Write::Unit(u.clone()));
+            writes.push(Write::Unit(u.shared()));
             return;
         }
         drop(u);
@@ -112,7 +112,7 @@ impl Scheduler {
             tracing::warn!(unit = %id, error = %e, "releasing a failed unit; will retry");
         } else if let Some(mut u) = self.stored.units.get_mut(id) {
             u.state = UnitState::Terminated;
-            writes.push(Write::Unit(u.clone()));
+            writes.push(Write::Unit(u.shared()));
         }
     }
 
@@ -139,10 +139,10 @@ impl Scheduler {
             m.state = None;
             m.address = None;
         }
-        if let Err(e) = save(&*self.store, &self.spec.name, &[Write::Unit(u.clone())]) {
+        if let Err(e) = save(&*self.store, &self.spec.name, &[Write::Unit(u.shared())]) {
             tracing::warn!(unit = %id, error = %e, "cannot record the lost workers; will retry");
             // Kept with the pass's writes, so it is written once the store is back.
-            writes.push(Write::Unit(u.clone()));
+            writes.push(Write::Unit(u.shared()));
             return;
         }
         drop(u);
@@ -150,7 +150,7 @@ impl Scheduler {
             tracing::warn!(unit = %id, error = %e, "releasing lost workers; the orphan sweep retries");
         }
         self.place_missing(id, slots).await;
-        if let Some(u) = self.stored.units.get(id) {
+        if let Some(u) = self.stored.units.get_shared(id) {
             writes.push(Write::Unit(u.clone()));
         }
     }

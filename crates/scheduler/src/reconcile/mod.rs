@@ -466,7 +466,7 @@ impl Scheduler {
             queued = self.place_and_commit(&queued, writes).await;
         }
         for id in &queued {
-            if let Some(u) = self.stored.units.get(id) {
+            if let Some(u) = self.stored.units.get_shared(id) {
                 writes.push(Write::Unit(u.clone()));
             }
         }
@@ -477,7 +477,7 @@ impl Scheduler {
     fn retire(&mut self, writes: &mut Vec<Write>) {
         let now = now_ms();
         for id in crate::retention::mark_ended(&mut self.stored.units, now) {
-            writes.extend(self.stored.units.get(&id).cloned().map(Write::Unit));
+            writes.extend(self.stored.units.get_shared(&id).cloned().map(Write::Unit));
         }
         for id in crate::retention::expired(&self.stored.units, now) {
             self.stored.units.remove(&id);
@@ -523,9 +523,9 @@ impl Scheduler {
             surge: Vec::new(),
         };
         tracing::info!(unit = %unit.unit_id, "unit queued");
+        let (id, unit) = (unit.unit_id.clone(), Arc::new(unit));
         writes.push(Write::Unit(unit.clone()));
         writes.push(Write::NextGeneration(self.stored.next_generation));
-        let id = unit.unit_id.clone();
         self.stored.units.insert(unit);
         id
     }

@@ -198,6 +198,7 @@ impl Tracking {
             }
         }
         for (u, changed) in updated {
+            let u = Arc::new(u);
             if changed {
                 writes.push(Write::Unit(u.clone()));
             }
@@ -296,7 +297,7 @@ pub(super) async fn adopt(spec: &AppSpec, units: &mut Units, ledgers: &mut Ledge
             }
             rec.members.clear();
             rec.unplaced_reason = Some("a previous run was placing it when it stopped; replaced".into());
-            writes.push(Write::Unit(rec.clone()));
+            writes.push(Write::Unit(rec.shared()));
         }
     }
     tracing::info!(units = keys.len(), "replacing the units a previous run was placing");

@@ -154,7 +154,7 @@ impl Scheduler {
     /// their ids for other units.
     fn write_ahead(&mut self, by_shard: &ByShard, writes: &mut Vec<Write>) -> Result<(), StoreError> {
         for (id, _) in by_shard.values().flatten() {
-            if let Some(u) = self.stored.units.get(id) {
+            if let Some(u) = self.stored.units.get_shared(id) {
                 writes.push(Write::Unit(u.clone()));
             }
         }
@@ -219,7 +219,7 @@ impl Scheduler {
                 self.planning.committed(shard, shown_in, m.node.clone(), t.alternative(m.alternative).resources());
             }
             tracing::info!(unit = %id, domain = %p.domain, "unit allocated");
-            writes.push(Write::Unit(unit.clone()));
+            writes.push(Write::Unit(unit.shared()));
         }
         requeued
     }
@@ -255,7 +255,7 @@ impl Scheduler {
                 unit.domain = Some(p.domain.clone());
                 unit.members = member_records(&self.spec, &self.fingerprints.roles, &p, shard);
                 unit.unplaced_reason = Some(format!("commit outcome unknown: {e}"));
-                writes.push(Write::Unit(unit.clone()));
+                writes.push(Write::Unit(unit.shared()));
             }
         }
     }

@@ -187,7 +187,7 @@ impl Scheduler {
         u.replaced_by = Some(new.clone());
         u.moving = Some(mv.why.clone());
         u.moved_unix_ms = Some(now);
-        writes.push(Write::Unit(u.clone()));
+        writes.push(Write::Unit(u.shared()));
         let reason = if mv.before.poor > mv.after.poor {
             "poor_node"
         } else if mv.before.domain > mv.after.domain {

@@ -49,7 +49,7 @@ impl Scheduler {
                 tracing::info!(unit = %id, replacement = ?u.replaced_by, "replacement running: draining the old unit");
                 u.state = to;
                 u.draining_since_unix_ms = Some(now);
-                writes.push(Write::Unit(u.clone()));
+                writes.push(Write::Unit(u.shared()));
             }
         }
         for id in &plan.orphaned {
@@ -57,7 +57,7 @@ impl Scheduler {
                 tracing::warn!(unit = %id, replacement = ?u.replaced_by, "the replacement is gone; the unit stays");
                 u.replaced_by = None;
                 u.moving = None;
-                writes.push(Write::Unit(u.clone()));
+                writes.push(Write::Unit(u.shared()));
             }
         }
         for (id, why) in plan.replace {
@@ -67,7 +67,7 @@ impl Scheduler {
                 tracing::info!(unit = %id, replacement = %new, %why, "replacing the unit, make before break");
                 metrics::counter!(m::UNITS_REPLACED.name, "app" => self.spec.name.clone(), "why" => why).increment(1);
                 u.replaced_by = Some(new);
-                writes.push(Write::Unit(u.clone()));
+                writes.push(Write::Unit(u.shared()));
             }
         }
         for (id, member, why) in &plan.release_surge {
@@ -88,7 +88,7 @@ impl Scheduler {
                 if u.placement_note.as_deref().is_some_and(|n| n.starts_with(ROLLOUT_WAITS)) {
                     u.placement_note = None;
                 }
-                writes.push(Write::Unit(u.clone()));
+                writes.push(Write::Unit(u.shared()));
             }
         }
         self.drop_lost_surge(slots, writes).await;
@@ -145,7 +145,7 @@ impl Scheduler {
                         .get_mut_if(id, |u| u.roll_waits.as_ref().is_none_or(|(t, _)| *t != self.fingerprints.template))
                 {
                     u.roll_waits = Some((self.fingerprints.template.clone(), now_ms()));
-                    writes.push(Write::Unit(u.clone()));
+                    writes.push(Write::Unit(u.shared()));
                 }
                 self.set_note(id, note, writes);
                 return;
@@ -203,7 +203,7 @@ impl Scheduler {
         metrics::counter!(m::UNITS_REPLACED.name, "app" => self.spec.name.clone(), "why" => "worker on a leaving node")
             .increment(1);
         u.placement_note = Some(note);
-        writes.push(Write::Unit(u.clone()));
+        writes.push(Write::Unit(u.shared()));
     }
 
     /// A member coming up to replace one whose node was lost (or, moving off a leaving
@@ -256,10 +256,10 @@ impl Scheduler {
         }
         u.surge.retain(|m| !members.contains(&m.member));
         u.placement_note = Some(note);
-        if let Err(e) = save(&*self.store, &self.spec.name, &[Write::Unit(u.clone())]) {
+        if let Err(e) = save(&*self.store, &self.spec.name, &[Write::Unit(u.shared())]) {
             tracing::warn!(unit = %id, error = %e, "cannot record the surge member's end; the sweep releases it");
         }
-        writes.push(Write::Unit(u.clone()));
+        writes.push(Write::Unit(u.shared()));
         let gone = UnitRecord { members: dropped, surge: Vec::new(), ..u.clone() };
         if let Err(e) = self.ledgers.release_unit(&gone, &[]).await {
             tracing::warn!(unit = %id, error = %e, "releasing a surge member; the orphan sweep retries");
@@ -297,13 +297,13 @@ impl Scheduler {
             let note = format!("{}, make before break", moved.join(", "));
             tracing::info!(unit = %id, %note, "replacement workers run: releasing the old ones");
             u.placement_note = Some(note);
-            if let Err(e) = save(&*self.store, &self.spec.name, &[Write::Unit(u.clone())]) {
+            if let Err(e) = save(&*self.store, &self.spec.name, &[Write::Unit(u.shared())]) {
                 tracing::warn!(unit = %id, error = %e, "cannot record the swap; will retry");
                 *u = old;
                 continue;
             }
             // Last in the pass's batch too, after any earlier write of the unit.
-            writes.push(Write::Unit(u.clone()));
+            writes.push(Write::Unit(u.shared()));
             let old_members = UnitRecord { surge: Vec::new(), ..old };
             if let Err(e) = self.ledgers.release_unit(&old_members, &members).await {
                 tracing::warn!(unit = %id, error = %e, "releasing moved workers; the orphan sweep retries");
@@ -343,7 +343,7 @@ impl Scheduler {
                 None => {
                     if let Some(mut u) = self.stored.units.get_mut(&id) {
                         u.placement_note = None;
-                        writes.push(Write::Unit(u.clone()));
+                        writes.push(Write::Unit(u.shared()));
                     }
                 }
             }
@@ -354,7 +354,7 @@ impl Scheduler {
         if let Some(mut u) = self.stored.units.get_mut_if(id, |u| u.placement_note.as_deref() != Some(note.as_str())) {
             tracing::info!(unit = %id, %note, "unit");
             u.placement_note = Some(note);
-            writes.push(Write::Unit(u.clone()));
+            writes.push(Write::Unit(u.shared()));
         }
     }
 
@@ -368,7 +368,7 @@ impl Scheduler {
         u.unplaced_reason = Some(why);
         if u.state == UnitState::Queued {
             u.state = UnitState::Terminated;
-            writes.push(Write::Unit(u.clone()));
+            writes.push(Write::Unit(u.shared()));
             return;
         }
         let unit = u.clone();
@@ -377,7 +377,7 @@ impl Scheduler {
         }
         // Write ahead, as `fail_unit` does: a scheduler that dies after the release finds
         // the unit Failed and retries the release.
-        if let Err(e) = save(&*self.store, &self.spec.name, &[Write::Unit(u.clone())]) {
+        if let Err(e) = save(&*self.store, &self.spec.name, &[Write::Unit(u.shared())]) {
             tracing::warn!(unit = %id, error = %e, "cannot record the release; will retry");
             return;
         }
@@ -386,7 +386,7 @@ impl Scheduler {
             tracing::warn!(unit = %id, error = %e, "releasing a replacement; will retry");
         } else if let Some(mut u) = self.stored.units.get_mut(id) {
             u.state = UnitState::Terminated;
-            writes.push(Write::Unit(u.clone()));
+            writes.push(Write::Unit(u.shared()));
         }
     }
 

@@ -45,7 +45,7 @@ pub(super) async fn scale_in(
             && let Some(mut u) = units.get_mut(&u.unit_id)
         {
             u.state = UnitState::Stopping;
-            writes.push(Write::Unit(u.clone()));
+            writes.push(Write::Unit(u.shared()));
         }
     }
     // Stopping → Terminated once no agent reports its members any more.
@@ -55,7 +55,7 @@ pub(super) async fn scale_in(
     };
     units.update_matching(stopped, |u| {
         u.state = UnitState::Terminated;
-        writes.push(Write::Unit(u.clone()));
+        writes.push(Write::Unit(u.shared()));
     });
 }
 
@@ -86,7 +86,7 @@ fn choose_victims(
     for id in queued {
         if let Some(mut u) = units.get_mut(&id) {
             u.state = UnitState::Terminated;
-            writes.push(Write::Unit(u.clone()));
+            writes.push(Write::Unit(u.shared()));
         }
     }
     for id in victims.into_iter().chain(pairs) {
@@ -97,7 +97,7 @@ fn choose_victims(
             u.state = to;
             u.draining_since_unix_ms = Some(now);
             u.drain_timeout_ms = drain_ms;
-            writes.push(Write::Unit(u.clone()));
+            writes.push(Write::Unit(u.shared()));
         }
     }
 }
