@@ -287,7 +287,7 @@ async fn register_with_control(
     let mut registered = vec![false; apps.len()];
     let mut next = std::time::Instant::now();
     loop {
-        let held: Vec<bool> = apps.iter().map(|(_, l)| l.held().is_some()).collect();
+        let held: Vec<bool> = apps.iter().map(|(_, l)| l.is_held()).collect();
         // An app lost and taken back is registered at once again.
         registered.iter_mut().zip(&held).for_each(|(r, h)| *r &= *h);
         let taken_over = held.iter().zip(&registered).any(|(h, r)| *h && !*r);

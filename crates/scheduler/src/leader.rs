@@ -93,6 +93,12 @@ impl Leader {
         self.inner.lease.load_full().filter(|l| l.is_held()).map(|l| (*l).clone())
     }
 
+    /// Whether the lease is held now ([`Leader::held`] without taking a copy of it: a
+    /// process hosting many apps asks for each of them several times a second).
+    pub fn is_held(&self) -> bool {
+        self.inner.lease.load().as_ref().is_some_and(|l| l.is_held())
+    }
+
     /// The lease held or last held.
     pub fn last(&self) -> Option<Lease> {
         self.inner.lease.load_full().map(|l| (*l).clone())
@@ -138,10 +144,11 @@ mod tests {
         );
         l.set(Lease::local("k", 7));
         assert_eq!(l.held().map(|x| x.token()), Some(7));
+        assert!(l.is_held());
         assert_eq!(l.role().role, "active");
         assert_eq!(l.role().waiting, None);
         l.last().unwrap().lose("taken over");
-        assert!(l.held().is_none());
+        assert!(l.held().is_none() && !l.is_held());
         assert_eq!(
             l.role(),
             Role { instance: "a".into(), role: "standby", fencing_token: 7, waiting: Some("taken over".into()) }

@@ -16,7 +16,7 @@ impl Scheduler {
     /// Carries out a command of the control plane; its answer goes back on the command's
     /// channel.
     pub fn command(&mut self, cmd: Command) {
-        if self.leader.held().is_none() {
+        if !self.leader.is_held() {
             let role = self.leader.role();
             let why = role.waiting.unwrap_or_else(|| "it holds no lease".into());
             let e = CommandError::NotLeader(format!("{} is a standby: {why}", role.instance));
