@@ -9,157 +9,8 @@ use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
-use crate::lifecycle::UnitState;
 use crate::spec::SpecOrigin;
-pub use crate::units::Units;
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct MemberRecord {
-    pub member: String,
-    pub role: String,
-    pub node_id: Option<String>,
-    pub incarnation: u64,
-    pub shard: Option<u32>,
-    /// Where the member serves (`host:port`), once the workload runtime reports it.
-    pub address: Option<String>,
-    /// The workload state its agent last reported (`starting`, `running`, `exited`, `failed`).
-    #[serde(default)]
-    pub state: Option<String>,
-    /// What the member uses, as its agent last measured it (cgroup or /proc); shown by
-    /// `units APP --json` and read by the autoscaling policies. Not a reason to write the
-    /// record: it changes all the time.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub usage: Option<Usage>,
-    /// The named ports its agent assigned it (the spec's `ports` and `port_ranges`):
-    /// shown by `units APP --json`, and passed to members that start after it.
-    #[serde(default, skip_serializing_if = "NamedPorts::is_empty")]
-    pub ports: NamedPorts,
-    /// Why it waits, failed or exited, as its agent last said (`units` shows it).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub message: Option<String>,
-    /// The generation in this member's ledger key when it is not the unit's: a member
-    /// replaced alone, make before break, takes a fresh one from the app's counter, so
-    /// its claim never collides with the claim of the member it replaces.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub generation: Option<u64>,
-    /// Which of its template's alternatives it runs as (0: the template itself; `k`:
-    /// `alternatives[k - 1]`), so claims, heals and routes use that build.
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub alternative: u32,
-    /// Its group's template fingerprint when it was placed (`Fingerprints::roles`): a
-    /// rollout that changes only some groups replaces only their members.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub template: Option<String>,
-    /// When it was queued to replace the same-named member (in a unit's `surge`): a
-    /// rollout's replacement member not running within the progress deadline fails it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub surged_unix_ms: Option<u64>,
-}
-
-fn is_zero(n: &u32) -> bool {
-    *n == 0
-}
-
-impl MemberRecord {
-    /// The generation in this member's ledger key (and its agent's reports).
-    pub fn key_generation(&self, unit_generation: u64) -> u64 {
-        self.generation.unwrap_or(unit_generation)
-    }
-}
-
-/// A member's named ports and blocks of ports, as its agent reported them.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct NamedPorts {
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub named: BTreeMap<String, u16>,
-    /// Inclusive (first, last).
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub ranges: BTreeMap<String, (u16, u16)>,
-}
-
-impl NamedPorts {
-    pub fn is_empty(&self) -> bool {
-        self.named.is_empty() && self.ranges.is_empty()
-    }
-}
-
-/// Resources a member uses now.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-pub struct Usage {
-    pub cpu_millis: u64,
-    pub memory_bytes: u64,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct UnitRecord {
-    pub unit_id: String,
-    pub app: String,
-    pub domain: Option<String>,
-    pub generation: u64,
-    pub state: UnitState,
-    pub members: Vec<MemberRecord>,
-    pub created_unix_ms: u64,
-    /// Why the last placement attempt failed, as Nomad shows it.
-    pub unplaced_reason: Option<String>,
-    /// When scale-in chose the unit; its members stop after the drain timeout.
-    #[serde(default)]
-    pub draining_since_unix_ms: Option<u64>,
-    /// The spec's template fingerprint when the unit was queued (`flotilla apply` rolls
-    /// units whose fingerprint differs).
-    #[serde(default)]
-    pub template: Option<String>,
-    /// The spec's frame fingerprint when it was placed (`Fingerprints::frame`): while it
-    /// holds, a template change rolls the members of the changed groups, not the unit.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub frame: Option<String>,
-    /// The template a rollout of some of its members rolls to, and when it first could
-    /// not place them: the progress deadline counts from then, so a rollout whose new
-    /// members never fit fails like one whose replacement units never run.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub roll_waits: Option<(String, u64)>,
-    /// The unit queued to replace this one (make before break); this one drains once
-    /// that one is Running.
-    #[serde(default)]
-    pub replaced_by: Option<String>,
-    /// Why the unit is being moved to a better place (`crate::rebalance`) while its
-    /// replacement (`replaced_by`) comes up; unset for a rollout or a leaving node.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub moving: Option<String>,
-    /// When a move of this unit was last started (`crate::rebalance`): it is quiet for
-    /// `disruption.quiet_period` from then, whether the move made it or was abandoned.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub moved_unix_ms: Option<u64>,
-    /// In the autoscaling policy's secondary group (Dataproc's secondary workers): placed
-    /// on low-priority nodes as well as high-priority ones.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub secondary: bool,
-    /// How long this unit drains when it was removed by a scale-in that set its own
-    /// timeout (`graceful_decommission_timeout`); else the spec's drain timeout.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub drain_timeout_ms: Option<u64>,
-    /// Why the unit sits where it does when spread could not be honoured (it shares a
-    /// node with other units of the app; a surge passed a maximum), or why a drain of
-    /// its node waits; `units APP` shows it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub placement_note: Option<String>,
-    /// Members coming up to replace the same-named member, make before break (a worker
-    /// on a drained node): each takes its member's place once its agent says it runs,
-    /// and only then is the old one released. The unit, its id and its head stay.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub surge: Vec<MemberRecord>,
-    /// When the unit was seen Terminated first: its members stopped then, and it is kept
-    /// for inspection for a while (`crate::retention`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ended_unix_ms: Option<u64>,
-}
-
-impl UnitRecord {
-    /// The generation in the ledger key of `member` (the unit's unless it was replaced
-    /// alone).
-    pub fn generation_of(&self, member: &str) -> u64 {
-        self.members.iter().find(|m| m.member == member).map_or(self.generation, |m| m.key_generation(self.generation))
-    }
-}
+pub use crate::units::{MemberRecord, NamedPorts, UnitRecord, Units, Usage};
 
 /// Written before a reserve leaves, so a restarted scheduler can release it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -419,6 +270,7 @@ impl Store for MemStore {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::lifecycle::UnitState;
 
     #[test]
     fn a_rollout_record_moves_only_while_in_progress_for_the_spec_in_force() {
