@@ -476,7 +476,12 @@ fn best_node(
             *why.excluded.entry("holding another member of the unit (spread.members)").or_default() += 1;
             continue;
         }
-        let units_here = lookup(input.units_per_node, &node.node_id).copied().unwrap_or(0);
+        // The app's units here matter only to a limit or a preference (and the notes of
+        // both): without either, a candidate costs no count lookup.
+        let units_here = match node_max.is_some() || input.prefer_spread {
+            true => lookup(input.units_per_node, &node.node_id).copied().unwrap_or(0),
+            false => 0,
+        };
         if let Err(refusal) = flotilla_core::unit_shape::node_has_room(units_here, node_max, holds_unit) {
             *why.excluded.entry(refusal.as_str()).or_default() += 1;
             continue;
