@@ -307,10 +307,10 @@ impl Units {
         }
     }
 
-    pub fn remove(&mut self, id: &str) -> Option<UnitRecord> {
-        let old = self.by_id.remove(id)?;
-        self.counts.count(&old, false);
-        Some(Arc::unwrap_or_clone(old))
+    pub fn remove(&mut self, id: &str) {
+        if let Some(old) = self.by_id.remove(id) {
+            self.counts.count(&old, false);
+        }
     }
 
     pub fn contains_key(&self, id: &str) -> bool {

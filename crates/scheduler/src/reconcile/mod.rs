@@ -333,8 +333,8 @@ impl Scheduler {
                 // The units the app wants exist meanwhile, queued with the reason.
                 self.queue_missing(&mut writes);
                 let why = self.waiting_for();
-                let told = |u: &UnitRecord| u.state == UnitState::Queued && u.unplaced_reason != why;
-                self.stored.units.update_matching(told, |u| u.unplaced_reason.clone_from(&why));
+                let untold = |u: &UnitRecord| u.state == UnitState::Queued && u.unplaced_reason != why;
+                self.stored.units.update_matching(untold, |u| u.unplaced_reason.clone_from(&why));
                 if let Err(e) = save(&*self.store, &self.spec.name, &writes) {
                     self.unsaved = writes;
                     self.publish();
@@ -346,8 +346,8 @@ impl Scheduler {
             observe::adopt(&self.spec, &mut self.stored.units, &mut self.ledgers, &mut writes).await;
             self.tracking.started = true;
             // Why they waited is over; this pass's planning says why any still wait.
-            let told = |u: &UnitRecord| u.state == UnitState::Queued && u.unplaced_reason.is_some();
-            self.stored.units.update_matching(told, |u| u.unplaced_reason = None);
+            let stale = |u: &UnitRecord| u.state == UnitState::Queued && u.unplaced_reason.is_some();
+            self.stored.units.update_matching(stale, |u| u.unplaced_reason = None);
         }
         // Routes first: members of nodes that stopped being Alive leave the table before
         // this pass releases or stops anything.
