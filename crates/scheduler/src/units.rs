@@ -278,7 +278,7 @@ impl Units {
         self.by_id.get(id)
     }
 
-    /// The unit to change; copied first if the last status still shows it.
+    /// The unit to change; copied at its first change while the last status still shares it.
     pub fn get_mut(&mut self, id: &str) -> Option<UnitMut<'_>> {
         self.get_mut_if(id, |_| true)
     }
