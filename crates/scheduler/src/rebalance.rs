@@ -125,7 +125,7 @@ fn spare(r: &NodeRecord) -> u32 {
 }
 
 fn node_record<'a>(slots: &'a [Arc<ShardSlot>], shard: Option<u32>, node: &str) -> Option<&'a Arc<NodeRecord>> {
-    slots.get(shard? as usize)?.view.get(&NodeId::new(node).ok()?)
+    slots.get(shard? as usize)?.view.get(node)
 }
 
 /// The score of unit `u` where it is, counting the others only.
@@ -139,7 +139,7 @@ pub fn fit_of(u: &UnitRecord, slots: &[Arc<ShardSlot>], counts: &Counts<'_>) -> 
             fit.spare += spare(r);
         }
         if counts.spreads {
-            let here = NodeId::new(node).ok().and_then(|n| counts.per_node.get(&n)).copied().unwrap_or(1);
+            let here = counts.per_node.get(node).copied().unwrap_or(1);
             fit.node = fit.node.max(here.saturating_sub(1));
         }
     }

@@ -10,7 +10,7 @@
 
 use std::sync::Arc;
 
-use flotilla_core::{NodeId, NodeStatus};
+use flotilla_core::NodeStatus;
 use flotilla_view::{NodeRecord, ShardSlot};
 
 use crate::lifecycle::UnitState;
@@ -46,7 +46,7 @@ pub fn node_of<'a>(
 ) -> Option<(&'a ShardSlot, Option<&'a Arc<NodeRecord>>)> {
     let (Some(node), Some(shard)) = (m.node_id.as_deref(), m.shard) else { return None };
     let slot = slots.get(shard as usize)?;
-    Some((slot, NodeId::new(node).ok().and_then(|id| slot.view.get(&id))))
+    Some((slot, slot.view.get(node)))
 }
 
 /// True when member `m` of unit `unit` (at `generation`) is placed on a node that is
@@ -79,7 +79,7 @@ pub fn member_health(m: &MemberRecord, slots: &[Arc<ShardSlot>], now_ms: u64) ->
     if !slot.connected {
         return MemberHealth::Unknown;
     }
-    let Some(rec) = NodeId::new(node).ok().and_then(|id| slot.view.get(&id).cloned()) else {
+    let Some(rec) = slot.view.get(node) else {
         if now_ms.saturating_sub(slot.view.version.epoch) < REJOIN_GRACE_MS {
             return MemberHealth::Unknown;
         }
@@ -155,7 +155,7 @@ pub fn scale_in_order(units: &[&UnitRecord], n: usize, slots: &[Arc<ShardSlot>])
         for m in &u.members {
             let Some(rec) = (|| {
                 let slot = slots.get(m.shard? as usize)?;
-                slot.view.get(&NodeId::new(m.node_id.as_deref()?).ok()?)
+                slot.view.get(m.node_id.as_deref()?)
             })() else {
                 continue;
             };

@@ -25,7 +25,6 @@
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
-use flotilla_core::NodeId;
 use flotilla_view::ShardSlot;
 
 use crate::lifecycle::UnitState;
@@ -115,7 +114,7 @@ pub fn settled(units: &Units, fingerprint: &str) -> bool {
 /// Why a member's node is about to go away, if it is.
 fn node_leaving(node: Option<&str>, shard: Option<u32>, slots: &[Arc<ShardSlot>]) -> Option<&'static str> {
     let slot = slots.get(shard? as usize)?;
-    let rec = slot.view.get(&NodeId::new(node?).ok()?)?;
+    let rec = slot.view.get(node?)?;
     if rec.drain_requested {
         Some("its node is being drained")
     } else if rec.health.preemption_notice() {

@@ -24,7 +24,7 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use flotilla_core::{NodeId, NodeStatus};
+use flotilla_core::NodeStatus;
 use flotilla_proto::v1;
 use flotilla_view::ShardSlot;
 
@@ -178,7 +178,7 @@ impl Weights {
                 let record = slots
                     .get(shard as usize)
                     .filter(|slot| slot.connected)
-                    .and_then(|slot| slot.view.get(&NodeId::new(node).ok()?).cloned());
+                    .and_then(|slot| slot.view.get(node).cloned());
                 let serving = unit_serves && m.state.as_deref() == Some("running");
                 let weight = match record {
                     Some(r) if serving && r.status == NodeStatus::Alive && r.incarnation.0 == m.incarnation => {

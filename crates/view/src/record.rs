@@ -80,12 +80,77 @@ pub struct ViewKey {
 
 impl ViewKey {
     pub fn new(id: NodeId) -> Self {
-        use std::hash::BuildHasher;
-        ViewKey { hash: foldhash::fast::FixedState::default().hash_one(id.as_str()), id }
+        ViewKey { hash: key_hash(id.as_str()), id }
     }
 
     pub fn id(&self) -> &NodeId {
         &self.id
+    }
+}
+
+fn key_hash(id: &str) -> u64 {
+    use std::hash::BuildHasher;
+    foldhash::fast::FixedState::default().hash_one(id)
+}
+
+/// What the view's B-tree compares: a hash, then an id. A [`ViewKey`] borrows as one,
+/// and so does an id as text with its hash ([`IdRef`]), so a lookup by `&str` builds no
+/// `NodeId` (an allocation) and clones none: schedulers look up every member's node
+/// each pass by the id their records hold as text, and building an id for each was
+/// most of a lookup's cost (BENCHMARKS.md, "Lookups by text").
+pub trait KeyParts {
+    fn key_hash(&self) -> u64;
+    fn key_id(&self) -> &str;
+}
+
+impl KeyParts for ViewKey {
+    fn key_hash(&self) -> u64 {
+        self.hash
+    }
+    fn key_id(&self) -> &str {
+        self.id.as_str()
+    }
+}
+
+/// An id as text, with its hash: the borrowed form of a [`ViewKey`].
+struct IdRef<'a> {
+    hash: u64,
+    id: &'a str,
+}
+
+impl KeyParts for IdRef<'_> {
+    fn key_hash(&self) -> u64 {
+        self.hash
+    }
+    fn key_id(&self) -> &str {
+        self.id
+    }
+}
+
+/// The same order as `ViewKey`'s derived one (hash, then id; `NodeId` orders as text).
+impl Ord for dyn KeyParts + '_ {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.key_hash().cmp(&other.key_hash()).then_with(|| self.key_id().cmp(other.key_id()))
+    }
+}
+
+impl PartialOrd for dyn KeyParts + '_ {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl PartialEq for dyn KeyParts + '_ {
+    fn eq(&self, other: &Self) -> bool {
+        self.key_hash() == other.key_hash() && self.key_id() == other.key_id()
+    }
+}
+
+impl Eq for dyn KeyParts + '_ {}
+
+impl<'a> std::borrow::Borrow<dyn KeyParts + 'a> for ViewKey {
+    fn borrow(&self) -> &(dyn KeyParts + 'a) {
+        self
     }
 }
 
@@ -102,8 +167,10 @@ impl ShardView {
         ShardView { shard, version: Version { epoch, seq: 0 }, nodes: OrdMap::new() }
     }
 
-    pub fn get(&self, id: &NodeId) -> Option<&Arc<NodeRecord>> {
-        self.nodes.get(&ViewKey::new(id.clone()))
+    /// The record of node `id` (a `NodeId`, or its text: no id is built to search).
+    pub fn get(&self, id: &(impl std::borrow::Borrow<str> + ?Sized)) -> Option<&Arc<NodeRecord>> {
+        let id = id.borrow();
+        self.nodes.get(&IdRef { hash: key_hash(id), id } as &dyn KeyParts)
     }
 
     /// Adds or replaces a node's record.
@@ -155,6 +222,23 @@ pub struct Delta {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The borrowed key orders as the owned one does, or a lookup by text would miss
+    /// records the B-tree holds (it binary-searches with the borrowed order).
+    #[test]
+    fn a_lookup_by_text_finds_what_a_lookup_by_id_finds() {
+        let mut view = ShardView::empty(0, 1);
+        let ids: Vec<NodeId> = (0..5_000).map(|i| NodeId::new(&format!("node-{i}")).expect("id")).collect();
+        for id in ids.iter().step_by(2) {
+            view.insert(Arc::new(NodeRecord::blank(id.clone())));
+        }
+        for (i, id) in ids.iter().enumerate() {
+            let by_text = view.get(id.as_str()).map(|r| r.node_id.clone());
+            assert_eq!(by_text, view.get(id).map(|r| r.node_id.clone()));
+            assert_eq!(by_text.as_ref(), (i % 2 == 0).then_some(id), "{id}");
+        }
+        assert!(view.get("").is_none());
+    }
 
     /// A shard keeps one record per node (issue #19's 300 bytes a node): a field that
     /// grows it should be a decision, not an accident.

@@ -81,7 +81,7 @@ pub fn node_changes(prev: &[Arc<ShardSlot>], cur: &[Arc<ShardSlot>]) -> NodeChan
                 out.rows.extend(c.view.nodes.values().map(|r| (r.clone(), c.connected)));
                 if let Some(p) = p {
                     out.removed
-                        .extend(p.view.nodes.keys().map(|k| k.id()).filter(|id| c.view.get(id).is_none()).cloned());
+                        .extend(p.view.nodes.keys().map(|k| k.id()).filter(|id| c.view.get(*id).is_none()).cloned());
                 }
             }
         }

@@ -449,7 +449,7 @@ fn with_agent_messages(why: &str, u: &crate::store::UnitRecord, slots: &[Arc<Sha
     let mut out = why.to_string();
     for m in &u.members {
         let said = m.node_id.as_deref().zip(m.shard).and_then(|(node, shard)| {
-            let rec = slots.get(shard as usize)?.view.get(&flotilla_core::NodeId::new(node).ok()?)?.clone();
+            let rec = slots.get(shard as usize)?.view.get(node)?.clone();
             rec.workloads
                 .iter()
                 .find(|w| w.unit == u.unit_id && w.member == m.member && w.generation == m.key_generation(u.generation))

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use flotilla_core::{NodeId, now_ms};
+use flotilla_core::now_ms;
 use flotilla_view::ShardSlot;
 
 use super::ledgers::Ledgers;
@@ -106,7 +106,7 @@ fn choose_victims(
 fn still_runs(u: &UnitRecord, slots: &[Arc<ShardSlot>]) -> bool {
     u.members.iter().chain(&u.surge).any(|m| {
         m.node_id.as_deref().zip(m.shard).is_some_and(|(n, s)| {
-            slots.get(s as usize).and_then(|slot| slot.view.get(&NodeId::new(n).ok()?).cloned()).is_some_and(|r| {
+            slots.get(s as usize).and_then(|slot| slot.view.get(n).cloned()).is_some_and(|r| {
                 r.workloads.iter().any(|w| {
                     w.unit == u.unit_id && w.member == m.member && w.generation == m.key_generation(u.generation)
                 })
