@@ -251,7 +251,7 @@ impl SessionsRead<'_> {
     /// with each heartbeat's): reads the slot, so only once that is likely in cache.
     pub fn prefetch_node_id(&self, session_id: u64) {
         if let Some(live) = self.get(session_id) {
-            crate::slab::prefetch(live.node_id.location(), 64);
+            flotilla_core::prefetch(live.node_id.location(), 64);
         }
     }
 }

@@ -91,7 +91,7 @@ impl<T> Slab<T> {
     pub fn prefetch(&self, slot: u32) {
         let Some(chunk) = self.chunks.get((slot as usize) >> CHUNK_BITS) else { return };
         let cell: *const Option<T> = &chunk[(slot as usize) & (CHUNK - 1)];
-        prefetch(cell.cast(), std::mem::size_of::<Option<T>>());
+        flotilla_core::prefetch_value(cell);
     }
 
     pub fn get_mut(&mut self, slot: u32) -> Option<&mut T> {
@@ -110,21 +110,6 @@ impl<T> Slab<T> {
     pub fn len(&self) -> usize {
         self.len
     }
-}
-
-/// Prefetches the cache lines of `len` bytes at `p` (a hint: nothing is read).
-pub fn prefetch(p: *const u8, len: usize) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let mut at = p as usize & !63;
-        while at < p as usize + len {
-            // SAFETY: a prefetch is a hint that never faults, whatever the address.
-            unsafe { std::arch::x86_64::_mm_prefetch(at as *const i8, std::arch::x86_64::_MM_HINT_T0) };
-            at += 64;
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (p, len);
 }
 
 /// An index from a key each value carries (its node id) to the value's slot. It stores

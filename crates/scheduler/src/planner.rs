@@ -30,6 +30,13 @@ use crate::spec::MemberSpread;
 
 /// Feasible nodes compared per member (the sample).
 pub const SAMPLE: usize = 16;
+/// How far ahead of the candidate it reads the scan asks the CPU to fetch a node's
+/// record, and then what the record points to (its allocations, its id's bytes, which
+/// the pending lookup hashes): the record must have arrived by then. Each candidate's
+/// reads through those pointers were cache misses that cost more than the rest of the
+/// scan together (BENCHMARKS.md, "Prefetching the scan").
+const PREFETCH_RECORD: usize = 4;
+const PREFETCH_FIELDS: usize = 2;
 /// Nodes looked at per member at most, feasible or not.
 pub const MAX_SCAN: usize = 1024;
 /// Domains tried per unit at most.
@@ -438,6 +445,7 @@ fn best_node(
     let node_max = input.max_units_per_node.map(|m| m.saturating_add(input.surge));
     let len = nodes.len();
     let mut focus = nodes.focus();
+    let mut ahead = nodes.focus();
     let start = rng.random_range(0..len);
     let mut best: Option<(Ranked, usize, u32)> = None;
     let mut feasible = 0;
@@ -453,6 +461,13 @@ fn best_node(
             break;
         }
         let at = (start + scanned) % len;
+        if let Some(far) = ahead.get((at + PREFETCH_RECORD) % len) {
+            flotilla_core::prefetch_value(Arc::as_ptr(far));
+        }
+        if let Some(near) = ahead.get((at + PREFETCH_FIELDS) % len) {
+            flotilla_core::prefetch_value(Arc::as_ptr(&near.allocated));
+            flotilla_core::prefetch(near.node_id.location(), 64);
+        }
         let Some(node) = focus.get(at) else { continue };
         if node.status != NodeStatus::Alive {
             *why.excluded.entry("not alive").or_default() += 1;
