@@ -34,7 +34,7 @@ pub const SAMPLE: usize = 16;
 /// record, and then what the record points to (its allocations, its id's bytes, which
 /// the pending lookup hashes): the record must have arrived by then. Each candidate's
 /// reads through those pointers were cache misses that cost more than the rest of the
-/// scan together (BENCHMARKS.md, "Prefetching the scan").
+/// scan together (BENCHMARKS.md, "Prefetching the planner's scan").
 const PREFETCH_RECORD: usize = 4;
 const PREFETCH_FIELDS: usize = 2;
 /// Nodes looked at per member at most, feasible or not.

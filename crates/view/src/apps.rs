@@ -70,11 +70,19 @@ impl AppNodes {
         out
     }
 
-    /// Applies `delta`, which took the view from `before` to `after`.
-    pub fn apply(&mut self, before: &ShardView, after: &ShardView, delta: &Delta) {
-        let touched = delta.upserts.iter().map(|r| &r.node_id).chain(&delta.removed);
-        for id in touched {
-            let (was, is) = (ran_on(before.get(id)), ran_on(after.get(id)));
+    /// Applies `delta`; `replaced`: the records it replaced, in its order
+    /// ([`ShardView::apply_replacing`]).
+    pub fn apply(&mut self, delta: &Delta, replaced: &[Option<Arc<NodeRecord>>]) {
+        let upserts = delta.upserts.iter().map(|r| (&r.node_id, Some(r)));
+        let removals = delta.removed.iter().map(|id| (id, None));
+        for ((id, is), was) in upserts.chain(removals).zip(replaced) {
+            let runs_nothing = |r: Option<&Arc<NodeRecord>>| r.is_none_or(|r| r.workloads.is_empty());
+            // A node that runs nothing before and after (a commit's new allocation on an
+            // empty node) needs no sorting to tell.
+            if runs_nothing(was.as_ref()) && runs_nothing(is) {
+                continue;
+            }
+            let (was, is) = (ran_on(was.as_ref()), ran_on(is));
             // Most upserts are heartbeats' health and usage: the same workloads.
             if was == is {
                 continue;
@@ -176,8 +184,8 @@ mod tests {
                 removed: removed.into_iter().map(|id| NodeId::new(id).expect("a valid id")).collect(),
                 published_unix_ms: 0,
             };
-            let next = view.apply(&delta).expect("in order");
-            index.apply(&view, &next, &delta);
+            let (next, replaced) = view.apply_replacing(&delta).expect("in order");
+            index.apply(&delta, &replaced);
             view = next;
             let rebuilt = AppNodes::of(&view);
             for app in ["web", "batch"] {
@@ -223,8 +231,8 @@ mod tests {
                 removed: removed.iter().map(|id| NodeId::new(id).expect("an id")).collect(),
                 published_unix_ms: 0,
             };
-            let next = view.apply(&delta).expect("in order");
-            index.apply(&view, &next, &delta);
+            let (next, replaced) = view.apply_replacing(&delta).expect("in order");
+            index.apply(&delta, &replaced);
             view = next;
         };
         let first = stamps(&index);

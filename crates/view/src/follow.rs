@@ -233,9 +233,9 @@ async fn follow_once(
                     let age = flotilla_core::now_ms().saturating_sub(d.published_unix_ms);
                     metrics::histogram!(m::VIEW_LAG.name, "shard" => shard.to_string()).record(age as f64 / 1000.0);
                 }
-                let next = view.apply(&d).ok_or(FollowError::Gap(d.from, view.version))?;
+                let (next, replaced) = view.apply_replacing(&d).ok_or(FollowError::Gap(d.from, view.version))?;
                 domains.apply(&d);
-                apps.apply(&view, &next, &d);
+                apps.apply(&d, &replaced);
                 view = Arc::new(next);
                 // A stream that resumed with a delta: connectivity changed too.
                 let reconnected = !std::mem::replace(&mut connected, true);

@@ -95,9 +95,9 @@ fn key_hash(id: &str) -> u64 {
 
 /// What the view's B-tree compares: a hash, then an id. A [`ViewKey`] borrows as one,
 /// and so does an id as text with its hash ([`IdRef`]), so a lookup by `&str` builds no
-/// `NodeId` (an allocation) and clones none: schedulers look up every member's node
-/// each pass by the id their records hold as text, and building an id for each was
-/// most of a lookup's cost (BENCHMARKS.md, "Lookups by text").
+/// `NodeId` (an allocation) and clones none. Schedulers look up every member's node each
+/// pass by the id their records hold as text; what a lookup costs is still the search's
+/// cache misses (BENCHMARKS.md, "Prefetching the planner's scan").
 pub trait KeyParts {
     fn key_hash(&self) -> u64;
     fn key_id(&self) -> &str;
@@ -173,9 +173,9 @@ impl ShardView {
         self.nodes.get(&IdRef { hash: key_hash(id), id } as &dyn KeyParts)
     }
 
-    /// Adds or replaces a node's record.
-    pub fn insert(&mut self, record: Arc<NodeRecord>) {
-        self.nodes.insert(ViewKey::new(record.node_id.clone()), record);
+    /// Adds or replaces a node's record; returns the one it replaced.
+    pub fn insert(&mut self, record: Arc<NodeRecord>) -> Option<Arc<NodeRecord>> {
+        self.nodes.insert(ViewKey::new(record.node_id.clone()), record)
     }
 
     pub fn remove(&mut self, id: &NodeId) -> Option<Arc<NodeRecord>> {
@@ -193,17 +193,25 @@ impl ShardView {
     /// The next version: this one with `delta` applied. Fails when the delta does not
     /// start at this version (the caller then needs a snapshot).
     pub fn apply(&self, delta: &Delta) -> Option<ShardView> {
+        self.apply_replacing(delta).map(|(next, _)| next)
+    }
+
+    /// [`ShardView::apply`], also returning the records the delta replaced, in its order
+    /// (its upserts, then its removals; `None` for a node the view did not hold): an
+    /// index of the view updates from them without searching the previous version.
+    pub fn apply_replacing(&self, delta: &Delta) -> Option<(ShardView, Vec<Option<Arc<NodeRecord>>>)> {
         if delta.from != self.version {
             return None;
         }
         let mut next = ShardView { shard: self.shard, version: delta.to, nodes: self.nodes.clone() };
+        let mut replaced = Vec::with_capacity(delta.upserts.len() + delta.removed.len());
         for r in &delta.upserts {
-            next.insert(r.clone());
+            replaced.push(next.insert(r.clone()));
         }
         for id in &delta.removed {
-            next.remove(id);
+            replaced.push(next.remove(id));
         }
-        Some(next)
+        Some((next, replaced))
     }
 }
 
