@@ -12,6 +12,7 @@ pub mod catalogue;
 pub mod diff;
 mod leader;
 mod lifecycle;
+mod nodes;
 mod planner;
 mod rebalance;
 mod reconcile;

@@ -14,6 +14,7 @@ use flotilla_core::NodeStatus;
 use flotilla_view::{NodeRecord, ShardSlot};
 
 use crate::lifecycle::UnitState;
+use crate::nodes::NodeLookup;
 use crate::store::{MemberRecord, UnitRecord};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,11 +43,10 @@ pub const MISSING_AFTER_MS: u64 = 10_000;
 /// lacks the node); `None` when the member is not placed or its shard is not known.
 pub fn node_of<'a>(
     m: &MemberRecord,
-    slots: &'a [Arc<ShardSlot>],
+    nodes: &'a (impl NodeLookup + ?Sized),
 ) -> Option<(&'a ShardSlot, Option<&'a Arc<NodeRecord>>)> {
     let (Some(node), Some(shard)) = (m.node_id.as_deref(), m.shard) else { return None };
-    let slot = slots.get(shard as usize)?;
-    Some((slot, slot.view.get(node)))
+    Some((nodes.slot(shard)?, nodes.record(shard, node)))
 }
 
 /// True when member `m` of unit `unit` (at `generation`) is placed on a node that is
@@ -70,16 +70,16 @@ pub fn runs_nowhere(
     })
 }
 
-pub fn member_health(m: &MemberRecord, slots: &[Arc<ShardSlot>], now_ms: u64) -> MemberHealth {
+pub fn member_health(m: &MemberRecord, nodes: &(impl NodeLookup + ?Sized), now_ms: u64) -> MemberHealth {
     let (Some(node), Some(shard)) = (m.node_id.as_deref(), m.shard) else { return MemberHealth::Ok };
     if m.state.as_deref() == Some(MISSING) {
         return MemberHealth::Lost("its node does not run it");
     }
-    let Some(slot) = slots.get(shard as usize) else { return MemberHealth::Unknown };
+    let Some(slot) = nodes.slot(shard) else { return MemberHealth::Unknown };
     if !slot.connected {
         return MemberHealth::Unknown;
     }
-    let Some(rec) = slot.view.get(node) else {
+    let Some(rec) = nodes.record(shard, node) else {
         if now_ms.saturating_sub(slot.view.version.epoch) < REJOIN_GRACE_MS {
             return MemberHealth::Unknown;
         }
@@ -108,8 +108,8 @@ pub enum Repair {
 }
 
 /// Each member's health, in member order: what [`decide`] judges.
-pub fn health_of(unit: &UnitRecord, slots: &[Arc<ShardSlot>], now_ms: u64) -> Vec<MemberHealth> {
-    unit.members.iter().map(|m| member_health(m, slots, now_ms)).collect()
+pub fn health_of(unit: &UnitRecord, nodes: &(impl NodeLookup + ?Sized), now_ms: u64) -> Vec<MemberHealth> {
+    unit.members.iter().map(|m| member_health(m, nodes, now_ms)).collect()
 }
 
 /// `health`: each member's ([`health_of`]); `unknown_for_ms`: how long this unit has had

@@ -23,11 +23,9 @@
 //!   to the new one (or stay, if they already match it: a rollback keeps them).
 
 use std::collections::{BTreeMap, HashSet};
-use std::sync::Arc;
-
-use flotilla_view::ShardSlot;
 
 use crate::lifecycle::UnitState;
+use crate::nodes::NodeLookup;
 use crate::store::{UnitRecord, Units};
 
 mod members;
@@ -112,9 +110,8 @@ pub fn settled(units: &Units, fingerprint: &str) -> bool {
 }
 
 /// Why a member's node is about to go away, if it is.
-fn node_leaving(node: Option<&str>, shard: Option<u32>, slots: &[Arc<ShardSlot>]) -> Option<&'static str> {
-    let slot = slots.get(shard? as usize)?;
-    let rec = slot.view.get(node?)?;
+fn node_leaving(node: Option<&str>, shard: Option<u32>, nodes: &(impl NodeLookup + ?Sized)) -> Option<&'static str> {
+    let rec = nodes.record(shard?, node?)?;
     if rec.drain_requested {
         Some("its node is being drained")
     } else if rec.health.preemption_notice() {
@@ -126,20 +123,20 @@ fn node_leaving(node: Option<&str>, shard: Option<u32>, slots: &[Arc<ShardSlot>]
 
 /// Why the unit must be replaced whole: its head's node is leaving. (A worker's leaving
 /// node replaces only that worker: see [`members_leaving`].)
-fn unit_leaving(u: &UnitRecord, slots: &[Arc<ShardSlot>]) -> Option<&'static str> {
-    u.members.iter().filter(|m| m.role == "head").find_map(|m| node_leaving(m.node_id.as_deref(), m.shard, slots))
+fn unit_leaving(u: &UnitRecord, nodes: &(impl NodeLookup + ?Sized)) -> Option<&'static str> {
+    u.members.iter().filter(|m| m.role == "head").find_map(|m| node_leaving(m.node_id.as_deref(), m.shard, nodes))
 }
 
 /// The members of `u` (not its head) on leaving nodes that have no replacement coming
 /// up yet, and why the first one leaves.
-pub fn members_leaving(u: &UnitRecord, slots: &[Arc<ShardSlot>]) -> Option<(Vec<String>, &'static str)> {
+pub fn members_leaving(u: &UnitRecord, nodes: &(impl NodeLookup + ?Sized)) -> Option<(Vec<String>, &'static str)> {
     let mut why = None;
     let members: Vec<String> = u
         .members
         .iter()
         .filter(|m| m.role != "head" && !u.surge.iter().any(|s| s.member == m.member))
         .filter_map(|m| {
-            let w = node_leaving(m.node_id.as_deref(), m.shard, slots)?;
+            let w = node_leaving(m.node_id.as_deref(), m.shard, nodes)?;
             why.get_or_insert(w);
             Some(m.member.clone())
         })
@@ -215,7 +212,7 @@ pub fn rolling<'a>(units: &'a Units, fingerprint: &str) -> Vec<&'a UnitRecord> {
     rolls
 }
 
-pub fn plan(units: &Units, slots: &[Arc<ShardSlot>], t: &Target) -> RolloutPlan {
+pub fn plan(units: &Units, nodes: &(impl NodeLookup + ?Sized), t: &Target) -> RolloutPlan {
     let mut p = RolloutPlan::default();
     let mut in_flight = 0u32;
     // Units with a replacement of the spec's template (a canary's new version).
@@ -243,7 +240,7 @@ pub fn plan(units: &Units, slots: &[Arc<ShardSlot>], t: &Target) -> RolloutPlan 
         if progressing(r) {
             // A canary's old unit serves on beside its replacement until promotion, unless
             // its node is leaving.
-            if !(rolling && t.hold.is_some() && unit_leaving(u, slots).is_none()) {
+            if !(rolling && t.hold.is_some() && unit_leaving(u, nodes).is_none()) {
                 p.drain.push(u.unit_id.clone());
             }
             continue;
@@ -254,7 +251,7 @@ pub fn plan(units: &Units, slots: &[Arc<ShardSlot>], t: &Target) -> RolloutPlan 
         } else if !rolling && u.moving.is_some() && waited_ms >= t.progress_deadline_ms {
             // A move that does not make it is given up; the unit stays where it was.
             Some(format!("move abandoned: {} was not running within the progress deadline", r.unit_id))
-        } else if !rolling && u.moving.is_none() && unit_leaving(u, slots).is_none() {
+        } else if !rolling && u.moving.is_none() && unit_leaving(u, nodes).is_none() {
             Some(format!("not needed: {} already matches the spec in force", u.unit_id))
         } else if rolling && waited_ms >= t.progress_deadline_ms {
             let why = format!(
@@ -306,9 +303,9 @@ pub fn plan(units: &Units, slots: &[Arc<ShardSlot>], t: &Target) -> RolloutPlan 
     };
     let mut rolls: Vec<(&UnitRecord, Roll)> = Vec::new();
     for u in units.values().filter(placed) {
-        if let Some(why) = unit_leaving(u, slots) {
+        if let Some(why) = unit_leaving(u, nodes) {
             p.replace.push((u.unit_id.clone(), why.to_string()));
-        } else if let Some((members, why)) = members_leaving(u, slots) {
+        } else if let Some((members, why)) = members_leaving(u, nodes) {
             p.replace_members.push((u.unit_id.clone(), members, why.to_string()));
         } else if u.template.as_deref().is_some_and(|tpl| tpl != t.fingerprint) {
             match members::how(u, t) {

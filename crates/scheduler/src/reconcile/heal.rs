@@ -2,6 +2,7 @@
 //! place, in the unit's domain. `crate::repair` decides; this carries it out.
 
 use crate::catalogue as m;
+use crate::nodes::Nodes;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -19,7 +20,7 @@ impl Scheduler {
     /// Fails units whose head is lost and replaces lost workers in place. When many
     /// members vanish at once (a partition looks like a mass failure), only one unit is
     /// repaired per pass.
-    pub(super) async fn heal(&mut self, slots: &[Arc<ShardSlot>], writes: &mut Vec<Write>) {
+    pub(super) async fn heal(&mut self, slots: &Nodes, writes: &mut Vec<Write>) {
         let now = now_ms();
         let mut decisions = Vec::new();
         let mut placed = 0usize;

@@ -67,6 +67,7 @@ pub use rebalance::RebalancePlan;
 use save::save;
 
 use crate::lifecycle::UnitState;
+use crate::nodes::Nodes;
 use crate::spec::AppSpec;
 use crate::store::{Store, Stored, UnitRecord, Write};
 
@@ -355,6 +356,11 @@ impl Scheduler {
             self.publish_routes();
         }
         self.planning.shown(&slots);
+        // Only the steps that read every member's node need them found at once.
+        let slots = match all {
+            true => Nodes::new(slots, &self.stored.units),
+            false => Nodes::plain(slots),
+        };
 
         if all {
             // Workers coming up to replace one (make before break) that ran as of the

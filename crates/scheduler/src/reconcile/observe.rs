@@ -3,6 +3,7 @@
 //! placing is replaced.
 
 use crate::catalogue as m;
+use crate::nodes::Nodes;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
@@ -104,7 +105,7 @@ impl Tracking {
     /// Moves `units` along with what their members' agents report: Allocated → Starting
     /// once a member started, Starting → Running once every member is ready. A unit is
     /// copied only when something it shows changed (`Units`: the last status shares it).
-    pub(super) fn observe(&mut self, units: &mut Units, slots: &[Arc<ShardSlot>], now: u64, writes: &mut Vec<Write>) {
+    pub(super) fn observe(&mut self, units: &mut Units, slots: &Nodes, now: u64, writes: &mut Vec<Write>) {
         let mut absent = HashMap::new();
         self.unreported = 0;
         let mut updated = Vec::new();
@@ -395,23 +396,27 @@ mod tests {
         let shown = |units: &Units| units.shared().cloned().collect::<Vec<_>>();
         let (mut t, mut writes) = (Tracking::default(), Vec::new());
         let running = v1::WorkloadState::Running as i32;
-        t.observe(&mut units, &view(status(running, 5)), 0, &mut writes);
+        let v = Nodes::new(view(status(running, 5)), &units);
+        t.observe(&mut units, &v, 0, &mut writes);
         let before = shown(&units);
 
-        t.observe(&mut units, &view(status(running, 5)), 0, &mut writes);
+        let v = Nodes::new(view(status(running, 5)), &units);
+        t.observe(&mut units, &v, 0, &mut writes);
         let same = shown(&units);
         assert!(before.iter().zip(&same).all(|(a, b)| Arc::ptr_eq(a, b)), "nothing changed: nothing copied");
 
         // Usage is shown, not written; only the unit it belongs to is copied.
         let n = writes.len();
-        t.observe(&mut units, &view(status(running, 7)), 0, &mut writes);
+        let v = Nodes::new(view(status(running, 7)), &units);
+        t.observe(&mut units, &v, 0, &mut writes);
         let after = shown(&units);
         assert!(!Arc::ptr_eq(&before[0], &after[0]) && Arc::ptr_eq(&before[1], &after[1]));
         assert_eq!(after[0].members[0].usage.map(|u| u.cpu_millis), Some(7));
         assert_eq!(writes.len(), n, "usage alone is not a write");
 
         // A state the agent reports is a write, and the unit moves.
-        t.observe(&mut units, &view(status(v1::WorkloadState::Failed as i32, 7)), 0, &mut writes);
+        let v = Nodes::new(view(status(v1::WorkloadState::Failed as i32, 7)), &units);
+        t.observe(&mut units, &v, 0, &mut writes);
         assert_eq!(units["a-1"].members[0].state.as_deref(), Some("failed"));
         assert!(matches!(writes.last(), Some(Write::Unit(u)) if u.unit_id == "a-1"));
         assert_eq!(writes.len(), n + 1);

@@ -3,6 +3,7 @@
 //! and the last spec that ran, and reverts a failed rollout when the spec says so.
 
 use crate::catalogue as m;
+use crate::nodes::Nodes;
 use std::sync::Arc;
 
 use flotilla_core::now_ms;
@@ -25,7 +26,7 @@ pub const ROLLOUT_WAITS: &str = "rollout waits:";
 
 impl Scheduler {
     /// Replacements first; the old unit drains once its replacement is Running.
-    pub(super) async fn roll(&mut self, slots: &[Arc<ShardSlot>], writes: &mut Vec<Write>) {
+    pub(super) async fn roll(&mut self, slots: &Nodes, writes: &mut Vec<Write>) {
         let now = now_ms();
         let target = Target {
             fingerprint: &self.fingerprints.template,

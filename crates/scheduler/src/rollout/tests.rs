@@ -2,6 +2,8 @@ use super::*;
 use crate::store::MemberRecord;
 use flotilla_core::HealthSample;
 use flotilla_view::NodeRecord;
+use flotilla_view::ShardSlot;
+use std::sync::Arc;
 
 /// Nodes n1..n4; `drained` are being drained, `noticed` have a preemption notice.
 fn slots(drained: &[&str], noticed: &[&str]) -> Vec<Arc<ShardSlot>> {
@@ -326,7 +328,7 @@ impl World {
             halted: false,
             hold: None,
         };
-        let p = plan(&self.units, &[], &target);
+        let p = plan(&self.units, &Vec::new(), &target);
         for id in p.release.iter().map(|(id, _)| id).chain(&p.drain) {
             self.units.get_mut(id).unwrap().state = UnitState::Terminated;
         }
