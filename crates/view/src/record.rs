@@ -72,19 +72,45 @@ impl NodeRecord {
 /// still diff in O(changes) (the dashboard's feed), but in hash order: listings sort by
 /// id themselves. The seed is fixed, so the order is the same in every
 /// process and a simulation replays.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+///
+/// The id is read through the record the key maps to, which the key holds: a new
+/// version copies the tree's leaves it changes, cloning every entry of each, and an
+/// entry's key and value then count their references in one allocation rather than two
+/// (the id's and the record's). Those copies, and freeing them, cost a fifth less
+/// (BENCHMARKS.md, "One search per member a pass").
+#[derive(Debug, Clone)]
 pub struct ViewKey {
     hash: u64,
-    id: NodeId,
+    record: Arc<NodeRecord>,
 }
 
 impl ViewKey {
-    pub fn new(id: NodeId) -> Self {
-        ViewKey { hash: key_hash(id.as_str()), id }
+    pub fn new(record: Arc<NodeRecord>) -> Self {
+        ViewKey { hash: key_hash(record.node_id.as_str()), record }
     }
 
     pub fn id(&self) -> &NodeId {
-        &self.id
+        &self.record.node_id
+    }
+}
+
+impl PartialEq for ViewKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.hash == other.hash && self.id() == other.id()
+    }
+}
+
+impl Eq for ViewKey {}
+
+impl PartialOrd for ViewKey {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for ViewKey {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.hash.cmp(&other.hash).then_with(|| self.id().cmp(other.id()))
     }
 }
 
@@ -108,7 +134,7 @@ impl KeyParts for ViewKey {
         self.hash
     }
     fn key_id(&self) -> &str {
-        self.id.as_str()
+        self.record.node_id.as_str()
     }
 }
 
@@ -127,7 +153,7 @@ impl KeyParts for IdRef<'_> {
     }
 }
 
-/// The same order as `ViewKey`'s derived one (hash, then id; `NodeId` orders as text).
+/// The same order as `ViewKey`'s (hash, then id; `NodeId` orders as text).
 impl Ord for dyn KeyParts + '_ {
     fn cmp(&self, other: &Self) -> std::cmp::Ordering {
         self.key_hash().cmp(&other.key_hash()).then_with(|| self.key_id().cmp(other.key_id()))
@@ -190,11 +216,12 @@ impl ShardView {
 
     /// Adds or replaces a node's record; returns the one it replaced.
     pub fn insert(&mut self, record: Arc<NodeRecord>) -> Option<Arc<NodeRecord>> {
-        self.nodes.insert(ViewKey::new(record.node_id.clone()), record)
+        self.nodes.insert(ViewKey::new(record.clone()), record)
     }
 
     pub fn remove(&mut self, id: &NodeId) -> Option<Arc<NodeRecord>> {
-        self.nodes.remove(&ViewKey::new(id.clone()))
+        let id = id.as_str();
+        self.nodes.remove(&IdRef { hash: key_hash(id), id } as &dyn KeyParts)
     }
 
     pub fn len(&self) -> usize {
