@@ -205,7 +205,8 @@ impl ShardView {
     /// the cache, and each search in the members' order missed on most of its reads.
     pub fn get_many<'s>(&'s self, ids: &[&str]) -> Vec<Option<&'s Arc<NodeRecord>>> {
         let mut order: Vec<(u64, u32)> = ids.iter().enumerate().map(|(i, id)| (key_hash(id), i as u32)).collect();
-        order.sort_unstable_by(|a, b| a.0.cmp(&b.0).then_with(|| ids[a.1 as usize].cmp(ids[b.1 as usize])));
+        // By hash alone: the order is for locality, not for finding.
+        order.sort_unstable_by_key(|&(hash, _)| hash);
         let mut out = vec![None; ids.len()];
         for (hash, i) in order {
             let id = ids[i as usize];
