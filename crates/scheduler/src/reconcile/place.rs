@@ -175,12 +175,12 @@ impl Scheduler {
     ) -> Vec<String> {
         let shown_in: Version = resp.applied_in.unwrap_or_default().into();
         self.count_verdicts(&resp);
-        let verdicts: HashMap<(String, String), (bool, String)> = resp
+        let verdicts: HashMap<(&str, &str), (bool, &str)> = resp
             .results
-            .into_iter()
+            .iter()
             .filter_map(|r| {
-                let k = r.key?;
-                Some(((k.unit, k.member), (r.accepted, r.detail)))
+                let k = r.key.as_ref()?;
+                Some(((k.unit.as_str(), k.member.as_str()), (r.accepted, r.detail.as_str())))
             })
             .collect();
         let mut requeued = Vec::new();
@@ -188,7 +188,7 @@ impl Scheduler {
             let rejected: Vec<String> = p
                 .members
                 .iter()
-                .filter_map(|m| match verdicts.get(&(id.clone(), m.member.clone())) {
+                .filter_map(|m| match verdicts.get(&(id.as_str(), m.member.as_str())) {
                     Some((true, _)) => None,
                     Some((false, why)) => Some(format!("{} on {}: {why}", m.member, m.node)),
                     None => Some(format!("{}: no answer", m.member)),
