@@ -154,6 +154,50 @@ mod tests {
         index.get(app).map(|n| n.as_str().to_string()).collect()
     }
 
+    /// Random deltas (a node upserted twice, or upserted and removed, in one delta
+    /// included): after each, the index equals a rebuild of the view.
+    #[test]
+    fn random_deltas_leave_the_index_a_rebuild_would_build() {
+        let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = move |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        let apps = ["web", "batch", "api"];
+        let mut view = ShardView::empty(0, 1);
+        let mut index = AppNodes::of(&view);
+        for seq in 1..=2_000u64 {
+            let (mut upserts, mut removed) = (Vec::new(), Vec::new());
+            for _ in 0..=next(6) {
+                let id = format!("n{}", next(60));
+                if next(4) == 0 {
+                    removed.push(NodeId::new(&id).expect("a valid id"));
+                } else {
+                    let ran: Vec<&str> = (0..next(4)).map(|_| apps[next(3) as usize]).collect();
+                    upserts.push(rec(&id, &ran));
+                }
+            }
+            let delta = Delta {
+                shard: 0,
+                from: view.version,
+                to: Version { epoch: 1, seq },
+                upserts,
+                removed,
+                published_unix_ms: 0,
+            };
+            let (after, replaced) = view.apply_replacing(&delta).expect("in order");
+            index.apply(&delta, &replaced);
+            view = after;
+            let rebuilt = AppNodes::of(&view);
+            for app in apps {
+                assert_eq!(nodes_of(&index, app), nodes_of(&rebuilt, app), "{app} after delta {seq}");
+            }
+            assert_eq!(index.nodes.len(), rebuilt.nodes.len(), "after delta {seq}");
+        }
+    }
+
     #[test]
     fn follows_workloads_delta_by_delta_as_a_rebuild_would() {
         let mut view = ShardView::empty(0, 1);
