@@ -14,7 +14,7 @@ use flotilla_artifact::wire::{Hello, Request, Status};
 use flotilla_artifact::{Bitfield, Digest};
 use flotilla_core::PROTOCOL_VERSION;
 use flotilla_fuzz::{BITFIELD_EXPLICIT_LEN, MANIFEST_RESERVED, MASTER, NODE, hb, register_request};
-use flotilla_proto::seal::{self, Direction, Header, MAGIC_HEARTBEAT};
+use flotilla_proto::seal::{self, Format, Header, MAGIC_HEARTBEAT};
 use flotilla_proto::v1;
 use prost::Message;
 
@@ -84,9 +84,16 @@ fn heartbeat() -> Seeds {
     let body = beat_body(0.01);
     // A session this shard's secret derives but does not hold (the shard restarted).
     let forgotten = |key: &seal::SessionKey| {
-        let h = Header { magic: MAGIC_HEARTBEAT, session_id: 7, seq: 1, incarnation: 1, node_id: NODE };
+        let h = Header {
+            magic: MAGIC_HEARTBEAT,
+            format: Format::Mac,
+            session_id: 7,
+            seq: 1,
+            incarnation: 1,
+            node_id: NODE,
+        };
         let mut out = Vec::new();
-        seal::seal(key, Direction::ToShard, &h, &body, &mut out).unwrap();
+        seal::seal(key, &h, &body, &mut out).unwrap();
         out
     };
     let mut bad_version = forgotten(&seal::derive_session_key(MASTER, 7, 1, NODE));
@@ -124,8 +131,17 @@ fn heartbeat() -> Seeds {
                 record(hb::OTHER_NODE, 1, 0, &body),
                 record(hb::OTHER_INCARNATION | hb::DERIVED_KEY, 1, 0, &body),
                 record(hb::REPLY_MAGIC, 1, 0, &body),
-                record(hb::TO_AGENT, 1, 0, &body),
+                record(hb::REPLY_MAGIC | hb::AEAD, 1, 0, &body),
                 record(hb::OTHER_SESSION, 1, 0, &body),
+            ]),
+        ),
+        (
+            "sealed-older-format",
+            sealed(&[
+                record(hb::AEAD, 1, 0, &body),
+                record(hb::AEAD, 1, 20, &body),
+                record(dead | hb::AEAD, 1, 0, &body),
+                record(hb::OTHER_SESSION | hb::DERIVED_KEY | hb::AEAD, 1, 0, &body),
             ]),
         ),
         ("sealed-forgotten", sealed(&[record(hb::OTHER_SESSION | hb::DERIVED_KEY, 1, 0, &body)])),

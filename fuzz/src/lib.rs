@@ -11,7 +11,7 @@ use flotilla_aggregator::{
     Change, HeartbeatDrop, Ingest, Ledger, NodeFacts, Registered, Registry, ShardStats, claims_from_wire,
 };
 use flotilla_core::{MAX_LABELS, NodeId, NodeStatus, PROTOCOL_VERSION, Resources, ServiceError};
-use flotilla_proto::seal::{self, Direction, Header, MAGIC_HEARTBEAT, MAGIC_REPLY};
+use flotilla_proto::seal::{self, Direction, Format, Header, MAGIC_HEARTBEAT, MAGIC_REPLY};
 use flotilla_proto::{convert, v1};
 use prost::Message;
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
@@ -65,8 +65,8 @@ pub mod hb {
     pub const OTHER_INCARNATION: u8 = 1 << 3;
     /// Speaks for node "n2" over n1's session.
     pub const OTHER_NODE: u8 = 1 << 4;
-    /// Sealed in the shard-to-agent direction (a reflected reply).
-    pub const TO_AGENT: u8 = 1 << 5;
+    /// Sealed in the older, encrypting format (`Format::Aead`) instead of the tagged one.
+    pub const AEAD: u8 = 1 << 5;
     /// Bits 6-7: the node's status is moved first to 1 Suspect, 2 Dead, 3 Draining.
     pub const STATUS_SHIFT: u8 = 6;
     /// `tamper` 1..=127 flips the lowest bit of byte `(tamper - 1) % len`; 128..=255 cuts
@@ -118,6 +118,7 @@ fn raw_datagram(ingest: &mut Ingest, d: &[u8]) {
 fn check_reply(reply: &[u8], key: &seal::SessionKey, to: &Header<'_>) {
     let h = seal::parse_header(reply).expect("a reply parses");
     assert_eq!((h.magic, h.session_id, h.seq, h.incarnation), (MAGIC_REPLY, to.session_id, to.seq, to.incarnation));
+    assert_eq!(h.format, to.format, "a reply is sealed as the heartbeat was");
     let mut scratch = Vec::new();
     let body = seal::open(key, Direction::ToAgent, reply, &h, &mut scratch).expect("a reply opens with the key");
     let r = v1::HeartbeatReply::decode(body).expect("a reply body decodes");
@@ -145,6 +146,7 @@ fn sealed_records(ingest: &mut Ingest, registry: &Registry, live: &Registered, m
         seq = seq.wrapping_add_signed(i64::from(*delta as i8));
         let header = Header {
             magic: if flags & hb::REPLY_MAGIC != 0 { MAGIC_REPLY } else { MAGIC_HEARTBEAT },
+            format: if flags & hb::AEAD != 0 { Format::Aead } else { Format::Mac },
             session_id: if flags & hb::OTHER_SESSION != 0 { live.session_id ^ 0x5a5a } else { live.session_id },
             seq,
             incarnation: live.incarnation + u64::from(flags & hb::OTHER_INCARNATION != 0),
@@ -155,8 +157,7 @@ fn sealed_records(ingest: &mut Ingest, registry: &Registry, live: &Registered, m
         } else {
             live.key
         };
-        let dir = if flags & hb::TO_AGENT != 0 { Direction::ToAgent } else { Direction::ToShard };
-        if seal::seal(&key, dir, &header, body, &mut dgram).is_err() {
+        if seal::seal(&key, &header, body, &mut dgram).is_err() {
             continue; // larger than a datagram may be
         }
         match tamper {
@@ -179,9 +180,8 @@ fn sealed_records(ingest: &mut Ingest, registry: &Registry, live: &Registered, m
         let (status, last_seq, _) = state();
         reply.clear();
         let r = ingest.handle(&dgram, now, &mut reply);
-        let authentic = tamper == 0
-            && flags & (hb::REPLY_MAGIC | hb::OTHER_SESSION | hb::OTHER_INCARNATION | hb::OTHER_NODE | hb::TO_AGENT)
-                == 0;
+        let authentic =
+            tamper == 0 && flags & (hb::REPLY_MAGIC | hb::OTHER_SESSION | hb::OTHER_INCARNATION | hb::OTHER_NODE) == 0;
         match r {
             Ok(()) => {
                 assert!(authentic, "accepted a datagram that is not the session's own: flags {flags:#x}");
@@ -281,13 +281,14 @@ fn register_and_check(
     let body = v1::HeartbeatBody::default().encode_to_vec();
     let header = Header {
         magic: MAGIC_HEARTBEAT,
+        format: Format::Mac,
         session_id: live.session_id,
         seq: 1,
         incarnation,
         node_id: live.node_id.as_str(),
     };
     let mut dgram = Vec::new();
-    seal::seal(&live.key, Direction::ToShard, &header, &body, &mut dgram).expect("a valid node id seals");
+    seal::seal(&live.key, &header, &body, &mut dgram).expect("a valid node id seals");
     let mut ingest = Ingest::new(registry.clone(), Arc::new(ShardStats::new(0)));
     assert_eq!(ingest.handle(&dgram, now + 1, &mut Vec::new()), Ok(()), "the new session's heartbeat");
 }

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use flotilla_proto::seal::{self, Direction, Header, MAGIC_HEARTBEAT};
+use flotilla_proto::seal::{self, Format, Header, MAGIC_HEARTBEAT};
 use flotilla_proto::v1::{self, view_service_client::ViewServiceClient, view_update::Update};
 use hdrhistogram::Histogram;
 use prost::Message;
@@ -305,12 +305,13 @@ pub fn send_loop(
                 .encode_to_vec();
                 let h = Header {
                     magic: MAGIC_HEARTBEAT,
+                    format: Format::Mac,
                     session_id: n.session_id,
                     seq: seq[i],
                     incarnation: n.incarnation,
                     node_id: &n.id,
                 };
-                if seal::seal(&n.key, Direction::ToShard, &h, &body, &mut out).is_ok() {
+                if seal::seal(&n.key, &h, &body, &mut out).is_ok() {
                     if flip {
                         pending.lock_or_recover().insert(i, (Instant::now(), high[i]));
                     }

@@ -338,7 +338,7 @@ fn grpc_and_api_tokens_rotate_under_a_running_control_plane_and_scheduler_withou
 #[tokio::test]
 async fn a_session_can_neither_heartbeat_nor_report_for_another_node() {
     use flotilla_agent::client::{ShardConnection, client_endpoint};
-    use flotilla_proto::seal::{self, Direction, Header, MAGIC_HEARTBEAT, SessionKey};
+    use flotilla_proto::seal::{self, Format, Header, MAGIC_HEARTBEAT, SessionKey};
     use flotilla_proto::v1;
     use flotilla_testkit::shard::registration;
 
@@ -369,9 +369,9 @@ async fn a_session_can_neither_heartbeat_nor_report_for_another_node() {
     // Heartbeats sealed with n1's key: naming n2 (with n1's or n2's session) is dropped.
     let beat = |s: &v1::Session, session_id: u64, node: &str, seq: u64| {
         let key: SessionKey = s.key.as_slice().try_into().unwrap();
-        let h = Header { magic: MAGIC_HEARTBEAT, session_id, seq, incarnation: 1, node_id: node };
+        let h = Header { magic: MAGIC_HEARTBEAT, format: Format::Mac, session_id, seq, incarnation: 1, node_id: node };
         let mut out = Vec::new();
-        seal::seal(&key, Direction::ToShard, &h, &[], &mut out).unwrap();
+        seal::seal(&key, &h, &[], &mut out).unwrap();
         out
     };
     let sock = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();

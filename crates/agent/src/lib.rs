@@ -23,7 +23,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, anyhow};
 use flotilla_core::{Backoff, PROTOCOL_VERSION, shard_for_domain};
-use flotilla_proto::seal::{self, Direction, Header, MAGIC_HEARTBEAT, SessionKey};
+use flotilla_proto::seal::{self, Direction, Format, Header, MAGIC_HEARTBEAT, SessionKey};
 use flotilla_proto::v1;
 use prost::Message;
 use rand::Rng;
@@ -220,8 +220,8 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
                         assignment_version: assignments.load(std::sync::atomic::Ordering::Relaxed),
                         sent_at_unix_ms: unix_nanos() / 1_000_000,
                     };
-                    let h = Header { magic: MAGIC_HEARTBEAT, session_id: session.session_id, seq, incarnation, node_id: config.node_id.as_str() };
-                    if seal::seal(&key, Direction::ToShard, &h, &body.encode_to_vec(), &mut out).is_ok() {
+                    let h = Header { magic: MAGIC_HEARTBEAT, format: Format::Mac, session_id: session.session_id, seq, incarnation, node_id: config.node_id.as_str() };
+                    if seal::seal(&key, &h, &body.encode_to_vec(), &mut out).is_ok() {
                         // A refused send shows up as ConnectionRefused on the next receive.
                         if sock.send(&out).await.is_ok() { sent.increment(1); }
                     }

@@ -214,9 +214,15 @@ impl Ingest {
 /// Seals a reply telling the agent what to do into `out` (left empty if it cannot be sealed).
 fn reply_to(key: &seal::SessionKey, hb: &Header<'_>, action: v1::HeartbeatAction, why: &str, out: &mut Vec<u8>) {
     let body = v1::HeartbeatReply { action: action as i32, reason: why.to_string() }.encode_to_vec();
-    let header =
-        Header { magic: MAGIC_REPLY, session_id: hb.session_id, seq: hb.seq, incarnation: hb.incarnation, node_id: "" };
-    if seal::seal(key, Direction::ToAgent, &header, &body, out).is_err() {
+    let header = Header {
+        magic: MAGIC_REPLY,
+        format: hb.format,
+        session_id: hb.session_id,
+        seq: hb.seq,
+        incarnation: hb.incarnation,
+        node_id: "",
+    };
+    if seal::seal(key, &header, &body, out).is_err() {
         out.clear();
     }
 }
@@ -393,15 +399,27 @@ mod tests {
     }
 
     fn beat(key: &seal::SessionKey, sid: u64, inc: u64, node: &str, seq: u64, steal: f32) -> Vec<u8> {
+        beat_as(seal::Format::Mac, key, sid, inc, node, seq, steal)
+    }
+
+    fn beat_as(
+        format: seal::Format,
+        key: &seal::SessionKey,
+        sid: u64,
+        inc: u64,
+        node: &str,
+        seq: u64,
+        steal: f32,
+    ) -> Vec<u8> {
         let body = v1::HeartbeatBody {
             health: Some(v1::HealthSample { cpu_steal: steal, ..Default::default() }),
             assignment_version: 0,
             sent_at_unix_ms: 0,
         }
         .encode_to_vec();
-        let h = Header { magic: MAGIC_HEARTBEAT, session_id: sid, seq, incarnation: inc, node_id: node };
+        let h = Header { magic: MAGIC_HEARTBEAT, format, session_id: sid, seq, incarnation: inc, node_id: node };
         let mut out = Vec::new();
-        seal::seal(key, Direction::ToShard, &h, &body, &mut out).unwrap();
+        seal::seal(key, &h, &body, &mut out).unwrap();
         out
     }
 
@@ -496,14 +514,48 @@ mod tests {
         truncated.truncate(truncated.len() - 3);
         assert_eq!(ing.handle(&truncated, 5, &mut reply), Err(HeartbeatDrop::Datagram(DatagramError::BadSeal)));
         // A body that is sealed correctly but does not decode.
-        let h = Header { magic: MAGIC_HEARTBEAT, session_id: live.session_id, seq: 15, incarnation: 1, node_id: "n1" };
+        let h = Header {
+            magic: MAGIC_HEARTBEAT,
+            format: seal::Format::Mac,
+            session_id: live.session_id,
+            seq: 15,
+            incarnation: 1,
+            node_id: "n1",
+        };
         let mut junk = Vec::new();
-        seal::seal(&live.key, Direction::ToShard, &h, &[0xff, 0xff, 0xff], &mut junk).unwrap();
+        seal::seal(&live.key, &h, &[0xff, 0xff, 0xff], &mut junk).unwrap();
         assert_eq!(ing.handle(&junk, 6, &mut reply), Err(HeartbeatDrop::Datagram(DatagramError::BadBody)));
         assert_eq!(stats.rejected(HeartbeatDrop::Replayed), 2);
         assert_eq!(stats.rejected(HeartbeatDrop::WrongNode), 1);
         assert_eq!(stats.rejected(HeartbeatDrop::Datagram(DatagramError::BadSeal)), 3);
         assert_eq!(stats.accepted(), 2);
+    }
+
+    /// Agents of an earlier release encrypt their heartbeats: during an upgrade the shard
+    /// accepts them beside tagged ones, and answers each in the format it came in.
+    #[test]
+    fn heartbeats_of_either_format_are_accepted_and_answered_in_kind() {
+        let (mut ing, reg, stats, _rx) = setup();
+        let live = reg.register(request("n1", 1, "a"), 0).unwrap();
+        let mut reply = Vec::new();
+        let older = beat_as(seal::Format::Aead, &live.key, live.session_id, 1, "n1", 1, 0.0);
+        assert_eq!(ing.handle(&older, 100, &mut reply), Ok(()));
+        assert_eq!(ing.handle(&beat(&live.key, live.session_id, 1, "n1", 2, 0.0), 200, &mut reply), Ok(()));
+        // The sequence is one per session, whatever the format: a replay in the other is refused.
+        let replay = beat_as(seal::Format::Aead, &live.key, live.session_id, 1, "n1", 2, 0.0);
+        assert_eq!(ing.handle(&replay, 300, &mut reply), Err(HeartbeatDrop::Replayed));
+        assert_eq!(stats.accepted(), 2);
+        reg.with_session(live.session_id, |l| l.transition(NodeStatus::Alive, NodeStatus::Dead, 400));
+        for (seq, format) in [(3, seal::Format::Aead), (4, seal::Format::Mac)] {
+            reply.clear();
+            let d = beat_as(format, &live.key, live.session_id, 1, "n1", seq, 0.0);
+            assert_eq!(ing.handle(&d, 500, &mut reply), Err(HeartbeatDrop::DeadNode));
+            let h = seal::parse_header(&reply).unwrap();
+            assert_eq!((h.magic, h.format, h.seq), (MAGIC_REPLY, format, seq));
+            let mut scratch = Vec::new();
+            let body = seal::open(&live.key, Direction::ToAgent, &reply, &h, &mut scratch).unwrap();
+            assert_eq!(v1::HeartbeatReply::decode(body).unwrap().action, v1::HeartbeatAction::Reregister as i32);
+        }
     }
 
     #[test]

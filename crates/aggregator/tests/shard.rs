@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use flotilla_aggregator::HeartbeatDrop;
 use flotilla_aggregator::TlsMaterial;
-use flotilla_proto::seal::{self, DatagramError, Direction, Header, MAGIC_HEARTBEAT, SessionKey};
+use flotilla_proto::seal::{self, DatagramError, Format, Header, MAGIC_HEARTBEAT, SessionKey};
 use flotilla_proto::v1::{self, view_service_client::ViewServiceClient, view_update::Update};
 use flotilla_testkit::shard::{LocalShard, registration};
 use flotilla_testkit::wait_for_async;
@@ -67,9 +67,16 @@ async fn drain_only_through_the_owning_connection() {
 fn beat(s: &v1::Session, node: &str, seq: u64) -> Vec<u8> {
     let key: SessionKey = s.key.as_slice().try_into().unwrap();
     let body = v1::HeartbeatBody::default().encode_to_vec();
-    let h = Header { magic: MAGIC_HEARTBEAT, session_id: s.session_id, seq, incarnation: s.incarnation, node_id: node };
+    let h = Header {
+        magic: MAGIC_HEARTBEAT,
+        format: Format::Mac,
+        session_id: s.session_id,
+        seq,
+        incarnation: s.incarnation,
+        node_id: node,
+    };
     let mut out = Vec::new();
-    seal::seal(&key, Direction::ToShard, &h, &body, &mut out).unwrap();
+    seal::seal(&key, &h, &body, &mut out).unwrap();
     out
 }
 

@@ -6,7 +6,7 @@ use flotilla_aggregator::Ingest;
 use flotilla_aggregator::Ledger;
 use flotilla_aggregator::Registry;
 use flotilla_core::{NodeId, PROTOCOL_VERSION, Resources, shard_for_domain};
-use flotilla_proto::seal::{self, Direction, Header, MAGIC_HEARTBEAT, MAGIC_REPLY, SessionKey};
+use flotilla_proto::seal::{self, Direction, Format, Header, MAGIC_HEARTBEAT, MAGIC_REPLY, SessionKey};
 use flotilla_proto::v1;
 use prost::Message;
 
@@ -151,13 +151,14 @@ impl Agent {
         };
         let header = Header {
             magic: MAGIC_HEARTBEAT,
+            format: Format::Mac,
             session_id,
             seq: self.seq,
             incarnation: self.incarnation,
             node_id: self.node.as_str(),
         };
         let (mut datagram, mut reply) = (Vec::new(), Vec::new());
-        if seal::seal(key, Direction::ToShard, &header, &body.encode_to_vec(), &mut datagram).is_err() {
+        if seal::seal(key, &header, &body.encode_to_vec(), &mut datagram).is_err() {
             return false;
         }
         let _ = ingest.handle(&datagram, now_ms, &mut reply);

@@ -1,22 +1,31 @@
-//! The sealed UDP heartbeat.
+//! The heartbeat datagram and its protection.
 //!
 //! ```text
 //! offset size field
 //!  0      2   magic  "FH" (agent -> shard heartbeat) or "FR" (shard -> agent reply)
-//!  2      1   format version (1)
+//!  2      1   format: 2 (tagged, what agents send) or 1 (encrypted, older agents)
 //!  3      1   node id length L (0 in replies)
 //!  4      8   session id (big endian)
 //! 12      8   sequence number, strictly increasing per session and direction
 //! 20      8   incarnation
 //! 28      L   node id
-//! 28+L    ..  ChaCha20-Poly1305(body protobuf) || 16-byte tag; the header is the AAD
+//! 28+L    ..  format 2: the body protobuf || SipHash-2-4-128(everything before the tag)
+//!             format 1: ChaCha20-Poly1305(body protobuf) || 16-byte tag; the header is the AAD
 //! ```
 //!
 //! The session key is HKDF-SHA256(master secret; session id, incarnation, node id),
 //! so a shard restarted with the same secret can open heartbeats of sessions it has
 //! never seen, and a session key is useless for any other node id or incarnation.
-//! The nonce is the direction byte and the sequence number, unique per key because
-//! sequence numbers never repeat within a direction.
+//!
+//! Format 2 authenticates without encrypting. What a heartbeat carries (health figures,
+//! the assignment version, the agent's clock) is published in the cluster view anyway;
+//! what the shard's decisions rest on is that nobody else can speak for the node and
+//! that nothing is replayed, which the tag, the key's binding and the sequence number
+//! give. Opening ChaCha20-Poly1305 cost ~0.24 µs a datagram (a fifth of the shard's
+//! CPU at 100k nodes); SipHash over the same bytes ~0.04 µs (BENCHMARKS.md). Its key is
+//! the session key's first 16 bytes; the magic is inside the tagged bytes, so a reply
+//! cannot pass for a heartbeat. Format 1 (nonce = direction + sequence) is still opened
+//! and answered in kind, for agents of earlier releases during an upgrade.
 
 use ring::aead::{Aad, CHACHA20_POLY1305, LessSafeKey, Nonce, UnboundKey};
 use ring::hkdf;
@@ -25,7 +34,6 @@ use flotilla_core::MAX_NODE_ID_LEN;
 
 pub const MAGIC_HEARTBEAT: [u8; 2] = *b"FH";
 pub const MAGIC_REPLY: [u8; 2] = *b"FR";
-pub const FORMAT_VERSION: u8 = 1;
 pub const HEADER_FIXED_LEN: usize = 28;
 pub const TAG_LEN: usize = 16;
 /// No valid heartbeat is larger; anything bigger is dropped unread.
@@ -33,6 +41,25 @@ pub const MAX_DATAGRAM_LEN: usize = 1024;
 pub const KEY_LEN: usize = 32;
 
 pub type SessionKey = [u8; KEY_LEN];
+
+/// How a datagram is protected: byte 2 of every datagram.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// The body encrypted with ChaCha20-Poly1305 (agents of earlier releases).
+    Aead = 1,
+    /// The body in clear under a SipHash-2-4 tag: what agents send.
+    Mac = 2,
+}
+
+impl Format {
+    fn from_byte(b: u8) -> Option<Format> {
+        match b {
+            1 => Some(Format::Aead),
+            2 => Some(Format::Mac),
+            _ => None,
+        }
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Direction {
@@ -77,6 +104,7 @@ impl DatagramError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Header<'a> {
     pub magic: [u8; 2],
+    pub format: Format,
     pub session_id: u64,
     pub seq: u64,
     pub incarnation: u64,
@@ -105,9 +133,7 @@ pub fn parse_header(buf: &[u8]) -> Result<Header<'_>, DatagramError> {
     if magic != MAGIC_HEARTBEAT && magic != MAGIC_REPLY {
         return Err(DatagramError::BadMagic);
     }
-    if buf[2] != FORMAT_VERSION {
-        return Err(DatagramError::BadVersion);
-    }
+    let format = Format::from_byte(buf[2]).ok_or(DatagramError::BadVersion)?;
     let id_len = usize::from(buf[3]);
     if id_len > MAX_NODE_ID_LEN {
         return Err(DatagramError::BadNodeId);
@@ -122,7 +148,7 @@ pub fn parse_header(buf: &[u8]) -> Result<Header<'_>, DatagramError> {
     };
     let node_id =
         std::str::from_utf8(&buf[HEADER_FIXED_LEN..HEADER_FIXED_LEN + id_len]).map_err(|_| DatagramError::BadNodeId)?;
-    Ok(Header { magic, session_id: be(4..12), seq: be(12..20), incarnation: be(20..28), node_id })
+    Ok(Header { magic, format, session_id: be(4..12), seq: be(12..20), incarnation: be(20..28), node_id })
 }
 
 /// The session id a datagram's header names, read without checking the rest (a hint, to
@@ -158,20 +184,20 @@ fn aead_key(key: &SessionKey) -> LessSafeKey {
     LessSafeKey::new(UnboundKey::new(&CHACHA20_POLY1305, key).expect("32-byte ChaCha20 key"))
 }
 
-/// Appends a sealed datagram to `out` (cleared first). `body` is the encoded protobuf.
-pub fn seal(
-    key: &SessionKey,
-    dir: Direction,
-    header: &Header<'_>,
-    body: &[u8],
-    out: &mut Vec<u8>,
-) -> Result<(), DatagramError> {
+/// Appends a sealed datagram to `out` (cleared first), in `header.format`; its magic says
+/// which way it goes. `body` is the encoded protobuf.
+pub fn seal(key: &SessionKey, header: &Header<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<(), DatagramError> {
+    let dir = match header.magic {
+        MAGIC_HEARTBEAT => Direction::ToShard,
+        MAGIC_REPLY => Direction::ToAgent,
+        _ => return Err(DatagramError::BadMagic),
+    };
     if header.node_id.len() > MAX_NODE_ID_LEN {
         return Err(DatagramError::BadNodeId);
     }
     out.clear();
     out.extend_from_slice(&header.magic);
-    out.push(FORMAT_VERSION);
+    out.push(header.format as u8);
     out.push(header.node_id.len() as u8);
     out.extend_from_slice(&header.session_id.to_be_bytes());
     out.extend_from_slice(&header.seq.to_be_bytes());
@@ -179,74 +205,133 @@ pub fn seal(
     out.extend_from_slice(header.node_id.as_bytes());
     let hlen = out.len();
     out.extend_from_slice(body);
-    let (aad, payload) = out.split_at_mut(hlen);
-    let tag = aead_key(key)
-        .seal_in_place_separate_tag(nonce(dir, header.seq), Aad::from(&*aad), payload)
-        .map_err(|_| DatagramError::BadSeal)?;
-    out.extend_from_slice(tag.as_ref());
+    match header.format {
+        Format::Mac => {
+            let tag = mac(key, out);
+            out.extend_from_slice(&tag);
+        }
+        Format::Aead => {
+            let (aad, payload) = out.split_at_mut(hlen);
+            let tag = aead_key(key)
+                .seal_in_place_separate_tag(nonce(dir, header.seq), Aad::from(&*aad), payload)
+                .map_err(|_| DatagramError::BadSeal)?;
+            out.extend_from_slice(tag.as_ref());
+        }
+    }
     if out.len() > MAX_DATAGRAM_LEN {
         return Err(DatagramError::Oversized);
     }
     Ok(())
 }
 
-/// Verifies and decrypts the body of `datagram` into `scratch`, returning the plaintext.
-pub fn open<'s>(
+/// Verifies `datagram` and returns its body: in place for [`Format::Mac`], decrypted into
+/// `scratch` for [`Format::Aead`].
+pub fn open<'a>(
     key: &SessionKey,
     dir: Direction,
-    datagram: &[u8],
+    datagram: &'a [u8],
     header: &Header<'_>,
-    scratch: &'s mut Vec<u8>,
-) -> Result<&'s [u8], DatagramError> {
+    scratch: &'a mut Vec<u8>,
+) -> Result<&'a [u8], DatagramError> {
     let hlen = header.len();
     if datagram.len() < hlen + TAG_LEN {
         return Err(DatagramError::Truncated);
     }
-    scratch.clear();
-    scratch.extend_from_slice(&datagram[hlen..]);
-    let plain = aead_key(key)
-        .open_in_place(nonce(dir, header.seq), Aad::from(&datagram[..hlen]), scratch)
-        .map_err(|_| DatagramError::BadSeal)?;
-    Ok(plain)
+    match header.format {
+        Format::Mac => {
+            let expected = match dir {
+                Direction::ToShard => MAGIC_HEARTBEAT,
+                Direction::ToAgent => MAGIC_REPLY,
+            };
+            let (tagged, tag) = datagram.split_at(datagram.len() - TAG_LEN);
+            if header.magic != expected || !tags_equal(&mac(key, tagged), tag) {
+                return Err(DatagramError::BadSeal);
+            }
+            Ok(&tagged[hlen..])
+        }
+        Format::Aead => {
+            scratch.clear();
+            scratch.extend_from_slice(&datagram[hlen..]);
+            aead_key(key)
+                .open_in_place(nonce(dir, header.seq), Aad::from(&datagram[..hlen]), scratch)
+                .map(|plain| &*plain)
+                .map_err(|_| DatagramError::BadSeal)
+        }
+    }
+}
+
+/// SipHash-2-4 with a 128-bit output over `bytes`, keyed by the session key's first half.
+fn mac(key: &SessionKey, bytes: &[u8]) -> [u8; TAG_LEN] {
+    let mut k = [0u8; 16];
+    k.copy_from_slice(&key[..16]);
+    siphasher::sip128::SipHasher24::new_with_key(&k).hash(bytes).as_bytes()
+}
+
+/// Compares without an early exit, so the time taken says nothing of where a forged tag
+/// first differs.
+fn tags_equal(a: &[u8; TAG_LEN], b: &[u8]) -> bool {
+    b.len() == TAG_LEN && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn hdr(node: &str, seq: u64) -> Header<'_> {
-        Header { magic: MAGIC_HEARTBEAT, session_id: 42, seq, incarnation: 7, node_id: node }
+    const FORMATS: [Format; 2] = [Format::Mac, Format::Aead];
+
+    fn hdr(format: Format, node: &str, seq: u64) -> Header<'_> {
+        Header { magic: MAGIC_HEARTBEAT, format, session_id: 42, seq, incarnation: 7, node_id: node }
     }
 
     #[test]
     fn seal_open_round_trip() {
         let key = derive_session_key(b"secret", 42, 7, "n1");
-        let mut buf = Vec::new();
-        seal(&key, Direction::ToShard, &hdr("n1", 5), b"hello", &mut buf).unwrap();
-        let h = parse_header(&buf).unwrap();
-        assert_eq!(h, hdr("n1", 5));
-        let mut scratch = Vec::new();
-        assert_eq!(open(&key, Direction::ToShard, &buf, &h, &mut scratch).unwrap(), b"hello");
+        for format in FORMATS {
+            let mut buf = Vec::new();
+            seal(&key, &hdr(format, "n1", 5), b"hello", &mut buf).unwrap();
+            assert_eq!(buf.len(), HEADER_FIXED_LEN + 2 + 5 + TAG_LEN);
+            let h = parse_header(&buf).unwrap();
+            assert_eq!(h, hdr(format, "n1", 5));
+            let mut scratch = Vec::new();
+            assert_eq!(open(&key, Direction::ToShard, &buf, &h, &mut scratch).unwrap(), b"hello");
+            // Only the older format hides the body.
+            let clear = buf.windows(5).any(|w| w == b"hello");
+            assert_eq!(clear, format == Format::Mac, "{format:?}");
+        }
     }
 
     #[test]
     fn tampering_and_wrong_keys_are_detected() {
         let key = derive_session_key(b"secret", 42, 7, "n1");
-        let mut buf = Vec::new();
-        seal(&key, Direction::ToShard, &hdr("n1", 5), b"hello", &mut buf).unwrap();
-        let mut scratch = Vec::new();
-        // Another node id under the same session derives another key.
-        let other = derive_session_key(b"secret", 42, 7, "n2");
-        let h = parse_header(&buf).unwrap();
-        assert_eq!(open(&other, Direction::ToShard, &buf, &h, &mut scratch), Err(DatagramError::BadSeal));
-        // The header is authenticated: a changed sequence number breaks the seal.
-        let mut forged = buf.clone();
-        forged[19] ^= 1;
-        let h = parse_header(&forged).unwrap();
-        assert_eq!(open(&key, Direction::ToShard, &forged, &h, &mut scratch), Err(DatagramError::BadSeal));
-        // A reply cannot be reflected back as a heartbeat.
-        let h = parse_header(&buf).unwrap();
-        assert_eq!(open(&key, Direction::ToAgent, &buf, &h, &mut scratch), Err(DatagramError::BadSeal));
+        for format in FORMATS {
+            let mut buf = Vec::new();
+            seal(&key, &hdr(format, "n1", 5), b"hello", &mut buf).unwrap();
+            let mut scratch = Vec::new();
+            // Another node id under the same session derives another key.
+            let other = derive_session_key(b"secret", 42, 7, "n2");
+            let h = parse_header(&buf).unwrap();
+            assert_eq!(open(&other, Direction::ToShard, &buf, &h, &mut scratch), Err(DatagramError::BadSeal));
+            // Every byte is covered: a changed sequence number, body or tag breaks the seal,
+            // and so does a datagram relabelled as the other format.
+            for at in [19, HEADER_FIXED_LEN + 3, buf.len() - 1] {
+                let mut forged = buf.clone();
+                forged[at] ^= 1;
+                let h = parse_header(&forged).unwrap();
+                assert_eq!(open(&key, Direction::ToShard, &forged, &h, &mut scratch), Err(DatagramError::BadSeal));
+            }
+            let mut relabelled = buf.clone();
+            relabelled[2] = 3 - relabelled[2];
+            let h = parse_header(&relabelled).unwrap();
+            assert_eq!(open(&key, Direction::ToShard, &relabelled, &h, &mut scratch), Err(DatagramError::BadSeal));
+            // A heartbeat cannot pass for a reply, nor a reply for a heartbeat.
+            let h = parse_header(&buf).unwrap();
+            assert_eq!(open(&key, Direction::ToAgent, &buf, &h, &mut scratch), Err(DatagramError::BadSeal));
+            let reply = Header { magic: MAGIC_REPLY, node_id: "", ..hdr(format, "", 5) };
+            seal(&key, &reply, b"again", &mut buf).unwrap();
+            let h = parse_header(&buf).unwrap();
+            assert_eq!(open(&key, Direction::ToAgent, &buf, &h, &mut scratch).unwrap(), b"again");
+            assert_eq!(open(&key, Direction::ToShard, &buf, &h, &mut scratch), Err(DatagramError::BadSeal));
+        }
     }
 
     #[test]
@@ -257,7 +342,9 @@ mod tests {
         assert_eq!(parse_header(&b), Err(DatagramError::BadMagic));
         b[..2].copy_from_slice(b"FH");
         assert_eq!(parse_header(&b), Err(DatagramError::BadVersion));
-        b[2] = 1;
+        b[2] = 3;
+        assert_eq!(parse_header(&b), Err(DatagramError::BadVersion));
+        b[2] = 2;
         b[3] = 200;
         assert_eq!(parse_header(&b), Err(DatagramError::BadNodeId));
         b[3] = 40;
