@@ -12,7 +12,7 @@ use flotilla_aggregator::{
 };
 use flotilla_core::{MAX_LABELS, NodeId, NodeStatus, PROTOCOL_VERSION, Resources, ServiceError};
 use flotilla_proto::seal::{self, Direction, Format, Header, MAGIC_HEARTBEAT, MAGIC_REPLY};
-use flotilla_proto::{convert, v1};
+use flotilla_proto::{convert, heartbeat_body, v1};
 use prost::Message;
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
@@ -94,6 +94,7 @@ fn raw_datagram(ingest: &mut Ingest, d: &[u8]) {
         let key = seal::derive_session_key(MASTER, h.session_id, h.incarnation, h.node_id);
         for dir in [Direction::ToShard, Direction::ToAgent] {
             if let Ok(plain) = seal::open(&key, dir, d, &h, &mut scratch) {
+                check_body_decoders(plain);
                 if let Ok(body) = v1::HeartbeatBody::decode(plain) {
                     let _ = convert::health(body.health);
                 }
@@ -111,6 +112,15 @@ fn raw_datagram(ingest: &mut Ingest, d: &[u8]) {
         let key = seal::derive_session_key(MASTER, h.session_id, h.incarnation, h.node_id);
         check_reply(&reply, &key, &h);
     }
+}
+
+/// The shard's own body decoder answers as prost does wherever it answers at all.
+fn check_body_decoders(body: &[u8]) {
+    let prost = v1::HeartbeatBody::decode(body).map(|b| b.encode_to_vec()).ok();
+    if let Some(fast) = heartbeat_body::fast(body) {
+        assert_eq!(Some(fast.encode_to_vec()), prost, "the fast body decoder and prost differ");
+    }
+    assert_eq!(heartbeat_body::decode(body).map(|b| b.encode_to_vec()).ok(), prost);
 }
 
 /// A reply must be a sealed "FR" datagram for the heartbeat's session and sequence,
@@ -157,6 +167,7 @@ fn sealed_records(ingest: &mut Ingest, registry: &Registry, live: &Registered, m
         } else {
             live.key
         };
+        check_body_decoders(body);
         if seal::seal(&key, &header, body, &mut dgram).is_err() {
             continue; // larger than a datagram may be
         }

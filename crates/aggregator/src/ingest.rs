@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 
 use flotilla_core::{Hysteresis, NodeStatus, health_score};
 use flotilla_proto::seal::{self, DatagramError, Direction, Header, MAGIC_HEARTBEAT, MAGIC_REPLY};
-use flotilla_proto::{convert, v1};
+use flotilla_proto::{convert, heartbeat_body, v1};
 use prost::Message;
 
 use crate::liveness::record_loss;
@@ -149,7 +149,7 @@ impl Ingest {
         }
         let plain = seal::open(&live.key, Direction::ToShard, datagram, header, &mut self.scratch)
             .map_err(HeartbeatDrop::Datagram)?;
-        let body = v1::HeartbeatBody::decode(plain).map_err(|_| HeartbeatDrop::Datagram(DatagramError::BadBody))?;
+        let body = heartbeat_body::decode(plain).map_err(|_| HeartbeatDrop::Datagram(DatagramError::BadBody))?;
         let sample = convert::health(body.health).map_err(|_| HeartbeatDrop::Datagram(DatagramError::BadBody))?;
         // Only an authenticated datagram may advance the sequence.
         let prev = live.last_seq.fetch_max(header.seq, Ordering::AcqRel);

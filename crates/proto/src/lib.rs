@@ -11,6 +11,7 @@ pub mod v1 {
 pub mod convert;
 pub mod dial;
 pub mod frame;
+pub mod heartbeat_body;
 
 pub mod seal;
 pub mod status;
