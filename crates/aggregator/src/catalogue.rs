@@ -8,6 +8,11 @@ pub const HEARTBEATS_RECEIVED: Family = Family::counter(
     "Heartbeat datagrams the shard accepted (authenticated, fresh, from a live session).",
     &["shard"],
 );
+pub const HEARTBEATS_ENCRYPTED: Family = Family::counter(
+    "flotilla_heartbeats_encrypted_total",
+    "Accepted heartbeats in the earlier, encrypted datagram format (1): agents not upgraded yet. It stays at zero once every agent sends the tagged format (2).",
+    &["shard"],
+);
 pub const HEARTBEATS_REJECTED: Family = Family::counter(
     "flotilla_heartbeats_rejected_total",
     "Heartbeat datagrams the shard dropped, by reason (forged, replayed, unknown_session, wrong_node, dead_node, forgotten_session, empty, truncated, ...).",
@@ -150,6 +155,7 @@ pub const DRAINS: Family = Family::counter("flotilla_drains_total", "Nodes that 
 /// Every family a shard exports.
 pub const FAMILIES: &[Family] = &[
     HEARTBEATS_RECEIVED,
+    HEARTBEATS_ENCRYPTED,
     HEARTBEATS_REJECTED,
     HEARTBEAT_BATCH_DATAGRAMS,
     NODES,

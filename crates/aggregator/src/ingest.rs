@@ -25,8 +25,10 @@ pub struct Ingest {
     /// Key derivations for unknown sessions allowed in the current second (HKDF is
     /// the one costly step an attacker could trigger).
     unknown_budget: (u64, u32),
-    /// Accepted, not yet added to `stats`.
+    /// Accepted, not yet added to `stats`; and of those, how many were in the older,
+    /// encrypted format.
     accepted: u64,
+    accepted_encrypted: u64,
     /// The reply buffer of [`Ingest::receive_batch`], kept between batches.
     reply: Vec<u8>,
 }
@@ -43,6 +45,7 @@ impl Ingest {
             scratch: Vec::with_capacity(256),
             unknown_budget: (0, 0),
             accepted: 0,
+            accepted_encrypted: 0,
             reply: Vec::with_capacity(128),
         }
     }
@@ -110,8 +113,8 @@ impl Ingest {
     /// Adds the heartbeats accepted since the last call to the shard's counters.
     fn flush_counts(&mut self) {
         if self.accepted > 0 {
-            self.stats.accept(self.accepted);
-            self.accepted = 0;
+            self.stats.accept(self.accepted, self.accepted_encrypted);
+            (self.accepted, self.accepted_encrypted) = (0, 0);
         }
     }
 
@@ -179,6 +182,9 @@ impl Ingest {
         if let Some(new) = self.hysteresis.update(published, health_score(&sample)) {
             live.health_millis.store(new, Ordering::Release);
             self.registry.emit(Change::Health(live.session(), sample));
+        }
+        if header.format == seal::Format::Aead {
+            self.accepted_encrypted += 1;
         }
         Ok(())
     }
@@ -544,7 +550,7 @@ mod tests {
         // The sequence is one per session, whatever the format: a replay in the other is refused.
         let replay = beat_as(seal::Format::Aead, &live.key, live.session_id, 1, "n1", 2, 0.0);
         assert_eq!(ing.handle(&replay, 300, &mut reply), Err(HeartbeatDrop::Replayed));
-        assert_eq!(stats.accepted(), 2);
+        assert_eq!((stats.accepted(), stats.accepted_encrypted()), (2, 1));
         reg.with_session(live.session_id, |l| l.transition(NodeStatus::Alive, NodeStatus::Dead, 400));
         for (seq, format) in [(3, seal::Format::Aead), (4, seal::Format::Mac)] {
             reply.clear();

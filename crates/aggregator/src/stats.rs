@@ -71,8 +71,11 @@ const REASONS: usize = 13;
 
 pub struct ShardStats {
     accepted: AtomicU64,
+    /// Of those, in the encrypted format (older agents).
+    encrypted: AtomicU64,
     rejected: [AtomicU64; REASONS],
     accepted_metric: Counter,
+    encrypted_metric: Counter,
     rejected_metric: Vec<Counter>,
     pub registrations: AtomicU64,
     pub registrations_rejected: AtomicU64,
@@ -88,17 +91,24 @@ impl ShardStats {
         }
         ShardStats {
             accepted: AtomicU64::new(0),
+            encrypted: AtomicU64::new(0),
             rejected: Default::default(),
-            accepted_metric: metrics::counter!(m::HEARTBEATS_RECEIVED.name, "shard" => s),
+            accepted_metric: metrics::counter!(m::HEARTBEATS_RECEIVED.name, "shard" => s.clone()),
+            encrypted_metric: metrics::counter!(m::HEARTBEATS_ENCRYPTED.name, "shard" => s),
             rejected_metric,
             registrations: AtomicU64::new(0),
             registrations_rejected: AtomicU64::new(0),
         }
     }
 
-    pub fn accept(&self, n: u64) {
+    /// `n` accepted heartbeats, `encrypted` of them in the older format.
+    pub fn accept(&self, n: u64, encrypted: u64) {
         self.accepted.fetch_add(n, Ordering::Relaxed);
         self.accepted_metric.increment(n);
+        if encrypted > 0 {
+            self.encrypted.fetch_add(encrypted, Ordering::Relaxed);
+            self.encrypted_metric.increment(encrypted);
+        }
     }
 
     pub fn reject(&self, r: HeartbeatDrop) {
@@ -108,6 +118,10 @@ impl ShardStats {
 
     pub fn accepted(&self) -> u64 {
         self.accepted.load(Ordering::Relaxed)
+    }
+
+    pub fn accepted_encrypted(&self) -> u64 {
+        self.encrypted.load(Ordering::Relaxed)
     }
 
     pub fn rejected(&self, r: HeartbeatDrop) -> u64 {
