@@ -92,6 +92,11 @@ impl ShardProc {
         proc_cpu_seconds(self.pid()).unwrap_or(0.0)
     }
 
+    /// CPU seconds of the shard's heartbeat receive thread (`flotilla_aggregator::ingest`).
+    pub fn ingest_cpu_seconds(&self) -> Option<f64> {
+        proc_thread_cpu_seconds(self.pid(), "heartbeats")
+    }
+
     pub fn rss_bytes(&self) -> u64 {
         proc_rss_bytes(self.pid()).unwrap_or(0)
     }
@@ -129,7 +134,22 @@ pub fn sum_metric(text: &str, name: &str) -> f64 {
 
 /// utime + stime of a process, in seconds.
 pub fn proc_cpu_seconds(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat_cpu_seconds(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// CPU seconds (user and system) of `pid`'s thread named `name`, if it runs one.
+pub fn proc_thread_cpu_seconds(pid: u32, name: &str) -> Option<f64> {
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()?.flatten() {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if comm.trim_end() == name {
+            return stat_cpu_seconds(&std::fs::read_to_string(task.path().join("stat")).ok()?);
+        }
+    }
+    None
+}
+
+/// utime + stime of a process's or thread's `stat` line, in seconds.
+fn stat_cpu_seconds(stat: &str) -> Option<f64> {
     let rest = stat.rsplit(')').next()?;
     let f: Vec<&str> = rest.split_whitespace().collect();
     // After the command: state is field 3 (index 0 here); utime 14 and stime 15 (indexes 11, 12).

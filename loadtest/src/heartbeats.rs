@@ -148,6 +148,7 @@ pub async fn run(a: HeartbeatArgs) -> anyhow::Result<()> {
     }
     measuring.store(true, Ordering::Relaxed);
     let cpu0: Vec<f64> = shards.iter().map(ShardProc::cpu_seconds).collect();
+    let ingest0: Option<f64> = shards.iter().map(ShardProc::ingest_cpu_seconds).sum();
     let mut acc0 = 0.0;
     let (mut bytes0, mut versions0, mut rejected0) = (0.0, 0.0, 0.0);
     for s in &shards {
@@ -161,6 +162,7 @@ pub async fn run(a: HeartbeatArgs) -> anyhow::Result<()> {
     tokio::time::sleep(Duration::from_secs(a.seconds)).await;
     let window = t0.elapsed().as_secs_f64();
     let cpu1: Vec<f64> = shards.iter().map(ShardProc::cpu_seconds).collect();
+    let ingest1: Option<f64> = shards.iter().map(ShardProc::ingest_cpu_seconds).sum();
     let (mut acc1, mut bytes1, mut versions1, mut rejected1) = (0.0, 0.0, 0.0, 0.0);
     for s in &shards {
         acc1 += s.metric("flotilla_heartbeats_received_total").await?;
@@ -192,6 +194,12 @@ pub async fn run(a: HeartbeatArgs) -> anyhow::Result<()> {
     let per_dgram = datagram_bytes.load(Ordering::Relaxed) as f64 / sent1.max(1) as f64;
     let per_cpu = if cpu > 0.0 { absorbed / cpu } else { 0.0 };
     let sink_per_cpu = if sink_cpu > 0.0 { sunk as f64 / sink_cpu } else { 0.0 };
+    // The receive thread alone, like for like with the bare receivers (the rest of the
+    // process is the applier, the view streams and the runtime).
+    let ingest_cpu = ingest1.zip(ingest0).map(|(b, a)| b - a);
+    let ingest_per_cpu = ingest_cpu.map(|c| if c > 0.0 { absorbed / c } else { 0.0 });
+    let ratio =
+        |per_cpu: f64| if sink_per_cpu > 0.0 { (per_cpu / sink_per_cpu * 1000.0).round() / 1000.0 } else { 0.0 };
     let result = serde_json::json!({
         "scenario": "heartbeats",
         "nodes": nodes.len(),
@@ -207,7 +215,10 @@ pub async fn run(a: HeartbeatArgs) -> anyhow::Result<()> {
         "heartbeats_per_shard_cpu_second": per_cpu.round(),
         "kernel_sink_per_second": (sunk as f64 / sink_window).round(),
         "kernel_sink_per_cpu_second": sink_per_cpu.round(),
-        "ratio_to_kernel": if sink_per_cpu > 0.0 { (per_cpu / sink_per_cpu * 1000.0).round() / 1000.0 } else { 0.0 },
+        "ratio_to_kernel": ratio(per_cpu),
+        "ingest_thread_cpu_seconds": ingest_cpu.map(|c| (c * 100.0).round() / 100.0),
+        "heartbeats_per_ingest_thread_cpu_second": ingest_per_cpu.map(f64::round),
+        "ingest_thread_ratio_to_kernel": ingest_per_cpu.map(ratio),
         "view_lag_p50_ms": pct_ms(&lag, 0.5),
         "view_lag_p99_ms": pct_ms(&lag, 0.99),
         "view_lag_samples": lag.len(),
@@ -217,7 +228,13 @@ pub async fn run(a: HeartbeatArgs) -> anyhow::Result<()> {
         "view_versions_per_second": ((versions1 - versions0) / window).round(),
         "registrations_per_second": (nodes.len() as f64 / reg_secs).round(),
     });
-    println!("absorbed {:.0} heartbeats/s using {:.2} shard CPU-seconds over {:.1}s", absorbed / window, cpu, window);
+    println!(
+        "absorbed {:.0} heartbeats/s using {:.2} shard CPU-seconds over {:.1}s ({:.2} in the receive thread)",
+        absorbed / window,
+        cpu,
+        window,
+        ingest_cpu.unwrap_or(f64::NAN)
+    );
     println!(
         "bare receivers on the same flows: {:.0} datagrams/s using {:.2} CPU-seconds ({:.0} per CPU-second; the shard {:.2} of that)",
         sunk as f64 / sink_window,

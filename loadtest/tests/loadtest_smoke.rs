@@ -37,6 +37,8 @@ fn heartbeats_scenario_reports_every_figure() {
             "kernel_sink_per_second",
             "kernel_sink_per_cpu_second",
             "ratio_to_kernel",
+            "ingest_thread_cpu_seconds",
+            "ingest_thread_ratio_to_kernel",
             "view_lag_p50_ms",
             "view_lag_p99_ms",
             "shard_rss_bytes_per_node",
@@ -52,6 +54,10 @@ fn heartbeats_scenario_reports_every_figure() {
     assert!(v["kernel_sink_per_second"].as_f64().unwrap() > 100.0, "{v}");
     assert!(v["kernel_sink_per_cpu_second"].as_f64().unwrap() > 0.0, "{v}");
     assert!(v["ratio_to_kernel"].as_f64().unwrap() > 0.0, "{v}");
+    // The receive thread is part of the shard process.
+    let (thread, process) =
+        (v["ingest_thread_cpu_seconds"].as_f64().unwrap(), v["shard_cpu_seconds"].as_f64().unwrap());
+    assert!((0.0..=process + 0.01).contains(&thread), "{v}");
 }
 
 #[test]
