@@ -130,8 +130,8 @@ fn heartbeat() -> Seeds {
             sealed(&[
                 record(hb::OTHER_NODE, 1, 0, &body),
                 record(hb::OTHER_INCARNATION | hb::DERIVED_KEY, 1, 0, &body),
-                record(hb::REPLY_MAGIC, 1, 0, &body),
-                record(hb::REPLY_MAGIC | hb::AEAD, 1, 0, &body),
+                record(hb::REFLECTED, 1, 0, &body),
+                record(hb::REFLECTED | hb::AEAD, 1, 0, &body),
                 record(hb::OTHER_SESSION, 1, 0, &body),
             ]),
         ),

@@ -323,14 +323,23 @@ mod tests {
             relabelled[2] = 3 - relabelled[2];
             let h = parse_header(&relabelled).unwrap();
             assert_eq!(open(&key, Direction::ToShard, &relabelled, &h, &mut scratch), Err(DatagramError::BadSeal));
-            // A heartbeat cannot pass for a reply, nor a reply for a heartbeat.
-            let h = parse_header(&buf).unwrap();
-            assert_eq!(open(&key, Direction::ToAgent, &buf, &h, &mut scratch), Err(DatagramError::BadSeal));
+            // A heartbeat cannot pass for a reply, nor a reply for a heartbeat: not as it
+            // is, and not relabelled with the other magic either (the magic is sealed).
+            let heartbeat = buf.clone();
             let reply = Header { magic: MAGIC_REPLY, node_id: "", ..hdr(format, "", 5) };
             seal(&key, &reply, b"again", &mut buf).unwrap();
             let h = parse_header(&buf).unwrap();
             assert_eq!(open(&key, Direction::ToAgent, &buf, &h, &mut scratch).unwrap(), b"again");
-            assert_eq!(open(&key, Direction::ToShard, &buf, &h, &mut scratch), Err(DatagramError::BadSeal));
+            for (datagram, dir, relabel) in
+                [(&heartbeat, Direction::ToAgent, MAGIC_REPLY), (&buf, Direction::ToShard, MAGIC_HEARTBEAT)]
+            {
+                let h = parse_header(datagram).unwrap();
+                assert_eq!(open(&key, dir, datagram, &h, &mut scratch), Err(DatagramError::BadSeal));
+                let mut reflected = datagram.clone();
+                reflected[..2].copy_from_slice(&relabel);
+                let h = parse_header(&reflected).unwrap();
+                assert_eq!(open(&key, dir, &reflected, &h, &mut scratch), Err(DatagramError::BadSeal), "{format:?}");
+            }
         }
     }
 
