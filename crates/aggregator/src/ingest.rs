@@ -21,6 +21,8 @@ pub struct Ingest {
     registry: Arc<Registry>,
     stats: Arc<ShardStats>,
     hysteresis: Hysteresis,
+    /// Where an older agent's encrypted (format 1) body is decrypted; a tagged body is
+    /// read in place. Goes with format 1.
     scratch: Vec<u8>,
     /// Key derivations for unknown sessions allowed in the current second (HKDF is
     /// the one costly step an attacker could trigger).
